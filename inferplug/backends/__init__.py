@@ -1,0 +1,1 @@
+"""Backends: one protocol (base.Backend), registered by the `inferplug.backends` entry points."""

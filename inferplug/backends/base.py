@@ -1,0 +1,143 @@
+"""The Backend protocol every engine implements, and the registry that finds them.
+
+Front ends (LangChain, LlamaIndex, the server, the CLI) speak only this protocol.
+A backend is async at heart; `stream_sync`/`generate_sync` bridge to threads
+through one background event loop per backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import Future
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any
+
+from inferplug.errors import BackendUnavailable
+from inferplug.types import Capabilities, Event, Request
+
+if TYPE_CHECKING:
+    from inferplug.profile import Profile
+    from inferplug.resolver import Plan
+
+ENTRY_POINT_GROUP = "inferplug.backends"
+
+
+class Backend(ABC):
+    """A loaded model behind one protocol.
+
+    Construct with `(profile, plan)`. `generate` yields Events; breaking out of
+    it (or `abort`) cancels the request and frees what it held.
+    """
+
+    name: str = "?"
+
+    def __init__(self, profile: Profile, plan: Plan) -> None:
+        self.profile = profile
+        self.plan = plan
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_lock = threading.Lock()
+
+    # --- what a backend provides -------------------------------------------------
+    @property
+    @abstractmethod
+    def capabilities(self) -> Capabilities: ...
+
+    @property
+    @abstractmethod
+    def model_name(self) -> str: ...
+
+    @property
+    @abstractmethod
+    def context_length(self) -> int: ...
+
+    @property
+    def tokenizer(self) -> Any:
+        """A HF-style tokenizer (encode/decode/apply_chat_template), or None for remote backends."""
+        return None
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
+        """Render chat messages to prompt text, ending with the assistant's turn."""
+        from inferplug.chat_template import render_chat
+
+        return render_chat(self.tokenizer, self.profile, messages, tools)
+
+    @abstractmethod
+    def generate(self, request: Request) -> AsyncIterator[Event]:
+        """Stream the request's events. Raises RequestError before the first event on bad input."""
+
+    @abstractmethod
+    async def abort(self, request_id: str) -> None:
+        """Cancel a request; its resources come back at once. Unknown ids are ignored."""
+
+    def stats(self) -> dict[str, Any]:
+        """Engine-wide metrics: running, waiting, kv blocks used/free, prefix hit rate..."""
+        return {}
+
+    def close(self) -> None:
+        """Free the model. Idempotent."""
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.call_soon_threadsafe(loop.stop)
+
+    # --- sync bridge, shared by every backend ------------------------------------
+    def _background_loop(self) -> asyncio.AbstractEventLoop:
+        with self._loop_lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name=f"inferplug-{self.name}", daemon=True).start()
+                self._loop = loop
+            return self._loop
+
+    def run_sync(self, coro: Any) -> Any:
+        """Run a coroutine on this backend's background loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self._background_loop()).result()
+
+    def stream_sync(self, request: Request) -> Iterator[Event]:
+        """Iterate a request's events from sync code; leaving early aborts it."""
+        import queue
+
+        events: queue.Queue[Any] = queue.Queue()
+        done = object()
+
+        async def pump() -> None:
+            try:
+                async for event in self.generate(request):
+                    events.put(event)
+            except BaseException as exc:  # handed to the consumer thread, re-raised there
+                events.put(exc)
+            finally:
+                events.put(done)
+
+        future: Future = asyncio.run_coroutine_threadsafe(pump(), self._background_loop())
+        try:
+            while (item := events.get()) is not done:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            if not future.done():
+                future.cancel()
+                self.run_sync(self.abort(request.request_id))
+
+    def generate_sync(self, request: Request) -> list[Event]:
+        return list(self.stream_sync(request))
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The Backend class registered under `name` in the `inferplug.backends` entry points."""
+    found = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    if name not in found:
+        raise BackendUnavailable(
+            f"no backend named {name!r} is registered; known: {', '.join(sorted(found)) or 'none'}. "
+            "Reinstall inferplug (pip install -e .) or install the plugin that provides it."
+        )
+    return found[name].load()
+
+
+def available_backends() -> list[str]:
+    return sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))

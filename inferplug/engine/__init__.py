@@ -1,0 +1,1 @@
+"""Our paged, continuously batching inference engine (the `native` backend)."""

@@ -1,0 +1,38 @@
+"""The one place our exception types live.
+
+Every message names the problem and the fix. The CLI maps InferPlugError to
+exit code 2; the server maps RequestError to an OpenAI-style 4xx JSON body.
+"""
+
+
+class InferPlugError(Exception):
+    """Base of every error inferplug raises on purpose."""
+
+
+class ProfileError(InferPlugError):
+    """A profile cannot be found, parsed or validated."""
+
+
+class ResolveError(InferPlugError):
+    """No backend can run the profile on this hardware (the message says why)."""
+
+
+class BackendUnavailable(InferPlugError):
+    """A backend's package or device is missing here."""
+
+
+class ModelSourceError(InferPlugError):
+    """A model file or repository cannot be found, fetched or read."""
+
+
+class RequestError(InferPlugError):
+    """One request is invalid. It fails alone; the engine keeps serving others.
+
+    `param` names the offending field (OpenAI's error.param); `status` is the
+    HTTP status the server answers with.
+    """
+
+    def __init__(self, message: str, *, param: str | None = None, status: int = 400):
+        super().__init__(message)
+        self.param = param
+        self.status = status

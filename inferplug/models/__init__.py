@@ -1,0 +1,1 @@
+"""Model definitions (llama.py) and checkpoint loading (loader.py)."""

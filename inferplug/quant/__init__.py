@@ -1,0 +1,1 @@
+"""Weight-only quantized linear layers and quantized-format unpacking."""

