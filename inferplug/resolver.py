@@ -70,8 +70,10 @@ def resolve(profile: Profile, hardware: Hardware, facts: ModelFacts | None = Non
     allowed = [profile.backend] if profile.backend != "auto" else order
     chosen = next((name for name in allowed if name in plans), None)
     if chosen is None:
-        why = "; ".join(f"{name}: {rejected[name]}" for name in allowed)
-        error = ResolveError(f"profile {profile.name!r} cannot run here. {why}")
+        shown = allowed + [n for n in BACKENDS if n not in allowed and n in rejected and profile.backend == "auto"]
+        why = "; ".join(f"{name}: {rejected[name]}" for name in shown if name in rejected)
+        instead = f" Usable instead: {', '.join(plans)} (set backend accordingly)." if plans else ""
+        error = ResolveError(f"profile {profile.name!r} cannot run here. {why}.{instead}")
         error.rejected = rejected  # type: ignore[attr-defined]
         raise error
     plan = plans[chosen]
