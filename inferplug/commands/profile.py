@@ -1,0 +1,63 @@
+"""`inferplug profile list` and `inferplug profile show NAME` (each value with its origin)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("profile", help="list profiles, or show one with the origin of each value")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    listing = actions.add_parser("list", help="the profiles found by name")
+    listing.add_argument("--json", action="store_true")
+    listing.set_defaults(func=run_list)
+    show = actions.add_parser("show", help="a profile's effective values and where each came from (file, env, default)")
+    show.add_argument("profile", nargs="?", help="profile name or .toml path (default: smollm2-135m)")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(func=run_show)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from inferplug.profile import DEFAULT_PROFILE, list_profiles, load_profile
+
+    rows = []
+    for name, path in list_profiles().items():
+        profile = load_profile(path)
+        rows.append({"name": name, "backend": profile.backend, "model": profile.model.describe(),
+                     "description": profile.description, "path": str(path), "default": name == DEFAULT_PROFILE})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    table = Table("name", "backend", "model", "description")
+    for row in rows:
+        table.add_row(row["name"] + (" (default)" if row["default"] else ""), row["backend"], row["model"],
+                      row["description"])
+    Console().print(table)
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from inferplug.profile import env_values, load_profile
+    from inferplug.profile_errors import read_toml, value_origins
+
+    profile = load_profile(args.profile)
+    file_data = read_toml(profile.source_file) if profile.source_file else {}
+    rows = value_origins(profile, file_data, env_values())
+    if args.json:
+        values = [{"key": k, "value": v if isinstance(v, (int, float, bool, str, list, type(None))) else str(v),
+                   "origin": o} for k, v, o in rows]
+        print(json.dumps({"profile": profile.name, "file": str(profile.source_file), "values": values}, indent=2))
+        return 0
+    table = Table("key", "value", "origin", title=f"{profile.name} ({profile.source_file})")
+    style = {"file": "green", "env": "yellow", "default": "dim"}
+    for key, value, origin in rows:
+        table.add_row(key, repr(value) if isinstance(value, str) else str(value), f"[{style[origin]}]{origin}[/]")
+    Console().print(table)
+    return 0

@@ -1,0 +1,144 @@
+"""The `inferplug doctor` report: the machine, each backend (usable here or why not), each profile (fits?).
+
+Nothing heavy is imported: backends are checked with importlib.util.find_spec (exllamav2 is never
+imported, least of all without CUDA), and torch only when an NVIDIA driver is present.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from inferplug.errors import InferPlugError
+from inferplug.hardware import Hardware, probe
+from inferplug.memory_plan import gib
+
+LOCAL_BACKENDS = ("native", "ctranslate2", "exllamav2")
+
+
+def backend_status(hw: Hardware) -> dict[str, dict[str, Any]]:
+    """name -> {"usable": bool, "why": str}."""
+    from inferplug.backends.base import available_backends
+
+    registered = set(available_backends())
+    where = "cuda" if hw.gpus else "cpu"
+    checks = {
+        "native": [("torch", "pip install torch==2.13.0 'inferplug[native]'"), ("transformers", "pip install transformers")],
+        "ctranslate2": [("ctranslate2", "pip install 'inferplug[ctranslate2]'")],
+        "exllamav2": [("exllamav2", "pip install 'inferplug[exllamav2]'")],
+        "openai": [("httpx", "pip install 'inferplug[openai]'")],
+    }
+    status = {}
+    for name, needs in checks.items():
+        missing = [f"{pkg} is not installed ({fix})" for pkg, fix in needs if not hw.has(pkg)]
+        if name == "exllamav2" and not hw.gpus:
+            missing.insert(0, "needs a CUDA GPU; none found")
+        if name not in registered:
+            missing.append("its entry point is not registered (pip install -e .)")
+        usable_on = "a remote OpenAI-compatible server" if name == "openai" else where
+        status[name] = {"usable": not missing, "why": "; ".join(missing) or f"usable on {usable_on}"}
+    return status
+
+
+def profile_status(hw: Hardware) -> list[dict[str, Any]]:
+    """Each profile found by name: does it fit here, on what, and how much context x batch."""
+    from inferplug.profile import list_profiles, load_profile
+    from inferplug.resolver import resolve
+    from inferplug.sources import cached_path
+
+    rows = []
+    for name, path in list_profiles().items():
+        row: dict[str, Any] = {"name": name, "fits": False}
+        try:
+            profile = load_profile(path)
+            model = profile.model
+            if model.kind and model.hints is None and cached_path(model) is None:
+                row["why"] = f"model not pulled yet (inferplug pull {name})"
+                row["fits"] = None
+            else:
+                plan = resolve(profile, hw)
+                row.update(fits=True, backend=plan.backend, device=plan.device, dtype=plan.compute_type or plan.dtype,
+                           max_model_len=plan.max_model_len, max_num_seqs=plan.max_num_seqs,
+                           seqs_at_full_context=plan.memory.seqs_at_full_context if plan.memory else None,
+                           why=_fit_summary(plan))
+        except InferPlugError as exc:
+            rejected = getattr(exc, "rejected", None)
+            row["why"] = next(f"{b}: {why}" for b, why in rejected.items()) if rejected else str(exc)
+            row["rejected"] = rejected
+        rows.append(row)
+    return rows
+
+
+def _fit_summary(plan: Any) -> str:
+    if plan.memory is None:
+        return plan.reasons[-1]
+    m = plan.memory
+    return f"weights {gib(m.weights_bytes)} + KV cache {gib(m.kv_budget_bytes)} ({m.cache_tokens} tokens)"
+
+
+def collect(hw: Hardware | None = None) -> dict[str, Any]:
+    hw = hw or probe()
+    backends = backend_status(hw)
+    profiles = profile_status(hw)
+    local_fit = any(p["fits"] for p in profiles if p.get("backend") != "openai")
+    unknown_but_usable = all(p["fits"] is None for p in profiles) and any(
+        backends[b]["usable"] for b in LOCAL_BACKENDS)
+    return {
+        "machine": {"os": hw.os, "python": hw.python, "cpu": hw.cpu_model, "isa": hw.isa_summary,
+                    "cores": hw.cpu_count, "ram_total": hw.ram_total, "ram_available": hw.ram_available},
+        "gpus": [{"index": g.index, "name": g.name, "capability": f"{g.capability[0]}.{g.capability[1]}",
+                  "total_memory": g.total_memory, "free_memory": g.free_memory} for g in hw.gpus],
+        "cuda_version": hw.cuda_version, "driver_version": hw.driver_version,
+        "backends": backends, "profiles": profiles, "ok": local_fit or unknown_but_usable,
+    }
+
+
+def run_doctor(as_json: bool = False, bench: bool = False) -> int:
+    report = collect()
+    if bench:
+        report["bench"] = _bench(print_report=not as_json)
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_report(report)
+    return 0 if report["ok"] else 1
+
+
+def _bench(print_report: bool) -> dict[str, Any]:
+    try:
+        from inferplug import selftest
+    except ImportError:
+        raise InferPlugError("`doctor --bench` needs inferplug.selftest, which this install lacks") from None
+    return selftest.run(print_report=print_report)
+
+
+def print_report(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console()
+    m = report["machine"]
+    machine = Table(title="machine", show_header=False)
+    for key, value in [("os", m["os"]), ("python", m["python"]), ("cpu", m["cpu"]),
+                       ("isa", ", ".join(m["isa"]) or "none of AVX2/AVX-512/VNNI/AMX"), ("cores", m["cores"]),
+                       ("ram", f"{gib(m['ram_available'])} free of {gib(m['ram_total'])}")]:
+        machine.add_row(key, str(value))
+    for g in report["gpus"]:
+        machine.add_row(f"gpu {g['index']}", f"{g['name']} (sm {g['capability']}), {gib(g['free_memory'])} free of "
+                        f"{gib(g['total_memory'])}")
+    machine.add_row("cuda", f"{report['cuda_version'] or 'none'} (driver {report['driver_version'] or 'none'})")
+    console.print(machine)
+    backends = Table("backend", "usable", "why", title="backends")
+    for name, s in report["backends"].items():
+        backends.add_row(name, "[green]yes[/]" if s["usable"] else "[red]no[/]", escape(s["why"]))
+    console.print(backends)
+    profiles = Table("profile", "fits", "runs on", "max context x batch", "why", title="profiles")
+    for p in report["profiles"]:
+        fits = {True: "[green]yes[/]", False: "[red]no[/]", None: "[yellow]?[/]"}[p["fits"]]
+        runs = f"{p['backend']} {p['device']} {p['dtype']}" if p["fits"] else ""
+        ctx = f"{p['max_model_len']} x {p['seqs_at_full_context'] or p['max_num_seqs']}" if p["fits"] else ""
+        profiles.add_row(p["name"], fits, runs, ctx, escape(p.get("why", "")))
+    console.print(profiles)
+    if not report["ok"]:
+        console.print("[bold red]nothing can run here[/]: install a backend (see above) or add a profile that fits")
