@@ -1,0 +1,101 @@
+"""The KV block pool: ref counts, an LRU free queue, and the automatic prefix cache.
+
+Free blocks sit in an OrderedDict (a doubly linked list: O(1) removal when a cached block is
+revived, O(1) pop of the least recently freed). A full block keeps its hash while free, so a
+later request with the same prefix reuses it until it is evicted for a new allocation.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from inferplug.engine.block_hash import hash_block
+from inferplug.engine.sequence import Sequence
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int):
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.ref_counts = [0] * num_blocks
+        self.block_keys: list[bytes | None] = [None] * num_blocks
+        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        self.cached: dict[bytes, int] = {}  # key -> block id holding that KV
+        self.queried_tokens = 0
+        self.hit_tokens = 0
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - len(self.free)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+    def _update_keys(self, seq: Sequence) -> None:
+        bs = self.block_size
+        for i in range(len(seq.block_hashes), len(seq.token_ids) // bs):
+            parent = seq.block_hashes[-1] if seq.block_hashes else None
+            seq.block_hashes.append(hash_block(parent, seq.token_ids[i * bs:(i + 1) * bs], seq.cache_salt))
+
+    def lookup_prefix(self, seq: Sequence) -> list[int]:
+        """Cached blocks holding the longest prefix of seq, leaving at least its last token to compute."""
+        self._update_keys(seq)
+        hits: list[int] = []
+        for key in seq.block_hashes[: (len(seq.token_ids) - 1) // self.block_size]:
+            block = self.cached.get(key)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def allocate(self, seq: Sequence, num_tokens: int, prefix_hits: list[int] = ()) -> bool:
+        """Give seq (plus prefix_hits, for a new admission) blocks for num_tokens tokens; False if the pool is short."""
+        needed = -(-num_tokens // self.block_size) - len(seq.block_table) - len(prefix_hits)
+        revived = sum(1 for b in prefix_hits if self.ref_counts[b] == 0)
+        if needed > len(self.free) - revived:
+            return False
+        for block in prefix_hits:
+            if self.ref_counts[block] == 0:
+                del self.free[block]
+            self.ref_counts[block] += 1
+            seq.block_table.append(block)
+        for _ in range(max(needed, 0)):
+            block, _ = self.free.popitem(last=False)
+            key = self.block_keys[block]
+            if key is not None:  # evict: the least recently freed cached block goes first
+                del self.cached[key]
+                self.block_keys[block] = None
+            self.ref_counts[block] = 1
+            seq.block_table.append(block)
+        return True
+
+    def commit(self, seq: Sequence) -> None:
+        """Offer seq's newly computed full blocks to the prefix cache."""
+        self._update_keys(seq)
+        full = min(seq.num_computed_tokens // self.block_size, len(seq.block_hashes))
+        for i in range(seq.num_committed_blocks, full):
+            key, block = seq.block_hashes[i], seq.block_table[i]
+            if self.block_keys[block] is None and key not in self.cached:
+                self.block_keys[block] = key
+                self.cached[key] = block
+        seq.num_committed_blocks = max(seq.num_committed_blocks, full)
+
+    def release(self, seq: Sequence) -> None:
+        """Return seq's blocks, tail first, so a prefix outlives its tail in the LRU order."""
+        for block in reversed(seq.block_table):
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                self.free[block] = None
+        seq.block_table.clear()
+        seq.num_committed_blocks = 0
+        seq.num_computed_tokens = 0
+
+    def check_invariants(self) -> None:
+        used = sum(1 for r in self.ref_counts if r > 0)
+        assert used + len(self.free) == self.num_blocks, (used, len(self.free), self.num_blocks)
+        assert all(self.ref_counts[b] == 0 for b in self.free), "a free block still has references"
+        assert all(self.block_keys[b] == k for k, b in self.cached.items()), "cache index out of sync"

@@ -1,0 +1,54 @@
+"""Incremental detokenization with stop strings.
+
+Text is emitted only once it is stable: a token that ends inside a multi-byte UTF-8 character
+decodes to U+FFFD and is held until the character completes, and the last (longest stop string
+- 1) characters are held back because they may be the start of a stop string.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_PROMPT_CONTEXT = 4  # a few prompt tokens decoded alongside so leading spaces come out right
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer: Any, prompt_ids: list[int], stop: list[str], include_stop: bool = False):
+        self.tokenizer = tokenizer
+        self.ids = list(prompt_ids[-_PROMPT_CONTEXT:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+        self.stop = stop
+        self.include_stop = include_stop
+        self.hold = max((len(s) for s in stop), default=1) - 1
+        self.text = ""  # all output text so far (truncated at a stop string once one matches)
+        self.emitted = 0  # characters of self.text already handed out
+
+    def add(self, token_id: int | None) -> str | None:
+        """Feed one output token (None: nothing new). Returns the stop string if one just matched."""
+        if token_id is not None:
+            self.ids.append(token_id)
+            decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+            prefix = decode(self.ids[self.prefix_offset:self.read_offset])
+            full = decode(self.ids[self.prefix_offset:])
+            if len(full) > len(prefix) and not full.endswith("\ufffd"):
+                start = len(self.text)
+                self.text += full[len(prefix):]
+                self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+                return self._find_stop(start)
+        return None
+
+    def _find_stop(self, new_from: int) -> str | None:
+        for stop in self.stop:
+            at = self.text.find(stop, max(new_from - len(stop) + 1, 0))
+            if at >= 0:
+                self.text = self.text[: at + len(stop) if self.include_stop else at]
+                return stop
+        return None
+
+    def delta(self, final: bool) -> str:
+        """New text safe to emit now (everything, once the sequence is finished)."""
+        end = len(self.text) if final else max(len(self.text) - self.hold, self.emitted)
+        out = self.text[self.emitted:end]
+        self.emitted = end
+        return out

@@ -1,0 +1,184 @@
+"""LLMEngine: requests in, Events out, one `step()` at a time (synchronous; AsyncEngine wraps it)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from inferplug.engine.block_manager import BlockManager
+from inferplug.engine.config import EngineConfig
+from inferplug.engine.model_runner import ModelRunner
+from inferplug.engine.request_state import RequestState, validate_prompt
+from inferplug.engine.sampler import SampleResult, Sampler
+from inferplug.engine.scheduler import Scheduler
+from inferplug.engine.sequence import Sequence
+from inferplug.errors import RequestError
+from inferplug.models.config import ModelConfig
+from inferplug.types import Event, Request, TokenLogprob
+
+
+@dataclass
+class _Finish:
+    reason: str
+    stop_reason: str | int | None = None
+
+
+class LLMEngine:
+    def __init__(
+        self, model_config: ModelConfig, state_dict: dict[str, torch.Tensor], tokenizer: Any,
+        config: EngineConfig | None = None, *, render_chat: Callable[..., str] | None = None,
+    ):
+        from inferplug.models.llama import LlamaModel
+
+        self.config = config = config or EngineConfig()
+        self.model_config, self.tokenizer = model_config, tokenizer
+        self.render_chat = render_chat
+        limit = min(model_config.max_position_embeddings, config.num_kv_blocks * config.block_size)
+        if model_config.sliding_window:  # we attend to the full context, which is exact only inside the window
+            limit = min(limit, model_config.sliding_window)
+        self.max_model_len = min(config.max_model_len or limit, limit)
+        self.eos_token_ids = set(model_config.eos_token_ids)
+        if not self.eos_token_ids and getattr(tokenizer, "eos_token_id", None) is not None:
+            self.eos_token_ids = {tokenizer.eos_token_id}
+        model = LlamaModel(model_config, state_dict, dtype=config.torch_dtype, device=config.device)
+        self.blocks = BlockManager(config.num_kv_blocks, config.block_size)
+        self.scheduler = Scheduler(
+            self.blocks, max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=max(config.max_num_batched_tokens, config.block_size),
+        )
+        self.runner = ModelRunner(model, num_blocks=config.num_kv_blocks, block_size=config.block_size,
+                                  sampler=Sampler(sorted(self.eos_token_ids)))
+        self.requests: dict[str, RequestState] = {}
+
+    # --- requests ---------------------------------------------------------------
+    def encode(self, request: Request) -> tuple[list[int], str | None]:
+        """The prompt's token ids (and its text, when it had one). Raises RequestError on bad input."""
+        if request.messages is not None:
+            if self.render_chat is None:
+                raise RequestError("this engine has no chat template; send a prompt instead", param="messages")
+            text = self.render_chat(request.messages, request.tools)
+            return self.tokenizer.encode(text, add_special_tokens=False), text
+        if isinstance(request.prompt, str):
+            return self.tokenizer.encode(request.prompt), request.prompt
+        return list(request.prompt), None
+
+    def add_request(self, request: Request, prompt_ids: list[int] | None = None) -> None:
+        if request.request_id in self.requests:
+            raise RequestError(f"request id {request.request_id!r} is already running; use a new id", param="request_id")
+        if prompt_ids is None:
+            prompt_ids, _ = self.encode(request)
+        validate_prompt(prompt_ids, request.params, self.model_config.vocab_size, self.max_model_len)
+        state = RequestState.create(request, prompt_ids, self.max_model_len, self.tokenizer)
+        self.requests[request.request_id] = state
+        first, *rest = state.seqs
+        first.siblings_waiting = rest
+        self.scheduler.add(first)
+
+    def abort(self, request_id: str) -> list[Event]:
+        state = self.requests.get(request_id)
+        if state is None:
+            return []
+        return [self._finish(seq, state, _Finish("abort")) for seq in state.seqs if not seq.is_finished]
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    # --- one step ---------------------------------------------------------------
+    def step(self) -> list[Event]:
+        scheduled = self.scheduler.schedule()
+        if not scheduled:
+            return []
+        now = time.perf_counter()
+        for seq, _ in scheduled:
+            seq.first_scheduled_time = seq.first_scheduled_time or now
+        try:
+            samples = self.runner.run(scheduled)
+        except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the engine
+            return self._fail({s.request_id for s, _ in scheduled}, f"the model step failed: {exc!r}")
+        for seq, n in scheduled:
+            seq.num_computed_tokens += n
+            self.blocks.commit(seq)
+        events: list[Event] = []
+        for seq, sample in samples:
+            state = self.requests.get(seq.request_id)
+            if state is None or seq.is_finished:
+                continue
+            try:
+                events.append(self._append_token(seq, state, sample))
+            except Exception as exc:  # noqa: BLE001 - e.g. a guide that breaks fails its request alone
+                events += self._fail({seq.request_id}, f"sampling failed: {exc!r}")
+        return events
+
+    def _append_token(self, seq: Sequence, state: RequestState, sample: SampleResult) -> Event:
+        token = sample.token_id
+        seq.token_ids.append(token)
+        seq.first_token_time = seq.first_token_time or time.perf_counter()
+        for sibling in reversed(seq.siblings_waiting):  # n > 1: the prompt is cached now, so they share it
+            self.scheduler.add(sibling, front=True)
+        seq.siblings_waiting = []
+        finish = self._stop_token(seq, token)
+        if finish is None:
+            stop = seq.detokenizer.add(token)
+            if stop is not None:
+                finish = _Finish("stop", stop)
+            elif seq.guide is not None and seq.guide.is_terminated():
+                finish = _Finish("stop")
+            elif seq.num_output_tokens >= seq.max_tokens or len(seq.token_ids) >= self.max_model_len:
+                finish = _Finish("length")
+        logprobs = self._logprobs(sample) if seq.params.logprobs is not None else None
+        if finish is not None:
+            return self._finish(seq, state, finish, token_ids=[token], logprobs=logprobs)
+        return Event(seq.request_id, seq.index, seq.detokenizer.delta(final=False), [token], logprobs)
+
+    def _stop_token(self, seq: Sequence, token: int) -> _Finish | None:
+        p = seq.params
+        if seq.num_output_tokens <= p.min_tokens:
+            return None
+        if token in p.stop_token_ids:
+            return _Finish("stop", token)
+        if token in self.eos_token_ids and not p.ignore_eos:
+            return _Finish("stop")
+        return None
+
+    def _finish(self, seq: Sequence, state: RequestState, finish: _Finish, *, token_ids=(), logprobs=None,
+                error: str | None = None) -> Event:
+        self.scheduler.finish(seq)
+        seq.finish_reason, seq.stop_reason = finish.reason, finish.stop_reason
+        seq.finished_time = time.perf_counter()
+        event = Event(seq.request_id, seq.index, seq.detokenizer.delta(final=True), list(token_ids), logprobs,
+                      finish_reason=finish.reason, stop_reason=finish.stop_reason, error=error)
+        if all(s.is_finished for s in state.seqs):
+            del self.requests[seq.request_id]
+            event.usage, event.timings = state.usage(), state.timings()
+        return event
+
+    def _fail(self, request_ids: set[str], message: str) -> list[Event]:
+        events = []
+        for rid in request_ids:
+            state = self.requests.get(rid)
+            for seq in state.seqs if state else []:
+                if not seq.is_finished:
+                    events.append(self._finish(seq, state, _Finish("error"), error=message))
+        return events
+
+    def _logprobs(self, sample: SampleResult) -> list[TokenLogprob]:
+        text = lambda t: self.tokenizer.decode([t])  # noqa: E731
+        top = [(t, text(t), lp) for t, lp in sample.top or []]
+        return [TokenLogprob(sample.token_id, text(sample.token_id), sample.logprob, top)]
+
+    # --- metrics ----------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        return {
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+            "kv_blocks_used": self.blocks.num_used,
+            "kv_blocks_free": self.blocks.num_free,
+            "kv_blocks_total": self.blocks.num_blocks,
+            "prefix_hit_rate": self.blocks.hit_rate,
+            "prefix_hit_tokens": self.blocks.hit_tokens,
+            "preemptions": self.scheduler.num_preemptions,
+        }

@@ -1,0 +1,74 @@
+"""Build one step's flat inputs from the schedule, run the model, sample the rows that finish their tokens."""
+
+from __future__ import annotations
+
+import torch
+
+from inferplug.engine.attention import AttentionContext, PrefillChunk
+from inferplug.engine.sampler import SampleResult, Sampler
+from inferplug.engine.sequence import Sequence
+
+
+class ModelRunner:
+    def __init__(self, model, *, num_blocks: int, block_size: int, sampler: Sampler):
+        self.model = model
+        self.block_size = block_size
+        self.kv_caches = model.allocate_kv_cache(num_blocks, block_size)
+        self.sampler = sampler
+        self.device = model.device
+
+    def run(self, scheduled: list[tuple[Sequence, int]]) -> list[tuple[Sequence, SampleResult]]:
+        """Compute the scheduled tokens; return a sample for each sequence whose tokens are now all computed."""
+        decodes = [(s, n) for s, n in scheduled if n == 1 and s.num_computed_tokens > 0]
+        prefills = [(s, n) for s, n in scheduled if not (n == 1 and s.num_computed_tokens > 0)]
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        sample_rows: list[int] = []
+        sample_seqs: list[Sequence] = []
+        for seq, n in decodes + prefills:
+            start = seq.num_computed_tokens
+            input_ids += seq.token_ids[start:start + n]
+            positions += range(start, start + n)
+            slots += [self._slot(seq, p) for p in range(start, start + n)]
+            if start + n == len(seq.token_ids):
+                sample_rows.append(len(input_ids) - 1)
+                sample_seqs.append(seq)
+        ctx = AttentionContext(slot_mapping=self._tensor(slots), num_decode=len(decodes))
+        if decodes:
+            self._decode_context(ctx, [s for s, _ in decodes])
+        q_start = len(decodes)
+        for seq, n in prefills:
+            ctx.prefills.append(self._prefill_chunk(seq, n, q_start))
+            q_start += n
+        hidden = self.model.forward(self._tensor(input_ids), self._tensor(positions), ctx, self.kv_caches)
+        if not sample_seqs:
+            return []
+        logits = self.model.compute_logits(hidden[self._tensor(sample_rows)])
+        return list(zip(sample_seqs, self.sampler(logits, sample_seqs)))
+
+    def _slot(self, seq: Sequence, position: int) -> int:
+        return seq.block_table[position // self.block_size] * self.block_size + position % self.block_size
+
+    def _tensor(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
+
+    def _decode_context(self, ctx: AttentionContext, seqs: list[Sequence]) -> None:
+        lengths = [s.num_computed_tokens + 1 for s in seqs]
+        width = max(-(-n // self.block_size) for n in lengths)
+        tables = [s.block_table[:width] + [0] * (width - len(s.block_table[:width])) for s in seqs]
+        ctx.decode_block_tables = self._tensor(tables)
+        keys = torch.arange(width * self.block_size, device=self.device)
+        past_end = keys[None, :] >= self._tensor(lengths)[:, None]
+        bias = torch.zeros(past_end.shape, dtype=self.model.dtype, device=self.device)
+        ctx.decode_bias = bias.masked_fill_(past_end, float("-inf"))[:, None, None, :]
+
+    def _prefill_chunk(self, seq: Sequence, n: int, q_start: int) -> PrefillChunk:
+        start = seq.num_computed_tokens
+        if start == 0:
+            return PrefillChunk(q_start, n, n, None, None)
+        ctx_len = start + n
+        blocks = self._tensor(seq.block_table[: -(-ctx_len // self.block_size)])
+        query_pos = torch.arange(start, ctx_len, device=self.device)
+        mask = torch.arange(ctx_len, device=self.device)[None, :] <= query_pos[:, None]
+        return PrefillChunk(q_start, n, ctx_len, blocks, mask)

@@ -1,0 +1,79 @@
+"""Per-request bookkeeping: input checks, the request's sequences (n > 1), usage and timings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from inferplug.engine.detokenizer import IncrementalDetokenizer
+from inferplug.engine.sequence import Sequence
+from inferplug.errors import RequestError
+from inferplug.types import Request, SamplingParams, Timings, Usage
+
+
+def validate_prompt(prompt_ids: list[int], params: SamplingParams, vocab_size: int, max_model_len: int) -> None:
+    """Raise RequestError for a prompt or parameters this engine cannot serve."""
+    params.validate(vocab_size)
+    if not prompt_ids:
+        raise RequestError("the prompt is empty: give at least one token or character", param="prompt")
+    bad = [t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < vocab_size]
+    if bad:
+        raise RequestError(f"the prompt holds token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}",
+                           param="prompt")
+    if len(prompt_ids) >= max_model_len:
+        raise RequestError(
+            f"the prompt has {len(prompt_ids)} tokens but the context holds {max_model_len} "
+            "(including at least one generated token): shorten the prompt or raise max_model_len",
+            param="prompt",
+        )
+
+
+def _make_guide(tokenizer: Any, schema: dict) -> Any:
+    try:
+        from inferplug.engine.guided import make_guide
+    except ImportError as exc:
+        raise RequestError(f"json_schema needs constrained decoding, which is not available here ({exc}); "
+                           "install inferplug[native] with xgrammar or drop json_schema", param="json_schema") from exc
+    return make_guide(tokenizer, schema)
+
+
+@dataclass
+class RequestState:
+    request: Request
+    seqs: list[Sequence]
+
+    @classmethod
+    def create(cls, request: Request, prompt_ids: list[int], max_model_len: int, tokenizer: Any) -> RequestState:
+        import torch
+
+        p = request.params
+        room = max_model_len - len(prompt_ids)
+        max_tokens = min(p.max_tokens or room, room)
+        seqs = []
+        for index in range(p.n):
+            generator = None
+            if p.seed is not None:
+                generator = torch.Generator().manual_seed(p.seed + index)
+            guide = _make_guide(tokenizer, p.json_schema) if p.json_schema is not None else None
+            seq = Sequence(request.request_id, index, list(prompt_ids), p, max_tokens, cache_salt=request.cache_salt,
+                           generator=generator, guide=guide)
+            seq.detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids, p.stop, p.include_stop_str_in_output)
+            seqs.append(seq)
+        return cls(request, seqs)
+
+    def usage(self) -> Usage:
+        first = self.seqs[0]
+        return Usage(prompt_tokens=first.num_prompt_tokens,
+                     completion_tokens=sum(s.num_output_tokens for s in self.seqs),
+                     cached_tokens=first.num_cached_tokens or 0)
+
+    def timings(self) -> Timings:
+        first = self.seqs[0]
+        arrival = first.arrival_time
+        end = max(s.finished_time or arrival for s in self.seqs)
+        started = first.first_scheduled_time or end
+        first_tokens = [s.first_token_time for s in self.seqs if s.first_token_time]
+        per_token = [(s.finished_time - s.first_token_time) / (s.num_output_tokens - 1)
+                     for s in self.seqs if s.first_token_time and s.finished_time and s.num_output_tokens > 1]
+        return Timings(queued=started - arrival, ttft=min(first_tokens) - arrival if first_tokens else None,
+                       tpot=sum(per_token) / len(per_token) if per_token else None, e2e=end - arrival)

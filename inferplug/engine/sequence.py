@@ -1,0 +1,63 @@
+"""One generated choice of a request: its tokens, KV blocks, progress and timings."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from inferplug.types import SamplingParams
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    request_id: str
+    index: int  # the choice, for n > 1
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_tokens: int  # resolved against the context length
+    cache_salt: str | None = None
+    generator: Any = None  # torch.Generator when the request has a seed
+    guide: Any = None  # constrained decoding (engine.guided); fill_mask / accept / is_terminated
+    detokenizer: Any = None  # engine.detokenizer.IncrementalDetokenizer
+    token_ids: list[int] = field(default_factory=list)  # prompt + output
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0
+    num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache at first admission
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[bytes] = field(default_factory=list)  # keys of the full blocks of token_ids so far
+    num_committed_blocks: int = 0  # leading blocks already offered to the prefix cache
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    siblings_waiting: list[Sequence] = field(default_factory=list)  # n > 1: admitted once our prompt is cached
+    arrival_time: float = field(default_factory=time.perf_counter)
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_ids):]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED

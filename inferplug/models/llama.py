@@ -1,0 +1,144 @@
+"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM) over paged KV pools.
+
+Weights arrive as a HF state dict (HF parameter names); q/k/v and gate/up are fused at load so
+a layer runs three big matmuls instead of five small ones. `forward` takes the flat tokens of one
+engine step and an AttentionContext; `compute_logits` runs the head only on rows that sample.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from inferplug.engine.attention import AttentionContext, paged_attention
+from inferplug.models.config import ModelConfig
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+class LlamaModel:
+    def __init__(self, config: ModelConfig, state_dict: dict[str, torch.Tensor], *, dtype: torch.dtype, device: str = "cpu"):
+        self.config = config
+        self.dtype, self.device = dtype, torch.device(device)
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim**-0.5
+
+        def take(name: str) -> torch.Tensor:
+            if name not in state_dict:
+                raise KeyError(f"weight {name!r} is missing from the checkpoint")
+            return state_dict[name].to(device=self.device, dtype=dtype).contiguous()
+
+        self.embed = take("model.embed_tokens.weight")
+        self.norm = take("model.norm.weight")
+        if config.tie_word_embeddings or "lm_head.weight" not in state_dict:
+            self.lm_head = self.embed
+        else:
+            self.lm_head = take("lm_head.weight")
+        self.layers = []
+        for i in range(config.num_hidden_layers):
+            p = f"model.layers.{i}."
+            attn = [take(f"{p}self_attn.{n}_proj.weight") for n in "qkv"]
+            bias = None
+            if f"{p}self_attn.q_proj.bias" in state_dict:
+                bias = torch.cat([take(f"{p}self_attn.{n}_proj.bias") for n in "qkv"])
+            self.layers.append(LayerWeights(
+                input_norm=take(f"{p}input_layernorm.weight"),
+                qkv=torch.cat(attn).contiguous(),
+                qkv_bias=bias,
+                o=take(f"{p}self_attn.o_proj.weight"),
+                post_norm=take(f"{p}post_attention_layernorm.weight"),
+                gate_up=torch.cat([take(f"{p}mlp.gate_proj.weight"), take(f"{p}mlp.up_proj.weight")]).contiguous(),
+                down=take(f"{p}mlp.down_proj.weight"),
+            ))
+        self.cos, self.sin = rope_tables(config, self.device)
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        shape = (num_blocks, block_size, self.num_kv_heads, self.head_dim)
+        return [
+            (torch.zeros(shape, dtype=self.dtype, device=self.device), torch.zeros(shape, dtype=self.dtype, device=self.device))
+            for _ in self.layers
+        ]
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext, kv_caches) -> torch.Tensor:
+        eps = self.config.rms_norm_eps
+        x = F.embedding(input_ids, self.embed)
+        cos = self.cos[positions].to(self.dtype).unsqueeze(1)  # [T, 1, D]
+        sin = self.sin[positions].to(self.dtype).unsqueeze(1)
+        tokens = x.shape[0]
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            h = rms_norm(x, layer.input_norm, eps)
+            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q = apply_rope(q.view(tokens, self.num_heads, self.head_dim), cos, sin)
+            k = apply_rope(k.view(tokens, self.num_kv_heads, self.head_dim), cos, sin)
+            v = v.view(tokens, self.num_kv_heads, self.head_dim)
+            attn = paged_attention(q, k, v, k_cache, v_cache, ctx, self.scale)
+            x = x + F.linear(attn, layer.o)
+            h = rms_norm(x, layer.post_norm, eps)
+            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+        return x
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 logits for the given rows of hidden states."""
+        return F.linear(rms_norm(hidden, self.norm, self.config.rms_norm_eps), self.lm_head).float()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """As HF computes it: normalize in fp32, scale in the model dtype."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE (HF layout: the first and second halves of head_dim pair up)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def rope_tables(config: ModelConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 cos/sin for every position up to max_position_embeddings: [positions, head_dim]."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    inv_freq = scale_inv_freq(inv_freq, config.rope_scaling)
+    positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
+    freqs = torch.outer(positions, inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(device), emb.sin().to(device)
+
+
+def scale_inv_freq(inv_freq: torch.Tensor, scaling: dict | None) -> torch.Tensor:
+    """Apply HF rope_scaling: 'linear' and 'llama3'; 'default' or none leaves it alone."""
+    kind = (scaling or {}).get("rope_type") or (scaling or {}).get("type") or "default"
+    if kind == "default":
+        return inv_freq
+    factor = float(scaling["factor"])
+    if kind == "linear":
+        return inv_freq / factor
+    if kind == "llama3":
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_len = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        return torch.where(medium, smoothed, scaled)
+    raise ValueError(f"rope_scaling type {kind!r} is not supported; use a model with default, linear or llama3 RoPE")

@@ -1,0 +1,19 @@
+"""Every engine a test makes must end with its pool fully free and no request left behind."""
+
+from __future__ import annotations
+
+import pytest
+from engine_helpers import made_engines
+
+
+@pytest.fixture(autouse=True)
+def pool_is_free_after_test():
+    made_engines.clear()
+    yield
+    for engine in made_engines:
+        engine.blocks.check_invariants()
+        assert not engine.has_unfinished(), "requests left unfinished"
+        assert engine.blocks.num_free == engine.blocks.num_blocks, "blocks leaked"
+    made_engines.clear()
+
+

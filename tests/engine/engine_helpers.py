@@ -1,0 +1,77 @@
+"""Helpers for engine tests: engines over local checkpoints, HF references, run-to-completion."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from inferplug.engine.config import EngineConfig
+from inferplug.engine.llm_engine import LLMEngine
+from inferplug.models.loader import load_tokenizer, load_weights, read_config
+from inferplug.types import Event, Request, SamplingParams
+
+made_engines: list[LLMEngine] = []  # checked by the autouse fixture in conftest.py
+
+
+
+def make_engine(model_dir: Path, **overrides) -> LLMEngine:
+    """An fp32 engine on a local model dir or GGUF file (the pool is checked after the test)."""
+    config = EngineConfig(**{"num_kv_blocks": 128, "max_num_batched_tokens": 256, **overrides})
+    tokenizer = load_tokenizer(model_dir)
+    engine = LLMEngine(read_config(model_dir), load_weights(model_dir, config.torch_dtype), tokenizer, config,
+                       render_chat=lambda messages, tools: tokenizer.apply_chat_template(
+                           messages, tools=tools, tokenize=False, add_generation_prompt=True))
+    made_engines.append(engine)
+    return engine
+
+
+def greedy(max_tokens: int, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **kw)
+
+
+def run_all(engine: LLMEngine, requests: list[Request], arrivals: dict[int, list[Request]] | None = None):
+    """Step until done; `arrivals` adds more requests at given step numbers. Returns {request_id: [events]}."""
+    for request in requests:
+        engine.add_request(request)
+    events: dict[str, list[Event]] = {}
+    step = 0
+    while engine.has_unfinished() or (arrivals and any(k >= step for k in arrivals)):
+        for request in (arrivals or {}).get(step, []):
+            engine.add_request(request)
+        for event in engine.step():
+            events.setdefault(event.request_id, []).append(event)
+        step += 1
+    return events
+
+
+def tokens_of(events: list[Event], index: int = 0) -> list[int]:
+    return [t for e in events if e.index == index for t in e.token_ids]
+
+
+def text_of(events: list[Event], index: int = 0) -> str:
+    return "".join(e.text for e in events if e.index == index)
+
+
+_hf_cache: dict[Path, object] = {}
+
+
+def hf_model(model_dir: Path):
+    if model_dir not in _hf_cache:
+        import transformers
+
+        _hf_cache[model_dir] = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return _hf_cache[model_dir]
+
+
+def hf_greedy(model_dir: Path, prompt: list[int], max_tokens: int) -> list[int]:
+    model = hf_model(model_dir)
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                             do_sample=False, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def prompts_of(lengths: list[int], vocab: int = 300, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
