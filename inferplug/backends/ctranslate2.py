@@ -1,0 +1,209 @@
+"""The CTranslate2 backend: an HF dir or GGUF model, converted once, run by CTranslate2.
+
+Requests that arrive together are batched into one `generate_batch` call (ct2_batcher), and
+their tokens stream back through its per-token callback. A chat whose first message is a
+system prompt passes that prompt as CTranslate2's `static_prompt`, whose model state
+CTranslate2 caches and reuses for every later request with the same system prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from inferplug.backends.base import Backend
+from inferplug.backends.ct2_batcher import Batcher, Job
+from inferplug.backends.local_stream import (
+    ChoiceStream,
+    RequestClock,
+    close_request,
+    max_new_tokens,
+    prompt_token_ids,
+    reject_unsupported,
+)
+from inferplug.errors import BackendUnavailable
+from inferplug.types import Capabilities, Event, Request
+
+if TYPE_CHECKING:
+    from inferplug.profile import Profile
+    from inferplug.resolver import Plan
+
+COMPUTE_TYPES = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float32", "float16", "bfloat16")
+
+
+class CTranslate2Backend(Backend):
+    name = "ctranslate2"
+
+    def __init__(self, profile: Profile, plan: Plan) -> None:
+        super().__init__(profile, plan)
+        try:
+            import ctranslate2
+        except ImportError as exc:
+            raise BackendUnavailable(
+                f"the ctranslate2 backend needs the ctranslate2 package ({exc}); pip install 'inferplug[ctranslate2]'"
+            ) from exc
+        from inferplug.backends.ct2_convert import converted_model_dir
+        from inferplug.models.loader import load_tokenizer, read_config
+        from inferplug.sources import ensure_local
+
+        source = ensure_local(profile.model)
+        self.device, self.compute_type = device_and_compute_type(profile, plan)
+        quantization = self.compute_type if self.compute_type in COMPUTE_TYPES else "float32"
+        model_dir = converted_model_dir(source, quantization)
+        self.config = read_config(source)
+        self._tokenizer = load_tokenizer(source, profile.model.tokenizer or str(model_dir / "tokenizer"))
+        opts = profile.ctranslate2
+        self._generator = ctranslate2.Generator(
+            str(model_dir), device=self.device, device_index=_device_index(plan.device),
+            compute_type=self.compute_type,
+            inter_threads=opts.inter_threads, intra_threads=opts.intra_threads,
+        )
+        self._batcher = Batcher(self._generator, opts.inter_threads, plan.max_num_seqs)
+        self._jobs: dict[str, Job] = {}
+        self._seen_static_prompts: set[tuple[str, ...]] = set()
+        self._static_prompt_hits = 0
+        self._requests = 0
+
+    # --- protocol -------------------------------------------------------------------
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(streaming=True, logprobs=True, n=True, prefix_cache=True, devices=(self.device,))
+
+    @property
+    def model_name(self) -> str:
+        return self.profile.model.served_name or self.profile.name
+
+    @property
+    def context_length(self) -> int:
+        return self.plan.max_model_len or self.config.max_position_embeddings
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    async def generate(self, request: Request) -> AsyncIterator[Event]:
+        params = request.params
+        params.validate(len(self._tokenizer))
+        reject_unsupported(self.name, params, request)
+        clock = RequestClock()
+        ids = prompt_token_ids(self, request)
+        static = self._static_prompt(request, ids)
+        limit = max_new_tokens(params, len(ids), self.context_length)
+        end_ids = set(self.config.eos_token_ids) | set(params.stop_token_ids)
+        if self._tokenizer.eos_token_id is not None:
+            end_ids.add(self._tokenizer.eos_token_id)
+        choices = [ChoiceStream(request.request_id, i, self._tokenizer, ids, params, end_ids, limit)
+                   for i in range(params.n)]
+        tokens = self._tokenizer.convert_ids_to_tokens(ids[len(static):])
+        cached = len(static) if static in self._seen_static_prompts else 0
+        job = Job(tokens, params.n, self._options(request, limit, end_ids), static or None, params.seed,
+                  asyncio.get_running_loop())
+        self._jobs[request.request_id] = job
+        self._requests += 1
+        self._static_prompt_hits += bool(cached)
+        self._batcher.submit(job)
+        try:
+            async for event in self._events(job, choices):
+                if event.finish_reason is not None and all(c.done for c in choices):
+                    if static:
+                        self._seen_static_prompts.add(static)
+                    event = close_request(event, choices, len(ids), cached, clock)
+                elif event.token_ids:
+                    clock.on_token()
+                yield event
+        finally:
+            job.cancelled.set()
+            self._jobs.pop(request.request_id, None)
+
+    async def _events(self, job: Job, choices: list[ChoiceStream]) -> AsyncIterator[Event]:
+        while not all(c.done for c in choices):
+            kind, index, payload = await job.events.get()
+            if kind == "token" and not choices[index].done:
+                event = choices[index].on_token(*payload)
+                job.stopped[index] = choices[index].done
+                yield event
+            elif kind == "abort":
+                for choice in choices:
+                    if not choice.done:
+                        yield choice.finish("abort")
+            elif kind == "end":  # the batch is over: what is still open hit max_length, or failed
+                for choice in choices:
+                    if not choice.done:
+                        yield choice.finish("error", payload) if payload else choice.finish("length")
+
+    async def abort(self, request_id: str) -> None:
+        job = self._jobs.get(request_id)
+        if job is not None and not job.cancelled.is_set():
+            job.cancelled.set()
+            job.post("abort", None, None)
+
+    def stats(self) -> dict[str, Any]:
+        hits = self._static_prompt_hits
+        return {
+            "running": self._batcher.running,
+            "waiting": self._batcher.waiting,
+            "batches": self._batcher.batches,
+            "requests": self._requests,
+            "prefix_cache_hit_rate": hits / self._requests if self._requests else 0.0,
+            "device": self.device,
+            "compute_type": self.compute_type,
+        }
+
+    def close(self) -> None:
+        if getattr(self, "_batcher", None) is not None:
+            self._batcher.close()
+            self._batcher = None
+        super().close()
+
+    # --- helpers --------------------------------------------------------------------
+    def _static_prompt(self, request: Request, ids: list[int]) -> tuple[str, ...]:
+        """The system turn's tokens when the chat opens with one: CTranslate2 caches its state."""
+        messages = request.messages
+        if not messages or messages[0].get("role") != "system" or len(messages) < 2:
+            return ()
+        text = self._tokenizer.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=False)
+        system_ids = self._tokenizer.encode(text, add_special_tokens=False)
+        if not system_ids or len(system_ids) >= len(ids) or ids[: len(system_ids)] != system_ids:
+            return ()  # the template renders the system turn differently in context: no safe split
+        return tuple(self._tokenizer.convert_ids_to_tokens(system_ids))
+
+    def _options(self, request: Request, limit: int, end_ids: set[int]) -> tuple:
+        p = request.params
+        options = {
+            "max_length": limit,
+            "min_length": p.min_tokens,
+            "end_token": [] if p.ignore_eos else sorted(end_ids),
+            "repetition_penalty": p.repetition_penalty,
+            "sampling_topk": 1 if p.greedy else max(p.top_k, 0),
+            "sampling_topp": p.top_p,
+            "sampling_temperature": 1.0 if p.greedy else p.temperature,
+            "return_scores": p.logprobs is not None,
+        }
+        # Hashable, so jobs with equal options can share one generate_batch call.
+        return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(options.items()))
+
+def device_and_compute_type(profile: Profile, plan: Plan) -> tuple[str, str]:
+    """The plan's device and compute type, checked against what CTranslate2 offers on it.
+
+    A compute type the resolver chose (the profile says "auto") falls back to the closest one
+    this device supports; one the profile pins must be supported, or it is an error.
+    """
+    import ctranslate2
+
+    device = "cuda" if plan.device.startswith("cuda") else "cpu"
+    compute = plan.compute_type or "auto"
+    supported = ctranslate2.get_supported_compute_types(device)
+    if compute in supported or compute == "auto":
+        return device, compute
+    if profile.ctranslate2.compute_type == "auto":
+        fallback = "int8" if compute.startswith("int8") else "float32"
+        return device, fallback if fallback in supported else "auto"
+    raise BackendUnavailable(
+        f"CTranslate2 cannot compute in {compute} on {device} here; it supports "
+        f"{', '.join(sorted(supported))}. Set [ctranslate2] compute_type to one of them"
+    )
+
+
+def _device_index(device: str) -> int:
+    return int(device.partition(":")[2] or 0)

@@ -1,0 +1,185 @@
+"""The CTranslate2 backend, for real on the CPU: greedy output equals HF transformers in float32."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ctranslate2")
+
+from inferplug.backends.ctranslate2 import CTranslate2Backend  # noqa: E402
+from inferplug.errors import RequestError  # noqa: E402
+from inferplug.profile import ModelSource, Profile  # noqa: E402
+from inferplug.types import Request, SamplingParams  # noqa: E402
+
+
+def make_backend(plan_for, model: Path, compute_type: str = "float32") -> CTranslate2Backend:
+    profile = Profile(name="ct2-test", backend="ctranslate2", model=ModelSource(path=model))
+    profile.ctranslate2.compute_type = compute_type
+    profile.ctranslate2.device = "cpu"
+    return CTranslate2Backend(profile, plan_for(profile))
+
+
+def hf_greedy(model_dir: Path, prompt_ids: list[int], max_new_tokens: int, **load_kw) -> list[int]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **load_kw)
+    out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False,
+                         eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt_ids):].tolist()
+
+
+def collect(backend, request: Request):
+    return backend.generate_sync(request)
+
+
+def ids_of(events, index: int = 0) -> list[int]:
+    return [t for e in events if e.index == index for t in e.token_ids]
+
+
+class Backends(dict):
+    """One float32 backend per tiny model, shared by the tests of this module."""
+
+    def __init__(self, plan_for):
+        super().__init__()
+        self.plan_for = plan_for
+
+    def of(self, model_dir: Path) -> CTranslate2Backend:
+        if model_dir not in self:
+            self[model_dir] = make_backend(self.plan_for, model_dir)
+        return self[model_dir]
+
+
+@pytest.fixture(scope="module")
+def tiny_backends(plan_for):
+    made = Backends(plan_for)
+    yield made
+    for backend in made.values():
+        backend.close()
+
+
+def test_greedy_matches_transformers_float32(tiny_model_dir, tiny_backends):
+    backend = tiny_backends.of(tiny_model_dir)
+    prompt = [5, 17, 99, 3, 250, 42, 7]
+    events = collect(backend, Request(prompt=prompt, params=SamplingParams(temperature=0, max_tokens=12,
+                                                                           ignore_eos=True)))
+    assert ids_of(events) == hf_greedy(tiny_model_dir, prompt, 12)
+    last = events[-1]
+    assert last.finish_reason == "length"
+    assert last.usage.prompt_tokens == len(prompt) and last.usage.completion_tokens == 12
+
+
+def test_concurrent_requests_batch_and_match_single_runs(tiny_llama_dir, tiny_backends):
+    backend = tiny_backends.of(tiny_llama_dir)
+    prompts = [[3 + i, 40 + 2 * i, 7] * (i + 1) for i in range(6)]
+    params = dict(temperature=0, max_tokens=6, ignore_eos=True)
+    alone = [ids_of(collect(backend, Request(prompt=p, params=SamplingParams(**params)))) for p in prompts]
+
+    async def together():
+        async def one(p):
+            return [e async for e in backend.generate(Request(prompt=p, params=SamplingParams(**params)))]
+        return await asyncio.gather(*(one(p) for p in prompts))
+
+    batches_before = backend.stats()["batches"]
+    results = backend.run_sync(together())
+    assert [ids_of(r) for r in results] == alone
+    assert backend.stats()["batches"] - batches_before < len(prompts)  # some ran in one generate_batch
+
+
+def test_static_system_prompt_is_cached_and_output_unchanged(tiny_llama_dir, tiny_backends):
+    backend = tiny_backends.of(tiny_llama_dir)
+    messages = [{"role": "system", "content": "You answer in one short sentence."},
+                {"role": "user", "content": "hello there"}]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    first = collect(backend, Request(messages=messages, params=params))
+    second = collect(backend, Request(messages=messages, params=SamplingParams(**vars(params))))
+    text = backend.apply_chat_template(messages)
+    prompt = backend.tokenizer.encode(text, add_special_tokens=False)
+    expected = hf_greedy(tiny_llama_dir, prompt, 8)
+    assert ids_of(first) == ids_of(second) == expected  # no leftover prompt tokens in the output
+    assert first[-1].usage.cached_tokens == 0
+    assert 0 < second[-1].usage.cached_tokens < len(prompt)
+
+
+def test_n_choices_stop_strings_and_logprobs(tiny_llama_dir, tiny_backends):
+    backend = tiny_backends.of(tiny_llama_dir)
+    greedy = collect(backend, Request(prompt="the weather", params=SamplingParams(temperature=0, max_tokens=10,
+                                                                                  ignore_eos=True)))
+    text = "".join(e.text for e in greedy)
+    stop = text[3:5]
+    events = collect(backend, Request(prompt="the weather", params=SamplingParams(
+        temperature=0, max_tokens=10, ignore_eos=True, n=2, stop=[stop], logprobs=0)))
+    for index in (0, 1):
+        mine = [e for e in events if e.index == index]
+        assert "".join(e.text for e in mine) == text[: text.index(stop)]
+        assert mine[-1].finish_reason == "stop" and mine[-1].stop_reason == stop
+        assert all(lp.logprob <= 0 for e in mine for lp in e.logprobs or [])
+    assert events[-1].usage is not None
+
+
+def test_sampling_with_seed_is_reproducible(tiny_llama_dir, tiny_backends):
+    backend = tiny_backends.of(tiny_llama_dir)
+
+    def run():
+        params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, seed=1234, max_tokens=8, ignore_eos=True)
+        return ids_of(collect(backend, Request(prompt=[1, 2, 3], params=params)))
+
+    assert run() == run()
+
+
+def test_bad_requests_fail_alone(tiny_llama_dir, tiny_backends):
+    backend = tiny_backends.of(tiny_llama_dir)
+    with pytest.raises(RequestError, match="context"):
+        collect(backend, Request(prompt=[1] * backend.context_length))
+    with pytest.raises(RequestError, match="min_p"):
+        collect(backend, Request(prompt="hi", params=SamplingParams(min_p=0.1)))
+    with pytest.raises(RequestError, match="vocabulary"):
+        collect(backend, Request(prompt=[10**6]))
+    ok = collect(backend, Request(prompt="hi", params=SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)))
+    assert ok[-1].finish_reason == "length"
+
+
+def test_abort_ends_the_stream(tiny_llama_dir, tiny_backends):
+    backend = tiny_backends.of(tiny_llama_dir)
+
+    async def run():
+        request = Request(prompt=[4, 5, 6], params=SamplingParams(temperature=0, max_tokens=400, ignore_eos=True))
+        seen = []
+        async for event in backend.generate(request):
+            seen.append(event)
+            if len(seen) == 3:
+                await backend.abort(request.request_id)
+        return seen
+
+    events = backend.run_sync(run())
+    assert events[-1].finish_reason == "abort"
+    assert len(events) < 400
+
+
+def test_conversion_is_cached(tiny_llama_dir):
+    from inferplug.backends.ct2_convert import converted_model_dir
+
+    first = converted_model_dir(tiny_llama_dir, "float32")
+    marker_mtime = (first / "inferplug-converted.json").stat().st_mtime_ns
+    assert converted_model_dir(tiny_llama_dir, "float32") == first
+    assert (first / "inferplug-converted.json").stat().st_mtime_ns == marker_mtime
+    assert converted_model_dir(tiny_llama_dir, "int8") != first
+
+
+@pytest.mark.smollm2
+@pytest.mark.slow
+def test_smollm2_gguf_greedy_matches_transformers(smollm2_gguf, plan_for):
+    backend = make_backend(plan_for, smollm2_gguf)
+    try:
+        messages = [{"role": "user", "content": "What is the capital of France?"}]
+        events = collect(backend, Request(messages=messages, params=SamplingParams(temperature=0, max_tokens=16)))
+        prompt = backend.tokenizer.encode(backend.apply_chat_template(messages), add_special_tokens=False)
+        expected = hf_greedy(smollm2_gguf.parent, prompt, 16, gguf_file=smollm2_gguf.name)
+        got = ids_of(events)
+        assert got == expected[: len(got)]
+        assert len(got) == 16 or events[-1].finish_reason == "stop"
+    finally:
+        backend.close()
