@@ -1,0 +1,189 @@
+"""GGUF -> our ModelConfig, HF-named dequantized weights, and a transformers tokenizer."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from inferplug.errors import ModelSourceError
+from inferplug.models.config import ModelConfig
+from inferplug.models.gguf import GGML_TYPES, GGUFFile, GGUFTensorInfo
+
+if TYPE_CHECKING:
+    import torch
+
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+# llama.cpp permutes Q/K rows of these (convert_hf_to_gguf.py LlamaModel.permute) for its RoPE layout.
+_PERMUTED_ARCHITECTURES = ("llama", "mistral")
+
+_TOP_LEVEL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+# Precomputed RoPE factors (llama3 scaling); our RoPE derives them from config.rope_scaling instead.
+_DERIVED_TENSORS = ("rope_freqs.weight",)
+
+
+def check_architecture(gguf: GGUFFile) -> None:
+    if gguf.architecture not in SUPPORTED_ARCHITECTURES:
+        raise ModelSourceError(
+            f"{gguf.path} holds a {gguf.architecture!r} model; inferplug's native engine runs "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)}. Pick a GGUF of a Llama-family model."
+        )
+
+
+def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
+    check_architecture(gguf)
+    meta = gguf.metadata
+    hidden = gguf.arch_key("embedding_length")
+    heads = gguf.arch_key("attention.head_count")
+    vocab = gguf.arch_key("vocab_size") or len(meta.get("tokenizer.ggml.tokens", ())) or None
+    if vocab is None:
+        vocab = gguf.tensors["token_embd.weight"].shape[0]
+    head_dim = gguf.arch_key("attention.key_length") or gguf.arch_key("rope.dimension_count") or hidden // heads
+    eos = [meta[key] for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if key in meta]
+    return ModelConfig(
+        architecture=gguf.architecture,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=gguf.arch_key("feed_forward_length"),
+        num_hidden_layers=gguf.arch_key("block_count"),
+        num_attention_heads=heads,
+        num_key_value_heads=gguf.arch_key("attention.head_count_kv", heads),
+        head_dim=head_dim,
+        max_position_embeddings=gguf.arch_key("context_length", 2048),
+        rms_norm_eps=gguf.arch_key("attention.layer_norm_rms_epsilon", 1e-6),
+        rope_theta=gguf.arch_key("rope.freq_base", 10000.0),
+        rope_scaling=_rope_scaling(gguf),
+        tie_word_embeddings="output.weight" not in gguf.tensors,
+        attention_bias="blk.0.attn_q.bias" in gguf.tensors,
+        sliding_window=gguf.arch_key("attention.sliding_window"),
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=list(dict.fromkeys(eos)),
+    )
+
+
+def _rope_scaling(gguf: GGUFFile) -> dict | None:
+    kind = gguf.arch_key("rope.scaling.type")
+    if kind in (None, "none"):
+        return None
+    scaling = {"rope_type": kind, "factor": gguf.arch_key("rope.scaling.factor", 1.0)}
+    original = gguf.arch_key("rope.scaling.original_context_length")
+    if original:
+        scaling["original_max_position_embeddings"] = original
+    return scaling
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """The HF parameter name of a GGUF tensor; None for tensors we derive instead of load."""
+    if gguf_name in _TOP_LEVEL_NAMES:
+        return _TOP_LEVEL_NAMES[gguf_name]
+    if gguf_name in _DERIVED_TENSORS:
+        return None
+    match = _LAYER_TENSOR.fullmatch(gguf_name)
+    if match and match.group(2) in _LAYER_NAMES:
+        layer, part, kind = match.groups()
+        return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+    raise ModelSourceError(
+        f"GGUF tensor {gguf_name!r} has no counterpart in a Llama-family model; the file is not a plain "
+        "Llama/Mistral/Qwen2 checkpoint (MoE and multimodal GGUFs are not supported)."
+    )
+
+
+def unpermute_rope_rows(weight: "torch.Tensor", n_head: int) -> "torch.Tensor":
+    """Undo llama.cpp's Q/K row permutation: per head, rows are interleaved pairs; HF wants halves."""
+    head_dim_half = weight.shape[0] // n_head // 2
+    return weight.reshape(n_head, head_dim_half, 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
+
+
+def weights_from_gguf(gguf: GGUFFile, dtype: "torch.dtype", device="cpu") -> dict[str, "torch.Tensor"]:
+    import torch
+
+    config = config_from_gguf(gguf)
+    head_counts = {".q_proj.": config.num_attention_heads, ".k_proj.": config.num_key_value_heads}
+    if gguf.architecture not in _PERMUTED_ARCHITECTURES:
+        head_counts = {}
+    weights = {}
+    # One intra-op thread: these are short elementwise ops, and on a shared 2-core CPU the thread
+    # hand-off cost 10x the work (24 s vs 2.2 s for SmolLM2's dequantization).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for info in gguf.tensors.values():
+            name = hf_name(info.name)
+            if name is None:
+                continue
+            tensor = _dequantized(gguf, info)
+            for marker, n_head in head_counts.items():
+                if marker in name:
+                    tensor = unpermute_rope_rows(tensor, n_head)
+            weights[name] = tensor.to(device=device, dtype=dtype).contiguous()
+    finally:
+        torch.set_num_threads(threads)
+    return weights
+
+
+def _dequantized(gguf: GGUFFile, info: GGUFTensorInfo) -> "torch.Tensor":
+    import torch
+
+    from inferplug.models.gguf_dequant import dequantize
+
+    raw = torch.from_numpy(gguf.tensor_bytes(info).copy())
+    return dequantize(raw, info.type_name, info.shape, GGML_TYPES[info.type_name][2])
+
+
+def tokenizer_from_gguf(gguf: GGUFFile):
+    """A PreTrainedTokenizerFast built from tokenizer.ggml.* metadata, the way transformers builds it."""
+    from transformers import PreTrainedTokenizerFast
+
+    meta = gguf.metadata
+    if "tokenizer.ggml.tokens" not in meta:
+        raise ModelSourceError(f"{gguf.path} carries no tokenizer; set `tokenizer` in the profile to an HF tokenizer dir.")
+    tokens = meta["tokenizer.ggml.tokens"]
+    keys = {
+        "model": "tokenizer_type", "pre": "pre_tokenizer_type", "tokens": "tokens", "scores": "scores",
+        "token_type": "token_type", "merges": "merges", "precompiled_charsmap": "precompiled_charsmap",
+        "bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id", "unknown_token_id": "unk_token_id",
+        "padding_token_id": "pad_token_id", "add_space_prefix": "add_prefix_space",
+    }  # fmt: skip
+    spec = {name: meta[f"tokenizer.ggml.{key}"] for key, name in keys.items() if f"tokenizer.ggml.{key}" in meta}
+    try:
+        backend = _convert_gguf_tokenizer()(gguf.architecture, spec)[0]
+    except (ValueError, KeyError, NotImplementedError) as exc:
+        raise ModelSourceError(f"Cannot build the tokenizer of {gguf.path}: {exc}") from exc
+    specials = {
+        f"{role}_token": tokens[meta[f"tokenizer.ggml.{key}"]]
+        for role, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("unk", "unknown_token_id"),
+                          ("pad", "padding_token_id"))
+        if f"tokenizer.ggml.{key}" in meta
+    }  # fmt: skip
+    add_bos = meta.get("tokenizer.ggml.add_bos_token", spec.get("tokenizer_type") == "llama")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        chat_template=meta.get("tokenizer.chat_template"),
+        add_bos_token=add_bos,
+        add_eos_token=meta.get("tokenizer.ggml.add_eos_token", False),
+        **specials,
+    )
+
+
+def _convert_gguf_tokenizer():
+    """transformers' vocabulary -> `tokenizers` converter; it moved between transformers releases."""
+    try:
+        from transformers.integrations.gguf import convert_gguf_tokenizer
+    except ImportError:
+        from transformers.integrations.ggml import convert_gguf_tokenizer
+    return convert_gguf_tokenizer

@@ -1,0 +1,160 @@
+"""Load a Llama-family model from an HF dir (safetensors, sharded too) or a GGUF file.
+
+    read_config(path)                -> ModelConfig (header only: cheap, for memory planning)
+    load_weights(path, dtype, device) -> {HF parameter name: tensor in dtype}, dequantized
+    load_tokenizer(path, override)    -> transformers.PreTrainedTokenizerFast with its chat template
+
+`path` is an HF model dir, a .gguf file, or a dir holding exactly one .gguf file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from inferplug.errors import ModelSourceError
+from inferplug.models.config import ModelConfig
+
+if TYPE_CHECKING:
+    import torch
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+
+def gguf_file_of(path: Path) -> Path | None:
+    """The GGUF file `path` points at (itself, or the only .gguf in a dir without config.json)."""
+    path = Path(path)
+    if path.is_file():
+        return path if path.suffix == ".gguf" else None
+    if not path.is_dir():
+        raise ModelSourceError(f"model path {path} does not exist. Point the profile at a GGUF file or an HF model dir.")
+    if (path / "config.json").is_file():
+        return None
+    found = sorted(path.glob("*.gguf"))
+    if len(found) > 1:
+        names = ", ".join(f.name for f in found)
+        raise ModelSourceError(f"{path} holds several GGUF files ({names}); point the profile at one of them.")
+    if not found:
+        raise ModelSourceError(f"{path} has neither config.json nor a .gguf file, so it is not a model dir.")
+    return found[0]
+
+
+def read_config(path: Path) -> ModelConfig:
+    gguf_path = gguf_file_of(path)
+    if gguf_path is not None:
+        from inferplug.models.gguf import read_gguf
+        from inferplug.models.gguf_convert import config_from_gguf
+
+        return config_from_gguf(read_gguf(gguf_path))
+    return config_from_hf(_read_json(Path(path) / "config.json"))
+
+
+def load_weights(path: Path, dtype: "torch.dtype", device: str = "cpu") -> dict[str, "torch.Tensor"]:
+    gguf_path = gguf_file_of(path)
+    if gguf_path is not None:
+        from inferplug.models.gguf import read_gguf
+        from inferplug.models.gguf_convert import weights_from_gguf
+
+        return weights_from_gguf(read_gguf(gguf_path), dtype, device)
+    read_config(path)  # rejects unsupported architectures before reading gigabytes
+    return _load_safetensors(Path(path), dtype, device)
+
+
+def load_tokenizer(path: Path, override: str | None = None):
+    """The model's tokenizer; `override` (an HF tokenizer dir or repo id) replaces the bundled one."""
+    from transformers import AutoTokenizer
+
+    source = override
+    if source is None:
+        gguf_path = gguf_file_of(path)
+        if gguf_path is not None:
+            from inferplug.models.gguf import read_gguf
+            from inferplug.models.gguf_convert import tokenizer_from_gguf
+
+            return tokenizer_from_gguf(read_gguf(gguf_path))
+        source = str(path)
+    try:
+        return AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as exc:
+        raise ModelSourceError(
+            f"cannot load a tokenizer from {source}: {exc}. Set the profile's tokenizer to an HF tokenizer dir."
+        ) from exc
+
+
+def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
+    """ModelConfig from an HF config.json dict (transformers 4.x and 5.x spellings)."""
+    model_type = raw.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelSourceError(
+            f"model_type {model_type!r} is not supported by the native engine; it runs "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)}. Use a Llama-family model or another backend."
+        )
+    rope = raw.get("rope_parameters") or {}  # transformers 5 folds theta and scaling in here
+    scaling = raw.get("rope_scaling") or ({k: v for k, v in rope.items() if k != "rope_theta"} if rope else None)
+    if scaling and scaling.get("rope_type", scaling.get("type")) == "default":
+        scaling = None
+    heads = raw["num_attention_heads"]
+    eos = raw.get("eos_token_id")
+    use_window = raw.get("use_sliding_window", model_type == "mistral")  # Qwen2 ships a window it does not use
+    return ModelConfig(
+        architecture=model_type,
+        vocab_size=raw["vocab_size"],
+        hidden_size=raw["hidden_size"],
+        intermediate_size=raw["intermediate_size"],
+        num_hidden_layers=raw["num_hidden_layers"],
+        num_attention_heads=heads,
+        num_key_value_heads=raw.get("num_key_value_heads") or heads,
+        head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+        max_position_embeddings=raw.get("max_position_embeddings", 2048),
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+        rope_theta=raw.get("rope_theta", rope.get("rope_theta", 10000.0)),
+        rope_scaling=scaling,
+        tie_word_embeddings=raw.get("tie_word_embeddings", False),
+        attention_bias=model_type == "qwen2" or bool(raw.get("attention_bias", False)),
+        sliding_window=raw.get("sliding_window") if use_window else None,
+        bos_token_id=raw.get("bos_token_id"),
+        eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
+    )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ModelSourceError(f"{path} is missing; an HF model dir needs config.json next to its weights.")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ModelSourceError(f"{path} is not valid JSON ({exc}); re-download the model.") from exc
+
+
+def _safetensors_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(_read_json(index)["weight_map"].values()))
+        missing = [s for s in shards if not (model_dir / s).is_file()]
+        if missing:
+            raise ModelSourceError(f"{model_dir} lacks shards {missing} listed in its index; re-download the model.")
+        return [model_dir / s for s in shards]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ModelSourceError(
+            f"{model_dir} has no .safetensors weights (PyTorch .bin checkpoints are not supported); "
+            "convert it with `save_pretrained(..., safe_serialization=True)`."
+        )
+    return files
+
+
+def _load_safetensors(model_dir: Path, dtype: "torch.dtype", device: str) -> dict[str, "torch.Tensor"]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    weights = {}
+    for file in _safetensors_files(model_dir):
+        try:
+            shard = load_file(file, device="cpu")
+        except (SafetensorError, OSError) as exc:
+            raise ModelSourceError(f"{file} is not a readable safetensors file ({exc}); re-download it.") from exc
+        for name, tensor in shard.items():
+            if not name.endswith("rotary_emb.inv_freq"):
+                weights[name] = tensor.to(device=device, dtype=dtype)
+    return weights
