@@ -1,0 +1,115 @@
+"""Running requests on a Backend from any thread or event loop, and collecting their results.
+
+Every request runs on the backend's own loop (where its engine lives). Sync callers use
+`stream_sync`; async callers get the events handed over to their own loop, so many
+concurrent calls from LangChain/LlamaIndex all land in the engine's continuous batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferplug.errors import RequestError
+from inferplug.types import Event, Request, Timings, Usage
+
+
+async def aiter_events(backend: Any, request: Request) -> AsyncIterator[Event]:
+    """The request's events on the caller's event loop; leaving early aborts the request."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    done = object()
+
+    async def pump() -> None:
+        try:
+            async for event in backend.generate(request):
+                loop.call_soon_threadsafe(queue.put_nowait, event)
+        except BaseException as exc:  # re-raised in the caller's loop
+            loop.call_soon_threadsafe(queue.put_nowait, exc)
+        finally:
+            loop.call_soon_threadsafe(queue.put_nowait, done)
+
+    future = asyncio.run_coroutine_threadsafe(pump(), backend._background_loop())
+    finished = False
+    try:
+        while (item := await queue.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+        finished = True
+    finally:
+        if not finished and not future.done():
+            future.cancel()
+            asyncio.run_coroutine_threadsafe(backend.abort(request.request_id), backend._background_loop())
+
+
+@dataclass
+class Result:
+    """One finished choice: its text, why it stopped, and the request's usage and timings."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    usage: Usage = field(default_factory=Usage)
+    timings: Timings | None = None
+    token_ids: list[int] = field(default_factory=list)
+
+
+class ResultBuilder:
+    """Folds a request's events (choice 0) into a Result; raises on an engine-side error."""
+
+    def __init__(self) -> None:
+        self.result = Result()
+        self._parts: list[str] = []
+
+    def add(self, event: Event) -> None:
+        if event.error:
+            raise RequestError(f"generation failed: {event.error}")
+        if event.index == 0:
+            self._parts.append(event.text)
+            self.result.token_ids += event.token_ids
+            if event.finish_reason is not None:
+                self.result.finish_reason, self.result.stop_reason = event.finish_reason, event.stop_reason
+        if event.usage is not None:
+            self.result.usage = event.usage
+        if event.timings is not None:
+            self.result.timings = event.timings
+
+    def build(self) -> Result:
+        self.result.text = "".join(self._parts)
+        return self.result
+
+
+def collect(events: Iterable[Event]) -> Result:
+    builder = ResultBuilder()
+    for event in events:
+        builder.add(event)
+    return builder.build()
+
+
+async def acollect(backend: Any, request: Request) -> Result:
+    builder = ResultBuilder()
+    async for event in aiter_events(backend, request):
+        builder.add(event)
+    return builder.build()
+
+
+def generate_all(backend: Any, requests: list[Request]) -> list[Result]:
+    """Submit every request at once and wait for all: they share the engine's decode steps."""
+
+    async def run_all() -> list[Any]:
+        async def one(request: Request) -> Result:
+            builder = ResultBuilder()
+            async for event in backend.generate(request):
+                builder.add(event)
+            return builder.build()
+
+        return await asyncio.gather(*(one(r) for r in requests), return_exceptions=True)
+
+    results = backend.run_sync(run_all())
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results

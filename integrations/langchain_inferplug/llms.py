@@ -1,0 +1,82 @@
+"""InferPlugLLM: a LangChain text-completion LLM; `generate`/`batch` submit all prompts at once."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseLLM, LangSmithParams
+from langchain_core.outputs import Generation, GenerationChunk, LLMResult
+
+from inferplug.frontend.calls import Result, aiter_events, generate_all
+from inferplug.frontend.requests import prepare_request
+from langchain_inferplug.base import InferPlugFields
+
+
+class InferPlugLLM(InferPlugFields, BaseLLM):
+    """`InferPlugLLM(profile="smollm2-135m")`: plain prompts in, text out."""
+
+    @property
+    def _llm_type(self) -> str:
+        return "inferplug"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {"profile": self.profile.name, "model": self.model, "temperature": self.temperature}
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = super()._get_ls_params(stop=stop, **kwargs)
+        params["ls_provider"] = "inferplug"
+        params["ls_model_name"] = self.model
+        return params
+
+    def _request(self, prompt: str, stop: list[str] | None, kwargs: dict[str, Any]) -> Any:
+        return prepare_request(self.backend, self._sampling(stop, kwargs), prompt=prompt,
+                               documents=kwargs.get("documents"), memory=self.document_memory).request
+
+    def _generation(self, result: Result) -> list[Generation]:
+        u = result.usage
+        return [Generation(text=result.text, generation_info={
+            "finish_reason": result.finish_reason, "model_name": self.model,
+            "usage": {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+                      "cached_tokens": u.cached_tokens}})]
+
+    def _generate(self, prompts: list[str], stop: list[str] | None = None,
+                  run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> LLMResult:
+        requests = [self._request(p, stop, kwargs) for p in prompts]
+        results = generate_all(self.backend, requests)
+        return LLMResult(generations=[self._generation(r) for r in results], llm_output={"model_name": self.model})
+
+    async def _agenerate(self, prompts: list[str], stop: list[str] | None = None,
+                         run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any) -> LLMResult:
+        import asyncio
+
+        from inferplug.frontend.calls import acollect
+
+        requests = [self._request(p, stop, kwargs) for p in prompts]
+        results = await asyncio.gather(*(acollect(self.backend, r) for r in requests))
+        return LLMResult(generations=[self._generation(r) for r in results], llm_output={"model_name": self.model})
+
+    def _stream(self, prompt: str, stop: list[str] | None = None,
+                run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> Iterator[GenerationChunk]:
+        for event in self.backend.stream_sync(self._request(prompt, stop, kwargs)):
+            if event.index == 0 and (event.text or event.finish_reason):
+                chunk = GenerationChunk(text=event.text, generation_info=_finish_info(event))
+                if run_manager:
+                    run_manager.on_llm_new_token(event.text, chunk=chunk)
+                yield chunk
+
+    async def _astream(self, prompt: str, stop: list[str] | None = None,
+                       run_manager: AsyncCallbackManagerForLLMRun | None = None,
+                       **kwargs: Any) -> AsyncIterator[GenerationChunk]:
+        async for event in aiter_events(self.backend, self._request(prompt, stop, kwargs)):
+            if event.index == 0 and (event.text or event.finish_reason):
+                chunk = GenerationChunk(text=event.text, generation_info=_finish_info(event))
+                if run_manager:
+                    await run_manager.on_llm_new_token(event.text, chunk=chunk)
+                yield chunk
+
+
+def _finish_info(event: Any) -> dict[str, Any] | None:
+    return {"finish_reason": event.finish_reason} if event.finish_reason else None

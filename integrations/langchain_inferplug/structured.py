@@ -1,0 +1,81 @@
+"""with_structured_output for ChatInferPlug: constrained decoding to the schema's JSON.
+
+A backend without constrained decoding gets the schema in the request anyway (it may
+ignore it); its output is validated by parsing and, for pydantic schemas, model
+validation, and the call is retried up to `max_retries` times.
+"""
+
+from __future__ import annotations
+
+import json
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any
+
+from langchain_core.exceptions import OutputParserException
+from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
+from langchain_core.output_parsers.openai_tools import JsonOutputKeyToolsParser, PydanticToolsParser
+from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
+from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
+from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from inferplug.frontend.requests import Prepared
+
+
+def _is_pydantic(schema: Any) -> bool:
+    return isinstance(schema, type) and issubclass(schema, BaseModel)
+
+
+def json_schema_of(schema: Any) -> dict[str, Any]:
+    """A JSON schema for a pydantic class, TypedDict, OpenAI function or JSON schema dict."""
+    if _is_pydantic(schema):
+        return schema.model_json_schema()
+    return convert_to_json_schema(schema)
+
+
+def structured_output_runnable(model: Any, schema: Any, *, method: str, include_raw: bool,
+                               **kwargs: Any) -> Runnable:
+    if schema is None:
+        raise ValueError("with_structured_output needs a schema: a pydantic class, TypedDict or JSON schema dict")
+    if kwargs.pop("strict", None) is False:
+        raise ValueError("strict=False is not supported: inferplug always decodes strictly to the schema")
+    if kwargs:
+        raise ValueError(f"unsupported with_structured_output arguments {sorted(kwargs)}")
+    if method == "function_calling":
+        tool = convert_to_openai_tool(schema)
+        name = tool["function"]["name"]
+        llm = model.bind_tools([schema], tool_choice=name,
+                               ls_structured_output_format={"kwargs": {"method": method}, "schema": tool})
+        parser: Runnable = (PydanticToolsParser(tools=[schema], first_tool_only=True) if _is_pydantic(schema)
+                            else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True))
+    elif method in ("json_schema", "json_mode"):
+        target = json_schema_of(schema) if method == "json_schema" else {"type": "object"}
+        llm = model.bind(json_schema=target, ls_structured_output_format={
+            "kwargs": {"method": method}, "schema": json_schema_of(schema)})
+        parser = PydanticOutputParser(pydantic_object=schema) if _is_pydantic(schema) else JsonOutputParser()
+    else:
+        raise ValueError(f"method={method!r} is not supported; use 'json_schema', 'function_calling' or 'json_mode'")
+    if not include_raw:
+        return llm | parser
+    parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
+    failed = RunnablePassthrough.assign(parsed=lambda _: None)
+    return RunnableMap(raw=llm) | parsed.with_fallbacks([failed], exception_key="parsing_error")
+
+
+def validate_json(text: str, prepared: Prepared, attempt: int, max_retries: int) -> bool:
+    """True when `text` is JSON with the schema's required keys; on the last attempt, raise instead of False."""
+    schema = prepared.request.params.json_schema or {}
+    try:
+        value = json.loads(text)
+        missing = [k for k in schema.get("required", []) if not isinstance(value, dict) or k not in value]
+        if missing:
+            raise ValueError(f"missing required keys {missing}")
+        return True
+    except ValueError as exc:
+        if attempt < max_retries:
+            return False
+        raise OutputParserException(
+            f"the backend cannot constrain decoding and its output is not valid JSON for the schema after "
+            f"{max_retries + 1} tries ({exc}); use a profile on the native engine for guaranteed JSON",
+            llm_output=text,
+        ) from exc

@@ -1,0 +1,187 @@
+"""InferPlug: a LlamaIndex FunctionCallingLLM on any inferplug profile."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    ChatResponse,
+    ChatResponseAsyncGen,
+    ChatResponseGen,
+    CompletionResponse,
+    CompletionResponseAsyncGen,
+    CompletionResponseGen,
+    LLMMetadata,
+    MessageRole,
+)
+from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
+from llama_index.core.llms.function_calling import FunctionCallingLLM
+from llama_index.core.llms.llm import ToolSelection
+
+from inferplug.frontend.calls import Result, ResultBuilder, aiter_events, collect
+from inferplug.frontend.requests import Prepared, prepare_request, sampling_params
+from inferplug.frontend.tool_calls import parse_tool_calls
+from inferplug.rag.layout import DocumentMemory
+from llama_index.llms.inferplug.messages import to_chat_dicts
+from llama_index.llms.inferplug.postprocessor import DocumentCacheHints
+
+
+class InferPlug(FunctionCallingLLM):
+    """`InferPlug(profile="smollm2-135m")`; every instance naming a profile shares one loaded engine."""
+
+    profile: Any = Field(default=None, description="A profile name, TOML path or Profile (None: the default).")
+    model: str | None = Field(default=None, description="The served model name (filled from the profile).")
+    temperature: float | None = Field(default=None, description="None: the profile's default.")
+    max_tokens: int | None = Field(default=None, description="None: the profile's default.")
+    _memory: DocumentMemory = PrivateAttr(default_factory=DocumentMemory)
+
+    def __init__(self, **kwargs: Any) -> None:
+        from inferplug.profile import load_profile
+
+        super().__init__(**kwargs)
+        self.profile = load_profile(self.profile if self.profile is not None else self.model)
+        self.model = self.model or self.profile.model.served_name or self.profile.name
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "InferPlug"
+
+    @property
+    def backend(self) -> Any:
+        from inferplug.backends.registry import get_backend
+
+        return get_backend(self.profile)
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        return LLMMetadata(
+            context_window=self.backend.context_length,
+            num_output=self.max_tokens or self.profile.sampling.max_tokens or 256,
+            is_chat_model=True,
+            is_function_calling_model=True,
+            model_name=self.model,
+        )
+
+    def document_hints(self) -> DocumentCacheHints:
+        """A node postprocessor: canonical node order plus document cache hints for this LLM."""
+        return DocumentCacheHints(memory=self._memory)
+
+    # --- requests ------------------------------------------------------------------
+    def _prepare(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> Prepared:
+        params = sampling_params(self.profile.sampling.defaults(), temperature=self.temperature,
+                                 max_tokens=kwargs.get("max_tokens", self.max_tokens), stop=kwargs.get("stop"),
+                                 json_schema=kwargs.get("json_schema"))
+        return prepare_request(self.backend, params, messages=to_chat_dicts(list(messages)),
+                               tools=kwargs.get("tools"), tool_choice=kwargs.get("tool_choice"),
+                               documents=kwargs.get("documents"), memory=self._memory)
+
+    def _response(self, result: Result, prepared: Prepared, delta: str | None = None) -> ChatResponse:
+        calls = parse_tool_calls(result.text, prepared.tools) if prepared.tools else []
+        extra = {"tool_calls": [{"id": c.id, "type": "function", "function": {
+            "name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]} if calls else {}
+        u = result.usage
+        return ChatResponse(
+            message=ChatMessage(role=MessageRole.ASSISTANT, content=result.text, additional_kwargs=extra),
+            delta=delta,
+            raw={"usage": {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+                           "total_tokens": u.total_tokens, "cached_tokens": u.cached_tokens},
+                 "finish_reason": "tool_calls" if calls else result.finish_reason,
+                 "ttft_s": result.timings.ttft if result.timings else None},
+        )
+
+    def _user(self, prompt: str) -> list[ChatMessage]:
+        system = [ChatMessage(role=MessageRole.SYSTEM, content=self.system_prompt)] if self.system_prompt else []
+        return [*system, ChatMessage(role=MessageRole.USER, content=prompt)]
+
+    # --- chat --------------------------------------------------------------------------
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        prepared = self._prepare(messages, kwargs)
+        return self._response(collect(self.backend.stream_sync(prepared.request)), prepared)
+
+    @llm_chat_callback()
+    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        prepared = self._prepare(messages, kwargs)
+
+        def gen() -> ChatResponseGen:
+            builder = ResultBuilder()
+            for event in self.backend.stream_sync(prepared.request):
+                builder.add(event)
+                if event.index == 0 and (event.text or event.usage):
+                    yield self._response(builder.build(), prepared, delta=event.text)
+
+        return gen()
+
+    @llm_chat_callback()
+    async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        prepared = self._prepare(messages, kwargs)
+        builder = ResultBuilder()
+        async for event in aiter_events(self.backend, prepared.request):
+            builder.add(event)
+        return self._response(builder.build(), prepared)
+
+    @llm_chat_callback()
+    async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
+        prepared = self._prepare(messages, kwargs)
+
+        async def gen() -> ChatResponseAsyncGen:
+            builder = ResultBuilder()
+            async for event in aiter_events(self.backend, prepared.request):
+                builder.add(event)
+                if event.index == 0 and (event.text or event.usage):
+                    yield self._response(builder.build(), prepared, delta=event.text)
+
+        return gen()
+
+    # --- completion: one user turn through the chat template ------------------------------
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        return _completion(self.chat(self._user(prompt), **kwargs))
+
+    @llm_completion_callback()
+    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
+        return (_completion(r) for r in self.stream_chat(self._user(prompt), **kwargs))
+
+    @llm_completion_callback()
+    async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        return _completion(await self.achat(self._user(prompt), **kwargs))
+
+    @llm_completion_callback()
+    async def astream_complete(self, prompt: str, formatted: bool = False,
+                               **kwargs: Any) -> CompletionResponseAsyncGen:
+        stream = await self.astream_chat(self._user(prompt), **kwargs)
+
+        async def gen() -> CompletionResponseAsyncGen:
+            async for r in stream:
+                yield _completion(r)
+
+        return gen()
+
+    # --- tools -----------------------------------------------------------------------------
+    def _prepare_chat_with_tools(self, tools: Sequence[Any], user_msg: str | ChatMessage | None = None,
+                                 chat_history: list[ChatMessage] | None = None, verbose: bool = False,
+                                 allow_parallel_tool_calls: bool = False, tool_required: bool = False,
+                                 **kwargs: Any) -> dict[str, Any]:
+        messages = list(chat_history or [])
+        if user_msg is not None:
+            messages.append(ChatMessage(role=MessageRole.USER, content=user_msg) if isinstance(user_msg, str)
+                            else user_msg)
+        return {"messages": messages, "tools": [t.metadata.to_openai_tool() for t in tools],
+                "tool_choice": "required" if tool_required else "auto", **kwargs}
+
+    def get_tool_calls_from_response(self, response: ChatResponse, error_on_no_tool_call: bool = True,
+                                     **kwargs: Any) -> list[ToolSelection]:
+        calls = response.message.additional_kwargs.get("tool_calls", [])
+        if not calls and error_on_no_tool_call:
+            raise ValueError(f"the model answered without a tool call: {response.message.content!r}")
+        return [ToolSelection(tool_id=c["id"], tool_name=c["function"]["name"],
+                              tool_kwargs=json.loads(c["function"]["arguments"])) for c in calls]
+
+
+def _completion(r: ChatResponse) -> CompletionResponse:
+    return CompletionResponse(text=r.message.content or "", delta=r.delta, raw=r.raw,
+                              additional_kwargs=r.message.additional_kwargs)

@@ -1,0 +1,46 @@
+"""Tool calling pieces that need no model: call schemas, tool_choice, parsing calls out of text."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferplug.errors import RequestError
+from inferplug.frontend.tool_calls import call_schema, parse_tool_calls, select_tools
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+ADD = {"type": "function", "function": {"name": "add", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}
+
+
+def test_tool_choice_selects_and_requires():
+    assert select_tools([WEATHER, ADD], "auto") == ([WEATHER, ADD], False)
+    assert select_tools([WEATHER, ADD], "none") == ([], False)
+    assert select_tools([WEATHER, ADD], "any") == ([WEATHER, ADD], True)
+    assert select_tools([WEATHER, ADD], {"type": "function", "function": {"name": "add"}}) == ([ADD], True)
+    with pytest.raises(RequestError, match="not among the bound tools"):
+        select_tools([WEATHER], "nope")
+
+
+def test_call_schema_constrains_name_and_arguments():
+    one = call_schema([WEATHER])
+    assert one["properties"]["name"]["enum"] == ["get_weather"]
+    assert one["properties"]["arguments"] == WEATHER["function"]["parameters"]
+    assert len(call_schema([WEATHER, ADD])["anyOf"]) == 2
+
+
+@pytest.mark.parametrize("text", [
+    '{"name": "add", "arguments": {"a": 1, "b": 2}}',
+    'Sure.\n```json\n{"name": "add", "arguments": "{\\"a\\": 1, \\"b\\": 2}"}\n```',
+    '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>',
+    '[{"name": "add", "arguments": {"a": 1, "b": 2}}]',
+])
+def test_calls_are_parsed_from_every_usual_shape(text):
+    calls = parse_tool_calls(text, [WEATHER, ADD])
+    assert [(c.name, c.arguments) for c in calls] == [("add", {"a": 1, "b": 2})]
+    assert calls[0].id.startswith("call_")
+
+
+def test_prose_and_unknown_tools_are_not_calls():
+    assert parse_tool_calls("The answer is {not json}.", [ADD]) == []
+    assert parse_tool_calls('{"name": "rm_rf", "arguments": {}}', [ADD]) == []
