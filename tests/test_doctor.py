@@ -1,0 +1,61 @@
+"""`inferplug doctor` with injected hardware: backends usable or why not, profiles fit or why not,
+and a non-zero exit when nothing can run."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from inferplug import doctor
+from inferplug.hardware import GPU, Hardware
+
+PACKAGES = frozenset({"torch", "transformers", "ctranslate2", "httpx"})
+CPU_ONLY = Hardware(cpu_model="test cpu", cpu_flags=frozenset({"avx2", "avx512f", "avx512_bf16"}), cpu_count=4,
+                    ram_total=32 << 30, ram_available=24 << 30, packages=PACKAGES)
+NOTHING = Hardware(cpu_flags=frozenset(), ram_total=8 << 30, ram_available=4 << 30, packages=frozenset())
+
+
+def test_backends_on_a_cpu_machine():
+    status = doctor.backend_status(CPU_ONLY)
+    assert status["native"] == {"usable": True, "why": "usable on cpu"}
+    assert status["ctranslate2"]["usable"] is True
+    assert status["exllamav2"]["usable"] is False
+    assert status["exllamav2"]["why"].startswith("needs a CUDA GPU; none found")
+    assert "exllamav2" not in sys.modules  # checked with find_spec, never imported
+
+
+def test_backends_with_a_gpu_but_no_exllamav2():
+    hw = Hardware(gpus=(GPU(0, "test gpu", (8, 6), 24 << 30, 20 << 30),), packages=PACKAGES)
+    status = doctor.backend_status(hw)
+    assert status["native"]["why"] == "usable on cuda"
+    assert status["exllamav2"]["why"] == "exllamav2 is not installed (pip install 'inferplug[exllamav2]')"
+
+
+def test_profiles_without_downloads(monkeypatch, tmp_path):
+    monkeypatch.setenv("INFERPLUG_HOME", str(tmp_path))  # nothing pulled
+    rows = {row["name"]: row for row in doctor.profile_status(CPU_ONLY)}
+    assert rows["smollm2-135m"]["fits"] is None and "inferplug pull smollm2-135m" in rows["smollm2-135m"]["why"]
+    assert rows["zephyr-awq"]["fits"] is False and rows["zephyr-awq"]["why"].startswith("native: runs AWQ")
+    assert rows["openai-remote"]["fits"] is True
+
+
+@pytest.mark.smollm2
+def test_default_profile_fits_with_context_and_batch(smollm2_gguf):
+    report = doctor.collect(CPU_ONLY)
+    row = next(r for r in report["profiles"] if r["name"] == "smollm2-135m")
+    assert (row["fits"], row["backend"], row["device"], row["dtype"]) == (True, "native", "cpu", "bfloat16")
+    assert row["max_model_len"] == 8192 and row["seqs_at_full_context"] >= 1
+    assert report["ok"] is True
+    assert report["machine"]["isa"] == ["AVX2", "AVX-512", "AVX512-BF16"]
+
+
+def test_nothing_can_run_exits_non_zero(monkeypatch, capsys):
+    monkeypatch.setattr(doctor, "probe", lambda: NOTHING)
+    assert doctor.run_doctor(as_json=True) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is False
+    assert not any(b["usable"] for b in report["backends"].values())
+    assert doctor.run_doctor() == 1
+    assert "nothing can run here" in capsys.readouterr().out
