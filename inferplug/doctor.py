@@ -136,7 +136,7 @@ def print_report(report: dict[str, Any]) -> None:
     profiles = Table("profile", "fits", "runs on", "max context x batch", "why", title="profiles")
     for p in report["profiles"]:
         fits = {True: "[green]yes[/]", False: "[red]no[/]", None: "[yellow]?[/]"}[p["fits"]]
-        runs = f"{p['backend']} {p['device']} {p['dtype']}" if p["fits"] else ""
+        runs = " ".join(p[k] for k in ("backend", "device", "dtype") if p[k] != "auto") if p["fits"] else ""
         ctx = f"{p['max_model_len']} x {p['seqs_at_full_context'] or p['max_num_seqs']}" if p["fits"] else ""
         profiles.add_row(p["name"], fits, runs, ctx, escape(p.get("why", "")))
     console.print(profiles)

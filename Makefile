@@ -1,0 +1,31 @@
+# Two entry points: `make demo` (set up, then run the main job on the default profile) and
+# `make test` (set up, then run every test, the real-model ones included).
+PYTHON ?= python3
+VENV := .venv
+STAMP := $(VENV)/.inferplug-installed
+# torch goes in first and pinned: then nothing later resolves a multi-GB CUDA build.
+TORCH := torch==2.13.0
+
+.PHONY: setup demo test clean
+
+setup: $(STAMP)
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Re-run when pyproject.toml changes; otherwise the stamp makes setup a no-op.
+$(STAMP): pyproject.toml | $(VENV)/bin/python
+	$(VENV)/bin/pip install $(TORCH)
+	$(VENV)/bin/pip install -e ".[all,test]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/inferplug demo
+
+# pytest exits 5 when it collects nothing: say so instead of failing silently.
+test: $(STAMP)
+	@status=0; $(VENV)/bin/pytest -q $(PYTEST_ARGS) || status=$$?; \
+	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$status
+
+clean:
+	rm -rf $(VENV) .pytest_cache .inferplug-home
