@@ -30,9 +30,9 @@ def explain_validation_error(exc: ValidationError, path: Path, file_data: dict, 
     errors = exc.errors()
     err = errors[0]
     loc = [str(p) for p in err["loc"] if not isinstance(p, int)]
-    key = ".".join(loc) or "(profile)"
-    from_env = _has(env_data, loc)
-    where = f"env INFERPLUG_{'__'.join(loc).upper()}" if from_env else f"{path}: {key}"
+    key = ".".join(loc)
+    from_env = bool(loc) and _has(env_data, loc)
+    where = f"env INFERPLUG_{'__'.join(loc).upper()}" if from_env else f"{path}: {key}" if key else str(path)
     more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
     if err["type"] == "extra_forbidden":
         table = _model_at(Profile, loc[:-1])
@@ -44,7 +44,7 @@ def explain_validation_error(exc: ValidationError, path: Path, file_data: dict, 
     if err["type"] == "missing":
         return f"{where}: required key is missing. Fix: add {key} to the profile{more}"
     got = f" (got {err['input']!r})" if not isinstance(err.get("input"), dict) else ""
-    fix = "unset or correct that variable" if from_env else f"edit {key} in the file"
+    fix = "unset or correct that variable" if from_env else f"edit {key or 'the profile'} in the file"
     msg = err["msg"].removeprefix("Value error, ")
     return f"{where}: {msg}{got}. Fix: {fix}{more}"
 

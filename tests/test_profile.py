@@ -101,65 +101,34 @@ def error_of(path_or_name) -> str:
     return message
 
 
-def test_toml_syntax_error(tmp_path):
-    path = write(tmp_path, 'backend = "native"\n[model\n')
-    message = error_of(path)
-    assert str(path) in message and "TOML syntax error" in message and "line 2" in message
+BAD_FILES = {
+    "toml syntax": ('backend = "native"\n[model\n', ["TOML syntax error", "line 2", "Fix: correct the TOML"]),
+    "unknown key": (f"{MODEL}[cache]\nblok_size = 16\n",
+                    ["unknown key 'cache.blok_size'", "did you mean 'cache.block_size'", "Valid keys in [cache]"]),
+    "unknown top-level key": (f'backnd = "native"\n{MODEL}', ["did you mean 'backend'"]),
+    "unknown table": (f"{MODEL}[cahce]\nblock_size = 16\n", ["unknown key 'cahce'", "did you mean 'cache'"]),
+    "wrong type": (f'{MODEL}[cache]\nblock_size = "big"\n',
+                   ["cache.block_size", "valid integer", "'big'", "Fix: edit cache.block_size"]),
+    "out of range": (f"{MODEL}[parallel]\ntensor_parallel_size = 0\n",
+                     ["parallel.tensor_parallel_size", "greater than or equal to 1"]),
+    "bad choice": (f'backend = "vllm"\n{MODEL}', ["backend", "'native'", "'exllamav2'"]),
+    "bad memory size": (f'{MODEL}[cache]\nmemory = "2 parsecs"\n', ["cache.memory", "2GiB"]),
+    "missing model file": ('[model]\npath = "nowhere/model.gguf"\n',
+                           ["model.path: model file", "does not exist", "Fix:"]),
+    "two model sources": ('[model]\nhf_repo = "a/b"\npypi = "x==1"\nfile = "m.gguf"\n',
+                          ["only one of path, hf_repo or pypi"]),
+    "no model": ('backend = "native"\n', ["[model] needs one of path, hf_repo or pypi"]),
+}
 
 
-def test_unknown_key_suggests_the_closest(tmp_path):
-    path = write(tmp_path, f"{MODEL}[cache]\nblok_size = 16\n")
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_bad_profile_file(tmp_path, case):
+    text, expected = BAD_FILES[case]
+    path = write(tmp_path, text)
     message = error_of(path)
     assert str(path) in message
-    assert "unknown key 'cache.blok_size'" in message
-    assert "did you mean 'cache.block_size'" in message
-
-
-def test_unknown_top_level_key(tmp_path):
-    message = error_of(write(tmp_path, f'backnd = "native"\n{MODEL}'))
-    assert "did you mean 'backend'" in message
-
-
-def test_unknown_table(tmp_path):
-    message = error_of(write(tmp_path, f"{MODEL}[cahce]\nblock_size = 16\n"))
-    assert "unknown key 'cahce'" in message and "did you mean 'cache'" in message
-
-
-def test_wrong_type(tmp_path):
-    message = error_of(write(tmp_path, f'{MODEL}[cache]\nblock_size = "big"\n'))
-    assert "cache.block_size" in message and "valid integer" in message and "'big'" in message
-    assert "Fix: edit cache.block_size" in message
-
-
-def test_out_of_range(tmp_path):
-    message = error_of(write(tmp_path, f"{MODEL}[parallel]\ntensor_parallel_size = 0\n"))
-    assert "parallel.tensor_parallel_size" in message and "greater than or equal to 1" in message
-
-
-def test_bad_literal_lists_the_choices(tmp_path):
-    message = error_of(write(tmp_path, f'backend = "vllm"\n{MODEL}'))
-    assert "backend" in message and "'native'" in message and "'exllamav2'" in message
-
-
-def test_bad_memory_size(tmp_path):
-    message = error_of(write(tmp_path, f'{MODEL}[cache]\nmemory = "2 parsecs"\n'))
-    assert "cache.memory" in message and "2GiB" in message
-
-
-def test_missing_model_file(tmp_path):
-    path = write(tmp_path, '[model]\npath = "nowhere/model.gguf"\n')
-    message = error_of(path)
-    assert f"{path}: model.path" in message and "does not exist" in message and "Fix:" in message
-
-
-def test_two_model_sources(tmp_path):
-    message = error_of(write(tmp_path, '[model]\nhf_repo = "a/b"\npypi = "x==1"\nfile = "m.gguf"\n'))
-    assert "only one of path, hf_repo or pypi" in message
-
-
-def test_local_backend_needs_a_model(tmp_path):
-    message = error_of(write(tmp_path, 'backend = "native"\n'))
-    assert "[model] needs one of path, hf_repo or pypi" in message
+    for fragment in expected:
+        assert fragment in message
 
 
 def test_unknown_profile_name_lists_the_available_ones():
