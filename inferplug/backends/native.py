@@ -1,0 +1,85 @@
+"""The `native` backend: our paged, continuously batching engine behind the Backend protocol."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from inferplug.backends.base import Backend
+from inferplug.types import Capabilities, Event, Request
+
+if TYPE_CHECKING:
+    from inferplug.engine.llm_engine import LLMEngine
+    from inferplug.profile import Profile
+    from inferplug.resolver import Plan
+
+
+def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
+    """Load the profile's model (pulling it on first use) into an LLMEngine sized by the plan."""
+    import torch
+
+    from inferplug.chat_template import render_chat
+    from inferplug.engine.config import EngineConfig
+    from inferplug.engine.llm_engine import LLMEngine
+    from inferplug.models.loader import load_tokenizer, load_weights, read_config
+    from inferplug.sources import ensure_local
+
+    native = getattr(profile, "native", None)
+    if native is not None and native.num_threads and plan.device == "cpu":
+        torch.set_num_threads(native.num_threads)
+    path = ensure_local(profile.model)
+    config = EngineConfig(
+        dtype=plan.dtype, device=plan.device, block_size=plan.block_size, num_kv_blocks=plan.num_kv_blocks,
+        max_model_len=plan.max_model_len or None, max_num_seqs=plan.max_num_seqs,
+        max_num_batched_tokens=plan.max_num_batched_tokens,
+    )
+    tokenizer = load_tokenizer(path, profile.model.tokenizer)
+    weights = load_weights(path, config.torch_dtype, config.device)
+    return LLMEngine(read_config(path), weights, tokenizer, config,
+                     render_chat=partial(render_chat, tokenizer, profile))
+
+
+class NativeBackend(Backend):
+    name = "native"
+
+    def __init__(self, profile: Profile, plan: Plan) -> None:
+        from inferplug.engine.async_engine import AsyncEngine
+
+        super().__init__(profile, plan)
+        self.engine = AsyncEngine(build_engine(profile, plan))
+
+    @property
+    def capabilities(self) -> Capabilities:
+        import importlib.util
+
+        return Capabilities(
+            streaming=True, logprobs=True, n=True, tools=True, prefix_cache=True,
+            json_schema=importlib.util.find_spec("inferplug.engine.guided") is not None,
+            devices=("cpu", "cuda"),
+        )
+
+    @property
+    def model_name(self) -> str:
+        return self.profile.model.served_name or self.profile.name
+
+    @property
+    def context_length(self) -> int:
+        return self.engine.engine.max_model_len
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.engine.tokenizer
+
+    def generate(self, request: Request) -> AsyncIterator[Event]:
+        return self.engine.generate(request)
+
+    async def abort(self, request_id: str) -> None:
+        await self.engine.abort(request_id)
+
+    def stats(self) -> dict[str, Any]:
+        return self.engine.stats()
+
+    def close(self) -> None:
+        self.engine.close()
+        super().close()

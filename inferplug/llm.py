@@ -1,0 +1,105 @@
+"""The offline API, shaped like vLLM's quick start:
+
+    from inferplug import LLM, SamplingParams
+    llm = LLM(profile="smollm2-135m")
+    for out in llm.generate(["Hello, my name is"], SamplingParams(temperature=0.8, top_p=0.95)):
+        print(out.outputs[0].text)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from inferplug.types import Event, Request, SamplingParams, Timings, TokenLogprob, Usage
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    usage: Usage | None = None
+    metrics: Timings | None = None
+    finished: bool = False
+
+    def add(self, event: Event) -> None:
+        choice = self.outputs[event.index]
+        choice.text += event.text
+        choice.token_ids += event.token_ids
+        if event.logprobs is not None:
+            choice.logprobs = (choice.logprobs or []) + event.logprobs
+        if event.finish_reason is not None:
+            choice.finish_reason, choice.stop_reason = event.finish_reason, event.stop_reason
+        if event.usage is not None:
+            self.usage, self.metrics, self.finished = event.usage, event.timings, True
+
+
+class LLM:
+    """A model loaded from a profile, generating in batches with continuous batching underneath."""
+
+    def __init__(self, profile: str | Path | Any = None, **engine_overrides: Any):
+        from inferplug.backends.native import build_engine
+        from inferplug.hardware import probe
+        from inferplug.profile import load_profile
+        from inferplug.resolver import resolve
+
+        self.profile = load_profile(profile)
+        plan = resolve(self.profile, probe())
+        for key, value in engine_overrides.items():  # e.g. dtype="bfloat16", num_kv_blocks=512
+            if not hasattr(plan, key):
+                raise TypeError(f"LLM() got an unknown engine option {key!r}")
+            setattr(plan, key, value)
+        self.engine = build_engine(self.profile, plan)
+        self._counter = 0
+
+    def get_tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def generate(self, prompts: str | list[int] | list[str | list[int]],
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
+        """One output per prompt (text or token ids), in order. RequestError if any prompt is invalid."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        return self._run([Request(prompt=p) for p in prompts], sampling_params)
+
+    def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+             sampling_params: SamplingParams | list[SamplingParams] | None = None,
+             tools: list[dict[str, Any]] | None = None) -> list[RequestOutput]:
+        """Chat conversations rendered by the model's (or profile's) chat template."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        return self._run([Request(messages=list(m), tools=tools) for m in conversations], sampling_params)
+
+    def _run(self, requests: list[Request], sampling_params) -> list[RequestOutput]:
+        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(requests)
+        if len(params) != len(requests):
+            raise ValueError(f"got {len(params)} sampling params for {len(requests)} prompts; give one or one each")
+        outputs: dict[str, RequestOutput] = {}
+        try:
+            for request, p in zip(requests, params):
+                request.params = p or SamplingParams()
+                request.request_id = f"llm-{self._counter}"
+                self._counter += 1
+                prompt_ids, text = self.engine.encode(request)
+                self.engine.add_request(request, prompt_ids)
+                choices = [CompletionOutput(i) for i in range(request.params.n)]
+                outputs[request.request_id] = RequestOutput(request.request_id, text, prompt_ids, choices)
+            while self.engine.has_unfinished():
+                for event in self.engine.step():
+                    outputs[event.request_id].add(event)
+        finally:
+            for request_id in list(outputs):
+                self.engine.abort(request_id)  # only after an error: finished ids are gone already
+        return list(outputs.values())

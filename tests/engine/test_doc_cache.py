@@ -1,0 +1,55 @@
+"""RAG document KV cache: re-rotation math, and reuse of a document's KV across requests."""
+
+from __future__ import annotations
+
+import torch
+
+from inferplug.engine.doc_cache import rerotate
+from inferplug.models.llama import apply_rope, rope_tables
+from inferplug.models.loader import read_config
+from inferplug.rag import rag_prompt
+from inferplug.rag.layout import document_spans
+from inferplug.types import Request
+
+from engine_helpers import greedy, make_engine, run_all, tokens_of
+
+DOCS = ["The red fox lives in the northern forest and eats berries.",
+        "Blue whales sing long songs that travel across the ocean.",
+        "Copper wires carry current between the two brass plates."]
+
+
+def test_rerotation_moves_keys_to_a_new_position(tiny_llama_dir):
+    cos, sin = rope_tables(read_config(tiny_llama_dir), torch.device("cpu"))
+    k = torch.randn(5, 2, cos.shape[1])
+    at = lambda p: apply_rope(k, cos[p : p + 5, None], sin[p : p + 5, None])  # noqa: E731
+    for old, new in [(3, 40), (40, 3), (7, 7)]:
+        torch.testing.assert_close(rerotate(at(old), new - old, cos, sin), at(new), atol=1e-5, rtol=1e-5)
+
+
+def _request(question: str, docs: list[str], salt: str) -> Request:
+    prompt = rag_prompt(question, docs)
+    # cache_salt keeps the block prefix cache out, so only the document cache can reuse KV
+    return Request(prompt=prompt, params=greedy(6), documents=document_spans(prompt, docs), cache_salt=salt)
+
+
+def test_same_position_reuse_is_exact(tiny_llama_dir):
+    engine = make_engine(tiny_llama_dir)
+    run_all(engine, [_request("Who eats berries?", DOCS, "a")])
+    second = _request("Who sings songs?", DOCS, "b")
+    events = run_all(engine, [second])[second.request_id]
+    assert engine.doc_cache.injected_segments == len(DOCS)
+    assert events[-1].usage.cached_tokens > sum(len(d) for d in DOCS) // 2  # byte-level: ~1 token per char
+    fresh = make_engine(tiny_llama_dir, rag_document_cache=False)
+    again = _request("Who sings songs?", DOCS, "c")
+    assert tokens_of(events) == tokens_of(run_all(fresh, [again])[again.request_id])
+    engine.blocks.check_invariants()
+
+
+def test_a_document_hits_next_to_new_neighbours_and_positions(tiny_llama_dir):
+    engine = make_engine(tiny_llama_dir)
+    run_all(engine, [_request("q1", DOCS[:2], "a")])
+    moved = _request("q2", [DOCS[2], DOCS[1]], "b")  # DOCS[1] now has another neighbour and position
+    events = run_all(engine, [moved])[moved.request_id]
+    assert engine.doc_cache.hit_tokens > 0 and events[-1].usage.cached_tokens > 0
+    assert events[-1].finish_reason == "length"
+    engine.blocks.check_invariants()
