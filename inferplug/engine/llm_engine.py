@@ -11,6 +11,7 @@ import torch
 
 from inferplug.engine.block_manager import BlockManager
 from inferplug.engine.config import EngineConfig
+from inferplug.engine.doc_cache import DocumentKVCache
 from inferplug.engine.model_runner import ModelRunner
 from inferplug.engine.request_state import RequestState, validate_prompt
 from inferplug.engine.sampler import SampleResult, Sampler
@@ -52,6 +53,11 @@ class LLMEngine:
         )
         self.runner = ModelRunner(model, num_blocks=config.num_kv_blocks, block_size=config.block_size,
                                   sampler=Sampler(sorted(self.eos_token_ids)))
+        # doc_cache: RAG document KV reuse (engine/doc_cache.py, integrations helper); inert without Request.documents
+        self.doc_cache = (DocumentKVCache(model, self.runner.kv_caches, self.blocks, tokenizer)
+                          if config.rag_document_cache else None)
+        if self.doc_cache is not None:
+            self.scheduler.cap_chunk = self.doc_cache.cap_chunk
         self.requests: dict[str, RequestState] = {}
 
     # --- requests ---------------------------------------------------------------
@@ -69,12 +75,15 @@ class LLMEngine:
     def add_request(self, request: Request, prompt_ids: list[int] | None = None) -> None:
         if request.request_id in self.requests:
             raise RequestError(f"request id {request.request_id!r} is already running; use a new id", param="request_id")
+        text = None
         if prompt_ids is None:
-            prompt_ids, _ = self.encode(request)
+            prompt_ids, text = self.encode(request)
         validate_prompt(prompt_ids, request.params, self.model_config.vocab_size, self.max_model_len)
         state = RequestState.create(request, prompt_ids, self.max_model_len, self.tokenizer)
         self.requests[request.request_id] = state
         first, *rest = state.seqs
+        if self.doc_cache is not None:  # doc_cache: map the request's document spans to token segments
+            self.doc_cache.plan(first, text, request.documents)
         first.siblings_waiting = rest
         self.scheduler.add(first)
 
@@ -102,6 +111,8 @@ class LLMEngine:
         for seq, n in scheduled:
             seq.num_computed_tokens += n
             self.blocks.commit(seq)
+            if self.doc_cache is not None:  # doc_cache: store finished document segments, inject cached ones
+                self.doc_cache.after_step(seq)
         events: list[Event] = []
         for seq, sample in samples:
             state = self.requests.get(seq.request_id)
@@ -181,4 +192,5 @@ class LLMEngine:
             "prefix_hit_rate": self.blocks.hit_rate,
             "prefix_hit_tokens": self.blocks.hit_tokens,
             "preemptions": self.scheduler.num_preemptions,
+            **(self.doc_cache.stats() if self.doc_cache is not None else {}),
         }

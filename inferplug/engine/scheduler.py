@@ -9,6 +9,7 @@ its full blocks usually stay cached, and it rejoins the front of the queue.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from inferplug.engine.block_manager import BlockManager
 from inferplug.engine.sequence import Sequence, SequenceStatus
@@ -22,6 +23,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        # doc_cache: shortens a prefill chunk to end where a cached RAG document starts (engine/doc_cache.py)
+        self.cap_chunk: Callable[[Sequence, int, int], int] = lambda seq, computed, n: n
 
     def add(self, seq: Sequence, *, front: bool = False) -> None:
         seq.status = SequenceStatus.WAITING
@@ -38,7 +41,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(len(seq.token_ids) - seq.num_computed_tokens, budget)
+            n = self.cap_chunk(seq, seq.num_computed_tokens, min(len(seq.token_ids) - seq.num_computed_tokens, budget))
             while not self.blocks.allocate(seq, seq.num_computed_tokens + n):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -57,7 +60,7 @@ class Scheduler:
             seq = self.waiting[0]
             hits = self.blocks.lookup_prefix(seq)
             computed = len(hits) * self.blocks.block_size
-            n = min(len(seq.token_ids) - computed, budget)
+            n = self.cap_chunk(seq, computed, min(len(seq.token_ids) - computed, budget))
             if not self.blocks.allocate(seq, computed + n, hits):
                 break
             self.waiting.popleft()

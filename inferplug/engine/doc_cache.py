@@ -1,0 +1,177 @@
+"""RAG document KV cache: a retrieved chunk's KV is cached and found per document, not per exact prefix.
+
+The front ends pass `Request.documents` (character spans + content keys). Here each span becomes
+a token *segment* (the document plus the separator up to the next document), keyed by its token
+ids. When a request reaches a segment whose KV is cached, the engine copies it into the
+request's KV blocks instead of computing it, even if the neighbours or the position differ:
+
+- Position: K is stored after RoPE at the position it was computed; rotations compose, so moving
+  it by `delta` positions is one more RoPE rotation by `delta` (EPIC, arXiv 2410.15332, and
+  CacheBlend, arXiv 2405.16444, do the same). V has no position and is copied as is.
+- Cross-attention: a reused segment attends to the neighbours it was first computed with, not
+  to the current ones. The question and every non-cached token are computed in full and attend
+  to everything; bench/rag_cache.py measures what that costs (greedy-token agreement against
+  full recompute). Selective recompute (CacheBlend) is the next step if agreement drops.
+
+Hooks in the engine (each a one-liner marked "doc_cache"): LLMEngine.add_request calls `plan`,
+the Scheduler caps prefill chunks with `cap_chunk` so a chunk stops where a cached segment
+starts, and LLMEngine.step calls `after_step` to store new segments and inject cached ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import weakref
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from inferplug.types import DocumentSpan
+
+
+@dataclass
+class Segment:
+    start: int  # token positions [start, end) in the prompt
+    end: int
+    key: bytes  # hash of the segment's token ids
+    done: bool = False  # stored or injected already
+
+
+@dataclass
+class _Entry:
+    k: torch.Tensor  # [layers, tokens, kv_heads, head_dim], post-RoPE at `position`
+    v: torch.Tensor
+    position: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+
+class DocumentKVCache:
+    def __init__(self, model: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], blocks: Any, tokenizer: Any,
+                 *, capacity_bytes: int = 512 << 20, min_tokens: int = 8):
+        self.model, self.kv_caches, self.blocks, self.tokenizer = model, kv_caches, blocks, tokenizer
+        self.capacity_bytes, self.min_tokens = capacity_bytes, min_tokens
+        self.entries: OrderedDict[bytes, _Entry] = OrderedDict()  # LRU order, newest last
+        self.nbytes = 0
+        self.plans: weakref.WeakKeyDictionary[Any, list[Segment]] = weakref.WeakKeyDictionary()
+        self.hit_tokens = self.stored_segments = self.injected_segments = 0
+
+    # --- planning ---------------------------------------------------------------------
+    def plan(self, seq: Any, prompt_text: str | None, documents: list[DocumentSpan] | None) -> None:
+        """Map the request's document spans to token segments of seq's prompt."""
+        if not documents or prompt_text is None:
+            return
+        enc = self.tokenizer(prompt_text, add_special_tokens=False, return_offsets_mapping=True)
+        ids, offsets = enc["input_ids"], enc["offset_mapping"]
+        shift = len(seq.prompt_ids) - len(ids)  # special tokens the engine prepended
+        if shift < 0 or seq.prompt_ids[shift:] != ids:
+            return  # the engine tokenized differently: no hints, plain computing
+        spans = sorted(documents, key=lambda d: d.start)
+        starts = [_first_token_at(offsets, s.start) for s in spans]
+        ends = starts[1:] + [_first_token_at(offsets, spans[-1].end)]
+        last = len(seq.prompt_ids) - 1  # the last prompt token is always computed, for its logits
+        segments = []
+        for start, end in zip(starts, ends):
+            start, end = start + shift, min(end + shift, last)
+            if end - start >= self.min_tokens:
+                segments.append(Segment(start, end, _segment_key(seq.prompt_ids[start:end])))
+        if segments:
+            self.plans[seq] = segments
+
+    # --- scheduler hook -----------------------------------------------------------------
+    def cap_chunk(self, seq: Any, computed: int, n: int) -> int:
+        """Shorten a prefill chunk so it ends where the next cached segment starts (it is injected there)."""
+        for seg in self.plans.get(seq, ()):
+            if not seg.done and seg.start > computed and seg.key in self.entries:
+                return min(n, seg.start - computed)
+        return n
+
+    # --- engine step hook ------------------------------------------------------------------
+    def after_step(self, seq: Any) -> None:
+        """Store segments computed by now; inject cached segments that start exactly here.
+
+        A segment already partly computed (a chunk boundary, a prefix hit) is finished normally and stored."""
+        for seg in self.plans.get(seq, ()):
+            if seg.done:
+                continue
+            if seg.end <= seq.num_computed_tokens:
+                self._store(seq, seg)
+            elif seg.start == seq.num_computed_tokens and seg.key in self.entries:
+                if not self._inject(seq, seg):
+                    seg.done = True  # the pool is short: compute it like any other token
+                    break
+
+    def _slots(self, seq: Any, start: int, end: int) -> torch.Tensor:
+        bs = self.blocks.block_size
+        return torch.tensor([seq.block_table[p // bs] * bs + p % bs for p in range(start, end)],
+                            dtype=torch.long, device=self.kv_caches[0][0].device)
+
+    def _store(self, seq: Any, seg: Segment) -> None:
+        seg.done = True
+        if seg.key in self.entries:
+            self.entries.move_to_end(seg.key)
+            return
+        slots = self._slots(seq, seg.start, seg.end)
+        k = torch.stack([kc.view(-1, *kc.shape[2:])[slots] for kc, _ in self.kv_caches])
+        v = torch.stack([vc.view(-1, *vc.shape[2:])[slots] for _, vc in self.kv_caches])
+        entry = _Entry(k, v, seg.start)
+        if entry.nbytes > self.capacity_bytes:
+            return
+        while self.nbytes + entry.nbytes > self.capacity_bytes:
+            self.nbytes -= self.entries.popitem(last=False)[1].nbytes
+        self.entries[seg.key] = entry
+        self.nbytes += entry.nbytes
+        self.stored_segments += 1
+
+    def _inject(self, seq: Any, seg: Segment) -> bool:
+        """Copy a cached segment's KV into seq's blocks (re-rotated to its new position); False if no room."""
+        if not self.blocks.allocate(seq, seg.end):
+            return False
+        entry = self.entries[seg.key]
+        self.entries.move_to_end(seg.key)
+        slots = self._slots(seq, seg.start, seg.end)
+        k = rerotate(entry.k, seg.start - entry.position, self.model.cos, self.model.sin)
+        for layer, (kc, vc) in enumerate(self.kv_caches):
+            kc.view(-1, *kc.shape[2:]).index_copy_(0, slots, k[layer])
+            vc.view(-1, *vc.shape[2:]).index_copy_(0, slots, entry.v[layer])
+        seg.done = True
+        seq.num_computed_tokens = seg.end
+        seq.num_cached_tokens = (seq.num_cached_tokens or 0) + seg.end - seg.start
+        self.blocks.commit(seq)
+        self.hit_tokens += seg.end - seg.start
+        self.injected_segments += 1
+        return True
+
+    def stats(self) -> dict[str, Any]:
+        return {"doc_cache_entries": len(self.entries), "doc_cache_bytes": self.nbytes,
+                "doc_cache_hit_tokens": self.hit_tokens, "doc_cache_injected": self.injected_segments,
+                "doc_cache_stored": self.stored_segments}
+
+
+def rerotate(k: torch.Tensor, delta: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Move post-RoPE keys by `delta` positions: one more rotate-half RoPE rotation (sin is odd in delta)."""
+    if delta == 0:
+        return k
+    c = cos[abs(delta)].float()
+    s = sin[abs(delta)].float() * (1 if delta > 0 else -1)
+    k32 = k.float()
+    half = k.shape[-1] // 2
+    rotated = torch.cat((-k32[..., half:], k32[..., :half]), dim=-1)
+    return (k32 * c + rotated * s).to(k.dtype)
+
+
+def _first_token_at(offsets: list[tuple[int, int]], char: int) -> int:
+    """The first token that starts at or after `char`."""
+    for i, (start, _) in enumerate(offsets):
+        if start >= char:
+            return i
+    return len(offsets)
+
+
+def _segment_key(token_ids: list[int]) -> bytes:
+    return hashlib.blake2b(array("q", token_ids).tobytes(), digest_size=16).digest()
