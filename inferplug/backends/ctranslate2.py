@@ -145,7 +145,7 @@ class CTranslate2Backend(Backend):
             "waiting": self._batcher.waiting,
             "batches": self._batcher.batches,
             "requests": self._requests,
-            "prefix_cache_hit_rate": hits / self._requests if self._requests else 0.0,
+            "prefix_hit_rate": hits / self._requests if self._requests else 0.0,
             "device": self.device,
             "compute_type": self.compute_type,
         }

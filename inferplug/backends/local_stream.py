@@ -125,8 +125,7 @@ class ChoiceStream:
         self.completion_tokens += 1
         event = Event(self.request_id, self.index, token_ids=[token_id])
         if self.params.logprobs is not None and logprob is not None:
-            text = self.tokenizer.convert_ids_to_tokens(token_id)
-            event.logprobs = [TokenLogprob(token_id, text, logprob)]
+            event.logprobs = [TokenLogprob(token_id, self.tokenizer.decode([token_id]), logprob)]
         if token_id in self.end_ids and not self.params.ignore_eos:
             is_stop_id = token_id in self.params.stop_token_ids
             return self._finish(event, "stop", token_id if is_stop_id else None)

@@ -1,0 +1,134 @@
+"""The OpenAI-compatible app: `create_app(backend)` -> a FastAPI app serving that backend.
+
+Errors are OpenAI-shaped JSON ({"error": {"message", "type", "param", "code"}}): bad input is a
+4xx naming the field and the fix, and one bad request never disturbs the others.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from inferplug.errors import RequestError
+from inferplug.server.metrics import ServerMetrics
+
+if TYPE_CHECKING:
+    from inferplug.backends.base import Backend
+
+API_KEY_ENV = "INFERPLUG_API_KEY"
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+_CODES = {401: "invalid_api_key", 404: "model_not_found", 413: "request_too_large"}
+
+
+def error_body(message: str, status: int, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": code or _CODES.get(status)}}
+
+
+def error_response(message: str, status: int, param: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, status, param), status_code=status)
+
+
+def create_app(backend: Backend, *, api_key: str | None = None,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    """The app for one loaded backend. `api_key` (or INFERPLUG_API_KEY) makes /v1/* require it."""
+    from inferplug.server.routes import router
+
+    app = FastAPI(title="inferplug", version="1", docs_url=None, redoc_url=None)
+    app.state.backend = backend
+    app.state.api_key = api_key or os.environ.get(API_KEY_ENV) or None
+    app.state.metrics = ServerMetrics(backend)
+    app.include_router(router)
+
+    @app.exception_handler(RequestError)
+    async def _request_error(request: Request, exc: RequestError) -> JSONResponse:
+        app.state.metrics.failed(request.url.path, exc.status)
+        return error_response(str(exc), exc.status, exc.param)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        app.state.metrics.failed(request.url.path, 400)
+        message, param = describe_validation_error(exc)
+        return error_response(message, 400, param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(str(exc.detail), exc.status_code)
+
+    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
+    return app
+
+
+def check_api_key(request: Request) -> None:
+    """401 unless the request carries the server's key (when it has one). The key is never echoed."""
+    expected = request.app.state.api_key
+    if expected is None:
+        return
+    given = request.headers.get("authorization", "")
+    if not given.startswith("Bearer ") or not secrets.compare_digest(given[7:].encode(), expected.encode()):
+        what = "wrong" if given else "missing"
+        raise RequestError(f"the API key is {what}: send the server's key as 'Authorization: Bearer <key>'",
+                           status=401)
+
+
+def describe_validation_error(exc: RequestValidationError) -> tuple[str, str | None]:
+    """One line naming the first bad field and what was wrong with it."""
+    first = exc.errors()[0]
+    if first.get("type") == "json_invalid":
+        return f"the request body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')})", None
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    # A field of a union type reports its type name last; keep the field path only.
+    path = ".".join(p for p in loc if not any(c in p for c in "[]()'"))
+    msg = first.get("msg", "invalid value")
+    if not path:
+        return f"the request body is invalid: {msg}", None
+    given = first.get("input")
+    shown = json.dumps(given)[:80] if isinstance(given, (int, float, str, bool, type(None))) else type(given).__name__
+    return f"{path}: {msg} (got {shown})", path
+
+
+class BodySizeLimit:
+    """413 for bodies over `max_bytes`, whether declared in Content-Length or streamed in chunks."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers", [])).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            return await self._reject(scope, receive, send)
+        body, more = b"", True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client left before sending its body
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_bytes:
+                return await self._reject(scope, receive, send)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # later messages: the disconnect
+
+        await self.app(scope, replay, send)
+
+    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = error_response(f"the request body is over the {self.max_bytes}-byte limit; send a smaller "
+                                  "prompt", 413)
+        await response(scope, receive, send)

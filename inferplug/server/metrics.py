@@ -1,0 +1,63 @@
+"""Prometheus metrics of one server: request latencies (TTFT, TPOT, end to end), token counts,
+and the backend's own state (running, waiting, KV usage, prefix hit rate) read at scrape time."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from inferplug.types import Usage
+
+if TYPE_CHECKING:
+    from inferplug.backends.base import Backend
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class ServerMetrics:
+    def __init__(self, backend: Backend):
+        self.backend = backend
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("inferplug_requests", "Finished API requests", ["endpoint", "status"], registry=r)
+        self.ttft = Histogram("inferplug_time_to_first_token_seconds", "Time to first token",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram("inferplug_time_per_output_token_seconds", "Time per output token after the first",
+                              buckets=_TOKEN_BUCKETS, registry=r)
+        self.e2e = Histogram("inferplug_e2e_request_latency_seconds", "End-to-end request latency",
+                             buckets=_LATENCY_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("inferplug_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.cached_tokens = Counter("inferplug_cached_prompt_tokens", "Prompt tokens served from a cache",
+                                     registry=r)
+        self.generation_tokens = Counter("inferplug_generation_tokens", "Tokens generated", registry=r)
+        self.in_flight = Gauge("inferplug_http_requests_in_flight", "API requests being served", registry=r)
+        self.running = Gauge("inferplug_num_requests_running", "Requests the backend is running", registry=r)
+        self.waiting = Gauge("inferplug_num_requests_waiting", "Requests queued in the backend", registry=r)
+        self.kv_usage = Gauge("inferplug_kv_cache_usage_ratio", "Fraction of KV cache blocks in use", registry=r)
+        self.prefix_hit_rate = Gauge("inferplug_prefix_cache_hit_rate", "Prefix cache hit rate", registry=r)
+
+    def observe(self, endpoint: str, usage: Usage, started: float, first_token: float | None, ended: float) -> None:
+        """One finished generation."""
+        self.requests.labels(endpoint, "ok").inc()
+        self.e2e.observe(ended - started)
+        self.prompt_tokens.inc(usage.prompt_tokens)
+        self.cached_tokens.inc(usage.cached_tokens)
+        self.generation_tokens.inc(usage.completion_tokens)
+        if first_token is not None:
+            self.ttft.observe(first_token - started)
+            if usage.completion_tokens > 1:
+                self.tpot.observe((ended - first_token) / (usage.completion_tokens - 1))
+
+    def failed(self, endpoint: str, status: int) -> None:
+        self.requests.labels(endpoint, str(status)).inc()
+
+    def render(self) -> bytes:
+        stats = self.backend.stats()
+        self.running.set(stats.get("running", 0))
+        self.waiting.set(stats.get("waiting", 0))
+        total = stats.get("kv_blocks_total") or 0
+        self.kv_usage.set(stats.get("kv_blocks_used", 0) / total if total else 0.0)
+        self.prefix_hit_rate.set(stats.get("prefix_hit_rate", 0.0))
+        return generate_latest(self.registry)

@@ -1,0 +1,156 @@
+"""The endpoints: /v1/models, /v1/completions, /v1/chat/completions, /health and /metrics.
+
+A generation is started (and bad input rejected with a 4xx) before any response byte is sent.
+When the client disconnects, streaming or not, the generation is aborted and its KV blocks
+are freed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from inferplug.errors import RequestError
+from inferplug.server.app import check_api_key, error_body
+from inferplug.server.generation import Generation
+from inferplug.server.responses import ResponseBuilder
+from inferplug.server.schemas import ChatCompletionRequest, CompletionRequest
+
+router = APIRouter()
+v1 = [Depends(check_api_key)]
+
+
+@router.get("/health")
+async def health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/models", dependencies=v1)
+async def models(request: Request) -> dict[str, Any]:
+    backend = request.app.state.backend
+    return {"object": "list", "data": [
+        {"id": name, "object": "model", "created": 0, "owned_by": "inferplug", "max_model_len": backend.context_length}
+        for name in served_names(backend)
+    ]}
+
+
+@router.post("/v1/completions", dependencies=v1)
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    prompts = [{"prompt": p} for p in body.prompts()]
+    return await _generate("completion", body, prompts, request, body.logprobs is not None)
+
+
+@router.post("/v1/chat/completions", dependencies=v1)
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    prompts = [{"messages": [m.as_dict() for m in body.messages], "tools": body.tools}]
+    return await _generate("chat", body, prompts, request, body.logprobs)
+
+
+def served_names(backend: Any) -> list[str]:
+    """The model names this server answers to: the served name first, then the profile's name."""
+    return list(dict.fromkeys([backend.model_name, backend.profile.name]))
+
+
+async def _generate(kind: str, body: CompletionRequest | ChatCompletionRequest, prompts: list[dict[str, Any]],
+                    request: Request, want_logprobs: bool) -> Response:
+    backend = request.app.state.backend
+    names = served_names(backend)
+    if body.model not in names:
+        raise RequestError(f"model {body.model!r} does not exist here; this server serves {', '.join(names)}",
+                           param="model", status=404)
+    params = body.to_params(backend.profile.sampling.defaults())
+    generation = Generation(backend, prompts, params)
+    builder = ResponseBuilder(kind, body.model, len(prompts) * params.n, want_logprobs)
+    try:
+        await generation.start()
+    except BaseException:
+        await generation.aclose()
+        raise
+    if body.stream:
+        return _AbortingStream(_sse(generation, builder, body.include_usage, request),
+                               media_type="text/event-stream")
+    return await _whole(generation, builder, request)
+
+
+async def _whole(generation: Generation, builder: ResponseBuilder, request: Request) -> Response:
+    metrics = request.app.state.metrics
+    errors: list[str] = []
+
+    async def collect() -> None:
+        async for event in generation.events():
+            builder.add(event)
+            if event.error:
+                errors.append(event.error)
+
+    collecting = asyncio.create_task(collect())
+    leaving = asyncio.create_task(_until_disconnect(request))
+    try:
+        await asyncio.wait({collecting, leaving}, return_when=asyncio.FIRST_COMPLETED)
+        if not collecting.done():  # the client left: nobody to answer
+            metrics.failed(request.url.path, 499)
+            return Response(status_code=499)
+        collecting.result()
+    finally:
+        leaving.cancel()
+        collecting.cancel()
+        await generation.aclose()
+    if errors:
+        metrics.failed(request.url.path, 500)
+        return JSONResponse(error_body(f"generation failed: {errors[0]}", 500), status_code=500)
+    metrics.observe(request.url.path, generation.usage, generation.started, generation.first_token_at,
+                    time.perf_counter())
+    return JSONResponse(builder.response(generation.usage))
+
+
+async def _sse(generation: Generation, builder: ResponseBuilder, include_usage: bool,
+               request: Request) -> AsyncIterator[str]:
+    try:
+        async for event in generation.events():
+            if event.error:
+                yield _data(error_body(f"generation failed: {event.error}", 500))
+                continue
+            chunk = builder.chunk(event, include_usage)
+            if chunk is not None:
+                yield _data(chunk)
+        if include_usage:
+            yield _data(builder.usage_chunk(generation.usage))
+        yield "data: [DONE]\n\n"
+        request.app.state.metrics.observe(request.url.path, generation.usage, generation.started,
+                                          generation.first_token_at, time.perf_counter())
+    finally:
+        await generation.aclose()
+
+
+def _data(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def _until_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class _AbortingStream(StreamingResponse):
+    """Closes its event stream however the response ends, so a vanished client's generation
+    is aborted now rather than whenever the garbage collector finalizes the generator."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        import anyio
+
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()  # type: ignore[union-attr]
