@@ -1,0 +1,79 @@
+"""Our GGUF loader on the real SmolLM2 Q4_1 file, against transformers' own GGUF loader."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inferplug.models.loader import load_tokenizer, load_weights, read_config
+
+pytestmark = pytest.mark.smollm2
+
+TEXT = "Hello wörld! 你好，世界 🤗🚀 Привет, мир. مرحبا بالعالم — naïve café, 日本語テキスト 👩‍👩‍👧‍👦"
+
+
+@pytest.fixture(scope="module")
+def reference_model(smollm2_gguf):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name, dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def reference_tokenizer(smollm2_gguf):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
+
+
+def test_every_tensor_equals_transformers(smollm2_gguf, reference_model):
+    ours = load_weights(smollm2_gguf, torch.float32)
+    reference = reference_model.state_dict()
+    assert reference_model.config.tie_word_embeddings and "lm_head.weight" not in ours
+    assert set(ours) == set(reference) - {"lm_head.weight"}
+    for name, tensor in ours.items():
+        assert torch.equal(tensor, reference[name]), name
+
+
+def test_bf16_weights_are_the_rounded_fp32_ones(smollm2_gguf):
+    name = "model.layers.3.self_attn.k_proj.weight"
+    assert torch.equal(load_weights(smollm2_gguf, torch.bfloat16)[name], load_weights(smollm2_gguf, torch.float32)[name].bfloat16())
+
+
+def test_config_equals_transformers(smollm2_gguf, reference_model):
+    ours, theirs = read_config(smollm2_gguf), reference_model.config
+    assert ours.architecture == theirs.model_type == "llama"
+    for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                  "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps",
+                  "tie_word_embeddings", "attention_bias", "bos_token_id"):  # fmt: skip
+        assert getattr(ours, field) == getattr(theirs, field), field
+    theta = getattr(theirs, "rope_theta", None) or theirs.rope_parameters["rope_theta"]
+    assert ours.rope_theta == theta
+    assert ours.eos_token_ids == [theirs.eos_token_id]
+    assert ours.rope_scaling is None and ours.num_parameters() == reference_model.num_parameters()
+
+
+def test_tokenizer_encodes_and_decodes_like_transformers(smollm2_gguf, reference_tokenizer):
+    ours = load_tokenizer(smollm2_gguf)
+    ids = ours.encode(TEXT)
+    assert ids == reference_tokenizer.encode(TEXT)
+    assert ours.decode(ids) == reference_tokenizer.decode(ids) == TEXT
+    assert ours("<|im_start|>user\nhi<|im_end|>")["input_ids"] == reference_tokenizer("<|im_start|>user\nhi<|im_end|>")["input_ids"]
+    for attr in ("bos_token", "eos_token", "unk_token", "pad_token", "bos_token_id", "eos_token_id"):
+        assert getattr(ours, attr) == getattr(reference_tokenizer, attr), attr
+    assert len(ours) == len(reference_tokenizer)
+
+
+def test_chat_template_renders_like_transformers(smollm2_gguf, reference_tokenizer):
+    ours = load_tokenizer(smollm2_gguf)
+    conversations = [
+        [{"role": "user", "content": TEXT}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
+         {"role": "assistant", "content": "4"}, {"role": "user", "content": "and 3+3?"}],
+    ]  # fmt: skip
+    for messages in conversations:
+        for generation_prompt in (True, False):
+            kwargs = dict(add_generation_prompt=generation_prompt)
+            text = ours.apply_chat_template(messages, tokenize=False, **kwargs)
+            assert text == reference_tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+            assert ours.encode(text) == reference_tokenizer.encode(text)
