@@ -6,9 +6,9 @@ STAMP := $(VENV)/.inferplug-installed
 # torch goes in first and pinned: then nothing later resolves a multi-GB CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: setup demo test clean
+.PHONY: .venv setup demo test clean
 
-setup: $(STAMP)
+.venv setup: $(STAMP)
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)

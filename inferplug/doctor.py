@@ -88,7 +88,7 @@ def collect(hw: Hardware | None = None) -> dict[str, Any]:
                     "cores": hw.cpu_count, "ram_total": hw.ram_total, "ram_available": hw.ram_available},
         "gpus": [{"index": g.index, "name": g.name, "capability": f"{g.capability[0]}.{g.capability[1]}",
                   "total_memory": g.total_memory, "free_memory": g.free_memory} for g in hw.gpus],
-        "cuda_version": hw.cuda_version, "driver_version": hw.driver_version,
+        "cuda_version": hw.cuda_version, "driver_version": hw.driver_version, "gpu_note": hw.gpu_note,
         "backends": backends, "profiles": profiles, "ok": local_fit or unknown_but_usable,
     }
 
@@ -128,6 +128,8 @@ def print_report(report: dict[str, Any]) -> None:
         machine.add_row(f"gpu {g['index']}", f"{g['name']} (sm {g['capability']}), {gib(g['free_memory'])} free of "
                         f"{gib(g['total_memory'])}")
     machine.add_row("cuda", f"{report['cuda_version'] or 'none'} (driver {report['driver_version'] or 'none'})")
+    if report["gpu_note"]:
+        machine.add_row("gpu", escape(report["gpu_note"]))
     console.print(machine)
     backends = Table("backend", "usable", "why", title="backends")
     for name, s in report["backends"].items():

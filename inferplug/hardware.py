@@ -42,6 +42,7 @@ class Hardware:
     cuda_version: str | None = None
     driver_version: str | None = None
     packages: frozenset[str] = frozenset()  # importable packages among PACKAGES
+    gpu_note: str | None = None  # why GPUs that seem present are not usable
     os: str = field(default_factory=lambda: f"{platform.system()} {platform.release()}")
     python: str = field(default_factory=platform.python_version)
 
@@ -63,11 +64,12 @@ class Hardware:
 def probe() -> Hardware:
     model, flags = _cpu_info()
     total, available = _memory_info()
-    gpus, cuda, driver = _gpu_info()
+    gpus, cuda, driver, note = _gpu_info()
     packages = frozenset(p for p in PACKAGES if importlib.util.find_spec(p) is not None)
     return Hardware(
         cpu_model=model, cpu_flags=flags, cpu_count=os.cpu_count() or 1, ram_total=total,
         ram_available=available, gpus=gpus, cuda_version=cuda, driver_version=driver, packages=packages,
+        gpu_note=note,
     )
 
 
@@ -102,19 +104,22 @@ def nvidia_driver_present() -> bool:
     return Path("/proc/driver/nvidia/version").exists() or Path("/dev/nvidia0").exists()
 
 
-def _gpu_info() -> tuple[tuple[GPU, ...], str | None, str | None]:
-    if not nvidia_driver_present() or importlib.util.find_spec("torch") is None:
-        return (), None, None
+def _gpu_info() -> tuple[tuple[GPU, ...], str | None, str | None, str | None]:
+    if not nvidia_driver_present():
+        return (), None, None, None
+    if importlib.util.find_spec("torch") is None:
+        return (), None, _driver_version(), "an NVIDIA driver is present but torch is not installed"
     import torch
 
     if not torch.cuda.is_available():
-        return (), torch.version.cuda, _driver_version()
+        why = f"torch {torch.__version__} has no CUDA" if torch.version.cuda is None else "CUDA is not usable"
+        return (), torch.version.cuda, _driver_version(), f"an NVIDIA driver is present but {why}"
     gpus = []
     for i in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(i)
         free, total = torch.cuda.mem_get_info(i)
         gpus.append(GPU(i, props.name, (props.major, props.minor), total, free))
-    return tuple(gpus), torch.version.cuda, _driver_version()
+    return tuple(gpus), torch.version.cuda, _driver_version(), None
 
 
 def _driver_version() -> str | None:

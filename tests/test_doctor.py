@@ -59,3 +59,15 @@ def test_nothing_can_run_exits_non_zero(monkeypatch, capsys):
     assert not any(b["usable"] for b in report["backends"].values())
     assert doctor.run_doctor() == 1
     assert "nothing can run here" in capsys.readouterr().out
+
+
+def test_probe_reads_this_machine_without_importing_heavy_packages():
+    from inferplug.hardware import nvidia_driver_present, probe
+
+    heavy = {"torch", "ctranslate2", "exllamav2", "transformers"}
+    already = heavy & set(sys.modules)
+    hw = probe()
+    assert hw.cpu_count >= 1 and hw.ram_total >= hw.ram_available > 0
+    assert "torch" in hw.packages  # found with find_spec
+    if not nvidia_driver_present():
+        assert hw.gpus == () and (heavy & set(sys.modules)) == already
