@@ -133,7 +133,8 @@ def weight_bits(profile: Profile, backend: str, dtype: str) -> tuple[float, str]
 
 
 def plan_memory(profile: Profile, facts: ModelFacts, *, device: str, kind: str, available: int, bits: float,
-                kv_dtype_bytes: float) -> MemoryBreakdown:
+                kv_dtype_bytes: float, useful_tokens: int) -> MemoryBreakdown:
+    """`useful_tokens` (max_num_seqs x max_model_len) caps an "auto" cache: more would never be filled."""
     """Size the KV cache from what the weights leave; DoesNotFit when nothing useful remains."""
     weights = int(facts.num_parameters * bits / 8)
     reserve = int(RESERVE_FIXED[kind] + RESERVE_SHARE * weights)
@@ -143,13 +144,15 @@ def plan_memory(profile: Profile, facts: ModelFacts, *, device: str, kind: str, 
             f"weights need {gib(weights)} ({facts.num_parameters / 1e9:.2f}B params x {bits:g} bits) + "
             f"{gib(reserve)} reserve, but only {gib(available)} is available on {device}"
         )
-    budget = profile.cache.memory_bytes(left)
+    budget = profile.cache.memory_bytes(left, kind)
+    per_token = facts.kv_bytes_per_token(kv_dtype_bytes)
+    if profile.cache.memory == "auto":
+        budget = min(budget, useful_tokens * per_token)
     if budget > left:
         raise DoesNotFit(
             f"cache.memory = {profile.cache.memory!r} asks for {gib(budget)}, but only {gib(left)} is left on "
             f"{device} after the weights ({gib(weights)}); lower cache.memory or give a fraction such as 0.5"
         )
-    per_token = facts.kv_bytes_per_token(kv_dtype_bytes)
     block = profile.cache.block_size
     tokens = budget // per_token // block * block
     if tokens < block:

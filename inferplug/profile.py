@@ -24,6 +24,7 @@ SHIPPED_PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 BackendName = Literal["native", "ctranslate2", "exllamav2", "openai"]
 DType = Literal["float32", "bfloat16", "float16"]
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)\s*$", re.IGNORECASE)
+CPU_AUTO_CACHE = 4 << 30
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -91,7 +92,9 @@ class Quantization(Table):
 class Cache(Table):
     block_size: int = Field(default=16, ge=1, le=1024)
     kv_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    memory: str | float = 0.5  # "2GiB", or a fraction of the free memory of the device
+    # "auto", a size such as "2GiB", or a fraction of the memory the weights leave free. "auto": enough for
+    # max_num_seqs sequences at full context, at most 90% of that memory on CUDA, 4 GiB on the CPU.
+    memory: str | float = "auto"
     prefix_caching: bool = True
     rag_document_cache: bool = True
 
@@ -99,17 +102,20 @@ class Cache(Table):
     @classmethod
     def _memory(cls, v: str | float) -> str | float:
         if isinstance(v, str):
-            if _SIZE.match(v):
+            if v == "auto" or _SIZE.match(v):
                 return v
             try:
                 v = float(v)
             except ValueError:
-                raise ValueError('use a size such as "2GiB" or "512MiB", or a fraction of free memory in (0, 1]') from None
+                raise ValueError('use "auto", a size such as "2GiB", or a fraction of free memory in (0, 1]') from None
         if not 0.0 < v <= 1.0:
             raise ValueError("a fraction of free memory must be in (0, 1]; use a string such as \"2GiB\" for a size")
         return v
 
-    def memory_bytes(self, free_bytes: int) -> int:
+    def memory_bytes(self, free_bytes: int, device_kind: str = "cpu") -> int:
+        """The KV budget given the bytes left after the weights ("auto" is further capped by the resolver)."""
+        if self.memory == "auto":
+            return int(0.9 * free_bytes) if device_kind == "cuda" else min(CPU_AUTO_CACHE, free_bytes // 2)
         if isinstance(self.memory, float):
             return int(self.memory * free_bytes)
         number, unit = _SIZE.match(self.memory).groups()  # type: ignore[union-attr]

