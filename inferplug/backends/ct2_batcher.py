@@ -28,7 +28,8 @@ class Job:
     static_prompt: tuple[str, ...] | None
     seed: int | None
     loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)  # ("token", index, (id, logprob)) or ("end", None, error)
+    # ("token", index, (id, logprob)), ("abort", None, None) or ("end", None, error)
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
     stopped: list[bool] = field(default_factory=list)  # per choice: the consumer has finished it
 
     def __post_init__(self) -> None:

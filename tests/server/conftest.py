@@ -39,12 +39,17 @@ def free_port() -> int:
 
 
 def start_server(backend, **app_kw) -> LiveServer:
-    import uvicorn
-
     from inferplug.server.app import create_app
 
+    return serve_app(create_app(backend, **app_kw), backend)
+
+
+def serve_app(app, backend=None) -> LiveServer:
+    """Any ASGI app on a free loopback port, in a thread; returns once it accepts connections."""
+    import uvicorn
+
     port = free_port()
-    config = uvicorn.Config(create_app(backend, **app_kw), host="127.0.0.1", port=port, log_level="warning")
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
     thread.start()
@@ -83,11 +88,12 @@ def live_server(tiny_backend):
 
 @pytest.fixture
 def server_factory(tiny_backend):
-    """start(**create_app kwargs) -> another live server on the tiny backend, stopped after the test."""
+    """start(app=None, **create_app kwargs) -> another live server, stopped after the test:
+    the tiny backend's inferplug app, or the ASGI `app` given."""
     started: list[LiveServer] = []
 
-    def start(**app_kw) -> LiveServer:
-        started.append(start_server(tiny_backend, **app_kw))
+    def start(app=None, **app_kw) -> LiveServer:
+        started.append(serve_app(app) if app is not None else start_server(tiny_backend, **app_kw))
         return started[-1]
 
     yield start

@@ -118,7 +118,8 @@ def test_bad_requests_get_4xx_and_the_server_keeps_serving(live_server, kw, erro
 
 def test_malformed_json_and_oversized_body(live_server):
     url = live_server.url + "/chat/completions"
-    bad = httpx.post(url, content=b'{"model": "tiny-llama", "messages": [', headers={"content-type": "application/json"})
+    json_header = {"content-type": "application/json"}
+    bad = httpx.post(url, content=b'{"model": "tiny-llama", "messages": [', headers=json_header)
     assert bad.status_code == 400 and "JSON" in bad.json()["error"]["message"]
     huge = {"model": "tiny-llama", "messages": [{"role": "user", "content": "x" * 100_000}]}
     too_big = httpx.post(url, content=json.dumps(huge), headers={"content-type": "application/json"})

@@ -1,0 +1,270 @@
+"""The remote backend: any OpenAI-compatible server (`inferplug serve`, vLLM, OpenAI) over httpx.
+
+Every request streams (SSE). Connection errors, 429 and 5xx are retried with exponential
+backoff, but only until the first token arrived: after that a retry would repeat text the
+caller already has, so the choice ends with an error event instead. The API key comes from the
+environment variable the profile names; it is sent as a header and kept out of every message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+from inferplug.backends.base import Backend
+from inferplug.backends.openai_sse import FinishHolder, chunk_events, chunk_usage, sse_data
+from inferplug.errors import BackendUnavailable, RequestError
+from inferplug.types import Capabilities, Event, Request, SamplingParams, Timings
+
+if TYPE_CHECKING:
+    import httpx
+
+    from inferplug.profile import Profile
+    from inferplug.resolver import Plan
+
+RETRY_STATUSES = {429, 500, 502, 503, 504}
+_BACKOFF_S = 0.5
+_MAX_RETRY_AFTER_S = 30.0
+
+
+class OpenAIBackend(Backend):
+    name = "openai"
+
+    def __init__(self, profile: Profile, plan: Plan) -> None:
+        super().__init__(profile, plan)
+        try:
+            import httpx
+        except ImportError as exc:
+            raise BackendUnavailable(
+                f"the openai backend needs httpx ({exc}); pip install 'inferplug[openai]'"
+            ) from exc
+        opts = profile.openai
+        self.base_url = opts.base_url.rstrip("/")
+        self._key = os.environ.get(opts.api_key_env) or None
+        self._timeout = httpx.Timeout(opts.timeout, connect=min(opts.timeout, 10.0))
+        self._clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}  # httpx clients are per loop
+        self._active: dict[str, httpx.Response | None] = {}
+        self._aborted: set[str] = set()
+        self._model, self._context = opts.model or profile.model.served_name, profile.model.context_length
+        if self._model is None or self._context is None:
+            self._read_model_list(httpx)
+
+    # --- protocol -------------------------------------------------------------------
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(streaming=True, logprobs=True, n=True, tools=True, json_schema=True, devices=("remote",))
+
+    @property
+    def model_name(self) -> str:
+        return self._model
+
+    @property
+    def context_length(self) -> int:
+        return self._context or self.plan.max_model_len or 0
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        raise BackendUnavailable("the openai backend renders chats on the remote server; send messages instead")
+
+    async def generate(self, request: Request) -> AsyncIterator[Event]:
+        request.params.validate()
+        path, body = self._body(request)
+        started = time.perf_counter()
+        first_token: float | None = None
+        holder, finished, usage = FinishHolder(), set(), None
+        self._active[request.request_id] = None
+        try:
+            async with self._stream(request.request_id, path, body) as response:
+                try:
+                    async for chunk in sse_data(response.aiter_lines()):
+                        if request.request_id in self._aborted:  # aborted while the stream was opening
+                            raise _StreamError("aborted")
+                        if "error" in chunk:
+                            raise _StreamError(_error_message(chunk, self._key))
+                        usage = chunk_usage(chunk) or usage
+                        for event in chunk_events(request.request_id, chunk):
+                            first_token = first_token or (time.perf_counter() if event.text else None)
+                            if event.finish_reason is not None:
+                                finished.add(event.index)
+                            if (out := holder.pass_through(event)) is not None:
+                                yield out
+                except (_StreamError, *_transport_errors()) as exc:  # no retry once tokens flowed
+                    aborted = request.request_id in self._aborted
+                    error = None if aborted else _redact(str(exc) or type(exc).__name__, self._key)
+                    for index in sorted(set(range(request.params.n)) - finished):
+                        ended = Event(request.request_id, index, finish_reason="abort" if aborted else "error",
+                                      error=error)
+                        if (out := holder.pass_through(ended)) is not None:
+                            yield out
+            last = holder.release(usage)
+            if last is not None:
+                ttft = None if first_token is None else first_token - started
+                last.timings = Timings(ttft=ttft, e2e=time.perf_counter() - started)
+                yield last
+        finally:
+            self._active.pop(request.request_id, None)
+            self._aborted.discard(request.request_id)
+
+    async def abort(self, request_id: str) -> None:
+        if request_id in self._active:
+            self._aborted.add(request_id)
+            response = self._active[request_id]
+            if response is not None:
+                await response.aclose()
+
+    def close(self) -> None:
+        clients, self._clients = list(self._clients.items()), {}
+        for loop, client in clients:
+            if not loop.is_closed() and loop.is_running():
+                asyncio.run_coroutine_threadsafe(client.aclose(), loop)
+        super().close()
+
+    # --- HTTP -----------------------------------------------------------------------
+    def _client(self) -> httpx.AsyncClient:
+        import httpx
+
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            client = self._clients[loop] = httpx.AsyncClient(base_url=self.base_url, timeout=self._timeout,
+                                                             headers=self._headers())
+        return client
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._key}"} if self._key else {}
+
+    @asynccontextmanager
+    async def _stream(self, request_id: str, path: str, body: dict[str, Any]) -> AsyncIterator[httpx.Response]:
+        response = await self._send_with_retries(path, body)
+        self._active[request_id] = response  # abort() closes it
+        try:
+            yield response
+        finally:
+            await response.aclose()
+
+    async def _send_with_retries(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        """The streaming response once its status is 200; retries happen before any token."""
+        import httpx
+
+        client = self._client()
+        retries = self.profile.openai.max_retries
+        for attempt in range(retries + 1):
+            wait = _BACKOFF_S * 2**attempt
+            try:
+                response = await client.send(client.build_request("POST", path, json=body), stream=True)
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadTimeout, httpx.RemoteProtocolError) as exc:
+                if attempt == retries:
+                    raise BackendUnavailable(f"cannot reach {self.base_url}{path} after {retries + 1} tries "
+                                             f"({type(exc).__name__}); is the server running?") from None
+            else:
+                if response.status_code == 200:
+                    return response
+                await response.aread()
+                await response.aclose()
+                if response.status_code not in RETRY_STATUSES or attempt == retries:
+                    raise _http_error(response, self._key)
+                wait = max(wait, min(_retry_after(response), _MAX_RETRY_AFTER_S))
+            await asyncio.sleep(wait)
+        raise AssertionError("unreachable")
+
+    def _read_model_list(self, httpx: Any) -> None:
+        """The first served model and its context, from GET /models, for what the profile leaves out."""
+        try:
+            reply = httpx.get(f"{self.base_url}/models", headers=self._headers(), timeout=self._timeout)
+        except httpx.HTTPError as exc:
+            raise BackendUnavailable(f"cannot reach {self.base_url}/models ({type(exc).__name__}); start the server "
+                                     "or set [openai] model and [model] context_length in the profile") from None
+        if reply.status_code != 200:
+            detail = _redact(reply.text[:200], self._key)
+            raise BackendUnavailable(f"{self.base_url}/models answered {reply.status_code}: {detail}. "
+                                     f"Check the URL and {self.profile.openai.api_key_env}")
+        models = reply.json().get("data") or []
+        if not models:
+            raise BackendUnavailable(f"{self.base_url}/models lists no model; set [openai] model in the profile")
+        chosen = next((m for m in models if m.get("id") == self._model), models[0])
+        self._model = self._model or chosen["id"]
+        self._context = self._context or chosen.get("max_model_len")
+
+    def _body(self, request: Request) -> tuple[str, dict[str, Any]]:
+        p = request.params
+        body: dict[str, Any] = {"model": self._model, "stream": True, "stream_options": {"include_usage": True},
+                                **_sampling_fields(p)}
+        if request.documents is not None:
+            raise RequestError("document cache hints are not sent to a remote server; drop `documents`",
+                               param="documents")
+        if request.messages is not None:
+            body["messages"] = request.messages
+            if request.tools:
+                body["tools"] = request.tools
+            if p.logprobs is not None:
+                body.update(logprobs=True, top_logprobs=p.logprobs)
+            if p.json_schema is not None:
+                body["response_format"] = {"type": "json_schema",
+                                           "json_schema": {"name": "output", "schema": p.json_schema}}
+            return "/chat/completions", body
+        if p.json_schema is not None:
+            raise RequestError("json_schema needs chat messages on the openai backend", param="json_schema")
+        body["prompt"] = request.prompt
+        if p.logprobs is not None:
+            body["logprobs"] = p.logprobs
+        return "/completions", body
+
+
+def _sampling_fields(p: SamplingParams) -> dict[str, Any]:
+    """OpenAI's fields, plus vLLM's extra ones only when they differ from their defaults."""
+    fields: dict[str, Any] = {"n": p.n, "temperature": p.temperature, "top_p": p.top_p}
+    if p.max_tokens is not None:
+        fields["max_tokens"] = p.max_tokens
+    for name in ("seed",):
+        if getattr(p, name) is not None:
+            fields[name] = getattr(p, name)
+    defaults = SamplingParams()
+    for name in ("stop", "presence_penalty", "frequency_penalty", "top_k", "min_p", "repetition_penalty",
+                 "min_tokens", "ignore_eos", "stop_token_ids", "include_stop_str_in_output"):
+        if getattr(p, name) != getattr(defaults, name):
+            fields[name] = getattr(p, name)
+    return fields
+
+
+class _StreamError(Exception):
+    """The server sent an error in the middle of a stream."""
+
+
+def _transport_errors() -> tuple[type[Exception], ...]:
+    import httpx
+
+    return (httpx.TransportError, httpx.StreamError)
+
+
+def _retry_after(response: httpx.Response) -> float:
+    try:
+        return float(response.headers.get("retry-after", 0))
+    except ValueError:
+        return 0.0
+
+
+def _redact(text: str, key: str | None) -> str:
+    return text.replace(key, "***") if key else text
+
+
+def _error_message(payload: dict[str, Any], key: str | None) -> str:
+    error = payload.get("error")
+    message = error.get("message") if isinstance(error, dict) else str(error)
+    return _redact(str(message), key)
+
+
+def _http_error(response: httpx.Response, key: str | None) -> Exception:
+    """A 4xx is the request's fault (RequestError, same status); anything else is the server's."""
+    try:
+        payload = response.json()
+        message, param = _error_message(payload, key), (payload.get("error") or {}).get("param")
+    except ValueError:
+        message, param = _redact(response.text[:300], key), None
+    where = f"{response.request.url.copy_with(query=None)}"
+    if 400 <= response.status_code < 500:
+        return RequestError(f"the remote server rejected the request ({response.status_code}): {message}",
+                            param=param, status=response.status_code)
+    return BackendUnavailable(f"{where} failed with {response.status_code}: {message}")

@@ -1,0 +1,156 @@
+"""The remote OpenAI backend against `inferplug serve` on loopback, and against a flaky proxy
+in front of it (scripted 503/429 answers and a stream cut midway) for retries."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from fastapi import FastAPI, Request as HTTPRequest
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from inferplug.backends.openai import OpenAIBackend
+from inferplug.errors import BackendUnavailable, RequestError
+from inferplug.profile import ModelSource, OpenAIOptions, Profile
+from inferplug.types import Request, SamplingParams
+
+MESSAGES = [{"role": "user", "content": "hello there"}]
+GREEDY = dict(temperature=0, max_tokens=10, ignore_eos=True)
+
+
+def remote(plan_for_openai, url: str, context_length: int | None = None, **options) -> OpenAIBackend:
+    profile = Profile(name="remote", backend="openai", model=ModelSource(context_length=context_length),
+                      openai=OpenAIOptions(base_url=url, **options))
+    return OpenAIBackend(profile, plan_for_openai(profile))
+
+
+@pytest.fixture(scope="module")
+def plan_for_openai():
+    from inferplug.hardware import probe
+    from inferplug.resolver import resolve
+
+    hardware = probe()
+    return lambda profile: resolve(profile, hardware)
+
+
+def text_of(events, index=0) -> str:
+    return "".join(e.text for e in events if e.index == index)
+
+
+def test_chat_and_completion_match_the_served_backend(live_server, plan_for_openai):
+    backend = remote(plan_for_openai, live_server.url)
+    assert backend.model_name == "tiny-llama" and backend.context_length == live_server.backend.context_length
+    for request in (dict(messages=MESSAGES), dict(prompt="the weather is")):
+        got = backend.generate_sync(Request(params=SamplingParams(**GREEDY), **request))
+        want = live_server.backend.generate_sync(Request(params=SamplingParams(**GREEDY), **request))
+        assert text_of(got) == text_of(want)
+        assert got[-1].finish_reason == "length" and got[-1].usage.completion_tokens == 10
+        assert got[-1].usage.prompt_tokens == want[-1].usage.prompt_tokens
+        assert [e for e in got if e.usage is not None] == [got[-1]]
+
+
+def test_n_stop_and_logprobs(live_server, plan_for_openai):
+    backend = remote(plan_for_openai, live_server.url)
+    full = text_of(backend.generate_sync(Request(prompt="the weather is", params=SamplingParams(**GREEDY))))
+    stop = full[3:5]
+    events = backend.generate_sync(Request(prompt="the weather is", params=SamplingParams(
+        **GREEDY, n=2, stop=[stop], logprobs=0)))
+    for index in (0, 1):
+        assert text_of(events, index) == full[: full.index(stop)]
+    finishes = [e for e in events if e.finish_reason]
+    assert sorted(e.index for e in finishes) == [0, 1] and events[-1].finish_reason == "stop"
+    assert all(lp.logprob <= 0 for e in events for lp in e.logprobs or [])
+
+
+def test_request_errors_come_back_as_request_errors(live_server, plan_for_openai):
+    backend = remote(plan_for_openai, live_server.url)
+    with pytest.raises(RequestError, match="temperature"):
+        backend.generate_sync(Request(prompt="hi", params=SamplingParams(temperature=9)))
+    with pytest.raises(RequestError, match="context") as info:
+        backend.generate_sync(Request(prompt=[5] * (backend.context_length + 1)))
+    assert info.value.status == 400 and info.value.param == "prompt"
+
+
+def test_api_key_from_the_named_env_var_and_never_in_errors(server_factory, plan_for_openai, monkeypatch):
+    server = server_factory(api_key="k-123-secret")
+    monkeypatch.setenv("REMOTE_KEY", "k-123-secret")
+    good = remote(plan_for_openai, server.url, api_key_env="REMOTE_KEY")
+    assert good.generate_sync(Request(messages=MESSAGES, params=SamplingParams(max_tokens=2)))[-1].usage
+    monkeypatch.setenv("REMOTE_KEY", "k-999-wrong")
+    with pytest.raises(BackendUnavailable) as info:
+        remote(plan_for_openai, server.url, api_key_env="REMOTE_KEY")
+    assert "k-999" not in str(info.value) and "REMOTE_KEY" in str(info.value)
+    wrong = remote(plan_for_openai, server.url, 512, api_key_env="REMOTE_KEY", model="tiny-llama")
+    with pytest.raises(RequestError) as info:
+        wrong.generate_sync(Request(messages=MESSAGES))
+    assert info.value.status == 401 and "k-999" not in str(info.value)
+
+
+def flaky_proxy(target: str, failures: list[int], cut_after_chunks: int | None = None) -> FastAPI:
+    """Forwards to `target`, but first answers with the statuses in `failures`, one per request;
+    with `cut_after_chunks`, drops the connection after that many streamed lines."""
+    app = FastAPI()
+    app.state.posts = 0
+
+    @app.get("/v1/models")
+    async def models():
+        return httpx.get(target + "/models").json()
+
+    @app.post("/v1/{path:path}")
+    async def forward(path: str, request: HTTPRequest):
+        app.state.posts += 1
+        if failures:
+            status = failures.pop(0)
+            return JSONResponse({"error": {"message": "try later"}}, status_code=status,
+                                headers={"retry-after": "0"})
+        body = await request.body()
+
+        async def relay():
+            async with httpx.AsyncClient() as client:
+                async with client.stream("POST", f"{target}/{path}", content=body,
+                                         headers={"content-type": "application/json"}) as upstream:
+                    sent = 0
+                    async for line in upstream.aiter_lines():
+                        if cut_after_chunks is not None and line.startswith("data:") and sent == cut_after_chunks:
+                            raise ConnectionResetError("proxy cut the stream")
+                        sent += line.startswith("data:")
+                        yield line + "\n"
+
+        return StreamingResponse(relay(), media_type="text/event-stream")
+
+    return app
+
+
+def test_retries_on_5xx_and_429_before_the_first_token(live_server, server_factory, plan_for_openai):
+    app = flaky_proxy(live_server.url, failures=[503, 429])
+    proxy = server_factory(app)
+    backend = remote(plan_for_openai, proxy.url, max_retries=2)
+    events = backend.generate_sync(Request(messages=MESSAGES, params=SamplingParams(**GREEDY)))
+    assert events[-1].finish_reason == "length" and app.state.posts == 3
+
+    app = flaky_proxy(live_server.url, failures=[502, 502])
+    backend = remote(plan_for_openai, server_factory(app).url, max_retries=1)
+    with pytest.raises(BackendUnavailable, match="502"):
+        backend.generate_sync(Request(messages=MESSAGES))
+    assert app.state.posts == 2
+
+
+def test_no_retry_after_tokens_were_streamed(live_server, server_factory, plan_for_openai):
+    app = flaky_proxy(live_server.url, failures=[], cut_after_chunks=3)
+    backend = remote(plan_for_openai, server_factory(app).url, max_retries=3)
+    events = backend.generate_sync(Request(messages=MESSAGES, params=SamplingParams(**GREEDY)))
+    assert text_of(events) and events[-1].finish_reason == "error" and events[-1].error
+    assert app.state.posts == 1
+
+
+def test_unreachable_server_is_a_clear_error(plan_for_openai):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once the socket closes
+    url = f"http://127.0.0.1:{port}/v1"
+    with pytest.raises(BackendUnavailable, match="cannot reach"):
+        remote(plan_for_openai, url)
+    backend = remote(plan_for_openai, url, 512, model="m", max_retries=1)
+    with pytest.raises(BackendUnavailable, match="after 2 tries"):
+        backend.generate_sync(Request(prompt="hi"))
