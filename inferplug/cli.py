@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except InferPlugError as exc:
-        print(f"inferplug: error: {exc}", file=sys.stderr)
+        print(f"inferplug: error: {' '.join(str(exc).split())}", file=sys.stderr)  # always one line
         return 2
     except KeyboardInterrupt:
         return 130

@@ -169,10 +169,15 @@ def _ensure_hf(model: ModelSource) -> Path:
             return _fetch_hf(model, local_files_only=True)
         except Exception:
             raise ModelSourceError(
-                f"cannot download {model.describe()} ({type(online_error).__name__}: {online_error}) and it is not "
+                f"cannot download {model.describe()} ({type(online_error).__name__}: {_one_line(online_error)}) and it is not "
                 f"in the cache {home() / 'huggingface'}. Fix: connect to the internet and run "
                 "`inferplug pull`, or set model.path to a local copy"
             ) from None
+
+
+def _one_line(error: Exception, limit: int = 200) -> str:
+    text = " ".join(str(error).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # --- checksum records ---------------------------------------------------------------------------

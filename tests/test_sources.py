@@ -71,7 +71,7 @@ def test_hf_repo_offline_and_not_cached_is_a_clear_error(tmp_path, monkeypatch):
         ensure_local(parse_source("hf:org/absent#model.gguf"))
     message = str(info.value)
     assert "cannot download hf:org/absent#model.gguf" in message and "not in the cache" in message
-    assert "inferplug pull" in message
+    assert "inferplug pull" in message and "\n" not in message
     assert cached_path(parse_source("hf:org/absent")) is None
 
 
