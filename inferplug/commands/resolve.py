@@ -46,7 +46,8 @@ def _print_plan(name: str, plan) -> None:  # noqa: ANN001 - a resolver.Plan
     table = Table(title=f"plan for {name}", show_header=False)
     for key in ("backend", "device", "dtype", "attention", "kv_dtype", "compute_type", "block_size", "num_kv_blocks",
                 "max_model_len", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
-        table.add_row(key, str(getattr(plan, key)))
+        if getattr(plan, key) is not None:
+            table.add_row(key, str(getattr(plan, key)))
     console.print(table)
     console.print("[bold]why[/bold]")
     for reason in plan.reasons:
