@@ -121,7 +121,7 @@ class OpenAITarget:
                     chunk = json.loads(data)
                     if chunk.get("error"):
                         raise InferPlugError(str(chunk["error"]))
-                    if any(c.get("text") for c in chunk.get("choices") or []):
+                    if any(_carries_tokens(c) for c in chunk.get("choices") or []):
                         record.chunk_times.append(time.perf_counter() - clock_origin)
                     usage = chunk.get("usage") or usage
             record.success = bool(record.chunk_times)
@@ -138,3 +138,8 @@ class OpenAITarget:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def _carries_tokens(choice: dict[str, Any]) -> bool:
+    """A chunk with text, or without text but not final (a token whose bytes don't decode yet)."""
+    return bool(choice.get("text")) or choice.get("finish_reason") is None

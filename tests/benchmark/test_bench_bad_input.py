@@ -1,25 +1,12 @@
 """Bad input to `inferplug bench` fails with a clear message before any load is sent."""
 
-import argparse
 import json
-import socket
 
 import pytest
+from bench_helpers import free_port, parse
 
 from inferplug.commands import bench
 from inferplug.errors import InferPlugError
-
-
-def parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    bench.register(parser.add_subparsers())
-    return parser.parse_args(["bench", *argv])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize(
