@@ -278,7 +278,7 @@ def load_profile(name_or_path: str | Path | Profile | None = None) -> Profile:
     try:
         profile = Profile()
     except ValidationError as exc:
-        raise ProfileError(explain_validation_error(exc, path, data, env_values())) from None
+        raise ProfileError(explain_validation_error(exc, path, env_values())) from None
     finally:
         _toml_file.reset(token)
     profile._source_file = path
@@ -296,6 +296,10 @@ def env_values() -> dict[str, Any]:
 def _resolve_model_paths(profile: Profile, path: Path, data: dict[str, Any]) -> None:
     """Relative paths in the file are relative to the file; a missing local model is an error now."""
     model = profile.model
+    for key in ("tokenizer", "chat_template"):  # each may also be a hub id or inline Jinja: only existing files
+        value = getattr(model, key)
+        if value and "{" not in value and (path.parent / value).is_file():
+            setattr(model, key, str((path.parent / value).resolve()))
     if model.path is None:
         return
     from_file = "path" in data.get("model", {}) and "path" not in env_values().get("model", {})

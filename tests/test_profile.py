@@ -147,3 +147,11 @@ def test_bad_env_value_names_the_variable(monkeypatch):
     monkeypatch.setenv("INFERPLUG_CACHE__BLOCK_SIZE", "abc")
     message = error_of("smollm2-135m")
     assert "env INFERPLUG_CACHE__BLOCK_SIZE" in message and "unset or correct" in message
+
+
+def test_chat_template_file_is_relative_to_the_profile(tmp_path):
+    (tmp_path / "chat.jinja").write_text("{{ messages }}")
+    inline = write(tmp_path, f'{MODEL}chat_template = "{{{{ messages }}}}"\n', "inline.toml")
+    by_file = write(tmp_path, f'{MODEL}chat_template = "chat.jinja"\n', "byfile.toml")
+    assert load_profile(inline).model.chat_template == "{{ messages }}"
+    assert load_profile(by_file).model.chat_template == str(tmp_path / "chat.jinja")
