@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from inferplug.errors import ModelSourceError
@@ -110,39 +111,46 @@ def unpermute_rope_rows(weight: "torch.Tensor", n_head: int) -> "torch.Tensor":
 
 
 def weights_from_gguf(gguf: GGUFFile, dtype: "torch.dtype", device="cpu") -> dict[str, "torch.Tensor"]:
-    import torch
-
     config = config_from_gguf(gguf)
     head_counts = {".q_proj.": config.num_attention_heads, ".k_proj.": config.num_key_value_heads}
     if gguf.architecture not in _PERMUTED_ARCHITECTURES:
         head_counts = {}
     weights = {}
-    # One intra-op thread: these are short elementwise ops, and on a shared 2-core CPU the thread
-    # hand-off cost 10x the work (24 s vs 2.2 s for SmolLM2's dequantization).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_intra_op_thread():
         for info in gguf.tensors.values():
             name = hf_name(info.name)
             if name is None:
                 continue
-            tensor = _dequantized(gguf, info)
+            tensor = dequantize_tensor(gguf, info)
             for marker, n_head in head_counts.items():
                 if marker in name:
                     tensor = unpermute_rope_rows(tensor, n_head)
             weights[name] = tensor.to(device=device, dtype=dtype).contiguous()
-    finally:
-        torch.set_num_threads(threads)
     return weights
 
 
-def _dequantized(gguf: GGUFFile, info: GGUFTensorInfo) -> "torch.Tensor":
+def dequantize_tensor(gguf: GGUFFile, info: GGUFTensorInfo) -> "torch.Tensor":
+    """One tensor's values (float32, or its own float type), in the file's (llama.cpp) layout."""
     import torch
 
     from inferplug.models.gguf_dequant import dequantize
 
     raw = torch.from_numpy(gguf.tensor_bytes(info).copy())
     return dequantize(raw, info.type_name, info.shape, GGML_TYPES[info.type_name][2])
+
+
+@contextmanager
+def one_intra_op_thread():
+    """Dequantize on one torch thread: these are short elementwise ops, and on a shared 2-core CPU
+    the thread hand-offs cost ~10x the work (SmolLM2: 24 s on 2 threads vs 2.2 s on one)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def tokenizer_from_gguf(gguf: GGUFFile):
