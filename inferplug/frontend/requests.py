@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferplug.errors import RequestError
-from inferplug.frontend.tool_calls import call_schema, select_tools
+from inferplug.frontend.tool_calls import call_schema, select_tools, template_renders_tools, with_tool_instructions
 from inferplug.rag.layout import DocumentMemory, document_spans
 from inferplug.types import Request, SamplingParams
 
@@ -50,6 +50,8 @@ def prepare_request(
             raise RequestError("a required tool call and a JSON response schema cannot be combined; "
                                "use one of them", param="tool_choice")
         params.json_schema = call_schema(offered)
+    if offered and messages is not None and not template_renders_tools(backend):
+        messages = with_tool_instructions(messages, offered)
     text = None
     if documents or (memory is not None and len(memory)):
         text = prompt if prompt is not None else backend.apply_chat_template(messages, offered or None)

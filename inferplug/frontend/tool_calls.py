@@ -108,3 +108,22 @@ def _as_call(item: Any, known: set[str]) -> ToolCall | None:
         except json.JSONDecodeError:
             return None
     return ToolCall(name=item["name"], arguments=args) if isinstance(args, dict) else None
+
+
+def template_renders_tools(backend: Any) -> bool:
+    """Whether the backend's chat template shows `tools` to the model (remote backends: assume yes)."""
+    tokenizer = getattr(backend, "tokenizer", None)
+    if tokenizer is None:
+        return True
+    template = getattr(getattr(backend.profile, "model", None), "chat_template", None) or tokenizer.chat_template
+    return "tools" in str(template or "")
+
+
+def with_tool_instructions(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For a template without tool support: describe the tools and the call format in the system message."""
+    described = "\n".join(json.dumps(t["function"]) for t in tools)
+    text = ("You can call these tools:\n" + described + "\nTo call one, reply with only a JSON object "
+            '{"name": <tool name>, "arguments": {<argument>: <value>}}. Otherwise answer normally.')
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "content": f"{messages[0]['content']}\n\n{text}"}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]

@@ -40,7 +40,7 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = super()._get_ls_params(stop=stop, **kwargs)
         params["ls_provider"] = "inferplug"
-        params["ls_model_name"] = self.model
+        params["ls_model_name"] = kwargs.get("model") or self.model
         return params
 
     # --- requests ------------------------------------------------------------------

@@ -28,7 +28,7 @@ class InferPlugLLM(InferPlugFields, BaseLLM):
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = super()._get_ls_params(stop=stop, **kwargs)
         params["ls_provider"] = "inferplug"
-        params["ls_model_name"] = self.model
+        params["ls_model_name"] = kwargs.get("model") or self.model
         return params
 
     def _request(self, prompt: str, stop: list[str] | None, kwargs: dict[str, Any]) -> Any:

@@ -37,8 +37,7 @@ def structured_output_runnable(model: Any, schema: Any, *, method: str, include_
                                **kwargs: Any) -> Runnable:
     if schema is None:
         raise ValueError("with_structured_output needs a schema: a pydantic class, TypedDict or JSON schema dict")
-    if kwargs.pop("strict", None) is False:
-        raise ValueError("strict=False is not supported: inferplug always decodes strictly to the schema")
+    kwargs.pop("strict", None)  # constrained decoding is always strict; strict output also satisfies strict=False
     if kwargs:
         raise ValueError(f"unsupported with_structured_output arguments {sorted(kwargs)}")
     if method == "function_calling":

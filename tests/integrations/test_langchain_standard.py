@@ -1,0 +1,49 @@
+"""langchain-tests standard suites for ChatInferPlug; the integration suite runs the real SmolLM2 model."""
+
+from __future__ import annotations
+
+import pytest
+from langchain_tests.integration_tests import ChatModelIntegrationTests
+from langchain_tests.unit_tests import ChatModelUnitTests
+
+from langchain_inferplug import ChatInferPlug
+
+
+class _Flags:
+    @property
+    def chat_model_class(self) -> type[ChatInferPlug]:
+        return ChatInferPlug
+
+    @property
+    def chat_model_params(self) -> dict:
+        return {"profile": "smollm2-135m"}
+
+    @property
+    def standard_chat_model_params(self) -> dict:
+        return {**super().standard_chat_model_params, "max_tokens": 64}  # short answers keep the CPU suite quick
+
+    @property
+    def has_tool_choice(self) -> bool:
+        return True
+
+    @property
+    def structured_output_kwargs(self) -> dict:
+        return {"method": "json_schema"}
+
+    @property
+    def supports_json_mode(self) -> bool:
+        return True
+
+    @property
+    def returns_usage_metadata(self) -> bool:
+        return True
+
+
+class TestChatInferPlugUnit(_Flags, ChatModelUnitTests):
+    pass
+
+
+@pytest.mark.smollm2
+@pytest.mark.slow
+class TestChatInferPlugIntegration(_Flags, ChatModelIntegrationTests):
+    pass
