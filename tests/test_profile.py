@@ -11,7 +11,7 @@ from inferplug.errors import ProfileError
 from inferplug.profile import DEFAULT_PROFILE, Profile, list_profiles, load_profile
 from inferplug.profile_errors import read_toml, value_origins
 
-SHIPPED = ["smollm2-135m", "smollm2-135m-ct2", "zephyr-awq", "llama3-8b-gptq", "openai-remote"]
+SHIPPED = ["smollm2-135m", "smollm2-135m-ct2", "zephyr-awq", "mistral-7b-gptq", "openai-remote"]
 GiB = 1 << 30
 
 

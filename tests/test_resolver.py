@@ -134,7 +134,7 @@ def test_gpu_without_triton_falls_back_to_sdpa():
 # --- one 80 GB GPU -------------------------------------------------------------------------------
 def test_80gb_gpu_gptq_prefers_exllamav2_when_installed():
     hw = with_gpus(A100_80, packages=ALL_CPU_PACKAGES | {"triton", "exllamav2"})
-    plan = resolve(load_profile("llama3-8b-gptq"), hw)
+    plan = resolve(load_profile("mistral-7b-gptq"), hw)
     assert (plan.backend, plan.device, plan.dtype) == ("exllamav2", "cuda:0", "float16")
     assert plan.memory.kv_bytes_per_token == 2 * 32 * 8 * 128 * 1  # cache_mode Q8
     assert plan.max_num_seqs == 256
@@ -142,7 +142,7 @@ def test_80gb_gpu_gptq_prefers_exllamav2_when_installed():
 
 
 def test_80gb_gpu_gptq_falls_back_to_native_without_exllamav2():
-    plan = resolve(load_profile("llama3-8b-gptq"), with_gpus(A100_80))
+    plan = resolve(load_profile("mistral-7b-gptq"), with_gpus(A100_80))
     assert plan.backend == "native" and plan.device == "cuda:0"
     assert "not installed" in plan.rejected["exllamav2"]
 
