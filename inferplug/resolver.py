@@ -71,11 +71,13 @@ def resolve(profile: Profile, hardware: Hardware, facts: ModelFacts | None = Non
     allowed = [profile.backend] if profile.backend != "auto" else order
     chosen = next((name for name in allowed if name in plans), None)
     if chosen is None:
-        shown = allowed + [n for n in BACKENDS if n not in allowed and n in rejected and profile.backend == "auto"]
-        why = "; ".join(f"{name}: {rejected[name]}" for name in shown if name in rejected)
+        # auto: every backend's reason, preferred ones first; pinned: the pinned backend's reason only
+        shown = allowed + [n for n in BACKENDS if n not in allowed] if profile.backend == "auto" else allowed
+        why = {name: rejected[name] for name in shown if name in rejected}
         instead = f" Usable instead: {', '.join(plans)} (set backend accordingly)." if plans else ""
-        error = ResolveError(f"profile {profile.name!r} cannot run here. {why}.{instead}")
-        error.rejected = {name: rejected[name] for name in shown if name in rejected}  # type: ignore[attr-defined]
+        error = ResolveError(f"profile {profile.name!r} cannot run here. "
+                             + "; ".join(f"{name}: {reason}" for name, reason in why.items()) + f".{instead}")
+        error.rejected = why  # type: ignore[attr-defined]
         raise error
     plan = plans[chosen]
     for name in BACKENDS:
