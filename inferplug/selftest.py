@@ -135,10 +135,11 @@ def print_selftest(report: dict[str, Any]) -> None:
         table.add_row(f"matmul {dt}", f"{flops / 1e9:.1f} GFLOP/s", "")
     table.add_row("memory bandwidth (copy)", f"{report['memory_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s", "")
     if "compute_bound_tokens_per_s" in report:
-        model = f"{report['profile']} ({report['parameters'] / 1e6:.0f}M params, {report['dtype']})"
-        for kind, measured in (("compute", "prefill"), ("bandwidth", "decode")):
-            limit, got = report[f"{kind}_bound_tokens_per_s"], report[f"{measured}_tokens_per_s"]
-            table.add_row(f"{model}: {kind}-bound limit, {measured}", f"{limit:,.0f} tok/s",
+        table.add_row("model", f"{report['profile']}, {report['parameters'] / 1e6:.0f}M params",
+                      f"{report['backend']}, {report['dtype']}")
+        for kind, measured in (("compute", "prefill"), ("bandwidth", "decode, 1 stream")):
+            limit, got = report[f"{kind}_bound_tokens_per_s"], report[f"{measured.split(',')[0]}_tokens_per_s"]
+            table.add_row(f"{kind}-bound limit ({measured})", f"{limit:,.0f} tok/s",
                           f"{got:,.0f} tok/s ({got / limit:.0%})")
     Console().print(table)
     if "engine_error" in report:

@@ -24,19 +24,6 @@ TOP_KEYS = {
 }
 
 
-@pytest.fixture(scope="module")
-def tiny_profile(tiny_llama_dir, tmp_path_factory):
-    path = tmp_path_factory.mktemp("profiles") / "tiny.toml"
-    path.write_text(
-        f'name = "tiny"\nbackend = "native"\ndtype = "float32"\n'
-        f'[model]\npath = "{tiny_llama_dir}"\nserved_name = "tiny"\n'
-    )
-    yield str(path)
-    from inferplug.backends.registry import close_backend
-
-    close_backend(str(path))
-
-
 def check_result(data: dict, num_prompts: int, output_len: int) -> None:
     assert TOP_KEYS <= set(data)
     assert data["completed"] == num_prompts and data["failed"] == 0 and data["errors"] == []
