@@ -3,8 +3,10 @@
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.inferplug-installed
-# torch goes in first and pinned: then nothing later resolves a multi-GB CUDA build.
+# torch goes in first and pinned: then nothing later resolves a multi-GB CUDA build. Where the package
+# index serves only CUDA wheels, add: PIP_TORCH_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 TORCH := torch==2.13.0
+PIP_TORCH_ARGS ?=
 
 .PHONY: .venv setup demo test clean
 
@@ -15,7 +17,7 @@ $(VENV)/bin/python:
 
 # Re-run when pyproject.toml changes; otherwise the stamp makes setup a no-op.
 $(STAMP): pyproject.toml | $(VENV)/bin/python
-	$(VENV)/bin/pip install $(TORCH)
+	$(VENV)/bin/pip install $(PIP_TORCH_ARGS) $(TORCH)
 	$(VENV)/bin/pip install -e ".[all,test]"
 	touch $(STAMP)
 
