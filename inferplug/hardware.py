@@ -67,7 +67,7 @@ def probe() -> Hardware:
     gpus, cuda, driver, note = _gpu_info()
     packages = frozenset(p for p in PACKAGES if importlib.util.find_spec(p) is not None)
     return Hardware(
-        cpu_model=model, cpu_flags=flags, cpu_count=os.cpu_count() or 1, ram_total=total,
+        cpu_model=model, cpu_flags=flags, cpu_count=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, ram_total=total,
         ram_available=available, gpus=gpus, cuda_version=cuda, driver_version=driver, packages=packages,
         gpu_note=note,
     )
@@ -97,7 +97,24 @@ def _memory_info() -> tuple[int, int]:
     except (OSError, ValueError, IndexError):
         pass
     total = values.get("MemTotal", 0)
-    return total, values.get("MemAvailable", total)
+    available = values.get("MemAvailable", total)
+    limit = _cgroup_memory_limit()  # in a container /proc/meminfo shows the host; the cgroup is the real bound
+    if limit is not None:
+        limit_total, limit_free = limit
+        total, available = min(total, limit_total), min(available, limit_free)
+    return total, available
+
+
+def _cgroup_memory_limit(root: Path = Path("/sys/fs/cgroup")) -> tuple[int, int] | None:
+    """(limit, limit - usage) of the cgroup v2 this process runs in, or None without a limit."""
+    try:
+        raw = (root / "memory.max").read_text().strip()
+        if raw == "max":
+            return None
+        limit, used = int(raw), int((root / "memory.current").read_text())
+    except (OSError, ValueError):
+        return None
+    return limit, max(limit - used, 0)
 
 
 def nvidia_driver_present() -> bool:

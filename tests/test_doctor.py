@@ -71,3 +71,14 @@ def test_probe_reads_this_machine_without_importing_heavy_packages():
     assert "torch" in hw.packages  # found with find_spec
     if not nvidia_driver_present():
         assert hw.gpus == () and (heavy & set(sys.modules)) == already
+
+
+def test_cgroup_v2_memory_limit(tmp_path):
+    from inferplug.hardware import _cgroup_memory_limit
+
+    (tmp_path / "memory.max").write_text("4294967296\n")
+    (tmp_path / "memory.current").write_text("1073741824\n")
+    assert _cgroup_memory_limit(tmp_path) == (4 << 30, 3 << 30)
+    (tmp_path / "memory.max").write_text("max\n")
+    assert _cgroup_memory_limit(tmp_path) is None
+    assert _cgroup_memory_limit(tmp_path / "absent") is None
