@@ -115,3 +115,12 @@ def test_console_script_runs_doctor_json():
     report = json.loads(result.stdout)
     assert result.returncode == (0 if report["ok"] else 1)
     assert {"machine", "gpus", "backends", "profiles"} <= set(report)
+
+
+def test_profile_list_survives_a_broken_user_profile(capsys, tmp_path, monkeypatch):
+    (tmp_path / "broken.toml").write_text("backend = \n")
+    monkeypatch.setenv("INFERPLUG_PROFILE_PATH", str(tmp_path))
+    code, out, _ = run(capsys, "profile", "list", "--json")
+    rows = {row["name"]: row for row in json.loads(out)}
+    assert code == 0 and rows["broken"]["description"].startswith("invalid: ")
+    assert "TOML syntax error" in rows["broken"]["description"] and "smollm2-135m" in rows

@@ -20,22 +20,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_list(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
+    from inferplug.errors import ProfileError
     from inferplug.profile import DEFAULT_PROFILE, list_profiles, load_profile
 
     rows = []
     for name, path in list_profiles().items():
-        profile = load_profile(path)
-        rows.append({"name": name, "backend": profile.backend, "model": profile.model.describe(),
-                     "description": profile.description, "path": str(path), "default": name == DEFAULT_PROFILE})
+        row = {"name": name, "path": str(path), "default": name == DEFAULT_PROFILE}
+        try:
+            profile = load_profile(path)
+            row.update(backend=profile.backend, model=profile.model.describe(), description=profile.description)
+        except ProfileError as exc:  # one broken file must not hide the others
+            row.update(backend="?", model="?", description=f"invalid: {exc}")
+        rows.append(row)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     table = Table("name", "backend", "model", "description")
     for row in rows:
         table.add_row(row["name"] + (" (default)" if row["default"] else ""), row["backend"], row["model"],
-                      row["description"])
+                      escape(row["description"]))
     Console().print(table)
     return 0
 
