@@ -61,7 +61,9 @@ def test_env_overrides_file_with_nested_delimiter(monkeypatch):
 def test_unrelated_inferplug_env_vars_are_not_profile_keys(monkeypatch, tmp_path):
     monkeypatch.setenv("INFERPLUG_HOME", str(tmp_path))
     monkeypatch.setenv("INFERPLUG_PROFILE_PATH", str(tmp_path))
+    monkeypatch.setenv("INFERPLUG_OPENAI_API_KEY", "sk-test")  # the default api_key_env is no profile key
     assert load_profile("smollm2-135m").name == "smollm2-135m"
+    assert load_profile("openai-remote").openai.api_key_env == "INFERPLUG_OPENAI_API_KEY"
 
 
 def test_found_by_path_and_in_profile_path_dirs(tmp_path, monkeypatch):
