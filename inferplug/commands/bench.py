@@ -75,13 +75,13 @@ def run(args: argparse.Namespace) -> int:
             raise InferPlugError("--dataset-name sharegpt needs --dataset-path FILE.json (a ShareGPT-format file)")
         pairs = datasets.read_sharegpt_pairs(args.dataset_path)
 
-    def workload(tokenizer: Any) -> list[datasets.BenchRequest]:
+    def workload(tokenizer: Any, render_chat: Any) -> list[datasets.BenchRequest]:
         if pairs is not None:
             return datasets.sharegpt_requests(pairs, args.num_prompts, tokenizer, args.sharegpt_output_len, args.seed)
         if args.dataset_name == "rag":
             from inferplug.benchmark.rag import rag_requests
 
-            return rag_requests(args.num_prompts, args.random_output_len, tokenizer, args.seed)
+            return rag_requests(args.num_prompts, args.random_output_len, tokenizer, args.seed, render_chat)
         return datasets.sample_random(args.num_prompts, args.random_input_len, args.random_output_len,
                                       args.random_range_ratio, args.random_prefix_len, tokenizer, args.seed)
 
@@ -103,7 +103,7 @@ def _run_in_process(args: argparse.Namespace, workload: Any, sweep: list) -> lis
 
     backend = get_backend(args.profile)
     target = BackendTarget(backend, ignore_eos=args.ignore_eos)
-    requests = workload(backend.tokenizer)
+    requests = workload(backend.tokenizer, backend.apply_chat_template)
     return [
         backend.run_sync(benchmark(target, requests, s, backend.stats, show_progress=not args.no_progress))
         for s in sweep
@@ -116,7 +116,8 @@ def _run_url(args: argparse.Namespace, workload: Any, sweep: list) -> list:
     from inferplug.benchmark.targets import OpenAITarget
 
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
-    requests = workload(tokenizer)
+    render_chat = (lambda m: tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True)) if tokenizer else None
+    requests = workload(tokenizer, render_chat)
 
     async def main() -> list:
         target = OpenAITarget(args.url, args.model, args.api_key, ignore_eos=args.ignore_eos)
