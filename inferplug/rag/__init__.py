@@ -2,6 +2,7 @@
 
 from inferplug.rag.documents import RagDocument, as_rag_document, canonical_order, document_key
 from inferplug.rag.layout import (
+    DEFAULT_SYSTEM,
     DocumentMemory,
     document_spans,
     format_documents,
@@ -10,6 +11,7 @@ from inferplug.rag.layout import (
 )
 
 __all__ = [
+    "DEFAULT_SYSTEM",
     "DocumentMemory",
     "RagDocument",
     "as_rag_document",
