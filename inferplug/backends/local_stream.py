@@ -120,12 +120,13 @@ class ChoiceStream:
     def done(self) -> bool:
         return self.finish_reason is not None
 
-    def on_token(self, token_id: int, logprob: float | None = None) -> Event:
+    def on_token(self, token_id: int, logprob: float | None = None,
+                 top: list[tuple[int, str, float]] | None = None) -> Event:
         """The event for one sampled token (finished when it ends the choice)."""
         self.completion_tokens += 1
         event = Event(self.request_id, self.index, token_ids=[token_id])
         if self.params.logprobs is not None and logprob is not None:
-            event.logprobs = [TokenLogprob(token_id, self.tokenizer.decode([token_id]), logprob)]
+            event.logprobs = [TokenLogprob(token_id, self.tokenizer.decode([token_id]), logprob, top or [])]
         if token_id in self.end_ids and not self.params.ignore_eos:
             is_stop_id = token_id in self.params.stop_token_ids
             return self._finish(event, "stop", token_id if is_stop_id else None)

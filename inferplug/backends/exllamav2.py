@@ -1,0 +1,243 @@
+"""The ExLlamaV2 backend: EXL2 and GPTQ models on CUDA, through ExLlamaV2's dynamic generator.
+
+The generator brings continuous batching over a paged cache, deduplication of shared prompt
+pages (n > 1 choices and common prefixes share them), cancellation, and speculative decoding
+with an n-gram or a small draft model. `exllamav2` is imported only here and only when the
+backend is built: importing it compiles a CUDA extension, which fails without a GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from inferplug.backends.base import Backend
+from inferplug.backends.exl2_worker import Entry, GeneratorWorker
+from inferplug.backends.local_stream import (
+    ChoiceStream,
+    RequestClock,
+    close_request,
+    max_new_tokens,
+    prompt_token_ids,
+    reject_unsupported,
+)
+from inferplug.errors import BackendUnavailable
+from inferplug.types import Capabilities, Event, Request, SamplingParams
+
+if TYPE_CHECKING:
+    from inferplug.profile import Profile
+    from inferplug.resolver import Plan
+
+PAGE_SIZE = 256  # ExLlamaV2's paged cache is sized in 256-token pages
+_CACHE_CLASSES = {"FP16": "ExLlamaV2Cache", "Q4": "ExLlamaV2Cache_Q4", "Q6": "ExLlamaV2Cache_Q6",
+                  "Q8": "ExLlamaV2Cache_Q8"}
+
+
+def import_exllamav2() -> Any:
+    try:
+        import exllamav2
+        import exllamav2.generator
+    except Exception as exc:  # ImportError, or the CUDA extension failing to build or load
+        raise BackendUnavailable(
+            f"the exllamav2 backend cannot start ({type(exc).__name__}: {exc}); it needs a CUDA GPU and "
+            "pip install 'inferplug[exllamav2]'. Use the native backend otherwise"
+        ) from exc
+    return exllamav2
+
+
+class ExLlamaV2Backend(Backend):
+    name = "exllamav2"
+
+    def __init__(self, profile: Profile, plan: Plan) -> None:
+        super().__init__(profile, plan)
+        exl = import_exllamav2()
+        from inferplug.models.loader import load_tokenizer
+        from inferplug.sources import ensure_local
+
+        source = ensure_local(profile.model)
+        opts = profile.exllamav2
+        self.config, model, cache = _load(exl, source, plan.max_model_len, _cache_tokens(plan), opts)
+        draft_model, draft_cache = None, None
+        if opts.draft_model:
+            _, draft_model, draft_cache = _load(exl, ensure_local(_source_of(opts.draft_model)),
+                                                self.config.max_seq_len, cache.max_seq_len, opts)
+        generator = exl.generator.ExLlamaV2DynamicGenerator(
+            model=model, cache=cache, tokenizer=exl.ExLlamaV2Tokenizer(self.config),
+            max_batch_size=plan.max_num_seqs, max_seq_len=self.config.max_seq_len,
+            draft_model=draft_model, draft_cache=draft_cache,
+            num_draft_tokens=opts.max_draft or 4, use_ngram_draft=opts.max_draft > 0 and draft_model is None,
+            paged=plan.attention == "flash",  # paged attention is flash-attn's; without it, one job at a time
+        )
+        self._exl = exl
+        self._model = model
+        self._tokenizer = load_tokenizer(source, profile.model.tokenizer)
+        self._worker = GeneratorWorker(generator)
+        self._entries: dict[str, list[Entry]] = {}
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(streaming=True, logprobs=True, n=True, prefix_cache=True, devices=("cuda",))
+
+    @property
+    def model_name(self) -> str:
+        return self.profile.model.served_name or self.profile.name
+
+    @property
+    def context_length(self) -> int:
+        return self.config.max_seq_len
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    async def generate(self, request: Request) -> AsyncIterator[Event]:
+        params = request.params
+        params.validate(len(self._tokenizer))
+        reject_unsupported(self.name, params, request, min_p=True, presence_penalty=True, frequency_penalty=True,
+                           top_logprobs=True)
+        clock = RequestClock()
+        ids = prompt_token_ids(self, request)
+        limit = max_new_tokens(params, len(ids), self.context_length)
+        end_ids = set(params.stop_token_ids) | set(self._eos_ids())
+        choices = [ChoiceStream(request.request_id, i, self._tokenizer, ids, params, end_ids, limit)
+                   for i in range(params.n)]
+        loop, events = asyncio.get_running_loop(), asyncio.Queue()
+        entries = [Entry(self._job(ids, params, limit, end_ids, i), i, loop, events, self._decode)
+                   for i in range(params.n)]
+        self._entries[request.request_id] = entries
+        for entry in entries:
+            self._worker.add(entry)
+        cached = 0
+        try:
+            while not all(c.done for c in choices):
+                kind, index, *payload = await events.get()
+                choice = choices[index]
+                if kind == "eos":
+                    cached = max(cached, payload[0].get("cached_tokens", 0))
+                for event in self._events(kind, choice, payload):
+                    if event.finish_reason is not None and all(c.done for c in choices):
+                        event = close_request(event, choices, len(ids), cached, clock)
+                    elif event.token_ids:
+                        clock.on_token()
+                    yield event
+                if choice.done and not entries[index].done:
+                    entries[index].done = True  # ended here (stop string): free its pages now
+                    await asyncio.wrap_future(self._worker.cancel(entries[index]))
+        finally:
+            for entry in self._entries.pop(request.request_id, []):
+                self._worker.cancel(entry)
+
+    def _events(self, kind: str, choice: ChoiceStream, payload: list[Any]) -> list[Event]:
+        if choice.done:
+            return []
+        if kind == "abort":
+            return [choice.finish("abort")]
+        if kind == "tokens":
+            out = []
+            for token, (logprob, top) in zip(*payload):
+                if not choice.done:
+                    out.append(choice.on_token(token, logprob, top))
+            return out
+        info = payload[0]  # eos
+        if info["eos_reason"] == "error":
+            return [choice.finish("error", info["error"])]
+        out = [choice.on_token(t) for t in info["held_ids"] if not choice.done]
+        if choice.done:
+            return out
+        return [*out, choice.finish("length" if info["eos_reason"] == "max_new_tokens" else "stop")]
+
+    async def abort(self, request_id: str) -> None:
+        for entry in self._entries.get(request_id, []):
+            await asyncio.wrap_future(self._worker.cancel(entry))
+            entry.post("abort", entry.index)
+
+    def stats(self) -> dict[str, Any]:
+        return self._worker.stats()
+
+    def close(self) -> None:
+        worker, self._worker = getattr(self, "_worker", None), None
+        if worker is not None:
+            worker.close()
+            self._model.unload()
+        super().close()
+
+    # --- helpers --------------------------------------------------------------------
+    def _eos_ids(self) -> list[int]:
+        eos = self.config.eos_token_id
+        return [t for t in (eos if isinstance(eos, list) else [eos]) if t is not None]
+
+    def _decode(self, token_id: int) -> str:
+        return self._tokenizer.decode([token_id])
+
+    def _job(self, ids: list[int], params: SamplingParams, limit: int, end_ids: set[int], index: int) -> Any:
+        import torch
+
+        seed = None if params.seed is None else params.seed + index
+        # With drafting, the generator stops num_draft_tokens short of max_new_tokens; the
+        # choice stream ends the job at `limit` itself.
+        draft = self._worker.generator.num_draft_tokens
+        return self._exl.generator.ExLlamaV2DynamicJob(
+            input_ids=torch.tensor([ids], dtype=torch.long), max_new_tokens=limit + draft,
+            min_new_tokens=params.min_tokens,
+            gen_settings=_sampler_settings(self._exl, params), seed=seed,
+            stop_conditions=[] if params.ignore_eos else sorted(end_ids),
+            return_probs=params.logprobs is not None, return_top_tokens=params.logprobs or 0,
+            identifier=index,
+        )
+
+
+def _sampler_settings(exl: Any, p: SamplingParams) -> Any:
+    settings = exl.generator.ExLlamaV2Sampler.Settings
+    if p.greedy:
+        return settings.greedy(token_repetition_penalty=p.repetition_penalty)
+    return settings(temperature=p.temperature, top_k=max(p.top_k, 0), top_p=p.top_p, min_p=p.min_p,
+                    token_repetition_penalty=p.repetition_penalty, token_presence_penalty=p.presence_penalty,
+                    token_frequency_penalty=p.frequency_penalty)
+
+
+def rope_theta_of(model_dir: Path) -> float | None:
+    """rope_theta from config.json, top level (transformers 4) or inside rope_parameters (transformers 5)."""
+    raw = json.loads((model_dir / "config.json").read_text())
+    for table in (raw, raw.get("text_config") or {}):
+        theta = table.get("rope_theta") or (table.get("rope_parameters") or {}).get("rope_theta")
+        if theta:
+            return float(theta)
+    return None
+
+
+def _load(exl: Any, model_dir: Path, max_seq_len: int, cache_tokens: int, opts: Any) -> tuple[Any, Any, Any]:
+    """Config, model and cache of one EXL2/GPTQ dir, loaded across the GPUs."""
+    config = exl.ExLlamaV2Config(str(model_dir))
+    theta = rope_theta_of(model_dir)
+    if theta is not None:  # ExLlamaV2Config reads only a top-level rope_theta
+        config.rotary_embedding_base = theta
+    if max_seq_len:
+        config.max_seq_len = min(config.max_seq_len, max_seq_len)
+    config.arch_compat_overrides()
+    model = exl.ExLlamaV2(config)
+    cache_class = getattr(exl, _CACHE_CLASSES[opts.cache_mode])
+    size = max(cache_tokens, _round_up(config.max_seq_len))
+    if opts.gpu_split:
+        model.load(gpu_split=opts.gpu_split, progress=True)
+        cache = cache_class(model, max_seq_len=size)
+    else:
+        cache = cache_class(model, max_seq_len=size, lazy=True)
+        model.load_autosplit(cache, progress=True)
+    return config, model, cache
+
+
+def _cache_tokens(plan: Plan) -> int:
+    return (plan.num_kv_blocks * plan.block_size) // PAGE_SIZE * PAGE_SIZE
+
+
+def _round_up(tokens: int) -> int:
+    return -(-tokens // PAGE_SIZE) * PAGE_SIZE
+
+
+def _source_of(text: str) -> Any:
+    from inferplug.sources import parse_source
+
+    return parse_source(text)

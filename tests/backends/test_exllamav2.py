@@ -1,0 +1,201 @@
+"""The ExLlamaV2 backend: a contract test against the fake `exllamav2` (tests/fakes, same API as
+0.3.2, tokens from transformers on the CPU), the resolver's rejection without a GPU, and real
+tests on a CUDA machine."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from inferplug.errors import ResolveError
+from inferplug.hardware import GPU, Hardware
+from inferplug.profile import ModelSource, Profile
+from inferplug.types import Request, SamplingParams
+
+FAKES = Path(__file__).resolve().parent.parent / "fakes"
+GB = 10**9
+CUDA_BOX = Hardware(cpu_flags=frozenset({"avx2"}), cpu_count=16, ram_total=64 * GB, ram_available=60 * GB,
+                    gpus=(GPU(0, "NVIDIA A100-SXM4-80GB", (8, 0), 80 * GB, 79 * GB),), cuda_version="12.4",
+                    packages=frozenset({"torch", "transformers", "exllamav2", "flash_attn", "httpx"}))
+
+
+def exl2_profile(model_dir: Path, **exllamav2) -> Profile:
+    profile = Profile(name="exl2-test", backend="exllamav2", model=ModelSource(path=model_dir))
+    profile.quantization.format = "exl2"
+    for key, value in exllamav2.items():
+        setattr(profile.exllamav2, key, value)
+    return profile
+
+
+@pytest.fixture
+def fake_exllamav2(monkeypatch):
+    """`import exllamav2` finds the fake for the duration of a test."""
+    monkeypatch.syspath_prepend(str(FAKES))
+    for name in [m for m in sys.modules if m == "exllamav2" or m.startswith("exllamav2.")]:
+        monkeypatch.delitem(sys.modules, name)
+    yield
+    for name in [m for m in sys.modules if m == "exllamav2" or m.startswith("exllamav2.")]:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def make_backend(fake_exllamav2):
+    from inferplug.backends.exllamav2 import ExLlamaV2Backend
+    from inferplug.resolver import resolve
+
+    made = []
+
+    def make(model_dir: Path, **exllamav2):
+        profile = exl2_profile(model_dir, **exllamav2)
+        plan = resolve(profile, CUDA_BOX)
+        assert plan.backend == "exllamav2" and plan.attention == "flash"
+        made.append(ExLlamaV2Backend(profile, plan))
+        return made[-1]
+
+    yield make
+    for backend in made:
+        backend.close()
+
+
+def hf_greedy(model_dir: Path, prompt: list[int], n: int) -> list[int]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def ids_of(events, index=0) -> list[int]:
+    return [t for e in events if e.index == index for t in e.token_ids]
+
+
+def pages_in_use(backend) -> int:
+    return backend.stats()["kv_blocks_used"]
+
+
+def test_greedy_matches_transformers_with_rope_theta_from_rope_parameters(make_backend, tiny_model_dir):
+    # The tiny Qwen2 keeps rope_theta=1e6 in transformers 5's rope_parameters only: ExLlamaV2Config
+    # alone would run it at 10000 and diverge from HF.
+    backend = make_backend(tiny_model_dir)
+    prompt = [5, 17, 99, 3, 250, 42, 7]
+    events = backend.generate_sync(Request(prompt=prompt, params=SamplingParams(temperature=0, max_tokens=10,
+                                                                                ignore_eos=True)))
+    assert ids_of(events) == hf_greedy(tiny_model_dir, prompt, 10)
+    assert events[-1].finish_reason == "length" and events[-1].usage.completion_tokens == 10
+    assert pages_in_use(backend) == 0
+
+
+def test_n_choices_share_prompt_pages_and_free_them(make_backend, tiny_llama_dir):
+    backend = make_backend(tiny_llama_dir)
+    prompt = [10 + i % 250 for i in range(300)]  # more than one full 256-token page
+    params = SamplingParams(temperature=0.9, top_k=40, seed=3, max_tokens=6, ignore_eos=True, n=3)
+    events = backend.generate_sync(Request(prompt=prompt, params=params))
+    assert {e.index for e in events if e.finish_reason} == {0, 1, 2}
+    assert events[-1].usage.completion_tokens == 18 and events[-1].usage.cached_tokens == 256
+    again = backend.generate_sync(Request(prompt=prompt, params=SamplingParams(**{**vars(params), "n": 3})))
+    assert [ids_of(again, i) for i in range(3)] == [ids_of(events, i) for i in range(3)]
+    assert pages_in_use(backend) == 0 and backend.stats()["prefix_hit_rate"] > 0
+
+
+def test_stop_string_and_stop_token_end_the_job_and_free_its_pages(make_backend, tiny_llama_dir):
+    backend = make_backend(tiny_llama_dir)
+    greedy = dict(temperature=0, max_tokens=12, ignore_eos=True)
+    full = backend.generate_sync(Request(prompt="the weather", params=SamplingParams(**greedy)))
+    text, ids = "".join(e.text for e in full), ids_of(full)
+    stop = text[3:5]
+    cut = backend.generate_sync(Request(prompt="the weather", params=SamplingParams(**greedy, stop=[stop])))
+    assert "".join(e.text for e in cut) == text[: text.index(stop)] and cut[-1].stop_reason == stop
+    by_id = backend.generate_sync(Request(prompt="the weather", params=SamplingParams(
+        temperature=0, max_tokens=12, stop_token_ids=[ids[4]])))
+    assert ids_of(by_id) == ids[: ids.index(ids[4]) + 1]
+    assert by_id[-1].finish_reason == "stop" and by_id[-1].stop_reason == ids[4]
+    assert pages_in_use(backend) == 0
+
+
+def test_abort_cancels_the_job(make_backend, tiny_llama_dir):
+    backend = make_backend(tiny_llama_dir)
+
+    async def run():
+        request = Request(prompt=[4, 5, 6], params=SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
+        seen = []
+        async for event in backend.generate(request):
+            seen.append(event)
+            if len(seen) == 2:
+                await backend.abort(request.request_id)
+        return seen
+
+    events = backend.run_sync(run())
+    assert events[-1].finish_reason == "abort" and len(events) < 200
+    assert pages_in_use(backend) == 0 and backend.stats()["running"] == 0
+
+
+def test_logprobs_with_top_tokens(make_backend, tiny_llama_dir):
+    backend = make_backend(tiny_llama_dir)
+    events = backend.generate_sync(Request(prompt=[1, 2, 3], params=SamplingParams(
+        temperature=0.7, top_k=0, seed=1, max_tokens=4, ignore_eos=True, logprobs=3)))
+    entries = [lp for e in events for lp in e.logprobs or []]
+    assert len(entries) == 4
+    for entry in entries:
+        assert len(entry.top) == 3 and entry.logprob <= 0
+        assert entry.logprob <= entry.top[0][2] + 1e-6
+
+
+def test_ngram_draft_still_returns_max_tokens(make_backend, tiny_llama_dir):
+    backend = make_backend(tiny_llama_dir, max_draft=4)
+    events = backend.generate_sync(Request(prompt=[7, 8, 9], params=SamplingParams(temperature=0, max_tokens=9,
+                                                                                   ignore_eos=True)))
+    assert len(ids_of(events)) == 9 and events[-1].finish_reason == "length"
+    assert ids_of(events) == hf_greedy(tiny_llama_dir, [7, 8, 9], 9)
+
+
+def test_without_a_gpu_the_resolver_rejects_it_with_a_reason(tiny_llama_dir):
+    from inferplug.hardware import probe
+    from inferplug.resolver import resolve
+
+    hardware = probe()
+    if hardware.gpus:
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ResolveError, match="CUDA GPU"):
+        resolve(exl2_profile(tiny_llama_dir), hardware)
+    assert "exllamav2" not in sys.modules  # importing inferplug never builds its CUDA extension
+
+
+def test_missing_package_is_a_clear_error(monkeypatch):
+    from inferplug.backends.exllamav2 import import_exllamav2
+    from inferplug.errors import BackendUnavailable
+
+    monkeypatch.setitem(sys.modules, "exllamav2", None)  # import fails as when it is not installed
+    with pytest.raises(BackendUnavailable, match="CUDA GPU"):
+        import_exllamav2()
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not _has_cuda(), reason="needs a CUDA GPU")
+def test_real_exllamav2_matches_transformers_on_gpu(tiny_llama_dir):
+    pytest.importorskip("exllamav2")
+    from inferplug.backends.exllamav2 import ExLlamaV2Backend
+    from inferplug.hardware import probe
+    from inferplug.resolver import resolve
+
+    profile = exl2_profile(tiny_llama_dir)
+    backend = ExLlamaV2Backend(profile, resolve(profile, probe()))
+    try:
+        prompt = [5, 17, 99, 3, 250, 42, 7]
+        events = backend.generate_sync(Request(prompt=prompt, params=SamplingParams(
+            temperature=0, max_tokens=8, ignore_eos=True)))
+        assert ids_of(events)[:4] == hf_greedy(tiny_llama_dir, prompt, 4)  # fp16 vs fp32: the first tokens
+        assert pages_in_use(backend) == 0
+    finally:
+        backend.close()
