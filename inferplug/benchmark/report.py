@@ -58,7 +58,7 @@ def save_results(path: str | Path, results: list[BenchmarkResult]) -> Path:
     path = Path(path)
     data = results[0].to_json() if len(results) == 1 else {"sweep": [r.to_json() for r in results]}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(_strict_json(data), indent=2, allow_nan=False) + "\n")
+    path.write_text(json.dumps(_strict_json(data), indent=2, allow_nan=False, default=str) + "\n")
     return path
 
 

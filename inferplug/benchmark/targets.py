@@ -105,8 +105,10 @@ class OpenAITarget:
     async def send(self, item: BenchRequest, clock_origin: float) -> RequestRecord:
         body = {
             "model": self.model, "prompt": item.prompt, "max_tokens": item.output_len, "temperature": 0.0,
-            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": self.ignore_eos,
+            "stream": True, "stream_options": {"include_usage": True},
         }
+        if self.ignore_eos:  # a vLLM/llama.cpp extension: sent only when asked, strict servers reject it
+            body["ignore_eos"] = True
         record = RequestRecord(prompt_len=item.prompt_len, start=time.perf_counter() - clock_origin)
         usage: dict[str, Any] | None = None
         try:
