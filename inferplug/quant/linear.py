@@ -1,0 +1,141 @@
+"""Weight-only int8 / int4 linear layers on torch's fused CPU kernels (the gpt-fast recipe).
+
+Decode streams every weight once per step, so it is memory-bound: int8 halves the bytes of bf16,
+int4 quarters them. Activations stay in bf16 (the kernels' fast path; their fp32 path is ~20x
+slower than a float matmul), so a float32 model runs these layers in bf16.
+
+Engine wiring (the native engine applies this when profile.quantization.format is int8/int4):
+    quantize_model(model, "int8")          # LlamaModel or any nn.Module, in place
+    linear(x, weight, bias)                # in llama.py instead of F.linear: float tensor or quantized layer
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inferplug.errors import ProfileError
+
+COMPUTE_DTYPE = torch.bfloat16
+INT4_GROUP_SIZES = (128, 64, 32)  # the largest that divides in_features wins
+_LLAMA_LAYER_WEIGHTS = ("qkv", "o", "gate_up", "down")
+
+
+class _WeightOnlyLinear(nn.Module):
+    """Shared shape handling: any leading dims, bf16 compute, result in the input's dtype."""
+
+    in_features: int
+    out_features: int
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).to(COMPUTE_DTYPE)
+        out = self._matmul(flat)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class Int8Linear(_WeightOnlyLinear):
+    """Per-output-channel symmetric int8: w ≈ q * scale, q in [-127, 127]."""
+
+    def __init__(self, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("weight", weight)
+        self.register_buffer("scales", scales)
+        self.register_buffer("bias", None if bias is None else bias.to(COMPUTE_DTYPE))
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "Int8Linear":
+        w = weight.detach().float()
+        # Round with the bf16 scale the kernel will multiply by, not the exact one.
+        scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-10).to(COMPUTE_DTYPE)
+        q = torch.round(w / scales.float()[:, None]).clamp(-127, 127).to(torch.int8)
+        return cls(q.contiguous(), scales, bias)
+
+    def dequantized(self) -> torch.Tensor:
+        return self.weight.float() * self.scales.float()[:, None]
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch._weight_int8pack_mm(x, self.weight, self.scales)
+
+
+class Int4Linear(_WeightOnlyLinear):
+    """Group-wise asymmetric int4 (CPU): w ≈ q * scale + min per group of in_features, q in [0, 15]."""
+
+    def __init__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int,
+                 out_features: int, in_features: int, bias: torch.Tensor | None = None):  # fmt: skip
+        super().__init__()
+        self.out_features, self.in_features, self.group_size = out_features, in_features, group_size
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales_and_zeros", scales_and_zeros)
+        self.register_buffer("bias", None if bias is None else bias.to(COMPUTE_DTYPE))
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "Int4Linear":
+        if weight.device.type != "cpu":
+            raise ProfileError("int4 weights run on the CPU kernel only; use quantization.format = \"int8\" on CUDA")
+        out_features, in_features = weight.shape
+        group = next((g for g in INT4_GROUP_SIZES if in_features % g == 0), None)
+        if group is None:
+            raise ProfileError(f"int4 needs in_features divisible by 32; this layer has {in_features}. Use int8.")
+        w = weight.detach().float().reshape(out_features, in_features // group, group)
+        low, high = w.amin(dim=-1, keepdim=True), w.amax(dim=-1, keepdim=True)
+        scale = ((high - low) / 15).clamp(min=1e-10)
+        q = torch.round((w - low) / scale).clamp(0, 15).to(torch.int32).reshape(out_features, in_features)
+        # The kernel computes (q - 8) * scale + zero, so zero = min + 8 * scale; layout [groups, out, 2].
+        zeros = low + 8 * scale
+        scales_and_zeros = torch.cat([scale, zeros], dim=-1).transpose(0, 1).contiguous().to(COMPUTE_DTYPE)
+        packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+        return cls(packed, scales_and_zeros, group, out_features, in_features, bias)
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_and_zeros)
+
+
+QUANTIZED_LINEARS: dict[str, type[_WeightOnlyLinear]] = {"int8": Int8Linear, "int4": Int4Linear}
+
+
+def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear for a float weight tensor, or the quantized layer's own kernel."""
+    if isinstance(weight, torch.Tensor):
+        return F.linear(x, weight, bias)
+    out = weight(x)
+    return out if bias is None else out + bias
+
+
+def quantize_model(model, fmt: str):
+    """Replace the model's linear weights by `fmt` ("int8" / "int4") layers in place; returns the model.
+
+    An nn.Module has its nn.Linear children swapped. inferplug's LlamaModel has each layer's fused
+    qkv / o / gate_up / down weights and the lm_head replaced; its embedding table stays float (a
+    tied lm_head gets its own quantized copy).
+    """
+    if fmt not in QUANTIZED_LINEARS:
+        raise ProfileError(f"quantization.format {fmt!r} cannot run weight-only; use one of {sorted(QUANTIZED_LINEARS)}")
+    layer_cls = QUANTIZED_LINEARS[fmt]
+    if isinstance(model, nn.Module):
+        _swap_linears(model, layer_cls)
+        return model
+    with torch.no_grad():
+        for layer in model.layers:
+            for name in _LLAMA_LAYER_WEIGHTS:
+                setattr(layer, name, layer_cls.from_float(getattr(layer, name)))
+        model.lm_head = layer_cls.from_float(model.lm_head)
+    return model
+
+
+def _swap_linears(module: nn.Module, layer_cls: type[_WeightOnlyLinear]) -> None:
+    for name, child in module.named_children():
+        if type(child) is nn.Linear:
+            with torch.no_grad():
+                setattr(module, name, layer_cls.from_float(child.weight, child.bias))
+        else:
+            _swap_linears(child, layer_cls)
