@@ -1,0 +1,72 @@
+"""The Triton paged-attention decode kernel against its pure-torch reference and the engine's CPU path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.paged_attention_ref import paged_attention_decode_ref
+
+triton = pytest.importorskip("triton")
+from kernels.paged_attention import paged_attention_decode  # noqa: E402  (after the interpreter switch)
+
+
+def random_pool(*, batch, heads, kv_heads, head_dim, block_size, seq_lens, device="cpu", dtype=torch.float32, seed=0):
+    """Random K/V pools with each sequence's blocks scattered in a shuffled order, as after churn."""
+    generator = torch.Generator().manual_seed(seed)
+    blocks_per_seq = [(n + block_size - 1) // block_size for n in seq_lens]
+    num_blocks = sum(blocks_per_seq) + 3  # a few blocks nobody owns
+    order = torch.randperm(num_blocks, generator=generator)
+    tables = torch.zeros(batch, max(blocks_per_seq), dtype=torch.int32)
+    taken = 0
+    for b, count in enumerate(blocks_per_seq):
+        tables[b, :count] = order[taken : taken + count]
+        taken += count
+    shape = (num_blocks, block_size, kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=generator).to(device, dtype)
+    v_cache = torch.randn(shape, generator=generator).to(device, dtype)
+    q = torch.randn(batch, heads, head_dim, generator=generator).to(device, dtype)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    return q, k_cache, v_cache, tables.to(device), lens.to(device)
+
+
+@pytest.mark.parametrize(
+    "heads,kv_heads,head_dim,block_size,seq_lens",
+    [(4, 2, 16, 4, [1, 5, 11]), (3, 1, 12, 8, [8, 3]), (2, 2, 8, 2, [7])],
+)
+def test_kernel_matches_reference(heads, kv_heads, head_dim, block_size, seq_lens):
+    q, k_cache, v_cache, tables, lens = random_pool(
+        batch=len(seq_lens), heads=heads, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size, seq_lens=seq_lens
+    )
+    scale = head_dim**-0.5
+    expected = paged_attention_decode_ref(q, k_cache, v_cache, tables, lens, scale)
+    torch.testing.assert_close(paged_attention_decode(q, k_cache, v_cache, tables, lens, scale), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_reference_matches_the_engine_cpu_decode_path():
+    from inferplug.engine.attention import AttentionContext, _decode
+
+    seq_lens = [3, 9]
+    q, k_cache, v_cache, tables, lens = random_pool(batch=2, heads=4, kv_heads=2, head_dim=8, block_size=4, seq_lens=seq_lens)
+    positions = torch.arange(tables.shape[1] * 4)
+    bias = torch.where(positions[None, :] < lens[:, None], 0.0, float("-inf")).view(2, 1, 1, -1)
+    ctx = AttentionContext(slot_mapping=torch.empty(0, dtype=torch.long), num_decode=2,
+                           decode_block_tables=tables.long(), decode_bias=bias)  # fmt: skip
+    engine = _decode(q, k_cache, v_cache, ctx, 8**-0.5)
+    torch.testing.assert_close(paged_attention_decode_ref(q, k_cache, v_cache, tables, lens, 8**-0.5), engine)
+
+
+def test_block_size_must_be_a_power_of_two():
+    q, k_cache, v_cache, tables, lens = random_pool(batch=1, heads=2, kv_heads=1, head_dim=8, block_size=3, seq_lens=[4])
+    with pytest.raises(ValueError, match="power of two"):
+        paged_attention_decode(q, k_cache, v_cache, tables, lens, 1.0)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_kernel_on_cuda_at_smollm2_shapes():
+    seq_lens = [1, 17, 300, 1024, 77]
+    q, k_cache, v_cache, tables, lens = random_pool(batch=5, heads=9, kv_heads=3, head_dim=64, block_size=16,
+                                                    seq_lens=seq_lens, device="cuda", dtype=torch.bfloat16)  # fmt: skip
+    expected = paged_attention_decode_ref(q, k_cache, v_cache, tables, lens, 0.125)
+    torch.testing.assert_close(paged_attention_decode(q, k_cache, v_cache, tables, lens, 0.125), expected, rtol=2e-2, atol=2e-2)
