@@ -37,6 +37,8 @@ class InferPlug(FunctionCallingLLM):
     model: str | None = Field(default=None, description="The served model name (filled from the profile).")
     temperature: float | None = Field(default=None, description="None: the profile's default.")
     max_tokens: int | None = Field(default=None, description="None: the profile's default.")
+    additional_kwargs: dict[str, Any] = Field(default_factory=dict,
+                                              description="More sampling options (top_p, repetition_penalty, ...).")
     _memory: DocumentMemory = PrivateAttr(default_factory=DocumentMemory)
 
     def __init__(self, **kwargs: Any) -> None:
@@ -72,7 +74,8 @@ class InferPlug(FunctionCallingLLM):
 
     # --- requests ------------------------------------------------------------------
     def _prepare(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> Prepared:
-        params = sampling_params(self.profile.sampling.defaults(), temperature=self.temperature,
+        params = sampling_params(self.profile.sampling.defaults(), **self.additional_kwargs,
+                                 temperature=self.temperature,
                                  max_tokens=kwargs.get("max_tokens", self.max_tokens), stop=kwargs.get("stop"),
                                  json_schema=kwargs.get("json_schema"))
         return prepare_request(self.backend, params, messages=to_chat_dicts(list(messages)),
