@@ -47,6 +47,17 @@ def gguf_py_dequant_all(reader) -> None:
         gguf.quants.dequantize(tensor.data, tensor.tensor_type)
 
 
+def cold(fn: Callable[[], object]) -> Callable[[], object]:
+    """Ours without the parsed-header cache, so every repeat parses the file as transformers does."""
+    from inferplug.models.gguf import clear_header_cache
+
+    def run() -> object:
+        clear_header_cache()
+        return fn()
+
+    return run
+
+
 def transformers_model(path: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
@@ -72,12 +83,12 @@ def main() -> None:
 
     ours_parsed, theirs_parsed = read_gguf(path), gguf.GGUFReader(path)  # dequant is timed without parsing
     stages = {
-        "header": (lambda: read_config(path), lambda: gguf.GGUFReader(path)),
+        "header": (cold(lambda: read_config(path)), lambda: gguf.GGUFReader(path)),
         "dequant": (lambda: our_dequant_all(ours_parsed), lambda: gguf_py_dequant_all(theirs_parsed)),
-        "weights fp32": (lambda: load_weights(path, torch.float32), lambda: transformers_model(path)),
-        "weights bf16": (lambda: load_weights(path, torch.bfloat16), None),
+        "weights fp32": (cold(lambda: load_weights(path, torch.float32)), lambda: transformers_model(path)),
+        "weights bf16": (cold(lambda: load_weights(path, torch.bfloat16)), None),
         "tokenizer": (
-            lambda: load_tokenizer(path),
+            cold(lambda: load_tokenizer(path)),
             lambda: AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name),
         ),
     }

@@ -11,7 +11,7 @@ from __future__ import annotations
 import mmap
 import struct
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -111,10 +111,24 @@ class _Cursor:
 
 
 def read_gguf(path: Path) -> GGUFFile:
-    """Parse the header (metadata and tensor table) of a GGUF file without reading tensor data."""
+    """Parse the header (metadata and tensor table) of a GGUF file without reading tensor data.
+
+    Cached per file version: a model load asks for config, weights and tokenizer separately.
+    """
     path = Path(path)
     if not path.is_file():
         raise ModelSourceError(f"GGUF file {path} does not exist. Check the profile's model path or run `inferplug pull`.")
+    stat = path.stat()
+    return _read_cached(path.resolve(), stat.st_size, stat.st_mtime_ns)
+
+
+def clear_header_cache() -> None:
+    """Forget parsed headers (benchmarks time cold parses)."""
+    _read_cached.cache_clear()
+
+
+@lru_cache(maxsize=4)
+def _read_cached(path: Path, size: int, mtime_ns: int) -> GGUFFile:
     try:
         with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as buffer:
             return _parse(buffer, path)
