@@ -1,0 +1,141 @@
+"""Native engine vs HF transformers `generate` on SmolLM2-135M, same workload, same run.
+
+Workload: 64 chat requests, prompts of ~30-300 tokens, output lengths spread over 16-256 tokens
+(fixed per request, ignore_eos), greedy. HF runs static batches (left padding) of 1, 8 and 16 on
+the first --hf-requests requests; its best throughput is the peer figure. Prints a table and
+writes JSON.
+
+    .venv/bin/python bench/engine_throughput.py --threads 2 --dtype bfloat16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+WORDS = ("the model reads a long document about rivers mountains cities history science music art code data "
+         "people travel food weather language numbers stories questions answers and more").split()
+
+
+def workload(tokenizer, count: int, seed: int = 0) -> list[tuple[list[int], int]]:
+    """(prompt ids, output length) per request: chat prompts of ~30-300 tokens, outputs 16-256."""
+    rng = random.Random(seed)
+    requests = []
+    for i in range(count):
+        words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(10, 260)))
+        text = tokenizer.apply_chat_template([{"role": "user", "content": f"Summarize: {words}"}], tokenize=False,
+                                             add_generation_prompt=True)
+        requests.append((tokenizer.encode(text, add_special_tokens=False), 16 + (i * 37) % 241))
+    return requests
+
+
+def run_native(engine, requests) -> dict:
+    from inferplug.types import Request, SamplingParams
+
+    start = time.perf_counter()
+    for i, (prompt, n) in enumerate(requests):
+        params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+        engine.add_request(Request(prompt=prompt, params=params, request_id=f"r{i}"), prompt)
+    finals, tokens = [], 0
+    while engine.has_unfinished():
+        for event in engine.step():
+            tokens += len(event.token_ids)
+            if event.usage is not None:
+                finals.append(event)
+    wall = time.perf_counter() - start
+    return {"output_tokens": tokens, "seconds": wall, "tok_per_s": tokens / wall,
+            "ttft_median_s": statistics.median(e.timings.ttft for e in finals),
+            "tpot_median_s": statistics.median(e.timings.tpot for e in finals if e.timings.tpot)}
+
+
+def single_stream(engine, prompt: list[int], n: int = 128) -> float:
+    stats = run_native(engine, [(prompt, n)])
+    return 1.0 / stats["tpot_median_s"]
+
+
+def run_hf(model, tokenizer, requests, batch: int) -> dict:
+    tokenizer.padding_side = "left"
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    start, useful = time.perf_counter(), 0
+    for at in range(0, len(requests), batch):
+        group = requests[at:at + batch]
+        width = max(len(p) for p, _ in group)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in group])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in group])
+        longest = max(n for _, n in group)
+        with torch.no_grad():
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=longest, min_new_tokens=longest,
+                           do_sample=False, pad_token_id=pad)
+        useful += sum(n for _, n in group)  # a static batch runs to its longest; only requested tokens count
+    wall = time.perf_counter() - start
+    return {"batch": batch, "output_tokens": useful, "seconds": wall, "tok_per_s": useful / wall}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="GGUF file or HF dir (default: the smollm2-135m profile's model)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--hf-requests", type=int, default=16, help="requests HF runs at each batch size (0 skips HF)")
+    ap.add_argument("--hf-batches", default="1,8,16")
+    ap.add_argument("--out", default="bench/results/engine_throughput.json")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from inferplug.engine.config import EngineConfig
+    from inferplug.engine.llm_engine import LLMEngine
+    from inferplug.models.loader import load_tokenizer, load_weights, read_config
+
+    path = Path(args.model) if args.model else _profile_model()
+    config = EngineConfig(dtype=args.dtype, num_kv_blocks=2048, max_num_seqs=64, max_num_batched_tokens=2048)
+    t0 = time.perf_counter()
+    tokenizer = load_tokenizer(path)
+    engine = LLMEngine(read_config(path), load_weights(path, config.torch_dtype), tokenizer, config)
+    load_s = time.perf_counter() - t0
+    requests = workload(tokenizer, args.requests)
+    run_native(engine, requests[:2])  # warm-up
+    native = run_native(engine, requests)
+    native["single_stream_tok_per_s"] = single_stream(engine, requests[0][0])
+    native["load_seconds"] = load_s
+    hf_runs = []
+    if args.hf_requests:
+        import transformers
+
+        kwargs = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
+        hf = transformers.AutoModelForCausalLM.from_pretrained(
+            path.parent if path.suffix == ".gguf" else path, dtype=config.torch_dtype, **kwargs).eval()
+        subset = requests[: args.hf_requests]
+        hf_runs = [run_hf(hf, tokenizer, subset, int(b)) for b in args.hf_batches.split(",")]
+    best = max(hf_runs, key=lambda r: r["tok_per_s"]) if hf_runs else None
+    report = {"workload": {"requests": len(requests), "dtype": args.dtype, "threads": args.threads,
+                           "prompt_tokens": [len(p) for p, _ in requests], "output_tokens": [n for _, n in requests]},
+              "native": native, "hf": hf_runs,
+              "ratio_vs_best_hf": native["tok_per_s"] / best["tok_per_s"] if best else None}
+    print(f"{'engine':<22}{'out tok/s':>10}{'TTFT med':>10}{'TPOT med':>10}")
+    print(f"{'native (64 req)':<22}{native['tok_per_s']:>10.1f}{native['ttft_median_s']:>9.2f}s"
+          f"{native['tpot_median_s'] * 1000:>8.1f}ms")
+    for run in hf_runs:
+        print(f"{'hf generate b=' + str(run['batch']):<22}{run['tok_per_s']:>10.1f}")
+    print(f"single-stream decode: {native['single_stream_tok_per_s']:.1f} tok/s")
+    if best:
+        print(f"native / best HF throughput: {report['ratio_vs_best_hf']:.2f}x")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+
+
+def _profile_model() -> Path:
+    from inferplug.profile import load_profile
+    from inferplug.sources import ensure_local
+
+    return ensure_local(load_profile("smollm2-135m").model)
+
+
+if __name__ == "__main__":
+    main()

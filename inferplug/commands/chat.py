@@ -1,0 +1,40 @@
+"""`inferplug chat PROFILE`: an interactive, streaming chat in the terminal."""
+
+from __future__ import annotations
+
+import argparse
+
+from inferplug.commands.generate import add_sampling_arguments, sampling_params, stream_reply
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("chat", help="chat with a profile's model in the terminal (streaming)")
+    p.add_argument("profile", nargs="?", default="smollm2-135m", help="profile name or .toml path")
+    p.add_argument("--system", help="a system prompt")
+    add_sampling_arguments(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from inferplug.backends.registry import close_all, get_backend
+    from inferplug.types import Request
+
+    backend = get_backend(args.profile)
+    params = sampling_params(backend.profile, args)
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    print(f"chatting with {backend.model_name} ({backend.name}); an empty line or Ctrl-D ends it")
+    try:
+        while True:
+            try:
+                line = input("you> ").strip()
+            except EOFError:
+                break
+            if not line:
+                break
+            messages.append({"role": "user", "content": line})
+            print("assistant> ", end="", flush=True)
+            reply = stream_reply(backend, Request(messages=list(messages), params=params), args.stats)
+            messages.append({"role": "assistant", "content": reply})
+    finally:
+        close_all()
+    return 0

@@ -1,0 +1,45 @@
+"""AsyncEngine: concurrent streams, early exit aborts, bad requests fail alone."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from engine_helpers import greedy, make_engine, prompts_of
+
+from inferplug.engine.async_engine import AsyncEngine
+from inferplug.errors import RequestError
+from inferplug.types import Request
+
+
+@pytest.fixture
+def async_engine(tiny_llama_dir):
+    engine = AsyncEngine(make_engine(tiny_llama_dir))
+    yield engine
+    engine.close()
+
+
+async def _collect(engine: AsyncEngine, request: Request):
+    return [event async for event in engine.generate(request)]
+
+
+async def test_concurrent_streams_and_a_bad_one(async_engine):
+    prompts = prompts_of([5, 40, 17], seed=21)
+    good = [_collect(async_engine, Request(prompt=p, params=greedy(6), request_id=str(i))) for i, p in enumerate(prompts)]
+    bad = _collect(async_engine, Request(prompt=[1, 2], params=greedy(6, stop_token_ids=[-3]), request_id="bad"))
+    results = await asyncio.gather(*good, bad, return_exceptions=True)
+    assert isinstance(results[-1], RequestError)
+    for events in results[:-1]:
+        assert sum(len(e.token_ids) for e in events) == 6
+        final = events[-1]
+        assert final.finish_reason == "length" and final.usage.completion_tokens == 6
+        assert final.timings.ttft is not None and final.timings.ttft >= final.timings.queued
+
+
+async def test_leaving_a_stream_early_aborts_it(async_engine):
+    stream = async_engine.generate(Request(prompt=prompts_of([30])[0], params=greedy(200), request_id="x"))
+    async for _ in stream:
+        break
+    await stream.aclose()
+    stats = async_engine.stats()
+    assert stats["running"] == 0 and stats["kv_blocks_used"] == 0

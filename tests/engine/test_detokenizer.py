@@ -1,0 +1,39 @@
+"""Incremental detokenization: multi-byte characters split across tokens, and stop strings across tokens."""
+
+from __future__ import annotations
+
+from inferplug.engine.detokenizer import IncrementalDetokenizer
+from inferplug.models.loader import load_tokenizer
+
+TEXT = "Hi 你好, world 🙂! naïve café 😀👍 the end"
+
+
+def _stream(tokenizer, ids, stop=(), include=False):
+    detok = IncrementalDetokenizer(tokenizer, [], list(stop), include)
+    pieces, matched = [], None
+    for token in ids:
+        matched = detok.add(token)
+        if matched:
+            break
+        pieces.append(detok.delta(final=False))
+    pieces.append(detok.delta(final=True))
+    return pieces, matched
+
+
+def test_multibyte_text_streams_without_replacement_chars(tiny_llama_dir):
+    tokenizer = load_tokenizer(tiny_llama_dir)  # byte-level: a CJK char or emoji spans 3-4 tokens
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)
+    assert len(ids) > len(TEXT)
+    pieces, _ = _stream(tokenizer, ids)
+    assert "".join(pieces) == TEXT
+    assert not any("\ufffd" in p for p in pieces)
+
+
+def test_stop_string_spanning_tokens_is_cut_and_never_leaked(tiny_llama_dir):
+    tokenizer = load_tokenizer(tiny_llama_dir)
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)
+    pieces, matched = _stream(tokenizer, ids, stop=["好, wor"])
+    assert matched == "好, wor"
+    assert "".join(pieces) == "Hi 你"
+    pieces, _ = _stream(tokenizer, ids, stop=["好, wor"], include=True)
+    assert "".join(pieces) == "Hi 你好, wor"
