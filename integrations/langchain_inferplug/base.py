@@ -64,4 +64,4 @@ class InferPlugFields(BaseModel):
 
 
 _SAMPLING_KEYS = {"temperature", "max_tokens", "top_p", "top_k", "min_p", "seed", "repetition_penalty",
-                  "presence_penalty", "frequency_penalty", "json_schema"}
+                  "presence_penalty", "frequency_penalty", "json_schema", "ignore_eos", "min_tokens", "logprobs"}

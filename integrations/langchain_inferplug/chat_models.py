@@ -137,6 +137,16 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
                 yield chunk
         yield self._last_chunk(builder.build(), prepared)
 
+    def batch(self, inputs: list[Any], config: Any = None, *, return_exceptions: bool = False,
+              **kwargs: Any) -> list[BaseMessage]:
+        """Every input in flight at once by default (the engine batches them), not a pool sized by the CPU count."""
+        everyone = max(len(inputs), 1)
+        if isinstance(config, list):
+            config = [{**c, "max_concurrency": c.get("max_concurrency") or everyone} for c in config]
+        else:
+            config = {**(config or {}), "max_concurrency": (config or {}).get("max_concurrency") or everyone}
+        return super().batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
+
     # --- tools and structured output -------------------------------------------------------
     def bind_tools(self, tools: Sequence[dict[str, Any] | type | Callable | BaseTool], *,
                    tool_choice: dict | str | bool | None = None, **kwargs: Any) -> Runnable:

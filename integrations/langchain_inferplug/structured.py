@@ -16,21 +16,14 @@ from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
 from langchain_core.output_parsers.openai_tools import JsonOutputKeyToolsParser, PydanticToolsParser
 from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
-from pydantic import BaseModel
+from langchain_core.utils.pydantic import is_basemodel_subclass
 
 if TYPE_CHECKING:
     from inferplug.frontend.requests import Prepared
 
 
 def _is_pydantic(schema: Any) -> bool:
-    return isinstance(schema, type) and issubclass(schema, BaseModel)
-
-
-def json_schema_of(schema: Any) -> dict[str, Any]:
-    """A JSON schema for a pydantic class, TypedDict, OpenAI function or JSON schema dict."""
-    if _is_pydantic(schema):
-        return schema.model_json_schema()
-    return convert_to_json_schema(schema)
+    return isinstance(schema, type) and is_basemodel_subclass(schema)  # pydantic v2 or v1 models
 
 
 def structured_output_runnable(model: Any, schema: Any, *, method: str, include_raw: bool,
@@ -48,9 +41,10 @@ def structured_output_runnable(model: Any, schema: Any, *, method: str, include_
         parser: Runnable = (PydanticToolsParser(tools=[schema], first_tool_only=True) if _is_pydantic(schema)
                             else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True))
     elif method in ("json_schema", "json_mode"):
-        target = json_schema_of(schema) if method == "json_schema" else {"type": "object"}
+        # json_mode with a schema at hand: constrain to it too (a bare {"type": "object"} lets keys go missing)
+        target = convert_to_json_schema(schema)
         llm = model.bind(json_schema=target, ls_structured_output_format={
-            "kwargs": {"method": method}, "schema": json_schema_of(schema)})
+            "kwargs": {"method": method}, "schema": target})
         parser = PydanticOutputParser(pydantic_object=schema) if _is_pydantic(schema) else JsonOutputParser()
     else:
         raise ValueError(f"method={method!r} is not supported; use 'json_schema', 'function_calling' or 'json_mode'")

