@@ -116,6 +116,7 @@ async def _whole(generation: Generation, builder: ResponseBuilder, request: Requ
 
 async def _sse(generation: Generation, builder: ResponseBuilder, include_usage: bool,
                request: Request) -> AsyncIterator[str]:
+    finished = False
     try:
         async for event in generation.events():
             if event.error:
@@ -127,9 +128,12 @@ async def _sse(generation: Generation, builder: ResponseBuilder, include_usage: 
         if include_usage:
             yield _data(builder.usage_chunk(generation.usage))
         yield "data: [DONE]\n\n"
+        finished = True
         request.app.state.metrics.observe(request.url.path, generation.usage, generation.started,
                                           generation.first_token_at, time.perf_counter())
     finally:
+        if not finished:  # the client left mid-stream (nginx's 499: client closed request)
+            request.app.state.metrics.failed(request.url.path, 499)
         await generation.aclose()
 
 

@@ -87,13 +87,15 @@ def live_server(tiny_backend):
 
 
 @pytest.fixture
-def server_factory(tiny_backend):
-    """start(app=None, **create_app kwargs) -> another live server, stopped after the test:
-    the tiny backend's inferplug app, or the ASGI `app` given."""
+def server_factory():
+    """start(target, **create_app kwargs) -> a live server, stopped after the test. `target` is a
+    Backend (served by our app) or any ASGI app."""
+    from inferplug.backends.base import Backend
+
     started: list[LiveServer] = []
 
-    def start(app=None, **app_kw) -> LiveServer:
-        started.append(serve_app(app) if app is not None else start_server(tiny_backend, **app_kw))
+    def start(target, **app_kw) -> LiveServer:
+        started.append(start_server(target, **app_kw) if isinstance(target, Backend) else serve_app(target))
         return started[-1]
 
     yield start

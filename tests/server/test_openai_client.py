@@ -127,8 +127,8 @@ def test_malformed_json_and_oversized_body(live_server):
     assert httpx.get(live_server.url.removesuffix("/v1") + "/health").json() == {"status": "ok"}
 
 
-def test_api_key_is_enforced(server_factory):
-    server = server_factory(api_key="s3cret-key")
+def test_api_key_is_enforced(server_factory, tiny_backend):
+    server = server_factory(tiny_backend, api_key="s3cret-key")
     missing = httpx.get(server.url + "/models")  # the openai client always sends a key
     assert missing.status_code == 401 and "missing" in missing.json()["error"]["message"]
     with pytest.raises(openai.AuthenticationError) as wrong:

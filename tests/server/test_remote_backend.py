@@ -70,8 +70,9 @@ def test_request_errors_come_back_as_request_errors(live_server, plan_for_openai
     assert info.value.status == 400 and info.value.param == "prompt"
 
 
-def test_api_key_from_the_named_env_var_and_never_in_errors(server_factory, plan_for_openai, monkeypatch):
-    server = server_factory(api_key="k-123-secret")
+def test_api_key_from_the_named_env_var_and_never_in_errors(server_factory, tiny_backend, plan_for_openai,
+                                                           monkeypatch):
+    server = server_factory(tiny_backend, api_key="k-123-secret")
     monkeypatch.setenv("REMOTE_KEY", "k-123-secret")
     good = remote(plan_for_openai, server.url, api_key_env="REMOTE_KEY")
     assert good.generate_sync(Request(messages=MESSAGES, params=SamplingParams(max_tokens=2)))[-1].usage

@@ -1,0 +1,79 @@
+"""32 concurrent streaming clients on the default profile, 8 of them leaving midway: the others
+complete, and afterwards the engine runs nothing and every KV block is back in the pool."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+pytestmark = [pytest.mark.smollm2, pytest.mark.slow]
+
+CLIENTS, LEAVERS, MAX_TOKENS = 32, 8, 24
+LEAVER_MAX_TOKENS = 4000  # far more than could finish before the check: only an abort ends them
+
+
+@pytest.fixture(scope="module")
+def default_server(smollm2_gguf):
+    from inferplug.backends.registry import close_backend, get_backend
+    from inferplug.profile import DEFAULT_PROFILE
+
+    backend = get_backend(DEFAULT_PROFILE)
+    yield backend
+    close_backend(DEFAULT_PROFILE)
+
+
+def wait_until_idle(backend, limit_s: float = 60.0) -> dict:
+    """The backend's stats once nothing runs or waits (aborts land asynchronously)."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        stats = backend.stats()
+        if (stats["running"] == 0 and stats["waiting"] == 0) or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.05)
+
+
+def test_32_streams_with_8_disconnects_free_every_block(default_server, server_factory):
+    import openai
+
+    backend = default_server
+    server = server_factory(backend)
+    client = openai.AsyncOpenAI(base_url=server.url, api_key="unused", max_retries=0)
+
+    async def one(i: int) -> tuple[str, str | None, int]:
+        stream = await client.chat.completions.create(
+            model=backend.model_name, stream=True, max_tokens=LEAVER_MAX_TOKENS if i < LEAVERS else MAX_TOKENS,
+            temperature=0.8, seed=i,
+            messages=[{"role": "user", "content": f"Tell me fact number {i} about the sea."}],
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+        )
+        text, finish, usage = "", None, 0
+        async for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+                finish = chunk.choices[0].finish_reason or finish
+            if chunk.usage:
+                usage = chunk.usage.completion_tokens
+            if i < LEAVERS and len(text) > 5:
+                await stream.close()  # the client goes away midway
+                return "left", None, 0
+        return text, finish, usage
+
+    async def all_clients():
+        try:
+            return await asyncio.gather(*(one(i) for i in range(CLIENTS)))
+        finally:
+            await client.close()
+
+    results = asyncio.run(all_clients())
+    assert [r[0] for r in results[:LEAVERS]] == ["left"] * LEAVERS
+    for text, finish, usage in results[LEAVERS:]:
+        assert text and finish == "length" and usage == MAX_TOKENS
+    stats = wait_until_idle(backend)
+    assert stats["running"] == 0 and stats["waiting"] == 0
+    assert stats["kv_blocks_used"] == 0
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+    metrics = httpx.get(server.url.removesuffix("/v1") + "/metrics").text
+    assert 'inferplug_requests_total{endpoint="/v1/chat/completions",status="499"} 8.0' in metrics
