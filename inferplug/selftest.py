@@ -66,14 +66,14 @@ def memory_bandwidth(device: str = "cpu", seconds: float = 2.0, mib: int = 256) 
 
 
 def engine_speeds(backend: Any) -> dict[str, float]:
-    """One prefill-only request and one 64-token decode through the backend, timed like `inferplug bench`."""
+    """One prefill-only request and one 32-token decode through the backend, timed like `inferplug bench`."""
     from inferplug.benchmark.datasets import sample_random
     from inferplug.benchmark.runner import warm_up
     from inferplug.benchmark.targets import BackendTarget
 
     target = BackendTarget(backend, ignore_eos=True)
-    prefill, decode = sample_random(2, input_len=256, output_len=1, tokenizer=backend.tokenizer, seed=0)
-    decode.output_len = 64
+    prefill, decode = sample_random(2, input_len=128, output_len=1, tokenizer=backend.tokenizer, seed=0)
+    decode.output_len = 32
 
     async def measure() -> tuple:
         await warm_up(target)
