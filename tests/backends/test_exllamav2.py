@@ -115,20 +115,9 @@ def test_stop_string_and_stop_token_end_the_job_and_free_its_pages(make_backend,
     assert pages_in_use(backend) == 0
 
 
-def test_abort_cancels_the_job(make_backend, tiny_llama_dir):
+def test_abort_cancels_the_job(make_backend, tiny_llama_dir, abort_midway):
     backend = make_backend(tiny_llama_dir)
-
-    async def run():
-        request = Request(prompt=[4, 5, 6], params=SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
-        seen = []
-        async for event in backend.generate(request):
-            seen.append(event)
-            if len(seen) == 2:
-                await backend.abort(request.request_id)
-        return seen
-
-    events = backend.run_sync(run())
-    assert events[-1].finish_reason == "abort" and len(events) < 200
+    abort_midway(backend, max_tokens=200)
     assert pages_in_use(backend) == 0 and backend.stats()["running"] == 0
 
 

@@ -1,5 +1,6 @@
-"""32 concurrent streaming clients on the default profile, 8 of them leaving midway: the others
-complete, and afterwards the engine runs nothing and every KV block is back in the pool."""
+"""The server on the default profile (SmolLM2 on the native engine): the openai client's view of
+n, top logprobs and prefix-cache usage, and 32 concurrent streaming clients of which 8 leave
+midway: the others complete, and afterwards the engine runs nothing and every KV block is free."""
 
 from __future__ import annotations
 
@@ -23,6 +24,28 @@ def default_server(smollm2_gguf):
     backend = get_backend(DEFAULT_PROFILE)
     yield backend
     close_backend(DEFAULT_PROFILE)
+
+
+def test_chat_n_top_logprobs_and_cached_tokens(default_server, server_factory):
+    import openai
+
+    from inferplug.types import Request, SamplingParams
+
+    backend = default_server
+    client = openai.OpenAI(base_url=server_factory(backend).url, api_key="unused", max_retries=0)
+    system = "You are a helpful assistant who answers questions about geography briefly. " * 6
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "What is the capital of France?"}]
+    kw = dict(model=backend.model_name, messages=messages, temperature=0, max_tokens=12)
+    first = client.chat.completions.create(**kw)
+    direct = backend.generate_sync(Request(messages=messages, params=SamplingParams(temperature=0, max_tokens=12)))
+    assert first.choices[0].message.content == "".join(e.text for e in direct)
+    again = client.chat.completions.create(n=2, logprobs=True, top_logprobs=2, **kw)
+    assert [c.message.content for c in again.choices] == [first.choices[0].message.content] * 2
+    assert again.usage.prompt_tokens == first.usage.prompt_tokens
+    assert again.usage.prompt_tokens_details.cached_tokens >= backend.plan.block_size  # the prefix cache hit
+    for entry in again.choices[0].logprobs.content:
+        assert len(entry.top_logprobs) == 2 and entry.logprob <= 0
+        assert entry.token == entry.top_logprobs[0].token  # greedy picks the likeliest
 
 
 def wait_until_idle(backend, limit_s: float = 60.0) -> dict:
