@@ -33,6 +33,7 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
         dtype=plan.dtype, device=plan.device, block_size=plan.block_size, num_kv_blocks=plan.num_kv_blocks,
         max_model_len=plan.max_model_len or None, max_num_seqs=plan.max_num_seqs,
         max_num_batched_tokens=plan.max_num_batched_tokens,
+        rag_document_cache=plan.rag_document_cache,  # doc_cache: the profile's [cache] rag_document_cache
     )
     tokenizer = load_tokenizer(path, profile.model.tokenizer)
     weights = load_weights(path, config.torch_dtype, config.device)
@@ -55,6 +56,7 @@ class NativeBackend(Backend):
 
         return Capabilities(
             streaming=True, logprobs=True, n=True, tools=True, prefix_cache=True,
+            rag_cache=self.engine.engine.doc_cache is not None,  # doc_cache: engine/doc_cache.py
             json_schema=importlib.util.find_spec("inferplug.engine.guided") is not None,
             devices=("cpu", "cuda"),
         )
