@@ -17,11 +17,13 @@ DEFAULT_PROFILE = "smollm2-135m"
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("bench", help="serving benchmark: throughput, TTFT, TPOT, ITL, goodput")
-    p.add_argument("profile", nargs="?", default=DEFAULT_PROFILE, help="profile to load in-process (ignored with --url)")
+    p.add_argument("profile", nargs="?", default=DEFAULT_PROFILE,
+                   help="profile to load in-process (ignored with --url)")
     target = p.add_argument_group("target")
     target.add_argument("--url", help="an OpenAI-compatible server instead, e.g. http://127.0.0.1:8000/v1")
     target.add_argument("--model", help="model name to request from --url (default: the first it lists)")
-    target.add_argument("--api-key", default=os.environ.get("INFERPLUG_OPENAI_API_KEY") or os.environ.get("OPENAI_API_KEY"))
+    target.add_argument("--api-key", help="default: $INFERPLUG_OPENAI_API_KEY or $OPENAI_API_KEY",
+                        default=os.environ.get("INFERPLUG_OPENAI_API_KEY") or os.environ.get("OPENAI_API_KEY"))
     target.add_argument("--tokenizer", help="HF dir or GGUF file to size prompts for --url (default: word estimates)")
     load = p.add_argument_group("load")
     load.add_argument("--num-prompts", type=int, default=100)
@@ -51,7 +53,9 @@ def parse_rates(text: str) -> list[float]:
     try:
         rates = [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise InferPlugError(f"--sweep-rates {text!r} is invalid: give comma-separated numbers, e.g. 1,2,4,inf") from None
+        raise InferPlugError(
+            f"--sweep-rates {text!r} is invalid: give comma-separated numbers, e.g. 1,2,4,inf"
+        ) from None
     if not rates:
         raise InferPlugError("--sweep-rates is empty: give comma-separated numbers, e.g. 1,2,4,inf")
     return rates
@@ -66,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
     # Every check that needs no model runs first, so bad input fails in milliseconds.
     base = BenchmarkSettings(args.request_rate, args.burstiness, args.max_concurrency, args.seed,
                              parse_goodput(args.goodput))
-    sweep = [dataclasses.replace(base, request_rate=r) for r in parse_rates(args.sweep_rates)] if args.sweep_rates else [base]
+    rates = parse_rates(args.sweep_rates) if args.sweep_rates else [args.request_rate]
+    sweep = [dataclasses.replace(base, request_rate=rate) for rate in rates]
     for settings in sweep:
         settings.validate(args.num_prompts)
     pairs = None
@@ -116,8 +121,10 @@ def _run_url(args: argparse.Namespace, workload: Any, sweep: list) -> list:
     from inferplug.benchmark.targets import OpenAITarget
 
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
-    render_chat = (lambda m: tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True)) if tokenizer else None
-    requests = workload(tokenizer, render_chat)
+    def render_chat(messages: list[dict[str, str]]) -> str:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    requests = workload(tokenizer, render_chat if tokenizer else None)
 
     async def main() -> list:
         target = OpenAITarget(args.url, args.model, args.api_key, ignore_eos=args.ignore_eos)
