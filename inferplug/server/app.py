@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from inferplug.errors import RequestError
+from inferplug.errors import BackendUnavailable, InferPlugError, RequestError
 from inferplug.server.metrics import ServerMetrics
 
 if TYPE_CHECKING:
@@ -58,6 +58,12 @@ def create_app(backend: Backend, *, api_key: str | None = None,
         app.state.metrics.failed(request.url.path, 400)
         message, param = describe_validation_error(exc)
         return error_response(message, 400, param)
+
+    @app.exception_handler(InferPlugError)
+    async def _backend_error(request: Request, exc: InferPlugError) -> JSONResponse:
+        status = 503 if isinstance(exc, BackendUnavailable) else 500  # not the request's fault
+        app.state.metrics.failed(request.url.path, status)
+        return error_response(str(exc), status)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

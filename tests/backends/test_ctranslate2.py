@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("ctranslate2")
 
 from inferplug.backends.ctranslate2 import CTranslate2Backend  # noqa: E402
-from inferplug.errors import RequestError  # noqa: E402
+from inferplug.errors import BackendUnavailable, RequestError  # noqa: E402
 from inferplug.profile import ModelSource, Profile  # noqa: E402
 from inferplug.types import Request, SamplingParams  # noqa: E402
 
@@ -154,6 +154,22 @@ def test_conversion_is_cached(tiny_llama_dir):
     assert converted_model_dir(tiny_llama_dir, "float32") == first
     assert (first / "inferplug-converted.json").stat().st_mtime_ns == marker_mtime
     assert converted_model_dir(tiny_llama_dir, "int8") != first
+
+
+def test_int8_runs_and_unsupported_compute_types_are_named(tiny_llama_dir, plan_for):
+    import ctranslate2
+
+    backend = make_backend(plan_for, tiny_llama_dir, compute_type="int8")
+    try:
+        events = collect(backend, Request(prompt=[1, 2, 3], params=SamplingParams(temperature=0, max_tokens=4,
+                                                                                  ignore_eos=True)))
+        assert len(ids_of(events)) == 4 and backend.compute_type == "int8"
+    finally:
+        backend.close()
+    missing = sorted({"bfloat16", "float16", "int8_float16"} - ctranslate2.get_supported_compute_types("cpu"))
+    if missing:
+        with pytest.raises(BackendUnavailable, match=f"cannot compute in {missing[0]}.*compute_type"):
+            make_backend(plan_for, tiny_llama_dir, compute_type=missing[0])
 
 
 @pytest.mark.smollm2
