@@ -32,7 +32,6 @@ class ServerMetrics:
         self.cached_tokens = Counter("inferplug_cached_prompt_tokens", "Prompt tokens served from a cache",
                                      registry=r)
         self.generation_tokens = Counter("inferplug_generation_tokens", "Tokens generated", registry=r)
-        self.in_flight = Gauge("inferplug_http_requests_in_flight", "API requests being served", registry=r)
         self.running = Gauge("inferplug_num_requests_running", "Requests the backend is running", registry=r)
         self.waiting = Gauge("inferplug_num_requests_waiting", "Requests queued in the backend", registry=r)
         self.kv_usage = Gauge("inferplug_kv_cache_usage_ratio", "Fraction of KV cache blocks in use", registry=r)
