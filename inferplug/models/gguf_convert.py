@@ -1,4 +1,4 @@
-"""GGUF -> our ModelConfig, HF-named dequantized weights, and a transformers tokenizer."""
+"""GGUF -> our ModelConfig and HF-named, dequantized weights."""
 
 from __future__ import annotations
 
@@ -51,9 +51,7 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
     meta = gguf.metadata
     hidden = gguf.arch_key("embedding_length")
     heads = gguf.arch_key("attention.head_count")
-    vocab = gguf.arch_key("vocab_size") or len(meta.get("tokenizer.ggml.tokens", ())) or None
-    if vocab is None:
-        vocab = gguf.tensors["token_embd.weight"].shape[0]
+    vocab = gguf.arch_key("vocab_size") or gguf.tensors["token_embd.weight"].shape[0]
     head_dim = gguf.arch_key("attention.key_length") or gguf.arch_key("rope.dimension_count") or hidden // heads
     eos = [meta[key] for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if key in meta]
     return ModelConfig(
@@ -141,8 +139,8 @@ def dequantize_tensor(gguf: GGUFFile, info: GGUFTensorInfo) -> "torch.Tensor":
 
 @contextmanager
 def one_intra_op_thread():
-    """Dequantize on one torch thread: these are short elementwise ops, and on a shared 2-core CPU
-    the thread hand-offs cost ~10x the work (SmolLM2: 24 s on 2 threads vs 2.2 s on one)."""
+    """Dequantize on one torch thread: these are short elementwise ops, and on our shared 2-core CPU
+    the thread hand-offs cost more than the work (SmolLM2, same load: 24 s on 2 threads, 2.2 s on 1)."""
     import torch
 
     threads = torch.get_num_threads()
@@ -151,47 +149,3 @@ def one_intra_op_thread():
         yield
     finally:
         torch.set_num_threads(threads)
-
-
-def tokenizer_from_gguf(gguf: GGUFFile):
-    """A PreTrainedTokenizerFast built from tokenizer.ggml.* metadata, the way transformers builds it."""
-    from transformers import PreTrainedTokenizerFast
-
-    meta = gguf.metadata
-    if "tokenizer.ggml.tokens" not in meta:
-        raise ModelSourceError(f"{gguf.path} carries no tokenizer; set `tokenizer` in the profile to an HF tokenizer dir.")
-    tokens = meta["tokenizer.ggml.tokens"]
-    keys = {
-        "model": "tokenizer_type", "pre": "pre_tokenizer_type", "tokens": "tokens", "scores": "scores",
-        "token_type": "token_type", "merges": "merges", "precompiled_charsmap": "precompiled_charsmap",
-        "bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id", "unknown_token_id": "unk_token_id",
-        "padding_token_id": "pad_token_id", "add_space_prefix": "add_prefix_space",
-    }  # fmt: skip
-    spec = {name: meta[f"tokenizer.ggml.{key}"] for key, name in keys.items() if f"tokenizer.ggml.{key}" in meta}
-    try:
-        backend = _convert_gguf_tokenizer()(gguf.architecture, spec)[0]
-    except (ValueError, KeyError, NotImplementedError) as exc:
-        raise ModelSourceError(f"Cannot build the tokenizer of {gguf.path}: {exc}") from exc
-    specials = {
-        f"{role}_token": tokens[meta[f"tokenizer.ggml.{key}"]]
-        for role, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("unk", "unknown_token_id"),
-                          ("pad", "padding_token_id"))
-        if f"tokenizer.ggml.{key}" in meta
-    }  # fmt: skip
-    add_bos = meta.get("tokenizer.ggml.add_bos_token", spec.get("tokenizer_type") == "llama")
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        chat_template=meta.get("tokenizer.chat_template"),
-        add_bos_token=add_bos,
-        add_eos_token=meta.get("tokenizer.ggml.add_eos_token", False),
-        **specials,
-    )
-
-
-def _convert_gguf_tokenizer():
-    """transformers' vocabulary -> `tokenizers` converter; it moved between transformers releases."""
-    try:
-        from transformers.integrations.gguf import convert_gguf_tokenizer
-    except ImportError:
-        from transformers.integrations.ggml import convert_gguf_tokenizer
-    return convert_gguf_tokenizer

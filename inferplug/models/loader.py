@@ -70,7 +70,7 @@ def load_tokenizer(path: Path, override: str | None = None):
         gguf_path = gguf_file_of(path)
         if gguf_path is not None:
             from inferplug.models.gguf import read_gguf
-            from inferplug.models.gguf_convert import tokenizer_from_gguf
+            from inferplug.models.gguf_tokenizer import tokenizer_from_gguf
 
             return tokenizer_from_gguf(read_gguf(gguf_path))
         source = str(path)
