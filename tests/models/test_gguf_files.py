@@ -37,13 +37,16 @@ def gguf_name(hf: str) -> str:
     return f"blk.{layer}.{LAYER_PARTS[part]}.{kind}"
 
 
-def write_gguf(hf_dir: Path, out: Path, *, arch: str = "llama", mlp_quant: str = "Q8_0") -> Path:
-    """A GGUF of a tiny HF checkpoint: Q/K permuted like llama.cpp, MLP weights quantized, rest F32."""
+def write_gguf(hf_dir: Path, out: Path, *, arch: str | None = None, mlp_quant: str = "Q8_0") -> Path:
+    """A GGUF of a tiny HF checkpoint as llama.cpp writes it: Mistral as "llama", Llama's Q/K rows
+    permuted (Qwen2's not), MLP weights quantized, the rest F32."""
     from transformers import AutoConfig, AutoTokenizer
 
     from inferplug.models.loader import load_weights as load_hf
 
     cfg = AutoConfig.from_pretrained(hf_dir)
+    arch = arch or ("qwen2" if cfg.model_type == "qwen2" else "llama")
+    permute = arch == "llama"
     writer = gguf.GGUFWriter(out, arch)
     writer.add_block_count(cfg.num_hidden_layers)
     writer.add_context_length(cfg.max_position_embeddings)
@@ -51,15 +54,15 @@ def write_gguf(hf_dir: Path, out: Path, *, arch: str = "llama", mlp_quant: str =
     writer.add_feed_forward_length(cfg.intermediate_size)
     writer.add_head_count(cfg.num_attention_heads)
     writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_rope_freq_base(10000.0)
+    writer.add_rope_freq_base(read_config(hf_dir).rope_theta)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_vocab_size(cfg.vocab_size)
     _add_tokenizer(writer, AutoTokenizer.from_pretrained(hf_dir))
     for name, tensor in load_hf(hf_dir, torch.float32).items():
         data = tensor.numpy()
-        if ".q_proj.weight" in name:
+        if permute and ".q_proj.weight" in name:
             data = llama_cpp_permute(data, cfg.num_attention_heads)
-        elif ".k_proj.weight" in name:
+        elif permute and ".k_proj.weight" in name:
             data = llama_cpp_permute(data, cfg.num_key_value_heads)
         if ".mlp." in name:
             qtype = gguf.GGMLQuantizationType[mlp_quant]
@@ -94,9 +97,9 @@ def tiny_gguf(tiny_llama_dir, tmp_path_factory) -> Path:
     return write_gguf(tiny_llama_dir, tmp_path_factory.mktemp("gguf") / "tiny.gguf")
 
 
-def test_weights_round_trip_through_llama_cpp_layout(tiny_llama_dir, tiny_gguf):
-    original = load_weights(tiny_llama_dir, torch.float32)
-    loaded = load_weights(tiny_gguf, torch.float32)
+def test_weights_round_trip_through_llama_cpp_layout(tiny_model_dir, tmp_path):
+    original = load_weights(tiny_model_dir, torch.float32)
+    loaded = load_weights(write_gguf(tiny_model_dir, tmp_path / "model.gguf"), torch.float32)
     assert set(loaded) == set(original)
     for name, tensor in original.items():
         if ".mlp." in name:  # Q8_0: within half a quantization step of each 32-value block
@@ -105,10 +108,14 @@ def test_weights_round_trip_through_llama_cpp_layout(tiny_llama_dir, tiny_gguf):
             assert torch.equal(loaded[name], tensor), name
 
 
-def test_config_matches_the_hf_checkpoint(tiny_llama_dir, tiny_gguf):
-    from_gguf, from_hf = read_config(tiny_gguf), read_config(tiny_llama_dir)
-    # GGUF stores the epsilon as float32 (transformers keeps that rounded value too).
-    assert from_gguf == dataclasses.replace(from_hf, rms_norm_eps=float(np.float32(from_hf.rms_norm_eps)))
+def test_config_matches_the_hf_checkpoint(tiny_model_dir, tmp_path):
+    from_gguf = read_config(write_gguf(tiny_model_dir, tmp_path / "model.gguf"))
+    from_hf = read_config(tiny_model_dir)
+    # GGUF stores the epsilon as float32 (transformers keeps that rounded value too); llama.cpp
+    # writes Mistral as "llama".
+    expected = dataclasses.replace(from_hf, rms_norm_eps=float(np.float32(from_hf.rms_norm_eps)),
+                                   architecture="qwen2" if from_hf.architecture == "qwen2" else "llama")  # fmt: skip
+    assert from_gguf == expected
 
 
 def test_dir_with_one_gguf_is_accepted(tiny_gguf):
