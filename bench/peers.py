@@ -6,6 +6,7 @@ generates exactly --output-len tokens greedily (EOS suppressed). Peers run only 
   transformers  HF `generate`, static batches of --batch-size, left-padded, float32
   ctranslate2   Generator.generate_batch, float32 and int8, batches of --batch-size
   llama.cpp     llama-cpp-python on the same GGUF file, one sequence at a time (its Python API)
+  --url N=URL   any running OpenAI-compatible server (llama-server, vLLM), through `inferplug bench`'s client
 TTFT/TPOT are measured per request from time 0, so a request waiting for an earlier batch
 counts that wait, as it would in a server. The table gives each peer's output throughput and
 ours divided by it. `--docs docs/benchmarks.md` rewrites the table section there.
@@ -21,7 +22,9 @@ import importlib.util
 import json
 import os
 import platform
+import shlex
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -91,6 +94,30 @@ def run_ours(profile: str, requests: list[BenchRequest]) -> PeerResult:
     precision = backend.stats().get("compute_type") or getattr(backend.plan, "dtype", "?")
     return PeerResult(f"inferplug {backend.name}", precision, version_of("inferplug"),
                       result.metrics.duration_s, result.metrics.total_output_tokens,
+                      [r.ttft * 1000 for r in done], [r.tpot * 1000 for r in done if r.tpot])
+
+
+def run_url(name: str, url: str, requests: list[BenchRequest]) -> PeerResult:
+    """Any OpenAI-compatible server (llama.cpp's llama-server, vLLM, `inferplug serve`) via `inferplug bench`'s client.
+
+    It gets the prompts as text and re-tokenizes them, so prompt lengths may differ by a token or two.
+    """
+    import asyncio
+
+    from inferplug.benchmark.runner import BenchmarkSettings, benchmark
+    from inferplug.benchmark.targets import OpenAITarget
+
+    async def main():
+        target = OpenAITarget(url, ignore_eos=True)
+        try:
+            await target.check()
+            return await benchmark(target, requests, BenchmarkSettings(), show_progress=False)
+        finally:
+            await target.aclose()
+
+    result = asyncio.run(main())
+    done = [r for r in result.records if r.success]
+    return PeerResult(f"{name} (HTTP)", "server's", "?", result.metrics.duration_s, result.metrics.total_output_tokens,
                       [r.ttft * 1000 for r in done], [r.tpot * 1000 for r in done if r.tpot])
 
 
@@ -232,6 +259,8 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=16, help="static batch size for transformers/ctranslate2")
     parser.add_argument("--peers", default="transformers,ctranslate2,llama.cpp")
+    parser.add_argument("--url", action="append", default=[], metavar="NAME=URL",
+                        help="also a running OpenAI-compatible server, e.g. llama-server=http://127.0.0.1:8080/v1")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default="peers-result.json")
     parser.add_argument("--docs", help="rewrite the peers section of this markdown file")
@@ -263,6 +292,12 @@ def main() -> None:
             skipped[name] = f"failed: {type(exc).__name__}: {exc}"
             continue
         results.extend(out if isinstance(out, list) else [out])
+    for name, _, url in (spec.partition("=") for spec in args.url):
+        print(f"running {name} at {url} ...", flush=True)
+        try:
+            results.append(run_url(name, url, requests))
+        except Exception as exc:  # an unreachable server is reported, the comparison goes on
+            skipped[name] = f"failed: {type(exc).__name__}: {exc}"
     info, table = machine(), ratio_table(results)
     print(table)
     for name, why in skipped.items():
@@ -270,8 +305,7 @@ def main() -> None:
     Path(args.json).write_text(json.dumps({"machine": info, "args": vars(args), "skipped": skipped,
                                            "results": [r.summary() | {"raw": asdict(r)} for r in results]}, indent=2))
     if args.docs:
-        command = "python bench/peers.py " + " ".join(
-            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None and k not in ("json", "docs"))
+        command = " ".join(["python bench/peers.py", *map(shlex.quote, sys.argv[1:])])
         write_docs(Path(args.docs), command, info, table, skipped)
 
 
