@@ -26,7 +26,6 @@ class Job:
     n: int
     options: Options
     static_prompt: tuple[str, ...] | None
-    seed: int | None
     loop: asyncio.AbstractEventLoop
     # ("token", index, (id, logprob)), ("abort", None, None) or ("end", None, error)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -37,7 +36,7 @@ class Job:
         self.cancelled = threading.Event()
 
     def group_key(self) -> tuple:
-        return (self.options, self.static_prompt, self.seed)
+        return (self.options, self.static_prompt)
 
     def post(self, *item: Any) -> None:
         if not self.loop.is_closed():
@@ -86,8 +85,6 @@ class Batcher:
                 self._run_batch(list(group))
 
     def _run_batch(self, jobs: list[Job]) -> None:
-        import ctranslate2
-
         rows = [(job, index) for job in jobs for index in range(job.n)]
         batch = [job.start_tokens for job, _ in rows]
         leftover = [len(tokens) - min(len(t) for t in batch) for tokens in batch]
@@ -108,8 +105,6 @@ class Batcher:
             self.batches += 1
         error = None
         try:
-            if first.seed is not None:
-                ctranslate2.set_random_seed(first.seed)
             self.generator.generate_batch(
                 batch,
                 static_prompt=list(first.static_prompt) if first.static_prompt else None,

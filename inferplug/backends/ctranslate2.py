@@ -4,6 +4,10 @@ Requests that arrive together are batched into one `generate_batch` call (ct2_ba
 their tokens stream back through its per-token callback. A chat whose first message is a
 system prompt passes that prompt as CTranslate2's `static_prompt`, whose model state
 CTranslate2 caches and reuses for every later request with the same system prompt.
+
+`seed` is best effort, as in OpenAI's API: CTranslate2 seeds one random generator per worker
+thread when that thread first samples (`set_random_seed` reaches only threads started later),
+so a per-request seed cannot be honoured on a loaded model.
 """
 
 from __future__ import annotations
@@ -97,7 +101,7 @@ class CTranslate2Backend(Backend):
                    for i in range(params.n)]
         tokens = self._tokenizer.convert_ids_to_tokens(ids[len(static):])
         cached = len(static) if static in self._seen_static_prompts else 0
-        job = Job(tokens, params.n, self._options(request, limit, end_ids), static or None, params.seed,
+        job = Job(tokens, params.n, self._options(request, limit, end_ids), static or None,
                   asyncio.get_running_loop())
         self._jobs[request.request_id] = job
         self._requests += 1

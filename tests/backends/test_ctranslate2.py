@@ -120,16 +120,6 @@ def test_n_choices_stop_strings_and_logprobs(tiny_llama_dir, tiny_backends):
     assert events[-1].usage is not None
 
 
-def test_sampling_with_seed_is_reproducible(tiny_llama_dir, tiny_backends):
-    backend = tiny_backends.of(tiny_llama_dir)
-
-    def run():
-        params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, seed=1234, max_tokens=8, ignore_eos=True)
-        return ids_of(collect(backend, Request(prompt=[1, 2, 3], params=params)))
-
-    assert run() == run()
-
-
 def test_bad_requests_fail_alone(tiny_llama_dir, tiny_backends):
     backend = tiny_backends.of(tiny_llama_dir)
     with pytest.raises(RequestError, match="context"):

@@ -46,6 +46,9 @@ def test_chat_n_top_logprobs_and_cached_tokens(default_server, server_factory):
     for entry in again.choices[0].logprobs.content:
         assert len(entry.top_logprobs) == 2 and entry.logprob <= 0
         assert entry.token == entry.top_logprobs[0].token  # greedy picks the likeliest
+    sampled = dict(kw, temperature=1.0, seed=5, n=3)
+    first_sample = [c.message.content for c in client.chat.completions.create(**sampled).choices]
+    assert [c.message.content for c in client.chat.completions.create(**sampled).choices] == first_sample
 
 
 def wait_until_idle(backend, limit_s: float = 60.0) -> dict:
