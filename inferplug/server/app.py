@@ -85,20 +85,39 @@ def check_api_key(request: Request) -> None:
                            status=401)
 
 
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
 def describe_validation_error(exc: RequestValidationError) -> tuple[str, str | None]:
     """One line naming the first bad field and what was wrong with it."""
-    first = exc.errors()[0]
+    errors = exc.errors()
+    first = errors[0]
     if first.get("type") == "json_invalid":
         return f"the request body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')})", None
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    # A field of a union type reports its type name last; keep the field path only.
-    path = ".".join(p for p in loc if not any(c in p for c in "[]()'"))
-    msg = first.get("msg", "invalid value")
+    path, tags = _split_loc(first.get("loc", ()))
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     if not path:
         return f"the request body is invalid: {msg}", None
-    given = first.get("input")
-    shown = json.dumps(given)[:80] if isinstance(given, (int, float, str, bool, type(None))) else type(given).__name__
-    return f"{path}: {msg} (got {shown})", path
+    if tags:  # a union field: pydantic reports one error per accepted type
+        same_field = [_split_loc(e.get("loc", ())) for e in errors]
+        accepted = [tags[0] for p, tags in same_field if tags and p.startswith(path)]
+        msg = f"wrong type; use one of {', '.join(dict.fromkeys(accepted))}"
+    if first.get("type") == "missing":
+        return f"{path}: {msg}", path
+    return f"{path}: {msg} (got {_shown(first.get('input'))})", path
+
+
+def _split_loc(loc: tuple) -> tuple[str, list[str]]:
+    """('body', 'prompt', 'list[int]') -> ('prompt', ['list[int]']): the field path and union type tags."""
+    parts = [str(p) for p in loc if p != "body"]
+    tags = [p for p in parts if p in _TYPE_TAGS or "[" in p]
+    return ".".join(p for p in parts if p not in tags), tags
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, (int, float, str, bool, type(None))):
+        return json.dumps(value)[:80]
+    return type(value).__name__
 
 
 class BodySizeLimit:

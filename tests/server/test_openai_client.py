@@ -119,6 +119,8 @@ def test_malformed_json_and_oversized_body(live_server):
     json_header = {"content-type": "application/json"}
     bad = httpx.post(url, content=b'{"model": "tiny-llama", "messages": [', headers=json_header)
     assert bad.status_code == 400 and "JSON" in bad.json()["error"]["message"]
+    wrong = httpx.post(live_server.url + "/completions", json={"model": "tiny-llama", "prompt": 5}).json()["error"]
+    assert wrong["param"] == "prompt" and "wrong type" in wrong["message"] and "list[int]" in wrong["message"]
     huge = {"model": "tiny-llama", "messages": [{"role": "user", "content": "x" * 100_000}]}
     too_big = httpx.post(url, content=json.dumps(huge), headers={"content-type": "application/json"})
     assert too_big.status_code == 413 and "limit" in too_big.json()["error"]["message"]
