@@ -26,9 +26,9 @@ def test_metadata_comes_from_the_model(llm):
 def test_complete_chat_and_streams(llm):
     from llama_index.core.base.llms.types import ChatMessage
 
-    done = llm.complete("The capital of France is")
+    done = llm.complete("What is the capital of France?")
     assert "Paris" in done.text and done.raw["usage"]["completion_tokens"] > 0
-    deltas = [r.delta for r in llm.stream_complete("The capital of France is")]
+    deltas = [r.delta for r in llm.stream_complete("What is the capital of France?")]
     assert "".join(d or "" for d in deltas) == done.text
     reply = llm.chat([ChatMessage(role="user", content="Say hello.")])
     assert reply.message.content and reply.raw["usage"]["prompt_tokens"] > 0
