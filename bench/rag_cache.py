@@ -104,8 +104,11 @@ def main() -> None:
         run_one(backend, build_request(backend, "none", "warm up", workload.chunks[:4], 1))
         results = {}
         for mode in ("none", "prefix", "rag"):
-            rows = [run_one(backend, build_request(backend, mode, q, [workload.chunks[i] for i in ids], 1))
-                    for q, ids in zip(workload.queries, workload.retrieved)]
+            rows = []
+            for n, (q, ids) in enumerate(zip(workload.queries, workload.retrieved), 1):
+                rows.append(run_one(backend, build_request(backend, mode, q, [workload.chunks[i] for i in ids], 1)))
+                if n % 50 == 0:
+                    print(f"  {mode}: {n}/{len(workload.queries)}", flush=True)
             results[mode] = summarize(rows)
             print(f"{mode:>7}: " + ", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
                                              for k, v in results[mode].items()), flush=True)

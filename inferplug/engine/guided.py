@@ -89,10 +89,6 @@ class Guide:
     def is_terminated(self) -> bool:
         return bool(self._matcher.is_terminated())
 
-    def is_completed(self) -> bool:
-        """The JSON value is complete (only a stop token may follow)."""
-        return bool(self._matcher.is_completed())
-
 
 def make_guide(tokenizer: Any, json_schema: dict[str, Any] | str) -> Guide:
     """A fresh Guide for one request, constraining its output to `json_schema`."""
