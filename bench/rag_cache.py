@@ -8,7 +8,8 @@ Zipf-popular queries, top-4 BM25), one request at a time so TTFT is pure prefill
 Each mode has its own cache salt, so no mode reuses another's blocks. Then the quality check:
 greedy answers with reused document KV against full recompute of the same prompt (token agreement).
 
-    .venv/bin/python bench/rag_cache.py --queries 200 --json rag-cache.json
+    INFERPLUG_DTYPE=bfloat16 .venv/bin/python bench/rag_cache.py --queries 200 --json rag-cache.json
+(bf16 for speed on CPUs with AVX512_BF16/AMX; the agreement check then includes bf16 rounding.)
 """
 
 from __future__ import annotations
