@@ -37,7 +37,7 @@ def gguf_name(hf: str) -> str:
     return f"blk.{layer}.{LAYER_PARTS[part]}.{kind}"
 
 
-def write_gguf(hf_dir: Path, out: Path, *, arch: str | None = None, mlp_quant: str = "Q8_0") -> Path:
+def write_gguf(hf_dir: Path, out: Path, *, arch: str | None = None, mlp_quant: str = "Q8_0", add_tokenizer=None) -> Path:
     """A GGUF of a tiny HF checkpoint as llama.cpp writes it: Mistral as "llama", Llama's Q/K rows
     permuted (Qwen2's not), MLP weights quantized, the rest F32."""
     from transformers import AutoConfig, AutoTokenizer
@@ -57,7 +57,7 @@ def write_gguf(hf_dir: Path, out: Path, *, arch: str | None = None, mlp_quant: s
     writer.add_rope_freq_base(read_config(hf_dir).rope_theta)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_vocab_size(cfg.vocab_size)
-    _add_tokenizer(writer, AutoTokenizer.from_pretrained(hf_dir))
+    (add_tokenizer or _add_tokenizer)(writer, AutoTokenizer.from_pretrained(hf_dir))
     for name, tensor in load_hf(hf_dir, torch.float32).items():
         data = tensor.numpy()
         if permute and ".q_proj.weight" in name:
@@ -90,6 +90,21 @@ def _add_tokenizer(writer, tokenizer) -> None:
     writer.add_eos_token_id(tokenizer.eos_token_id)
     writer.add_add_bos_token(False)
     writer.add_chat_template(tokenizer.chat_template)
+
+
+def _add_sentencepiece_tokenizer(writer, _hf_tokenizer) -> None:
+    """A Llama-2-style vocabulary: <unk>/<s>/</s>, 256 byte fallbacks, scored "▁" pieces, no merges."""
+    specials = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
+    pieces = ["▁", "h", "e", "l", "o", "w", "r", "d", "▁h", "▁w", "ll", "he", "▁he", "▁hell", "▁hello", "or", "▁wor",
+              "▁world", "ld"]  # fmt: skip
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(specials + pieces)
+    writer.add_token_scores([0.0] * len(specials) + [-float(i) for i in range(len(pieces))])
+    writer.add_token_types([2, 3, 3] + [6] * 256 + [1] * len(pieces))  # unknown, control, byte, normal
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_chat_template("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{% endfor %}")
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +148,17 @@ def test_tokenizer_from_metadata_matches_the_hf_tokenizer(tiny_llama_dir, tiny_g
     rendered = ours.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert rendered == reference.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert (ours.bos_token, ours.eos_token) == (reference.bos_token, reference.eos_token)
+
+
+def test_sentencepiece_tokenizer_matches_transformers_gguf_tokenizer(tiny_llama_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    path = write_gguf(tiny_llama_dir, tmp_path / "sp.gguf", add_tokenizer=_add_sentencepiece_tokenizer)
+    ours, reference = load_tokenizer(path), AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    for text in ["hello world", " hello  world", "héllo wörld 🤗", "hello\nworld"]:
+        ids = ours.encode(text)
+        assert ids == reference.encode(text) and ids[0] == 1  # BOS added, as llama.cpp does for this vocabulary
+        assert ours.decode(ids, skip_special_tokens=True) == reference.decode(ids, skip_special_tokens=True)
 
 
 @pytest.mark.parametrize("mlp_quant", ["Q4_0", "Q5_1"])
