@@ -26,7 +26,9 @@ def gguf_file_of(path: Path) -> Path | None:
     """The GGUF file `path` points at (itself, or the only .gguf in a dir without config.json)."""
     path = Path(path)
     if path.is_file():
-        return path if path.suffix == ".gguf" else None
+        if path.suffix != ".gguf":
+            raise ModelSourceError(f"{path} is a file but not a .gguf; point the profile at its model dir instead.")
+        return path
     if not path.is_dir():
         raise ModelSourceError(f"model path {path} does not exist. Point the profile at a GGUF file or an HF model dir.")
     if (path / "config.json").is_file():

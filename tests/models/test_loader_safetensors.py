@@ -92,3 +92,8 @@ def test_missing_shard_is_a_clear_error(tiny_llama_dir, tmp_path):
 def test_dir_without_model_is_a_clear_error(tmp_path):
     with pytest.raises(ModelSourceError, match="neither config.json nor a .gguf"):
         read_config(tmp_path)
+
+
+def test_a_weights_file_instead_of_its_dir_is_a_clear_error(tiny_llama_dir):
+    with pytest.raises(ModelSourceError, match="point the profile at its model dir"):
+        read_config(tiny_llama_dir / "model.safetensors")
