@@ -81,16 +81,15 @@ class LlamaModel:
         tokens = x.shape[0]
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             h = rms_norm(x, layer.input_norm, eps)
-            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
-            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-            q = apply_rope(q.view(tokens, self.num_heads, self.head_dim), cos, sin)
-            k = apply_rope(k.view(tokens, self.num_kv_heads, self.head_dim), cos, sin)
-            v = v.view(tokens, self.num_kv_heads, self.head_dim)
+            qkv = F.linear(h, layer.qkv, layer.qkv_bias).view(tokens, -1, self.head_dim)
+            qk = apply_rope(qkv[:, : self.num_heads + self.num_kv_heads], cos, sin)  # q and k heads in one go
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+            v = qkv[:, self.num_heads + self.num_kv_heads:]
             attn = paged_attention(q, k, v, k_cache, v_cache, ctx, self.scale)
             x = x + F.linear(attn, layer.o)
             h = rms_norm(x, layer.post_norm, eps)
             gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down)
+            x = x + F.linear(F.silu(gate).mul_(up), layer.down)
         return x
 
     @torch.inference_mode()
@@ -100,10 +99,8 @@ class LlamaModel:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """As HF computes it: normalize in fp32, scale in the model dtype."""
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
+    """One fused op; equal to HF's RMSNorm in fp32 (HF rounds to the model dtype before the scale in bf16)."""
+    return F.rms_norm(x, weight.shape, weight, eps)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
