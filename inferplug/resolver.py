@@ -23,6 +23,13 @@ BACKENDS = ("native", "ctranslate2", "exllamav2", "openai")
 DEFAULT_MAX_NUM_SEQS = {"cpu": 16, "cuda": 256}
 DEFAULT_BATCHED_TOKENS = {"cpu": 2048, "cuda": 8192}
 EXL2_CACHE_BYTES = {"FP16": 2.0, "Q8": 1.0, "Q6": 0.75, "Q4": 0.5}
+# Quantized checkpoints the native engine cannot unpack yet (quant/ has only int8/int4), and the way out.
+NATIVE_UNREADABLE = {
+    "awq": "no backend loads AWQ: use a GPTQ or EXL2 profile with exllamav2 on CUDA, or an unquantized or GGUF "
+           "profile",
+    "gptq": "use exllamav2 on a CUDA GPU, or an unquantized or GGUF profile",
+    "exl2": "use exllamav2 on a CUDA GPU",
+}
 
 
 @dataclass
@@ -95,7 +102,7 @@ def _preference(profile: Profile) -> list[str]:
         return ["openai"]
     fmt = profile.quantization.format
     if fmt in ("exl2", "gptq"):
-        return ["exllamav2", "native", "ctranslate2"]
+        return ["exllamav2"]  # native and ctranslate2 cannot read these
     if fmt == "ct2-int8":
         return ["ctranslate2", "native"]
     return ["native", "ctranslate2"]
@@ -161,15 +168,16 @@ def _attention(profile: Profile, gpus: list[GPU], hw: Hardware) -> tuple[str, st
 # --- the backends ------------------------------------------------------------------------------
 def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Plan:
     fmt = profile.quantization.format
-    problems = [] if hw.has("torch") else ["needs torch (pip install torch==2.13.0 'inferplug[native]')"]
-    if fmt in ("exl2", "ct2-int8"):
-        problems.append(f"cannot read {fmt} weights (use {'exllamav2' if fmt == 'exl2' else 'ctranslate2'})")
-    gpus = _pick_gpus(profile, hw)
-    if fmt in ("awq", "gptq") and not gpus:
-        problems.append(f"runs {fmt.upper()} weights only with CUDA kernels and no CUDA GPU was found"
-                        + _gpu_need(profile, facts, fmt))
+    problems = []
+    if fmt in NATIVE_UNREADABLE:
+        problems.append(f"cannot read {fmt.upper()} weights yet; {NATIVE_UNREADABLE[fmt]}")
+    elif fmt == "ct2-int8":
+        problems.append("cannot read ct2-int8 weights (use ctranslate2)")
+    if not hw.has("torch"):
+        problems.append("needs torch (pip install torch==2.13.0 'inferplug[native]')")
     if problems:
         raise _Rejected("; ".join(problems))
+    gpus = _pick_gpus(profile, hw)
     dtype, dtype_why = _dtype(profile, gpus, hw)
     attention, attention_why = _attention(profile, gpus, hw)
     bits, bits_why = weight_bits(profile, "native", dtype)
@@ -203,11 +211,14 @@ def _plan_ctranslate2(profile: Profile, hw: Hardware, facts: ModelFacts | None) 
 
 def _plan_exllamav2(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Plan:
     fmt = profile.quantization.format
-    problems = [] if hw.gpus else ["needs a CUDA GPU; none found"]
+    kv_bytes = EXL2_CACHE_BYTES[profile.exllamav2.cache_mode]
+    problems = []
     if fmt not in ("gptq", "exl2"):
         label = "unquantized" if fmt == "none" else fmt.upper()
-        problems.append(f"ExLlamaV2 loads GPTQ and EXL2 weights, not {label}"
-                        + (" (use the native backend on CUDA)" if fmt == "awq" else ""))
+        problems.append(f"ExLlamaV2 loads GPTQ and EXL2 weights, not {label}")
+    if not hw.gpus:
+        need = "" if problems else _gpu_need(profile, facts, kv_bytes)  # only worth saying for GPTQ/EXL2
+        problems.insert(0, f"needs a CUDA GPU; none found{need}")
     if not hw.has("exllamav2"):
         problems.append("not installed (pip install 'inferplug[exllamav2]' on a CUDA machine)")
     if problems:
@@ -217,7 +228,6 @@ def _plan_exllamav2(profile: Profile, hw: Hardware, facts: ModelFacts | None) ->
     attention = "flash" if hw.has("flash_attn") else "sdpa"
     reasons = ["dtype float16: ExLlamaV2 computes in fp16", f"attention {attention}: ExLlamaV2's own kernels",
                f"weights: {bits_why}", f"KV cache mode {profile.exllamav2.cache_mode}"]
-    kv_bytes = EXL2_CACHE_BYTES[profile.exllamav2.cache_mode]
     return _local_plan("exllamav2", profile, hw, facts, gpus, "float16", attention, bits, None, reasons, kv_bytes)
 
 
@@ -279,14 +289,14 @@ def _local_plan(backend: str, profile: Profile, hw: Hardware, facts: ModelFacts 
     )
 
 
-def _gpu_need(profile: Profile, facts: ModelFacts | None, fmt: str) -> str:
-    """What a GPU would need for this model: weights + reserve + KV for one full-context sequence."""
+def _gpu_need(profile: Profile, facts: ModelFacts | None, kv_bytes: float) -> str:
+    """What ExLlamaV2 would need: weights + reserve + KV for one full-context sequence."""
     if facts is None:
         return ""
-    bits, _ = weight_bits(profile, "native", "float16")
+    bits, _ = weight_bits(profile, "exllamav2", "float16")
     weights = facts.num_parameters * bits / 8
     ctx = profile.model.context_length or facts.max_position_embeddings
-    kv = facts.kv_bytes_per_token(2) * ctx
+    kv = facts.kv_bytes_per_token(kv_bytes) * ctx
     need = weights * (1 + RESERVE_SHARE) + RESERVE_FIXED["cuda"] + kv
-    return (f" (it would need a CUDA GPU with about {gib(need)} free: {fmt.upper()} weights {gib(weights)} + "
-            f"KV for one {ctx}-token sequence {gib(kv)} + reserve)")
+    return (f" (it would need one with about {gib(need)} free: {profile.quantization.format.upper()} weights "
+            f"{gib(weights)} + KV for one {ctx}-token sequence {gib(kv)} + reserve)")

@@ -81,7 +81,7 @@ def test_resolve_zephyr_on_cpu_explains_itself(capsys, monkeypatch):
     assert code == 2
     assert "cannot run on this machine" in text
     assert "ExLlamaV2 loads GPTQ and EXL2 weights, not AWQ" in text
-    assert "would need a CUDA GPU with about" in text
+    assert "native: cannot read AWQ weights yet; no backend loads AWQ" in text
     code, out, _ = run(capsys, "resolve", "zephyr-awq", "--json")
     assert code == 2 and "exllamav2" in json.loads(out)["rejected"]
 

@@ -37,7 +37,7 @@ def test_profiles_without_downloads(monkeypatch, tmp_path):
     monkeypatch.setenv("INFERPLUG_HOME", str(tmp_path))  # nothing pulled
     rows = {row["name"]: row for row in doctor.profile_status(CPU_ONLY)}
     assert rows["smollm2-135m"]["fits"] is None and "inferplug pull smollm2-135m" in rows["smollm2-135m"]["why"]
-    assert rows["zephyr-awq"]["fits"] is False and rows["zephyr-awq"]["why"].startswith("native: runs AWQ")
+    assert rows["zephyr-awq"]["fits"] is False and rows["zephyr-awq"]["why"].startswith("native: cannot read AWQ weights yet")
     assert rows["openai-remote"]["fits"] is True
 
 

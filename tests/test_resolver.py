@@ -62,14 +62,21 @@ def test_pinned_dtype_wins_over_the_isa():
     assert plan.dtype == "float32" and "pinned" in plan.reasons[2]
 
 
-def test_cpu_only_zephyr_awq_explains_what_it_would_need():
+def test_cpu_only_zephyr_awq_explains_why_nothing_can_load_it():
     with pytest.raises(ResolveError) as info:
         resolve(load_profile("zephyr-awq"), cpu())  # planned from [model.hints], nothing downloaded
     message = str(info.value)
+    assert "native: cannot read AWQ weights yet; no backend loads AWQ: use a GPTQ or EXL2 profile" in message
     assert "ExLlamaV2 loads GPTQ and EXL2 weights, not AWQ" in message
-    assert "native: runs AWQ weights only with CUDA kernels" in message
-    assert "would need a CUDA GPU with about" in message
+    assert "ctranslate2: cannot load AWQ weights" in message
     assert set(info.value.rejected) == {"native", "ctranslate2", "exllamav2", "openai"}
+
+
+def test_cpu_only_gptq_says_what_gpu_exllamav2_would_need():
+    with pytest.raises(ResolveError) as info:
+        resolve(load_profile("mistral-7b-gptq"), cpu())
+    assert "exllamav2: needs a CUDA GPU; none found (it would need one with about" in str(info.value)
+    assert "native: cannot read GPTQ weights yet; use exllamav2 on a CUDA GPU" in str(info.value)
 
 
 def test_ct2_profile_on_cpu_uses_int8():
@@ -103,14 +110,26 @@ def test_cache_size_larger_than_what_is_left():
 
 
 # --- one 24 GB GPU -------------------------------------------------------------------------------
-def test_24gb_gpu_runs_zephyr_awq_on_native_not_exllamav2():
-    plan = resolve(load_profile("zephyr-awq"), with_gpus(RTX_4090, packages=ALL_CPU_PACKAGES | {"triton", "exllamav2"}))
-    assert (plan.backend, plan.device, plan.dtype, plan.attention) == ("native", "cuda:0", "bfloat16", "triton")
-    assert "ExLlamaV2 loads GPTQ and EXL2 weights, not AWQ" in plan.rejected["exllamav2"]
+def test_24gb_gpu_with_every_backend_still_cannot_load_awq():
+    hw = with_gpus(RTX_4090, packages=ALL_CPU_PACKAGES | {"triton", "exllamav2"})
+    with pytest.raises(ResolveError) as info:
+        resolve(load_profile("zephyr-awq"), hw)
+    message = str(info.value)
+    assert message.startswith("profile 'zephyr-awq' cannot run here. native: cannot read AWQ weights yet; ")
+    assert "use a GPTQ or EXL2 profile with exllamav2 on CUDA, or an unquantized or GGUF profile" in message
+    assert "exllamav2: ExLlamaV2 loads GPTQ and EXL2 weights, not AWQ" in message
+    assert "Usable instead" not in message
+    assert set(info.value.rejected) == {"native", "ctranslate2", "exllamav2", "openai"}
+
+
+def test_24gb_gpu_gptq_plan_on_exllamav2_counts_packed_weights():
+    hw = with_gpus(RTX_4090, packages=ALL_CPU_PACKAGES | {"triton", "exllamav2"})
+    plan = resolve(load_profile("mistral-7b-gptq"), hw)
+    assert (plan.backend, plan.device, plan.dtype) == ("exllamav2", "cuda:0", "float16")
     weights = int(7.24e9 * 4.25 / 8)
     reserve = int(RESERVE_FIXED["cuda"] + RESERVE_SHARE * weights)
     left = 23 * GB - weights - reserve
-    per_token = 2 * 32 * 8 * 128 * 2
+    per_token = 2 * 32 * 8 * 128 * 1  # cache_mode Q8
     assert plan.memory.weights_bytes == weights
     assert plan.memory.cache_tokens == int(0.9 * left) // per_token // 16 * 16
     assert plan.max_model_len == 32768
@@ -132,27 +151,28 @@ def test_gpu_without_triton_falls_back_to_sdpa():
 
 
 # --- one 80 GB GPU -------------------------------------------------------------------------------
-def test_80gb_gpu_gptq_prefers_exllamav2_when_installed():
+def test_80gb_gpu_gptq_runs_on_exllamav2():
     hw = with_gpus(A100_80, packages=ALL_CPU_PACKAGES | {"triton", "exllamav2"})
     plan = resolve(load_profile("mistral-7b-gptq"), hw)
     assert (plan.backend, plan.device, plan.dtype) == ("exllamav2", "cuda:0", "float16")
     assert plan.memory.kv_bytes_per_token == 2 * 32 * 8 * 128 * 1  # cache_mode Q8
     assert plan.max_num_seqs == 256
-    assert plan.rejected["native"] == "usable, but exllamav2 ranks first for this profile"
+    assert plan.rejected["native"].startswith("cannot read GPTQ weights yet")
 
 
-def test_80gb_gpu_gptq_falls_back_to_native_without_exllamav2():
-    plan = resolve(load_profile("mistral-7b-gptq"), with_gpus(A100_80))
-    assert plan.backend == "native" and plan.device == "cuda:0"
-    assert "not installed" in plan.rejected["exllamav2"]
+def test_80gb_gpu_gptq_without_exllamav2_names_the_install():
+    with pytest.raises(ResolveError) as info:
+        resolve(load_profile("mistral-7b-gptq"), with_gpus(A100_80))
+    assert "exllamav2: not installed (pip install 'inferplug[exllamav2]'" in str(info.value)
+    assert "native: cannot read GPTQ weights yet" in str(info.value)
 
 
 # --- two GPUs ------------------------------------------------------------------------------------
 def test_two_gpus_tensor_parallel():
     gpus = (GPU(0, "A", (9, 0), 80 * GB, 70 * GB), GPU(1, "B", (9, 0), 80 * GB, 60 * GB))
-    profile = load_profile("zephyr-awq")
+    profile = load_profile("mistral-7b-gptq")
     profile.parallel.tensor_parallel_size = 2
-    plan = resolve(profile, with_gpus(*gpus))
+    plan = resolve(profile, with_gpus(*gpus, packages=ALL_CPU_PACKAGES | {"exllamav2"}))
     assert (plan.device, plan.tensor_parallel_size) == ("cuda", 2)
     assert plan.memory.available_bytes == 2 * 60 * GB  # the smaller GPU bounds an even split
 
@@ -164,10 +184,10 @@ def test_two_gpus_without_tensor_parallel_picks_the_freest():
 
 
 def test_tensor_parallel_needs_enough_gpus():
-    profile = load_profile("zephyr-awq")
+    profile = load_profile("mistral-7b-gptq")
     profile.parallel.tensor_parallel_size = 2
     with pytest.raises(ResolveError, match="tensor_parallel_size = 2 needs 2 CUDA GPUs; found 1"):
-        resolve(profile, with_gpus(RTX_4090))
+        resolve(profile, with_gpus(RTX_4090, packages=ALL_CPU_PACKAGES | {"exllamav2"}))
 
 
 # --- no optional backend installed ---------------------------------------------------------------
