@@ -30,6 +30,13 @@ NATIVE_UNREADABLE = {
     "gptq": "use exllamav2 on a CUDA GPU, or an unquantized or GGUF profile",
     "exl2": "use exllamav2 on a CUDA GPU",
 }
+_TORCH_PATH = ("the engine's torch paged attention runs (decode: batched matmuls per KV-head group; prefill: "
+               "scaled_dot_product_attention)")
+NATIVE_ATTENTION = {
+    "torch": _TORCH_PATH,
+    "sdpa": _TORCH_PATH,  # the same path: prefill already goes through scaled_dot_product_attention
+    "triton": "the Triton paged-attention decode kernel on CUDA; prefill runs torch scaled_dot_product_attention",
+}
 
 
 @dataclass
@@ -150,19 +157,29 @@ def _dtype(profile: Profile, gpus: list[GPU], hw: Hardware) -> tuple[str, str]:
 
 
 def _attention(profile: Profile, gpus: list[GPU], hw: Hardware) -> tuple[str, str]:
+    """The native engine's attention path: its torch paged attention, or the Triton decode kernel on CUDA."""
     choice = profile.attention
     if choice == "auto":
-        if not gpus:
-            return "torch", "attention torch: paged attention as batched matmuls over KV-head groups on the CPU"
-        if hw.has("triton"):
-            return "triton", "attention triton: paged-attention kernels on CUDA"
-        return "sdpa", "attention sdpa: triton is not installed"
-    if choice in ("triton", "flash") and not gpus:
-        raise _Rejected(f"attention = {choice!r} needs a CUDA GPU; none found (use auto, torch or sdpa)")
-    package = {"triton": "triton", "flash": "flash_attn"}.get(choice)
-    if package and not hw.has(package):
-        raise _Rejected(f"attention = {choice!r} needs the {package} package; it is not installed")
-    return choice, f"attention {choice}: pinned by the profile"
+        if gpus and hw.has("triton"):
+            return "triton", f"attention triton: {NATIVE_ATTENTION['triton']}"
+        why = "no CUDA GPU" if not gpus else "triton is not installed"
+        return "torch", f"attention torch: {why}, so {NATIVE_ATTENTION['torch']}"
+    if choice == "flash":
+        raise _Rejected("attention = 'flash': the native engine has no flash-attn path (use auto, torch or triton)")
+    if choice == "triton" and not gpus:
+        raise _Rejected("attention = 'triton' needs a CUDA GPU; none found (use auto or torch)")
+    if choice == "triton" and not hw.has("triton"):
+        raise _Rejected("attention = 'triton' needs the triton package; it is not installed")
+    return choice, f"attention {choice}: pinned by the profile; {NATIVE_ATTENTION[choice]}"
+
+
+def _single_device(profile: Profile) -> list[str]:
+    """The problem for a backend that runs on one device when the profile asks for tensor parallelism."""
+    tp = profile.parallel.tensor_parallel_size
+    if tp == 1:
+        return []
+    return [f"runs on one device; tensor_parallel_size = {tp} is not supported (set it to 1, or use exllamav2, "
+            "which splits GPTQ/EXL2 models over several GPUs)"]
 
 
 # --- the backends ------------------------------------------------------------------------------
@@ -175,6 +192,7 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
         problems.append("cannot read ct2-int8 weights (use ctranslate2)")
     if not hw.has("torch"):
         problems.append("needs torch (pip install torch==2.13.0 'inferplug[native]')")
+    problems += _single_device(profile)
     if problems:
         raise _Rejected("; ".join(problems))
     gpus = _pick_gpus(profile, hw)
@@ -190,6 +208,7 @@ def _plan_ctranslate2(profile: Profile, hw: Hardware, facts: ModelFacts | None) 
     problems = [] if hw.has("ctranslate2") else ["not installed (pip install 'inferplug[ctranslate2]')"]
     if fmt in ("awq", "gptq", "exl2"):
         problems.append(f"cannot load {fmt.upper()} weights; it converts unquantized HF or GGUF models")
+    problems += _single_device(profile)
     if problems:
         raise _Rejected("; ".join(problems))
     opts = profile.ctranslate2

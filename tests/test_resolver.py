@@ -145,9 +145,13 @@ def test_old_gpu_gets_float16_and_rejects_pinned_bfloat16():
         resolve(profile, with_gpus(T4), SMOLLM2)
 
 
-def test_gpu_without_triton_falls_back_to_sdpa():
+def test_gpu_attention_is_triton_decode_or_the_torch_path_without_triton():
+    plan = resolve(load_profile("smollm2-135m"), with_gpus(RTX_4090), SMOLLM2)
+    assert plan.attention == "triton"
+    assert "attention triton: the Triton paged-attention decode kernel on CUDA; prefill runs torch" in plan.reasons[3]
     plan = resolve(load_profile("smollm2-135m"), with_gpus(RTX_4090, packages=ALL_CPU_PACKAGES), SMOLLM2)
-    assert plan.attention == "sdpa"
+    assert plan.attention == "torch"
+    assert plan.reasons[3].startswith("attention torch: triton is not installed, so the engine's torch paged")
 
 
 # --- one 80 GB GPU -------------------------------------------------------------------------------
@@ -181,6 +185,19 @@ def test_two_gpus_without_tensor_parallel_picks_the_freest():
     gpus = (GPU(0, "A", (8, 6), 24 * GB, 5 * GB), GPU(1, "B", (8, 6), 24 * GB, 20 * GB))
     plan = resolve(load_profile("smollm2-135m"), with_gpus(*gpus), SMOLLM2)
     assert plan.device == "cuda:1" and plan.tensor_parallel_size == 1
+
+
+def test_native_and_ctranslate2_reject_tensor_parallel_on_any_number_of_gpus():
+    gpus = (GPU(0, "A", (9, 0), 80 * GB, 70 * GB), GPU(1, "B", (9, 0), 80 * GB, 60 * GB))
+    profile = load_profile("smollm2-135m")
+    profile.backend = "auto"
+    profile.parallel.tensor_parallel_size = 2
+    with pytest.raises(ResolveError) as info:
+        resolve(profile, with_gpus(*gpus), SMOLLM2)
+    for backend in ("native", "ctranslate2"):
+        assert info.value.rejected[backend] == (
+            "runs on one device; tensor_parallel_size = 2 is not supported (set it to 1, or use exllamav2, "
+            "which splits GPTQ/EXL2 models over several GPUs)")
 
 
 def test_tensor_parallel_needs_enough_gpus():
@@ -219,10 +236,16 @@ def test_openai_profile_needs_no_local_memory():
         resolve(load_profile("openai-remote"), cpu(packages=()))
 
 
-def test_attention_pin_checked_against_hardware():
+def test_attention_pin_checked_against_hardware_and_the_engine():
     profile = Profile(backend="native", attention="triton", model={"pypi": "x==1", "file": "m.gguf"})
     with pytest.raises(ResolveError, match="attention = 'triton' needs a CUDA GPU"):
         resolve(profile, cpu(), SMOLLM2)
+    profile.attention = "flash"
+    with pytest.raises(ResolveError, match="the native engine has no flash-attn path"):
+        resolve(profile, with_gpus(RTX_4090, packages=ALL_CPU_PACKAGES | {"flash_attn"}), SMOLLM2)
+    profile.attention = "sdpa"
+    plan = resolve(profile, cpu(), SMOLLM2)
+    assert plan.attention == "sdpa" and "pinned by the profile; the engine's torch paged attention" in plan.reasons[3]
 
 
 @pytest.mark.smollm2
