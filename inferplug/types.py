@@ -63,6 +63,9 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not _finite(getattr(self, name)) or not -2.0 <= getattr(self, name) <= 2.0:
                 raise bad(name, "use a value in [-2, 2]")
+        # choice i samples with seed + i, and torch generators take a signed 64-bit seed
+        if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed <= 2**63 - self.n):
+            raise bad("seed", f"use an integer in [0, 2**63 - n] = [0, {2**63 - self.n}]")
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens <= 0):
             raise bad("max_tokens", "use a positive integer, or omit it to generate up to the context end")
         if not isinstance(self.min_tokens, int) or self.min_tokens < 0:

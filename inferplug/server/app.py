@@ -7,6 +7,7 @@ Errors are OpenAI-shaped JSON ({"error": {"message", "type", "param", "code"}}):
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,8 @@ from inferplug.server.metrics import ServerMetrics
 
 if TYPE_CHECKING:
     from inferplug.backends.base import Backend
+
+log = logging.getLogger(__name__)
 
 API_KEY_ENV = "INFERPLUG_API_KEY"
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -64,6 +67,13 @@ def create_app(backend: Backend, *, api_key: str | None = None,
         status = 503 if isinstance(exc, BackendUnavailable) else 500  # not the request's fault
         app.state.metrics.failed(request.url.path, status)
         return error_response(str(exc), status)
+
+    @app.exception_handler(Exception)
+    async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+        # a bug, not bad input: the traceback goes to the log, never to the client
+        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        app.state.metrics.failed(request.url.path, 500)
+        return error_response(f"internal error: {type(exc).__name__}; see the server log", 500)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

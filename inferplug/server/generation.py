@@ -26,6 +26,10 @@ class _Part:
     counts_prompt: bool  # False for the extra copies of a fanned-out prompt (counted once)
     stream: AsyncIterator[Event] | None = None
     first: Event | None = None
+    unfinished: set[int] = dataclasses.field(default_factory=set)  # this request's choices still running
+
+    def __post_init__(self) -> None:
+        self.unfinished = set(range(self.request.params.n))
 
 
 class Generation:
@@ -69,10 +73,14 @@ class Generation:
         try:
             event = part.first
             while event is not None:
+                if event.finish_reason is not None:
+                    part.unfinished.discard(event.index)
                 self._queue.put_nowait((part, event))
                 event = await anext(part.stream, None)
-        except Exception as exc:  # a backend failure ends this request with an error event
-            self._queue.put_nowait((part, Event(part.request.request_id, finish_reason="error", error=str(exc))))
+        except Exception as exc:  # a backend failure ends every choice still running with an error event
+            for index in sorted(part.unfinished) or [0]:  # none left: still surface the failure
+                failed = Event(part.request.request_id, index=index, finish_reason="error", error=str(exc))
+                self._queue.put_nowait((part, failed))
         finally:
             self._queue.put_nowait(_DONE)
 

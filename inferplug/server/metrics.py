@@ -37,9 +37,10 @@ class ServerMetrics:
         self.kv_usage = Gauge("inferplug_kv_cache_usage_ratio", "Fraction of KV cache blocks in use", registry=r)
         self.prefix_hit_rate = Gauge("inferplug_prefix_cache_hit_rate", "Prefix cache hit rate", registry=r)
 
-    def observe(self, endpoint: str, usage: Usage, started: float, first_token: float | None, ended: float) -> None:
-        """One finished generation."""
-        self.requests.labels(endpoint, "ok").inc()
+    def observe(self, endpoint: str, usage: Usage, started: float, first_token: float | None, ended: float,
+                status: str = "ok") -> None:
+        """One finished generation; status "aborted" when the backend aborted a choice."""
+        self.requests.labels(endpoint, status).inc()
         self.e2e.observe(ended - started)
         self.prompt_tokens.inc(usage.prompt_tokens)
         self.cached_tokens.inc(usage.cached_tokens)

@@ -10,6 +10,8 @@ from typing import Any, Literal
 from inferplug.types import Event, TokenLogprob, Usage
 
 Kind = Literal["chat", "completion"]
+# OpenAI's finish_reason has no value for an aborted choice, and strict clients reject unknown ones: an
+# abort reads "stop" to the client, and `ResponseBuilder.aborted` lets the server's metrics count it apart
 _FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "abort": "stop"}
 
 
@@ -66,12 +68,14 @@ class ResponseBuilder:
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.choices = [ChoiceState() for _ in range(num_choices)]
+        self.aborted = False  # some choice was aborted by the backend, not finished
 
     def add(self, event: Event) -> ChoiceState:
         choice = self.choices[event.index]
         choice.text += event.text
         choice.logprobs.extend(event.logprobs or [])
         if event.finish_reason is not None:
+            self.aborted |= event.finish_reason == "abort"
             choice.finish_reason = _FINISH.get(event.finish_reason, event.finish_reason)
             choice.stop_reason = event.stop_reason
         return choice

@@ -109,19 +109,18 @@ async def _whole(generation: Generation, builder: ResponseBuilder, request: Requ
     if errors:
         metrics.failed(request.url.path, 500)
         return JSONResponse(error_body(f"generation failed: {errors[0]}", 500), status_code=500)
-    metrics.observe(request.url.path, generation.usage, generation.started, generation.first_token_at,
-                    time.perf_counter())
+    _observe(request, generation, builder)
     return JSONResponse(builder.response(generation.usage))
 
 
 async def _sse(generation: Generation, builder: ResponseBuilder, include_usage: bool,
                request: Request) -> AsyncIterator[str]:
-    finished = False
+    finished = failed = False
     try:
         async for event in generation.events():
-            if event.error:
+            if event.error:  # the error, then the choice's last chunk (finish_reason "error")
+                failed = True
                 yield _data(error_body(f"generation failed: {event.error}", 500))
-                continue
             chunk = builder.chunk(event, include_usage)
             if chunk is not None:
                 yield _data(chunk)
@@ -129,12 +128,20 @@ async def _sse(generation: Generation, builder: ResponseBuilder, include_usage: 
             yield _data(builder.usage_chunk(generation.usage))
         yield "data: [DONE]\n\n"
         finished = True
-        request.app.state.metrics.observe(request.url.path, generation.usage, generation.started,
-                                          generation.first_token_at, time.perf_counter())
+        if failed:
+            request.app.state.metrics.failed(request.url.path, 500)
+        else:
+            _observe(request, generation, builder)
     finally:
         if not finished:  # the client left mid-stream (nginx's 499: client closed request)
             request.app.state.metrics.failed(request.url.path, 499)
         await generation.aclose()
+
+
+def _observe(request: Request, generation: Generation, builder: ResponseBuilder) -> None:
+    status = "aborted" if builder.aborted else "ok"
+    request.app.state.metrics.observe(request.url.path, generation.usage, generation.started,
+                                      generation.first_token_at, time.perf_counter(), status)
 
 
 def _data(obj: dict[str, Any]) -> str:

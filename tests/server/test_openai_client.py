@@ -102,6 +102,8 @@ def test_batch_of_prompts(live_server):
     (dict(max_tokens=-1), openai.BadRequestError, "max_tokens"),
     (dict(temperature="hot"), openai.BadRequestError, "temperature"),
     (dict(temperature=5), openai.BadRequestError, "temperature"),
+    (dict(seed=2**64), openai.BadRequestError, "seed"),
+    (dict(seed=-1), openai.BadRequestError, "seed"),
     (dict(model="no-such-model"), openai.NotFoundError, "model"),
     (dict(messages=[{"role": "user", "content": "word " * 400}]), openai.BadRequestError, "messages"),
 ])
