@@ -5,7 +5,7 @@ Workload: 64 chat requests, prompts of ~30-300 tokens, output lengths spread ove
 the first --hf-requests requests; its best throughput is the peer figure. Prints a table and
 writes JSON.
 
-    .venv/bin/python bench/engine_throughput.py --threads 2 --dtype bfloat16
+    .venv/bin/python bench/engine_throughput.py --threads 2            # dtype: the resolver's choice
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ WORDS = ("the model reads a long document about rivers mountains cities history 
          "people travel food weather language numbers stories questions answers and more").split()
 
 
-def workload(tokenizer, count: int, seed: int = 0) -> list[tuple[list[int], int]]:
+def workload(tokenizer, count: int, output_cap: int, seed: int = 0) -> list[tuple[list[int], int]]:
     """(prompt ids, output length) per request: chat prompts of ~30-300 tokens, outputs 16-256."""
     rng = random.Random(seed)
     requests = []
@@ -31,7 +31,7 @@ def workload(tokenizer, count: int, seed: int = 0) -> list[tuple[list[int], int]
         words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(10, 260)))
         text = tokenizer.apply_chat_template([{"role": "user", "content": f"Summarize: {words}"}], tokenize=False,
                                              add_generation_prompt=True)
-        requests.append((tokenizer.encode(text, add_special_tokens=False), 16 + (i * 37) % 241))
+        requests.append((tokenizer.encode(text, add_special_tokens=False), min(16 + (i * 37) % 241, output_cap)))
     return requests
 
 
@@ -81,10 +81,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="GGUF file or HF dir (default: the smollm2-135m profile's model)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="auto", help="auto: what the resolver picks here (bf16 only where the CPU runs it natively)")
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--hf-requests", type=int, default=16, help="requests HF runs at each batch size (0 skips HF)")
     ap.add_argument("--hf-batches", default="1,8,16")
+    ap.add_argument("--output-cap", type=int, default=256, help="cap output lengths (a quick smoke run of the script)")
     ap.add_argument("--out", default="bench/results/engine_throughput.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -94,15 +95,16 @@ def main() -> None:
     from inferplug.models.loader import load_tokenizer, load_weights, read_config
 
     path = Path(args.model) if args.model else _profile_model()
-    config = EngineConfig(dtype=args.dtype, num_kv_blocks=2048, max_num_seqs=64, max_num_batched_tokens=2048)
+    dtype = _planned_dtype() if args.dtype == "auto" else args.dtype
+    config = EngineConfig(dtype=dtype, num_kv_blocks=2048, max_num_seqs=64, max_num_batched_tokens=2048)
     t0 = time.perf_counter()
     tokenizer = load_tokenizer(path)
     engine = LLMEngine(read_config(path), load_weights(path, config.torch_dtype), tokenizer, config)
     load_s = time.perf_counter() - t0
-    requests = workload(tokenizer, args.requests)
+    requests = workload(tokenizer, args.requests, args.output_cap)
     run_native(engine, requests[:2])  # warm-up
     native = run_native(engine, requests)
-    native["single_stream_tok_per_s"] = single_stream(engine, requests[0][0])
+    native["single_stream_tok_per_s"] = single_stream(engine, requests[0][0], min(128, args.output_cap))
     native["load_seconds"] = load_s
     hf_runs = []
     if args.hf_requests:
@@ -114,12 +116,12 @@ def main() -> None:
         subset = requests[: args.hf_requests]
         hf_runs = [run_hf(hf, tokenizer, subset, int(b)) for b in args.hf_batches.split(",")]
     best = max(hf_runs, key=lambda r: r["tok_per_s"]) if hf_runs else None
-    report = {"workload": {"requests": len(requests), "dtype": args.dtype, "threads": args.threads,
+    report = {"workload": {"requests": len(requests), "dtype": dtype, "threads": args.threads,
                            "prompt_tokens": [len(p) for p, _ in requests], "output_tokens": [n for _, n in requests]},
               "native": native, "hf": hf_runs,
               "ratio_vs_best_hf": native["tok_per_s"] / best["tok_per_s"] if best else None}
     print(f"{'engine':<22}{'out tok/s':>10}{'TTFT med':>10}{'TPOT med':>10}")
-    print(f"{'native (64 req)':<22}{native['tok_per_s']:>10.1f}{native['ttft_median_s']:>9.2f}s"
+    print(f"{f'native ({len(requests)} req)':<22}{native['tok_per_s']:>10.1f}{native['ttft_median_s']:>9.2f}s"
           f"{native['tpot_median_s'] * 1000:>8.1f}ms")
     for run in hf_runs:
         print(f"{'hf generate b=' + str(run['batch']):<22}{run['tok_per_s']:>10.1f}")
@@ -128,6 +130,14 @@ def main() -> None:
         print(f"native / best HF throughput: {report['ratio_vs_best_hf']:.2f}x")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
+
+
+def _planned_dtype() -> str:
+    from inferplug.hardware import probe
+    from inferplug.profile import load_profile
+    from inferplug.resolver import resolve
+
+    return resolve(load_profile("smollm2-135m"), probe()).dtype
 
 
 def _profile_model() -> Path:
