@@ -22,6 +22,7 @@ from inferplug.backends.local_stream import (
     ChoiceStream,
     RequestClock,
     close_request,
+    engine_stop_ids,
     max_new_tokens,
     prompt_token_ids,
     reject_unsupported,
@@ -177,7 +178,7 @@ class CTranslate2Backend(Backend):
         options = {
             "max_length": limit,
             "min_length": p.min_tokens,
-            "end_token": [] if p.ignore_eos else sorted(end_ids),
+            "end_token": engine_stop_ids(p, end_ids),
             "repetition_penalty": p.repetition_penalty,
             "sampling_topk": 1 if p.greedy else max(p.top_k, 0),
             "sampling_topp": p.top_p,

@@ -20,6 +20,7 @@ from inferplug.backends.local_stream import (
     ChoiceStream,
     RequestClock,
     close_request,
+    engine_stop_ids,
     max_new_tokens,
     prompt_token_ids,
     reject_unsupported,
@@ -183,7 +184,7 @@ class ExLlamaV2Backend(Backend):
             input_ids=torch.tensor([ids], dtype=torch.long), max_new_tokens=limit + draft,
             min_new_tokens=params.min_tokens,
             gen_settings=_sampler_settings(self._exl, params), seed=seed,
-            stop_conditions=[] if params.ignore_eos else sorted(end_ids),
+            stop_conditions=engine_stop_ids(params, end_ids),
             return_probs=params.logprobs is not None, return_top_tokens=params.logprobs or 0,
             identifier=index,
         )

@@ -70,6 +70,12 @@ def reject_unsupported(backend_name: str, params: SamplingParams, request: Reque
             )
 
 
+def engine_stop_ids(params: SamplingParams, end_ids: set[int]) -> list[int]:
+    """The ids the engine itself stops on: stop_token_ids always, EOS only without ignore_eos
+    (as in vLLM and our native engine)."""
+    return sorted(set(params.stop_token_ids) if params.ignore_eos else end_ids)
+
+
 @dataclass
 class RequestClock:
     """Timings of one request, measured where its events are produced."""
@@ -100,8 +106,8 @@ class RequestClock:
 class ChoiceStream:
     """One choice of a request: sampled token ids in, Events out.
 
-    `end_ids` are the ids that end the choice (EOS and stop_token_ids); their text is not
-    emitted. Stop strings are found across token boundaries by the detokenizer.
+    `end_ids` are the ids that end the choice (EOS and stop_token_ids; EOS not with
+    ignore_eos); their text is not emitted. Stop strings are found across token boundaries by the detokenizer.
     """
 
     def __init__(self, request_id: str, index: int, tokenizer: Any, prompt_ids: list[int],
@@ -127,9 +133,10 @@ class ChoiceStream:
         event = Event(self.request_id, self.index, token_ids=[token_id])
         if self.params.logprobs is not None and logprob is not None:
             event.logprobs = [TokenLogprob(token_id, self.tokenizer.decode([token_id]), logprob, top or [])]
+        if token_id in self.params.stop_token_ids:  # whatever ignore_eos says
+            return self._finish(event, "stop", token_id)
         if token_id in self.end_ids and not self.params.ignore_eos:
-            is_stop_id = token_id in self.params.stop_token_ids
-            return self._finish(event, "stop", token_id if is_stop_id else None)
+            return self._finish(event, "stop", None)
         stop = self.detok.add(token_id)
         if stop is not None:
             return self._finish(event, "stop", stop)

@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("ctranslate2")
 
 from inferplug.backends.ctranslate2 import CTranslate2Backend  # noqa: E402
+from inferplug.backends.local_stream import engine_stop_ids  # noqa: E402
 from inferplug.errors import BackendUnavailable, RequestError  # noqa: E402
 from inferplug.profile import ModelSource, Profile  # noqa: E402
 from inferplug.types import Request, SamplingParams  # noqa: E402
@@ -118,6 +119,24 @@ def test_n_choices_stop_strings_and_logprobs(tiny_llama_dir, tiny_backends):
         assert mine[-1].finish_reason == "stop" and mine[-1].stop_reason == stop
         assert all(lp.logprob <= 0 for e in mine for lp in e.logprobs or [])
     assert events[-1].usage is not None
+
+
+@pytest.mark.parametrize("ignore_eos", [False, True])
+def test_stop_token_ids_end_the_choice_even_with_ignore_eos(tiny_llama_dir, tiny_backends, ignore_eos):
+    """ignore_eos ignores EOS only, never the explicit stop ids (as in vLLM and the native engine)."""
+    backend = tiny_backends.of(tiny_llama_dir)
+    full = collect(backend, Request(prompt="the weather", params=SamplingParams(temperature=0, max_tokens=12,
+                                                                                ignore_eos=True)))
+    ids = ids_of(full)
+    stop_id = ids[4]
+    cut = collect(backend, Request(prompt="the weather", params=SamplingParams(
+        temperature=0, max_tokens=12, stop_token_ids=[stop_id], ignore_eos=ignore_eos, n=2)))
+    for index in (0, 1):
+        mine = [e for e in cut if e.index == index]
+        assert ids_of(mine, index) == ids[: ids.index(stop_id) + 1]
+        assert mine[-1].finish_reason == "stop" and mine[-1].stop_reason == stop_id
+    assert engine_stop_ids(SamplingParams(ignore_eos=ignore_eos, stop_token_ids=[stop_id]), {stop_id, 2}) == (
+        [stop_id] if ignore_eos else sorted({stop_id, 2}))  # what CTranslate2 is told to stop on
 
 
 def test_bad_requests_fail_alone(tiny_llama_dir, tiny_backends):

@@ -108,11 +108,12 @@ def test_stop_string_and_stop_token_end_the_job_and_free_its_pages(make_backend,
     stop = text[3:5]
     cut = backend.generate_sync(Request(prompt="the weather", params=SamplingParams(**greedy, stop=[stop])))
     assert "".join(e.text for e in cut) == text[: text.index(stop)] and cut[-1].stop_reason == stop
-    by_id = backend.generate_sync(Request(prompt="the weather", params=SamplingParams(
-        temperature=0, max_tokens=12, stop_token_ids=[ids[4]])))
-    assert ids_of(by_id) == ids[: ids.index(ids[4]) + 1]
-    assert by_id[-1].finish_reason == "stop" and by_id[-1].stop_reason == ids[4]
-    assert pages_in_use(backend) == 0
+    for ignore_eos in (False, True):  # ignore_eos ignores EOS, never the explicit stop ids (as native, vLLM)
+        by_id = backend.generate_sync(Request(prompt="the weather", params=SamplingParams(
+            temperature=0, max_tokens=12, stop_token_ids=[ids[4]], ignore_eos=ignore_eos)))
+        assert ids_of(by_id) == ids[: ids.index(ids[4]) + 1]
+        assert by_id[-1].finish_reason == "stop" and by_id[-1].stop_reason == ids[4]
+        assert pages_in_use(backend) == 0
 
 
 def test_abort_cancels_the_job(make_backend, tiny_llama_dir, abort_midway):
