@@ -118,9 +118,12 @@ class LLMEngine:
             state = self.requests.get(seq.request_id)
             if state is None or seq.is_finished:
                 continue
+            if sample.error is not None:
+                events += self._fail({seq.request_id}, f"sampling failed: {sample.error}")
+                continue
             try:
                 events.append(self._append_token(seq, state, sample))
-            except Exception as exc:  # noqa: BLE001 - e.g. a guide that breaks fails its request alone
+            except Exception as exc:  # noqa: BLE001 - e.g. a detokenizer that breaks fails its request alone
                 events += self._fail({seq.request_id}, f"sampling failed: {exc!r}")
         return events
 

@@ -14,6 +14,10 @@ from inferplug.types import Request, SamplingParams, Timings, Usage
 def validate_prompt(prompt_ids: list[int], params: SamplingParams, vocab_size: int, max_model_len: int) -> None:
     """Raise RequestError for a prompt or parameters this engine cannot serve."""
     params.validate(vocab_size)
+    if params.json_schema is not None and params.min_tokens:
+        # the grammar alone decides where the JSON ends; banning EOS before min_tokens would leave no legal token
+        raise RequestError("min_tokens cannot be combined with json_schema (the schema decides the length); "
+                           "drop min_tokens", param="min_tokens")
     if not prompt_ids:
         raise RequestError("the prompt is empty: give at least one token or character", param="prompt")
     bad = [t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < vocab_size]

@@ -3,6 +3,8 @@
 Greedy rows without penalties or logprobs take one batched argmax. Other rows go one by one,
 each with its own torch.Generator when seeded, so a seeded sample does not depend on what else
 shares the batch. Logprobs are the model's raw log-softmax (before any processing), as in vLLM.
+A row that fails (NaN logits, a guide that rejects the token) comes back with `error` set, so the
+engine fails that request alone.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ class SampleResult:
     token_id: int
     logprob: float | None = None
     top: list[tuple[int, float]] | None = None  # the top-N (id, logprob), when asked for
+    error: str | None = None  # set when this row could not be sampled; token_id is then -1
 
 
 class Sampler:
@@ -28,7 +31,13 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[SampleResult]:
         if all(_is_plain_greedy(s) for s in seqs):
             return [SampleResult(t) for t in logits.argmax(dim=-1).tolist()]
-        return [self._sample_row(logits[i], seq) for i, seq in enumerate(seqs)]
+        return [self._safe_row(logits[i], seq) for i, seq in enumerate(seqs)]
+
+    def _safe_row(self, raw: torch.Tensor, seq: Sequence) -> SampleResult:
+        try:
+            return self._sample_row(raw, seq)
+        except Exception as exc:  # noqa: BLE001 - one row's failure is its request's, not the batch's
+            return SampleResult(-1, error=repr(exc))
 
     def _sample_row(self, raw: torch.Tensor, seq: Sequence) -> SampleResult:
         p = seq.params
@@ -43,8 +52,8 @@ class Sampler:
             token = int(logits.argmax())
         else:
             token = _draw(logits, seq)
-        if seq.guide is not None:
-            seq.guide.accept(token)
+        if seq.guide is not None and not seq.guide.accept(token):
+            raise ValueError(f"the JSON grammar rejected token {token}: no token the grammar allows was sampleable")
         result = SampleResult(token)
         if p.logprobs is not None:
             logprobs = torch.log_softmax(raw, dim=-1)

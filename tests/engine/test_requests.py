@@ -85,6 +85,7 @@ BAD = [
     (dict(prompt=[5, 6], params=SamplingParams(top_p=1.5)), "top_p"),
     (dict(prompt=[5, 6], params=SamplingParams(stop_token_ids=[10_000])), "stop_token_ids"),
     (dict(prompt=[5, 99_999]), "prompt"),
+    (dict(prompt=[5, 6], params=SamplingParams(json_schema={"type": "object"}, min_tokens=3)), "min_tokens"),
 ]
 
 

@@ -1,0 +1,37 @@
+"""The sampler fails a row alone: NaN logits or a guide that rejects the token mark that row, not the batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inferplug.engine.sampler import Sampler
+from inferplug.engine.sequence import Sequence
+from inferplug.types import SamplingParams
+
+
+def _seq(params: SamplingParams, **kw) -> Sequence:
+    return Sequence("r", 0, [3, 4, 5], params, max_tokens=8, **kw)
+
+
+def test_a_row_with_nan_logits_fails_alone():
+    logits = torch.randn(2, 32)
+    logits[1] = float("nan")  # e.g. an fp16 overflow in that row only
+    ok = _seq(SamplingParams(temperature=0.0, logprobs=2))  # not plain greedy: goes through the per-row path
+    bad = _seq(SamplingParams(temperature=1.0, seed=7), generator=torch.Generator().manual_seed(7))
+    first, second = Sampler(eos_token_ids=[0])(logits, [ok, bad])
+    assert first.error is None and first.token_id == int(logits[0].argmax()) and len(first.top) == 2
+    assert second.token_id == -1 and "probability" in second.error
+
+
+def test_a_guide_rejecting_the_token_fails_the_row(tiny_llama_dir):
+    pytest.importorskip("xgrammar")
+    from transformers import AutoTokenizer
+
+    from inferplug.engine.guided import make_guide
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    guide = make_guide(tokenizer, {"type": "object"})
+    logits = torch.full((1, len(tokenizer)), float("-inf"))  # nothing sampleable: argmax falls on token 0
+    (result,) = Sampler(eos_token_ids=[])(logits, [_seq(SamplingParams(temperature=0.0), guide=guide)])
+    assert result.token_id == -1 and "rejected token 0" in result.error
