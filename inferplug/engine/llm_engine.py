@@ -79,7 +79,7 @@ class LLMEngine:
         if prompt_ids is None:
             prompt_ids, text = self.encode(request)
         validate_prompt(prompt_ids, request.params, self.model_config.vocab_size, self.max_model_len)
-        state = RequestState.create(request, prompt_ids, self.max_model_len, self.tokenizer)
+        state = RequestState.create(request, prompt_ids, self.max_model_len, self.tokenizer, self.config.device)
         self.requests[request.request_id] = state
         first, *rest = state.seqs
         if self.doc_cache is not None:  # doc_cache: map the request's document spans to token segments

@@ -47,7 +47,8 @@ class RequestState:
     seqs: list[Sequence]
 
     @classmethod
-    def create(cls, request: Request, prompt_ids: list[int], max_model_len: int, tokenizer: Any) -> RequestState:
+    def create(cls, request: Request, prompt_ids: list[int], max_model_len: int, tokenizer: Any,
+               device: str = "cpu") -> RequestState:
         import torch
 
         p = request.params
@@ -57,7 +58,8 @@ class RequestState:
         for index in range(p.n):
             generator = None
             if p.seed is not None:
-                generator = torch.Generator().manual_seed(p.seed + index)
+                # torch.multinomial needs the generator on the logits' device
+                generator = torch.Generator(device=device).manual_seed(p.seed + index)
             guide = _make_guide(tokenizer, p.json_schema) if p.json_schema is not None else None
             seq = Sequence(request.request_id, index, list(prompt_ids), p, max_tokens, cache_salt=request.cache_salt,
                            generator=generator, guide=guide)

@@ -76,11 +76,12 @@ def _apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
     """Repetition (HF/CTRL: prompt and output), presence and frequency (OpenAI: output only)."""
     p = seq.params
     if p.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted(set(seq.token_ids)), dtype=torch.long)
+        seen = torch.tensor(sorted(set(seq.token_ids)), dtype=torch.long, device=logits.device)
         values = logits[seen]
         logits[seen] = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
     if (p.presence_penalty or p.frequency_penalty) and seq.num_output_tokens:
-        counts = torch.bincount(torch.tensor(seq.output_ids, dtype=torch.long), minlength=logits.numel()).float()
+        output = torch.tensor(seq.output_ids, dtype=torch.long, device=logits.device)
+        counts = torch.bincount(output, minlength=logits.numel()).float()
         logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).float()
 
 

@@ -35,3 +35,28 @@ def test_a_guide_rejecting_the_token_fails_the_row(tiny_llama_dir):
     logits = torch.full((1, len(tokenizer)), float("-inf"))  # nothing sampleable: argmax falls on token 0
     (result,) = Sampler(eos_token_ids=[])(logits, [_seq(SamplingParams(temperature=0.0), guide=guide)])
     assert result.token_id == -1 and "rejected token 0" in result.error
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_seeded_penalised_rows_sample_on_the_logits_device(device, tiny_llama_dir):
+    from inferplug.engine.request_state import RequestState
+    from inferplug.models.loader import load_tokenizer
+    from inferplug.types import Request
+
+    params = SamplingParams(temperature=1.0, seed=5, n=2, repetition_penalty=1.3, presence_penalty=0.5,
+                            frequency_penalty=0.5)
+    request = Request(prompt=[3, 4, 5], params=params, request_id="r")
+    logits = torch.randn(2, 64, device=device)
+    draws = []
+    for _ in range(2):  # same seeds, same draws
+        seqs = RequestState.create(request, [3, 4, 5], 64, load_tokenizer(tiny_llama_dir), device).seqs
+        for seq in seqs:
+            seq.token_ids += [7, 7, 9]  # output tokens, so presence/frequency penalties apply
+        results = Sampler(eos_token_ids=[0])(logits, seqs)
+        assert [r.error for r in results] == [None, None]
+        draws.append([r.token_id for r in results])
+    assert draws[0] == draws[1]
