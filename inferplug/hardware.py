@@ -6,9 +6,11 @@ is present, so `inferplug doctor` starts fast on CPU-only hosts. Tests build `Ha
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import platform
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,11 +45,20 @@ class Hardware:
     driver_version: str | None = None
     packages: frozenset[str] = frozenset()  # importable packages among PACKAGES
     gpu_note: str | None = None  # why GPUs that seem present are not usable
+    # CTranslate2's compute types per device ("cpu", "cuda"). None: ask the installed ctranslate2 the
+    # first time a CTranslate2 plan needs them (it is heavy to import); tests inject them.
+    ct2_compute_types: Mapping[str, frozenset[str]] | None = field(default=None, hash=False)
     os: str = field(default_factory=lambda: f"{platform.system()} {platform.release()}")
     python: str = field(default_factory=platform.python_version)
 
     def has(self, package: str) -> bool:
         return package in self.packages
+
+    def ct2_compute_types_on(self, device: str) -> frozenset[str]:
+        """What CTranslate2 can compute in on `device` ("cpu" or "cuda"); empty when it cannot run there."""
+        if self.ct2_compute_types is not None:
+            return frozenset(self.ct2_compute_types.get(device, ()))
+        return _installed_ct2_compute_types(device)
 
     @property
     def cpu_fast_bf16(self) -> bool:
@@ -71,6 +82,18 @@ def probe() -> Hardware:
         ram_available=available, gpus=gpus, cuda_version=cuda, driver_version=driver, packages=packages,
         gpu_note=note,
     )
+
+
+@functools.cache
+def _installed_ct2_compute_types(device: str) -> frozenset[str]:
+    if importlib.util.find_spec("ctranslate2") is None:
+        return frozenset()
+    import ctranslate2
+
+    try:
+        return frozenset(ctranslate2.get_supported_compute_types(device))
+    except RuntimeError:  # e.g. "cuda" where its CUDA runtime does not work with the driver
+        return frozenset()
 
 
 def _cpu_info() -> tuple[str, frozenset[str]]:

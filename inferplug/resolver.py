@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inferplug import ct2_compute
 from inferplug.errors import ResolveError
 from inferplug.hardware import GPU, Hardware
 from inferplug.memory_plan import (
@@ -216,16 +217,20 @@ def _plan_ctranslate2(profile: Profile, hw: Hardware, facts: ModelFacts | None) 
     if opts.device == "cuda" and not gpus:
         raise _Rejected("[ctranslate2] device = 'cuda' but no CUDA GPU was found")
     dtype, dtype_why = _dtype(profile, gpus, hw)
+    device = "cuda" if gpus else "cpu"
     quantized = fmt in ("int8", "ct2-int8", "gguf", "int4")
-    compute_type = opts.compute_type
-    if compute_type == "auto":
-        compute_type = (f"int8_{dtype}" if gpus else "int8") if quantized else dtype
-    bits = 8.0 if compute_type.startswith("int8") else 16.0 if compute_type in ("int16", "float16", "bfloat16") else 32.0
-    reasons = [dtype_why, f"compute_type {compute_type}: " + ("pinned by the profile" if opts.compute_type != "auto"
-               else "int8 weights" if quantized else "unquantized weights")]
+    compute_type, compute_why = ct2_compute.choose_compute_type(opts.compute_type, quantized, dtype, device,
+                                                                hw.ct2_compute_types_on(device))
+    if compute_type is None:
+        raise _Rejected(compute_why)
+    if ct2_compute.activation_dtype(compute_type) != dtype:
+        dtype = ct2_compute.activation_dtype(compute_type)
+        dtype_why = f"dtype {dtype}: CTranslate2 computes {compute_type} in it"
+    reasons = [dtype_why, compute_why]
     if profile.attention != "auto":
         reasons.append(f"attention = {profile.attention!r} is ignored: CTranslate2 uses its own")
-    return _local_plan("ctranslate2", profile, hw, facts, gpus, dtype, "ctranslate2", bits, compute_type, reasons)
+    return _local_plan("ctranslate2", profile, hw, facts, gpus, dtype, "ctranslate2",
+                       ct2_compute.weight_bits(compute_type), compute_type, reasons)
 
 
 def _plan_exllamav2(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Plan:

@@ -3,6 +3,8 @@ and no optional backend installed. Memory numbers are checked against the formul
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from inferplug.errors import ResolveError
@@ -15,16 +17,20 @@ GiB = 1 << 30
 GB = 10**9
 ALL_CPU_PACKAGES = frozenset({"torch", "transformers", "gguf", "ctranslate2", "httpx", "openai"})
 SMOLLM2 = ModelFacts(134_515_008, 30, 3, 64, 8192, "test")
+# What ctranslate2 4.8 reports on an AMD x86 CPU (no bfloat16 there, even with AVX512_BF16), and on a recent GPU
+CT2_CPU = frozenset({"float32", "int8", "int8_float32"})
+CT2_GPU = frozenset({"float32", "float16", "bfloat16", "int8", "int8_float32", "int8_float16", "int8_bfloat16"})
 
 
-def cpu(flags=("avx2", "fma"), packages=ALL_CPU_PACKAGES, ram_free=20 * GiB) -> Hardware:
+def cpu(flags=("avx2", "fma"), packages=ALL_CPU_PACKAGES, ram_free=20 * GiB, ct2=CT2_CPU) -> Hardware:
     return Hardware(cpu_model="test cpu", cpu_flags=frozenset(flags), cpu_count=8, ram_total=32 * GiB,
-                    ram_available=ram_free, packages=frozenset(packages))
+                    ram_available=ram_free, packages=frozenset(packages), ct2_compute_types={"cpu": ct2})
 
 
 def with_gpus(*gpus: GPU, packages=ALL_CPU_PACKAGES | {"triton"}) -> Hardware:
     return Hardware(cpu_flags=frozenset({"avx2"}), cpu_count=16, ram_total=64 * GiB, ram_available=60 * GiB,
-                    gpus=gpus, cuda_version="12.4", packages=frozenset(packages))
+                    gpus=gpus, cuda_version="12.4", packages=frozenset(packages),
+                    ct2_compute_types={"cpu": CT2_CPU, "cuda": CT2_GPU})
 
 
 RTX_4090 = GPU(0, "NVIDIA GeForce RTX 4090", (8, 9), 24 * GB, 23 * GB)
@@ -83,6 +89,51 @@ def test_ct2_profile_on_cpu_uses_int8():
     plan = resolve(load_profile("smollm2-135m-ct2"), cpu(), SMOLLM2)
     assert (plan.backend, plan.compute_type, plan.attention) == ("ctranslate2", "int8", "ctranslate2")
     assert plan.memory.weight_bits == 8
+
+
+def test_ct2_unquantized_on_a_bf16_cpu_falls_back_to_a_compute_type_ctranslate2_offers():
+    profile = load_profile("smollm2-135m-ct2")
+    profile.quantization.format = "none"
+    plan = resolve(profile, cpu(flags=("avx512f", "avx512_bf16")), SMOLLM2)
+    assert (plan.compute_type, plan.dtype, plan.kv_dtype) == ("float32", "float32", "float32")
+    why = "compute_type float32: CTranslate2 cannot compute bfloat16 on cpu here (it offers float32, int8, int8_float32)"
+    assert why in plan.reasons
+    assert plan.memory.weight_bits == 32 and plan.memory.kv_bytes_per_token == 2 * 30 * 3 * 64 * 4
+    plan = resolve(profile, cpu(flags=("avx512_bf16",), ct2=CT2_CPU | {"bfloat16"}), SMOLLM2)
+    assert plan.compute_type == plan.dtype == "bfloat16"
+    assert "compute_type bfloat16: unquantized weights in bfloat16" in plan.reasons
+
+
+def test_ct2_pinned_compute_type_is_kept_and_flagged_when_not_offered():
+    profile = load_profile("smollm2-135m-ct2")
+    profile.ctranslate2.compute_type = "int8_float16"  # the backend raises BackendUnavailable when it loads
+    plan = resolve(profile, cpu(), SMOLLM2)
+    assert plan.compute_type == "int8_float16"
+    assert ("compute_type int8_float16: pinned by the profile; CTranslate2 here offers only float32, int8, "
+            "int8_float32 on cpu, so it will fail") in plan.reasons
+
+
+def test_ct2_on_cuda_uses_int8_with_the_gpu_dtype():
+    plan = resolve(load_profile("smollm2-135m-ct2"), with_gpus(RTX_4090), SMOLLM2)
+    assert (plan.device, plan.compute_type, plan.dtype) == ("cuda:0", "int8_bfloat16", "bfloat16")
+    plan = resolve(load_profile("smollm2-135m-ct2"), with_gpus(T4), SMOLLM2)
+    assert (plan.compute_type, plan.dtype) == ("int8_float16", "float16")
+
+
+def test_ct2_that_cannot_run_on_cuda_is_rejected():
+    hw = dataclasses.replace(with_gpus(RTX_4090), ct2_compute_types={"cpu": CT2_CPU})  # no CUDA in ctranslate2
+    with pytest.raises(ResolveError) as info:
+        resolve(load_profile("smollm2-135m-ct2"), hw, SMOLLM2)
+    assert info.value.rejected["ctranslate2"] == (
+        "CTranslate2 cannot compute on cuda here (it offers no compute type there)")
+
+
+def test_ct2_compute_types_come_from_the_installed_package_when_not_injected():
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    hw = dataclasses.replace(cpu(), ct2_compute_types=None)
+    assert hw.ct2_compute_types_on("cpu") == ctranslate2.get_supported_compute_types("cpu")
+    plan = resolve(load_profile("smollm2-135m-ct2"), hw, SMOLLM2)
+    assert plan.compute_type in ctranslate2.get_supported_compute_types("cpu")
 
 
 def test_small_cache_clamps_max_model_len():
