@@ -24,6 +24,7 @@ class Job:
 
     start_tokens: list[str]
     n: int
+    max_length: int  # new tokens at most; a batch runs to its jobs' largest, each choice stops at its own
     options: Options
     static_prompt: tuple[str, ...] | None
     loop: asyncio.AbstractEventLoop
@@ -88,6 +89,7 @@ class Batcher:
         rows = [(job, index) for job in jobs for index in range(job.n)]
         batch = [job.start_tokens for job, _ in rows]
         leftover = [len(tokens) - min(len(t) for t in batch) for tokens in batch]
+        sent = [0] * len(rows)
 
         def on_step(step: Any) -> bool:
             job, index = rows[step.batch_id]
@@ -97,7 +99,9 @@ class Batcher:
             # skip them should CTranslate2 report them, so only sampled tokens go out.
             if step.step >= leftover[step.batch_id]:
                 job.post("token", index, (step.token_id, step.log_prob))
-            return False
+                sent[step.batch_id] += 1
+            # the batch may run longer than this job's limit: stop its rows here, at once
+            return sent[step.batch_id] >= job.max_length
 
         first = jobs[0]
         with self._lock:
@@ -110,6 +114,7 @@ class Batcher:
                 static_prompt=list(first.static_prompt) if first.static_prompt else None,
                 include_prompt_in_result=False,
                 callback=on_step,
+                max_length=max(job.max_length for job in jobs),
                 **{k: list(v) if isinstance(v, tuple) else v for k, v in first.options},
             )
         except Exception as exc:  # one failed batch fails its own requests, not the worker

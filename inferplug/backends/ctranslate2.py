@@ -27,7 +27,7 @@ from inferplug.backends.local_stream import (
     prompt_token_ids,
     reject_unsupported,
 )
-from inferplug.errors import BackendUnavailable
+from inferplug.errors import BackendUnavailable, RequestError
 from inferplug.types import Capabilities, Event, Request
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ class CTranslate2Backend(Backend):
                    for i in range(params.n)]
         tokens = self._tokenizer.convert_ids_to_tokens(ids[len(static):])
         cached = len(static) if static in self._seen_static_prompts else 0
-        job = Job(tokens, params.n, self._options(request, limit, end_ids), static or None,
+        job = Job(tokens, params.n, limit, self._options(request, end_ids), static or None,
                   asyncio.get_running_loop())
         self._jobs[request.request_id] = job
         self._requests += 1
@@ -167,16 +167,19 @@ class CTranslate2Backend(Backend):
         messages = request.messages
         if not messages or messages[0].get("role") != "system" or len(messages) < 2:
             return ()
-        text = self._tokenizer.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=False)
+        try:  # the profile's template when it sets one, like the prompt itself
+            text = self.apply_chat_template(messages[:1], request.tools)
+        except RequestError:
+            return ()  # a template that needs more than the system turn: no static prompt
         system_ids = self._tokenizer.encode(text, add_special_tokens=False)
-        if not system_ids or len(system_ids) >= len(ids) or ids[: len(system_ids)] != system_ids:
-            return ()  # the template renders the system turn differently in context: no safe split
-        return tuple(self._tokenizer.convert_ids_to_tokens(system_ids))
+        # The rendering ends with the assistant's turn, where the prompt goes on with the next
+        # message: the static part is what both share (ids[:k] itself, so always a safe split).
+        k = next((i for i, (a, b) in enumerate(zip(system_ids, ids)) if a != b), min(len(system_ids), len(ids)))
+        return tuple(self._tokenizer.convert_ids_to_tokens(ids[:k])) if 0 < k < len(ids) else ()
 
-    def _options(self, request: Request, limit: int, end_ids: set[int]) -> tuple:
+    def _options(self, request: Request, end_ids: set[int]) -> tuple:
         p = request.params
         options = {
-            "max_length": limit,
             "min_length": p.min_tokens,
             "end_token": engine_stop_ids(p, end_ids),
             "repetition_penalty": p.repetition_penalty,
@@ -185,7 +188,8 @@ class CTranslate2Backend(Backend):
             "sampling_temperature": 1.0 if p.greedy else p.temperature,
             "return_scores": p.logprobs is not None,
         }
-        # Hashable, so jobs with equal options can share one generate_batch call.
+        # Hashable, so jobs with equal options can share one generate_batch call (max_length is
+        # left out: the batch takes its jobs' largest, and each ChoiceStream stops at its own).
         return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(options.items()))
 
 def device_and_compute_type(profile: Profile, plan: Plan) -> tuple[str, str]:

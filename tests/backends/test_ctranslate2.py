@@ -105,6 +105,52 @@ def test_static_system_prompt_is_cached_and_output_unchanged(tiny_llama_dir, tin
     assert 0 < second[-1].usage.cached_tokens < len(prompt)
 
 
+def test_static_system_prompt_follows_the_profile_chat_template(tiny_llama_dir, plan_for):
+    profile = Profile(name="ct2-template", backend="ctranslate2", model=ModelSource(
+        path=tiny_llama_dir, chat_template="{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+                                           "{% if add_generation_prompt %}[assistant] {% endif %}"))
+    profile.ctranslate2.compute_type = "float32"
+    profile.ctranslate2.device = "cpu"
+    backend = CTranslate2Backend(profile, plan_for(profile))
+    try:
+        messages = [{"role": "system", "content": "You answer in one short sentence."},
+                    {"role": "user", "content": "hello there"}]
+        params = dict(temperature=0, max_tokens=8, ignore_eos=True)
+        first = collect(backend, Request(messages=messages, params=SamplingParams(**params)))
+        second = collect(backend, Request(messages=messages, params=SamplingParams(**params)))
+        text = backend.apply_chat_template(messages)
+        assert text.startswith("[system] You answer")  # the profile's template, not the tokenizer's
+        prompt = backend.tokenizer.encode(text, add_special_tokens=False)
+        assert ids_of(first) == ids_of(second) == hf_greedy(tiny_llama_dir, prompt, 8)
+        system_len = len(backend.tokenizer.encode("[system] You answer in one short sentence.\n",
+                                                  add_special_tokens=False))
+        assert first[-1].usage.cached_tokens == 0 and system_len <= second[-1].usage.cached_tokens < len(prompt)
+    finally:
+        backend.close()
+
+
+def test_requests_with_different_max_tokens_share_a_batch(tiny_llama_dir, tiny_backends):
+    backend = tiny_backends.of(tiny_llama_dir)
+    limits = [2, 3, 5, 8]
+
+    def request(limit):
+        return Request(prompt=[5, 60, 7, 9], params=SamplingParams(temperature=0, max_tokens=limit, ignore_eos=True))
+
+    longest = ids_of(collect(backend, request(max(limits))))
+
+    async def together():
+        async def one(limit):
+            return [e async for e in backend.generate(request(limit))]
+        return await asyncio.gather(*(one(limit) for limit in limits))
+
+    batches_before = backend.stats()["batches"]
+    results = backend.run_sync(together())
+    for limit, events in zip(limits, results):
+        assert ids_of(events) == longest[:limit]  # each stops at its own limit
+        assert events[-1].finish_reason == "length" and events[-1].usage.completion_tokens == limit
+    assert backend.stats()["batches"] - batches_before < len(limits)  # some ran in one generate_batch
+
+
 def test_n_choices_stop_strings_and_logprobs(tiny_llama_dir, tiny_backends):
     backend = tiny_backends.of(tiny_llama_dir)
     greedy = collect(backend, Request(prompt="the weather", params=SamplingParams(temperature=0, max_tokens=10,
