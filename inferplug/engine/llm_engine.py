@@ -80,12 +80,12 @@ class LLMEngine:
             prompt_ids, text = self.encode(request)
         validate_prompt(prompt_ids, request.params, self.model_config.vocab_size, self.max_model_len)
         state = RequestState.create(request, prompt_ids, self.max_model_len, self.tokenizer, self.config.device)
-        self.requests[request.request_id] = state
         first, *rest = state.seqs
         if self.doc_cache is not None:  # doc_cache: map the request's document spans to token segments
             self.doc_cache.plan(first, text, request.documents)
         first.siblings_waiting = rest
         self.scheduler.add(first)
+        self.requests[request.request_id] = state  # only now: a request that failed above must not linger
 
     def abort(self, request_id: str) -> list[Event]:
         state = self.requests.get(request_id)
@@ -100,6 +100,8 @@ class LLMEngine:
     def step(self) -> list[Event]:
         scheduled = self.scheduler.schedule()
         if not scheduled:
+            if self.requests and not self.scheduler.has_work():  # a lost request would keep callers stepping forever
+                return self._fail(set(self.requests), "the engine lost track of this request (a bug); send it again")
             return []
         now = time.perf_counter()
         for seq, _ in scheduled:

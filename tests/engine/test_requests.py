@@ -77,6 +77,29 @@ def test_abort_frees_blocks_at_once(tiny_llama_dir):
     assert engine.blocks.num_free == engine.blocks.num_blocks and not engine.has_unfinished()
 
 
+def test_a_request_failing_while_being_added_leaves_nothing_behind(tiny_llama_dir):
+    from inferplug.types import DocumentSpan
+
+    engine = make_engine(tiny_llama_dir)
+    broken = [DocumentSpan(start=None, end=4, key="k")]  # a malformed RAG hint: planning it raises
+    with pytest.raises(TypeError):
+        engine.add_request(Request(prompt="hello there world", params=greedy(3), request_id="r", documents=broken))
+    assert not engine.has_unfinished() and engine.step() == []
+    events = run_all(engine, [Request(prompt="hello there world", params=greedy(3), request_id="r")])
+    assert len(tokens_of(events["r"])) == 3  # the id is free again
+
+
+def test_a_request_the_scheduler_lost_is_failed_not_stepped_forever(tiny_llama_dir):
+    from inferplug.engine.request_state import RequestState
+
+    engine = make_engine(tiny_llama_dir)
+    lost = RequestState.create(Request(prompt=[5, 6], params=greedy(3), request_id="lost"), [5, 6], 64,
+                               engine.tokenizer)
+    engine.requests["lost"] = lost  # registered but never scheduled: the shape of the old add_request leak
+    (event,) = engine.step()
+    assert event.finish_reason == "error" and "lost track" in event.error and not engine.has_unfinished()
+
+
 BAD = [
     (dict(prompt=[]), "prompt"),
     (dict(prompt=list(range(3, 3 + 600))), "prompt"),
