@@ -12,6 +12,8 @@ request's KV blocks instead of computing it, even if the neighbours or the posit
   to the current ones. The question and every non-cached token are computed in full and attend
   to everything; bench/rag_cache.py measures what that costs (greedy-token agreement against
   full recompute). Selective recompute (CacheBlend) is the next step if agreement drops.
+- Isolation: segment keys include the request's cache_salt, so salted tenants never share
+  document KV.
 
 Hooks in the engine (each a one-liner marked "doc_cache"): LLMEngine.add_request calls `plan`,
 the Scheduler caps prefill chunks with `cap_chunk` so a chunk stops where a cached segment
@@ -20,15 +22,14 @@ starts, and LLMEngine.step calls `after_step` to store new segments and inject c
 
 from __future__ import annotations
 
-import hashlib
 import weakref
-from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from inferplug.engine.block_hash import hash_block
 from inferplug.types import DocumentSpan
 
 
@@ -36,7 +37,7 @@ from inferplug.types import DocumentSpan
 class Segment:
     start: int  # token positions [start, end) in the prompt
     end: int
-    key: bytes  # hash of the segment's token ids
+    key: bytes  # hash of the segment's token ids and the request's cache salt
     done: bool = False  # stored or injected already
 
 
@@ -79,7 +80,7 @@ class DocumentKVCache:
         for start, end in zip(starts, ends):
             start, end = start + shift, min(end + shift, last)
             if end - start >= self.min_tokens:
-                segments.append(Segment(start, end, _segment_key(seq.prompt_ids[start:end])))
+                segments.append(Segment(start, end, hash_block(None, seq.prompt_ids[start:end], seq.cache_salt)))
         if segments:
             self.plans[seq] = segments
 
@@ -171,7 +172,3 @@ def _first_token_at(offsets: list[tuple[int, int]], char: int) -> int:
         if start >= char:
             return i
     return len(offsets)
-
-
-def _segment_key(token_ids: list[int]) -> bytes:
-    return hashlib.blake2b(array("q", token_ids).tobytes(), digest_size=16).digest()

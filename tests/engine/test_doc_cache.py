@@ -26,10 +26,16 @@ def test_rerotation_moves_keys_to_a_new_position(tiny_llama_dir):
         torch.testing.assert_close(rerotate(at(old), new - old, cos, sin), at(new), atol=1e-5, rtol=1e-5)
 
 
-def _request(question: str, docs: list[str], salt: str) -> Request:
-    prompt = rag_prompt(question, docs)
-    # cache_salt keeps the block prefix cache out, so only the document cache can reuse KV
-    return Request(prompt=prompt, params=greedy(6), documents=document_spans(prompt, docs), cache_salt=salt)
+def _request(question: str, docs: list[str], session: str, *, hinted: bool = True, salt: str | None = None) -> Request:
+    # a distinct first line per session keeps the block prefix cache out, so only the document cache reuses KV
+    prompt = f"Session {session}.\n" + rag_prompt(question, docs)
+    return Request(prompt=prompt, params=greedy(6), documents=document_spans(prompt, docs) if hinted else None,
+                   cache_salt=salt)
+
+
+def _fresh_tokens(model_dir, request: Request) -> list[int]:
+    fresh = make_engine(model_dir, rag_document_cache=False)
+    return tokens_of(run_all(fresh, [request])[request.request_id])
 
 
 def test_same_position_reuse_is_exact(tiny_llama_dir):
@@ -39,9 +45,7 @@ def test_same_position_reuse_is_exact(tiny_llama_dir):
     events = run_all(engine, [second])[second.request_id]
     assert engine.doc_cache.injected_segments == len(DOCS)
     assert events[-1].usage.cached_tokens > sum(len(d) for d in DOCS) // 2  # byte-level: ~1 token per char
-    fresh = make_engine(tiny_llama_dir, rag_document_cache=False)
-    again = _request("Who sings songs?", DOCS, "c")
-    assert tokens_of(events) == tokens_of(run_all(fresh, [again])[again.request_id])
+    assert tokens_of(events) == _fresh_tokens(tiny_llama_dir, _request("Who sings songs?", DOCS, "b"))
     engine.blocks.check_invariants()
 
 
@@ -53,3 +57,16 @@ def test_a_document_hits_next_to_new_neighbours_and_positions(tiny_llama_dir):
     assert engine.doc_cache.hit_tokens > 0 and events[-1].usage.cached_tokens > 0
     assert events[-1].finish_reason == "length"
     engine.blocks.check_invariants()
+
+
+def test_salted_tenants_never_share_document_kv(tiny_llama_dir):
+    engine = make_engine(tiny_llama_dir)
+    run_all(engine, [_request("q1", DOCS, "a", salt="tenant-1")])
+    other = _request("q2", DOCS, "b", salt="tenant-2")
+    events = run_all(engine, [other])[other.request_id]
+    assert engine.doc_cache.injected_segments == 0 and events[-1].usage.cached_tokens == 0
+    same = _request("q3", DOCS, "c", salt="tenant-1")
+    run_all(engine, [same])
+    assert engine.doc_cache.injected_segments == len(DOCS)  # the same tenant still reuses its documents
+    engine.blocks.check_invariants()
+
