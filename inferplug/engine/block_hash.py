@@ -1,7 +1,8 @@
 """Prefix-cache keys of full KV blocks: the one place block identity is defined.
 
 A block's key chains its parent's key, its token ids and an extra key (the request's cache
-salt; later adapters or RAG document keys), so equal keys mean equal KV.
+salt; for blocks holding or attending to re-rotated RAG document KV, `doc_approx_key`), so
+equal keys mean equal KV.
 """
 
 from __future__ import annotations
@@ -17,3 +18,19 @@ def hash_block(parent: bytes | None, token_ids: Sequence[int], extra_key: str | 
     if extra_key:
         h.update(b"\x00salt:" + extra_key.encode())
     return h.digest()
+
+
+def doc_approx_key(cache_salt: str | None) -> str:
+    """The extra key of blocks whose KV is approximate (from the RAG document cache): a plain request never matches."""
+    return f"{cache_salt or ''}|doc-approx"
+
+
+def rekey_from(block_hashes: list[bytes], token_ids: Sequence[int], block_size: int, first: int,
+               extra_key: str) -> None:
+    """Key every full block from `first` on under extra_key (block_hashes must reach `first`).
+
+    Blocks hashed later (decode) chain from these keys, so they differ from plain keys too."""
+    del block_hashes[first:]
+    for i in range(first, len(token_ids) // block_size):
+        parent = block_hashes[i - 1] if i else None
+        block_hashes.append(hash_block(parent, token_ids[i * block_size:(i + 1) * block_size], extra_key))

@@ -12,8 +12,10 @@ request's KV blocks instead of computing it, even if the neighbours or the posit
   to the current ones. The question and every non-cached token are computed in full and attend
   to everything; bench/rag_cache.py measures what that costs (greedy-token agreement against
   full recompute). Selective recompute (CacheBlend) is the next step if agreement drops.
-- Isolation: segment keys include the request's cache_salt, so salted tenants never share
-  document KV.
+- Isolation and exactness: segment keys include the request's cache_salt, so salted tenants
+  never share document KV. Injected KV is approximate, so the blocks from an injected segment
+  onwards enter the exact prefix cache under `block_hash.doc_approx_key`: a later request
+  without document hints never gets them and computes exact KV.
 
 Hooks in the engine (each a one-liner marked "doc_cache"): LLMEngine.add_request calls `plan`,
 the Scheduler caps prefill chunks with `cap_chunk` so a chunk stops where a cached segment
@@ -29,7 +31,7 @@ from typing import Any
 
 import torch
 
-from inferplug.engine.block_hash import hash_block
+from inferplug.engine.block_hash import doc_approx_key, hash_block, rekey_from
 from inferplug.types import DocumentSpan
 
 
@@ -143,6 +145,9 @@ class DocumentKVCache:
         seg.done = True
         seq.num_computed_tokens = seg.end
         seq.num_cached_tokens = (seq.num_cached_tokens or 0) + seg.end - seg.start
+        # approximate KV from here on: none of these blocks is committed yet (seg.start was the computed count)
+        rekey_from(seq.block_hashes, seq.token_ids, self.blocks.block_size, seg.start // self.blocks.block_size,
+                   doc_approx_key(seq.cache_salt))
         self.blocks.commit(seq)
         self.hit_tokens += seg.end - seg.start
         self.injected_segments += 1

@@ -70,3 +70,18 @@ def test_salted_tenants_never_share_document_kv(tiny_llama_dir):
     assert engine.doc_cache.injected_segments == len(DOCS)  # the same tenant still reuses its documents
     engine.blocks.check_invariants()
 
+
+def test_a_plain_request_never_gets_approximate_kv(tiny_llama_dir):
+    engine = make_engine(tiny_llama_dir)
+    run_all(engine, [_request("q1", DOCS, "a")])
+    hinted = _request("q2", [DOCS[2], DOCS[0], DOCS[1]], "b")  # moved documents: re-rotated, approximate KV
+    run_all(engine, [hinted])
+    assert engine.doc_cache.injected_segments > 0
+    first_doc = hinted.prompt.index(DOCS[1])  # rag_prompt lists the documents last first
+    plain = _request("q2", [DOCS[2], DOCS[0], DOCS[1]], "b", hinted=False)
+    events = run_all(engine, [plain])[plain.request_id]
+    # only the exact blocks before the first document are shared (byte-level tokenizer: tokens ~ chars)
+    assert 0 < events[-1].usage.cached_tokens <= first_doc + 1
+    assert tokens_of(events) == _fresh_tokens(tiny_llama_dir, _request("q2", [DOCS[2], DOCS[0], DOCS[1]], "b",
+                                                                       hinted=False))
+    engine.blocks.check_invariants()
