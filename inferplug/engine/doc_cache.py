@@ -16,6 +16,8 @@ request's KV blocks instead of computing it, even if the neighbours or the posit
   never share document KV. Injected KV is approximate, so the blocks from an injected segment
   onwards enter the exact prefix cache under `block_hash.doc_approx_key`: a later request
   without document hints never gets them and computes exact KV.
+- Memory: entries live in host memory (capacity_bytes of it), never on the KV device, whose
+  memory the resolver's plan already gives to the block pool.
 
 Hooks in the engine (each a one-liner marked "doc_cache"): LLMEngine.add_request calls `plan`,
 the Scheduler caps prefill chunks with `cap_chunk` so a chunk stops where a cached segment
@@ -45,7 +47,7 @@ class Segment:
 
 @dataclass
 class _Entry:
-    k: torch.Tensor  # [layers, tokens, kv_heads, head_dim], post-RoPE at `position`
+    k: torch.Tensor  # [layers, tokens, kv_heads, head_dim] on the CPU, post-RoPE at `position`
     v: torch.Tensor
     position: int
 
@@ -120,8 +122,8 @@ class DocumentKVCache:
             self.entries.move_to_end(seg.key)
             return
         slots = self._slots(seq, seg.start, seg.end)
-        k = torch.stack([kc.view(-1, *kc.shape[2:])[slots] for kc, _ in self.kv_caches])
-        v = torch.stack([vc.view(-1, *vc.shape[2:])[slots] for _, vc in self.kv_caches])
+        k = torch.stack([kc.view(-1, *kc.shape[2:])[slots] for kc, _ in self.kv_caches]).cpu()
+        v = torch.stack([vc.view(-1, *vc.shape[2:])[slots] for _, vc in self.kv_caches]).cpu()
         entry = _Entry(k, v, seg.start)
         if entry.nbytes > self.capacity_bytes:
             return
@@ -138,10 +140,11 @@ class DocumentKVCache:
         entry = self.entries[seg.key]
         self.entries.move_to_end(seg.key)
         slots = self._slots(seq, seg.start, seg.end)
-        k = rerotate(entry.k, seg.start - entry.position, self.model.cos, self.model.sin)
+        k = rerotate(entry.k.to(slots.device), seg.start - entry.position, self.model.cos, self.model.sin)
+        v = entry.v.to(slots.device)
         for layer, (kc, vc) in enumerate(self.kv_caches):
             kc.view(-1, *kc.shape[2:]).index_copy_(0, slots, k[layer])
-            vc.view(-1, *vc.shape[2:]).index_copy_(0, slots, entry.v[layer])
+            vc.view(-1, *vc.shape[2:]).index_copy_(0, slots, v[layer])
         seg.done = True
         seq.num_computed_tokens = seg.end
         seq.num_cached_tokens = (seq.num_cached_tokens or 0) + seg.end - seg.start
