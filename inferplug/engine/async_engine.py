@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from inferplug.engine.llm_engine import LLMEngine
+from inferplug.errors import BackendUnavailable
 from inferplug.types import Event, Request
 
 
@@ -30,9 +31,11 @@ class AsyncEngine:
         """Stream the request's events; the last one carries usage. RequestError comes before any event."""
         queue: asyncio.Queue = asyncio.Queue()
         rid = request.request_id
-        await asyncio.to_thread(self._add, request, asyncio.get_running_loop(), queue)
+        # shielded: a caller cancelled mid-add still waits for the add to land, then aborts it (no orphan)
+        add = asyncio.ensure_future(asyncio.to_thread(self._add, request, asyncio.get_running_loop(), queue))
         finished = False
         try:
+            await asyncio.shield(add)
             while True:
                 item = await queue.get()
                 if isinstance(item, BaseException):
@@ -43,7 +46,9 @@ class AsyncEngine:
                 if finished:
                     return
         finally:
-            if not finished:
+            await asyncio.wait([add])
+            # a failed add registered nothing, and its id may be another running request's
+            if not finished and not add.cancelled() and add.exception() is None:
                 await self.abort(rid)
 
     async def abort(self, request_id: str) -> None:
@@ -55,15 +60,18 @@ class AsyncEngine:
             return self.engine.stats()
 
     def close(self) -> None:
-        self._closed = True
+        """Stop the step thread; open streams end with BackendUnavailable and their blocks are freed."""
+        with self._lock:
+            self._closed = True
+            self._fail_all(BackendUnavailable("the backend was closed while this request ran; create a new backend"))
         self._wake.set()
         self._thread.join(timeout=30)
 
     # --- the engine thread's side -----------------------------------------------
     def _add(self, request: Request, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:
-        if self._closed:
-            raise RuntimeError("the engine is closed; create a new backend")
         with self._lock:
+            if self._closed:
+                raise BackendUnavailable("the backend is closed; create a new backend")
             self.engine.add_request(request)  # RequestError propagates to the caller
             self._streams[request.request_id] = (loop, queue)
         self._wake.set()
@@ -89,12 +97,16 @@ class AsyncEngine:
         try:
             return self.engine.step()
         except Exception as exc:  # noqa: BLE001 - an engine bug must not hang every stream
-            for rid in list(self.engine.requests):
-                self.engine.abort(rid)
-            for loop, queue in self._streams.values():
-                loop.call_soon_threadsafe(queue.put_nowait, exc)
-            self._streams.clear()
+            self._fail_all(exc)
             return []
+
+    def _fail_all(self, exc: BaseException) -> None:
+        """Abort every request and end every open stream with exc (the caller holds the lock)."""
+        for rid in list(self.engine.requests):
+            self.engine.abort(rid)
+        for loop, queue in self._streams.values():
+            _put(loop, queue, exc)
+        self._streams.clear()
 
     def _dispatch(self, events: list[Event]) -> None:
         for event in events:
@@ -103,8 +115,11 @@ class AsyncEngine:
                 continue
             if event.usage is not None:
                 self._streams.pop(event.request_id, None)
-            loop, queue = target
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, event)
-            except RuntimeError:  # the caller's loop is closed: nobody is listening any more
-                pass
+            _put(*target, event)
+
+
+def _put(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, item: Event | BaseException) -> None:
+    try:
+        loop.call_soon_threadsafe(queue.put_nowait, item)
+    except RuntimeError:  # the caller's loop is closed: nobody is listening any more
+        pass

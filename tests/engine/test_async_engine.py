@@ -8,7 +8,7 @@ import pytest
 from engine_helpers import greedy, make_engine, prompts_of
 
 from inferplug.engine.async_engine import AsyncEngine
-from inferplug.errors import RequestError
+from inferplug.errors import BackendUnavailable, RequestError
 from inferplug.types import Request
 
 
@@ -43,3 +43,27 @@ async def test_leaving_a_stream_early_aborts_it(async_engine):
     await stream.aclose()
     stats = async_engine.stats()
     assert stats["running"] == 0 and stats["kv_blocks_used"] == 0
+
+
+async def test_cancelled_while_adding_leaves_no_orphan(async_engine):
+    stream = async_engine.generate(Request(prompt=prompts_of([30])[0], params=greedy(200), request_id="c"))
+    task = asyncio.ensure_future(stream.__anext__())
+    await asyncio.sleep(0)  # the task now waits on the add running in a worker thread
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert "c" not in async_engine.engine.requests and "c" not in async_engine._streams
+    assert async_engine.stats()["kv_blocks_used"] == 0
+
+
+async def test_close_ends_open_streams_with_backend_unavailable(tiny_llama_dir):
+    engine = AsyncEngine(make_engine(tiny_llama_dir))
+    stream = engine.generate(Request(prompt=prompts_of([30])[0], params=greedy(400), request_id="open"))
+    await stream.__anext__()
+    engine.close()
+    with pytest.raises(BackendUnavailable, match="closed"):
+        async for _ in stream:  # events queued before close may come first
+            pass
+    with pytest.raises(BackendUnavailable, match="closed"):
+        await _collect(engine, Request(prompt=[5, 6], params=greedy(2), request_id="late"))
+    assert not engine.engine.has_unfinished() and engine.stats()["kv_blocks_used"] == 0
