@@ -39,12 +39,14 @@ class IncrementalDetokenizer:
         return None
 
     def _find_stop(self, new_from: int) -> str | None:
-        for stop in self.stop:
-            at = self.text.find(stop, max(new_from - len(stop) + 1, 0))
-            if at >= 0:
-                self.text = self.text[: at + len(stop) if self.include_stop else at]
-                return stop
-        return None
+        """Cut at the earliest stop string in the text (ties: the longest), whatever its place in the list."""
+        found = [(at, -len(stop), stop) for stop in self.stop
+                 if (at := self.text.find(stop, max(new_from - len(stop) + 1, 0))) >= 0]
+        if not found:
+            return None
+        at, _, stop = min(found)
+        self.text = self.text[: at + len(stop) if self.include_stop else at]
+        return stop
 
     def delta(self, final: bool) -> str:
         """New text safe to emit now (everything, once the sequence is finished)."""

@@ -37,3 +37,13 @@ def test_stop_string_spanning_tokens_is_cut_and_never_leaked(tiny_llama_dir):
     assert "".join(pieces) == "Hi 你"
     pieces, _ = _stream(tokenizer, ids, stop=["好, wor"], include=True)
     assert "".join(pieces) == "Hi 你好, wor"
+
+
+def test_the_earliest_stop_string_wins_whatever_the_list_order(tiny_llama_dir):
+    tokenizer = load_tokenizer(tiny_llama_dir)
+    ids = tokenizer.encode("he", add_special_tokens=False)
+    assert len(ids) == 1  # "h" and "e" arrive in the same token
+    pieces, matched = _stream(tokenizer, ids, stop=["e", "h"])
+    assert (matched, "".join(pieces)) == ("h", "")
+    pieces, matched = _stream(tokenizer, ids, stop=["h", "he"], include=True)  # a tie: the longest wins
+    assert (matched, "".join(pieces)) == ("he", "he")
