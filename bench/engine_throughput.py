@@ -6,6 +6,7 @@ the first --hf-requests requests; its best throughput is the peer figure. Prints
 writes JSON.
 
     .venv/bin/python bench/engine_throughput.py --threads 2            # dtype: the resolver's choice
+    .venv/bin/python bench/engine_throughput.py --quant none,int8,int4  # weight-only formats (quant/linear.py)
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ def main() -> None:
     ap.add_argument("--hf-requests", type=int, default=16, help="requests HF runs at each batch size (0 skips HF)")
     ap.add_argument("--hf-batches", default="1,8,16")
     ap.add_argument("--output-cap", type=int, default=256, help="cap output lengths (a quick smoke run of the script)")
+    ap.add_argument("--quant", default="none,int4", help="native weight formats to run, comma-separated: none, int8, int4")
     ap.add_argument("--out", default="bench/results/engine_throughput.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -93,19 +95,25 @@ def main() -> None:
     from inferplug.engine.config import EngineConfig
     from inferplug.engine.llm_engine import LLMEngine
     from inferplug.models.loader import load_tokenizer, load_weights, read_config
+    from inferplug.quant.linear import quantize_model
 
     path = Path(args.model) if args.model else _profile_model()
     dtype = _planned_dtype() if args.dtype == "auto" else args.dtype
     config = EngineConfig(dtype=dtype, num_kv_blocks=2048, max_num_seqs=64, max_num_batched_tokens=2048)
-    t0 = time.perf_counter()
     tokenizer = load_tokenizer(path)
-    engine = LLMEngine(read_config(path), load_weights(path, config.torch_dtype), tokenizer, config)
-    load_s = time.perf_counter() - t0
     requests = workload(tokenizer, args.requests, args.output_cap)
-    run_native(engine, requests[:2])  # warm-up
-    native = run_native(engine, requests)
-    native["single_stream_tok_per_s"] = single_stream(engine, requests[0][0], min(128, args.output_cap))
-    native["load_seconds"] = load_s
+    natives = {}
+    for fmt in args.quant.split(","):
+        t0 = time.perf_counter()
+        engine = LLMEngine(read_config(path), load_weights(path, config.torch_dtype), tokenizer, config)
+        if fmt != "none":
+            quantize_model(engine.runner.model, fmt)  # as the native backend does for quantization.format
+        load_s = time.perf_counter() - t0
+        run_native(engine, requests[:2])  # warm-up
+        natives[fmt] = run_native(engine, requests)
+        natives[fmt]["single_stream_tok_per_s"] = single_stream(engine, requests[0][0], min(128, args.output_cap))
+        natives[fmt]["load_seconds"] = load_s
+        del engine
     hf_runs = []
     if args.hf_requests:
         import transformers
@@ -118,16 +126,15 @@ def main() -> None:
     best = max(hf_runs, key=lambda r: r["tok_per_s"]) if hf_runs else None
     report = {"workload": {"requests": len(requests), "dtype": dtype, "threads": args.threads,
                            "prompt_tokens": [len(p) for p, _ in requests], "output_tokens": [n for _, n in requests]},
-              "native": native, "hf": hf_runs,
-              "ratio_vs_best_hf": native["tok_per_s"] / best["tok_per_s"] if best else None}
-    print(f"{'engine':<22}{'out tok/s':>10}{'TTFT med':>10}{'TPOT med':>10}")
-    print(f"{f'native ({len(requests)} req)':<22}{native['tok_per_s']:>10.1f}{native['ttft_median_s']:>9.2f}s"
-          f"{native['tpot_median_s'] * 1000:>8.1f}ms")
+              "native": natives, "hf": hf_runs,
+              "ratio_vs_best_hf": {fmt: n["tok_per_s"] / best["tok_per_s"] for fmt, n in natives.items()} if best else None}
+    print(f"{'engine':<26}{'out tok/s':>10}{'TTFT med':>10}{'TPOT med':>10}{'1-stream tok/s':>16}{'vs best HF':>12}")
+    for fmt, native in natives.items():
+        ratio = f"{report['ratio_vs_best_hf'][fmt]:.2f}x" if best else "-"
+        print(f"{f'native {fmt} ({len(requests)} req)':<26}{native['tok_per_s']:>10.1f}{native['ttft_median_s']:>9.2f}s"
+              f"{native['tpot_median_s'] * 1000:>8.1f}ms{native['single_stream_tok_per_s']:>16.1f}{ratio:>12}")
     for run in hf_runs:
-        print(f"{'hf generate b=' + str(run['batch']):<22}{run['tok_per_s']:>10.1f}")
-    print(f"single-stream decode: {native['single_stream_tok_per_s']:.1f} tok/s")
-    if best:
-        print(f"native / best HF throughput: {report['ratio_vs_best_hf']:.2f}x")
+        print(f"{'hf generate b=' + str(run['batch']):<26}{run['tok_per_s']:>10.1f}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
 

@@ -23,6 +23,7 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
     from inferplug.engine.config import EngineConfig
     from inferplug.engine.llm_engine import LLMEngine
     from inferplug.models.loader import load_tokenizer, load_weights, read_config
+    from inferplug.quant.linear import QUANTIZED_LINEARS, quantize_model
     from inferplug.sources import ensure_local
 
     native = getattr(profile, "native", None)
@@ -37,8 +38,13 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
     )
     tokenizer = load_tokenizer(path, profile.model.tokenizer)
     weights = load_weights(path, config.torch_dtype, config.device)
-    return LLMEngine(read_config(path), weights, tokenizer, config,
-                     render_chat=partial(render_chat, tokenizer, profile))
+    engine = LLMEngine(read_config(path), weights, tokenizer, config,
+                       render_chat=partial(render_chat, tokenizer, profile))
+    del weights  # the float copies go once the model is quantized below
+    if profile.quantization.format in QUANTIZED_LINEARS:
+        # Weight-only int8/int4 (quant/linear.py): decode is memory-bound, so fewer weight bytes per step.
+        quantize_model(engine.runner.model, profile.quantization.format)
+    return engine
 
 
 class NativeBackend(Backend):
@@ -57,7 +63,7 @@ class NativeBackend(Backend):
         return Capabilities(
             streaming=True, logprobs=True, n=True, tools=True, prefix_cache=True,
             rag_cache=self.engine.engine.doc_cache is not None,  # doc_cache: engine/doc_cache.py
-            json_schema=importlib.util.find_spec("inferplug.engine.guided") is not None,
+            json_schema=importlib.util.find_spec("xgrammar") is not None,  # engine/guided.py needs it
             devices=("cpu", "cuda"),
         )
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from inferplug.engine.attention import AttentionContext, paged_attention
 from inferplug.models.config import ModelConfig
+from inferplug.quant.linear import linear  # F.linear, or a weight-only int8/int4 layer's kernel
 
 
 @dataclass
@@ -81,21 +82,21 @@ class LlamaModel:
         tokens = x.shape[0]
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             h = rms_norm(x, layer.input_norm, eps)
-            qkv = F.linear(h, layer.qkv, layer.qkv_bias).view(tokens, -1, self.head_dim)
+            qkv = linear(h, layer.qkv, layer.qkv_bias).view(tokens, -1, self.head_dim)
             qk = apply_rope(qkv[:, : self.num_heads + self.num_kv_heads], cos, sin)  # q and k heads in one go
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
             v = qkv[:, self.num_heads + self.num_kv_heads:]
             attn = paged_attention(q, k, v, k_cache, v_cache, ctx, self.scale)
-            x = x + F.linear(attn, layer.o)
+            x = x + linear(attn, layer.o)
             h = rms_norm(x, layer.post_norm, eps)
-            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate).mul_(up), layer.down)
+            gate, up = linear(h, layer.gate_up).chunk(2, dim=-1)
+            x = x + linear(F.silu(gate).mul_(up), layer.down)
         return x
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits for the given rows of hidden states."""
-        return F.linear(rms_norm(hidden, self.norm, self.config.rms_norm_eps), self.lm_head).float()
+        return linear(rms_norm(hidden, self.norm, self.config.rms_norm_eps), self.lm_head).float()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
