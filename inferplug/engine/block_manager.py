@@ -14,8 +14,9 @@ from inferplug.engine.sequence import Sequence
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         self.num_blocks, self.block_size = num_blocks, block_size
+        self.enable_prefix_caching = enable_prefix_caching  # False: plain pool, nothing hashed or reused
         self.ref_counts = [0] * num_blocks
         self.block_keys: list[bytes | None] = [None] * num_blocks
         self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
@@ -43,6 +44,8 @@ class BlockManager:
 
     def lookup_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks holding the longest prefix of seq, leaving at least its last token to compute."""
+        if not self.enable_prefix_caching:
+            return []
         self._update_keys(seq)
         hits: list[int] = []
         for key in seq.block_hashes[: (len(seq.token_ids) - 1) // self.block_size]:
@@ -75,6 +78,8 @@ class BlockManager:
 
     def commit(self, seq: Sequence) -> None:
         """Offer seq's newly computed full blocks to the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
         self._update_keys(seq)
         full = min(seq.num_computed_tokens // self.block_size, len(seq.block_hashes))
         for i in range(seq.num_committed_blocks, full):

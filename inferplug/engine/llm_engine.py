@@ -46,7 +46,7 @@ class LLMEngine:
         if not self.eos_token_ids and getattr(tokenizer, "eos_token_id", None) is not None:
             self.eos_token_ids = {tokenizer.eos_token_id}
         model = LlamaModel(model_config, state_dict, dtype=config.torch_dtype, device=config.device)
-        self.blocks = BlockManager(config.num_kv_blocks, config.block_size)
+        self.blocks = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.blocks, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=max(config.max_num_batched_tokens, config.block_size),

@@ -100,6 +100,23 @@ def test_a_request_the_scheduler_lost_is_failed_not_stepped_forever(tiny_llama_d
     assert event.finish_reason == "error" and "lost track" in event.error and not engine.has_unfinished()
 
 
+def test_prefix_caching_off_computes_every_prompt_and_keeps_the_pool_whole(tiny_llama_dir):
+    prompt = prompts_of([70], seed=13)[0]
+
+    def one_after_another(engine):
+        return {r: run_all(engine, [Request(prompt=prompt, params=greedy(4, n=2), request_id=r)])[r] for r in "ab"}
+
+    with_cache = one_after_another(make_engine(tiny_llama_dir))
+    plain = make_engine(tiny_llama_dir, enable_prefix_caching=False)
+    without = one_after_another(plain)
+    assert with_cache["b"][-1].usage.cached_tokens > 0
+    assert [e.usage.cached_tokens for r in "ab" for e in without[r] if e.usage] == [0, 0]
+    assert plain.blocks.cached == {} and plain.stats()["prefix_hit_tokens"] == 0
+    for r in "ab":
+        for index in (0, 1):
+            assert tokens_of(without[r], index) == tokens_of(with_cache[r], index)
+
+
 BAD = [
     (dict(prompt=[]), "prompt"),
     (dict(prompt=list(range(3, 3 + 600))), "prompt"),
