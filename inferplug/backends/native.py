@@ -34,6 +34,7 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
         dtype=plan.dtype, device=plan.device, block_size=plan.block_size, num_kv_blocks=plan.num_kv_blocks,
         max_model_len=plan.max_model_len or None, max_num_seqs=plan.max_num_seqs,
         max_num_batched_tokens=plan.max_num_batched_tokens,
+        enable_prefix_caching=profile.cache.prefix_caching,
         rag_document_cache=plan.rag_document_cache,  # doc_cache: the profile's [cache] rag_document_cache
     )
     tokenizer = load_tokenizer(path, profile.model.tokenizer)

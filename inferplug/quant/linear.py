@@ -117,8 +117,8 @@ def quantize_model(model, fmt: str):
     """Replace the model's linear weights by `fmt` ("int8" / "int4") layers in place; returns the model.
 
     An nn.Module has its nn.Linear children swapped. inferplug's LlamaModel has each layer's fused
-    qkv / o / gate_up / down weights and the lm_head replaced; its embedding table stays float (a
-    tied lm_head gets its own quantized copy).
+    qkv / o / gate_up / down weights replaced and the lm_head made int8 (for "int4" too); its
+    embedding table stays float (a tied lm_head gets its own quantized copy).
     """
     if fmt not in QUANTIZED_LINEARS:
         raise ProfileError(f"quantization.format {fmt!r} cannot run weight-only; use one of {sorted(QUANTIZED_LINEARS)}")
@@ -130,7 +130,8 @@ def quantize_model(model, fmt: str):
         for layer in model.layers:
             for name in _LLAMA_LAYER_WEIGHTS:
                 setattr(layer, name, layer_cls.from_float(getattr(layer, name)))
-        model.lm_head = layer_cls.from_float(model.lm_head)
+        # lm_head stays int8 even for int4: SmolLM2's int4 head flips confident answers (Paris -> L'Étoile).
+        model.lm_head = Int8Linear.from_float(model.lm_head)
     return model
 
 
