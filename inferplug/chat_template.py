@@ -10,7 +10,7 @@ from inferplug.errors import RequestError
 
 def render_chat(tokenizer: Any, profile: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
     """The prompt for `messages` (and OpenAI tool schemas), ending with the assistant's turn."""
-    template = _profile_template(profile)
+    template = profile_template(profile)
     if template is None and not getattr(tokenizer, "chat_template", None):
         raise RequestError(
             "the model has no chat template: set [model] chat_template in the profile, or send a plain prompt",
@@ -24,7 +24,7 @@ def render_chat(tokenizer: Any, profile: Any, messages: list[dict[str, Any]], to
         raise RequestError(f"the chat template cannot render these messages: {exc}", param="messages") from exc
 
 
-def _profile_template(profile: Any) -> str | None:
+def profile_template(profile: Any) -> str | None:
     """[model] chat_template: inline Jinja, or the path of a file holding it."""
     model = getattr(profile, "model", None)
     template = getattr(model, "chat_template", None)

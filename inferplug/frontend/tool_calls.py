@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from inferplug.chat_template import profile_template
 from inferplug.errors import RequestError
 
 
@@ -115,7 +116,7 @@ def template_renders_tools(backend: Any) -> bool:
     tokenizer = getattr(backend, "tokenizer", None)
     if tokenizer is None:
         return True
-    template = getattr(getattr(backend.profile, "model", None), "chat_template", None) or tokenizer.chat_template
+    template = profile_template(backend.profile) or tokenizer.chat_template
     return "tools" in str(template or "")
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from inferplug.errors import RequestError
-from inferplug.frontend.tool_calls import call_schema, parse_tool_calls, select_tools
+from inferplug.frontend.tool_calls import call_schema, parse_tool_calls, select_tools, template_renders_tools
+from inferplug.profile import Profile
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -44,3 +47,14 @@ def test_calls_are_parsed_from_every_usual_shape(text):
 def test_prose_and_unknown_tools_are_not_calls():
     assert parse_tool_calls("The answer is {not json}.", [ADD]) == []
     assert parse_tool_calls('{"name": "rm_rf", "arguments": {}}', [ADD]) == []
+
+
+@pytest.mark.parametrize(("file_name", "text", "renders"), [
+    ("tools.jinja", "{% for m in messages %}{{ m.content }}{% endfor %}", False),
+    ("chat.jinja", "{% if tools %}{{ tools | tojson }}{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}", True),
+])
+def test_tool_support_is_read_from_the_template_text_not_its_path(tmp_path, file_name, text, renders):
+    (tmp_path / file_name).write_text(text)
+    profile = Profile(backend="native", model={"path": str(tmp_path), "chat_template": str(tmp_path / file_name)})
+    backend = SimpleNamespace(profile=profile, tokenizer=SimpleNamespace(chat_template=None))
+    assert template_renders_tools(backend) is renders
