@@ -25,6 +25,10 @@ class ModelSourceError(InferPlugError):
     """A model file or repository cannot be found, fetched or read."""
 
 
+class GenerationError(InferPlugError):
+    """The backend failed while generating a valid request (not the caller's input)."""
+
+
 class RequestError(InferPlugError):
     """One request is invalid. It fails alone; the engine keeps serving others.
 

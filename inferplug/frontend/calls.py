@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferplug.errors import RequestError
+from inferplug.errors import GenerationError
 from inferplug.types import Event, Request, Timings, Usage
 
 
@@ -66,7 +66,7 @@ class ResultBuilder:
 
     def add(self, event: Event) -> None:
         if event.error:
-            raise RequestError(f"generation failed: {event.error}")
+            raise GenerationError(f"generation failed: {event.error}")
         if event.index == 0:
             self._parts.append(event.text)
             self.result.token_ids += event.token_ids
