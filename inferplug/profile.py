@@ -228,6 +228,11 @@ class Profile(BaseSettings):
         return self._source_file
 
     @property
+    def served_name(self) -> str:
+        """The model name backends and front ends report: [model] served_name, else the profile's name."""
+        return self.model.served_name or self.name
+
+    @property
     def identity(self) -> str:
         """A stable key for caching one backend per profile: file + effective values."""
         return f"{self._source_file}|{self.model_dump_json()}"

@@ -46,8 +46,9 @@ class Backend(ABC):
     def capabilities(self) -> Capabilities: ...
 
     @property
-    @abstractmethod
-    def model_name(self) -> str: ...
+    def model_name(self) -> str:
+        """The name requests and responses use for this model (a remote backend reports its own)."""
+        return self.profile.served_name
 
     @property
     @abstractmethod

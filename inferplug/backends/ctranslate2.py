@@ -76,10 +76,6 @@ class CTranslate2Backend(Backend):
         return Capabilities(streaming=True, logprobs=True, n=True, prefix_cache=True, devices=(self.device,))
 
     @property
-    def model_name(self) -> str:
-        return self.profile.model.served_name or self.profile.name
-
-    @property
     def context_length(self) -> int:
         return self.plan.max_model_len or self.config.max_position_embeddings
 

@@ -83,10 +83,6 @@ class ExLlamaV2Backend(Backend):
         return Capabilities(streaming=True, logprobs=True, n=True, prefix_cache=True, devices=("cuda",))
 
     @property
-    def model_name(self) -> str:
-        return self.profile.model.served_name or self.profile.name
-
-    @property
     def context_length(self) -> int:
         return self.config.max_seq_len
 

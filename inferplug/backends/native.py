@@ -69,10 +69,6 @@ class NativeBackend(Backend):
         )
 
     @property
-    def model_name(self) -> str:
-        return self.profile.model.served_name or self.profile.name
-
-    @property
     def context_length(self) -> int:
         return self.engine.engine.max_model_len
 

@@ -29,12 +29,9 @@ class InferPlugFields(BaseModel):
     @model_validator(mode="after")
     def _load_profile(self) -> InferPlugFields:
         """Check the profile now (a bad name fails at construction); load the model on first use."""
-        from inferplug.profile import load_profile
+        from inferplug.frontend.binding import bind_profile
 
-        if self.profile is None and self.model is not None:
-            self.profile = self.model
-        self.profile = load_profile(self.profile)
-        self.model = self.model or self.profile.model.served_name or self.profile.name
+        self.profile, self.model = bind_profile(self.profile, self.model)
         return self
 
     @property

@@ -9,6 +9,7 @@ from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackMana
 from langchain_core.language_models import BaseLLM, LangSmithParams
 from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 
+from inferplug.frontend.binding import usage_counts
 from inferplug.frontend.calls import Result, aiter_events, generate_all
 from inferplug.frontend.requests import prepare_request
 from langchain_inferplug.base import InferPlugFields
@@ -36,11 +37,8 @@ class InferPlugLLM(InferPlugFields, BaseLLM):
                                documents=kwargs.get("documents"), memory=self.document_memory).request
 
     def _generation(self, result: Result) -> list[Generation]:
-        u = result.usage
         return [Generation(text=result.text, generation_info={
-            "finish_reason": result.finish_reason, "model_name": self.model,
-            "usage": {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-                      "cached_tokens": u.cached_tokens}})]
+            "finish_reason": result.finish_reason, "model_name": self.model, "usage": usage_counts(result.usage)})]
 
     def _generate(self, prompts: list[str], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> LLMResult:

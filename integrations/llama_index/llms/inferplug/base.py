@@ -22,6 +22,7 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 
+from inferplug.frontend.binding import bind_profile, usage_counts
 from inferplug.frontend.calls import Result, ResultBuilder, aiter_events, collect
 from inferplug.frontend.requests import Prepared, prepare_request, sampling_params
 from inferplug.frontend.tool_calls import parse_tool_calls
@@ -42,11 +43,8 @@ class InferPlug(FunctionCallingLLM):
     _memory: DocumentMemory = PrivateAttr(default_factory=DocumentMemory)
 
     def __init__(self, **kwargs: Any) -> None:
-        from inferplug.profile import load_profile
-
         super().__init__(**kwargs)
-        self.profile = load_profile(self.profile if self.profile is not None else self.model)
-        self.model = self.model or self.profile.model.served_name or self.profile.name
+        self.profile, self.model = bind_profile(self.profile, self.model)
 
     @classmethod
     def class_name(cls) -> str:
@@ -86,12 +84,10 @@ class InferPlug(FunctionCallingLLM):
         calls = parse_tool_calls(result.text, prepared.tools) if prepared.tools else []
         extra = {"tool_calls": [{"id": c.id, "type": "function", "function": {
             "name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]} if calls else {}
-        u = result.usage
         return ChatResponse(
             message=ChatMessage(role=MessageRole.ASSISTANT, content=result.text, additional_kwargs=extra),
             delta=delta,
-            raw={"usage": {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-                           "total_tokens": u.total_tokens, "cached_tokens": u.cached_tokens},
+            raw={"usage": usage_counts(result.usage),
                  "finish_reason": "tool_calls" if calls else result.finish_reason,
                  "ttft_s": result.timings.ttft if result.timings else None},
         )
