@@ -27,6 +27,13 @@ def test_every_foundation_command_is_registered():
     assert {"doctor", "profile", "resolve", "pull"} <= set(commands)
 
 
+@pytest.mark.parametrize("argv", [["resolve"], ["serve"], ["chat"], ["bench"], ["profile", "show"]])
+def test_an_omitted_profile_is_none_everywhere(argv):
+    """None loads the default profile; every command that takes one leaves it to load_profile."""
+    assert build_parser().parse_args(argv).profile is None
+    assert build_parser().parse_args([*argv, "mine.toml"]).profile == "mine.toml"
+
+
 def test_no_command_prints_help_and_exits_2(capsys):
     code, _, err = run(capsys)
     assert code == 2 and "usage: inferplug" in err

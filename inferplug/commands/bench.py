@@ -10,15 +10,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from inferplug.commands import add_profile_argument
 from inferplug.errors import InferPlugError
-
-DEFAULT_PROFILE = "smollm2-135m"
 
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("bench", help="serving benchmark: throughput, TTFT, TPOT, ITL, goodput")
-    p.add_argument("profile", nargs="?", default=DEFAULT_PROFILE,
-                   help="profile to load in-process (ignored with --url)")
+    add_profile_argument(p, "; ignored with --url")
     target = p.add_argument_group("target")
     target.add_argument("--url", help="an OpenAI-compatible server instead, e.g. http://127.0.0.1:8000/v1")
     target.add_argument("--model", help="model name to request from --url (default: the first it lists)")

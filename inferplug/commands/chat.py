@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 
+from inferplug.commands import add_profile_argument
 from inferplug.commands.generate import add_sampling_arguments, sampling_params, stream_reply
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("chat", help="chat with a profile's model in the terminal (streaming)")
-    p.add_argument("profile", nargs="?", default="smollm2-135m", help="profile name or .toml path")
+    add_profile_argument(p)
     p.add_argument("--system", help="a system prompt")
     add_sampling_arguments(p)
     p.set_defaults(func=run)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+from inferplug.commands import add_json_flag
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("doctor", help="report the machine, the usable backends and which profiles fit")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_json_flag(p, "the report")
     p.add_argument("--bench", action="store_true", help="also measure matmul speed and memory bandwidth (~20 s)")
     p.set_defaults(func=run)
 

@@ -5,16 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 
+from inferplug.commands import add_json_flag, add_profile_argument
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("profile", help="list profiles, or show one with the origin of each value")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     listing = actions.add_parser("list", help="the profiles found by name")
-    listing.add_argument("--json", action="store_true")
+    add_json_flag(listing, "the list")
     listing.set_defaults(func=run_list)
     show = actions.add_parser("show", help="a profile's effective values and where each came from (file, env, default)")
-    show.add_argument("profile", nargs="?", help="profile name or .toml path (default: smollm2-135m)")
-    show.add_argument("--json", action="store_true")
+    add_profile_argument(show)
+    add_json_flag(show, "the values and their origins")
     show.set_defaults(func=run_show)
 
 

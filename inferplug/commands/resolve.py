@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
+from inferplug.commands import add_json_flag, add_profile_argument
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("resolve", help="show which backend, device, dtype and cache a profile gets here")
-    p.add_argument("profile", nargs="?", help="profile name or .toml path (default: smollm2-135m)")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_profile_argument(p)
+    add_json_flag(p, "the plan")
     p.set_defaults(func=run)
 
 

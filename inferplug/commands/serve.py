@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+from inferplug.commands import add_profile_argument
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("serve", help="serve a profile over an OpenAI-compatible HTTP API")
-    p.add_argument("profile", nargs="?", help="profile name or .toml path (default: smollm2-135m)")
+    add_profile_argument(p)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1, this machine only; 0.0.0.0 exposes it)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
