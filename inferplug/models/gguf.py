@@ -81,10 +81,18 @@ class _Cursor:
     def __init__(self, buffer, path: Path):
         self.buffer, self.pos, self.path = buffer, 0, path
 
-    def unpack(self, fmt: str):
+    def _take(self, fmt: str) -> tuple:
         values = struct.unpack_from(fmt, self.buffer, self.pos)
         self.pos += struct.calcsize(fmt)
+        return values
+
+    def unpack(self, fmt: str):
+        values = self._take(fmt)
         return values if len(values) > 1 else values[0]
+
+    def unpack_many(self, code: str, count: int) -> tuple:
+        """`count` values of one struct type code (e.g. "Q"): tensor dims, scalar metadata arrays."""
+        return self._take(f"<{count}{code}")
 
     def string(self) -> str:
         length = self.unpack("<Q")
@@ -99,10 +107,7 @@ class _Cursor:
         if value_type == _ARRAY:
             item_type, count = self.unpack("<IQ")
             if item_type in _SCALAR_FORMATS:  # token types, scores: one bulk unpack
-                fmt = _SCALAR_FORMATS[item_type]
-                values = struct.unpack_from(f"<{count}{fmt[1]}", self.buffer, self.pos)
-                self.pos += count * struct.calcsize(fmt)
-                return list(values)
+                return list(self.unpack_many(_SCALAR_FORMATS[item_type][1], count))
             return [self.value(item_type) for _ in range(count)]
         raise ModelSourceError(
             f"{self.path} has a metadata value of unknown type {value_type}; the file is corrupt or from a "
@@ -158,8 +163,7 @@ def _parse(buffer, path: Path) -> GGUFFile:
     for _ in range(tensor_count):
         name = cursor.string()
         n_dims = cursor.unpack("<I")
-        dims = struct.unpack_from(f"<{n_dims}Q", buffer, cursor.pos)
-        cursor.pos += 8 * n_dims
+        dims = cursor.unpack_many("Q", n_dims)
         type_id, offset = cursor.unpack("<IQ")
         raw_infos.append((name, tuple(reversed(dims)), type_id, offset))
 
