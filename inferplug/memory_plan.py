@@ -1,6 +1,7 @@
 """Memory planning: how much the weights take, and how many KV-cache tokens fit in what is left.
 
-weights = params x bits / 8; KV bytes per token = 2 x layers x kv_heads x head_dim x dtype bytes.
+weights = params x bits / 8 (bits averaged over what stays float and what is quantized);
+KV bytes per token = 2 x layers x kv_heads x head_dim x dtype bytes.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ MiB = 1 << 20
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # Usual bits per weight of each format, scales and zero points included (group size 128).
 FORMAT_BITS = {"int8": 8.0, "ct2-int8": 8.0, "int4": 4.25, "awq": 4.25, "gptq": 4.25, "exl2": 4.25}
+# The native engine's weight-only layers (quant/linear.py): int8 has one bf16 scale per output row
+# (negligible); int4 a bf16 scale and zero per group of 32 inputs, so 4 + 32/32 bits. quantize_model
+# leaves the embedding in the model dtype and makes the lm_head int8, a copy when tied to the embedding.
+NATIVE_LAYER_BITS = {"int8": 8.0, "int4": 5.0}
 # Headroom for activations, the allocator and (on CUDA) the context: fixed + a share of the weights.
 RESERVE_FIXED = {"cpu": 256 * MiB, "cuda": 768 * MiB}
 RESERVE_SHARE = 0.05
@@ -36,11 +41,19 @@ class ModelFacts:
     head_dim: int
     max_position_embeddings: int
     origin: str  # where these numbers came from, for the plan's reasons
+    vocab_size: int = 0  # 0: unknown ([model.hints] do not give the embedding's size)
+    hidden_size: int = 0
+    tie_word_embeddings: bool = False
 
     @classmethod
     def from_config(cls, config: ModelConfig, origin: str) -> ModelFacts:
         return cls(config.num_parameters(), config.num_hidden_layers, config.num_key_value_heads,
-                   config.head_dim, config.max_position_embeddings, origin)
+                   config.head_dim, config.max_position_embeddings, origin, config.vocab_size,
+                   config.hidden_size, config.tie_word_embeddings)
+
+    @property
+    def embedding_parameters(self) -> int:
+        return self.vocab_size * self.hidden_size
 
     @classmethod
     def from_hints(cls, hints: ArchitectureHints) -> ModelFacts:
@@ -64,7 +77,7 @@ class MemoryBreakdown:
     seqs_at_full_context: int = 0  # concurrent sequences of max_model_len tokens (the resolver sets it)
 
     def summary(self) -> str:
-        return (f"weights {gib(self.weights_bytes)} ({self.weight_bits:g} bits/param) + reserve "
+        return (f"weights {gib(self.weights_bytes)} ({self.weight_bits:.3g} bits/param) + reserve "
                 f"{gib(self.reserve_bytes)} + KV cache {gib(self.kv_budget_bytes)} "
                 f"({self.kv_bytes_per_token / 1024:.1f} KiB/token -> {self.cache_tokens} tokens) "
                 f"of {gib(self.available_bytes)} available on {self.device}")
@@ -94,7 +107,7 @@ def facts_from_file(path: Path) -> ModelFacts:
     from inferplug.sources import home
 
     st = path.stat()
-    version = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    version = f"v2|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"  # v2: facts gained the embedding's size
     memo = home() / "facts" / f"{hashlib.sha256(version.encode()).hexdigest()[:32]}.json"
     try:
         return ModelFacts(**json.loads(memo.read_text()))
@@ -118,13 +131,15 @@ def gib(n: float) -> str:
     return f"{n / GiB:.2f} GiB"
 
 
-def weight_bits(profile: Profile, backend: str, dtype: str) -> tuple[float, str]:
-    """Bits per parameter once loaded, and why."""
+def weight_bits(profile: Profile, backend: str, dtype: str, facts: ModelFacts | None = None) -> tuple[float, str]:
+    """Bits per parameter once loaded (an average when parts stay float), and why."""
     fmt = profile.quantization.format
     if profile.quantization.bits is not None:
         return profile.quantization.bits, f"[quantization] bits = {profile.quantization.bits:g}"
     if fmt == "gguf" and backend == "ctranslate2":
         return 8.0, "GGUF is converted to CTranslate2 int8"
+    if backend == "native" and fmt in NATIVE_LAYER_BITS:
+        return _native_quantized_bits(fmt, dtype, facts)
     if fmt in FORMAT_BITS:
         return FORMAT_BITS[fmt], f"{fmt} weights"
     bits = DTYPE_BYTES[dtype] * 8.0
@@ -132,10 +147,24 @@ def weight_bits(profile: Profile, backend: str, dtype: str) -> tuple[float, str]
     return bits, f"{why} {dtype}"
 
 
+def _native_quantized_bits(fmt: str, dtype: str, facts: ModelFacts | None) -> tuple[float, str]:
+    layer_bits = NATIVE_LAYER_BITS[fmt]
+    if facts is None or not facts.embedding_parameters:
+        return layer_bits, f"{fmt} weights ({layer_bits:g} bits; the embedding's size is unknown, counted alike)"
+    embed = facts.embedding_parameters
+    layers = facts.num_parameters - embed * (1 if facts.tie_word_embeddings else 2)
+    head = NATIVE_LAYER_BITS["int8"]
+    bits = (layers * layer_bits + embed * DTYPE_BYTES[dtype] * 8 + embed * head) / facts.num_parameters
+    head_why = "an int8 copy of the tied embedding" if facts.tie_word_embeddings else "int8"
+    return bits, (f"{bits:.2f} bits/param on average: layers {fmt} ({layer_bits:g} bits), embedding {dtype}, "
+                  f"lm_head {head_why}")
+
+
 def plan_memory(profile: Profile, facts: ModelFacts, *, device: str, kind: str, available: int, bits: float,
                 kv_dtype_bytes: float, useful_tokens: int) -> MemoryBreakdown:
-    """`useful_tokens` (max_num_seqs x max_model_len) caps an "auto" cache: more would never be filled."""
-    """Size the KV cache from what the weights leave; DoesNotFit when nothing useful remains."""
+    """Size the KV cache from what the weights leave; DoesNotFit when nothing useful remains.
+
+    `useful_tokens` (max_num_seqs x max_model_len) caps an "auto" cache: more would never be filled."""
     weights = int(facts.num_parameters * bits / 8)
     reserve = int(RESERVE_FIXED[kind] + RESERVE_SHARE * weights)
     left = available - weights - reserve

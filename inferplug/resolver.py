@@ -199,7 +199,7 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
     gpus = _pick_gpus(profile, hw)
     dtype, dtype_why = _dtype(profile, gpus, hw)
     attention, attention_why = _attention(profile, gpus, hw)
-    bits, bits_why = weight_bits(profile, "native", dtype)
+    bits, bits_why = weight_bits(profile, "native", dtype, facts)
     return _local_plan("native", profile, hw, facts, gpus, dtype, attention, bits, None,
                        [dtype_why, attention_why, f"weights: {bits_why}"])
 

@@ -54,6 +54,19 @@ def test_cpu_only_default_profile_runs_native_fp32_without_bf16_isa():
     assert plan.memory.seqs_at_full_context == plan.memory.cache_tokens // 8192
 
 
+def test_native_int4_counts_the_float_embedding_and_the_int8_head():
+    """quantize_model leaves the embedding float and gives the tied head an int8 copy (tests/quant checks bytes)."""
+    facts = dataclasses.replace(SMOLLM2, vocab_size=49152, hidden_size=576, tie_word_embeddings=True)
+    plan = resolve(load_profile("smollm2-135m-int4"), cpu(), facts)
+    embed = 49152 * 576
+    layers = SMOLLM2.num_parameters - embed
+    assert plan.memory.weights_bytes == pytest.approx(layers * 5 / 8 + embed * 4 + embed, abs=1)  # int4: 5 bits
+    assert "weights: 12.37 bits/param on average: layers int4 (5 bits), embedding float32, lm_head an int8 copy " \
+           "of the tied embedding" in plan.reasons
+    unknown = resolve(load_profile("smollm2-135m-int4"), cpu(), SMOLLM2)  # [model.hints] give no embedding size
+    assert unknown.memory.weight_bits == 5
+
+
 def test_cpu_with_avx512_bf16_or_amx_picks_bfloat16():
     for flags in (("avx512f", "avx512_bf16"), ("amx_tile", "amx_bf16")):
         plan = resolve(load_profile("smollm2-135m"), cpu(flags=flags), SMOLLM2)
