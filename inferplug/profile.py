@@ -126,6 +126,14 @@ class Parallel(Table):
     tensor_parallel_size: int = Field(default=1, ge=1)
     replicas: int = Field(default=1, ge=1)
 
+    @field_validator("replicas")
+    @classmethod
+    def _one_replica(cls, value: int) -> int:
+        if value != 1:  # accepted-and-ignored would hand out 1/N of the throughput the profile asks for
+            raise ValueError(f"replicas = {value} is not supported: a backend serves one copy of the model. "
+                             "Set replicas = 1 and run one `inferplug serve` per replica behind a load balancer")
+        return value
+
 
 class Limits(Table):
     max_num_seqs: int | None = Field(default=None, ge=1)

@@ -157,3 +157,10 @@ def test_chat_template_file_is_relative_to_the_profile(tmp_path):
     by_file = write(tmp_path, f'{MODEL}chat_template = "chat.jinja"\n', "byfile.toml")
     assert load_profile(inline).model.chat_template == "{{ messages }}"
     assert load_profile(by_file).model.chat_template == str(tmp_path / "chat.jinja")
+
+
+def test_replicas_other_than_one_are_rejected_not_ignored(tmp_path, monkeypatch):
+    message = error_of(write(tmp_path, f"{MODEL}[parallel]\nreplicas = 2\n"))
+    assert "parallel.replicas: replicas = 2 is not supported" in message and "Set replicas = 1" in message
+    monkeypatch.setenv("INFERPLUG_PARALLEL__REPLICAS", "3")
+    assert "env INFERPLUG_PARALLEL__REPLICAS: replicas = 3 is not supported" in error_of("smollm2-135m")
