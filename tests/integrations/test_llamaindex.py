@@ -56,6 +56,11 @@ def test_required_tool_call_is_well_formed(llm):
     response = llm.chat_with_tools([tool], user_msg="What is the weather in Paris?", tool_required=True)
     calls = llm.get_tool_calls_from_response(response)
     assert [c.tool_name for c in calls] == ["get_weather"] and isinstance(calls[0].tool_kwargs["city"], str)
+    # streamed: the text grows delta by delta; the calls are parsed once, into the last response
+    streamed = list(llm.stream_chat_with_tools([tool], user_msg="What is the weather in Paris?", tool_required=True))
+    final = streamed[-1].message.content
+    assert all(final.startswith(r.message.content) for r in streamed) and len(streamed) > 2
+    assert [c.tool_name for c in llm.get_tool_calls_from_response(streamed[-1])] == ["get_weather"]
 
 
 def test_image_content_is_a_clear_error(llm):

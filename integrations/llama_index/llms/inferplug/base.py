@@ -107,11 +107,10 @@ class InferPlug(FunctionCallingLLM):
         prepared = self._prepare(messages, kwargs)
 
         def gen() -> ChatResponseGen:
-            builder = ResultBuilder()
+            stream = _ChatStream(self, prepared)
             for event in self.backend.stream_sync(prepared.request):
-                builder.add(event)
-                if event.index == 0 and (event.text or event.usage):
-                    yield self._response(builder.build(), prepared, delta=event.text)
+                if (response := stream.step(event)) is not None:
+                    yield response
 
         return gen()
 
@@ -128,11 +127,10 @@ class InferPlug(FunctionCallingLLM):
         prepared = self._prepare(messages, kwargs)
 
         async def gen() -> ChatResponseAsyncGen:
-            builder = ResultBuilder()
+            stream = _ChatStream(self, prepared)
             async for event in aiter_events(self.backend, prepared.request):
-                builder.add(event)
-                if event.index == 0 and (event.text or event.usage):
-                    yield self._response(builder.build(), prepared, delta=event.text)
+                if (response := stream.step(event)) is not None:
+                    yield response
 
         return gen()
 
@@ -179,6 +177,24 @@ class InferPlug(FunctionCallingLLM):
             raise ValueError(f"the model answered without a tool call: {response.message.content!r}")
         return [ToolSelection(tool_id=c["id"], tool_name=c["function"]["name"],
                               tool_kwargs=json.loads(c["function"]["arguments"])) for c in calls]
+
+
+class _ChatStream:
+    """A stream's ChatResponses: the text so far at each delta; tool calls, usage and finish once, at the end
+    (parsing calls out of the whole text at every delta would cost O(n^2) per stream)."""
+
+    def __init__(self, llm: InferPlug, prepared: Prepared) -> None:
+        self.llm, self.prepared, self.builder, self.text = llm, prepared, ResultBuilder(), ""
+
+    def step(self, event: Any) -> ChatResponse | None:
+        self.builder.add(event)
+        delta = event.text if event.index == 0 else ""
+        if event.usage is not None:  # the request's last event
+            return self.llm._response(self.builder.build(), self.prepared, delta=delta)
+        if not delta:
+            return None
+        self.text += delta
+        return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=self.text), delta=delta)
 
 
 def _completion(r: ChatResponse) -> CompletionResponse:
