@@ -8,10 +8,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inferplug.errors import ProfileError, RequestError
 from inferplug.types import Event, Request, SamplingParams, Timings, TokenLogprob, Usage
 
 
@@ -60,7 +62,8 @@ class LLM:
         plan = resolve(self.profile, probe())
         for key, value in engine_overrides.items():  # e.g. dtype="bfloat16", num_kv_blocks=512
             if not hasattr(plan, key):
-                raise TypeError(f"LLM() got an unknown engine option {key!r}")
+                known = sorted(f.name for f in dataclasses.fields(plan))
+                raise ProfileError(f"LLM() got an unknown engine option {key!r}; known: {', '.join(known)}")
             setattr(plan, key, value)
         self.engine = build_engine(self.profile, plan)
         self._counter = 0
@@ -85,7 +88,8 @@ class LLM:
     def _run(self, requests: list[Request], sampling_params) -> list[RequestOutput]:
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(requests)
         if len(params) != len(requests):
-            raise ValueError(f"got {len(params)} sampling params for {len(requests)} prompts; give one or one each")
+            raise RequestError(f"got {len(params)} sampling params for {len(requests)} prompts; give one or one each",
+                               param="sampling_params")
         outputs: dict[str, RequestOutput] = {}
         try:
             for request, p in zip(requests, params):

@@ -10,6 +10,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+from inferplug.errors import RequestError
+
 
 def document_key(text: str) -> str:
     """The content hash of a document's text (16 hex digits of sha256)."""
@@ -40,9 +42,10 @@ def as_rag_document(doc: Any) -> RagDocument:
     node = getattr(doc, "node", doc)  # NodeWithScore wraps a node
     if hasattr(node, "get_content"):  # llama_index TextNode / BaseNode
         return RagDocument.of(_llama_node_text(node))
-    raise TypeError(
+    raise RequestError(
         f"cannot use a {type(doc).__name__} as a retrieved document: give a str, a LangChain Document "
-        "or a LlamaIndex node"
+        "or a LlamaIndex node",
+        param="documents",
     )
 
 

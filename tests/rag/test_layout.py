@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from inferplug.errors import RequestError
 from inferplug.rag import (
     DocumentMemory,
     as_rag_document,
@@ -32,7 +33,7 @@ def test_langchain_and_llamaindex_documents_are_recognised():
     lc = as_rag_document(Document(page_content=DOCS[0], metadata={"source": "x"}))
     li = as_rag_document(NodeWithScore(node=TextNode(text=DOCS[0]), score=0.3))
     assert lc.key == li.key == document_key(DOCS[0])
-    with pytest.raises(TypeError, match="cannot use a int"):
+    with pytest.raises(RequestError, match="cannot use a int"):
         as_rag_document(3)
 
 
