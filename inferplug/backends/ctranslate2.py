@@ -18,15 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from inferplug.backends.base import Backend
 from inferplug.backends.ct2_batcher import Batcher, Job
-from inferplug.backends.local_stream import (
-    ChoiceStream,
-    RequestClock,
-    close_request,
-    engine_stop_ids,
-    max_new_tokens,
-    prompt_token_ids,
-    reject_unsupported,
-)
+from inferplug.backends.local_stream import ChoiceStream, LocalRequest, engine_stop_ids
 from inferplug.errors import BackendUnavailable, RequestError
 from inferplug.types import Capabilities, Event, Request
 
@@ -84,35 +76,22 @@ class CTranslate2Backend(Backend):
         return self._tokenizer
 
     async def generate(self, request: Request) -> AsyncIterator[Event]:
-        params = request.params
-        params.validate(len(self._tokenizer))
-        reject_unsupported(self.name, params, request)
-        clock = RequestClock()
-        ids = prompt_token_ids(self, request)
+        local = LocalRequest.start(self, request, [*self.config.eos_token_ids, self._tokenizer.eos_token_id])
+        ids = local.ids
         static = self._static_prompt(request, ids)
-        limit = max_new_tokens(params, len(ids), self.context_length)
-        end_ids = set(self.config.eos_token_ids) | set(params.stop_token_ids)
-        if self._tokenizer.eos_token_id is not None:
-            end_ids.add(self._tokenizer.eos_token_id)
-        choices = [ChoiceStream(request.request_id, i, self._tokenizer, ids, params, end_ids, limit)
-                   for i in range(params.n)]
         tokens = self._tokenizer.convert_ids_to_tokens(ids[len(static):])
         cached = len(static) if static in self._seen_static_prompts else 0
-        job = Job(tokens, params.n, limit, self._options(request, end_ids), static or None,
+        job = Job(tokens, request.params.n, local.limit, self._options(request, local.end_ids), static or None,
                   asyncio.get_running_loop())
         self._jobs[request.request_id] = job
         self._requests += 1
         self._static_prompt_hits += bool(cached)
         self._batcher.submit(job)
         try:
-            async for event in self._events(job, choices):
-                if event.finish_reason is not None and all(c.done for c in choices):
-                    if static:
-                        self._seen_static_prompts.add(static)
-                    event = close_request(event, choices, len(ids), cached, clock)
-                elif event.token_ids:
-                    clock.on_token()
-                yield event
+            async for event in self._events(job, local.choices):
+                if static and local.done:
+                    self._seen_static_prompts.add(static)
+                yield local.finish_or_tick(event, cached)
         finally:
             job.cancelled.set()
             self._jobs.pop(request.request_id, None)

@@ -16,15 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from inferplug.backends.base import Backend
 from inferplug.backends.exl2_worker import Entry, GeneratorWorker
-from inferplug.backends.local_stream import (
-    ChoiceStream,
-    RequestClock,
-    close_request,
-    engine_stop_ids,
-    max_new_tokens,
-    prompt_token_ids,
-    reject_unsupported,
-)
+from inferplug.backends.local_stream import ChoiceStream, LocalRequest, engine_stop_ids
 from inferplug.errors import BackendUnavailable
 from inferplug.types import Capabilities, Event, Request, SamplingParams
 
@@ -91,35 +83,24 @@ class ExLlamaV2Backend(Backend):
         return self._tokenizer
 
     async def generate(self, request: Request) -> AsyncIterator[Event]:
-        params = request.params
-        params.validate(len(self._tokenizer))
-        reject_unsupported(self.name, params, request, min_p=True, presence_penalty=True, frequency_penalty=True,
-                           top_logprobs=True)
-        clock = RequestClock()
-        ids = prompt_token_ids(self, request)
-        limit = max_new_tokens(params, len(ids), self.context_length)
-        end_ids = set(params.stop_token_ids) | set(self._eos_ids())
-        choices = [ChoiceStream(request.request_id, i, self._tokenizer, ids, params, end_ids, limit)
-                   for i in range(params.n)]
+        local = LocalRequest.start(self, request, self._eos_ids(), min_p=True, presence_penalty=True,
+                                   frequency_penalty=True, top_logprobs=True)
+        params, choices = request.params, local.choices
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
-        entries = [Entry(self._job(ids, params, limit, end_ids, i), i, loop, events, self._decode)
+        entries = [Entry(self._job(local.ids, params, local.limit, local.end_ids, i), i, loop, events, self._decode)
                    for i in range(params.n)]
         self._entries[request.request_id] = entries
         for entry in entries:
             self._worker.add(entry)
         cached = 0
         try:
-            while not all(c.done for c in choices):
+            while not local.done:
                 kind, index, *payload = await events.get()
                 choice = choices[index]
                 if kind == "eos":
                     cached = max(cached, payload[0].get("cached_tokens", 0))
                 for event in self._events(kind, choice, payload):
-                    if event.finish_reason is not None and all(c.done for c in choices):
-                        event = close_request(event, choices, len(ids), cached, clock)
-                    elif event.token_ids:
-                        clock.on_token()
-                    yield event
+                    yield local.finish_or_tick(event, cached)
                 if choice.done and not entries[index].done:
                     entries[index].done = True  # ended here (stop string): free its pages now
                     await asyncio.wrap_future(self._worker.cancel(entries[index]))

@@ -1,5 +1,5 @@
 """What local third-party backends (CTranslate2, ExLlamaV2) share around their token loop:
-turning a Request into prompt ids, and one choice's sampled tokens into Events.
+turning a Request into prompt ids and choices (LocalRequest), and one choice's sampled tokens into Events.
 
 Our own engine does this inside itself; these engines hand back raw token ids, so the
 detokenizing, stop strings, stop ids, usage and timings are done here, the same way for both.
@@ -8,6 +8,7 @@ detokenizing, stop strings, stop ids, usage and timings are done here, the same 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -157,9 +158,41 @@ class ChoiceStream:
         return event
 
 
-def close_request(last: Event, choices: list[ChoiceStream], prompt_tokens: int, cached_tokens: int,
-                  clock: RequestClock) -> Event:
-    """Attach the request's usage and timings to its last event."""
-    last.usage = Usage(prompt_tokens, sum(c.completion_tokens for c in choices), cached_tokens)
-    last.timings = clock.timings()
-    return last
+@dataclass
+class LocalRequest:
+    """One request on a local backend: its prompt ids, token limit, end ids and one ChoiceStream per choice."""
+
+    ids: list[int]
+    limit: int
+    end_ids: set[int]  # EOS and stop_token_ids
+    choices: list[ChoiceStream]
+    clock: RequestClock
+
+    @classmethod
+    def start(cls, backend: Backend, request: Request, eos_ids: Iterable[int | None], **supported: bool) -> LocalRequest:
+        """Check the request (RequestError before any event) and set up its choices; `supported` as in
+        reject_unsupported."""
+        params = request.params
+        params.validate(len(backend.tokenizer))
+        reject_unsupported(backend.name, params, request, **supported)
+        clock = RequestClock()
+        ids = prompt_token_ids(backend, request)
+        limit = max_new_tokens(params, len(ids), backend.context_length)
+        end_ids = {t for t in eos_ids if t is not None} | set(params.stop_token_ids)
+        choices = [ChoiceStream(request.request_id, i, backend.tokenizer, ids, params, end_ids, limit)
+                   for i in range(params.n)]
+        return cls(ids, limit, end_ids, choices, clock)
+
+    @property
+    def done(self) -> bool:
+        return all(c.done for c in self.choices)
+
+    def finish_or_tick(self, event: Event, cached_tokens: int) -> Event:
+        """The request's last event gets its usage and timings; an event with tokens ticks the clock."""
+        if event.finish_reason is not None and self.done:
+            completion = sum(c.completion_tokens for c in self.choices)
+            event.usage = Usage(len(self.ids), completion, cached_tokens)
+            event.timings = self.clock.timings()
+        elif event.token_ids:
+            self.clock.on_token()
+        return event
