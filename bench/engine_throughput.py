@@ -6,7 +6,7 @@ the first --hf-requests requests; its best throughput is the peer figure. Prints
 writes JSON.
 
     .venv/bin/python bench/engine_throughput.py --threads 2            # dtype: the resolver's choice
-    .venv/bin/python bench/engine_throughput.py --quant none,int8,int4  # weight-only formats (quant/linear.py)
+    .venv/bin/python bench/engine_throughput.py --quant none,fp16,int8,int4  # weight formats (quant/linear.py)
 """
 
 from __future__ import annotations
@@ -87,7 +87,9 @@ def main() -> None:
     ap.add_argument("--hf-requests", type=int, default=16, help="requests HF runs at each batch size (0 skips HF)")
     ap.add_argument("--hf-batches", default="1,8,16")
     ap.add_argument("--output-cap", type=int, default=256, help="cap output lengths (a quick smoke run of the script)")
-    ap.add_argument("--quant", default="none,int4", help="native weight formats to run, comma-separated: none, int8, int4")
+    ap.add_argument("--quant", default="auto,int4",
+                    help="native weight formats to run, comma-separated: auto (the resolver's choice for the default "
+                         "profile here: fp16 on x86 CPUs), none (weights in the dtype), fp16, int8, int4")
     ap.add_argument("--out", default="bench/results/engine_throughput.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -98,16 +100,18 @@ def main() -> None:
     from inferplug.quant.linear import quantize_model
 
     path = Path(args.model) if args.model else _profile_model()
-    dtype = _planned_dtype() if args.dtype == "auto" else args.dtype
+    plan = _default_plan()
+    dtype = plan.dtype if args.dtype == "auto" else args.dtype
     config = EngineConfig(dtype=dtype, num_kv_blocks=2048, max_num_seqs=64, max_num_batched_tokens=2048)
     tokenizer = load_tokenizer(path)
     requests = workload(tokenizer, args.requests, args.output_cap)
     natives = {}
     for fmt in args.quant.split(","):
+        fmt = (plan.weight_format or "none") if fmt == "auto" else fmt
         t0 = time.perf_counter()
         engine = LLMEngine(read_config(path), load_weights(path, config.torch_dtype), tokenizer, config)
         if fmt != "none":
-            quantize_model(engine.runner.model, fmt)  # as the native backend does for quantization.format
+            quantize_model(engine.runner.model, fmt)  # as the native backend does for Plan.weight_format
         load_s = time.perf_counter() - t0
         run_native(engine, requests[:2])  # warm-up
         natives[fmt] = run_native(engine, requests)
@@ -139,12 +143,12 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(report, indent=2))
 
 
-def _planned_dtype() -> str:
+def _default_plan():
     from inferplug.hardware import probe
     from inferplug.profile import load_profile
     from inferplug.resolver import resolve
 
-    return resolve(load_profile("smollm2-135m"), probe()).dtype
+    return resolve(load_profile("smollm2-135m"), probe())
 
 
 def _profile_model() -> Path:

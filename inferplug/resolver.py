@@ -53,6 +53,7 @@ class Plan:
     max_num_batched_tokens: int = 0
     kv_dtype: str = "float32"
     compute_type: str | None = None  # CTranslate2's compute_type
+    weight_format: str | None = None  # native: linears stored fp16/int8/int4 (quant/linear.py); None: in dtype
     tensor_parallel_size: int = 1
     prefix_caching: bool = True
     rag_document_cache: bool = True
@@ -199,9 +200,23 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
     gpus = _pick_gpus(profile, hw)
     dtype, dtype_why = _dtype(profile, gpus, hw)
     attention, attention_why = _attention(profile, gpus, hw)
-    bits, bits_why = weight_bits(profile, "native", dtype, facts)
-    return _local_plan("native", profile, hw, facts, gpus, dtype, attention, bits, None,
-                       [dtype_why, attention_why, f"weights: {bits_why}"])
+    weight_format, format_why = _native_weight_format(profile, gpus, hw, dtype)
+    bits, bits_why = weight_bits(profile, "native", dtype, facts, weight_format, "cuda" if gpus else "cpu")
+    plan = _local_plan("native", profile, hw, facts, gpus, dtype, attention, bits, None,
+                       [dtype_why, attention_why, *format_why, f"weights: {bits_why}"])
+    plan.weight_format = weight_format
+    return plan
+
+
+def _native_weight_format(profile: Profile, gpus: list[GPU], hw: Hardware, dtype: str) -> tuple[str | None, list[str]]:
+    """The profile's int8/int4, or fp16-stored weights for fp32 compute on an x86 CPU (fbgemm's fp16 GEMM)."""
+    fmt = profile.quantization.format
+    if fmt in ("int8", "int4"):
+        return fmt, []
+    if not gpus and dtype == "float32" and profile.dtype == "auto" and {"avx2", "f16c"} <= hw.cpu_flags:
+        return "fp16", ["linear weights stored fp16 (fbgemm fp16 GEMM, fp32 compute): half the bytes each decode "
+                        "step reads, greedy output as in fp32; pin dtype = \"float32\" to keep fp32 weights"]
+    return None, []
 
 
 def _plan_ctranslate2(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Plan:

@@ -112,9 +112,11 @@ def _model_limits(profile: str | None, report: dict[str, Any]) -> dict[str, Any]
     backend = get_backend(loaded)
     dtype = getattr(backend.plan, "dtype", "float32")
     params = read_config(ensure_local(loaded.model)).num_parameters()
-    # GGUF is dequantized to the engine dtype on load; weight-only int8/int4 stay packed.
-    bytes_per_weight = {"int8": 1, "int4": 0.5}.get(loaded.quantization.format, DTYPE_BYTES.get(dtype, 4))
-    weight_bytes = params * bytes_per_weight
+    native = getattr(backend, "engine", None)
+    if native is not None:  # what each decode step really streams: the layers and head as loaded
+        weight_bytes = native.engine.runner.model.decode_weight_bytes()
+    else:
+        weight_bytes = params * DTYPE_BYTES.get(dtype, 4)
     flops = report["matmul_flops"].get(dtype, report["matmul_flops"]["float32"])
     limits = {
         "profile": loaded.name, "backend": backend.name, "dtype": dtype, "parameters": params,

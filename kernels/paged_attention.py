@@ -1,7 +1,7 @@
 """Triton paged-attention decode: one query per sequence, K/V read through block tables.
 
 Pool layout as the engine allocates it (inferplug/models/llama.py allocate_kv_cache):
-[num_blocks, block_size, kv_heads, head_dim]. One program per (sequence, query head) walks the
+[kv_heads, num_blocks, block_size, head_dim]. One program per (sequence, query head) walks the
 sequence's blocks with an online softmax (running max and sum), so no [S] score row is kept and
 K/V are read once per head. GQA: head h reads kv head h // (heads // kv_heads).
 Reference: kernels/paged_attention_ref.py. Tests run it under TRITON_INTERPRET=1 on the CPU.
@@ -56,7 +56,7 @@ def paged_attention_decode(
 ) -> torch.Tensor:  # fmt: skip
     """Same contract as paged_attention_decode_ref: q [B, heads, D] -> [B, heads, D]."""
     batch, heads, head_dim = q.shape
-    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    kv_heads, block_size = k_cache.shape[0], k_cache.shape[2]
     if heads % kv_heads:
         raise ValueError(f"{heads} query heads do not split evenly over {kv_heads} KV heads")
     if block_size & (block_size - 1):
@@ -66,7 +66,7 @@ def paged_attention_decode(
     out = torch.empty_like(q)
     _paged_decode_kernel[(batch, heads)](
         q, k_cache, v_cache, out, block_tables, seq_lens, scale,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        q.stride(0), q.stride(1), k_cache.stride(1), k_cache.stride(2), k_cache.stride(0),
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=heads // kv_heads, BLOCK_SIZE=block_size, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
     )  # fmt: skip

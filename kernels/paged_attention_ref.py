@@ -11,17 +11,17 @@ def paged_attention_decode_ref(
 ) -> torch.Tensor:  # fmt: skip
     """One query token per sequence, attending to its first seq_lens[b] cached tokens.
 
-    q [B, heads, D]; k_cache / v_cache [num_blocks, block_size, kv_heads, D] (the engine's pool
+    q [B, heads, D]; k_cache / v_cache [kv_heads, num_blocks, block_size, D] (the engine's pool
     layout); block_tables [B, max_blocks] int; seq_lens [B] int. Returns [B, heads, D] in q's dtype.
     """
     batch, heads, head_dim = q.shape
-    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    kv_heads, block_size = k_cache.shape[0], k_cache.shape[2]
     out = torch.empty_like(q)
     for b in range(batch):
         length = int(seq_lens[b])
         blocks = block_tables[b, : (length + block_size - 1) // block_size].long()
-        keys = k_cache[blocks].reshape(-1, kv_heads, head_dim)[:length].float()  # [S, kv_heads, D]
-        values = v_cache[blocks].reshape(-1, kv_heads, head_dim)[:length].float()
+        keys = k_cache[:, blocks].reshape(kv_heads, -1, head_dim)[:, :length].transpose(0, 1).float()  # [S, kv_heads, D]
+        values = v_cache[:, blocks].reshape(kv_heads, -1, head_dim)[:, :length].transpose(0, 1).float()
         keys = keys.repeat_interleave(heads // kv_heads, dim=1)  # clarity over speed: one K/V per head
         values = values.repeat_interleave(heads // kv_heads, dim=1)
         scores = torch.einsum("hd,shd->hs", q[b].float(), keys) * scale

@@ -54,17 +54,33 @@ def test_cpu_only_default_profile_runs_native_fp32_without_bf16_isa():
     assert plan.memory.seqs_at_full_context == plan.memory.cache_tokens // 8192
 
 
-def test_native_int4_counts_the_float_embedding_and_the_int8_head():
-    """quantize_model leaves the embedding float and gives the tied head an int8 copy (tests/quant checks bytes)."""
+def test_native_int4_counts_the_float_embedding_and_the_fp16_head():
+    """quantize_model leaves the embedding float and gives the tied head an fp16 copy (tests/quant checks bytes)."""
     facts = dataclasses.replace(SMOLLM2, vocab_size=49152, hidden_size=576, tie_word_embeddings=True)
     plan = resolve(load_profile("smollm2-135m-int4"), cpu(), facts)
     embed = 49152 * 576
     layers = SMOLLM2.num_parameters - embed
-    assert plan.memory.weights_bytes == pytest.approx(layers * 5 / 8 + embed * 4 + embed, abs=1)  # int4: 5 bits
-    assert "weights: 12.37 bits/param on average: layers int4 (5 bits), embedding float32, lm_head an int8 copy " \
+    assert plan.weight_format == "int4"
+    assert plan.memory.weights_bytes == pytest.approx(layers * 5 / 8 + embed * 4 + embed * 2, abs=1)  # int4: 5 bits
+    assert "weights: 14.05 bits/param on average: layers int4 (5 bits), embedding float32, lm_head an fp16 copy " \
            "of the tied embedding" in plan.reasons
     unknown = resolve(load_profile("smollm2-135m-int4"), cpu(), SMOLLM2)  # [model.hints] give no embedding size
     assert unknown.memory.weight_bits == 5
+
+
+def test_fp32_on_an_x86_cpu_with_f16c_stores_linear_weights_fp16():
+    """fbgemm's fp16 GEMM (AVX2 + F16C) halves the bytes a decode step reads; a pinned dtype keeps fp32."""
+    facts = dataclasses.replace(SMOLLM2, vocab_size=49152, hidden_size=576, tie_word_embeddings=True)
+    plan = resolve(load_profile("smollm2-135m"), cpu(flags=("avx2", "fma", "f16c")), facts)
+    assert (plan.dtype, plan.weight_format) == ("float32", "fp16")
+    assert any("linear weights stored fp16" in r for r in plan.reasons)
+    embed = 49152 * 576
+    assert plan.memory.weights_bytes == pytest.approx((SMOLLM2.num_parameters - embed) * 2 + embed * 4 + embed * 2, abs=1)
+    profile = load_profile("smollm2-135m")
+    profile.dtype = "float32"
+    assert resolve(profile, cpu(flags=("avx2", "fma", "f16c")), facts).weight_format is None
+    assert resolve(load_profile("smollm2-135m"), cpu(), facts).weight_format is None  # no F16C
+    assert resolve(load_profile("smollm2-135m"), with_gpus(A100_80), facts).weight_format is None
 
 
 def test_cpu_with_avx512_bf16_or_amx_picks_bfloat16():

@@ -23,7 +23,7 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
     from inferplug.engine.config import EngineConfig
     from inferplug.engine.llm_engine import LLMEngine
     from inferplug.models.loader import load_tokenizer, load_weights, read_config
-    from inferplug.quant.linear import QUANTIZED_LINEARS, quantize_model
+    from inferplug.quant.linear import quantize_model
     from inferplug.sources import ensure_local
 
     native = getattr(profile, "native", None)
@@ -42,9 +42,9 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
     engine = LLMEngine(read_config(path), weights, tokenizer, config,
                        render_chat=partial(render_chat, tokenizer, profile))
     del weights  # the float copies go once the model is quantized below
-    if profile.quantization.format in QUANTIZED_LINEARS:
-        # Weight-only int8/int4 (quant/linear.py): decode is memory-bound, so fewer weight bytes per step.
-        quantize_model(engine.runner.model, profile.quantization.format)
+    if plan.weight_format:
+        # Weight-only fp16/int8/int4 (quant/linear.py): decode is memory-bound, so fewer weight bytes per step.
+        quantize_model(engine.runner.model, plan.weight_format)
     return engine
 
 

@@ -1,5 +1,9 @@
 """Paged attention on the CPU (torch). K/V live in per-layer pools read through block tables.
 
+A pool is [kv_heads, num_blocks, block_size, head_dim]: heads outermost, so the blocks gathered for
+a batch are already [kv_heads * batch, tokens, head_dim] and feed batched matmuls without another copy
+(a token-major pool cost a full copy of K and V per layer at every decode step).
+
 A step holds decode rows (one new token each) first, then prefill chunks. Everything that
 depends only on the step, not the layer (masks, gather indices), is built once in
 `AttentionContext` by the model runner.
@@ -29,15 +33,26 @@ class AttentionContext:
     slot_mapping: torch.Tensor  # [T] flat slot (block * block_size + offset) of each new token
     num_decode: int = 0
     decode_block_tables: torch.Tensor | None = None  # [B, max_blocks]
-    decode_bias: torch.Tensor | None = None  # [B, 1, 1, S] additive: 0 where attended, -inf past the end
+    decode_bias: torch.Tensor | None = None  # [1, B, 1, S] additive: 0 where attended, -inf past the end
+    decode_len: int = 0  # one decode row: its context length, cut to instead of a bias
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
-    """Store the step's new K/V ([T, kv_heads, head_dim]) into the pools at their slots."""
-    kv_heads, head_dim = k.shape[1], k.shape[2]
-    k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slots, k)
-    v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slots, v)
+    """Store K/V rows ([T, kv_heads, head_dim]) into the pools at their flat slots (block * block_size + offset)."""
+    for cache, rows in ((k_cache, k), (v_cache, v)):
+        cache.view(cache.shape[0], -1, cache.shape[-1]).index_copy_(1, slots, rows.transpose(0, 1))
+
+
+def read_kv(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """The rows at `slots` of one pool: [len(slots), kv_heads, head_dim]."""
+    return cache.view(cache.shape[0], -1, cache.shape[-1]).index_select(1, slots).transpose(0, 1)
+
+
+def _gather(cache: torch.Tensor, block_ids: torch.Tensor, rows: int) -> torch.Tensor:
+    """Blocks `block_ids` (rows x blocks each, flattened) of a pool as [kv_heads * rows, tokens, head_dim]."""
+    kv_heads, head_dim = cache.shape[0], cache.shape[-1]
+    return cache.index_select(1, block_ids).view(kv_heads * rows, -1, head_dim)
 
 
 def paged_attention(
@@ -46,6 +61,8 @@ def paged_attention(
 ) -> torch.Tensor:
     """q: [T, heads, D]; k, v: [T, kv_heads, D] (already written to the pools). Returns [T, heads * D]."""
     write_kv(k_cache, v_cache, k, v, ctx.slot_mapping)
+    if not ctx.prefills:  # a decode-only step, the common one: no scatter into `out`
+        return _decode(q, k_cache, v_cache, ctx, scale).flatten(1)
     out = torch.empty_like(q)
     if ctx.num_decode:
         out[: ctx.num_decode] = _decode(q[: ctx.num_decode], k_cache, v_cache, ctx, scale)
@@ -56,25 +73,31 @@ def paged_attention(
 
 
 def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: AttentionContext, scale: float):
-    """One query per sequence: a batched matmul per KV-head group, no repeat_interleave of K/V."""
+    """One query per sequence: batched matmuls over (kv head, sequence), no repeat_interleave of K/V."""
     batch, heads, head_dim = q.shape
-    kv_heads = k_cache.shape[2]
-    tables = ctx.decode_block_tables
-    keys = k_cache[tables].flatten(1, 2).permute(0, 2, 3, 1)  # [B, kv_heads, D, S]
-    values = v_cache[tables].flatten(1, 2).transpose(1, 2)  # [B, kv_heads, S, D]
-    q = q.view(batch, kv_heads, heads // kv_heads, head_dim)
-    scores = torch.matmul(q, keys).mul_(scale).add_(ctx.decode_bias)  # [B, kv_heads, group, S]
+    kv_heads = k_cache.shape[0]
+    group = heads // kv_heads
+    tables = ctx.decode_block_tables.view(-1)
+    keys, values = _gather(k_cache, tables, batch), _gather(v_cache, tables, batch)  # [kv_heads * B, S, D]
+    if ctx.decode_bias is None:  # one sequence: cut at its length instead of masking
+        keys, values = keys[:, : ctx.decode_len], values[:, : ctx.decode_len]
+    q = q.view(batch, kv_heads, group, head_dim).transpose(0, 1).reshape(kv_heads * batch, group, head_dim)
+    scores = torch.bmm(q, keys.transpose(1, 2)).mul_(scale)  # [kv_heads * B, group, S]
+    if ctx.decode_bias is not None:
+        scores.view(kv_heads, batch, group, -1).add_(ctx.decode_bias)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    return torch.matmul(probs, values).view(batch, heads, head_dim)
+    out = torch.bmm(probs, values).view(kv_heads, batch, group, head_dim)
+    return out.transpose(0, 1).reshape(batch, heads, head_dim)
 
 
 def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk, scale: float) -> torch.Tensor:
     if chunk.block_ids is not None:  # part of the context is cached: read it all back through the table
-        kv_heads, head_dim = k.shape[1], k.shape[2]
-        k = k_cache[chunk.block_ids].view(-1, kv_heads, head_dim)[: chunk.ctx_len]
-        v = v_cache[chunk.block_ids].view(-1, kv_heads, head_dim)[: chunk.ctx_len]
+        k = _gather(k_cache, chunk.block_ids, 1)[:, : chunk.ctx_len]  # [kv_heads, ctx_len, D]
+        v = _gather(v_cache, chunk.block_ids, 1)[:, : chunk.ctx_len]
+    else:
+        k, v = k.transpose(0, 1), v.transpose(0, 1)
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+        q.transpose(0, 1), k, v,
         attn_mask=chunk.mask, is_causal=chunk.mask is None, scale=scale, enable_gqa=True,
     )
     return out.transpose(0, 1)

@@ -33,7 +33,9 @@ from typing import Any
 
 import torch
 
+from inferplug.engine.attention import read_kv, write_kv
 from inferplug.engine.block_hash import doc_approx_key, hash_block, rekey_from
+from inferplug.models.llama import apply_rope
 from inferplug.types import DocumentSpan
 
 
@@ -122,8 +124,8 @@ class DocumentKVCache:
             self.entries.move_to_end(seg.key)
             return
         slots = self._slots(seq, seg.start, seg.end)
-        k = torch.stack([kc.view(-1, *kc.shape[2:])[slots] for kc, _ in self.kv_caches]).cpu()
-        v = torch.stack([vc.view(-1, *vc.shape[2:])[slots] for _, vc in self.kv_caches]).cpu()
+        k = torch.stack([read_kv(kc, slots) for kc, _ in self.kv_caches]).cpu()
+        v = torch.stack([read_kv(vc, slots) for _, vc in self.kv_caches]).cpu()
         entry = _Entry(k, v, seg.start)
         if entry.nbytes > self.capacity_bytes:
             return
@@ -140,11 +142,11 @@ class DocumentKVCache:
         entry = self.entries[seg.key]
         self.entries.move_to_end(seg.key)
         slots = self._slots(seq, seg.start, seg.end)
-        k = rerotate(entry.k.to(slots.device), seg.start - entry.position, self.model.cos, self.model.sin)
+        k = rerotate(entry.k.to(slots.device), seg.start - entry.position, self.model.cos,
+                     self.model.signed_sin)
         v = entry.v.to(slots.device)
         for layer, (kc, vc) in enumerate(self.kv_caches):
-            kc.view(-1, *kc.shape[2:]).index_copy_(0, slots, k[layer])
-            vc.view(-1, *vc.shape[2:]).index_copy_(0, slots, v[layer])
+            write_kv(kc, vc, k[layer], v[layer], slots)
         seg.done = True
         seq.num_computed_tokens = seg.end
         seq.num_cached_tokens = (seq.num_cached_tokens or 0) + seg.end - seg.start
@@ -162,16 +164,13 @@ class DocumentKVCache:
                 "doc_cache_stored": self.stored_segments}
 
 
-def rerotate(k: torch.Tensor, delta: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Move post-RoPE keys by `delta` positions: one more rotate-half RoPE rotation (sin is odd in delta)."""
+def rerotate(k: torch.Tensor, delta: int, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Move post-RoPE keys by `delta` positions: one more RoPE rotation (sin is odd in delta)."""
     if delta == 0:
         return k
     c = cos[abs(delta)].float()
-    s = sin[abs(delta)].float() * (1 if delta > 0 else -1)
-    k32 = k.float()
-    half = k.shape[-1] // 2
-    rotated = torch.cat((-k32[..., half:], k32[..., :half]), dim=-1)
-    return (k32 * c + rotated * s).to(k.dtype)
+    s = signed_sin[abs(delta)].float() * (1 if delta > 0 else -1)
+    return apply_rope(k.float(), c, s).to(k.dtype)
 
 
 def _first_token_at(offsets: list[tuple[int, int]], char: int) -> int:

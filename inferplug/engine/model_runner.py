@@ -58,10 +58,13 @@ class ModelRunner:
         width = max(-(-n // self.block_size) for n in lengths)
         tables = [s.block_table[:width] + [0] * (width - len(s.block_table[:width])) for s in seqs]
         ctx.decode_block_tables = self._tensor(tables)
+        if len(seqs) == 1:  # nothing to pad: attention cuts the keys at the length
+            ctx.decode_len = lengths[0]
+            return
         keys = torch.arange(width * self.block_size, device=self.device)
         past_end = keys[None, :] >= self._tensor(lengths)[:, None]
         bias = torch.zeros(past_end.shape, dtype=self.model.dtype, device=self.device)
-        ctx.decode_bias = bias.masked_fill_(past_end, float("-inf"))[:, None, None, :]
+        ctx.decode_bias = bias.masked_fill_(past_end, float("-inf"))[None, :, None, :]
 
     def _prefill_chunk(self, seq: Sequence, n: int, q_start: int) -> PrefillChunk:
         start = seq.num_computed_tokens

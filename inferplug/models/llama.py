@@ -64,21 +64,29 @@ class LlamaModel:
                 gate_up=torch.cat([take(f"{p}mlp.gate_proj.weight"), take(f"{p}mlp.up_proj.weight")]).contiguous(),
                 down=take(f"{p}mlp.down_proj.weight"),
             ))
-        self.cos, self.sin = rope_tables(config, self.device)
+        self.cos, self.signed_sin = rope_tables(config, self.device)
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        shape = (num_blocks, block_size, self.num_kv_heads, self.head_dim)
+        shape = (self.num_kv_heads, num_blocks, block_size, self.head_dim)  # heads outermost: see engine/attention.py
         return [
             (torch.zeros(shape, dtype=self.dtype, device=self.device), torch.zeros(shape, dtype=self.dtype, device=self.device))
             for _ in self.layers
         ]
+
+    def decode_weight_bytes(self) -> int:
+        """Bytes of weights one decode step streams: every layer and the head (the embedding gives one row)."""
+        def size(w) -> int:
+            return w.nbytes if isinstance(w, torch.Tensor) else w.nbytes()
+
+        layers = sum(size(w) for layer in self.layers for w in vars(layer).values() if w is not None)
+        return layers + size(self.lm_head) + self.norm.nbytes
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext, kv_caches) -> torch.Tensor:
         eps = self.config.rms_norm_eps
         x = F.embedding(input_ids, self.embed)
         cos = self.cos[positions].to(self.dtype).unsqueeze(1)  # [T, 1, D]
-        sin = self.sin[positions].to(self.dtype).unsqueeze(1)
+        sin = self.signed_sin[positions].to(self.dtype).unsqueeze(1)
         tokens = x.shape[0]
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             h = rms_norm(x, layer.input_norm, eps)
@@ -104,22 +112,23 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x, weight.shape, weight, eps)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE (HF layout: the first and second halves of head_dim pair up)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE (HF layout: the first and second halves of head_dim pair up).
+
+    `signed_sin` is sin with its first half negated, so HF's rotate_half(x) * sin is x.roll(half) * signed_sin:
+    three ops instead of six, which matters at one token per step."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
 
 
 def rope_tables(config: ModelConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 cos/sin for every position up to max_position_embeddings: [positions, head_dim]."""
+    """fp32 cos and signed sin (see apply_rope) for every position up to max_position_embeddings: [positions, head_dim]."""
     dim = config.head_dim
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     inv_freq = scale_inv_freq(inv_freq, config.rope_scaling)
     positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
     freqs = torch.outer(positions, inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(device), emb.sin().to(device)
+    return emb.cos().to(device), torch.cat((-freqs.sin(), freqs.sin()), dim=-1).to(device)
 
 
 def scale_inv_freq(inv_freq: torch.Tensor, scaling: dict | None) -> torch.Tensor:

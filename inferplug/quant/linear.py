@@ -1,10 +1,12 @@
-"""Weight-only int8 / int4 linear layers on torch's fused CPU kernels (the gpt-fast recipe).
+"""Weight-only fp16 / int8 / int4 linear layers on torch's fused CPU kernels (the gpt-fast recipe).
 
-Decode streams every weight once per step, so it is memory-bound: int8 halves the bytes of bf16,
-int4 quarters them. Activations stay in bf16 (the kernels' fast path; their fp32 path is ~20x
-slower than a float matmul), so a float32 model runs these layers in bf16.
+Decode streams every weight once per step, so it is memory-bound: fewer bytes per weight, faster steps.
+- fp16: fbgemm's fp16 GEMM (fp32 activations and accumulation). Half the bytes of fp32, and on AVX2
+  CPUs faster than torch's fp32 matmul at every batch size; greedy output matches fp32.
+- int8 / int4: activations in bf16 (the kernels' fast path; their fp32 path is ~20x slower than a
+  float matmul), so a float32 model runs these layers in bf16.
 
-Engine wiring (the native engine applies this when profile.quantization.format is int8/int4):
+Engine wiring (the native engine applies the resolver's Plan.weight_format):
     quantize_model(model, "int8")          # LlamaModel or any nn.Module, in place
     linear(x, weight, bias)                # in llama.py instead of F.linear: float tensor or quantized layer
 """
@@ -25,13 +27,14 @@ _LLAMA_LAYER_WEIGHTS = ("qkv", "o", "gate_up", "down")
 
 
 class _WeightOnlyLinear(nn.Module):
-    """Shared shape handling: any leading dims, bf16 compute, result in the input's dtype."""
+    """Shared shape handling: any leading dims, compute in `compute_dtype`, result in the input's dtype."""
 
     in_features: int
     out_features: int
+    compute_dtype = COMPUTE_DTYPE
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).to(COMPUTE_DTYPE)
+        flat = x.reshape(-1, self.in_features).to(self.compute_dtype)
         out = self._matmul(flat)
         if self.bias is not None:
             out = out + self.bias
@@ -40,8 +43,37 @@ class _WeightOnlyLinear(nn.Module):
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.buffers())
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class Fp16Linear(_WeightOnlyLinear):
+    """fp16 weights packed for fbgemm (x86 CPUs with AVX2 and F16C); fp32 activations and accumulation."""
+
+    compute_dtype = torch.float32
+
+    def __init__(self, packed, out_features: int, in_features: int):
+        super().__init__()
+        self.out_features, self.in_features = out_features, in_features
+        self.packed = packed  # fbgemm's packed fp16 matrix, bias included
+        self.bias = None
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "Fp16Linear":
+        if weight.device.type != "cpu":
+            raise ProfileError("fp16 weight packing runs on the CPU only; on CUDA use dtype = \"float16\"")
+        w = weight.detach().float().contiguous()
+        packed = torch.ops.quantized.linear_prepack_fp16(w, None if bias is None else bias.detach().float())
+        return cls(packed, *w.shape)
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic_fp16(x, self.packed)
+
+    def nbytes(self) -> int:
+        return 2 * self.out_features * self.in_features  # the packed matrix is opaque; the bias is negligible
 
 
 class Int8Linear(_WeightOnlyLinear):
@@ -102,7 +134,7 @@ class Int4Linear(_WeightOnlyLinear):
         return torch._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_and_zeros)
 
 
-QUANTIZED_LINEARS: dict[str, type[_WeightOnlyLinear]] = {"int8": Int8Linear, "int4": Int4Linear}
+QUANTIZED_LINEARS: dict[str, type[_WeightOnlyLinear]] = {"fp16": Fp16Linear, "int8": Int8Linear, "int4": Int4Linear}
 
 
 def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -114,11 +146,12 @@ def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.T
 
 
 def quantize_model(model, fmt: str):
-    """Replace the model's linear weights by `fmt` ("int8" / "int4") layers in place; returns the model.
+    """Replace the model's linear weights by `fmt` ("fp16" / "int8" / "int4") layers in place; returns the model.
 
     An nn.Module has its nn.Linear children swapped. inferplug's LlamaModel has each layer's fused
-    qkv / o / gate_up / down weights replaced and the lm_head made int8 (for "int4" too); its
-    embedding table stays float (a tied lm_head gets its own quantized copy).
+    qkv / o / gate_up / down weights replaced and its lm_head made fp16 on the CPU (fbgemm reads it faster
+    than int8) or int8 on CUDA, whatever `fmt` is; its embedding table stays float (a tied lm_head gets
+    its own copy). memory_plan.NATIVE_HEAD_FORMAT counts the same.
     """
     if fmt not in QUANTIZED_LINEARS:
         raise ProfileError(f"quantization.format {fmt!r} cannot run weight-only; use one of {sorted(QUANTIZED_LINEARS)}")
@@ -130,8 +163,9 @@ def quantize_model(model, fmt: str):
         for layer in model.layers:
             for name in _LLAMA_LAYER_WEIGHTS:
                 setattr(layer, name, layer_cls.from_float(getattr(layer, name)))
-        # lm_head stays int8 even for int4: SmolLM2's int4 head flips confident answers (Paris -> L'Étoile).
-        model.lm_head = Int8Linear.from_float(model.lm_head)
+        # Never an int4 head: SmolLM2's int4 head flips confident answers (Paris -> L'Étoile).
+        head_cls = Fp16Linear if model.lm_head.device.type == "cpu" else Int8Linear
+        model.lm_head = head_cls.from_float(model.lm_head)
     return model
 
 

@@ -1,4 +1,4 @@
-"""Weight-only int8/int4 (quant/linear.py) in the native engine: against HF with the same quantized
+"""Weight-only fp16/int8/int4 (quant/linear.py) in the native engine: against HF with the same quantized
 layers on the tiny checkpoints, and against the float engine on the real SmolLM2."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def quantized_engine(model_dir, fmt, **overrides):
     return engine
 
 
-@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("fmt", ["fp16", "int8", "int4"])
 def test_quantized_engine_matches_hf_with_the_same_quantized_layers(tiny_llama_dir, fmt):
     """Fused qkv / gate_up quantize row by row, so they equal HF's separate projections quantized alike."""
     engine = quantized_engine(tiny_llama_dir, fmt, max_num_batched_tokens=48)
@@ -38,22 +38,26 @@ def test_quantized_engine_matches_hf_with_the_same_quantized_layers(tiny_llama_d
 
 
 @pytest.mark.smollm2
-@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("fmt", ["int8", "int4"])  # fp16: test_smollm2.py checks it against HF
 def test_quantized_smollm2_answers_like_the_float_engine(smollm2_gguf, fmt):
     float_engine = make_engine(smollm2_gguf, max_num_batched_tokens=256)
     engine = quantized_engine(smollm2_gguf, fmt, max_num_batched_tokens=256)
     prompts = [float_engine.encode(Request(messages=[{"role": "user", "content": q}]))[0] for q in QUESTIONS]
-    params = SamplingParams(temperature=0.0, max_tokens=24)
+    params = SamplingParams(temperature=0.0, max_tokens=24, logprobs=5)
 
     def answers(eng):
         events = run_all(eng, [Request(prompt=p, params=params, request_id=str(i)) for i, p in enumerate(prompts)])
-        return [tokens_of(events[str(i)]) for i in range(len(prompts))], text_of(events["0"])
+        firsts = [events[str(i)][0].logprobs[0].top for i in range(len(prompts))]
+        return [tokens_of(events[str(i)]) for i in range(len(prompts))], text_of(events["0"]), firsts
 
-    reference, float_capital = answers(float_engine)
-    quantized, capital = answers(engine)
+    reference, float_capital, float_firsts = answers(float_engine)
+    quantized, capital, _ = answers(engine)
     # Greedy paths may part after a near-tie, so compare how far each answer follows the float one.
-    for ref, got in zip(reference, quantized):
-        assert got[:3] == ref[:3], f"{fmt}: first tokens {got[:3]} vs float {ref[:3]}"
+    for ref, got, top in zip(reference, quantized, float_firsts):
+        # The first token is the float one, or one the float model scores within 0.25 of it (a near-tie:
+        # "List three prime numbers." opens with "1" or "The" 0.1 apart).
+        near_ties = [token for token, _, logprob in top if logprob >= top[0][2] - 0.25]
+        assert got[0] in near_ties, f"{fmt}: first token {got[0]}, float's near-ties {near_ties} (answer {ref[:3]})"
     common = [next((k for k, (a, b) in enumerate(zip(r, g)) if a != b), min(len(r), len(g))) for r, g in zip(reference, quantized)]
     assert sum(common) >= 0.5 * sum(len(r) for r in reference), f"{fmt}: common prefixes {common}"
     assert "capital of France" in capital, f"{fmt}: {capital!r} (float: {float_capital!r})"

@@ -22,7 +22,7 @@ def random_pool(*, batch, heads, kv_heads, head_dim, block_size, seq_lens, devic
     for b, count in enumerate(blocks_per_seq):
         tables[b, :count] = order[taken : taken + count]
         taken += count
-    shape = (num_blocks, block_size, kv_heads, head_dim)
+    shape = (kv_heads, num_blocks, block_size, head_dim)  # the engine's pool layout
     k_cache = torch.randn(shape, generator=generator).to(device, dtype)
     v_cache = torch.randn(shape, generator=generator).to(device, dtype)
     q = torch.randn(batch, heads, head_dim, generator=generator).to(device, dtype)
@@ -49,7 +49,7 @@ def test_reference_matches_the_engine_cpu_decode_path():
     seq_lens = [3, 9]
     q, k_cache, v_cache, tables, lens = random_pool(batch=2, heads=4, kv_heads=2, head_dim=8, block_size=4, seq_lens=seq_lens)
     positions = torch.arange(tables.shape[1] * 4)
-    bias = torch.where(positions[None, :] < lens[:, None], 0.0, float("-inf")).view(2, 1, 1, -1)
+    bias = torch.where(positions[None, :] < lens[:, None], 0.0, float("-inf")).view(1, 2, 1, -1)
     ctx = AttentionContext(slot_mapping=torch.empty(0, dtype=torch.long), num_decode=2,
                            decode_block_tables=tables.long(), decode_bias=bias)  # fmt: skip
     engine = _decode(q, k_cache, v_cache, ctx, 8**-0.5)

@@ -1,4 +1,4 @@
-"""The resolver's weight estimate for native int8/int4 against the bytes quantize_model really leaves."""
+"""The resolver's weight estimate for native fp16/int8/int4 against the bytes quantize_model really leaves."""
 
 from __future__ import annotations
 
@@ -17,18 +17,19 @@ def loaded_bytes(model: LlamaModel) -> int:
     tensors = [model.embed, model.norm, model.lm_head, *(t for layer in model.layers for t in vars(layer).values())]
     seen: dict[int, int] = {}
     for item in tensors:
-        for tensor in item.buffers() if isinstance(item, torch.nn.Module) else [item]:
-            if isinstance(tensor, torch.Tensor):
-                seen[tensor.data_ptr()] = tensor.nbytes
+        if isinstance(item, torch.nn.Module):
+            seen[id(item)] = item.nbytes()
+        elif item is not None:
+            seen[item.data_ptr()] = item.nbytes
     return sum(seen.values())
 
 
-@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("fmt", ["fp16", "int8", "int4"])
 def test_estimate_matches_the_quantized_model(tiny_model_dir, fmt):
     """Tied (llama) and untied (qwen2, with qkv bias) heads; norms and scales are the small remainder."""
     config = read_config(tiny_model_dir)
     model = quantize_model(LlamaModel(config, load_weights(tiny_model_dir, torch.float32), dtype=torch.float32), fmt)
-    profile = Profile(backend="native", model={"path": str(tiny_model_dir)}, quantization={"format": fmt})
-    bits, why = weight_bits(profile, "native", "float32", ModelFacts.from_config(config, "test"))
+    profile = Profile(backend="native", model={"path": str(tiny_model_dir)}, quantization={"format": fmt.replace("fp16", "none")})
+    bits, why = weight_bits(profile, "native", "float32", ModelFacts.from_config(config, "test"), fmt, "cpu")
     estimate = config.num_parameters() * bits / 8
     assert estimate == pytest.approx(loaded_bytes(model), rel=0.03), why
