@@ -29,12 +29,22 @@ class PrefillChunk:
 
 
 @dataclass
+class DecodeGroup:
+    """Decode rows [start, end) of similar context lengths: one gather and two batched matmuls, padded to
+    the group's longest (grouping rows by length keeps short sequences from reading the longest one's width)."""
+
+    start: int
+    end: int
+    block_tables: torch.Tensor  # [rows, blocks]
+    bias: torch.Tensor | None  # [1, rows, 1, S] additive: 0 where attended, -inf past the end
+    length: int = 0  # one row: its context length, cut to instead of a bias
+
+
+@dataclass
 class AttentionContext:
     slot_mapping: torch.Tensor  # [T] flat slot (block * block_size + offset) of each new token
     num_decode: int = 0
-    decode_block_tables: torch.Tensor | None = None  # [B, max_blocks]
-    decode_bias: torch.Tensor | None = None  # [1, B, 1, S] additive: 0 where attended, -inf past the end
-    decode_len: int = 0  # one decode row: its context length, cut to instead of a bias
+    decode_groups: list[DecodeGroup] = field(default_factory=list)  # covering rows [0, num_decode)
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
@@ -61,30 +71,30 @@ def paged_attention(
 ) -> torch.Tensor:
     """q: [T, heads, D]; k, v: [T, kv_heads, D] (already written to the pools). Returns [T, heads * D]."""
     write_kv(k_cache, v_cache, k, v, ctx.slot_mapping)
-    if not ctx.prefills:  # a decode-only step, the common one: no scatter into `out`
-        return _decode(q, k_cache, v_cache, ctx, scale).flatten(1)
+    if not ctx.prefills and len(ctx.decode_groups) == 1:  # the common step: no scatter into `out`
+        return _decode(q, k_cache, v_cache, ctx.decode_groups[0], scale).flatten(1)
     out = torch.empty_like(q)
-    if ctx.num_decode:
-        out[: ctx.num_decode] = _decode(q[: ctx.num_decode], k_cache, v_cache, ctx, scale)
+    for group in ctx.decode_groups:
+        out[group.start : group.end] = _decode(q[group.start : group.end], k_cache, v_cache, group, scale)
     for chunk in ctx.prefills:
         rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
         out[rows] = _prefill(q[rows], k[rows], v[rows], k_cache, v_cache, chunk, scale)
     return out.flatten(1)
 
 
-def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: AttentionContext, scale: float):
+def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: DecodeGroup, scale: float):
     """One query per sequence: batched matmuls over (kv head, sequence), no repeat_interleave of K/V."""
     batch, heads, head_dim = q.shape
     kv_heads = k_cache.shape[0]
     group = heads // kv_heads
-    tables = ctx.decode_block_tables.view(-1)
+    tables = rows.block_tables.view(-1)
     keys, values = _gather(k_cache, tables, batch), _gather(v_cache, tables, batch)  # [kv_heads * B, S, D]
-    if ctx.decode_bias is None:  # one sequence: cut at its length instead of masking
-        keys, values = keys[:, : ctx.decode_len], values[:, : ctx.decode_len]
+    if rows.bias is None:  # one sequence: cut at its length instead of masking
+        keys, values = keys[:, : rows.length], values[:, : rows.length]
     q = q.view(batch, kv_heads, group, head_dim).transpose(0, 1).reshape(kv_heads * batch, group, head_dim)
     scores = torch.bmm(q, keys.transpose(1, 2)).mul_(scale)  # [kv_heads * B, group, S]
-    if ctx.decode_bias is not None:
-        scores.view(kv_heads, batch, group, -1).add_(ctx.decode_bias)
+    if rows.bias is not None:
+        scores.view(kv_heads, batch, group, -1).add_(rows.bias)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     out = torch.bmm(probs, values).view(kv_heads, batch, group, head_dim)
     return out.transpose(0, 1).reshape(batch, heads, head_dim)

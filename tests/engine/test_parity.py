@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import torch
 
 from inferplug.types import Request, SamplingParams
@@ -29,9 +31,13 @@ def test_first_token_logprobs_match_hf(tiny_model_dir):
     assert logprob.token_id == ids[0].item()
 
 
-def test_sixteen_concurrent_staggered_requests_match_hf(tiny_model_dir):
+@pytest.mark.parametrize("block_size", [16, 4])  # 4: the decode rows split into groups of similar lengths
+def test_sixteen_concurrent_staggered_requests_match_hf(tiny_model_dir, block_size):
     """Mixed lengths, arriving over several steps, with a small budget so prefills are chunked."""
-    engine = make_engine(tiny_model_dir, max_num_batched_tokens=48, max_num_seqs=12)
+    engine = make_engine(tiny_model_dir, max_num_batched_tokens=48, max_num_seqs=12, block_size=block_size)
+    group_counts = []
+    make_groups = engine.runner._decode_groups
+    engine.runner._decode_groups = lambda seqs: group_counts.append(len(groups := make_groups(seqs))) or groups
     lengths = [3, 70, 17, 1, 40, 9, 33, 120, 5, 64, 16, 28, 2, 90, 11, 47]
     outs = [4 + (i * 5) % 11 for i in range(16)]
     prompts = prompts_of(lengths, seed=1)
@@ -40,6 +46,7 @@ def test_sixteen_concurrent_staggered_requests_match_hf(tiny_model_dir):
     events = run_all(engine, requests[:4], arrivals)
     for i, (prompt, n) in enumerate(zip(prompts, outs)):
         assert tokens_of(events[str(i)]) == hf_greedy(tiny_model_dir, prompt, n), f"request {i}"
+    assert (max(group_counts) > 1) == (block_size == 4)
 
 
 def test_prefix_cache_hit_gives_the_same_output(tiny_llama_dir):

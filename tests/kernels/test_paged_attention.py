@@ -44,15 +44,14 @@ def test_kernel_matches_reference(heads, kv_heads, head_dim, block_size, seq_len
 
 
 def test_reference_matches_the_engine_cpu_decode_path():
-    from inferplug.engine.attention import AttentionContext, _decode
+    from inferplug.engine.attention import DecodeGroup, _decode
 
     seq_lens = [3, 9]
     q, k_cache, v_cache, tables, lens = random_pool(batch=2, heads=4, kv_heads=2, head_dim=8, block_size=4, seq_lens=seq_lens)
     positions = torch.arange(tables.shape[1] * 4)
     bias = torch.where(positions[None, :] < lens[:, None], 0.0, float("-inf")).view(1, 2, 1, -1)
-    ctx = AttentionContext(slot_mapping=torch.empty(0, dtype=torch.long), num_decode=2,
-                           decode_block_tables=tables.long(), decode_bias=bias)  # fmt: skip
-    engine = _decode(q, k_cache, v_cache, ctx, 8**-0.5)
+    rows = DecodeGroup(0, 2, tables.long(), bias)
+    engine = _decode(q, k_cache, v_cache, rows, 8**-0.5)
     torch.testing.assert_close(paged_attention_decode_ref(q, k_cache, v_cache, tables, lens, 8**-0.5), engine)
 
 
