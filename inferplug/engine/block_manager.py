@@ -47,8 +47,12 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return []
         self._update_keys(seq)
+        return self.cached_run(seq.block_hashes[: (len(seq.token_ids) - 1) // self.block_size])
+
+    def cached_run(self, keys: list[bytes]) -> list[int]:
+        """The cached blocks of the leading keys, up to the first key not cached."""
         hits: list[int] = []
-        for key in seq.block_hashes[: (len(seq.token_ids) - 1) // self.block_size]:
+        for key in keys:
             block = self.cached.get(key)
             if block is None:
                 break

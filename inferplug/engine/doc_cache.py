@@ -21,7 +21,8 @@ request's KV blocks instead of computing it, even if the neighbours or the posit
 
 Hooks in the engine (each a one-liner marked "doc_cache"): LLMEngine.add_request calls `plan`,
 the Scheduler caps prefill chunks with `cap_chunk` so a chunk stops where a cached segment
-starts, and LLMEngine.step calls `after_step` to store new segments and inject cached ones.
+starts and extends prefix hits with `extend_hits`, and LLMEngine.step calls `after_step` to store
+new segments and inject cached ones.
 """
 
 from __future__ import annotations
@@ -97,6 +98,23 @@ class DocumentKVCache:
             if not seg.done and seg.start > computed and seg.key in self.entries:
                 return min(n, seg.start - computed)
         return n
+
+    def extend_hits(self, seq: Any, hits: list[int]) -> list[int]:
+        """Continue a prefix hit through blocks that an earlier request filled from cached documents.
+
+        Those blocks are keyed under doc_approx_key from their first injected block on. A request with
+        document hints would inject the same KV, so it takes those blocks instead: a repeated retrieval
+        set costs a prefix hit, not another injection and a chunk per document."""
+        bs = self.blocks.block_size
+        first, limit = len(hits), (len(seq.token_ids) - 1) // bs
+        if seq not in self.plans or first >= limit:
+            return hits
+        keys = seq.block_hashes[:first]
+        rekey_from(keys, seq.token_ids, bs, first, doc_approx_key(seq.cache_salt))
+        more = self.blocks.cached_run(keys[first:limit])
+        if more:
+            seq.block_hashes[:] = keys  # its blocks from here on are approximate, like an injection leaves them
+        return hits + more
 
     # --- engine step hook ------------------------------------------------------------------
     def after_step(self, seq: Any) -> None:

@@ -57,7 +57,7 @@ class LLMEngine:
         self.doc_cache = (DocumentKVCache(model, self.runner.kv_caches, self.blocks, tokenizer)
                           if config.rag_document_cache else None)
         if self.doc_cache is not None:
-            self.scheduler.cap_chunk = self.doc_cache.cap_chunk
+            self.scheduler.cap_chunk, self.scheduler.extend_hits = self.doc_cache.cap_chunk, self.doc_cache.extend_hits
         self.requests: dict[str, RequestState] = {}
 
     # --- requests ---------------------------------------------------------------

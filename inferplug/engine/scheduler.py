@@ -23,8 +23,10 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
-        # doc_cache: shortens a prefill chunk to end where a cached RAG document starts (engine/doc_cache.py)
+        # doc_cache: shortens a prefill chunk to end where a cached RAG document starts, and extends a prefix
+        # hit through blocks an earlier request filled from cached documents (engine/doc_cache.py)
         self.cap_chunk: Callable[[Sequence, int, int], int] = lambda seq, computed, n: n
+        self.extend_hits: Callable[[Sequence, list[int]], list[int]] = lambda seq, hits: hits
 
     def add(self, seq: Sequence, *, front: bool = False) -> None:
         seq.status = SequenceStatus.WAITING
@@ -58,7 +60,7 @@ class Scheduler:
             return scheduled
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            hits = self.blocks.lookup_prefix(seq)
+            hits = self.extend_hits(seq, self.blocks.lookup_prefix(seq))
             computed = len(hits) * self.blocks.block_size
             n = self.cap_chunk(seq, computed, min(len(seq.token_ids) - computed, budget))
             if not self.blocks.allocate(seq, computed + n, hits):

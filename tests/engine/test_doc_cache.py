@@ -85,3 +85,20 @@ def test_a_plain_request_never_gets_approximate_kv(tiny_llama_dir):
     assert tokens_of(events) == _fresh_tokens(tiny_llama_dir, _request("q2", [DOCS[2], DOCS[0], DOCS[1]], "b",
                                                                        hinted=False))
     engine.blocks.check_invariants()
+
+
+def test_a_repeated_retrieval_set_hits_the_blocks_its_injection_filled(tiny_llama_dir):
+    engine = make_engine(tiny_llama_dir)
+    run_all(engine, [_request("q1", DOCS, "a")])
+    moved = [DOCS[2], DOCS[0], DOCS[1]]
+    first = _request("q2", moved, "b")  # approximate KV injected from the documents' cache
+    first_events = run_all(engine, [first])[first.request_id]
+    injected = engine.doc_cache.injected_segments
+    assert injected > 0
+    again = _request("q2", moved, "b")  # the same prompt with hints: a prefix hit through the injected blocks
+    events = run_all(engine, [again])[again.request_id]
+    assert engine.doc_cache.injected_segments == injected  # nothing injected again
+    usage, block = events[-1].usage, engine.config.block_size
+    assert usage.cached_tokens == (usage.prompt_tokens - 1) // block * block  # every full block of the prompt
+    assert tokens_of(events) == tokens_of(first_events)  # the same approximate KV, so the same answer
+    engine.blocks.check_invariants()
