@@ -43,8 +43,7 @@ class DecodeGroup:
 @dataclass
 class AttentionContext:
     slot_mapping: torch.Tensor  # [T] flat slot (block * block_size + offset) of each new token
-    num_decode: int = 0
-    decode_groups: list[DecodeGroup] = field(default_factory=list)  # covering rows [0, num_decode)
+    decode_groups: list[DecodeGroup] = field(default_factory=list)  # the decode rows, first in the step
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 

@@ -39,7 +39,7 @@ class ModelRunner:
             if start + n == len(seq.token_ids):
                 sample_rows.append(len(input_ids) - 1)
                 sample_seqs.append(seq)
-        ctx = AttentionContext(slot_mapping=self._tensor(slots), num_decode=len(decodes))
+        ctx = AttentionContext(slot_mapping=self._tensor(slots))
         ctx.decode_groups = self._decode_groups([s for s, _ in decodes])
         q_start = len(decodes)
         for seq, n in prefills:
