@@ -58,6 +58,7 @@ def profile_status(hw: Hardware) -> list[dict[str, Any]]:
             else:
                 plan = resolve(profile, hw)
                 row.update(fits=True, backend=plan.backend, device=plan.device, dtype=plan.compute_type or plan.dtype,
+                           weights=plan.weight_format,
                            max_model_len=plan.max_model_len, max_num_seqs=plan.max_num_seqs,
                            seqs_at_full_context=plan.memory.seqs_at_full_context if plan.memory else None,
                            why=_fit_summary(plan))
@@ -139,6 +140,8 @@ def print_report(report: dict[str, Any]) -> None:
     for p in report["profiles"]:
         fits = {True: "[green]yes[/]", False: "[red]no[/]", None: "[yellow]?[/]"}[p["fits"]]
         runs = " ".join(p[k] for k in ("backend", "device", "dtype") if p[k] != "auto") if p["fits"] else ""
+        if p.get("weights"):
+            runs += f", {p['weights']} weights"
         ctx = f"{p['max_model_len']} x {p['seqs_at_full_context'] or p['max_num_seqs']}" if p["fits"] else ""
         profiles.add_row(p["name"], fits, runs, ctx, escape(p.get("why", "")))
     console.print(profiles)

@@ -162,7 +162,6 @@ class Sampling(Table):
 
 class NativeOptions(Table):
     num_threads: int | None = Field(default=None, ge=1)  # torch intra-op threads on CPU
-    enforce_eager: bool = False  # skip torch.compile / CUDA graphs
 
 
 class CTranslate2Options(Table):
