@@ -139,16 +139,24 @@ def test_requests_with_different_max_tokens_share_a_batch(tiny_llama_dir, tiny_b
     longest = ids_of(collect(backend, request(max(limits))))
 
     async def together():
+        # A long request holds the one worker, so the four queue up and are taken together, whatever the
+        # timing of their submissions (without it the worker may take each as it comes).
+        blocker = backend.generate(request(400))
+        await anext(blocker)
+        before = backend.stats()["batches"]
+
         async def one(limit):
             return [e async for e in backend.generate(request(limit))]
-        return await asyncio.gather(*(one(limit) for limit in limits))
+        results = await asyncio.gather(*(one(limit) for limit in limits))
+        async for _ in blocker:  # let it finish
+            pass
+        return results, backend.stats()["batches"] - before
 
-    batches_before = backend.stats()["batches"]
-    results = backend.run_sync(together())
+    results, batches = backend.run_sync(together())
     for limit, events in zip(limits, results):
         assert ids_of(events) == longest[:limit]  # each stops at its own limit
         assert events[-1].finish_reason == "length" and events[-1].usage.completion_tokens == limit
-    assert backend.stats()["batches"] - batches_before < len(limits)  # some ran in one generate_batch
+    assert batches == 1  # the four ran in one generate_batch
 
 
 def test_n_choices_stop_strings_and_logprobs(tiny_llama_dir, tiny_backends):
