@@ -16,18 +16,13 @@ from pathlib import Path
 from inferplug.errors import ResolveError
 from inferplug.models.config import ModelConfig
 from inferplug.profile import ArchitectureHints, Profile
+from inferplug.quant.formats import HEAD_FORMAT, LAYER_BITS
 
 GiB = 1 << 30
 MiB = 1 << 20
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # Usual bits per weight of each format, scales and zero points included (group size 128).
 FORMAT_BITS = {"int8": 8.0, "ct2-int8": 8.0, "int4": 4.25, "awq": 4.25, "gptq": 4.25, "exl2": 4.25}
-# The native engine's weight-only layers (quant/linear.py): int8 has one bf16 scale per output row
-# (negligible); int4 a bf16 scale and zero per group of 32 inputs, so 4 + 32/32 bits. quantize_model
-# leaves the embedding in the model dtype and makes the lm_head fp16 on the CPU, int8 on CUDA (a copy
-# when tied to the embedding).
-NATIVE_LAYER_BITS = {"fp16": 16.0, "int8": 8.0, "int4": 5.0}
-NATIVE_HEAD_FORMAT = {"cpu": "fp16", "cuda": "int8"}
 # Headroom for activations, the allocator and (on CUDA) the context: fixed + a share of the weights.
 RESERVE_FIXED = {"cpu": 256 * MiB, "cuda": 768 * MiB}
 RESERVE_SHARE = 0.05
@@ -143,8 +138,8 @@ def weight_bits(profile: Profile, backend: str, dtype: str, facts: ModelFacts | 
         return profile.quantization.bits, f"[quantization] bits = {profile.quantization.bits:g}"
     if fmt == "gguf" and backend == "ctranslate2":
         return 8.0, "GGUF is converted to CTranslate2 int8"
-    if backend == "native" and native_format in NATIVE_LAYER_BITS:
-        return _native_quantized_bits(native_format, dtype, facts, NATIVE_HEAD_FORMAT[device_kind])
+    if backend == "native" and native_format in LAYER_BITS:
+        return _native_quantized_bits(native_format, dtype, facts, HEAD_FORMAT[device_kind])
     if fmt in FORMAT_BITS:
         return FORMAT_BITS[fmt], f"{fmt} weights"
     bits = DTYPE_BYTES[dtype] * 8.0
@@ -153,12 +148,12 @@ def weight_bits(profile: Profile, backend: str, dtype: str, facts: ModelFacts | 
 
 
 def _native_quantized_bits(fmt: str, dtype: str, facts: ModelFacts | None, head_fmt: str) -> tuple[float, str]:
-    layer_bits = NATIVE_LAYER_BITS[fmt]
+    layer_bits = LAYER_BITS[fmt]
     if facts is None or not facts.embedding_parameters:
         return layer_bits, f"{fmt} weights ({layer_bits:g} bits; the embedding's size is unknown, counted alike)"
     embed = facts.embedding_parameters
     layers = facts.num_parameters - embed * (1 if facts.tie_word_embeddings else 2)
-    head = NATIVE_LAYER_BITS[head_fmt]
+    head = LAYER_BITS[head_fmt]
     bits = (layers * layer_bits + embed * DTYPE_BYTES[dtype] * 8 + embed * head) / facts.num_parameters
     head_why = f"an {head_fmt} copy of the tied embedding" if facts.tie_word_embeddings else head_fmt
     return bits, (f"{bits:.2f} bits/param on average: layers {fmt} ({layer_bits:g} bits), embedding {dtype}, "

@@ -112,9 +112,8 @@ def _model_limits(profile: str | None, report: dict[str, Any]) -> dict[str, Any]
     backend = get_backend(loaded)
     dtype = getattr(backend.plan, "dtype", "float32")
     params = read_config(ensure_local(loaded.model)).num_parameters()
-    native = getattr(backend, "engine", None)
-    if native is not None:  # what each decode step really streams: the layers and head as loaded
-        weight_bytes = native.engine.runner.model.decode_weight_bytes()
+    if backend.name == "native":  # what each decode step really streams: the layers and head as loaded
+        weight_bytes = backend.engine.engine.runner.model.decode_weight_bytes()
     else:
         weight_bytes = params * DTYPE_BYTES.get(dtype, 4)
     flops = report["matmul_flops"].get(dtype, report["matmul_flops"]["float32"])

@@ -39,8 +39,8 @@ class ModelRunner:
             if start + n == len(seq.token_ids):
                 sample_rows.append(len(input_ids) - 1)
                 sample_seqs.append(seq)
-        ctx = AttentionContext(slot_mapping=self._tensor(slots))
-        ctx.decode_groups = self._decode_groups([s for s, _ in decodes])
+        ctx = AttentionContext(slot_mapping=self._tensor(slots),
+                               decode_groups=self._decode_groups([s for s, _ in decodes]))
         q_start = len(decodes)
         for seq, n in prefills:
             ctx.prefills.append(self._prefill_chunk(seq, n, q_start))
@@ -64,13 +64,12 @@ class ModelRunner:
         for i in range(1, len(seqs) + 1):
             if i == len(seqs) or (blocks[i] <= GROUP_WIDTH_RATIO * blocks[start]
                                   and blocks[start] - blocks[i] >= GROUP_MIN_GAP_BLOCKS):
-                groups.append(self._decode_group(seqs[start:i], start))
+                groups.append(self._decode_group(seqs[start:i], start, width=blocks[start]))
                 start = i
         return groups
 
-    def _decode_group(self, seqs: list[Sequence], start: int) -> DecodeGroup:
+    def _decode_group(self, seqs: list[Sequence], start: int, width: int) -> DecodeGroup:
         lengths = [s.num_computed_tokens + 1 for s in seqs]
-        width = -(-lengths[0] // self.block_size)
         tables = self._tensor([s.block_table[:width] + [0] * (width - len(s.block_table[:width])) for s in seqs])
         if len(seqs) == 1:  # nothing to pad: attention cuts the keys at the length
             return DecodeGroup(start, start + 1, tables, None, lengths[0])

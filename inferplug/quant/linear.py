@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inferplug.errors import ProfileError
+from inferplug.quant.formats import HEAD_FORMAT
 
 COMPUTE_DTYPE = torch.bfloat16
 # 32 = GGUF's legacy block: a Q4_0/Q4_1 source maps onto the int4 grid almost exactly (SmolLM2 Q4_1:
@@ -149,9 +150,8 @@ def quantize_model(model, fmt: str):
     """Replace the model's linear weights by `fmt` ("fp16" / "int8" / "int4") layers in place; returns the model.
 
     An nn.Module has its nn.Linear children swapped. inferplug's LlamaModel has each layer's fused
-    qkv / o / gate_up / down weights replaced and its lm_head made fp16 on the CPU (fbgemm reads it faster
-    than int8) or int8 on CUDA, whatever `fmt` is; its embedding table stays float (a tied lm_head gets
-    its own copy). memory_plan.NATIVE_HEAD_FORMAT counts the same.
+    qkv / o / gate_up / down weights replaced and its lm_head made formats.HEAD_FORMAT for its device,
+    whatever `fmt` is; its embedding table stays float (a tied lm_head gets its own copy).
     """
     if fmt not in QUANTIZED_LINEARS:
         raise ProfileError(f"quantization.format {fmt!r} cannot run weight-only; use one of {sorted(QUANTIZED_LINEARS)}")
@@ -163,9 +163,7 @@ def quantize_model(model, fmt: str):
         for layer in model.layers:
             for name in _LLAMA_LAYER_WEIGHTS:
                 setattr(layer, name, layer_cls.from_float(getattr(layer, name)))
-        # Never an int4 head: SmolLM2's int4 head flips confident answers (Paris -> L'Étoile).
-        head_cls = Fp16Linear if model.lm_head.device.type == "cpu" else Int8Linear
-        model.lm_head = head_cls.from_float(model.lm_head)
+        model.lm_head = QUANTIZED_LINEARS[HEAD_FORMAT[model.lm_head.device.type]].from_float(model.lm_head)
     return model
 
 
