@@ -1,4 +1,5 @@
-"""Paged attention on the CPU (torch). K/V live in per-layer pools read through block tables.
+"""Paged attention in torch ops, decode on an AVX2 CPU in a C++ kernel. K/V live in per-layer pools read
+through block tables.
 
 A pool is [kv_heads, num_blocks, block_size, head_dim]: heads outermost, so the blocks gathered for
 a batch are already [kv_heads * batch, tokens, head_dim] and feed batched matmuls without another copy
@@ -16,6 +17,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from inferplug import cpu_kernels
+
 
 @dataclass
 class PrefillChunk:
@@ -30,14 +33,17 @@ class PrefillChunk:
 
 @dataclass
 class DecodeGroup:
-    """Decode rows [start, end) of similar context lengths: one gather and two batched matmuls, padded to
-    the group's longest (grouping rows by length keeps short sequences from reading the longest one's width)."""
+    """Decode rows [start, end). The torch path groups rows of similar context lengths: one gather and two
+    batched matmuls, padded to the group's longest (grouping keeps short sequences from reading the longest
+    one's width). The C++ kernel (cpu_kernels/paged_decode.cpp) takes every decode row in one group: it reads
+    K/V in place, exactly each row's `lengths`, so it needs neither the gather nor the padding."""
 
     start: int
     end: int
-    block_tables: torch.Tensor  # [rows, blocks]
-    bias: torch.Tensor | None  # [1, rows, 1, S] additive: 0 where attended, -inf past the end
-    length: int = 0  # one row: its context length, cut to instead of a bias
+    block_tables: torch.Tensor  # [rows, blocks], padded with block 0
+    bias: torch.Tensor | None  # torch, several rows: [1, rows, 1, S] additive: 0 where attended, -inf past the end
+    length: int = 0  # torch, one row: its context length, cut to instead of a bias
+    lengths: torch.Tensor | None = None  # [rows] context lengths: set when the C++ kernel runs these rows
 
 
 @dataclass
@@ -82,7 +88,10 @@ def paged_attention(
 
 
 def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: DecodeGroup, scale: float):
-    """One query per sequence: batched matmuls over (kv head, sequence), no repeat_interleave of K/V."""
+    """One query per sequence: batched matmuls over (kv head, sequence), no repeat_interleave of K/V; or the
+    C++ kernel, when the runner chose it (rows.lengths)."""
+    if rows.lengths is not None:
+        return cpu_kernels.ops().paged_decode(q, k_cache, v_cache, rows.block_tables, rows.lengths, scale)
     batch, heads, head_dim = q.shape
     kv_heads = k_cache.shape[0]
     group = heads // kv_heads

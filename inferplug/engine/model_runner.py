@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from inferplug import cpu_kernels
 from inferplug.engine.attention import AttentionContext, DecodeGroup, PrefillChunk
 from inferplug.engine.sampler import SampleResult, Sampler
 from inferplug.engine.sequence import Sequence
@@ -20,6 +21,9 @@ class ModelRunner:
         self.kv_caches = model.allocate_kv_cache(num_blocks, block_size)
         self.sampler = sampler
         self.device = model.device
+        # Decode attention in the C++ kernel (fp32, AVX2): all rows in one group, each reading its own length.
+        self.decode_kernel = (self.device.type == "cpu" and model.dtype == torch.float32 and model.head_dim % 8 == 0
+                              and cpu_kernels.ops() is not None)
 
     def run(self, scheduled: list[tuple[Sequence, int]]) -> list[tuple[Sequence, SampleResult]]:
         """Compute the scheduled tokens; return a sample for each sequence whose tokens are now all computed."""
@@ -58,11 +62,11 @@ class ModelRunner:
         return torch.tensor(values, dtype=torch.long, device=self.device)
 
     def _decode_groups(self, seqs: list[Sequence]) -> list[DecodeGroup]:
-        """Cut the decode rows (longest first) into groups of similar widths (GROUP_WIDTH_RATIO)."""
+        """Cut the decode rows (longest first) into groups of similar widths (GROUP_WIDTH_RATIO); one for the kernel."""
         blocks = [-(-(s.num_computed_tokens + 1) // self.block_size) for s in seqs]
         groups, start = [], 0
         for i in range(1, len(seqs) + 1):
-            if i == len(seqs) or (blocks[i] <= GROUP_WIDTH_RATIO * blocks[start]
+            if i == len(seqs) or (not self.decode_kernel and blocks[i] <= GROUP_WIDTH_RATIO * blocks[start]
                                   and blocks[start] - blocks[i] >= GROUP_MIN_GAP_BLOCKS):
                 groups.append(self._decode_group(seqs[start:i], start, width=blocks[start]))
                 start = i
@@ -71,6 +75,8 @@ class ModelRunner:
     def _decode_group(self, seqs: list[Sequence], start: int, width: int) -> DecodeGroup:
         lengths = [s.num_computed_tokens + 1 for s in seqs]
         tables = self._tensor([s.block_table[:width] + [0] * (width - len(s.block_table[:width])) for s in seqs])
+        if self.decode_kernel:
+            return DecodeGroup(start, start + len(seqs), tables, None, lengths=self._tensor(lengths))
         if len(seqs) == 1:  # nothing to pad: attention cuts the keys at the length
             return DecodeGroup(start, start + 1, tables, None, lengths[0])
         keys = torch.arange(width * self.block_size, device=self.device)

@@ -31,10 +31,14 @@ def test_first_token_logprobs_match_hf(tiny_model_dir):
     assert logprob.token_id == ids[0].item()
 
 
-@pytest.mark.parametrize("block_size", [16, 4])  # 4: the decode rows split into groups of similar lengths
-def test_sixteen_concurrent_staggered_requests_match_hf(tiny_model_dir, block_size):
+@pytest.mark.parametrize("block_size", [16, 4])  # 4: the torch path splits decode rows into groups of similar lengths
+@pytest.mark.parametrize("decode_kernel", [False, True], ids=["torch-decode", "kernel-decode"])
+def test_sixteen_concurrent_staggered_requests_match_hf(tiny_model_dir, block_size, decode_kernel):
     """Mixed lengths, arriving over several steps, with a small budget so prefills are chunked."""
     engine = make_engine(tiny_model_dir, max_num_batched_tokens=48, max_num_seqs=12, block_size=block_size)
+    if decode_kernel and not engine.runner.decode_kernel:
+        pytest.skip("the C++ decode kernel cannot run here (see inferplug.cpu_kernels)")
+    engine.runner.decode_kernel = decode_kernel
     group_counts = []
     make_groups = engine.runner._decode_groups
     engine.runner._decode_groups = lambda seqs: group_counts.append(len(groups := make_groups(seqs))) or groups
@@ -46,7 +50,7 @@ def test_sixteen_concurrent_staggered_requests_match_hf(tiny_model_dir, block_si
     events = run_all(engine, requests[:4], arrivals)
     for i, (prompt, n) in enumerate(zip(prompts, outs)):
         assert tokens_of(events[str(i)]) == hf_greedy(tiny_model_dir, prompt, n), f"request {i}"
-    assert (max(group_counts) > 1) == (block_size == 4)
+    assert (max(group_counts) > 1) == (block_size == 4 and not decode_kernel)
 
 
 def test_prefix_cache_hit_gives_the_same_output(tiny_llama_dir):

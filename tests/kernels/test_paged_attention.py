@@ -5,29 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.paged_attention_ref import paged_attention_decode_ref
+from kernels.paged_attention_ref import paged_attention_decode_ref, random_pool
 
 triton = pytest.importorskip("triton")
 from kernels.paged_attention import paged_attention_decode  # noqa: E402  (after the interpreter switch)
-
-
-def random_pool(*, batch, heads, kv_heads, head_dim, block_size, seq_lens, device="cpu", dtype=torch.float32, seed=0):
-    """Random K/V pools with each sequence's blocks scattered in a shuffled order, as after churn."""
-    generator = torch.Generator().manual_seed(seed)
-    blocks_per_seq = [(n + block_size - 1) // block_size for n in seq_lens]
-    num_blocks = sum(blocks_per_seq) + 3  # a few blocks nobody owns
-    order = torch.randperm(num_blocks, generator=generator)
-    tables = torch.zeros(batch, max(blocks_per_seq), dtype=torch.int32)
-    taken = 0
-    for b, count in enumerate(blocks_per_seq):
-        tables[b, :count] = order[taken : taken + count]
-        taken += count
-    shape = (kv_heads, num_blocks, block_size, head_dim)  # the engine's pool layout
-    k_cache = torch.randn(shape, generator=generator).to(device, dtype)
-    v_cache = torch.randn(shape, generator=generator).to(device, dtype)
-    q = torch.randn(batch, heads, head_dim, generator=generator).to(device, dtype)
-    lens = torch.tensor(seq_lens, dtype=torch.int32)
-    return q, k_cache, v_cache, tables.to(device), lens.to(device)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,175 @@
+// Paged decode attention: one new query token per sequence, K/V read in place from the block pools
+// through the block tables (the torch path copies every block with index_select before its matmuls).
+// Each (sequence, kv head) pair is one work item: its query heads share every K/V row read from memory.
+// Tokens go 8 at a time, so 8 scores fill one AVX2 vector (one exp, no horizontal sum per token).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+namespace {
+
+constexpr int64_t CHUNK = 8;  // tokens per step, one score per lane
+
+// [sum(a[0]), ..., sum(a[7])]: the 8 horizontal sums in one vector.
+inline __m256 sums_of(const __m256 a[CHUNK]) {
+  const __m256 low = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));  // per 128-bit half
+  const __m256 high = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31));
+}
+
+// exp(x) for x <= 0 (max-subtracted scores): 2^n * p(r), x = n ln2 + r, p Cephes' expf polynomial (~1 ulp).
+// Below ln(FLT_MIN), -inf included, it gives 0; NaN stays NaN.
+inline __m256 exp_nonpositive(__m256 x) {
+  const __m256 ln_flt_min = _mm256_set1_ps(-87.33654f);
+  const __m256 underflow = _mm256_cmp_ps(x, ln_flt_min, _CMP_LT_OQ);
+  x = _mm256_max_ps(ln_flt_min, x);  // max_ps returns its second operand for NaN
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),  // x / ln2, to the nearest
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // ln2 in two parts: n * the first is exact
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  for (const float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(two_n)));
+}
+
+struct Pool {  // one layer's K and V pools, [kv_heads, num_blocks, block_size, head_dim]
+  const float *k, *v;
+  int64_t num_blocks, block_size, head_dim;
+
+  int64_t head_offset(int64_t kv_head) const { return kv_head * num_blocks * block_size * head_dim; }
+};
+
+struct Scratch {  // one thread's buffers, sized for the longest sequence
+  std::vector<int64_t> rows;  // each token's row offset within a kv head's pool
+  std::vector<float> scores;  // [group, padded length]
+};
+
+inline int64_t padded(int64_t length) { return (length + CHUNK - 1) / CHUNK * CHUNK; }
+
+// The `group` query heads (rows of q, head_dim apart) of one sequence on one kv head, into `out` (same
+// layout). Two passes over the K/V rows: scores and their softmax, then the softmax-weighted sum of V.
+void attend(const Pool& pool, int64_t kv_head, const int64_t* blocks, int64_t length, const float* q, int64_t group,
+            float scale, Scratch& scratch, float* out) {
+  const int64_t d = pool.head_dim, width = padded(length);
+  int64_t* rows = scratch.rows.data();
+  for (int64_t t = 0, b = 0; t < length; b++)  // two loops, not t / block_size: a division costs more than a row
+    for (int64_t i = 0; i < pool.block_size && t < length; i++) rows[t++] = (blocks[b] * pool.block_size + i) * d;
+  std::fill(rows + length, rows + width, rows[length - 1]);  // past the end: its score is dropped, its weight 0
+  const float *k = pool.k + pool.head_offset(kv_head), *v = pool.v + pool.head_offset(kv_head);
+  float* scores = scratch.scores.data();
+
+  for (int64_t t = 0; t < width; t += CHUNK) {
+    for (int64_t j = 0; j < group; j++) {  // the chunk's K rows come from memory once, then from L1
+      __m256 acc[CHUNK];
+      for (int64_t i = 0; i < CHUNK; i++) acc[i] = _mm256_setzero_ps();
+      for (int64_t x = 0; x < d; x += 8) {
+        const __m256 qx = _mm256_loadu_ps(q + j * d + x);
+        for (int64_t i = 0; i < CHUNK; i++) acc[i] = _mm256_fmadd_ps(qx, _mm256_loadu_ps(k + rows[t + i] + x), acc[i]);
+      }
+      _mm256_storeu_ps(scores + j * width + t, _mm256_mul_ps(sums_of(acc), _mm256_set1_ps(scale)));
+    }
+  }
+
+  for (int64_t j = 0; j < group; j++) {  // softmax, max-subtracted so exp never overflows
+    float* s = scores + j * width;
+    std::fill(s + length, s + width, -INFINITY);
+    const __m256 max = _mm256_set1_ps(*std::max_element(s, s + length));
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t t = 0; t < width; t += CHUNK) {
+      const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + t), max));
+      _mm256_storeu_ps(s + t, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, sum);
+    const __m256 inverse = _mm256_set1_ps(1.f / std::accumulate(lanes, lanes + 8, 0.f));
+    for (int64_t t = 0; t < width; t += CHUNK) _mm256_storeu_ps(s + t, _mm256_mul_ps(_mm256_loadu_ps(s + t), inverse));
+  }
+
+  std::fill(out, out + group * d, 0.f);
+  for (int64_t t = 0; t < width; t += CHUNK) {
+    for (int64_t j = 0; j < group; j++) {
+      __m256 weight[CHUNK];
+      for (int64_t i = 0; i < CHUNK; i++) weight[i] = _mm256_set1_ps(scores[j * width + t + i]);
+      for (int64_t x = 0; x < d; x += 8) {
+        __m256 acc = _mm256_loadu_ps(out + j * d + x);
+        for (int64_t i = 0; i < CHUNK; i++) acc = _mm256_fmadd_ps(weight[i], _mm256_loadu_ps(v + rows[t + i] + x), acc);
+        _mm256_storeu_ps(out + j * d + x, acc);
+      }
+    }
+  }
+}
+
+at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                        const at::Tensor& block_tables, const at::Tensor& context_lens, double scale) {
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4, "paged_decode: q must be [batch, heads, head_dim] and the pools "
+              "[kv_heads, num_blocks, block_size, head_dim]");
+  const int64_t batch = q.size(0), heads = q.size(1), d = q.size(2);
+  const int64_t kv_heads = k_cache.size(0), block_size = k_cache.size(2);
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
+              v_cache.scalar_type() == at::kFloat, "paged_decode: q and the K/V pools must be float32");
+  TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu(),
+              "paged_decode runs on the CPU");
+  TORCH_CHECK(d % 8 == 0, "paged_decode: head_dim must be a multiple of 8 (AVX2 lanes), got ", d);
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes() && k_cache.size(3) == d,
+              "paged_decode: the K and V pools must match and share q's head_dim");
+  TORCH_CHECK(heads % kv_heads == 0, "paged_decode: heads (", heads, ") must be a multiple of kv_heads (", kv_heads,
+              ")");
+  TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == d, "paged_decode: each q row's heads must be contiguous");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "paged_decode: the K/V pools must be contiguous");
+  TORCH_CHECK(block_tables.scalar_type() == at::kLong && context_lens.scalar_type() == at::kLong,
+              "paged_decode: block_tables and context_lens must be int64");
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == batch && block_tables.is_contiguous() &&
+              context_lens.dim() == 1 && context_lens.size(0) == batch && context_lens.is_contiguous(),
+              "paged_decode: block_tables must be [batch, max_blocks] and context_lens [batch], contiguous");
+
+  const Pool pool{k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), k_cache.size(1), block_size, d};
+  const int64_t max_blocks = block_tables.size(1);
+  const int64_t* tables = block_tables.data_ptr<int64_t>();
+  const int64_t* lens = context_lens.data_ptr<int64_t>();
+  int64_t longest = 0;
+  for (int64_t b = 0; b < batch; b++) {  // a bad table would read outside the pools: check the blocks used
+    TORCH_CHECK(lens[b] >= 1 && lens[b] <= max_blocks * block_size, "paged_decode: context length ", lens[b],
+                " of row ", b, " is not covered by its ", max_blocks, " blocks");
+    for (int64_t i = 0; i < (lens[b] + block_size - 1) / block_size; i++)
+      TORCH_CHECK(tables[b * max_blocks + i] >= 0 && tables[b * max_blocks + i] < pool.num_blocks,
+                  "paged_decode: block id ", tables[b * max_blocks + i], " is outside the pool");
+    longest = std::max(longest, lens[b]);
+  }
+
+  at::Tensor out = at::empty({batch, heads, d}, q.options());
+  const int64_t group = heads / kv_heads, items = batch * kv_heads, q_row = q.stride(0);
+  const float* q_data = q.data_ptr<float>();
+  float* out_data = out.data_ptr<float>();
+  // Each thread takes every threads-th item, not a contiguous run: rows come sorted by length, and
+  // contiguous runs would give one thread all the long ones.
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
+  at::parallel_for(0, threads, 1, [&](int64_t first, int64_t last) {
+    Scratch scratch{std::vector<int64_t>(padded(longest)), std::vector<float>(group * padded(longest))};
+    for (int64_t thread = first; thread < last; thread++)
+      for (int64_t item = thread; item < items; item += threads) {
+        const int64_t b = item / kv_heads, h = item % kv_heads;
+        attend(pool, h, tables + b * max_blocks, lens[b], q_data + b * q_row + h * group * d, group,
+               static_cast<float>(scale), scratch, out_data + (b * heads + h * group) * d);
+      }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(inferplug, m) {
+  m.def("paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor context_lens, float scale)"
+        " -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(inferplug, CPU, m) { m.impl("paged_decode", &paged_decode); }
