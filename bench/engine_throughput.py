@@ -2,8 +2,9 @@
 
 Workload: 64 chat requests, prompts of ~30-300 tokens, output lengths spread over 16-256 tokens
 (fixed per request, ignore_eos), greedy. HF runs static batches (left padding) of 1, 8 and 16 on
-the first --hf-requests requests; its best throughput is the peer figure. Prints a table and
-writes JSON.
+the first --hf-requests requests; its best throughput is the peer figure. Where llama-cpp-python is
+installed, llama.cpp decodes one stream of the first prompt from the same GGUF file (the one-stream
+peer). Prints a table and writes JSON.
 
     .venv/bin/python bench/engine_throughput.py --threads 2            # dtype: the resolver's choice
     .venv/bin/python bench/engine_throughput.py --quant none,fp16,int8,int4  # weight formats (quant/linear.py)
@@ -58,6 +59,19 @@ def run_native(engine, requests) -> dict:
 def single_stream(engine, prompt: list[int], n: int = 128) -> float:
     stats = run_native(engine, [(prompt, n)])
     return 1.0 / stats["tpot_median_s"]
+
+
+def llama_cpp_single_stream(gguf: Path, prompt: list[int], n: int, threads: int) -> float | None:
+    """llama.cpp's decode tok/s on one stream of the same prompt (greedy, EOS suppressed); None if not installed."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    llm = Llama(model_path=str(gguf), n_ctx=len(prompt) + n + 16, n_threads=threads, n_batch=512, verbose=False)
+    stamps = []
+    for _ in llm.create_completion(prompt, max_tokens=n, temperature=0.0, stream=True, logit_bias={llm.token_eos(): float("-inf")}):
+        stamps.append(time.perf_counter())
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0])  # from the first token: decode only, as TPOT
 
 
 def run_hf(model, tokenizer, requests, batch: int) -> dict:
@@ -128,9 +142,10 @@ def main() -> None:
         subset = requests[: args.hf_requests]
         hf_runs = [run_hf(hf, tokenizer, subset, int(b)) for b in args.hf_batches.split(",")]
     best = max(hf_runs, key=lambda r: r["tok_per_s"]) if hf_runs else None
+    llama_cpp = llama_cpp_single_stream(path, requests[0][0], min(128, args.output_cap), args.threads) if path.suffix == ".gguf" else None
     report = {"workload": {"requests": len(requests), "dtype": dtype, "threads": args.threads,
                            "prompt_tokens": [len(p) for p, _ in requests], "output_tokens": [n for _, n in requests]},
-              "native": natives, "hf": hf_runs,
+              "native": natives, "hf": hf_runs, "llama_cpp_single_stream_tok_per_s": llama_cpp,
               "ratio_vs_best_hf": {fmt: n["tok_per_s"] / best["tok_per_s"] for fmt, n in natives.items()} if best else None}
     print(f"{'engine':<26}{'out tok/s':>10}{'TTFT med':>10}{'TPOT med':>10}{'1-stream tok/s':>16}{'vs best HF':>12}")
     for fmt, native in natives.items():
@@ -139,6 +154,8 @@ def main() -> None:
               f"{native['tpot_median_s'] * 1000:>8.1f}ms{native['single_stream_tok_per_s']:>16.1f}{ratio:>12}")
     for run in hf_runs:
         print(f"{'hf generate b=' + str(run['batch']):<26}{run['tok_per_s']:>10.1f}")
+    if llama_cpp is not None:
+        print(f"{'llama.cpp (one stream)':<26}{'':>10}{'':>10}{'':>10}{llama_cpp:>16.1f}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
 

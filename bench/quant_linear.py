@@ -1,4 +1,7 @@
-"""Weight-only int8/int4 linears vs float32/bf16 at SmolLM2-135M's shapes, same run.
+"""Weight-only fp16/int8/int4 linears vs float32/bf16 at SmolLM2-135M's shapes, same run.
+
+Peers: torch's float matmuls, fbgemm's fp16 GEMM, torch's int8/int4 weight-only kernels (bf16
+activations), and inferplug's own Q8_0/Q4_1 kernels (cpu_kernels; int8 activations), where they build.
 
 One "step" runs every linear of the model once, each with its own weights (30 layers of
 qkv 576->960, o 576->576, gate_up 576->3072, down 1536->576, then the 576->49152 lm_head), so the
@@ -20,7 +23,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from inferplug.quant.linear import Int4Linear, Int8Linear
+from inferplug import cpu_kernels
+from inferplug.quant.block_linear import Q4Linear, Q8Linear
+from inferplug.quant.linear import Fp16Linear, Int4Linear, Int8Linear
 
 LAYERS = 30
 LAYER_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # (out, in): qkv, o, gate_up, down
@@ -40,7 +45,7 @@ def float_step(weights: list[torch.Tensor], dtype: torch.dtype):
 
 def quant_step(weights: list[torch.Tensor], layer_cls):
     layers = [layer_cls.from_float(w) for w in weights]
-    return lambda xs: [layer(xs[layer.in_features]) for layer in layers], torch.bfloat16
+    return lambda xs: [layer(xs[layer.in_features]) for layer in layers], layer_cls.compute_dtype
 
 
 def time_steps(peers: dict, rows: int, repeats: int) -> dict[str, float]:
@@ -67,15 +72,18 @@ def main() -> None:
 
     weights = model_weights()
     peers = {"float32": float_step(weights, torch.float32), "bf16": float_step(weights, torch.bfloat16),
-             "int8": quant_step(weights, Int8Linear), "int4": quant_step(weights, Int4Linear)}
+             "fp16": quant_step(weights, Fp16Linear),
+             "int8 torch": quant_step(weights, Int8Linear), "int4 torch": quant_step(weights, Int4Linear)}
+    if cpu_kernels.ops() is not None:
+        peers |= {"int8 Q8_0": quant_step(weights, Q8Linear), "int4 Q4_1": quant_step(weights, Q4Linear)}
     by_rows = {rows: time_steps(peers, rows, args.repeats) for rows in args.rows}
     results = {name: {rows: by_rows[rows][name] for rows in args.rows} for name in peers}
 
     print(f"torch threads={torch.get_num_threads()}  repeats={args.repeats}  ms per step (all linears once)")
-    print(f"{'weights':<10}" + "".join(f"{f'{r} row(s) ms':>14}{'vs fp32':>9}" for r in args.rows))
+    print(f"{'weights':<12}" + "".join(f"{f'{r} row(s) ms':>14}{'vs fp32':>9}" for r in args.rows))
     for name, by_r in results.items():
         cells = "".join(f"{by_r[r]:>14.2f}{results['float32'][r] / by_r[r]:>8.2f}x" for r in args.rows)
-        print(f"{name:<10}{cells}")
+        print(f"{name:<12}{cells}")
     Path(args.json).write_text(json.dumps({"threads": torch.get_num_threads(), "repeats": args.repeats,
                                            "ms_per_step": results}, indent=2))  # fmt: skip
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from inferplug import cpu_kernels
 from inferplug.errors import InferPlugError
 from inferplug.hardware import Hardware, probe
 from inferplug.memory_plan import gib
@@ -89,7 +90,7 @@ def collect(hw: Hardware | None = None) -> dict[str, Any]:
                     "cores": hw.cpu_count, "ram_total": hw.ram_total, "ram_available": hw.ram_available},
         "gpus": [{"index": g.index, "name": g.name, "capability": f"{g.capability[0]}.{g.capability[1]}",
                   "total_memory": g.total_memory, "free_memory": g.free_memory} for g in hw.gpus],
-        "cuda_version": hw.cuda_version, "driver_version": hw.driver_version, "gpu_note": hw.gpu_note,
+        "cpu_kernels": cpu_kernels.unavailable_reason(hw), "cuda_version": hw.cuda_version, "driver_version": hw.driver_version, "gpu_note": hw.gpu_note,
         "backends": backends, "profiles": profiles, "ok": local_fit or unknown_but_usable,
     }
 
@@ -128,6 +129,9 @@ def print_report(report: dict[str, Any]) -> None:
     for g in report["gpus"]:
         machine.add_row(f"gpu {g['index']}", f"{g['name']} (sm {g['capability']}), {gib(g['free_memory'])} free of "
                         f"{gib(g['total_memory'])}")
+    off = report["cpu_kernels"]
+    machine.add_row("cpu kernels", f"off: {escape(off)}" if off else "AVX2: the native engine's int8/int4 matmuls, paged "
+                    "decode attention and RMSNorm (compiled on first use)")
     machine.add_row("cuda", f"{report['cuda_version'] or 'none'} (driver {report['driver_version'] or 'none'})")
     if report["gpu_note"]:
         machine.add_row("gpu", escape(report["gpu_note"]))

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from inferplug import ct2_compute
+from inferplug.cpu_kernels import REQUIRED_FLAGS as CPU_KERNEL_FLAGS
 from inferplug.errors import ResolveError
 from inferplug.hardware import GPU, Hardware
 from inferplug.memory_plan import (
@@ -212,7 +213,10 @@ def _native_weight_format(profile: Profile, gpus: list[GPU], hw: Hardware, dtype
     """The profile's int8/int4, or fp16-stored weights for fp32 compute on an x86 CPU (fbgemm's fp16 GEMM)."""
     fmt = profile.quantization.format
     if fmt in ("int8", "int4"):
-        return fmt, []
+        if gpus or not CPU_KERNEL_FLAGS <= hw.cpu_flags:
+            return fmt, []
+        block = {"int8": "Q8_0", "int4": "Q4_1"}[fmt]
+        return fmt, [f"{fmt} layers in GGUF {block} blocks on inferplug's AVX2 kernel, int8 activations (as llama.cpp)"]
     if not gpus and dtype == "float32" and profile.dtype == "auto" and {"avx2", "f16c"} <= hw.cpu_flags:
         return "fp16", ["linear weights stored fp16 (fbgemm fp16 GEMM, fp32 compute): half the bytes each decode "
                         "step reads, greedy output as in fp32; pin dtype = \"float32\" to keep fp32 weights"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from inferplug import cpu_kernels
 from inferplug.engine.attention import AttentionContext, DecodeGroup, PrefillChunk
 from inferplug.engine.sampler import SampleResult, Sampler
 from inferplug.engine.sequence import Sequence
@@ -22,8 +21,7 @@ class ModelRunner:
         self.sampler = sampler
         self.device = model.device
         # Decode attention in the C++ kernel (fp32, AVX2): all rows in one group, each reading its own length.
-        self.decode_kernel = (self.device.type == "cpu" and model.dtype == torch.float32 and model.head_dim % 8 == 0
-                              and cpu_kernels.ops() is not None)
+        self.decode_kernel = model.kernels is not None and model.head_dim % 8 == 0  # see LlamaModel.kernels
 
     def run(self, scheduled: list[tuple[Sequence, int]]) -> list[tuple[Sequence, SampleResult]]:
         """Compute the scheduled tokens; return a sample for each sequence whose tokens are now all computed."""

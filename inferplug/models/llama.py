@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from inferplug import cpu_kernels
 from inferplug.engine.attention import AttentionContext, paged_attention
 from inferplug.models.config import ModelConfig
 from inferplug.quant.linear import linear  # F.linear, or a weight-only int8/int4 layer's kernel
@@ -65,6 +66,8 @@ class LlamaModel:
                 down=take(f"{p}mlp.down_proj.weight"),
             ))
         self.cos, self.signed_sin = rope_tables(config, self.device)
+        # inferplug's own CPU ops (cpu_kernels) where they run: float32 on an AVX2 CPU.
+        self.kernels = cpu_kernels.ops() if self.device.type == "cpu" and dtype == torch.float32 else None
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         shape = (self.num_kv_heads, num_blocks, block_size, self.head_dim)  # heads outermost: see engine/attention.py
@@ -83,33 +86,37 @@ class LlamaModel:
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext, kv_caches) -> torch.Tensor:
-        eps = self.config.rms_norm_eps
         x = F.embedding(input_ids, self.embed)
         cos = self.cos[positions].to(self.dtype).unsqueeze(1)  # [T, 1, D]
         sin = self.signed_sin[positions].to(self.dtype).unsqueeze(1)
         tokens = x.shape[0]
+        delta = None  # each residual branch is added inside the next norm: one fused op on the CPU
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            h = rms_norm(x, layer.input_norm, eps)
+            h = self.add_rms_norm(x, delta, layer.input_norm)
             qkv = linear(h, layer.qkv, layer.qkv_bias).view(tokens, -1, self.head_dim)
             qk = apply_rope(qkv[:, : self.num_heads + self.num_kv_heads], cos, sin)  # q and k heads in one go
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
             v = qkv[:, self.num_heads + self.num_kv_heads:]
             attn = paged_attention(q, k, v, k_cache, v_cache, ctx, self.scale)
-            x = x + linear(attn, layer.o)
-            h = rms_norm(x, layer.post_norm, eps)
+            h = self.add_rms_norm(x, linear(attn, layer.o), layer.post_norm)
             gate, up = linear(h, layer.gate_up).chunk(2, dim=-1)
-            x = x + linear(F.silu(gate).mul_(up), layer.down)
-        return x
+            delta = linear(F.silu(gate).mul_(up), layer.down)
+        return x.add_(delta)
+
+    def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor) -> torch.Tensor:
+        """x += delta in place (when given), then RMSNorm(x); equal to HF's RMSNorm in fp32 (HF rounds to
+        the model dtype before the scale in bf16)."""
+        eps = self.config.rms_norm_eps
+        if self.kernels is not None:
+            return self.kernels.rms_norm(x, weight, eps) if delta is None else self.kernels.add_rms_norm_(x, delta, weight, eps)
+        if delta is not None:
+            x.add_(delta)
+        return F.rms_norm(x, weight.shape, weight, eps)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits for the given rows of hidden states."""
-        return linear(rms_norm(hidden, self.norm, self.config.rms_norm_eps), self.lm_head).float()
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """One fused op; equal to HF's RMSNorm in fp32 (HF rounds to the model dtype before the scale in bf16)."""
-    return F.rms_norm(x, weight.shape, weight, eps)
+        return linear(self.add_rms_norm(hidden.contiguous(), None, self.norm), self.lm_head).float()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

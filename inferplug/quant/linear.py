@@ -18,40 +18,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from inferplug.errors import ProfileError
+from inferplug.quant.base import COMPUTE_DTYPE, WeightOnlyLinear
 from inferplug.quant.formats import HEAD_FORMAT
+from inferplug.quant.block_linear import Q4Linear, Q8Linear
 
-COMPUTE_DTYPE = torch.bfloat16
 # 32 = GGUF's legacy block: a Q4_0/Q4_1 source maps onto the int4 grid almost exactly (SmolLM2 Q4_1:
 # min logit cosine 0.986 at 32 vs -0.18 at 64/128).
 INT4_GROUP_SIZE = 32
 _LLAMA_LAYER_WEIGHTS = ("qkv", "o", "gate_up", "down")
 
 
-class _WeightOnlyLinear(nn.Module):
-    """Shared shape handling: any leading dims, compute in `compute_dtype`, result in the input's dtype."""
-
-    in_features: int
-    out_features: int
-    compute_dtype = COMPUTE_DTYPE
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).to(self.compute_dtype)
-        out = self._matmul(flat)
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
-
-    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
-
-    def nbytes(self) -> int:
-        return sum(t.nbytes for t in self.buffers())
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
-
-
-class Fp16Linear(_WeightOnlyLinear):
+class Fp16Linear(WeightOnlyLinear):
     """fp16 weights packed for fbgemm (x86 CPUs with AVX2 and F16C); fp32 activations and accumulation."""
 
     compute_dtype = torch.float32
@@ -77,7 +54,7 @@ class Fp16Linear(_WeightOnlyLinear):
         return 2 * self.out_features * self.in_features  # the packed matrix is opaque; the bias is negligible
 
 
-class Int8Linear(_WeightOnlyLinear):
+class Int8Linear(WeightOnlyLinear):
     """Per-output-channel symmetric int8: w ≈ q * scale, q in [-127, 127]."""
 
     def __init__(self, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None):
@@ -102,7 +79,7 @@ class Int8Linear(_WeightOnlyLinear):
         return torch._weight_int8pack_mm(x, self.weight, self.scales)
 
 
-class Int4Linear(_WeightOnlyLinear):
+class Int4Linear(WeightOnlyLinear):
     """Group-wise asymmetric int4 (CPU): w ≈ q * scale + min per 32 inputs, q in [0, 15]."""
 
     def __init__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int,
@@ -135,42 +112,53 @@ class Int4Linear(_WeightOnlyLinear):
         return torch._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_and_zeros)
 
 
-QUANTIZED_LINEARS: dict[str, type[_WeightOnlyLinear]] = {"fp16": Fp16Linear, "int8": Int8Linear, "int4": Int4Linear}
+QUANTIZED_LINEARS: dict[str, type[WeightOnlyLinear]] = {"fp16": Fp16Linear, "int8": Int8Linear, "int4": Int4Linear}
+BLOCK_LINEARS: dict[str, type[WeightOnlyLinear]] = {"int8": Q8Linear, "int4": Q4Linear}
 
 
 def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear for a float weight tensor, or the quantized layer's own kernel."""
     if isinstance(weight, torch.Tensor):
         return F.linear(x, weight, bias)
-    out = weight(x)
+    out = weight.forward(x)  # our layers have no hooks: skip nn.Module.__call__ (~10 us, 121 calls a token)
     return out if bias is None else out + bias
+
+
+def layer_class(fmt: str, device: str) -> type[WeightOnlyLinear]:
+    """The layer that runs `fmt` on `device`: int4 and int8 on an AVX2 CPU run inferplug's own kernels."""
+    from inferplug import cpu_kernels
+
+    if fmt in BLOCK_LINEARS and device == "cpu" and cpu_kernels.ops() is not None:
+        return BLOCK_LINEARS[fmt]
+    return QUANTIZED_LINEARS[fmt]
 
 
 def quantize_model(model, fmt: str):
     """Replace the model's linear weights by `fmt` ("fp16" / "int8" / "int4") layers in place; returns the model.
 
-    An nn.Module has its nn.Linear children swapped. inferplug's LlamaModel has each layer's fused
-    qkv / o / gate_up / down weights replaced and its lm_head made formats.HEAD_FORMAT for its device,
-    whatever `fmt` is; its embedding table stays float (a tied lm_head gets its own copy).
+    Every layer gets `fmt` but the lm_head, which gets formats.HEAD_FORMAT for its device whatever `fmt`
+    is. inferplug's LlamaModel has each layer's fused qkv / o / gate_up / down weights replaced and its
+    embedding table stays float (a tied lm_head gets its own copy); an nn.Module (a transformers model,
+    the tests' reference) has its nn.Linear children swapped, its `lm_head` child as the head.
     """
     if fmt not in QUANTIZED_LINEARS:
         raise ProfileError(f"quantization.format {fmt!r} cannot run weight-only; use one of {sorted(QUANTIZED_LINEARS)}")
-    layer_cls = QUANTIZED_LINEARS[fmt]
-    if isinstance(model, nn.Module):
-        _swap_linears(model, layer_cls)
-        return model
+    device = (next(model.parameters()) if isinstance(model, nn.Module) else model.lm_head).device.type
+    layer_cls, head_cls = layer_class(fmt, device), layer_class(HEAD_FORMAT[device], device)
     with torch.no_grad():
+        if isinstance(model, nn.Module):
+            _swap_linears(model, layer_cls, head_cls)
+            return model
         for layer in model.layers:
             for name in _LLAMA_LAYER_WEIGHTS:
                 setattr(layer, name, layer_cls.from_float(getattr(layer, name)))
-        model.lm_head = QUANTIZED_LINEARS[HEAD_FORMAT[model.lm_head.device.type]].from_float(model.lm_head)
+        model.lm_head = head_cls.from_float(model.lm_head)
     return model
 
 
-def _swap_linears(module: nn.Module, layer_cls: type[_WeightOnlyLinear]) -> None:
+def _swap_linears(module: nn.Module, layer_cls: type[WeightOnlyLinear], head_cls: type[WeightOnlyLinear]) -> None:
     for name, child in module.named_children():
         if type(child) is nn.Linear:
-            with torch.no_grad():
-                setattr(module, name, layer_cls.from_float(child.weight, child.bias))
+            setattr(module, name, (head_cls if name == "lm_head" else layer_cls).from_float(child.weight, child.bias))
         else:
-            _swap_linears(child, layer_cls)
+            _swap_linears(child, layer_cls, head_cls)

@@ -1,0 +1,67 @@
+"""Hand-written x86 CPU kernels (AVX2 + FMA + F16C), compiled once on first use and registered as torch ops.
+
+torch's CPU matmuls stream weights at a fraction of this host's DRAM bandwidth for the 1- to 64-row
+shapes decode uses, and paged attention in torch copies every K/V block before reading it. These
+kernels do both in one pass. `ops()` returns `torch.ops.inferplug` with the kernels loaded, or None
+where they cannot run (no AVX2/FMA/F16C, not x86, no C++ compiler); callers then keep the torch path.
+
+    ops = cpu_kernels.ops()
+    if ops is not None:
+        y = ops.q4_matmul(x, qweight, scales_mins)
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from pathlib import Path
+
+SOURCES = ("quant_matmul.cpp", "rms_norm.cpp", "paged_decode.cpp")
+REQUIRED_FLAGS = frozenset({"avx2", "fma", "f16c"})
+DISABLE_ENV = "INFERPLUG_NO_CPU_KERNELS"  # set to 1 to force the torch paths (comparisons, debugging)
+
+log = logging.getLogger(__name__)
+
+
+@functools.cache
+def ops():
+    """torch.ops.inferplug with the CPU kernels, or None (with the reason logged once) where they cannot run."""
+    reason = unavailable_reason()
+    if reason:
+        log.info("CPU kernels off: %s", reason)
+        return None
+    import torch
+
+    try:
+        _build()
+    except Exception as exc:  # a missing compiler or ninja: keep serving on the torch path
+        log.warning("CPU kernels failed to build, using torch ops instead: %s", exc)
+        return None
+    return torch.ops.inferplug
+
+
+def unavailable_reason(hw=None) -> str | None:
+    """Why the kernels cannot run on this machine (`hw`: hardware.Hardware, probed when omitted), or None."""
+    from inferplug.hardware import probe
+
+    if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
+        return f"{DISABLE_ENV} is set"
+    missing = REQUIRED_FLAGS - (hw or probe()).cpu_flags
+    return f"the CPU lacks {', '.join(sorted(missing))}" if missing else None
+
+
+def _build() -> None:
+    from rich.console import Console
+    from torch.utils.cpp_extension import load
+
+    here = Path(__file__).parent
+    # A spinner: the first build takes about a minute; later loads find the cached library.
+    with Console(stderr=True).status("compiling inferplug's CPU kernels (once per machine, about a minute)"):
+        load(
+            name="inferplug_cpu_kernels",
+            sources=[str(here / name) for name in SOURCES],
+            extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off"],  # no implicit FMAs: rounding as in torch
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
+        )

@@ -1,0 +1,85 @@
+"""Q4_1 / Q8_0 block layers (quant/block_linear.py) and their AVX2 kernels against float matmuls."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from inferplug.quant.block_linear import KERNEL_MAX_ROWS, Q4Linear, Q8Linear
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((actual - expected).norm() / expected.norm()).item()
+
+
+@pytest.fixture
+def weight():
+    return torch.randn(200, 576, generator=torch.Generator().manual_seed(0)) * 0.05
+
+
+@pytest.mark.parametrize("layer_cls", [Q4Linear, Q8Linear])
+def test_packing_round_trips(ops, layer_cls, weight):
+    """Re-quantizing a block layer's own dequantized weight gives its blocks back bit for bit (so a GGUF
+    Q4_1 / Q8_0 model runs its file's weights: the SmolLM2 test below checks that)."""
+    layer = layer_cls.from_float(weight)
+    assert torch.equal(layer_cls.from_float(layer.dequantized()).blocks, layer.blocks)
+
+
+@pytest.mark.parametrize("layer_cls,bound", [(Q4Linear, 0.12), (Q8Linear, 0.01)])
+def test_quantization_error_against_the_float_weight(ops, layer_cls, bound, weight):
+    layer = layer_cls.from_float(weight)
+    assert relative_error(layer.dequantized(), weight) < bound  # 4 bits: ~7%; 8 bits: ~0.5%
+
+
+@pytest.mark.parametrize("layer_cls", [Q4Linear, Q8Linear])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, KERNEL_MAX_ROWS])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_kernel_equals_matmul_with_the_dequantized_weight(ops, layer_cls, rows, threads, weight):
+    """The kernel rounds the activations to int8 per block of 32 (llama.cpp's Q8 activations): ~0.5% error."""
+    layer = layer_cls.from_float(weight, bias=torch.randn(200))
+    x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(rows))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = layer(x)
+    finally:
+        torch.set_num_threads(before)
+    expected = F.linear(x, layer.dequantized(), layer.bias)
+    assert relative_error(out, expected) < 1e-2
+    assert torch.equal(out[:1], layer(x[:1])), "a row's result must not depend on the rows beside it"
+
+
+@pytest.mark.parametrize("layer_cls", [Q4Linear, Q8Linear])
+def test_prefill_rows_use_the_dequantized_weight(ops, layer_cls, weight):
+    layer = layer_cls.from_float(weight)
+    x = torch.randn(KERNEL_MAX_ROWS + 1, 576)
+    torch.testing.assert_close(layer(x), F.linear(x, layer.dequantized()))
+
+
+def test_kernel_rejects_bad_shapes_with_a_clear_error(ops, weight):
+    layer = Q4Linear.from_float(weight)
+    with pytest.raises(RuntimeError, match="multiple of 32 and match"):
+        ops.q4_matmul(torch.randn(1, 544), layer.blocks)
+    with pytest.raises(RuntimeError, match="float32"):
+        ops.q4_matmul(torch.randn(1, 576, dtype=torch.float64), layer.blocks)
+
+
+def test_widths_that_do_not_split_into_blocks_are_refused(ops):
+    from inferplug.errors import ProfileError
+
+    with pytest.raises(ProfileError, match="divisible by 32"):
+        Q4Linear.from_float(torch.randn(8, 40))
+
+
+@pytest.mark.smollm2
+def test_block_layers_run_the_gguf_files_own_weights(ops, smollm2_gguf):
+    """SmolLM2's layers are Q4_1 and its embedding Q8_0: packing their dequantized weights into the block
+    layers gives the file's values back exactly, so int4 (and an int8 head) add no error of their own."""
+    from inferplug.models.loader import load_weights
+
+    weights = load_weights(smollm2_gguf, torch.float32)
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.29.mlp.down_proj.weight"):
+        assert torch.equal(Q4Linear.from_float(weights[name]).dequantized(), weights[name]), name
+    embedding = weights["model.embed_tokens.weight"]
+    assert torch.equal(Q8Linear.from_float(embedding).dequantized(), embedding)
