@@ -1,10 +1,11 @@
-"""Weight-only fp16 / int8 / int4 linear layers on torch's fused CPU kernels (the gpt-fast recipe).
+"""Weight-only fp16 / int8 / int4 linear layers (the gpt-fast recipe) and quantize_model, which swaps them in.
 
 Decode streams every weight once per step, so it is memory-bound: fewer bytes per weight, faster steps.
 - fp16: fbgemm's fp16 GEMM (fp32 activations and accumulation). Half the bytes of fp32, and on AVX2
   CPUs faster than torch's fp32 matmul at every batch size; greedy output matches fp32.
-- int8 / int4: activations in bf16 (the kernels' fast path; their fp32 path is ~20x slower than a
-  float matmul), so a float32 model runs these layers in bf16.
+- int8 / int4: on an x86 CPU with AVX2, inferplug's own kernels on GGUF Q8_0 / Q4_1 blocks
+  (quant/block_linear.py, `layer_class`); elsewhere torch's kernels with bf16 activations (their fast
+  path; their fp32 path is ~20x slower than a float matmul), so a float32 model runs these layers in bf16.
 
 Engine wiring (the native engine applies the resolver's Plan.weight_format):
     quantize_model(model, "int8")          # LlamaModel or any nn.Module, in place
