@@ -90,7 +90,8 @@ def collect(hw: Hardware | None = None) -> dict[str, Any]:
                     "cores": hw.cpu_count, "ram_total": hw.ram_total, "ram_available": hw.ram_available},
         "gpus": [{"index": g.index, "name": g.name, "capability": f"{g.capability[0]}.{g.capability[1]}",
                   "total_memory": g.total_memory, "free_memory": g.free_memory} for g in hw.gpus],
-        "cpu_kernels": cpu_kernels.unavailable_reason(hw), "cuda_version": hw.cuda_version, "driver_version": hw.driver_version, "gpu_note": hw.gpu_note,
+        "cpu_kernels": cpu_kernels.unavailable_reason(hw),
+        "cuda_version": hw.cuda_version, "driver_version": hw.driver_version, "gpu_note": hw.gpu_note,
         "backends": backends, "profiles": profiles, "ok": local_fit or unknown_but_usable,
     }
 

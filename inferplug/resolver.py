@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inferplug import ct2_compute
-from inferplug.cpu_kernels import REQUIRED_FLAGS as CPU_KERNEL_FLAGS
+from inferplug import cpu_kernels, ct2_compute
 from inferplug.errors import ResolveError
 from inferplug.hardware import GPU, Hardware
 from inferplug.memory_plan import (
@@ -213,7 +212,7 @@ def _native_weight_format(profile: Profile, gpus: list[GPU], hw: Hardware, dtype
     """The profile's int8/int4, or fp16-stored weights for fp32 compute on an x86 CPU (fbgemm's fp16 GEMM)."""
     fmt = profile.quantization.format
     if fmt in ("int8", "int4"):
-        if gpus or not CPU_KERNEL_FLAGS <= hw.cpu_flags:
+        if gpus or cpu_kernels.unavailable_reason(hw):
             return fmt, []
         block = {"int8": "Q8_0", "int4": "Q4_1"}[fmt]
         return fmt, [f"{fmt} layers in GGUF {block} blocks on inferplug's AVX2 kernel, int8 activations (as llama.cpp)"]

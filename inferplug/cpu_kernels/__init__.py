@@ -7,7 +7,7 @@ where they cannot run (no AVX2/FMA/F16C, not x86, no C++ compiler); callers then
 
     ops = cpu_kernels.ops()
     if ops is not None:
-        y = ops.q4_matmul(x, qweight, scales_mins)
+        y = ops.q4_matmul(x, blocks)  # x: float32 [M, K]; blocks: uint8 Q4_1 [N, K / 32 * 20]
 """
 
 from __future__ import annotations

@@ -6,9 +6,11 @@
 #include <torch/library.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 namespace {
 
