@@ -1,7 +1,8 @@
 """Weight-only fp16/int8/int4 linears vs float32/bf16 at SmolLM2-135M's shapes, same run.
 
 Peers: torch's float matmuls, fbgemm's fp16 GEMM, torch's int8/int4 weight-only kernels (bf16
-activations), and inferplug's own Q8_0/Q4_1 kernels (cpu_kernels; int8 activations), where they build.
+activations), and inferplug's own Q8_0/Q4_1 kernels (cpu_kernels; int8 activations, and the head's
+Q8_0 kernel on float activations), where they build.
 
 One "step" runs every linear of the model once, each with its own weights (30 layers of
 qkv 576->960, o 576->576, gate_up 576->3072, down 1536->576, then the 576->49152 lm_head), so the
@@ -24,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from inferplug import cpu_kernels
-from inferplug.quant.block_linear import Q4Linear, Q8Linear
+from inferplug.quant.block_linear import Q4Linear, Q8HeadLinear, Q8Linear
 from inferplug.quant.linear import Fp16Linear, Int4Linear, Int8Linear
 
 LAYERS = 30
@@ -75,7 +76,8 @@ def main() -> None:
              "fp16": quant_step(weights, Fp16Linear),
              "int8 torch": quant_step(weights, Int8Linear), "int4 torch": quant_step(weights, Int4Linear)}
     if cpu_kernels.ops() is not None:
-        peers |= {"int8 Q8_0": quant_step(weights, Q8Linear), "int4 Q4_1": quant_step(weights, Q4Linear)}
+        peers |= {"int8 Q8_0": quant_step(weights, Q8Linear), "int4 Q4_1": quant_step(weights, Q4Linear),
+                  "Q8_0 float x": quant_step(weights, Q8HeadLinear)}
     by_rows = {rows: time_steps(peers, rows, args.repeats) for rows in args.rows}
     results = {name: {rows: by_rows[rows][name] for rows in args.rows} for name in peers}
 

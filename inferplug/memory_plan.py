@@ -16,7 +16,7 @@ from pathlib import Path
 from inferplug.errors import ResolveError
 from inferplug.models.config import ModelConfig
 from inferplug.profile import ArchitectureHints, Profile
-from inferplug.quant.formats import HEAD_FORMAT, LAYER_BITS
+from inferplug.quant.formats import LAYER_BITS, head_format
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -139,7 +139,7 @@ def weight_bits(profile: Profile, backend: str, dtype: str, facts: ModelFacts | 
     if fmt == "gguf" and backend == "ctranslate2":
         return 8.0, "GGUF is converted to CTranslate2 int8"
     if backend == "native" and native_format in LAYER_BITS:
-        return _native_quantized_bits(native_format, dtype, facts, HEAD_FORMAT[device_kind])
+        return _native_quantized_bits(native_format, dtype, facts, head_format(native_format, device_kind))
     if fmt in FORMAT_BITS:
         return FORMAT_BITS[fmt], f"{fmt} weights"
     bits = DTYPE_BYTES[dtype] * 8.0

@@ -74,8 +74,7 @@ def paged_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     ctx: AttentionContext, scale: float,
 ) -> torch.Tensor:
-    """q: [T, heads, D]; k, v: [T, kv_heads, D] (already written to the pools). Returns [T, heads * D]."""
-    write_kv(k_cache, v_cache, k, v, ctx.slot_mapping)
+    """q: [T, heads, D]; k, v: [T, kv_heads, D], already stored in the pools (write_kv). Returns [T, heads * D]."""
     if not ctx.prefills and len(ctx.decode_groups) == 1:  # the common step: no scatter into `out`
         return _decode(q, k_cache, v_cache, ctx.decode_groups[0], scale).flatten(1)
     out = torch.empty_like(q)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from inferplug import cpu_kernels
-from inferplug.engine.attention import AttentionContext, paged_attention
+from inferplug.engine.attention import AttentionContext, paged_attention, write_kv
 from inferplug.models.config import ModelConfig
 from inferplug.quant.linear import linear  # F.linear, or a weight-only int8/int4 layer's kernel
 
@@ -87,21 +87,38 @@ class LlamaModel:
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext, kv_caches) -> torch.Tensor:
         x = F.embedding(input_ids, self.embed)
-        cos = self.cos[positions].to(self.dtype).unsqueeze(1)  # [T, 1, D]
-        sin = self.signed_sin[positions].to(self.dtype).unsqueeze(1)
-        tokens = x.shape[0]
+        rope = None  # the step's cos and sin rows, for the torch path (the kernel reads the tables)
+        if self.kernels is None:
+            rope = self.cos[positions].to(self.dtype).unsqueeze(1), self.signed_sin[positions].to(self.dtype).unsqueeze(1)
         delta = None  # each residual branch is added inside the next norm: one fused op on the CPU
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             h = self.add_rms_norm(x, delta, layer.input_norm)
-            qkv = linear(h, layer.qkv, layer.qkv_bias).view(tokens, -1, self.head_dim)
-            qk = apply_rope(qkv[:, : self.num_heads + self.num_kv_heads], cos, sin)  # q and k heads in one go
-            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-            v = qkv[:, self.num_heads + self.num_kv_heads:]
+            qkv = linear(h, layer.qkv, layer.qkv_bias)
+            q, k, v = self.rope_and_store(qkv, positions, rope, k_cache, v_cache, ctx.slot_mapping)
             attn = paged_attention(q, k, v, k_cache, v_cache, ctx, self.scale)
             h = self.add_rms_norm(x, linear(attn, layer.o), layer.post_norm)
-            gate, up = linear(h, layer.gate_up).chunk(2, dim=-1)
-            delta = linear(F.silu(gate).mul_(up), layer.down)
+            delta = linear(self.silu_mul(linear(h, layer.gate_up)), layer.down)
         return x.add_(delta)
+
+    def rope_and_store(self, qkv: torch.Tensor, positions: torch.Tensor, rope, k_cache: torch.Tensor,
+                       v_cache: torch.Tensor, slots: torch.Tensor):
+        """RoPE on the q and k heads of qkv ([T, (heads + 2 kv_heads) * head_dim], in place on the CPU kernel's
+        path), K and V stored in the pools at `slots`. Returns q, k, v: [T, heads or kv_heads, head_dim]."""
+        if self.kernels is not None:
+            self.kernels.rope_write_kv_(qkv, positions, self.cos, self.signed_sin, k_cache, v_cache, slots, self.num_heads)
+            return qkv.view(qkv.shape[0], -1, self.head_dim).split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
+        qkv = qkv.view(qkv.shape[0], -1, self.head_dim)
+        qk = apply_rope(qkv[:, : self.num_heads + self.num_kv_heads], *rope)  # q and k heads in one go
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        v = qkv[:, self.num_heads + self.num_kv_heads:]
+        write_kv(k_cache, v_cache, k, v, slots)
+        return q, k, v
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if self.kernels is not None:
+            return self.kernels.silu_mul(gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate).mul_(up)
 
     def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor) -> torch.Tensor:
         """x += delta in place (when given), then RMSNorm(x); equal to HF's RMSNorm in fp32 (HF rounds to

@@ -2,9 +2,10 @@
 (cpu_kernels/quant_matmul.cpp).
 
 A block covers 32 inputs of one output row: Q4_1 is [fp16 scale, fp16 min, 16 bytes of nibbles]
-(w = q * scale + min, q in 0..15), Q8_0 is [fp16 scale, 32 int8] (w = q * scale). The kernels quantize
-the activations to int8 per block and multiply-add bytes, as llama.cpp does: at one row a step they
-stream 5 or 8.5 bits a weight instead of fbgemm's 16. Re-quantizing a GGUF Q4_1 / Q8_0 model's
+(w = q * scale + min, q in 0..15), Q8_0 is [fp16 scale, 32 int8] (w = q * scale). A row stores its
+blocks field by field (all scales, all mins, all quants), so the kernel converts 8 scales at once. The layers' kernels
+quantize the activations to int8 per block and multiply-add bytes, as llama.cpp does (the head's keeps
+them float): at one row a step they stream 5 or 8.5 bits a weight instead of fbgemm's 16. Re-quantizing a GGUF Q4_1 / Q8_0 model's
 dequantized weights gives back its blocks bit for bit, so these layers run the file's own weights.
 Past KERNEL_MAX_ROWS rows (prefill) the work is compute-bound: the weight is unpacked for a float matmul.
 """
@@ -25,16 +26,17 @@ class BlockLinear(WeightOnlyLinear):
     """Needs cpu_kernels.ops() loaded (quantize_model picks these classes only then)."""
 
     compute_dtype = torch.float32
-    block_bytes: int
-    kind: str  # the kernels' prefix: torch.ops.inferplug.{kind}_matmul / {kind}_dequantize
+    fields: tuple[int, ...]  # a block's fields' bytes, in the order a row stores them
+    kernel: str  # torch.ops.inferplug.<kernel>(x, blocks): the matmul up to KERNEL_MAX_ROWS rows
+    unpack: str  # torch.ops.inferplug.<unpack>(blocks): the float weight, for longer steps
 
     def __init__(self, blocks: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
-        self.out_features, self.in_features = blocks.shape[0], blocks.shape[1] // self.block_bytes * BLOCK
-        self.register_buffer("blocks", blocks)  # uint8 [out, in / 32 * block_bytes]
+        self.out_features, self.in_features = blocks.shape[0], blocks.shape[1] // sum(self.fields) * BLOCK
+        self.register_buffer("blocks", blocks)  # uint8 [out, in / 32 * block bytes]
         self.register_buffer("bias", None if bias is None else bias.float())
-        self._kernel = getattr(torch.ops.inferplug, f"{self.kind}_matmul")
-        self._dequantize = getattr(torch.ops.inferplug, f"{self.kind}_dequantize")
+        self._kernel = getattr(torch.ops.inferplug, self.kernel)
+        self._dequantize = getattr(torch.ops.inferplug, self.unpack)
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "BlockLinear":
@@ -42,12 +44,13 @@ class BlockLinear(WeightOnlyLinear):
         if in_features % BLOCK:
             raise ProfileError(f"{cls.__name__} needs in_features divisible by 32; this layer has {in_features}.")
         groups = weight.detach().float().reshape(out_features, in_features // BLOCK, BLOCK)
-        return cls(cls._pack(groups).reshape(out_features, -1).contiguous(), bias)
+        return cls(torch.cat([f.reshape(out_features, -1) for f in cls._pack(groups)], dim=1).contiguous(), bias)
 
     def dequantized(self) -> torch.Tensor:
         """The float weight, unpacked by torch ops (the reference the kernels are tested against)."""
-        blocks = self.blocks.view(self.out_features, -1, self.block_bytes)
-        return self._unpack(blocks).reshape(self.out_features, self.in_features)
+        blocks = self.in_features // BLOCK
+        fields = self.blocks.split([blocks * size for size in self.fields], dim=1)
+        return self._unpack(*(f.reshape(self.out_features, blocks, -1) for f in fields)).reshape(self.out_features, self.in_features)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] <= KERNEL_MAX_ROWS:
@@ -55,21 +58,21 @@ class BlockLinear(WeightOnlyLinear):
         return F.linear(x, self._dequantize(self.blocks))
 
     @staticmethod
-    def _pack(groups: torch.Tensor) -> torch.Tensor:  # [out, blocks, 32] float -> [out, blocks, block_bytes] uint8
+    def _pack(groups: torch.Tensor) -> tuple[torch.Tensor, ...]:  # [out, blocks, 32] float -> uint8 [out, blocks, bytes] per field
         raise NotImplementedError
 
     @staticmethod
-    def _unpack(blocks: torch.Tensor) -> torch.Tensor:
+    def _unpack(*fields: torch.Tensor) -> torch.Tensor:  # the inverse: [out, blocks, 32] float
         raise NotImplementedError
 
 
-def _halves(blocks: torch.Tensor, start: int) -> torch.Tensor:
-    """The fp16 field at byte `start` of each block, as float [out, blocks, 1]."""
-    return blocks[..., start : start + 2].contiguous().view(torch.float16).float()
+def _floats(halves: torch.Tensor) -> torch.Tensor:
+    """An fp16 field's bytes [out, blocks, 2] as float [out, blocks, 1]."""
+    return halves.contiguous().view(torch.float16).float()
 
 
 class Q4Linear(BlockLinear):
-    block_bytes, kind = 20, "q4"
+    fields, kernel, unpack = (2, 2, 16), "q4_matmul", "q4_dequantize"  # scale, min, nibbles
 
     @staticmethod
     def _pack(groups):
@@ -77,23 +80,29 @@ class Q4Linear(BlockLinear):
         scale = ((groups.amax(dim=-1, keepdim=True) - low.float()) / 15).half()
         q = torch.round((groups - low.float()) / scale.float().clamp(min=1e-10)).clamp(0, 15).to(torch.uint8)
         nibbles = q[..., :16] | (q[..., 16:] << 4)  # byte j: input j low, input j + 16 high
-        return torch.cat([scale.view(torch.uint8), low.view(torch.uint8), nibbles], dim=-1)
+        return scale.view(torch.uint8), low.view(torch.uint8), nibbles
 
     @staticmethod
-    def _unpack(blocks):
-        nibbles = blocks[..., 4:]
-        return torch.cat([nibbles & 15, nibbles >> 4], dim=-1).float() * _halves(blocks, 0) + _halves(blocks, 2)
+    def _unpack(scale, low, nibbles):
+        return torch.cat([nibbles & 15, nibbles >> 4], dim=-1).float() * _floats(scale) + _floats(low)
 
 
 class Q8Linear(BlockLinear):
-    block_bytes, kind = 34, "q8"
+    fields, kernel, unpack = (2, 32), "q8_matmul", "q8_dequantize"  # scale, int8 quants
 
     @staticmethod
     def _pack(groups):
         scale = (groups.abs().amax(dim=-1, keepdim=True) / 127).half()
         q = torch.round(groups / scale.float().clamp(min=1e-10)).clamp(-127, 127).to(torch.int8)
-        return torch.cat([scale.view(torch.uint8), q.view(torch.uint8)], dim=-1)
+        return scale.view(torch.uint8), q.view(torch.uint8)
 
     @staticmethod
-    def _unpack(blocks):
-        return blocks[..., 2:].view(torch.int8).float() * _halves(blocks, 0)
+    def _unpack(scale, q):
+        return q.view(torch.int8).float() * _floats(scale)
+
+
+class Q8HeadLinear(Q8Linear):
+    """Q8_0 blocks against float activations (no int8 rounding of x): for the lm_head, whose logits pick
+    every token. Half fp16's bytes, and exact for a GGUF's Q8_0 embedding."""
+
+    kernel = "q8_matmul_float"

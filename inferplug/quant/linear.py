@@ -20,8 +20,8 @@ from torch import nn
 
 from inferplug.errors import ProfileError
 from inferplug.quant.base import COMPUTE_DTYPE, WeightOnlyLinear
-from inferplug.quant.formats import HEAD_FORMAT
-from inferplug.quant.block_linear import Q4Linear, Q8Linear
+from inferplug.quant.formats import head_format
+from inferplug.quant.block_linear import Q4Linear, Q8HeadLinear, Q8Linear
 
 # 32 = GGUF's legacy block: a Q4_0/Q4_1 source maps onto the int4 grid almost exactly (SmolLM2 Q4_1:
 # min logit cosine 0.986 at 32 vs -0.18 at 64/128).
@@ -137,29 +137,46 @@ def layer_class(fmt: str, device: str) -> type[WeightOnlyLinear]:
 def quantize_model(model, fmt: str):
     """Replace the model's linear weights by `fmt` ("fp16" / "int8" / "int4") layers in place; returns the model.
 
-    Every layer gets `fmt` but the lm_head, which gets formats.HEAD_FORMAT for its device whatever `fmt`
-    is. inferplug's LlamaModel has each layer's fused qkv / o / gate_up / down weights replaced and its
-    embedding table stays float (a tied lm_head gets its own copy); an nn.Module (a transformers model,
-    the tests' reference) has its nn.Linear children swapped, its `lm_head` child as the head.
+    Every layer gets `fmt` but the lm_head, which gets `head_layer`. inferplug's LlamaModel has each layer's
+    fused qkv / o / gate_up / down weights replaced and its embedding table stays float (a tied lm_head gets
+    its own copy); an nn.Module (a transformers model, the tests' reference) has its nn.Linear children
+    swapped, its `lm_head` child as the head.
     """
     if fmt not in QUANTIZED_LINEARS:
         raise ProfileError(f"quantization.format {fmt!r} cannot run weight-only; use one of {sorted(QUANTIZED_LINEARS)}")
     device = (next(model.parameters()) if isinstance(model, nn.Module) else model.lm_head).device.type
-    layer_cls, head_cls = layer_class(fmt, device), layer_class(HEAD_FORMAT[device], device)
+    layer_cls = layer_class(fmt, device)
     with torch.no_grad():
         if isinstance(model, nn.Module):
-            _swap_linears(model, layer_cls, head_cls)
+            _swap_linears(model, fmt, layer_cls)
             return model
         for layer in model.layers:
             for name in _LLAMA_LAYER_WEIGHTS:
                 setattr(layer, name, layer_cls.from_float(getattr(layer, name)))
-        model.lm_head = head_cls.from_float(model.lm_head)
+        model.lm_head = head_layer(model.lm_head, fmt)
     return model
 
 
-def _swap_linears(module: nn.Module, layer_cls: type[WeightOnlyLinear], head_cls: type[WeightOnlyLinear]) -> None:
+def head_layer(weight: torch.Tensor, fmt: str, bias: torch.Tensor | None = None) -> WeightOnlyLinear:
+    """The lm_head under `fmt` layers, in formats.head_format. Where the CPU kernels run, an int8 head is Q8_0
+    blocks on float activations, and so is an fp16 one whose weight Q8_0 holds exactly (a GGUF's Q8_0
+    embedding): half the bytes, no rounding."""
+    from inferplug import cpu_kernels
+
+    device = weight.device.type
+    fmt = head_format(fmt, device)
+    if device == "cpu" and cpu_kernels.ops() is not None:
+        q8 = Q8HeadLinear.from_float(weight, bias)
+        if fmt == "int8" or torch.equal(q8.dequantized(), weight.float()):
+            return q8
+    return layer_class(fmt, device).from_float(weight, bias)
+
+
+def _swap_linears(module: nn.Module, fmt: str, layer_cls: type[WeightOnlyLinear]) -> None:
     for name, child in module.named_children():
-        if type(child) is nn.Linear:
-            setattr(module, name, (head_cls if name == "lm_head" else layer_cls).from_float(child.weight, child.bias))
+        if type(child) is not nn.Linear:
+            _swap_linears(child, fmt, layer_cls)
+        elif name == "lm_head":
+            setattr(module, name, head_layer(child.weight, fmt, child.bias))
         else:
-            _swap_linears(child, layer_cls, head_cls)
+            setattr(module, name, layer_cls.from_float(child.weight, child.bias))

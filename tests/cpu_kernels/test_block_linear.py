@@ -6,11 +6,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from inferplug.quant.block_linear import KERNEL_MAX_ROWS, Q4Linear, Q8Linear
+from inferplug.quant.block_linear import KERNEL_MAX_ROWS, Q4Linear, Q8HeadLinear, Q8Linear
+from inferplug.quant.linear import Fp16Linear, head_layer
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return ((actual - expected).norm() / expected.norm()).item()
+
+
+def on_threads(threads: int, fn, *args):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return fn(*args)
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.fixture
@@ -39,15 +49,35 @@ def test_kernel_equals_matmul_with_the_dequantized_weight(ops, layer_cls, rows, 
     """The kernel rounds the activations to int8 per block of 32 (llama.cpp's Q8 activations): ~0.5% error."""
     layer = layer_cls.from_float(weight, bias=torch.randn(200))
     x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(rows))
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        out = layer(x)
-    finally:
-        torch.set_num_threads(before)
+    out = on_threads(threads, layer, x)
     expected = F.linear(x, layer.dequantized(), layer.bias)
     assert relative_error(out, expected) < 1e-2
     assert torch.equal(out[:1], layer(x[:1])), "a row's result must not depend on the rows beside it"
+
+
+@pytest.mark.parametrize("layer_cls", [Q4Linear, Q8Linear, Q8HeadLinear])
+@pytest.mark.parametrize("width", [32, 96, 256, 288])  # blocks go 8 at a time: a row's last group may be short
+def test_rows_of_any_block_count(ops, layer_cls, width):
+    layer = layer_cls.from_float(torch.randn(24, width))
+    x = torch.randn(5, width)
+    assert relative_error(layer(x), F.linear(x, layer.dequantized())) < 1e-2
+
+
+@pytest.mark.parametrize("rows", [1, 3, KERNEL_MAX_ROWS])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_head_kernel_keeps_the_activations_float(ops, rows, threads, weight):
+    """Q8HeadLinear: Q8_0 weights against float x, so only the summation order differs from F.linear."""
+    layer = Q8HeadLinear.from_float(weight)
+    x = torch.randn(rows, 576)
+    out = on_threads(threads, layer, x)
+    torch.testing.assert_close(out, F.linear(x, layer.dequantized()), rtol=1e-5, atol=1e-5)
+
+
+def test_head_layer_takes_q8_blocks_when_they_are_exact_or_the_layers_are_quantized(ops, weight):
+    exact = Q8Linear.from_float(weight).dequantized()  # a GGUF Q8_0 embedding's values
+    assert isinstance(head_layer(exact, "fp16"), Q8HeadLinear)
+    assert isinstance(head_layer(weight, "fp16"), Fp16Linear)  # Q8_0 would round it: fp16 keeps fp32 parity
+    assert isinstance(head_layer(weight, "int4"), Q8HeadLinear)
 
 
 @pytest.mark.parametrize("layer_cls", [Q4Linear, Q8Linear])

@@ -1,0 +1,111 @@
+// The small element-wise steps of a decoder layer, fused: at one token a step each torch op costs more in
+// dispatch than in arithmetic, and these two replace ~12 of them a layer.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "vec_math.h"
+
+namespace {
+
+constexpr int64_t MAX_HEAD_DIM = 512;
+
+void check_float(const at::Tensor& t, const char* op, const char* name) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.device().is_cpu(), op, ": ", name,
+              " must be a contiguous float32 CPU tensor");
+}
+
+// One head in place: x * cos + rotate_half(x) * sin, with HF's rounding (two products, one sum: no FMA).
+void rotate(float* x, const float* cos, const float* signed_sin, int64_t d) {
+  float in[MAX_HEAD_DIM];
+  std::memcpy(in, x, d * sizeof(float));
+  const int64_t half = d / 2;
+  for (int64_t i = 0; i < half; i++) x[i] = in[i] * cos[i] + in[i + half] * signed_sin[i];
+  for (int64_t i = half; i < d; i++) x[i] = in[i] * cos[i] + in[i - half] * signed_sin[i];
+}
+
+// qkv: one step's fused projections [T, (heads + 2 kv_heads) * head_dim], changed in place: RoPE on its q and
+// k heads (cos and signed_sin rows per position, see models/llama.py's rope_tables), then its k and v heads
+// stored in the pools ([kv_heads, num_blocks, block_size, head_dim]) at their flat slots.
+void rope_write_kv_(at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& signed_sin,
+                    at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slots, int64_t num_heads) {
+  const char* op = "rope_write_kv_";
+  check_float(qkv, op, "qkv"), check_float(cos, op, "cos"), check_float(signed_sin, op, "signed_sin");
+  check_float(k_cache, op, "k_cache"), check_float(v_cache, op, "v_cache");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(),
+              "rope_write_kv_: the K and V pools must both be [kv_heads, num_blocks, block_size, head_dim]");
+  const int64_t kv_heads = k_cache.size(0), d = k_cache.size(3), pool_slots = k_cache.size(1) * k_cache.size(2);
+  const int64_t tokens = qkv.size(0), width = (num_heads + 2 * kv_heads) * d;
+  TORCH_CHECK(qkv.dim() == 2 && qkv.size(1) == width, "rope_write_kv_: qkv must be [tokens, ", width, "] for ",
+              num_heads, " heads and the pools' ", kv_heads, " kv heads of ", d);
+  TORCH_CHECK(d % 2 == 0 && d <= MAX_HEAD_DIM, "rope_write_kv_: head_dim must be even and at most ", MAX_HEAD_DIM);
+  TORCH_CHECK(cos.dim() == 2 && cos.sizes() == signed_sin.sizes() && cos.size(1) == d,
+              "rope_write_kv_: cos and signed_sin must be [positions, head_dim]");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && slots.scalar_type() == at::kLong && positions.is_contiguous() &&
+              slots.is_contiguous() && positions.numel() == tokens && slots.numel() == tokens,
+              "rope_write_kv_: positions and slots must be int64 [tokens]");
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < tokens; t++) {  // a bad index would write outside the tables or pools
+    TORCH_CHECK(pos[t] >= 0 && pos[t] < cos.size(0), "rope_write_kv_: position ", pos[t], " is outside the RoPE table");
+    TORCH_CHECK(slot[t] >= 0 && slot[t] < pool_slots, "rope_write_kv_: slot ", slot[t], " is outside the pool");
+  }
+  float* rows = qkv.data_ptr<float>();
+  const float *c = cos.data_ptr<float>(), *s = signed_sin.data_ptr<float>();
+  float *k = k_cache.data_ptr<float>(), *v = v_cache.data_ptr<float>();
+  at::parallel_for(0, tokens, 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; t++) {
+      float* row = rows + t * width;
+      for (int64_t h = 0; h < num_heads + kv_heads; h++) rotate(row + h * d, c + pos[t] * d, s + pos[t] * d, d);
+      for (int64_t h = 0; h < kv_heads; h++) {
+        const int64_t at = (h * pool_slots + slot[t]) * d;
+        std::memcpy(k + at, row + (num_heads + h) * d, d * sizeof(float));
+        std::memcpy(v + at, row + (num_heads + kv_heads + h) * d, d * sizeof(float));
+      }
+    }
+  });
+}
+
+// gate_up: [T, 2 * I], gate then up -> silu(gate) * up: [T, I].
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  check_float(gate_up, "silu_mul", "gate_up");
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0, "silu_mul: gate_up must be [tokens, 2 * intermediate]");
+  const int64_t tokens = gate_up.size(0), n = gate_up.size(1) / 2;
+  at::Tensor out = at::empty({tokens, n}, gate_up.options());
+  const float* in = gate_up.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, tokens, 8, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; t++) {
+      const float *gate = in + t * 2 * n, *up = gate + n;
+      float* row = o + t * n;
+      int64_t i = 0;
+      // silu(g) = g / (1 + e^-g), as torch computes it; for g < 0, g e^g / (1 + e^g), so the exp never overflows.
+      const __m256 one = _mm256_set1_ps(1.f), sign = _mm256_set1_ps(-0.f);
+      for (; i + 8 <= n; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + i);
+        const __m256 e = vec::exp_nonpositive(_mm256_or_ps(g, sign));  // e^-|g|
+        const __m256 numerator = _mm256_blendv_ps(g, _mm256_mul_ps(g, e), g);  // blend on g's sign bit
+        const __m256 silu = _mm256_div_ps(numerator, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(row + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
+      }
+      for (; i < n; i++) row[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(inferplug, m) {
+  m.def("rope_write_kv_(Tensor(a!) qkv, Tensor positions, Tensor cos, Tensor signed_sin, Tensor(b!) k_cache, "
+        "Tensor(c!) v_cache, Tensor slots, int num_heads) -> ()");
+  m.def("silu_mul(Tensor gate_up) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(inferplug, CPU, m) {
+  m.impl("rope_write_kv_", &rope_write_kv_);
+  m.impl("silu_mul", &silu_mul);
+}
