@@ -1,8 +1,9 @@
 """Hand-written x86 CPU kernels (AVX2 + FMA + F16C), compiled once on first use and registered as torch ops.
 
 torch's CPU matmuls stream weights at a fraction of this host's DRAM bandwidth for the 1- to 64-row
-shapes decode uses, and paged attention in torch copies every K/V block before reading it. These
-kernels do both in one pass. `ops()` returns `torch.ops.inferplug` with the kernels loaded, or None
+shapes decode uses, paged attention in torch copies every K/V block before reading it, and at one
+token a step a layer's small element-wise ops cost more in dispatch than in arithmetic. These kernels
+do each in one pass: quantized matmuls, paged decode attention, RMSNorm, RoPE with the K/V store, SiLU. `ops()` returns `torch.ops.inferplug` with the kernels loaded, or None
 where they cannot run (no AVX2/FMA/F16C, not x86, no C++ compiler); callers then keep the torch path.
 
     ops = cpu_kernels.ops()

@@ -119,12 +119,16 @@ struct RowLayout {
   static int64_t bytes(int64_t blocks) { return blocks * ((Format::HAS_MIN ? 4 : 2) + Format::QUANT_BYTES); }
 };
 
+// The hardware prefetcher alone leaves the cores waiting on DRAM: ask for the lines PREFETCH bytes past a row.
+inline void prefetch_ahead(const uint8_t* row, int64_t bytes) {
+  for (int64_t at = 0; at < bytes; at += 64) _mm_prefetch(reinterpret_cast<const char*>(row + PREFETCH + at), _MM_HINT_T0);
+}
+
 // Rows [m, m + MT) of x against one weight row: MT dot products sharing each unpacked weight block.
 template <typename Format, int MT>
 void dot_rows(const uint8_t* row, const QuantizedRows& x, int64_t m, int64_t blocks, float* y, int64_t y_stride) {
   const RowLayout<Format> w(row, blocks);
-  // The hardware prefetcher alone leaves the cores waiting on DRAM: ask for a later row's lines now.
-  for (int64_t at = 0; at < RowLayout<Format>::bytes(blocks); at += 64) _mm_prefetch(reinterpret_cast<const char*>(row + PREFETCH + at), _MM_HINT_T0);
+  prefetch_ahead(row, RowLayout<Format>::bytes(blocks));
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[MT];
   for (int i = 0; i < MT; i++) acc[i] = _mm256_setzero_ps();
@@ -206,6 +210,7 @@ at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& weight) {
 template <int MT>
 void dot_rows_float(const uint8_t* row, const float* x, int64_t k, int64_t blocks, float* y, int64_t y_stride) {
   const RowLayout<Q8_0> w(row, blocks);
+  prefetch_ahead(row, RowLayout<Q8_0>::bytes(blocks));
   __m256 acc[MT];
   for (int i = 0; i < MT; i++) acc[i] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; b += GROUP) {
