@@ -3,10 +3,11 @@
 
 A block covers 32 inputs of one output row: Q4_1 is [fp16 scale, fp16 min, 16 bytes of nibbles]
 (w = q * scale + min, q in 0..15), Q8_0 is [fp16 scale, 32 int8] (w = q * scale). A row stores its
-blocks field by field (all scales, all mins, all quants), so the kernel converts 8 scales at once. The layers' kernels
-quantize the activations to int8 per block and multiply-add bytes, as llama.cpp does (the head's keeps
-them float): at one row a step they stream 5 or 8.5 bits a weight instead of fbgemm's 16. Re-quantizing a GGUF Q4_1 / Q8_0 model's
-dequantized weights gives back its blocks bit for bit, so these layers run the file's own weights.
+blocks field by field (all scales, all mins, all quants), so the kernels convert 8 scales at once.
+The layers' kernels quantize the activations to int8 per block and multiply-add bytes, as llama.cpp
+does (the head's keeps them float): at one row a step they stream 5 or 8.5 bits a weight instead of
+fbgemm's 16. Re-quantizing a GGUF Q4_1 / Q8_0 model's dequantized weights gives back its blocks bit
+for bit, so these layers run the file's own weights.
 Past KERNEL_MAX_ROWS rows (prefill) the work is compute-bound: the weight is unpacked for a float matmul.
 """
 
@@ -50,7 +51,8 @@ class BlockLinear(WeightOnlyLinear):
         """The float weight, unpacked by torch ops (the reference the kernels are tested against)."""
         blocks = self.in_features // BLOCK
         fields = self.blocks.split([blocks * size for size in self.fields], dim=1)
-        return self._unpack(*(f.reshape(self.out_features, blocks, -1) for f in fields)).reshape(self.out_features, self.in_features)
+        weight = self._unpack(*(f.reshape(self.out_features, blocks, -1) for f in fields))
+        return weight.reshape(self.out_features, self.in_features)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] <= KERNEL_MAX_ROWS:
@@ -58,7 +60,7 @@ class BlockLinear(WeightOnlyLinear):
         return F.linear(x, self._dequantize(self.blocks))
 
     @staticmethod
-    def _pack(groups: torch.Tensor) -> tuple[torch.Tensor, ...]:  # [out, blocks, 32] float -> uint8 [out, blocks, bytes] per field
+    def _pack(groups: torch.Tensor) -> tuple[torch.Tensor, ...]:  # [out, blocks, 32] float -> per field uint8 [out, blocks, bytes]
         raise NotImplementedError
 
     @staticmethod
