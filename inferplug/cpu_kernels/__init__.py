@@ -18,7 +18,7 @@ import logging
 import os
 from pathlib import Path
 
-SOURCES = ("quant_matmul.cpp", "rms_norm.cpp", "paged_decode.cpp", "layer_ops.cpp")
+SOURCES = ("quant_matmul.cpp", "rms_norm.cpp", "paged_decode.cpp", "layer_ops.cpp", "decode_layers.cpp")
 REQUIRED_FLAGS = frozenset({"avx2", "fma", "f16c"})
 DISABLE_ENV = "INFERPLUG_NO_CPU_KERNELS"  # set to 1 to force the torch paths (comparisons, debugging)
 

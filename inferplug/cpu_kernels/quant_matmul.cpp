@@ -160,6 +160,15 @@ void dot_rows(const uint8_t* row, const QuantizedRows& x, int64_t m, int64_t blo
   for (int i = 0; i < MT; i++) y[i * y_stride] = hsum(acc[i]);
 }
 
+// f(integral_constant<int, rows>) for 1 <= rows <= MT: the row count as a compile-time constant.
+template <int MT, typename F>
+void with_rows(int64_t rows, const F& f) {
+  if constexpr (MT > 1) {
+    if (rows < MT) return with_rows<MT - 1>(rows, f);
+  }
+  f(std::integral_constant<int, MT>{});
+}
+
 // Calls tile(n, m, MT) for every weight row n and every slice [m, m + MT) of x's M rows, MT <= 4 a compile-time
 // constant. Tiles of 16 weight rows stay in L2 while every slice of x passes over them.
 template <typename Tile>
@@ -168,17 +177,10 @@ void over_tiles(int64_t M, int64_t N, const Tile& tile) {
   at::parallel_for(0, (N + ROWS_PER_TILE - 1) / ROWS_PER_TILE, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t n0 = t0 * ROWS_PER_TILE; n0 < std::min(N, t1 * ROWS_PER_TILE); n0 += ROWS_PER_TILE) {
       const int64_t n1 = std::min(N, n0 + ROWS_PER_TILE);
-      for (int64_t m = 0; m < M; m += 4) {
-        auto rows = [&](auto mt) {
+      for (int64_t m = 0; m < M; m += 4)
+        with_rows<4>(M - m, [&](auto mt) {
           for (int64_t n = n0; n < n1; n++) tile(n, m, mt);
-        };
-        switch (std::min<int64_t>(4, M - m)) {
-          case 4: rows(std::integral_constant<int, 4>{}); break;
-          case 3: rows(std::integral_constant<int, 3>{}); break;
-          case 2: rows(std::integral_constant<int, 2>{}); break;
-          default: rows(std::integral_constant<int, 1>{});
-        }
-      }
+        });
     }
   });
 }

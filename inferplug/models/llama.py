@@ -16,7 +16,10 @@ import torch.nn.functional as F
 from inferplug import cpu_kernels
 from inferplug.engine.attention import AttentionContext, paged_attention, write_kv
 from inferplug.models.config import ModelConfig
+from inferplug.quant.block_linear import KERNEL_MAX_ROWS, BlockLinear
 from inferplug.quant.linear import linear  # F.linear, or a weight-only int8/int4 layer's kernel
+
+BLOCK_KINDS = {"q4_matmul": 4, "q8_matmul": 8}  # BlockLinear.kernel -> decode_layers' weight kind
 
 
 @dataclass
@@ -87,6 +90,13 @@ class LlamaModel:
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext, kv_caches) -> torch.Tensor:
         x = F.embedding(input_ids, self.embed)
+        blocks = self._block_layers(ctx, x.shape[0])
+        if blocks is not None:  # every layer in one C++ call: the same kernels, without Python between them
+            group = ctx.decode_groups[0]
+            self.kernels.decode_layers(x, *blocks, [k for k, _ in kv_caches], [v for _, v in kv_caches], positions,
+                                       self.cos, self.signed_sin, ctx.slot_mapping, group.block_tables, group.lengths,
+                                       self.num_heads, self.scale, self.config.rms_norm_eps)
+            return x
         rope = None  # the step's cos and sin rows, for the torch path (the kernel reads the tables)
         if self.kernels is None:
             rope = self.cos[positions].to(self.dtype).unsqueeze(1), self.signed_sin[positions].to(self.dtype).unsqueeze(1)
@@ -99,6 +109,23 @@ class LlamaModel:
             h = self.add_rms_norm(x, linear(attn, layer.o), layer.post_norm)
             delta = linear(self.silu_mul(linear(h, layer.gate_up)), layer.down)
         return x.add_(delta)
+
+    def _block_layers(self, ctx: AttentionContext, tokens: int):
+        """(norms, weights, kinds) for cpu_kernels' decode_layers, or None where the step cannot take it: it
+        must be decode rows only, on the C++ attention kernel, and every layer weight Q4_1 / Q8_0 blocks
+        without bias, run by their kernels (at most KERNEL_MAX_ROWS rows)."""
+        if self.kernels is None or ctx.prefills or len(ctx.decode_groups) != 1 or ctx.decode_groups[0].lengths is None \
+                or tokens > KERNEL_MAX_ROWS:
+            return None
+        norms, weights, kinds = [], [], []
+        for layer in self.layers:
+            norms += [layer.input_norm, layer.post_norm]
+            for w in (layer.qkv, layer.o, layer.gate_up, layer.down):
+                if not isinstance(w, BlockLinear) or w.kernel not in BLOCK_KINDS or w.bias is not None:
+                    return None
+                weights.append(w.blocks)
+                kinds.append(BLOCK_KINDS[w.kernel])
+        return norms, weights, kinds
 
     def rope_and_store(self, qkv: torch.Tensor, positions: torch.Tensor, rope, k_cache: torch.Tensor,
                        v_cache: torch.Tensor, slots: torch.Tensor):

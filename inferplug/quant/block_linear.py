@@ -36,8 +36,9 @@ class BlockLinear(WeightOnlyLinear):
         self.out_features, self.in_features = blocks.shape[0], blocks.shape[1] // sum(self.fields) * BLOCK
         self.register_buffer("blocks", blocks)  # uint8 [out, in / 32 * block bytes]
         self.register_buffer("bias", None if bias is None else bias.float())
-        self._kernel = getattr(torch.ops.inferplug, self.kernel)
-        self._dequantize = getattr(torch.ops.inferplug, self.unpack)
+        # The ops' overloads, not their packets: a decode step calls the kernel ~120 times, ~0.5 us saved each.
+        self._kernel = getattr(torch.ops.inferplug, self.kernel).default
+        self._dequantize = getattr(torch.ops.inferplug, self.unpack).default
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "BlockLinear":

@@ -9,6 +9,8 @@ import pytest
 import torch
 from engine_helpers import greedy, hf_model, make_engine, prompts_of, run_all, text_of, tokens_of
 
+from inferplug import cpu_kernels
+from inferplug.models.llama import LlamaModel
 from inferplug.quant.linear import quantize_model
 from inferplug.types import Request, SamplingParams
 
@@ -35,6 +37,35 @@ def test_quantized_engine_matches_hf_with_the_same_quantized_layers(tiny_llama_d
             out = reference.generate(torch.tensor([prompt]), max_new_tokens=12, min_new_tokens=12,
                                      do_sample=False, pad_token_id=0)
         assert tokens_of(events[str(i)]) == out[0, len(prompt):].tolist(), f"{fmt} request {i}"
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_decode_steps_in_one_kernel_call_equal_the_layer_by_layer_path(tiny_llama_dir, fmt, monkeypatch):
+    """cpu_kernels' decode_layers runs LlamaModel.forward's kernels in its order, without Python between them:
+    tokens and logprobs come out bit for bit the same as from the Python loop."""
+    if cpu_kernels.ops() is None:
+        pytest.skip("the CPU kernels cannot run here")
+    fused_steps = []
+    block_layers = LlamaModel._block_layers
+
+    def spy(self, ctx, tokens):
+        args = block_layers(self, ctx, tokens)
+        fused_steps.append(args is not None)
+        return args
+
+    def generate():
+        engine = quantized_engine(tiny_llama_dir, fmt, max_num_batched_tokens=48)
+        prompts = prompts_of([5, 40, 17, 70], seed=3)
+        requests = [Request(prompt=p, params=greedy(10, logprobs=3), request_id=str(i)) for i, p in enumerate(prompts)]
+        events = run_all(engine, requests[:2], {3: requests[2:]})
+        return {rid: [(e.token_ids, [(lp.token_id, lp.logprob, lp.top) for lp in e.logprobs]) for e in ev]
+                for rid, ev in events.items()}
+
+    monkeypatch.setattr(LlamaModel, "_block_layers", spy)
+    fused = generate()
+    assert any(fused_steps) and not all(fused_steps), "decode-only steps run fused, steps with prefill do not"
+    monkeypatch.setattr(LlamaModel, "_block_layers", lambda self, ctx, tokens: None)
+    assert generate() == fused
 
 
 @pytest.mark.smollm2
