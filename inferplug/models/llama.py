@@ -113,12 +113,14 @@ class LlamaModel:
     def _block_layers(self, ctx: AttentionContext, tokens: int):
         """(norms, weights, kinds) for cpu_kernels' decode_layers, or None where the step cannot take it: it
         must be decode rows only, on the C++ attention kernel, and every layer weight Q4_1 / Q8_0 blocks
-        without bias, run by their kernels (at most KERNEL_MAX_ROWS rows)."""
+        without bias (no qkv bias either), run by their kernels (at most KERNEL_MAX_ROWS rows)."""
         if self.kernels is None or ctx.prefills or len(ctx.decode_groups) != 1 or ctx.decode_groups[0].lengths is None \
                 or tokens > KERNEL_MAX_ROWS:
             return None
         norms, weights, kinds = [], [], []
         for layer in self.layers:
+            if layer.qkv_bias is not None:  # Qwen2's: the layer-by-layer path adds it
+                return None
             norms += [layer.input_norm, layer.post_norm]
             for w in (layer.qkv, layer.o, layer.gate_up, layer.down):
                 if not isinstance(w, BlockLinear) or w.kernel not in BLOCK_KINDS or w.bias is not None:
