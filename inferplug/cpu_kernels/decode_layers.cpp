@@ -22,12 +22,11 @@ using Matmul = at::Tensor(const at::Tensor&, const at::Tensor&);
 // weights[4i..4i+3] (qkv, o, gate_up, down blocks) with kinds[4i..4i+3] (4: Q4_1, 8: Q8_0); its K/V pools.
 // Ends with x plus the last layer's MLP output in x (LlamaModel.forward's result).
 void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, at::IntArrayRef kinds,
-                         at::TensorList k_caches, at::TensorList v_caches, const at::Tensor& positions,
-                         const at::Tensor& cos, const at::Tensor& signed_sin, const at::Tensor& slots,
-                         const at::Tensor& block_tables, const at::Tensor& lengths, int64_t num_heads, double scale,
-                         double eps) {
+                   at::TensorList k_caches, at::TensorList v_caches, const at::Tensor& positions, const at::Tensor& cos,
+                   const at::Tensor& signed_sin, const at::Tensor& slots, const at::Tensor& block_tables,
+                   const at::Tensor& lengths, int64_t num_heads, double scale, double eps) {
   const int64_t layers = static_cast<int64_t>(k_caches.size());
-  TORCH_CHECK(v_caches.size() == k_caches.size() && norms.size() == 2 * k_caches.size() &&
+  TORCH_CHECK(layers > 0 && v_caches.size() == k_caches.size() && norms.size() == 2 * k_caches.size() &&
               weights.size() == 4 * k_caches.size() && kinds.size() == weights.size(),
               "decode_layers: per layer, 2 norms, 4 weights with their kinds and a K and a V pool");
   static const auto q4 = op<Matmul>("inferplug::q4_matmul"), q8 = op<Matmul>("inferplug::q8_matmul");
