@@ -8,16 +8,12 @@
 #include <cmath>
 #include <cstring>
 
+#include "checks.h"
 #include "vec_math.h"
 
 namespace {
 
 constexpr int64_t MAX_HEAD_DIM = 512;
-
-void check_float(const at::Tensor& t, const char* op, const char* name) {
-  TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.device().is_cpu(), op, ": ", name,
-              " must be a contiguous float32 CPU tensor");
-}
 
 // One head in place: x * cos + rotate_half(x) * sin, with HF's rounding (two products, one sum: no FMA).
 void rotate(float* x, const float* cos, const float* signed_sin, int64_t d) {
@@ -34,8 +30,9 @@ void rotate(float* x, const float* cos, const float* signed_sin, int64_t d) {
 void rope_write_kv_(at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& signed_sin,
                     at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slots, int64_t num_heads) {
   const char* op = "rope_write_kv_";
-  check_float(qkv, op, "qkv"), check_float(cos, op, "cos"), check_float(signed_sin, op, "signed_sin");
-  check_float(k_cache, op, "k_cache"), check_float(v_cache, op, "v_cache");
+  checks::float_cpu(qkv, op, "qkv"), checks::float_cpu(cos, op, "cos");
+  checks::float_cpu(signed_sin, op, "signed_sin");
+  checks::float_cpu(k_cache, op, "k_cache"), checks::float_cpu(v_cache, op, "v_cache");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(),
               "rope_write_kv_: the K and V pools must both be [kv_heads, num_blocks, block_size, head_dim]");
   const int64_t kv_heads = k_cache.size(0), d = k_cache.size(3), pool_slots = k_cache.size(1) * k_cache.size(2);
@@ -72,7 +69,7 @@ void rope_write_kv_(at::Tensor& qkv, const at::Tensor& positions, const at::Tens
 
 // gate_up: [T, 2 * I], gate then up -> silu(gate) * up: [T, I].
 at::Tensor silu_mul(const at::Tensor& gate_up) {
-  check_float(gate_up, "silu_mul", "gate_up");
+  checks::float_cpu(gate_up, "silu_mul", "gate_up");
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0, "silu_mul: gate_up must be [tokens, 2 * intermediate]");
   const int64_t tokens = gate_up.size(0), n = gate_up.size(1) / 2;
   at::Tensor out = at::empty({tokens, n}, gate_up.options());

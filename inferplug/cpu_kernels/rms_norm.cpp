@@ -7,11 +7,9 @@
 
 #include <cmath>
 
-namespace {
+#include "checks.h"
 
-void check(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.device().is_cpu(), "rms_norm: ", name, " must be a contiguous float32 CPU tensor");
-}
+namespace {
 
 // out[t] = x[t] / rms(x[t]) * weight, with x[t] += delta[t] first when delta is given (in place).
 void normalize(float* x, const float* delta, const float* weight, float* out, int64_t rows, int64_t width, double eps) {
@@ -35,7 +33,7 @@ void normalize(float* x, const float* delta, const float* weight, float* out, in
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  check(x, "x"), check(weight, "weight");
+  checks::float_cpu(x, "rms_norm", "x"), checks::float_cpu(weight, "rms_norm", "weight");
   const int64_t width = weight.numel();
   TORCH_CHECK(x.size(-1) == width, "rms_norm: x's last dim must match the weight");
   at::Tensor out = at::empty_like(x);
@@ -44,7 +42,8 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 }
 
 at::Tensor add_rms_norm_(at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps) {
-  check(x, "x"), check(delta, "delta"), check(weight, "weight");
+  checks::float_cpu(x, "rms_norm", "x"), checks::float_cpu(delta, "rms_norm", "delta");
+  checks::float_cpu(weight, "rms_norm", "weight");
   const int64_t width = weight.numel();
   TORCH_CHECK(x.size(-1) == width && delta.sizes() == x.sizes(), "add_rms_norm_: x and delta must have the same shape, last dim the weight's");
   at::Tensor out = at::empty_like(x);
