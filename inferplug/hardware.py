@@ -61,11 +61,6 @@ class Hardware:
         return _installed_ct2_compute_types(device)
 
     @property
-    def cpu_fast_bf16(self) -> bool:
-        """bf16 matmuls run natively (AVX512_BF16 or AMX), so bf16 beats fp32 on this CPU."""
-        return bool({"avx512_bf16", "amx_bf16"} & self.cpu_flags)
-
-    @property
     def isa_summary(self) -> list[str]:
         names = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_vnni": "AVX512-VNNI", "avx_vnni": "AVX-VNNI",
                  "avx512_bf16": "AVX512-BF16", "amx_tile": "AMX", "amx_bf16": "AMX-BF16", "amx_int8": "AMX-INT8"}

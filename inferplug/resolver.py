@@ -31,6 +31,11 @@ NATIVE_UNREADABLE = {
     "gptq": "use exllamav2 on a CUDA GPU, or an unquantized or GGUF profile",
     "exl2": "use exllamav2 on a CUDA GPU",
 }
+# On a CPU, pinning a 16-bit compute dtype is opt-in: it rounds every activation (docs/profiles.md, "Precision").
+CPU_LOW_PRECISION = {
+    "bfloat16": " (opt-in: bf16 activations and residual; greedy answers can differ from float32's)",
+    "float16": " (opt-in: fp16 activations and residual, emulated on most CPUs; greedy answers can differ from float32's)",
+}
 _TORCH_PATH = ("the engine's torch paged attention runs (decode: batched matmuls per KV-head group; prefill: "
                "scaled_dot_product_attention)")
 NATIVE_ATTENTION = {
@@ -152,10 +157,9 @@ def _dtype(profile: Profile, gpus: list[GPU], hw: Hardware) -> tuple[str, str]:
             return "bfloat16", f"dtype bfloat16: compute capability {cap[0]}.{cap[1]} >= 8.0"
         return "float16", f"dtype float16: compute capability {cap[0]}.{cap[1]} has no fast bf16"
     if profile.dtype != "auto":
-        return profile.dtype, f"dtype {profile.dtype}: pinned by the profile"
-    if hw.cpu_fast_bf16:
-        return "bfloat16", "dtype bfloat16: the CPU has AVX512_BF16/AMX, bf16 matmuls run natively"
-    return "float32", "dtype float32: the CPU has neither AVX512_BF16 nor AMX, bf16 would be emulated"
+        return profile.dtype, f"dtype {profile.dtype}: pinned by the profile" + CPU_LOW_PRECISION.get(profile.dtype, "")
+    return "float32", ("dtype float32: on a CPU activations and accumulation stay fp32 whatever the ISA (bf16 "
+                       "activations changed SmolLM2's greedy answers; fewer weight bytes come from the weight format)")
 
 
 def _attention(profile: Profile, gpus: list[GPU], hw: Hardware) -> tuple[str, str]:

@@ -45,7 +45,7 @@ def test_profiles_without_downloads(monkeypatch, tmp_path):
 def test_default_profile_fits_with_context_and_batch(smollm2_gguf):
     report = doctor.collect(CPU_ONLY)
     row = next(r for r in report["profiles"] if r["name"] == "smollm2-135m")
-    assert (row["fits"], row["backend"], row["device"], row["dtype"]) == (True, "native", "cpu", "bfloat16")
+    assert (row["fits"], row["backend"], row["device"], row["dtype"]) == (True, "native", "cpu", "float32")
     assert row["max_model_len"] == 8192 and row["seqs_at_full_context"] >= 1
     assert report["ok"] is True
     assert report["machine"]["isa"] == ["AVX2", "AVX-512", "AVX512-BF16"]

@@ -39,11 +39,11 @@ T4 = GPU(0, "Tesla T4", (7, 5), 16 * GB, 15 * GB)
 
 
 # --- CPU only ------------------------------------------------------------------------------------
-def test_cpu_only_default_profile_runs_native_fp32_without_bf16_isa():
+def test_cpu_only_default_profile_runs_native_fp32():
     plan = resolve(load_profile("smollm2-135m"), cpu(), SMOLLM2)
     assert (plan.backend, plan.device, plan.dtype, plan.attention) == ("native", "cpu", "float32", "torch")
     assert "exllamav2" in plan.rejected and "needs a CUDA GPU; none found" in plan.rejected["exllamav2"]
-    assert any("neither AVX512_BF16 nor AMX" in r for r in plan.reasons)
+    assert any(r.startswith("dtype float32: on a CPU activations and accumulation stay fp32") for r in plan.reasons)
     # KV bytes/token = 2 x layers x kv_heads x head_dim x 4 bytes; the cache is "1GiB" in the profile
     per_token = 2 * 30 * 3 * 64 * 4
     assert plan.memory.kv_bytes_per_token == per_token
@@ -83,11 +83,22 @@ def test_fp32_on_an_x86_cpu_with_f16c_stores_linear_weights_fp16():
     assert resolve(load_profile("smollm2-135m"), with_gpus(A100_80), facts).weight_format is None
 
 
-def test_cpu_with_avx512_bf16_or_amx_picks_bfloat16():
-    for flags in (("avx512f", "avx512_bf16"), ("amx_tile", "amx_bf16")):
+def test_cpu_with_avx512_bf16_or_amx_still_computes_fp32_with_fp16_weights():
+    """bf16 activations changed SmolLM2's greedy answers on an AVX512_BF16 host, so no ISA makes them the default."""
+    for flags in (("avx2", "fma", "f16c", "avx512f", "avx512_bf16"), ("avx2", "fma", "f16c", "amx_tile", "amx_bf16")):
         plan = resolve(load_profile("smollm2-135m"), cpu(flags=flags), SMOLLM2)
-        assert plan.dtype == plan.kv_dtype == "bfloat16"
-        assert plan.memory.kv_bytes_per_token == 2 * 30 * 3 * 64 * 2
+        assert (plan.dtype, plan.kv_dtype, plan.weight_format) == ("float32", "float32", "fp16")
+        assert plan.memory.kv_bytes_per_token == 2 * 30 * 3 * 64 * 4
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_pinned_16_bit_dtype_on_a_cpu_is_opt_in_and_says_so(dtype):
+    profile = load_profile("smollm2-135m")
+    profile.dtype = dtype
+    plan = resolve(profile, cpu(flags=("avx2", "fma", "f16c", "avx512f", "avx512_bf16")), SMOLLM2)
+    assert (plan.dtype, plan.kv_dtype, plan.weight_format) == (dtype, dtype, None)
+    assert any(r.startswith(f"dtype {dtype}: pinned by the profile (opt-in: ") and "can differ from float32" in r
+               for r in plan.reasons)
 
 
 def test_pinned_dtype_wins_over_the_isa():
@@ -123,6 +134,7 @@ def test_ct2_profile_on_cpu_uses_int8():
 def test_ct2_unquantized_on_a_bf16_cpu_falls_back_to_a_compute_type_ctranslate2_offers():
     profile = load_profile("smollm2-135m-ct2")
     profile.quantization.format = "none"
+    profile.dtype = "bfloat16"  # a CPU computes fp32 unless pinned
     plan = resolve(profile, cpu(flags=("avx512f", "avx512_bf16")), SMOLLM2)
     assert (plan.compute_type, plan.dtype, plan.kv_dtype) == ("float32", "float32", "float32")
     why = "compute_type float32: CTranslate2 cannot compute bfloat16 on cpu here (it offers float32, int8, int8_float32)"

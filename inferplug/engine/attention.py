@@ -98,13 +98,14 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows:
     keys, values = _gather(k_cache, tables, batch), _gather(v_cache, tables, batch)  # [kv_heads * B, S, D]
     if rows.bias is None:  # one sequence: cut at its length instead of masking
         keys, values = keys[:, : rows.length], values[:, : rows.length]
-    q = q.view(batch, kv_heads, group, head_dim).transpose(0, 1).reshape(kv_heads * batch, group, head_dim)
-    scores = torch.bmm(q, keys.transpose(1, 2)).mul_(scale)  # [kv_heads * B, group, S]
+    # bf16/fp16 (opt-in) score, softmax and sum in fp32, as SDPA's CPU kernels do (no-ops in fp32)
+    keys, values = keys.float(), values.float()
+    q32 = q.float().view(batch, kv_heads, group, head_dim).transpose(0, 1).reshape(kv_heads * batch, group, head_dim)
+    scores = torch.bmm(q32, keys.transpose(1, 2)).mul_(scale)  # [kv_heads * B, group, S]
     if rows.bias is not None:
         scores.view(kv_heads, batch, group, -1).add_(rows.bias)
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    out = torch.bmm(probs, values).view(kv_heads, batch, group, head_dim)
-    return out.transpose(0, 1).reshape(batch, heads, head_dim)
+    out = torch.bmm(torch.softmax(scores, dim=-1), values).view(kv_heads, batch, group, head_dim)
+    return out.transpose(0, 1).reshape(batch, heads, head_dim).to(q.dtype)
 
 
 def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk, scale: float) -> torch.Tensor:

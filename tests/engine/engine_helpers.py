@@ -65,10 +65,15 @@ def hf_model(model_dir: Path):
 
 
 def hf_greedy(model_dir: Path, prompt: list[int], max_tokens: int) -> list[int]:
-    model = hf_model(model_dir)
+    return hf_generate(hf_model(model_dir), prompt, max_tokens)
+
+
+def hf_generate(model, prompt: list[int], max_tokens: int) -> list[int]:
+    """HF's greedy tokens, exactly max_tokens of them, as the engine's ignore_eos gives. Not min_new_tokens:
+    it suppresses generation_config's EOS (token 2 in the tiny models), which ignore_eos does not."""
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, min_new_tokens=max_tokens,
-                             do_sample=False, pad_token_id=0)
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, eos_token_id=None, do_sample=False,
+                             pad_token_id=0)
     return out[0, len(prompt):].tolist()
 
 
