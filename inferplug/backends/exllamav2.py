@@ -169,11 +169,12 @@ class ExLlamaV2Backend(Backend):
 
 def _sampler_settings(exl: Any, p: SamplingParams) -> Any:
     settings = exl.generator.ExLlamaV2Sampler.Settings
+    # ExLlamaV2 counts presence and frequency over the whole sequence, prompt included (OpenAI: output only)
+    penalties = dict(token_repetition_penalty=p.repetition_penalty, token_presence_penalty=p.presence_penalty,
+                     token_frequency_penalty=p.frequency_penalty)
     if p.greedy:
-        return settings.greedy(token_repetition_penalty=p.repetition_penalty)
-    return settings(temperature=p.temperature, top_k=max(p.top_k, 0), top_p=p.top_p, min_p=p.min_p,
-                    token_repetition_penalty=p.repetition_penalty, token_presence_penalty=p.presence_penalty,
-                    token_frequency_penalty=p.frequency_penalty)
+        return settings.greedy(**penalties)
+    return settings(temperature=p.temperature, top_k=max(p.top_k, 0), top_p=p.top_p, min_p=p.min_p, **penalties)
 
 
 def rope_theta_of(model_dir: Path) -> float | None:

@@ -1,8 +1,11 @@
-"""Turn each sampling row's logits into a token: penalties, masks, temperature, top-k/p, min-p.
+"""Turn each sampling row's logits into a token: penalties, masks, temperature, min-p, top-k/p.
 
 Greedy rows without penalties or logprobs take one batched argmax. Other rows go one by one,
 each with its own torch.Generator when seeded, so a seeded sample does not depend on what else
 shares the batch. Logprobs are the model's raw log-softmax (before any processing), as in vLLM.
+`processed_logits` (what greedy takes the argmax of) and `sampling_probs` (what a sampled row
+draws from) are the whole semantics; tests/engine/test_sampler_reference.py holds them against
+transformers' logits processors and vLLM's order.
 A row that fails (NaN logits, a guide that rejects the token) comes back with `error` set, so the
 engine fails that request alone.
 """
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from inferplug.engine.sequence import Sequence
+from inferplug.types import SamplingParams
 
 
 @dataclass
@@ -41,17 +45,11 @@ class Sampler:
 
     def _sample_row(self, raw: torch.Tensor, seq: Sequence) -> SampleResult:
         p = seq.params
-        logits = raw.clone()
-        _apply_penalties(logits, seq)
-        if seq.num_output_tokens < p.min_tokens:
-            banned = set(p.stop_token_ids) | set(self.eos_token_ids)
-            logits[list(banned)] = float("-inf")
-        if seq.guide is not None:
-            seq.guide.fill_mask(logits)
+        logits = processed_logits(raw, seq, self.eos_token_ids)
         if p.greedy:
             token = int(logits.argmax())
         else:
-            token = _draw(logits, seq)
+            token = int(torch.multinomial(sampling_probs(logits, p), 1, generator=seq.generator))
         if seq.guide is not None and not seq.guide.accept(token):
             raise ValueError(f"the JSON grammar rejected token {token}: no token the grammar allows was sampleable")
         result = SampleResult(token)
@@ -62,6 +60,18 @@ class Sampler:
                 values, ids = logprobs.topk(p.logprobs)
                 result.top = list(zip(ids.tolist(), values.tolist()))
         return result
+
+
+def processed_logits(raw: torch.Tensor, seq: Sequence, eos_token_ids: list[int]) -> torch.Tensor:
+    """One row's logits after penalties, the min_tokens ban and the grammar mask (a new tensor)."""
+    p = seq.params
+    logits = raw.clone()
+    _apply_penalties(logits, seq)
+    if seq.num_output_tokens < p.min_tokens:  # as vLLM: every stop id, EOS included, whatever ignore_eos says
+        logits[sorted(set(p.stop_token_ids) | set(eos_token_ids))] = float("-inf")
+    if seq.guide is not None:
+        seq.guide.fill_mask(logits)
+    return logits
 
 
 def _is_plain_greedy(seq: Sequence) -> bool:
@@ -85,17 +95,21 @@ def _apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
         logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).float()
 
 
-def _draw(logits: torch.Tensor, seq: Sequence) -> int:
-    p = seq.params
+def sampling_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """The distribution a sampled row draws from: temperature, then min-p, top-k, top-p (vLLM v1's order;
+    transformers runs min-p last, which differs when min-p and top-p are both set)."""
     logits = logits / p.temperature
-    if p.top_k > 0 and p.top_k < logits.numel():
-        kth = logits.topk(p.top_k).values[-1]
-        logits[logits < kth] = float("-inf")
-    probs = torch.softmax(logits, dim=-1)
-    if p.top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        outside = (sorted_probs.cumsum(0) - sorted_probs) > p.top_p  # keeps at least the top token
-        probs[order[outside]] = 0.0
     if p.min_p > 0.0:
-        probs[probs < p.min_p * probs.max()] = 0.0
-    return int(torch.multinomial(probs, 1, generator=seq.generator))
+        probs = torch.softmax(logits, dim=-1)
+        logits[probs < p.min_p * probs.max()] = float("-inf")
+    if 0 < p.top_k < logits.numel():
+        logits[logits < logits.topk(p.top_k).values[-1]] = float("-inf")  # ties with the k-th stay
+    if p.top_p < 1.0:
+        # ascending: drop the low tail while its mass (this token included) is <= 1 - top_p; the top token
+        # always stays. A tie at the cut drops its lower ids (a stable sort, the same on every device), where
+        # transformers and vLLM leave it to an unstable sort.
+        ascending, order = logits.sort(stable=True)
+        tail = ascending.softmax(dim=-1).cumsum(dim=-1) <= 1.0 - p.top_p
+        tail[-1] = False
+        logits[order[tail]] = float("-inf")
+    return torch.softmax(logits, dim=-1)

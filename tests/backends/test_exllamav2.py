@@ -41,7 +41,55 @@ def fake_exllamav2(monkeypatch):
 
 
 @pytest.fixture
-def make_backend(fake_exllamav2):
+def sent(fake_exllamav2, monkeypatch):
+    """What our backend hands ExLlamaV2: each job's arguments bound to the real 0.3.2 signature, and which
+    jobs ended (an eos result, or our cancel). The real job and generator swallow unknown keywords into
+    **kwargs; here they fail, so a misspelt option cannot vanish silently."""
+    import inspect
+
+    import exllamav2.generator as gen
+
+    log = {"args": [], "made": [], "ended": set()}
+    real_job, real_generator = gen.ExLlamaV2DynamicJob, gen.ExLlamaV2DynamicGenerator
+
+    def bind(cls, *args, **kwargs) -> dict:
+        bound = inspect.signature(cls.__init__).bind(None, *args, **kwargs).arguments
+        assert not bound.get("kwargs"), f"{cls.__name__} has no arguments {sorted(bound['kwargs'])}"
+        return bound
+
+    class Job(real_job):
+        def __init__(self, *args, **kwargs):
+            log["args"].append(bind(real_job, *args, **kwargs))
+            log["made"].append(self)
+            super().__init__(*args, **kwargs)
+
+    class Generator(real_generator):
+        def __init__(self, *args, **kwargs):
+            bind(real_generator, *args, **kwargs)
+            super().__init__(*args, **kwargs)
+
+        def cancel(self, job):
+            log["ended"].add(job)
+            super().cancel(job)
+
+        def iterate(self):
+            results = super().iterate()
+            log["ended"].update(r["job"] for r in results if r.get("eos"))
+            return results
+
+    monkeypatch.setattr(gen, "ExLlamaV2DynamicJob", Job)
+    monkeypatch.setattr(gen, "ExLlamaV2DynamicGenerator", Generator)
+    return log
+
+
+def all_jobs_released(backend, sent) -> bool:
+    """Every job our backend made ended (finished or cancelled by us) and the generator holds none."""
+    jobs = backend._worker.generator.active_jobs + backend._worker.generator.pending_jobs
+    return not jobs and bool(sent["made"]) and all(job in sent["ended"] for job in sent["made"])
+
+
+@pytest.fixture
+def make_backend(sent):
     from inferplug.backends.exllamav2 import ExLlamaV2Backend
     from inferplug.resolver import resolve
 
@@ -76,7 +124,7 @@ def pages_in_use(backend) -> int:
     return backend.stats()["kv_blocks_used"]
 
 
-def test_greedy_matches_transformers_with_rope_theta_from_rope_parameters(make_backend, tiny_model_dir):
+def test_greedy_matches_transformers_with_rope_theta_from_rope_parameters(make_backend, sent, tiny_model_dir):
     # The tiny Qwen2 keeps rope_theta=1e6 in transformers 5's rope_parameters only: ExLlamaV2Config
     # alone would run it at 10000 and diverge from HF.
     backend = make_backend(tiny_model_dir)
@@ -85,10 +133,10 @@ def test_greedy_matches_transformers_with_rope_theta_from_rope_parameters(make_b
                                                                                 ignore_eos=True)))
     assert ids_of(events) == hf_greedy(tiny_model_dir, prompt, 10)
     assert events[-1].finish_reason == "length" and events[-1].usage.completion_tokens == 10
-    assert pages_in_use(backend) == 0
+    assert all_jobs_released(backend, sent)
 
 
-def test_n_choices_share_prompt_pages_and_free_them(make_backend, tiny_llama_dir):
+def test_n_choices_share_prompt_pages_and_free_them(make_backend, sent, tiny_llama_dir):
     backend = make_backend(tiny_llama_dir)
     prompt = [10 + i % 250 for i in range(300)]  # more than one full 256-token page
     params = SamplingParams(temperature=0.9, top_k=40, seed=3, max_tokens=6, ignore_eos=True, n=3)
@@ -97,10 +145,10 @@ def test_n_choices_share_prompt_pages_and_free_them(make_backend, tiny_llama_dir
     assert events[-1].usage.completion_tokens == 18 and events[-1].usage.cached_tokens == 256
     again = backend.generate_sync(Request(prompt=prompt, params=SamplingParams(**{**vars(params), "n": 3})))
     assert [ids_of(again, i) for i in range(3)] == [ids_of(events, i) for i in range(3)]
-    assert pages_in_use(backend) == 0 and backend.stats()["prefix_hit_rate"] > 0
+    assert all_jobs_released(backend, sent) and backend.stats()["prefix_hit_rate"] > 0
 
 
-def test_stop_string_and_stop_token_end_the_job_and_free_its_pages(make_backend, tiny_llama_dir):
+def test_stop_string_and_stop_token_end_the_job_and_free_its_pages(make_backend, sent, tiny_llama_dir):
     backend = make_backend(tiny_llama_dir)
     greedy = dict(temperature=0, max_tokens=12, ignore_eos=True)
     full = backend.generate_sync(Request(prompt="the weather", params=SamplingParams(**greedy)))
@@ -113,13 +161,52 @@ def test_stop_string_and_stop_token_end_the_job_and_free_its_pages(make_backend,
             temperature=0, max_tokens=12, stop_token_ids=[ids[4]], ignore_eos=ignore_eos)))
         assert ids_of(by_id) == ids[: ids.index(ids[4]) + 1]
         assert by_id[-1].finish_reason == "stop" and by_id[-1].stop_reason == ids[4]
-        assert pages_in_use(backend) == 0
+        assert all_jobs_released(backend, sent)
 
 
-def test_abort_cancels_the_job(make_backend, tiny_llama_dir, abort_midway):
+def test_abort_cancels_the_job(make_backend, sent, tiny_llama_dir, abort_midway):
     backend = make_backend(tiny_llama_dir)
     abort_midway(backend, max_tokens=200)
-    assert pages_in_use(backend) == 0 and backend.stats()["running"] == 0
+    assert all_jobs_released(backend, sent) and backend.stats()["running"] == 0
+
+
+SAMPLED = dict(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05, repetition_penalty=1.1, presence_penalty=0.3,
+               frequency_penalty=0.2)
+PENALTIES = dict(token_repetition_penalty=1.1, token_presence_penalty=0.3, token_frequency_penalty=0.2)
+
+
+@pytest.mark.parametrize("options, settings", [
+    (SAMPLED, dict(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05, **PENALTIES)),
+    # greedy: ExLlamaV2's greedy settings (top_k 1), the penalties kept (they move the argmax)
+    ({**SAMPLED, "temperature": 0.0}, dict(top_k=1, top_p=0.0, **PENALTIES)),
+    ({"temperature": 1.0, "top_k": -1}, dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+                                             token_repetition_penalty=1.0)),  # top_k -1 and 0 both disable it
+])
+def test_request_options_reach_the_job_and_its_settings(make_backend, sent, tiny_llama_dir, options, settings):
+    backend = make_backend(tiny_llama_dir)
+    params = SamplingParams(**options, seed=5, n=2, min_tokens=2, max_tokens=5, stop_token_ids=[9], stop=["zq"],
+                            logprobs=2)
+    events = backend.generate_sync(Request(prompt=[4, 5, 6], params=params))
+    assert {e.index for e in events if e.finish_reason} == {0, 1}
+    eos = backend._eos_ids()
+    for index, job in enumerate(sent["args"]):
+        assert job["input_ids"].tolist() == [[4, 5, 6]] and job["identifier"] == index
+        assert job["max_new_tokens"] == 5 and job["min_new_tokens"] == 2 and job["seed"] == 5 + index
+        # stop strings stay with our output stage (ChoiceStream), which cancels the job on one
+        assert sorted(job["stop_conditions"]) == sorted({9, *eos})
+        assert job["return_probs"] is True and job["return_top_tokens"] == 2
+        assert {k: getattr(job["gen_settings"], k) for k in settings} == settings
+    assert len(sent["args"]) == 2 and all_jobs_released(backend, sent)
+
+
+def test_settings_and_job_take_only_the_real_arguments(fake_exllamav2):
+    """The fake's Settings is the real dataclass's field list: an unknown one is a TypeError there too."""
+    import exllamav2.generator as gen
+
+    with pytest.raises(TypeError):
+        gen.ExLlamaV2Sampler.Settings(repetition_penalty=1.1)  # the real name is token_repetition_penalty
+    with pytest.raises(TypeError):
+        gen.ExLlamaV2Sampler.Settings.greedy(presence_penalty=0.5)
 
 
 def test_logprobs_with_top_tokens(make_backend, tiny_llama_dir):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 from engine_helpers import greedy, make_engine, prompts_of
@@ -45,13 +46,25 @@ async def test_leaving_a_stream_early_aborts_it(async_engine):
     assert stats["running"] == 0 and stats["kv_blocks_used"] == 0
 
 
-async def test_cancelled_while_adding_leaves_no_orphan(async_engine):
+async def test_cancelled_while_adding_leaves_no_orphan(async_engine, monkeypatch):
+    entered, release, landed = threading.Event(), threading.Event(), []
+    add_request = async_engine.engine.add_request
+
+    def held_add(request, *args):  # the add stays in its worker thread until the caller is cancelled
+        entered.set()
+        release.wait(timeout=30)
+        add_request(request, *args)
+        landed.append(request.request_id)
+
+    monkeypatch.setattr(async_engine.engine, "add_request", held_add)
     stream = async_engine.generate(Request(prompt=prompts_of([30])[0], params=greedy(200), request_id="c"))
     task = asyncio.ensure_future(stream.__anext__())
-    await asyncio.sleep(0)  # the task now waits on the add running in a worker thread
+    assert await asyncio.to_thread(entered.wait, 30)
     task.cancel()
+    release.set()
     with pytest.raises(asyncio.CancelledError):
         await task
+    assert landed == ["c"]  # the add did land, mid-cancel, and was aborted
     assert "c" not in async_engine.engine.requests and "c" not in async_engine._streams
     assert async_engine.stats()["kv_blocks_used"] == 0
 

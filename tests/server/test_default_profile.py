@@ -13,7 +13,7 @@ import pytest
 pytestmark = [pytest.mark.smollm2, pytest.mark.slow]
 
 CLIENTS, LEAVERS, MAX_TOKENS = 32, 8, 24
-LEAVER_MAX_TOKENS = 4000  # far more than could finish before the check: only an abort ends them
+LEAVER_MAX_TOKENS = 64  # tells a leaver apart in the engine; hold_leavers_until_aborted keeps them from finishing
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +61,34 @@ def wait_until_idle(backend, limit_s: float = 60.0) -> dict:
         time.sleep(0.05)
 
 
-def test_32_streams_with_8_disconnects_free_every_block(default_server, server_factory):
+def hold_leavers_until_aborted(engine, monkeypatch, limit_s: float = 60.0) -> list[str]:
+    """A leaver cannot finish before its client leaves: the engine does not step while a leaver is one
+    token short of LEAVER_MAX_TOKENS (for up to limit_s), so every leaver ends by an abort of a running
+    request. Returns the ids of the requests the engine aborted while they ran."""
+    step, abort, aborted = engine.step, engine.abort, []
+    deadline = time.monotonic() + limit_s
+
+    def held_step():
+        last = any(seq.num_output_tokens >= LEAVER_MAX_TOKENS - 1 for state in engine.requests.values()
+                   if state.request.params.max_tokens == LEAVER_MAX_TOKENS for seq in state.seqs)
+        return [] if last and time.monotonic() < deadline else step()
+
+    def recorded_abort(request_id):
+        events = abort(request_id)
+        if any(e.finish_reason == "abort" for e in events):
+            aborted.append(request_id)
+        return events
+
+    monkeypatch.setattr(engine, "step", held_step)  # AsyncEngine's loop calls these on the instance
+    monkeypatch.setattr(engine, "abort", recorded_abort)
+    return aborted
+
+
+def test_32_streams_with_8_disconnects_free_every_block(default_server, server_factory, monkeypatch):
     import openai
 
     backend = default_server
+    aborted = hold_leavers_until_aborted(backend.engine.engine, monkeypatch)
     server = server_factory(backend)
     client = openai.AsyncOpenAI(base_url=server.url, api_key="unused", max_retries=0)
 
@@ -95,6 +119,7 @@ def test_32_streams_with_8_disconnects_free_every_block(default_server, server_f
 
     results = asyncio.run(all_clients())
     assert [r[0] for r in results[:LEAVERS]] == ["left"] * LEAVERS
+    assert len(aborted) == LEAVERS  # each leaver was still running when its client left
     for text, finish, usage in results[LEAVERS:]:
         assert text and finish == "length" and usage == MAX_TOKENS
     stats = wait_until_idle(backend)

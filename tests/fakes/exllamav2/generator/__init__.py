@@ -3,7 +3,8 @@
 Same constructor signatures, attributes (active_jobs, pending_jobs, max_pages, page_size,
 referenced_pages, unreferenced_pages, num_draft_tokens) and iterate() result dicts as the real
 one. Pages are accounted like the real paged cache (256 tokens, full prompt pages hashed and
-shared between jobs, freed on cancel or eos); tokens come from a transformers forward pass.
+shared between jobs, freed on cancel or eos); tokens come from a transformers forward pass, drawn
+by _fake_sampling with the real sampler's semantics.
 """
 
 from __future__ import annotations
@@ -12,16 +13,20 @@ import hashlib
 import math
 import random
 import time
-from dataclasses import dataclass
+from collections import deque
+from copy import copy
+from dataclasses import dataclass, field
 
 import torch
+
+from exllamav2.generator._fake_sampling import sample
 
 PAGED_PAGE_SIZE = 256
 
 
 class ExLlamaV2Sampler:
     @dataclass
-    class Settings:
+    class Settings:  # every field of the real dataclass: an unknown keyword is a TypeError, as there
         token_repetition_penalty: float = 1.025
         token_repetition_range: int = -1
         token_repetition_decay: int = 0
@@ -39,12 +44,35 @@ class ExLlamaV2Sampler:
         tfs: float = 0
         typical: float = 0
         skew: float = 0
+        temperature_last: bool = False
+        mirostat: bool = False
+        mirostat_tau: float = 1.5
+        mirostat_eta: float = 0.1
+        mirostat_mu: float | None = None
+        token_bias: torch.Tensor | None = None
+        cfg_scale: float | None = None
+        post_sampling_hooks: list = field(default_factory=list)
+        dry_allowed_length: int = 2
+        dry_base: float = 1.75
+        dry_multiplier: float = 0.0
+        dry_sequence_breakers: set[int] | None = None
+        dry_range: int = 0
+        dry_max_ngram: int = 20
+        ngram_trie: dict | None = None
+        ngram_index: int = 0
+        ngram_history: deque = field(default_factory=deque)
+        xtc_probability: float = 0.0
+        xtc_threshold: float = 0.1
+        xtc_ignore_tokens: frozenset[int] | None = None
 
         @staticmethod
         def greedy(**kwargs) -> ExLlamaV2Sampler.Settings:
             defaults = {"temperature": 1.0, "token_repetition_penalty": 1.0, "top_p": 0.0, "top_k": 1}
             defaults.update(kwargs)
             return ExLlamaV2Sampler.Settings(**defaults)
+
+        def clone(self):
+            return copy(self)
 
 
 class ExLlamaV2DynamicJob:
@@ -61,9 +89,12 @@ class ExLlamaV2DynamicJob:
         self.min_new_tokens = min_new_tokens
         self.gen_settings = gen_settings if gen_settings is not None else ExLlamaV2Sampler.Settings()
         self.rng = random.Random() if seed is None else random.Random(seed)
+        if any(not isinstance(t, (int, str)) for t in stop_conditions or []):
+            raise ValueError("Unsupported type in stop_conditions")
         self.stop_tokens = {t for t in stop_conditions or [] if isinstance(t, int)}
         self.stop_strings = {t for t in stop_conditions or [] if isinstance(t, str)}
-        assert not self.stop_strings, "the fake does not implement stop strings (inferplug does not use them)"
+        if self.stop_strings:  # the real one holds text back while a stop string may be forming
+            raise NotImplementedError("the fake has no stop strings: inferplug ends on them itself (ChoiceStream)")
         self.decode_special_tokens = decode_special_tokens
         self.return_top_tokens = return_top_tokens
         self.return_probs = return_probs
@@ -91,21 +122,11 @@ class ExLlamaV2DynamicJob:
         return r
 
     def _sample(self, logits: torch.Tensor) -> tuple[int, float, list[int], list[float]]:
-        s = self.gen_settings
         if self.new_tokens < self.min_new_tokens:
             for t in self.stop_tokens:
                 logits[t] = -math.inf
-        if s.top_k == 1:
-            probs = torch.zeros_like(logits)
-            token = int(logits.argmax())
-            probs[token] = 1.0
-        else:
-            probs = torch.softmax(logits / max(s.temperature, 1e-5), dim=-1)
-            if s.top_k > 0:
-                kth = probs.topk(min(s.top_k, probs.numel())).values[-1]
-                probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
-            probs = probs / probs.sum()
-            token = int(torch.searchsorted(probs.cumsum(0), torch.tensor(self.rng.random())).clamp(max=len(probs) - 1))
+        probs = sample(logits, self.gen_settings, self.sequence)
+        token = int(torch.searchsorted(probs.cumsum(0), torch.tensor(self.rng.random())).clamp(max=len(probs) - 1))
         top = probs.topk(self.return_top_tokens) if self.return_top_tokens else None
         return (token, float(probs[token]), top.indices.tolist() if top else [],
                 top.values.tolist() if top else [])
