@@ -33,10 +33,11 @@ class PrefillChunk:
 
 @dataclass
 class DecodeGroup:
-    """Decode rows [start, end). The torch path groups rows of similar context lengths: one gather and two
-    batched matmuls, padded to the group's longest (grouping keeps short sequences from reading the longest
-    one's width). The C++ kernel (cpu_kernels/paged_decode.cpp) takes every decode row in one group: it reads
-    K/V in place, exactly each row's `lengths`, so it needs neither the gather nor the padding."""
+    """Query rows [start, end) that attend through block tables. The torch path groups decode rows of similar
+    context lengths: one gather and two batched matmuls, padded to the group's longest (grouping keeps short
+    sequences from reading the longest one's width). The C++ kernel (cpu_kernels/paged_decode.cpp) takes every
+    row of the step, prefill rows too, in one group: it reads K/V in place, exactly each row's `lengths`, so it
+    needs neither the gather nor the padding, and each row's arithmetic is the same whatever shares the step."""
 
     start: int
     end: int
@@ -49,6 +50,7 @@ class DecodeGroup:
 @dataclass
 class AttentionContext:
     slot_mapping: torch.Tensor  # [T] flat slot (block * block_size + offset) of each new token
+    decode_rows: int = 0  # the first rows are decode tokens, the rest prefill (quant/block_linear.py rounds them apart)
     decode_groups: list[DecodeGroup] = field(default_factory=list)  # the decode rows, first in the step
     prefills: list[PrefillChunk] = field(default_factory=list)
 

@@ -20,7 +20,7 @@ class ModelRunner:
         self.kv_caches = model.allocate_kv_cache(num_blocks, block_size)
         self.sampler = sampler
         self.device = model.device
-        # Decode attention in the C++ kernel (fp32, AVX2): all rows in one group, each reading its own length.
+        # Attention in the C++ kernel (fp32, AVX2): every row of a step in one group, each reading its own length.
         self.decode_kernel = model.kernels is not None and model.head_dim % 8 == 0  # see LlamaModel.kernels
 
     def run(self, scheduled: list[tuple[Sequence, int]]) -> list[tuple[Sequence, SampleResult]]:
@@ -41,12 +41,15 @@ class ModelRunner:
             if start + n == len(seq.token_ids):
                 sample_rows.append(len(input_ids) - 1)
                 sample_seqs.append(seq)
-        ctx = AttentionContext(slot_mapping=self._tensor(slots),
-                               decode_groups=self._decode_groups([s for s, _ in decodes]))
-        q_start = len(decodes)
-        for seq, n in prefills:
-            ctx.prefills.append(self._prefill_chunk(seq, n, q_start))
-            q_start += n
+        ctx = AttentionContext(slot_mapping=self._tensor(slots), decode_rows=len(decodes))
+        if self.decode_kernel:
+            ctx.decode_groups = [self._kernel_rows(decodes + prefills)]
+        else:
+            ctx.decode_groups = self._decode_groups([s for s, _ in decodes])
+            q_start = len(decodes)
+            for seq, n in prefills:
+                ctx.prefills.append(self._prefill_chunk(seq, n, q_start))
+                q_start += n
         hidden = self.model.forward(self._tensor(input_ids), self._tensor(positions), ctx, self.kv_caches)
         if not sample_seqs:
             return []
@@ -59,12 +62,25 @@ class ModelRunner:
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
 
+    def _kernel_rows(self, spans: list[tuple[Sequence, int]]) -> DecodeGroup:
+        """Every row of the step, decode and prefill alike, for the C++ kernel: each query reads the K/V of its
+        own position and those before it, in one fixed order. So a token's attention does not depend on the
+        step's other rows, on how its prompt was chunked, or on whether its prefix came from the cache."""
+        width = max(-(-(s.num_computed_tokens + n) // self.block_size) for s, n in spans)
+        tables, lengths = [], []
+        for seq, n in spans:
+            start, table = seq.num_computed_tokens, seq.block_table[:width]
+            tables.append(self._tensor(table + [0] * (width - len(table))).expand(n, width))
+            lengths.append(torch.arange(start + 1, start + n + 1, device=self.device))
+        rows = sum(n for _, n in spans)
+        return DecodeGroup(0, rows, torch.cat(tables), None, lengths=torch.cat(lengths))
+
     def _decode_groups(self, seqs: list[Sequence]) -> list[DecodeGroup]:
-        """Cut the decode rows (longest first) into groups of similar widths (GROUP_WIDTH_RATIO); one for the kernel."""
+        """Cut the decode rows (longest first) into groups of similar widths (GROUP_WIDTH_RATIO), for the torch path."""
         blocks = [-(-(s.num_computed_tokens + 1) // self.block_size) for s in seqs]
         groups, start = [], 0
         for i in range(1, len(seqs) + 1):
-            if i == len(seqs) or (not self.decode_kernel and blocks[i] <= GROUP_WIDTH_RATIO * blocks[start]
+            if i == len(seqs) or (blocks[i] <= GROUP_WIDTH_RATIO * blocks[start]
                                   and blocks[start] - blocks[i] >= GROUP_MIN_GAP_BLOCKS):
                 groups.append(self._decode_group(seqs[start:i], start, width=blocks[start]))
                 start = i
@@ -73,8 +89,6 @@ class ModelRunner:
     def _decode_group(self, seqs: list[Sequence], start: int, width: int) -> DecodeGroup:
         lengths = [s.num_computed_tokens + 1 for s in seqs]
         tables = self._tensor([s.block_table[:width] + [0] * (width - len(s.block_table[:width])) for s in seqs])
-        if self.decode_kernel:
-            return DecodeGroup(start, start + len(seqs), tables, None, lengths=self._tensor(lengths))
         if len(seqs) == 1:  # nothing to pad: attention cuts the keys at the length
             return DecodeGroup(start, start + 1, tables, None, lengths[0])
         keys = torch.arange(width * self.block_size, device=self.device)

@@ -101,21 +101,23 @@ class LlamaModel:
         if self.kernels is None:
             rope = self.cos[positions].to(self.dtype).unsqueeze(1), self.signed_sin[positions].to(self.dtype).unsqueeze(1)
         delta = None  # each residual branch is added inside the next norm: one fused op on the CPU
+        rows = ctx.decode_rows
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             h = self.add_rms_norm(x, delta, layer.input_norm)
-            qkv = linear(h, layer.qkv, layer.qkv_bias)
+            qkv = linear(h, layer.qkv, layer.qkv_bias, rows)
             q, k, v = self.rope_and_store(qkv, positions, rope, k_cache, v_cache, ctx.slot_mapping)
             attn = paged_attention(q, k, v, k_cache, v_cache, ctx, self.scale)
-            h = self.add_rms_norm(x, linear(attn, layer.o), layer.post_norm)
-            delta = linear(self.silu_mul(linear(h, layer.gate_up)), layer.down)
+            h = self.add_rms_norm(x, linear(attn, layer.o, None, rows), layer.post_norm)
+            delta = linear(self.silu_mul(linear(h, layer.gate_up, None, rows)), layer.down, None, rows)
         return x.add_(delta)
 
     def _block_layers(self, ctx: AttentionContext, tokens: int):
         """(norms, weights, kinds) for cpu_kernels' decode_layers, or None where the step cannot take it: it
-        must be decode rows only, on the C++ attention kernel, and every layer weight Q4_1 / Q8_0 blocks
-        without bias (no qkv bias either), run by their kernels (at most KERNEL_MAX_ROWS rows)."""
-        if self.kernels is None or ctx.prefills or len(ctx.decode_groups) != 1 or ctx.decode_groups[0].lengths is None \
-                or tokens > KERNEL_MAX_ROWS:
+        must be decode rows only (prefill rows take float matmuls), on the C++ attention kernel, and every layer
+        weight Q4_1 / Q8_0 blocks without bias (no qkv bias either), run by their kernels (at most
+        KERNEL_MAX_ROWS rows)."""
+        if self.kernels is None or ctx.decode_rows != tokens or len(ctx.decode_groups) != 1 \
+                or ctx.decode_groups[0].lengths is None or tokens > KERNEL_MAX_ROWS:
             return None
         norms, weights, kinds = [], [], []
         for layer in self.layers:

@@ -15,7 +15,8 @@ class WeightOnlyLinear(nn.Module):
     out_features: int
     compute_dtype = COMPUTE_DTYPE
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, decode_rows: int | None = None) -> torch.Tensor:
+        """`decode_rows`: how many leading rows are decode tokens (None: all); only BlockLinear treats them apart."""
         if x.dim() == 2 and x.dtype == self.compute_dtype:  # the engine's flat tokens: skip four no-op reshapes and casts
             out = self._matmul(x)
             return out if self.bias is None else out + self.bias

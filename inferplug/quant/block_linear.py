@@ -8,7 +8,10 @@ The layers' kernels quantize the activations to int8 per block and multiply-add 
 does (the head's keeps them float): at one row a step they stream 5 or 8.5 bits a weight instead of
 fbgemm's 16. Re-quantizing a GGUF Q4_1 / Q8_0 model's dequantized weights gives back its blocks bit
 for bit, so these layers run the file's own weights.
-Past KERNEL_MAX_ROWS rows (prefill) the work is compute-bound: the weight is unpacked for a float matmul.
+Prefill rows keep float activations: the weight is unpacked for one float matmul (int8 activations over a
+whole prompt turned SmolLM2's "The capital of France is Paris." into "L'Étoile, ..."). The engine says which
+rows decode (`decode_rows`), so a row takes the same path whatever shares its step, and the float matmul gets
+at least FLOAT_MIN_ROWS rows, since oneDNN rounds differently below (batch invariance).
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from inferplug.errors import ProfileError
 from inferplug.quant.base import WeightOnlyLinear
 
 BLOCK = 32
-KERNEL_MAX_ROWS = 64
+KERNEL_MAX_ROWS = 64  # the longest step decode_layers fuses (models/llama.py)
+FLOAT_MIN_ROWS = 16  # oneDNN's fp32 GEMM gives rows of 1, 2, 3, 5, 7 or 9-row calls other roundings than 16+
 
 
 class BlockLinear(WeightOnlyLinear):
@@ -28,8 +32,8 @@ class BlockLinear(WeightOnlyLinear):
 
     compute_dtype = torch.float32
     fields: tuple[int, ...]  # a block's fields' bytes, in the order a row stores them
-    kernel: str  # torch.ops.inferplug.<kernel>(x, blocks): the matmul up to KERNEL_MAX_ROWS rows
-    unpack: str  # torch.ops.inferplug.<unpack>(blocks): the float weight, for longer steps
+    kernel: str  # torch.ops.inferplug.<kernel>(x, blocks): the matmul of decode rows
+    unpack: str  # torch.ops.inferplug.<unpack>(blocks): the float weight, for prefill rows
 
     def __init__(self, blocks: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
@@ -55,10 +59,16 @@ class BlockLinear(WeightOnlyLinear):
         weight = self._unpack(*(f.reshape(self.out_features, blocks, -1) for f in fields))
         return weight.reshape(self.out_features, self.in_features)
 
+    def forward(self, x: torch.Tensor, decode_rows: int | None = None) -> torch.Tensor:
+        if decode_rows is None or decode_rows >= x.shape[0]:
+            return super().forward(x)
+        prefill = x[decode_rows:]
+        padding = max(FLOAT_MIN_ROWS - prefill.shape[0], 0)
+        out = F.linear(F.pad(prefill, (0, 0, 0, padding)), self._dequantize(self.blocks), self.bias)[: prefill.shape[0]]
+        return out if decode_rows == 0 else torch.cat([super().forward(x[:decode_rows]), out])
+
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] <= KERNEL_MAX_ROWS:
-            return self._kernel(x.contiguous(), self.blocks)
-        return F.linear(x, self._dequantize(self.blocks))
+        return self._kernel(x.contiguous(), self.blocks)
 
     @staticmethod
     def _pack(groups: torch.Tensor) -> tuple[torch.Tensor, ...]:  # [out, blocks, 32] float -> per field uint8 [out, blocks, bytes]

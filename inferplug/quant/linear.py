@@ -117,11 +117,11 @@ QUANTIZED_LINEARS: dict[str, type[WeightOnlyLinear]] = {"fp16": Fp16Linear, "int
 BLOCK_LINEARS: dict[str, type[WeightOnlyLinear]] = {"int8": Q8Linear, "int4": Q4Linear}
 
 
-def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear for a float weight tensor, or the quantized layer's own kernel."""
+def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None, decode_rows: int | None = None) -> torch.Tensor:
+    """F.linear for a float weight tensor, or the quantized layer's own kernel (`decode_rows`: WeightOnlyLinear)."""
     if isinstance(weight, torch.Tensor):
         return F.linear(x, weight, bias)
-    out = weight.forward(x)  # our layers have no hooks: skip nn.Module.__call__ (~10 us, 121 calls a token)
+    out = weight.forward(x, decode_rows)  # our layers have no hooks: skip nn.Module.__call__ (~10 us, 121 calls a token)
     return out if bias is None else out + bias
 
 

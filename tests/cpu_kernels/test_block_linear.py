@@ -81,10 +81,26 @@ def test_head_layer_takes_q8_blocks_when_they_are_exact_or_the_layers_are_quanti
 
 
 @pytest.mark.parametrize("layer_cls", [Q4Linear, Q8Linear])
-def test_prefill_rows_use_the_dequantized_weight(ops, layer_cls, weight):
+@pytest.mark.parametrize("decode_rows", [0, 1, 7])
+def test_prefill_rows_use_the_dequantized_weight(ops, layer_cls, weight, decode_rows):
+    """The rows after `decode_rows` keep float activations; the decode rows take the int8 kernel, as alone."""
     layer = layer_cls.from_float(weight)
     x = torch.randn(KERNEL_MAX_ROWS + 1, 576)
-    torch.testing.assert_close(layer(x), F.linear(x, layer.dequantized()))
+    out = layer(x, decode_rows)
+    torch.testing.assert_close(out[decode_rows:], F.linear(x[decode_rows:], layer.dequantized()))
+    assert torch.equal(out[:decode_rows], layer(x[:decode_rows]))
+
+
+@pytest.mark.parametrize("layer_cls", [Q4Linear, Q8Linear])
+def test_a_rows_result_does_not_depend_on_how_many_rows_share_the_call(ops, layer_cls, weight):
+    """Batch invariance: each row alone equals that row inside calls of 2 to 300 rows, bit for bit, both for
+    decode rows (the int8 kernel) and prefill rows (the float matmul, padded past oneDNN's small-M kernels)."""
+    layer = layer_cls.from_float(weight)
+    x = torch.randn(300, 576)
+    for decode_rows in (None, 0):  # None: every row decodes; 0: every row is a prefill row
+        alone = torch.cat([layer(x[i : i + 1], decode_rows) for i in range(9)])
+        for rows in (2, 3, 4, 5, 7, 8, 9, 16, 17, 64, 65, 300):
+            assert torch.equal(layer(x[:rows], decode_rows)[:9], alone[: min(rows, 9)]), (decode_rows, rows)
 
 
 def test_kernel_rejects_bad_shapes_with_a_clear_error(ops, weight):
