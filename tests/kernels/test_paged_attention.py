@@ -7,8 +7,7 @@ import torch
 
 from kernels.paged_attention_ref import paged_attention_decode_ref, random_pool
 
-triton = pytest.importorskip("triton")
-from kernels.paged_attention import paged_attention_decode  # noqa: E402  (after the interpreter switch)
+from kernels.paged_attention import paged_attention_decode  # imports triton; conftest set the interpreter first
 
 
 @pytest.mark.parametrize(
