@@ -4,24 +4,18 @@ the real SmolLM2."""
 
 from __future__ import annotations
 
-import copy
-
-import gguf
 import pytest
 import torch
 from engine_helpers import greedy, hf_generate, hf_model, make_engine, prompts_of, run_all, text_of, tokens_of
+from quant_reference import weights_reference
 
 from inferplug.models.llama import LlamaModel
 from inferplug.models.loader import read_config
-from inferplug.quant.block_linear import Q8HeadLinear
-from inferplug.quant.linear import head_layer, layer_class, quantize_model
+from inferplug.quant.linear import quantize_model
 from inferplug.types import Request, SamplingParams
 
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers.",
              "Explain gravity to a child in two sentences."]
-# GGUF's blocks of 32 inputs, fields in file order: Q8_0 = fp16 scale + 32 int8; Q4_1 = fp16 scale + fp16 min
-# + 16 bytes of nibbles (input j low, j + 16 high). Our layers store a row's fields one after the other.
-GGUF_BLOCKS = {"int8": (gguf.GGMLQuantizationType.Q8_0, (2, 32)), "int4": (gguf.GGMLQuantizationType.Q4_1, (2, 2, 16))}
 
 
 def quantized_engine(model_dir, fmt, **overrides):
@@ -30,66 +24,13 @@ def quantized_engine(model_dir, fmt, **overrides):
     return engine
 
 
-def gguf_decoded(layer, kind: str) -> torch.Tensor:
-    """A block layer's weight as gguf-py's dequantize reads its bytes, put back in GGUF's block order."""
-    qtype, sizes = GGUF_BLOCKS[kind]
-    rows, blocks = layer.out_features, layer.in_features // 32
-    fields = layer.blocks.split([blocks * size for size in sizes], dim=1)
-    in_file_order = torch.cat([f.reshape(rows, blocks, -1) for f in fields], dim=2).reshape(rows, -1)
-    return torch.from_numpy(gguf.quants.dequantize(in_file_order.numpy(), qtype))
-
-
-def assert_nearest_rounding(weight: torch.Tensor, decoded: torch.Tensor, kind: str) -> None:
-    """Each weight sits within half a step of its float value. Q8_0: step d = fp16(amax / 127), so the error is
-    <= amax / 254 * (1 + 2^-11). Q4_1: step d = fp16((max - m) / 15) with m = fp16(min); the fp16 roundings
-    shift the grid's ends by <= |min| * 2^-11 and 15 * d * 2^-11 (clamped there), so <= 0.51 * d + |min| * 2^-11."""
-    blocks, error = weight.reshape(-1, 32), (decoded - weight).abs().reshape(-1, 32)
-    if kind == "int8":
-        bound = blocks.abs().amax(-1) / 254 * (1 + 2**-11)
-    else:
-        low, high = blocks.amin(-1), blocks.amax(-1)
-        bound = 0.51 * (high - low) / 15 * (1 + 2**-11) + low.abs() * 2**-11
-    assert (error.amax(-1) <= bound).all(), f"{kind}: a weight is further than half a step from its float value"
-
-
-def int8_activations(module, args):
-    """The block kernels' rounding of a layer's input (block_linear.py): per row and 32 inputs,
-    q = round-half-even(x * 127 / amax), times amax / 127 (an fp32 scale)."""
-    (x,) = args
-    blocks = x.reshape(*x.shape[:-1], -1, 32)
-    amax = blocks.abs().amax(-1, keepdim=True)
-    q = torch.round(blocks * torch.where(amax > 0, 127 / amax, 0.0))
-    return (q * (amax / 127)).reshape(x.shape)
-
-
-def float_reference(model_dir, fmt):
-    """HF's fp32 model on the weights `fmt` leaves: fp16-rounded ones (fbgemm's fp32 math on them), or Q8_0 /
-    Q4_1 blocks decoded by gguf-py, each layer's input rounded to int8 as the kernels do (the engine's steps here
-    have <= 48 rows, under KERNEL_MAX_ROWS); the lm_head's own copy (int8 under int8/int4: Q8_0 on float inputs)."""
-    reference = copy.deepcopy(hf_model(model_dir))
-    with torch.no_grad():
-        for name, linear in reference.model.layers.named_modules():
-            if isinstance(linear, torch.nn.Linear):
-                if fmt == "fp16":
-                    linear.weight.copy_(linear.weight.half().float())
-                    continue
-                decoded = gguf_decoded(layer_class(fmt, "cpu").from_float(linear.weight), fmt)
-                assert_nearest_rounding(linear.weight, decoded, fmt)
-                linear.weight.copy_(decoded)
-                linear.register_forward_pre_hook(int8_activations)
-        head = head_layer(reference.lm_head.weight, fmt)
-        weight = gguf_decoded(head, "int8") if isinstance(head, Q8HeadLinear) else reference.lm_head.weight.half()
-        reference.lm_head.weight = torch.nn.Parameter(weight.float())  # a new parameter: unties it from the embedding
-    return reference
-
-
 @pytest.mark.parametrize("fmt", ["fp16", "int8", "int4"])
 def test_quantized_engine_matches_hf_on_the_weights_it_holds(cpu_kernel_ops, tiny_llama_dir, fmt):
     """Fused qkv / gate_up quantize row by row, so they equal HF's separate projections quantized alike; the
     engine then differs from the reference only in fp32 summation order. The tiny model's sharpened logits keep
     greedy tokens apart by far more than that, so they match exactly."""
     engine = quantized_engine(tiny_llama_dir, fmt, max_num_batched_tokens=48)
-    reference = float_reference(tiny_llama_dir, fmt)
+    reference = weights_reference(hf_model(tiny_llama_dir), fmt, int8_inputs=fmt != "fp16")
     prompts = prompts_of([5, 40, 17, 70], seed=11)
     params = greedy(12, logprobs=5)
     requests = [Request(prompt=p, params=params, request_id=str(i)) for i, p in enumerate(prompts)]
