@@ -96,10 +96,10 @@ def collect(hw: Hardware | None = None) -> dict[str, Any]:
     }
 
 
-def run_doctor(as_json: bool = False, bench: bool = False) -> int:
+def run_doctor(as_json: bool = False, bench: bool = False, bench_seconds: float = 20.0) -> int:
     report = collect()
     if bench:
-        report["bench"] = _bench(print_report=not as_json)
+        report["bench"] = _bench(print_report=not as_json, seconds=bench_seconds)
     if as_json:
         print(json.dumps(report, indent=2))
     else:
@@ -107,12 +107,12 @@ def run_doctor(as_json: bool = False, bench: bool = False) -> int:
     return 0 if report["ok"] else 1
 
 
-def _bench(print_report: bool) -> dict[str, Any]:
+def _bench(print_report: bool, seconds: float) -> dict[str, Any]:
     try:
         from inferplug import selftest
     except ImportError:
         raise InferPlugError("`doctor --bench` needs inferplug.selftest, which this install lacks") from None
-    return selftest.run(print_report=print_report)
+    return selftest.run(seconds=seconds, print_report=print_report)
 
 
 def print_report(report: dict[str, Any]) -> None:

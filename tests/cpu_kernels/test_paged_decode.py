@@ -59,3 +59,15 @@ def test_bad_inputs_are_refused(ops, change, message):
     args = change(dict(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=tables.long(), context_lens=lens.long()))
     with pytest.raises(RuntimeError, match=message):
         ops.paged_decode(**args, scale=0.25)
+
+
+# --- torch's SDPA as a second, independent reference (tests/sdpa_reference.py) --------------------------------
+@pytest.mark.parametrize("heads,kv_heads,block_size", [(9, 3, 16), (8, 2, 4), (4, 4, 8)])
+def test_matches_torch_sdpa(ops, heads, kv_heads, block_size):
+    from sdpa_reference import sdpa_decode
+
+    seq_lens = [1, block_size, block_size + 1, 7, 50, 300]
+    q, k_cache, v_cache, tables, lens = random_pool(batch=len(seq_lens), heads=heads, kv_heads=kv_heads, head_dim=64,
+                                                    block_size=block_size, seq_lens=seq_lens, seed=2)
+    out = kernel_decode(q, k_cache, v_cache, tables, lens, 0.125)
+    torch.testing.assert_close(out, sdpa_decode(q, k_cache, v_cache, tables, lens, 0.125), rtol=1e-5, atol=1e-5)

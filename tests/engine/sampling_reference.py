@@ -4,13 +4,11 @@ with ties and extreme values, each with its own parameters."""
 
 from __future__ import annotations
 
-import pytest
 import torch
+import transformers.generation.logits_process as tp
 
 from inferplug.engine.sequence import Sequence
 from inferplug.types import SamplingParams
-
-tp = pytest.importorskip("transformers.generation.logits_process")
 
 VOCAB, EOS, STOP = 48, 2, 7
 PROMPT = [3, 4, 5, 11, 11, 20, 31]

@@ -59,6 +59,28 @@ def test_a_document_hits_next_to_new_neighbours_and_positions(tiny_llama_dir):
     engine.blocks.check_invariants()
 
 
+def test_reused_document_kv_against_full_recompute(tiny_llama_dir):
+    """What a reused document's KV may differ by, from the same document computed in full where it is reused:
+    layer 0's K/V depend only on the token and its position, so there the difference is the re-rotation's
+    rounding: fp32 angles p * theta (theta <= 1) are rounded to 2^-24 relative, the three rotations involved
+    (old, new, delta) so to <= (p_old + p_new + |delta|) * 2^-24 rad, plus ~4 ulp from cos/sin and the
+    rotation's multiply-adds. V has no position: equal. Later layers differ by what the other neighbours'
+    cross-attention changes (CacheBlend recomputes that; bench/rag_cache.py measures greedy agreement)."""
+    stored = make_engine(tiny_llama_dir)
+    run_all(stored, [_request("q1", DOCS[:2], "a")])
+    full = make_engine(tiny_llama_dir)  # DOCS[1] computed in full after another neighbour and a longer line
+    run_all(full, [_request("q2", [DOCS[2], DOCS[1]], "b, with a longer first line")])
+    (key,) = set(stored.doc_cache.entries) & set(full.doc_cache.entries)
+    old, new = stored.doc_cache.entries[key], full.doc_cache.entries[key]
+    delta = new.position - old.position
+    assert delta > 0
+    moved = rerotate(old.k[0], delta, stored.runner.model.cos, stored.runner.model.signed_sin)
+    # a rotation off by angle a moves each (x, y) pair by <= a times its length, so the norm by <= a too
+    error = ((moved - new.k[0]).norm() / new.k[0].norm()).item()
+    assert error <= (old.position + new.position + delta + 4) * 2**-24, error
+    assert torch.equal(old.v[0], new.v[0])
+
+
 def test_salted_tenants_never_share_document_kv(tiny_llama_dir):
     engine = make_engine(tiny_llama_dir)
     run_all(engine, [_request("q1", DOCS, "a", salt="tenant-1")])

@@ -1,4 +1,5 @@
-"""The Triton paged-attention decode kernel against its pure-torch reference and the engine's CPU path."""
+"""The Triton paged-attention decode kernel against its pure-torch reference, torch's SDPA (an independent
+reference, tests/sdpa_reference.py) and the engine's CPU path."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import pytest
 import torch
 
 from kernels.paged_attention_ref import paged_attention_decode_ref, random_pool
+from sdpa_reference import sdpa_decode
 
-triton = pytest.importorskip("triton")
-from kernels.paged_attention import paged_attention_decode  # noqa: E402  (after the interpreter switch)
+from kernels.paged_attention import paged_attention_decode  # imports triton; conftest set the interpreter first
 
 
 @pytest.mark.parametrize(
@@ -21,6 +22,7 @@ def test_kernel_matches_reference(heads, kv_heads, head_dim, block_size, seq_len
     )
     scale = head_dim**-0.5
     expected = paged_attention_decode_ref(q, k_cache, v_cache, tables, lens, scale)
+    torch.testing.assert_close(expected, sdpa_decode(q, k_cache, v_cache, tables, lens, scale))  # fp32 both
     torch.testing.assert_close(paged_attention_decode(q, k_cache, v_cache, tables, lens, scale), expected, rtol=1e-4, atol=1e-5)
 
 
@@ -48,5 +50,8 @@ def test_kernel_on_cuda_at_smollm2_shapes():
     seq_lens = [1, 17, 300, 1024, 77]
     q, k_cache, v_cache, tables, lens = random_pool(batch=5, heads=9, kv_heads=3, head_dim=64, block_size=16,
                                                     seq_lens=seq_lens, device="cuda", dtype=torch.bfloat16)  # fmt: skip
-    expected = paged_attention_decode_ref(q, k_cache, v_cache, tables, lens, 0.125)
-    torch.testing.assert_close(paged_attention_decode(q, k_cache, v_cache, tables, lens, 0.125), expected, rtol=2e-2, atol=2e-2)
+    got = paged_attention_decode(q, k_cache, v_cache, tables, lens, 0.125)
+    for expected in (paged_attention_decode_ref(q, k_cache, v_cache, tables, lens, 0.125),
+                     sdpa_decode(q, k_cache, v_cache, tables, lens, 0.125)):
+        # bf16 output: 2^-8 relative rounding on values of order 1, plus bf16 inputs to the kernel's dot products
+        torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)

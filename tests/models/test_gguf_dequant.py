@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+import gguf
 import numpy as np
 import pytest
 import torch
 
 from inferplug.models.gguf import GGML_TYPES
 from inferplug.models.gguf_dequant import BLOCK_DEQUANTIZERS, dequantize
-
-gguf = pytest.importorskip("gguf")
 
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # numpy on the NaN/inf scales

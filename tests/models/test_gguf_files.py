@@ -6,14 +6,13 @@ import dataclasses
 import json
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 import torch
 
 from inferplug.errors import ModelSourceError
 from inferplug.models.loader import load_tokenizer, load_weights, read_config
-
-gguf = pytest.importorskip("gguf")
 
 LAYER_PARTS = {
     "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",

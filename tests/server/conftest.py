@@ -11,9 +11,6 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("fastapi")
-pytest.importorskip("openai")
-
 
 @dataclass
 class LiveServer:

@@ -56,9 +56,11 @@ def test_serve_binds_loopback_and_answers(tmp_path, tiny_llama_dir):
     proc, base = serve(write_profile(tmp_path, tiny_llama_dir))
     try:
         assert httpx.get(base + "/v1/models").json()["data"][0]["id"] == "tiny"
-        reply = httpx.post(base + "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 3},
-                           timeout=60).json()
-        assert reply["usage"]["completion_tokens"] <= 3 and "prompt_tokens_details" in reply["usage"]
+        reply = httpx.post(base + "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 3,
+                                                          "temperature": 0, "ignore_eos": True}, timeout=60).json()
+        # ignore_eos: exactly max_tokens come back, so a server that generates nothing fails here
+        assert reply["usage"]["completion_tokens"] == 3 and reply["choices"][0]["finish_reason"] == "length"
+        assert reply["usage"]["prompt_tokens"] == 2 and "prompt_tokens_details" in reply["usage"]  # "h", "i" bytes
     finally:
         output = stop(proc)
     assert "http://127.0.0.1:" in output
