@@ -1,0 +1,88 @@
+"""Batch invariance (the hidden-prompt test): a greedy request's tokens, and its logprobs bit for bit, do not
+depend on what else shares its steps, on how much of its prompt came from the prefix cache or how it was
+chunked, nor on the thread count. It holds on the CPU kernel path (model_runner._kernel_rows: every attention
+row reads its own length in one fixed order; fbgemm's fp16 GEMM and the block kernels are row-invariant; the
+block layers' prefill rows are padded past oneDNN's small-M kernels). Streamed against not streamed, through
+the server: tests/server/test_default_profile.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from engine_helpers import make_engine, prompts_of, run_all
+
+from inferplug.quant.linear import quantize_model
+from inferplug.types import Request, SamplingParams
+
+
+def _engine(model_dir, fmt, **overrides):
+    engine = make_engine(model_dir, **{"max_num_batched_tokens": 40, **overrides})
+    if not engine.runner.decode_kernel:
+        pytest.skip("the CPU kernels cannot run here (no AVX2/FMA/F16C): the torch path is not batch-invariant")
+    if fmt:
+        quantize_model(engine.runner.model, fmt)
+    return engine
+
+
+def _target(prompt, rid="target") -> Request:
+    return Request(prompt=prompt, params=SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=2),
+                   request_id=rid)
+
+
+def _trace(events) -> list:
+    """Tokens with their logprobs and top alternatives, exactly as floats."""
+    return [(lp.token_id, lp.logprob, lp.top) for e in events for lp in e.logprobs]
+
+
+def _others(vocab: int) -> list[Request]:
+    """15 requests of mixed lengths, greedy and sampled, arriving over the target's steps."""
+    prompts = prompts_of([3, 70, 17, 1, 40, 9, 33, 55, 5, 64, 16, 28, 2, 45, 11], vocab=vocab, seed=7)
+    return [Request(prompt=p, request_id=f"other{i}",
+                    params=SamplingParams(temperature=0.0 if i % 2 else 0.9, seed=i, max_tokens=4 + i % 9,
+                                          ignore_eos=True))
+            for i, p in enumerate(prompts)]
+
+
+# Not fp32-stored weights (a pinned dtype = "float32"): oneDNN's fp32 GEMM rounds 1-, 2-, 3-, 5-, 7- and 9-row
+# calls differently from larger ones, and padding every call to 16 rows cost 3.2x at one row (docs/profiles.md).
+@pytest.mark.parametrize("fmt", ["fp16", "int8", "int4"])
+def test_tiny_greedy_request_is_the_same_alone_in_a_batch_and_after_a_prefix_hit(tiny_model_dir, fmt):
+    vocab = 300
+    prompt = prompts_of([53], vocab=vocab, seed=4)[0]
+    alone = _trace(run_all(_engine(tiny_model_dir, fmt), [_target(prompt)])["target"])
+
+    engine = _engine(tiny_model_dir, fmt)
+    others = _others(vocab)
+    batched = run_all(engine, others[:5] + [_target(prompt)], {1: others[5:10], 3: others[10:]})
+    assert _trace(batched["target"]) == alone, "inside a batch of 16"
+
+    engine = _engine(tiny_model_dir, fmt, max_num_batched_tokens=256)  # another chunking: the prompt in one step
+    run_all(engine, [_target(prompt[:40] + [5], "warm")])
+    hit = run_all(engine, [_target(prompt)])["target"]
+    assert hit[-1].usage.cached_tokens == 32
+    assert _trace(hit) == alone, "after a prefix-cache hit"
+
+
+@pytest.mark.smollm2
+def test_smollm2_default_path_answer_is_the_same_alone_batched_cached_and_on_one_thread(smollm2_gguf):
+    """The default profile's path (fp16 weights, the Q8_0 head, the kernels) on the real model."""
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    target = Request(messages=messages, request_id="target",
+                     params=SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=1))
+    engine = _engine(smollm2_gguf, "fp16", max_num_batched_tokens=32)
+    alone = _trace(run_all(engine, [target])["target"])
+    assert run_all(engine, [target])["target"][-1].usage.cached_tokens > 0
+    assert _trace(run_all(engine, [target])["target"]) == alone, "after a prefix-cache hit"
+
+    others = _others(vocab=49152)
+    batched = run_all(_engine(smollm2_gguf, "fp16", max_num_batched_tokens=32), others[:5] + [target],
+                      {1: others[5:10], 2: others[10:]})
+    assert _trace(batched["target"]) == alone, "inside a batch of 16"
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        single = _trace(run_all(_engine(smollm2_gguf, "fp16", max_num_batched_tokens=32), [target])["target"])
+    finally:
+        torch.set_num_threads(threads)
+    assert single == alone, f"one thread against {threads}"
