@@ -1,0 +1,92 @@
+"""The kernel sets (AVX2, AVX-512 + VNNI): choosing one, the same integer results from each, float results
+within their rounding bound, and a row's result independent of the rows beside it on each."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inferplug import cpu_kernels
+from inferplug.errors import ProfileError
+from inferplug.hardware import Hardware
+from inferplug.quant.block_linear import Q4Linear, Q8HeadLinear, Q8Linear
+from kernels.paged_attention_ref import random_pool
+
+AVX2_ONLY = Hardware(cpu_flags=frozenset({"avx2", "fma", "f16c"}))
+EVERY_FLAG = Hardware(cpu_flags=frozenset().union(*cpu_kernels.ISA_FLAGS.values()))
+
+
+@pytest.fixture
+def both_isas(ops):
+    if cpu_kernels.supported_isas() != ["avx2", "avx512"]:
+        pytest.skip("this CPU runs one kernel set only")
+    return ops
+
+
+def test_the_env_var_picks_a_set_the_cpu_has(monkeypatch):
+    monkeypatch.delenv(cpu_kernels.ISA_ENV, raising=False)
+    assert cpu_kernels.chosen_isa(EVERY_FLAG) == "avx512" and cpu_kernels.chosen_isa(AVX2_ONLY) == "avx2"
+    monkeypatch.setenv(cpu_kernels.ISA_ENV, "avx2")
+    assert cpu_kernels.chosen_isa(EVERY_FLAG) == "avx2"
+
+
+@pytest.mark.parametrize("value,message", [("avx512", "lacks avx512_vnni, avx512bw"), ("sse4", "not a kernel set")])
+def test_the_env_var_asking_for_what_the_cpu_lacks_is_a_clear_error(monkeypatch, value, message):
+    monkeypatch.setenv(cpu_kernels.ISA_ENV, value)
+    with pytest.raises(ProfileError, match=message):
+        cpu_kernels.chosen_isa(AVX2_ONLY)
+
+
+def test_isa_names_the_set_that_runs(both_isas):
+    for name, label in (("avx2", "avx2"), ("avx512", "avx512-vnni")):
+        cpu_kernels.set_isa(name)
+        assert cpu_kernels.isa() == label
+
+
+@pytest.mark.parametrize("layer_cls", [Q4Linear, Q8Linear])
+@pytest.mark.parametrize("width", [32, 96, 288, 576, 1536])  # 1, 3, 9, 18, 48 blocks: short last groups and pairs
+def test_integer_kernels_are_bit_identical_across_sets(both_isas, layer_cls, width):
+    """Exact integer dot products and the same float order (8 lanes in every set): the same bits."""
+    gen = torch.Generator().manual_seed(width)
+    layer = layer_cls.from_float(torch.randn(40, width, generator=gen))
+    x = torch.randn(64, width, generator=gen)
+    for rows in (1, 3, 4, 5, 16, 64):
+        outs = []
+        for isa in ("avx2", "avx512"):
+            cpu_kernels.set_isa(isa)
+            outs.append(layer(x[:rows]))
+        assert torch.equal(*outs), f"{rows} rows"
+
+
+@pytest.mark.parametrize("width", [32, 288, 576])
+def test_head_kernel_within_its_rounding_bound(ops, width):
+    """Each set sums 32 products a block in its own order: |y - y_exact| <= gamma(K + 2) * sum|w x| for the
+    kernel and for torch's matmul alike (gamma(n) = n u / (1 - n u), u = 2^-24), so they differ by at most twice that."""
+    gen = torch.Generator().manual_seed(width)
+    layer = Q8HeadLinear.from_float(torch.randn(300, width, generator=gen))
+    x = torch.randn(7, width, generator=gen)
+    w = layer.dequantized()
+    n_u = (width + 2) * 2.0**-24
+    bound = 2 * n_u / (1 - n_u) * (x.abs() @ w.abs().T)
+    assert ((layer(x) - x @ w.T).abs() <= bound).all()
+
+
+def test_rows_do_not_depend_on_their_batch(ops):
+    """Row i alone and row i among M rows, M = 1..64: the same bits, for every matmul and paged decode."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 576, generator=gen)
+    for layer_cls in (Q4Linear, Q8Linear, Q8HeadLinear):
+        layer = layer_cls.from_float(torch.randn(72, 576, generator=gen))
+        alone = torch.cat([layer(x[i:i + 1]) for i in range(64)])
+        for rows in range(1, 65):
+            assert torch.equal(layer(x[:rows]), alone[:rows]), f"{layer_cls.__name__}, {rows} rows"
+
+    lengths = [1 + (37 * i) % 200 for i in range(64)]
+    q, k_cache, v_cache, tables, lens = random_pool(batch=64, heads=9, kv_heads=3, head_dim=64, block_size=16,
+                                                    seq_lens=lengths)
+    tables, lens = tables.long(), lens.long()
+    alone = torch.cat([ops.paged_decode(q[i:i + 1], k_cache, v_cache, tables[i:i + 1], lens[i:i + 1], 0.125)
+                       for i in range(64)])
+    for rows in range(1, 65):
+        out = ops.paged_decode(q[:rows], k_cache, v_cache, tables[:rows], lens[:rows], 0.125)
+        assert torch.equal(out, alone[:rows]), f"paged_decode, {rows} rows"
