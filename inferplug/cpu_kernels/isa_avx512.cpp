@@ -20,9 +20,11 @@
 
 namespace inferplug_isa {
 
+// Per kernel the width that measured faster here (bench/cpu_kernels_isa.py, Zen 4): the integer matmuls
+// and paged decode at 512 bits; the float head at 256, as 512 bits measured 3-11% slower from 4 rows on.
 const Isa& avx512() {
-  static const Isa isa{"avx512-vnni", F512::LANES, &quant_matmul_rows<Dot512, Q4_1>, &quant_matmul_rows<Dot512, Q8_0>,
-                       &float_matmul_rows<F512>, &attend<F512>};
+  static const Isa isa{"avx512-vnni", F512::LANES, &quant_matmul_rows<DotVnni<I512>, Q4_1>,
+                       &quant_matmul_rows<DotVnni<I512>, Q8_0>, &float_matmul_rows<F256>, &attend<F512>};
   return isa;
 }
 

@@ -7,19 +7,25 @@
 namespace inferplug_isa {
 
 constexpr int64_t QK = 32;         // weights per block
-constexpr int64_t GROUP = 8;       // blocks per step: one 8-lane vector of their scales
+constexpr int64_t GROUP = 8;       // blocks per float step: one 8-lane vector of their scales
+// A row's quants (and x's int8 values) go by runs of 16 blocks, 4-byte words interleaved: word 0 of every
+// block in the run, then word 1, ... So one vector load gives the same word of 8 or 16 blocks, and an
+// integer multiply-add leaves each block's dot product in its own lane: no horizontal sums.
+constexpr int64_t RUN = 16;
+constexpr int64_t WORD = 4;
+constexpr int64_t RUN_WORDS_BYTES = RUN * WORD;  // from a word of x's run to its next word
 constexpr int64_t MAX_LANES = 16;  // the widest float vector: scratch is padded to a multiple of it
 constexpr int64_t MAX_ROWS = 4;    // x rows one call of a matmul entry takes
 
-// x per block: int8 values, its scale and scale * sum(values) (for Q4_1's min term); row-major, each row
-// padded with zero blocks to a whole number of groups.
+// x per block: int8 values (by runs, words interleaved), its scale and scale * sum(values) (for Q4_1's
+// min term); row-major, each row padded with zero blocks to a whole number of runs.
 struct QuantizedRows {
   int64_t blocks;  // per row, padded
   const int8_t* q;
   const float *scale, *sum;
 };
 
-struct WeightRows {  // rows of Q4_1 / Q8_0 blocks, each row's fields regrouped (quant_matmul.cpp)
+struct WeightRows {  // rows of Q4_1 / Q8_0 blocks, each row's fields regrouped (quant_matmul.cpp), quants by runs
   const uint8_t* data;
   int64_t row_bytes, blocks;
 };

@@ -3,8 +3,9 @@
 // unpacking them to floats.
 //
 // A weight row keeps GGUF's bytes but regroups them: all its fp16 scales, then (Q4_1) all its fp16 mins,
-// then all its quants. Blocks go 8 at a time: one instruction converts 8 scales, and the 8 blocks'
-// integer dot products are summed into one vector before a single float multiply-add.
+// then all its quants, by runs of 16 blocks with their 4-byte words interleaved (kernels.h). Blocks go 8
+// (or 16) at a time: one instruction converts 8 scales, each block's integer dot product lands in its own
+// lane, and the 8 blocks take a single float multiply-add.
 // This file checks, quantizes x and splits the work over threads; the inner loops are quant_dot.h's, in
 // the chosen ISA's table (kernels.h).
 #include <ATen/ATen.h>
@@ -13,6 +14,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "kernels.h"
@@ -20,7 +22,7 @@
 
 namespace {
 
-inline int64_t padded(int64_t blocks) { return (blocks + GROUP - 1) / GROUP * GROUP; }
+inline int64_t padded(int64_t blocks) { return (blocks + inferplug_isa::RUN - 1) / inferplug_isa::RUN * inferplug_isa::RUN; }
 
 inline float hmax(__m256 v) {
   __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -38,7 +40,8 @@ struct QuantizedX {
   inferplug_isa::QuantizedRows view() const { return {blocks, q.data(), scale.data(), sum.data()}; }
 };
 
-// One block of 32 floats to int8: q = round-half-even(x * 127 / amax); returns sum(q).
+// One block of 32 floats to int8: q = round-half-even(x * 127 / amax), its words RUN_WORDS_BYTES apart at q
+// (x's runs, kernels.h); returns sum(q).
 inline int quantize_block(const float* src, float amax, int8_t* q) {
   const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
   __m256i v[4];
@@ -46,7 +49,10 @@ inline int quantize_block(const float* src, float amax, int8_t* q) {
   const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(v[0], v[1]), _mm256_add_epi32(v[2], v[3]));
   // packs interleaves the 128-bit lanes: the permute puts the 32 bytes back in order.
   const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  const __m256i words = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  alignas(32) int32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), words);
+  for (int k = 0; k < 8; k++) std::memcpy(q + k * inferplug_isa::RUN_WORDS_BYTES, &lanes[k], inferplug_isa::WORD);
   return static_cast<int>(F256::sum(_mm256_cvtepi32_ps(sum)));
 }
 
@@ -61,7 +67,8 @@ QuantizedX quantize_rows(const float* x, int64_t rows, int64_t k) {
         __m256 amax = _mm256_and_ps(_mm256_loadu_ps(src), abs_mask);
         for (int j = 1; j < 4; j++) amax = _mm256_max_ps(amax, _mm256_and_ps(_mm256_loadu_ps(src + 8 * j), abs_mask));
         const float max = hmax(amax);
-        const int sum = quantize_block(src, max, out.q.data() + (m * width + b) * QK);
+        const int64_t run = b / inferplug_isa::RUN * inferplug_isa::RUN;
+        const int sum = quantize_block(src, max, out.q.data() + (m * width + run) * QK + (b - run) * inferplug_isa::WORD);
         out.scale[m * width + b] = max / 127.f;
         out.sum[m * width + b] = max / 127.f * static_cast<float>(sum);
       }
@@ -118,7 +125,8 @@ at::Tensor q8_matmul_float(const at::Tensor& x, const at::Tensor& weight) {
 }
 
 // The float32 weight [N, K]: prefill's many rows run faster as one float matmul than through dot_rows.
-template <typename Format>
+// INTERLEAVED: the layers' quants by runs (kernels.h); else each block's bytes in a row (the float head's).
+template <typename Format, bool INTERLEAVED>
 at::Tensor dequantize(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kByte && weight.is_contiguous(),
               "dequantize: weight must be contiguous uint8 rows of blocks [N, K / 32 * block bytes]");
@@ -133,7 +141,10 @@ at::Tensor dequantize(const at::Tensor& weight) {
       for (int64_t b = 0; b < blocks; b++) {
         const float scale = _cvtsh_ss(reinterpret_cast<const uint16_t*>(row.scales)[b]);
         const float min = Format::HAS_MIN ? _cvtsh_ss(reinterpret_cast<const uint16_t*>(row.mins)[b]) : 0.f;
-        for (int j = 0; j < QK; j++) o[(n * blocks + b) * QK + j] = Format::weight(row.quants + b * Format::QUANT_BYTES, j) * scale + min;
+        uint8_t interleaved[Format::QUANT_BYTES];
+        if (INTERLEAVED) row.block_quants(b, blocks, interleaved);
+        const uint8_t* quants = INTERLEAVED ? interleaved : row.quants + b * Format::QUANT_BYTES;
+        for (int j = 0; j < QK; j++) o[(n * blocks + b) * QK + j] = Format::weight(quants, j) * scale + min;
       }
     }
   });
@@ -148,11 +159,13 @@ TORCH_LIBRARY_FRAGMENT(inferplug, m) {
   m.def("q8_matmul_float(Tensor x, Tensor weight) -> Tensor");
   m.def("q4_dequantize(Tensor weight) -> Tensor");
   m.def("q8_dequantize(Tensor weight) -> Tensor");
+  m.def("q8_dequantize_plain(Tensor weight) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(inferplug, CPU, m) {
   m.impl("q4_matmul", &quant_matmul<Q4_1>);
   m.impl("q8_matmul", &quant_matmul<Q8_0>);
   m.impl("q8_matmul_float", &q8_matmul_float);
-  m.impl("q4_dequantize", &dequantize<Q4_1>);
-  m.impl("q8_dequantize", &dequantize<Q8_0>);
+  m.impl("q4_dequantize", &dequantize<Q4_1, true>);
+  m.impl("q8_dequantize", &dequantize<Q8_0, true>);
+  m.impl("q8_dequantize_plain", &dequantize<Q8_0, false>);
 }

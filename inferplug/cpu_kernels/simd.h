@@ -46,13 +46,6 @@ struct F256 {
   }
 };
 
-// The integer twin of F256::sums_of: 8 int32 sums of 8 vectors.
-inline __m256i sums_of(const __m256i a[8]) {
-  const __m256i low = _mm256_hadd_epi32(_mm256_hadd_epi32(a[0], a[1]), _mm256_hadd_epi32(a[2], a[3]));
-  const __m256i high = _mm256_hadd_epi32(_mm256_hadd_epi32(a[4], a[5]), _mm256_hadd_epi32(a[6], a[7]));
-  return _mm256_add_epi32(_mm256_permute2x128_si256(low, high, 0x20), _mm256_permute2x128_si256(low, high, 0x31));
-}
-
 #ifdef INFERPLUG_AVX512  // isa_avx512.cpp, under its target pragma
 struct F512 {
   using F = __m512;
