@@ -90,3 +90,32 @@ def test_rows_do_not_depend_on_their_batch(ops):
     for rows in range(1, 65):
         out = ops.paged_decode(q[:rows], k_cache, v_cache, tables[:rows], lens[:rows], 0.125)
         assert torch.equal(out, alone[:rows]), f"paged_decode, {rows} rows"
+
+
+def gamma(n: int) -> float:
+    """Higham's bound on the relative error of an n-term float32 sum or dot product: n u / (1 - n u)."""
+    return n * 2.0**-24 / (1 - n * 2.0**-24)
+
+
+@pytest.mark.parametrize("sharpness", [1.0, 40.0])
+def test_paged_decode_within_its_rounding_bound(ops, sharpness):
+    """Each set sums scores and values in its own order (8 or 16 lanes). Against float64: a score is off by
+    at most E = gamma(D + 1) * scale * sum|q k|, which scales the softmax weights by at most e^(2E); the
+    exp polynomial (~1 ulp), the normalisation and the weighted sum of L values add gamma(L + 8) and
+    gamma(L) relative to W = sum p |v|. So |out - exact| <= 1.1 * (2 E + 2 gamma(L + 8)) * W (1.1: the
+    second-order terms)."""
+    heads, kv_heads, d, block_size = 9, 3, 64, 16
+    q, k_cache, v_cache, tables, lens = random_pool(batch=4, heads=heads, kv_heads=kv_heads, head_dim=d,
+                                                    block_size=block_size, seq_lens=[1, 16, 50, 300], seed=2)
+    q, scale = q * sharpness, d**-0.5
+    out = ops.paged_decode(q, k_cache, v_cache, tables.long(), lens.long(), scale).double()
+    for b, length in enumerate(lens.tolist()):
+        blocks = tables[b, : (length + block_size - 1) // block_size].long()
+        keys, values = (c[:, blocks].reshape(kv_heads, -1, d)[:, :length].double().repeat_interleave(heads // kv_heads, 0)
+                        for c in (k_cache, v_cache))  # [heads, L, D]
+        products = q[b].double()[:, None, :] * keys
+        p = (products.sum(-1) * scale).softmax(-1)
+        exact = (p[..., None] * values).sum(1)
+        score_error = gamma(d + 1) * scale * products.abs().sum(-1).amax(-1, keepdim=True)
+        bound = 1.1 * (2 * score_error + 2 * gamma(length + 8)) * (p[..., None] * values.abs()).sum(1)
+        assert ((out[b] - exact).abs() <= bound).all(), f"sequence {b} of {length} tokens"
