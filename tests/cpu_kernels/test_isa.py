@@ -3,6 +3,11 @@ within their rounding bound, and a row's result independent of the rows beside i
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -35,6 +40,27 @@ def test_the_env_var_asking_for_what_the_cpu_lacks_is_a_clear_error(monkeypatch,
     monkeypatch.setenv(cpu_kernels.ISA_ENV, value)
     with pytest.raises(ProfileError, match=message):
         cpu_kernels.chosen_isa(AVX2_ONLY)
+
+
+AVX512_CODE = re.compile(r"zmm|%k[0-7]|[xy]mm(1[6-9]|2[0-9]|3[01])\b|vpdpbusd|\{1to")
+
+
+@pytest.mark.skipif(not (shutil.which("objdump") and shutil.which("nm")), reason="needs binutils' objdump and nm")
+def test_avx512_code_stays_in_its_own_translation_unit(ops):
+    """An AVX2 host must never run an AVX-512 instruction: only isa_avx512.o holds any, it exports only
+    avx512() (reached after the CPU check) and no weak symbol the linker could take over another file's copy."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    objects = sorted(Path(_get_build_directory("inferplug_cpu_kernels", False)).glob("*.o"))
+    assert any(o.name == "isa_avx512.o" for o in objects)
+    for obj in objects:
+        code = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(obj)], capture_output=True, text=True, check=True).stdout
+        if obj.name != "isa_avx512.o":
+            assert not AVX512_CODE.search(code), f"{obj.name} holds AVX-512 code"
+    symbols = subprocess.run(["nm", "-C", "--defined-only", str(objects[0].with_name("isa_avx512.o"))],
+                             capture_output=True, text=True, check=True).stdout.splitlines()
+    exported = [line.split(" ", 2)[2] for line in symbols if line.split(" ")[1] in "TDBRWVu"]
+    assert exported == ["inferplug_isa::avx512()"]
 
 
 def test_isa_names_the_set_that_runs(both_isas):
