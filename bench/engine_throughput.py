@@ -8,6 +8,7 @@ peer). Prints a table and writes JSON.
 
     .venv/bin/python bench/engine_throughput.py --threads 2            # dtype: the resolver's choice
     .venv/bin/python bench/engine_throughput.py --quant none,fp16,int8,int4  # weight formats (quant/linear.py)
+    .venv/bin/python bench/engine_throughput.py --quant int4 --isa avx2,avx512 --hf-requests 0  # CPU kernel sets
 """
 
 from __future__ import annotations
@@ -61,6 +62,19 @@ def single_stream(engine, prompt: list[int], n: int = 128) -> float:
     return 1.0 / stats["tpot_median_s"]
 
 
+def single_stream_by_isa(engine, prompt: list[int], n: int, isas: list[str], rounds: int) -> dict[str, float]:
+    """Median one-stream tok/s per CPU kernel set, the sets taking turns in every round (same engine, same prompt)."""
+    from inferplug import cpu_kernels
+
+    runs: dict[str, list[float]] = {isa: [] for isa in isas}
+    for r in range(rounds):
+        for isa in isas[r % len(isas):] + isas[:r % len(isas)]:
+            cpu_kernels.set_isa(isa)
+            runs[isa].append(single_stream(engine, prompt, n))
+    cpu_kernels.set_isa(cpu_kernels.chosen_isa())
+    return {isa: statistics.median(tps) for isa, tps in runs.items()}
+
+
 def llama_cpp_single_stream(gguf: Path, prompt: list[int], n: int, threads: int) -> float | None:
     """llama.cpp's decode tok/s on one stream of the same prompt (greedy, EOS suppressed); None if not installed."""
     try:
@@ -104,6 +118,9 @@ def main() -> None:
     ap.add_argument("--quant", default="auto,int4",
                     help="native weight formats to run, comma-separated: auto (the resolver's choice for the default "
                          "profile here: fp16 on x86 CPUs), none (weights in the dtype), fp16, int8, int4")
+    ap.add_argument("--isa", default="", help="CPU kernel sets (avx2,avx512) whose one-stream tok/s to time too, "
+                    "taking turns in --isa-rounds rounds; the main runs use the set INFERPLUG_CPU_ISA or the CPU picks")
+    ap.add_argument("--isa-rounds", type=int, default=5)
     ap.add_argument("--out", default="bench/results/engine_throughput.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -130,6 +147,9 @@ def main() -> None:
         run_native(engine, requests[:2])  # warm-up
         natives[fmt] = run_native(engine, requests)
         natives[fmt]["single_stream_tok_per_s"] = single_stream(engine, requests[0][0], min(128, args.output_cap))
+        if args.isa:
+            natives[fmt]["single_stream_tok_per_s_by_isa"] = single_stream_by_isa(
+                engine, requests[0][0], min(128, args.output_cap), args.isa.split(","), args.isa_rounds)
         natives[fmt]["load_seconds"] = load_s
         del engine
     hf_runs = []
@@ -152,6 +172,9 @@ def main() -> None:
         ratio = f"{report['ratio_vs_best_hf'][fmt]:.2f}x" if best else "-"
         print(f"{f'native {fmt} ({len(requests)} req)':<26}{native['tok_per_s']:>10.1f}{native['ttft_median_s']:>9.2f}s"
               f"{native['tpot_median_s'] * 1000:>8.1f}ms{native['single_stream_tok_per_s']:>16.1f}{ratio:>12}")
+    for fmt, native in natives.items():
+        for isa, tps in native.get("single_stream_tok_per_s_by_isa", {}).items():
+            print(f"{f'native {fmt} one stream, {isa}':<56}{tps:>16.1f}")
     for run in hf_runs:
         print(f"{'hf generate b=' + str(run['batch']):<26}{run['tok_per_s']:>10.1f}")
     if llama_cpp is not None:

@@ -11,6 +11,7 @@ in the step: 1 (single-stream decode) and 16 (a batch). Peers run interleaved wi
 (a shared, noisy machine); medians over --repeats; ratios vs float32 (the F.linear baseline).
 
     .venv/bin/python bench/quant_linear.py --repeats 20 --json quant-linear.json
+    .venv/bin/python bench/quant_linear.py --isa avx2,avx512   # inferplug's kernels on each CPU kernel set
 """
 
 from __future__ import annotations
@@ -49,6 +50,15 @@ def quant_step(weights: list[torch.Tensor], layer_cls):
     return lambda xs: [layer(xs[layer.in_features]) for layer in layers], layer_cls.compute_dtype
 
 
+def on_isa(isa: str, step, dtype):
+    """A kernel peer that runs the `isa` CPU kernel set."""
+    def run(xs):
+        cpu_kernels.set_isa(isa)
+        return step(xs)
+
+    return run, dtype
+
+
 def time_steps(peers: dict, rows: int, repeats: int) -> dict[str, float]:
     """Median ms per step of each peer, the peers taking turns in every repeat."""
     inputs = {dtype: {k: torch.randn(rows, k, generator=torch.Generator().manual_seed(k)).to(dtype) for k in (576, 1536)}
@@ -68,6 +78,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--isa", default="", help="CPU kernel sets to run inferplug's kernels on, comma-separated "
+                        "(avx2,avx512): a peer each; default: the set INFERPLUG_CPU_ISA or the CPU picks")
     parser.add_argument("--json", default="quant-linear.json")
     args = parser.parse_args()
 
@@ -76,16 +88,19 @@ def main() -> None:
              "fp16": quant_step(weights, Fp16Linear),
              "int8 torch": quant_step(weights, Int8Linear), "int4 torch": quant_step(weights, Int4Linear)}
     if cpu_kernels.ops() is not None:
-        peers |= {"int8 Q8_0": quant_step(weights, Q8Linear), "int4 Q4_1": quant_step(weights, Q4Linear),
-                  "Q8_0 float x": quant_step(weights, Q8HeadLinear)}
+        kernel_peers = {"int8 Q8_0": quant_step(weights, Q8Linear), "int4 Q4_1": quant_step(weights, Q4Linear),
+                        "Q8_0 float x": quant_step(weights, Q8HeadLinear)}
+        isas = args.isa.split(",") if args.isa else [cpu_kernels.chosen_isa()]
+        peers |= {f"{name} {isa}" if args.isa else name: on_isa(isa, step, dtype)
+                  for name, (step, dtype) in kernel_peers.items() for isa in isas}
     by_rows = {rows: time_steps(peers, rows, args.repeats) for rows in args.rows}
     results = {name: {rows: by_rows[rows][name] for rows in args.rows} for name in peers}
 
     print(f"torch threads={torch.get_num_threads()}  repeats={args.repeats}  ms per step (all linears once)")
-    print(f"{'weights':<12}" + "".join(f"{f'{r} row(s) ms':>14}{'vs fp32':>9}" for r in args.rows))
+    print(f"{'weights':<20}" + "".join(f"{f'{r} row(s) ms':>14}{'vs fp32':>9}" for r in args.rows))
     for name, by_r in results.items():
         cells = "".join(f"{by_r[r]:>14.2f}{results['float32'][r] / by_r[r]:>8.2f}x" for r in args.rows)
-        print(f"{name:<12}{cells}")
+        print(f"{name:<20}{cells}")
     Path(args.json).write_text(json.dumps({"threads": torch.get_num_threads(), "repeats": args.repeats,
                                            "ms_per_step": results}, indent=2))  # fmt: skip
 

@@ -90,10 +90,21 @@ def collect(hw: Hardware | None = None) -> dict[str, Any]:
                     "cores": hw.cpu_count, "ram_total": hw.ram_total, "ram_available": hw.ram_available},
         "gpus": [{"index": g.index, "name": g.name, "capability": f"{g.capability[0]}.{g.capability[1]}",
                   "total_memory": g.total_memory, "free_memory": g.free_memory} for g in hw.gpus],
-        "cpu_kernels": cpu_kernels.unavailable_reason(hw),
+        **_kernel_status(hw),
         "cuda_version": hw.cuda_version, "driver_version": hw.driver_version, "gpu_note": hw.gpu_note,
         "backends": backends, "profiles": profiles, "ok": local_fit or unknown_but_usable,
     }
+
+
+def _kernel_status(hw: Hardware) -> dict[str, str | None]:
+    """cpu_kernels: why the CPU kernels are off (None: they run); cpu_kernels_isa: the set that runs."""
+    off = cpu_kernels.unavailable_reason(hw)
+    if off:
+        return {"cpu_kernels": off, "cpu_kernels_isa": None}
+    try:
+        return {"cpu_kernels": None, "cpu_kernels_isa": {"avx2": "AVX2", "avx512": "AVX-512 + VNNI"}[cpu_kernels.chosen_isa(hw)]}
+    except InferPlugError as exc:  # INFERPLUG_CPU_ISA names a set this CPU cannot run
+        return {"cpu_kernels": str(exc), "cpu_kernels_isa": None}
 
 
 def run_doctor(as_json: bool = False, bench: bool = False, bench_seconds: float = 20.0) -> int:
@@ -131,8 +142,8 @@ def print_report(report: dict[str, Any]) -> None:
         machine.add_row(f"gpu {g['index']}", f"{g['name']} (sm {g['capability']}), {gib(g['free_memory'])} free of "
                         f"{gib(g['total_memory'])}")
     off = report["cpu_kernels"]
-    machine.add_row("cpu kernels", f"off: {escape(off)}" if off else "AVX2: the native engine's int8/int4 matmuls, paged "
-                    "decode attention and RMSNorm (compiled on first use)")
+    machine.add_row("cpu kernels", f"off: {escape(off)}" if off else f"{escape(report['cpu_kernels_isa'])}: the native "
+                    "engine's int8/int4 matmuls, paged decode attention and RMSNorm (compiled on first use)")
     machine.add_row("cuda", f"{report['cuda_version'] or 'none'} (driver {report['driver_version'] or 'none'})")
     if report["gpu_note"]:
         machine.add_row("gpu", escape(report["gpu_note"]))

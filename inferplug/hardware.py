@@ -16,7 +16,7 @@ from pathlib import Path
 
 # Packages whose presence decides what can run; looked up with find_spec, never imported here.
 PACKAGES = ("torch", "transformers", "gguf", "ctranslate2", "exllamav2", "triton", "flash_attn", "httpx", "openai")
-ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16",
+ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx_vnni", "avx512_bf16",
              "amx_tile", "amx_bf16", "amx_int8")
 
 

@@ -1,10 +1,15 @@
-"""Hand-written x86 CPU kernels (AVX2 + FMA + F16C), compiled once on first use and registered as torch ops.
+"""Hand-written x86 CPU kernels (AVX2 + FMA + F16C, and AVX-512 with VNNI where the CPU has it), compiled
+once on first use and registered as torch ops.
 
 torch's CPU matmuls stream weights at a fraction of this host's DRAM bandwidth for the 1- to 64-row
 shapes decode uses, paged attention in torch copies every K/V block before reading it, and at one
 token a step a layer's small element-wise ops cost more in dispatch than in arithmetic. These kernels
 do each in one pass: quantized matmuls, paged decode attention, RMSNorm, RoPE with the K/V store, SiLU. `ops()` returns `torch.ops.inferplug` with the kernels loaded, or None
 where they cannot run (no AVX2/FMA/F16C, not x86, no C++ compiler); callers then keep the torch path.
+
+Each kernel's inner loops are written once and compiled for AVX2 and for AVX-512 + VNNI (kernels.h); the
+ops run the best set the CPU has, or the one INFERPLUG_CPU_ISA names (avx2 on an AVX-512 host runs what
+AVX2-only hosts run). `isa()` says which set runs; `set_isa` switches (tests and benches compare them).
 
     ops = cpu_kernels.ops()
     if ops is not None:
@@ -18,9 +23,15 @@ import logging
 import os
 from pathlib import Path
 
-SOURCES = ("quant_matmul.cpp", "rms_norm.cpp", "paged_decode.cpp", "layer_ops.cpp", "decode_layers.cpp")
+from inferplug.errors import ProfileError
+
+SOURCES = ("dispatch.cpp", "isa_avx2.cpp", "isa_avx512.cpp", "quant_matmul.cpp", "rms_norm.cpp", "paged_decode.cpp",
+           "layer_ops.cpp", "decode_layers.cpp")
 REQUIRED_FLAGS = frozenset({"avx2", "fma", "f16c"})
 DISABLE_ENV = "INFERPLUG_NO_CPU_KERNELS"  # set to 1 to force the torch paths (comparisons, debugging)
+ISA_ENV = "INFERPLUG_CPU_ISA"  # avx2 or avx512: the kernel set to run instead of the best the CPU has
+ISA_FLAGS = {"avx2": REQUIRED_FLAGS,  # lowest first
+             "avx512": REQUIRED_FLAGS | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"}}
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +49,7 @@ def ops():
     if error:  # a missing compiler or ninja: keep serving on the torch path
         log.warning("CPU kernels failed to build, using torch ops instead: %s", error)
         return None
+    torch.ops.inferplug.set_isa(chosen_isa())
     return torch.ops.inferplug
 
 
@@ -60,6 +72,46 @@ def unavailable_reason(hw=None) -> str | None:
         return f"{DISABLE_ENV} is set"
     missing = REQUIRED_FLAGS - (hw or probe()).cpu_flags
     return f"the CPU lacks {', '.join(sorted(missing))}" if missing else None
+
+
+def supported_isas(hw=None) -> list[str]:
+    """The kernel sets this CPU can run, lowest first."""
+    from inferplug.hardware import probe
+
+    flags = (hw or probe()).cpu_flags
+    return [name for name, needed in ISA_FLAGS.items() if needed <= flags]
+
+
+def chosen_isa(hw=None) -> str:
+    """The set the kernels run here: INFERPLUG_CPU_ISA's, else the best the CPU has. Raises ProfileError when
+    the variable names an unknown set or one the CPU cannot run."""
+    from inferplug.hardware import probe
+
+    hw = hw or probe()
+    supported = supported_isas(hw)
+    wanted = os.environ.get(ISA_ENV, "")
+    if not wanted:
+        return supported[-1]
+    if wanted not in ISA_FLAGS:
+        raise ProfileError(f"{ISA_ENV}={wanted!r} is not a kernel set: use one of {', '.join(ISA_FLAGS)}, or unset it.")
+    if wanted not in supported:
+        missing = ", ".join(sorted(ISA_FLAGS[wanted] - hw.cpu_flags))
+        raise ProfileError(f"{ISA_ENV}={wanted} asks for kernels this CPU cannot run (it lacks {missing}): "
+                           f"use {supported[-1]}, or unset it.")
+    return wanted
+
+
+def isa() -> str | None:
+    """The kernel set the ops run ("avx512-vnni", "avx2"), or None where the kernels are off."""
+    return None if ops() is None else ops().isa()
+
+
+def set_isa(name: str) -> None:
+    """Run the `name` kernel set ("avx2", "avx512") from the next op on; raises ProfileError where it cannot run."""
+    supported = supported_isas()
+    if name not in supported:
+        raise ProfileError(f"the {name!r} CPU kernels cannot run here: this CPU runs {', '.join(supported)}.")
+    ops().set_isa(name)
 
 
 def _build() -> None:

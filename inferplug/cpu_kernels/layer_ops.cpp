@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "checks.h"
-#include "vec_math.h"
+#include "simd.h"
 
 namespace {
 
@@ -84,7 +84,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
       const __m256 one = _mm256_set1_ps(1.f), sign = _mm256_set1_ps(-0.f);
       for (; i + 8 <= n; i += 8) {
         const __m256 g = _mm256_loadu_ps(gate + i);
-        const __m256 e = vec::exp_nonpositive(_mm256_or_ps(g, sign));  // e^-|g|
+        const __m256 e = exp_nonpositive<F256>(_mm256_or_ps(g, sign));  // e^-|g|
         const __m256 numerator = _mm256_blendv_ps(g, _mm256_mul_ps(g, e), g);  // blend on g's sign bit
         const __m256 silu = _mm256_div_ps(numerator, _mm256_add_ps(one, e));
         _mm256_storeu_ps(row + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));

@@ -1,89 +1,20 @@
 // Paged decode attention: one new query token per sequence, K/V read in place from the block pools
 // through the block tables (the torch path copies every block with index_select before its matmuls).
 // Each (sequence, kv head) pair is one work item: its query heads share every K/V row read from memory.
-// Tokens go 8 at a time, so 8 scores fill one AVX2 vector (one exp, no horizontal sum per token).
+// This file checks and splits the items over threads; attend.h, in the chosen ISA's table, does each.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
-#include <immintrin.h>
 
 #include <algorithm>
-#include <cmath>
-#include <numeric>
 #include <vector>
 
-#include "vec_math.h"
+#include "kernels.h"
 
 namespace {
 
-constexpr int64_t CHUNK = 8;  // tokens per step, one score per lane
-
-struct Pool {  // one layer's K and V pools, [kv_heads, num_blocks, block_size, head_dim]
-  const float *k, *v;
-  int64_t num_blocks, block_size, head_dim;
-
-  int64_t head_offset(int64_t kv_head) const { return kv_head * num_blocks * block_size * head_dim; }
-};
-
-struct Scratch {  // one thread's buffers, sized for the longest sequence
-  std::vector<int64_t> rows;  // each token's row offset within a kv head's pool
-  std::vector<float> scores;  // [group, padded length]
-};
-
-inline int64_t padded(int64_t length) { return (length + CHUNK - 1) / CHUNK * CHUNK; }
-
-// The `group` query heads (rows of q, head_dim apart) of one sequence on one kv head, into `out` (same
-// layout). Two passes over the K/V rows: scores and their softmax, then the softmax-weighted sum of V.
-void attend(const Pool& pool, int64_t kv_head, const int64_t* blocks, int64_t length, const float* q, int64_t group,
-            float scale, Scratch& scratch, float* out) {
-  const int64_t d = pool.head_dim, width = padded(length);
-  int64_t* rows = scratch.rows.data();
-  for (int64_t t = 0, b = 0; t < length; b++)  // two loops, not t / block_size: a division costs more than a row
-    for (int64_t i = 0; i < pool.block_size && t < length; i++) rows[t++] = (blocks[b] * pool.block_size + i) * d;
-  std::fill(rows + length, rows + width, rows[length - 1]);  // past the end: its score is dropped, its weight 0
-  const float *k = pool.k + pool.head_offset(kv_head), *v = pool.v + pool.head_offset(kv_head);
-  float* scores = scratch.scores.data();
-
-  for (int64_t t = 0; t < width; t += CHUNK) {
-    for (int64_t j = 0; j < group; j++) {  // the chunk's K rows come from memory once, then from L1
-      __m256 acc[CHUNK];
-      for (int64_t i = 0; i < CHUNK; i++) acc[i] = _mm256_setzero_ps();
-      for (int64_t x = 0; x < d; x += 8) {
-        const __m256 qx = _mm256_loadu_ps(q + j * d + x);
-        for (int64_t i = 0; i < CHUNK; i++) acc[i] = _mm256_fmadd_ps(qx, _mm256_loadu_ps(k + rows[t + i] + x), acc[i]);
-      }
-      _mm256_storeu_ps(scores + j * width + t, _mm256_mul_ps(vec::sums_of(acc), _mm256_set1_ps(scale)));
-    }
-  }
-
-  for (int64_t j = 0; j < group; j++) {  // softmax, max-subtracted so exp never overflows
-    float* s = scores + j * width;
-    std::fill(s + length, s + width, -INFINITY);
-    const __m256 max = _mm256_set1_ps(*std::max_element(s, s + length));
-    __m256 sum = _mm256_setzero_ps();
-    for (int64_t t = 0; t < width; t += CHUNK) {
-      const __m256 e = vec::exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + t), max));
-      _mm256_storeu_ps(s + t, e);
-      sum = _mm256_add_ps(sum, e);
-    }
-    float lanes[8];
-    _mm256_storeu_ps(lanes, sum);
-    const __m256 inverse = _mm256_set1_ps(1.f / std::accumulate(lanes, lanes + 8, 0.f));
-    for (int64_t t = 0; t < width; t += CHUNK) _mm256_storeu_ps(s + t, _mm256_mul_ps(_mm256_loadu_ps(s + t), inverse));
-  }
-
-  std::fill(out, out + group * d, 0.f);
-  for (int64_t t = 0; t < width; t += CHUNK) {
-    for (int64_t j = 0; j < group; j++) {
-      __m256 weight[CHUNK];
-      for (int64_t i = 0; i < CHUNK; i++) weight[i] = _mm256_set1_ps(scores[j * width + t + i]);
-      for (int64_t x = 0; x < d; x += 8) {
-        __m256 acc = _mm256_loadu_ps(out + j * d + x);
-        for (int64_t i = 0; i < CHUNK; i++) acc = _mm256_fmadd_ps(weight[i], _mm256_loadu_ps(v + rows[t + i] + x), acc);
-        _mm256_storeu_ps(out + j * d + x, acc);
-      }
-    }
-  }
+inline int64_t padded(int64_t length) {
+  return (length + inferplug_isa::MAX_LANES - 1) / inferplug_isa::MAX_LANES * inferplug_isa::MAX_LANES;
 }
 
 at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -109,7 +40,7 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
               context_lens.dim() == 1 && context_lens.size(0) == batch && context_lens.is_contiguous(),
               "paged_decode: block_tables must be [batch, max_blocks] and context_lens [batch], contiguous");
 
-  const Pool pool{k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), k_cache.size(1), block_size, d};
+  const inferplug_isa::Pool pool{k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), k_cache.size(1), block_size, d};
   const int64_t max_blocks = block_tables.size(1);
   const int64_t* tables = block_tables.data_ptr<int64_t>();
   const int64_t* lens = context_lens.data_ptr<int64_t>();
@@ -130,13 +61,17 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
   // Each thread takes every threads-th item, not a contiguous run: rows come sorted by length, and
   // contiguous runs would give one thread all the long ones.
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
+  // A head_dim the chosen ISA's vectors do not divide (8 of 16 floats) takes the 8-lane kernel.
+  const auto& isa = inferplug_isa::active();
+  const auto attend = d % isa.attend_lanes == 0 ? isa.attend : inferplug_isa::avx2().attend;
   at::parallel_for(0, threads, 1, [&](int64_t first, int64_t last) {
-    Scratch scratch{std::vector<int64_t>(padded(longest)), std::vector<float>(group * padded(longest))};
+    std::vector<int64_t> rows(padded(longest));  // one thread's scratch, sized for the longest sequence
+    std::vector<float> scores(group * padded(longest));
     for (int64_t thread = first; thread < last; thread++)
       for (int64_t item = thread; item < items; item += threads) {
         const int64_t b = item / kv_heads, h = item % kv_heads;
         attend(pool, h, tables + b * max_blocks, lens[b], q_data + b * q_row + h * group * d, group,
-               static_cast<float>(scale), scratch, out_data + (b * heads + h * group) * d);
+               static_cast<float>(scale), rows.data(), scores.data(), out_data + (b * heads + h * group) * d);
       }
   });
   return out;

@@ -1,9 +1,11 @@
-"""int4 / int8 weights in GGUF's Q4_1 / Q8_0 blocks, run by inferplug's own AVX2 kernels
-(cpu_kernels/quant_matmul.cpp).
+"""int4 / int8 weights in GGUF's Q4_1 / Q8_0 blocks, run by inferplug's own CPU kernels
+(cpu_kernels/quant_matmul.cpp; AVX2, or AVX-512 + VNNI).
 
 A block covers 32 inputs of one output row: Q4_1 is [fp16 scale, fp16 min, 16 bytes of nibbles]
 (w = q * scale + min, q in 0..15), Q8_0 is [fp16 scale, 32 int8] (w = q * scale). A row stores its
-blocks field by field (all scales, all mins, all quants), so the kernels convert 8 scales at once.
+blocks field by field (all scales, all mins, all quants), so the kernels convert 8 scales at once, and
+the layers' quants by runs of 16 blocks with their 4-byte words interleaved (word 0 of each block, then
+word 1, ...), so each block's integer dot product lands in its own vector lane (cpu_kernels/kernels.h).
 The layers' kernels quantize the activations to int8 per block and multiply-add bytes, as llama.cpp
 does (the head's keeps them float): at one row a step they stream 5 or 8.5 bits a weight instead of
 fbgemm's 16. Re-quantizing a GGUF Q4_1 / Q8_0 model's dequantized weights gives back its blocks bit
@@ -25,6 +27,7 @@ from inferplug.quant.base import WeightOnlyLinear
 BLOCK = 32
 KERNEL_MAX_ROWS = 64  # the longest step decode_layers fuses (models/llama.py)
 FLOAT_MIN_ROWS = 16  # oneDNN's fp32 GEMM gives rows of 1, 2, 3, 5, 7 or 9-row calls other roundings than 16+
+RUN, WORD = 16, 4  # the quants' interleaving: runs of 16 blocks, 4-byte words
 
 
 class BlockLinear(WeightOnlyLinear):
@@ -32,6 +35,7 @@ class BlockLinear(WeightOnlyLinear):
 
     compute_dtype = torch.float32
     fields: tuple[int, ...]  # a block's fields' bytes, in the order a row stores them
+    interleaved = True  # the quants by runs of words (the integer kernels' layout)
     kernel: str  # torch.ops.inferplug.<kernel>(x, blocks): the matmul of decode rows
     unpack: str  # torch.ops.inferplug.<unpack>(blocks): the float weight, for prefill rows
 
@@ -50,13 +54,16 @@ class BlockLinear(WeightOnlyLinear):
         if in_features % BLOCK:
             raise ProfileError(f"{cls.__name__} needs in_features divisible by 32; this layer has {in_features}.")
         groups = weight.detach().float().reshape(out_features, in_features // BLOCK, BLOCK)
-        return cls(torch.cat([f.reshape(out_features, -1) for f in cls._pack(groups)], dim=1).contiguous(), bias)
+        *fields, quants = cls._pack(groups)
+        quants = _interleave(quants) if cls.interleaved else quants
+        return cls(torch.cat([f.reshape(out_features, -1) for f in (*fields, quants)], dim=1).contiguous(), bias)
 
     def dequantized(self) -> torch.Tensor:
         """The float weight, unpacked by torch ops (the reference the kernels are tested against)."""
         blocks = self.in_features // BLOCK
         fields = self.blocks.split([blocks * size for size in self.fields], dim=1)
-        weight = self._unpack(*(f.reshape(self.out_features, blocks, -1) for f in fields))
+        *fields, quants = (f.reshape(self.out_features, blocks, -1) for f in fields)
+        weight = self._unpack(*fields, _deinterleave(quants) if self.interleaved else quants)
         return weight.reshape(self.out_features, self.in_features)
 
     def forward(self, x: torch.Tensor, decode_rows: int | None = None) -> torch.Tensor:
@@ -77,6 +84,18 @@ class BlockLinear(WeightOnlyLinear):
     @staticmethod
     def _unpack(*fields: torch.Tensor) -> torch.Tensor:  # the inverse: [out, blocks, 32] float
         raise NotImplementedError
+
+
+def _interleave(quants: torch.Tensor) -> torch.Tensor:
+    """[out, blocks, bytes] -> the same shape, each run of 16 blocks (fewer in the last) as its blocks' word 0, word 1, ..."""
+    runs = quants.split(RUN, dim=1)
+    return torch.cat([r.unflatten(2, (-1, WORD)).transpose(1, 2).reshape(r.shape) for r in runs], dim=1)
+
+
+def _deinterleave(quants: torch.Tensor) -> torch.Tensor:
+    """The inverse of _interleave."""
+    runs = quants.split(RUN, dim=1)
+    return torch.cat([r.reshape(r.shape[0], -1, r.shape[1], WORD).transpose(1, 2).reshape(r.shape) for r in runs], dim=1)
 
 
 def _floats(halves: torch.Tensor) -> torch.Tensor:
@@ -118,4 +137,5 @@ class Q8HeadLinear(Q8Linear):
     """Q8_0 blocks against float activations (no int8 rounding of x): for the lm_head, whose logits pick
     every token. Half fp16's bytes, and exact for a GGUF's Q8_0 embedding."""
 
-    kernel = "q8_matmul_float"
+    kernel, unpack = "q8_matmul_float", "q8_dequantize_plain"
+    interleaved = False  # the float kernel takes a block's 32 bytes in a row

@@ -1,0 +1,31 @@
+// The AVX-512 kernel table: the same templates as isa_avx2.cpp, compiled for AVX-512 F/BW/VL/DQ + VNNI.
+// Only this file holds AVX-512 code, and it includes no torch header: an inline torch or library function
+// compiled here could be the copy the linker keeps, and crash AVX2 hosts. So the standard headers come
+// before the target pragma (their functions keep the build's AVX2 flags), and the templates live in
+// anonymous namespaces (their copies here are this file's own).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "kernels.h"
+
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
+#define INFERPLUG_AVX512  // the headers' AVX-512 parts (GCC defines no __AVX512F__ for a pragma)
+#include "attend.h"
+#include "quant_dot.h"
+
+namespace inferplug_isa {
+
+// Per kernel the width that measured faster here (bench/cpu_kernels_isa.py, Zen 4): the integer matmuls
+// and paged decode at 512 bits; the float head at 256, as 512 bits measured 3-11% slower from 4 rows on.
+const Isa& avx512() {
+  static const Isa isa{"avx512-vnni", F512::LANES, &quant_matmul_rows<DotVnni<I512>, Q4_1>,
+                       &quant_matmul_rows<DotVnni<I512>, Q8_0>, &float_matmul_rows<F256>, &attend<F512>};
+  return isa;
+}
+
+}  // namespace inferplug_isa

@@ -1,0 +1,60 @@
+// The ISA-specific part of the kernels: torch-free functions on raw pointers, one table per instruction
+// set (isa_avx2.cpp, isa_avx512.cpp, both from the same templates). The torch ops check arguments, split
+// the work over threads and call active()'s entries, so they hold no AVX-512 code themselves.
+#pragma once
+#include <cstdint>
+
+namespace inferplug_isa {
+
+constexpr int64_t QK = 32;         // weights per block
+constexpr int64_t GROUP = 8;       // blocks per float step: one 8-lane vector of their scales
+// A row's quants (and x's int8 values) go by runs of 16 blocks, 4-byte words interleaved: word 0 of every
+// block in the run, then word 1, ... So one vector load gives the same word of 8 or 16 blocks, and an
+// integer multiply-add leaves each block's dot product in its own lane: no horizontal sums.
+constexpr int64_t RUN = 16;
+constexpr int64_t WORD = 4;
+constexpr int64_t RUN_WORDS_BYTES = RUN * WORD;  // from a word of x's run to its next word
+constexpr int64_t MAX_LANES = 16;  // the widest float vector: scratch is padded to a multiple of it
+constexpr int64_t MAX_ROWS = 4;    // x rows one call of a matmul entry takes
+
+// x per block: int8 values (by runs, words interleaved), its scale and scale * sum(values) (for Q4_1's
+// min term); row-major, each row padded with zero blocks to a whole number of runs.
+struct QuantizedRows {
+  int64_t blocks;  // per row, padded
+  const int8_t* q;
+  const float *scale, *sum;
+};
+
+struct WeightRows {  // rows of Q4_1 / Q8_0 blocks, each row's fields regrouped (quant_matmul.cpp), quants by runs
+  const uint8_t* data;
+  int64_t row_bytes, blocks;
+};
+
+struct Pool {  // one layer's K and V pools, [kv_heads, num_blocks, block_size, head_dim]
+  const float *k, *v;
+  int64_t num_blocks, block_size, head_dim;
+};
+
+// y[i * y_stride + n - n0] for weight rows [n0, n1) and x rows [m, m + rows), rows <= MAX_ROWS.
+using QuantMatmul = void (*)(const WeightRows& w, int64_t n0, int64_t n1, const QuantizedRows& x, int64_t m,
+                             int64_t rows, float* y, int64_t y_stride);
+using FloatMatmul = void (*)(const WeightRows& w, int64_t n0, int64_t n1, const float* x, int64_t k, int64_t rows,
+                             float* y, int64_t y_stride);
+// The `group` query heads of one sequence on one kv head (paged_decode.cpp); rows and scores: scratch for
+// the length padded to MAX_LANES (rows) and `group` such rows (scores).
+using Attend = void (*)(const Pool& pool, int64_t kv_head, const int64_t* blocks, int64_t length, const float* q,
+                        int64_t group, float scale, int64_t* rows, float* scores, float* out);
+
+struct Isa {
+  const char* name;
+  int64_t attend_lanes;  // Attend needs head_dim to be a multiple of this
+  QuantMatmul q4, q8;
+  FloatMatmul q8_float;
+  Attend attend;
+};
+
+const Isa& avx2();
+const Isa& avx512();  // only where the CPU has AVX-512 F/BW/VL/DQ and VNNI
+const Isa& active();  // dispatch.cpp: the set chosen at first use (set_isa)
+
+}  // namespace inferplug_isa

@@ -1,0 +1,270 @@
+// The quantized matmuls' inner loops (quant_matmul.cpp has the torch ops), written once over a Dot policy
+// (how 8 or 16 blocks' int8 dot products become one int32 sum a block) and a float width. Torch-free:
+// compiled per ISA.
+//
+// Every policy gives the same exact integer sums, and the float part (scales, mins, the running sum) is
+// 8 lanes wide in every ISA, so Q4_1 / Q8_0 results are bit-identical across ISAs.
+#pragma once
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+
+#include "kernels.h"
+#include "simd.h"
+
+namespace {
+
+using inferplug_isa::GROUP;
+using inferplug_isa::QK;
+using inferplug_isa::RUN;
+using inferplug_isa::RUN_WORDS_BYTES;
+using inferplug_isa::WORD;
+
+constexpr int64_t PREFETCH = 2048;  // bytes ahead
+
+// Per format: a block's quant bytes, whether it has mins, and weight j of a block as a float (dequantize).
+struct Q4_1 {  // w = q * scale + min, q in 0..15; 16 bytes of nibbles (byte j: weight j low, j + 16 high)
+  static constexpr int64_t QUANT_BYTES = 16;
+  static constexpr bool HAS_MIN = true;
+  static float weight(const uint8_t* quants, int j) { return static_cast<float>(j < 16 ? quants[j] & 0x0F : quants[j - 16] >> 4); }
+};
+
+struct Q8_0 {  // w = q * scale, 32 int8
+  static constexpr int64_t QUANT_BYTES = 32;
+  static constexpr bool HAS_MIN = false;
+  static float weight(const uint8_t* quants, int j) { return static_cast<float>(static_cast<int8_t>(quants[j])); }
+};
+
+// Where a row's fields start: scales, mins (Q4_1), quants.
+template <typename Format>
+struct RowLayout {
+  const uint8_t *scales, *mins, *quants;
+  RowLayout(const uint8_t* row, int64_t blocks)
+      : scales(row), mins(row + 2 * blocks), quants(row + (Format::HAS_MIN ? 4 : 2) * blocks) {}
+  static int64_t bytes(int64_t blocks) { return blocks * ((Format::HAS_MIN ? 4 : 2) + Format::QUANT_BYTES); }
+  // Block b's quant bytes in their plain order, from the runs' interleaved words (kernels.h).
+  void block_quants(int64_t b, int64_t blocks, uint8_t* out) const {
+    const int64_t run = b / RUN * RUN, in_run = std::min(RUN, blocks - run);
+    for (int64_t k = 0; k < Format::QUANT_BYTES / WORD; k++)
+      std::memcpy(out + k * WORD, quants + run * Format::QUANT_BYTES + k * WORD * in_run + (b - run) * WORD, WORD);
+  }
+};
+
+// The n <= 8 fp16 values at p as floats, zeros past n.
+inline __m256 load_halves(const uint8_t* p, int64_t n) {
+  if (n == GROUP) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  uint16_t bits[GROUP] = {};
+  std::memcpy(bits, p, n * 2);
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bits)));
+}
+
+// The hardware prefetcher alone leaves the cores waiting on DRAM: ask for the lines PREFETCH bytes past a row.
+inline void prefetch_ahead(const uint8_t* row, int64_t bytes) {
+  for (int64_t at = 0; at < bytes; at += 64) _mm_prefetch(reinterpret_cast<const char*>(row + PREFETCH + at), _MM_HINT_T0);
+}
+
+// The weight bytes the integer policies multiply are unsigned: Q4_1's nibbles as they are, Q8_0's as |q|,
+// with x's bytes negated where q < 0. Each policy's load() takes `n` blocks' words (n <= BLOCKS, the rest
+// zeros), word row k at words + k * stride; dot() gives each block's int32 sum in its lane.
+struct DotAvx2 {  // 8 blocks a step: u8 x s8 pairs to int16, then int32
+  using R = __m256i;
+  static constexpr int64_t BLOCKS = 8;
+  template <typename Format>
+  struct Weights { R bytes[8], signs[Format::HAS_MIN ? 1 : 8]; };
+
+  static R load_words(const uint8_t* p, int64_t n) {
+    if (n == BLOCKS) return _mm256_loadu_si256(reinterpret_cast<const R*>(p));
+    const R mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    return _mm256_maskload_epi32(reinterpret_cast<const int*>(p), mask);
+  }
+  template <typename Format>
+  static Weights<Format> load(const uint8_t* words, int64_t stride, int64_t n) {
+    Weights<Format> w;
+    if constexpr (Format::HAS_MIN) {
+      for (int k = 0; k < 4; k++) {  // low nibbles: weights 4k..4k+3 of each block; high ones: 16 + 4k..
+        const R packed = load_words(words + k * stride, n);
+        w.bytes[k] = _mm256_and_si256(packed, _mm256_set1_epi8(0x0F));
+        w.bytes[k + 4] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), _mm256_set1_epi8(0x0F));
+      }
+    } else {
+      for (int k = 0; k < 8; k++) {
+        w.signs[k] = load_words(words + k * stride, n);
+        w.bytes[k] = _mm256_sign_epi8(w.signs[k], w.signs[k]);
+      }
+    }
+    return w;
+  }
+  template <typename Format>
+  static R dot(const Weights<Format>& w, const int8_t* x) {
+    const R ones = _mm256_set1_epi16(1);
+    auto xk = [&](int k) { return _mm256_loadu_si256(reinterpret_cast<const R*>(x + k * RUN_WORDS_BYTES)); };
+    if constexpr (Format::HAS_MIN) {  // 8 pairs of |15 * 127| products fit int16: sum them there
+      R pairs = _mm256_maddubs_epi16(w.bytes[0], xk(0));
+      for (int k = 1; k < 8; k++) pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(w.bytes[k], xk(k)));
+      return _mm256_madd_epi16(pairs, ones);
+    } else {  // |128 * 127| pairs: int32 after each
+      R sums = _mm256_setzero_si256();
+      for (int k = 0; k < 8; k++)
+        sums = _mm256_add_epi32(sums, _mm256_madd_epi16(_mm256_maddubs_epi16(w.bytes[k], _mm256_sign_epi8(xk(k), w.signs[k])), ones));
+      return sums;
+    }
+  }
+  static __m256i group_sums(R sums, int) { return sums; }
+};
+
+#ifdef INFERPLUG_AVX512
+struct I512 {  // AVX-512 + VNNI: 16 blocks a step, two groups of 8
+  using R = __m512i;
+  using ByteMask = __mmask64;
+  static constexpr int64_t BLOCKS = 16;
+  static R load_words(const uint8_t* p, int64_t n) {
+    return n == BLOCKS ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi32(static_cast<__mmask16>((1u << n) - 1), p);
+  }
+  static R load(const int8_t* p) { return _mm512_loadu_si512(p); }
+  static R low_nibbles(R v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
+  static R high_nibbles(R v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
+  static R abs8(R v) { return _mm512_abs_epi8(v); }
+  static ByteMask negative8(R v) { return _mm512_movepi8_mask(v); }
+  static R negate_where(ByteMask m, R v) { return _mm512_mask_sub_epi8(v, m, _mm512_setzero_si512(), v); }
+  static R dpbusd(R acc, R u, R s) { return _mm512_dpbusd_epi32(acc, u, s); }
+  static R zero() { return _mm512_setzero_si512(); }
+  static __m256i group_sums(R sums, int g) { return g == 0 ? _mm512_castsi512_si256(sums) : _mm512_extracti64x4_epi64(sums, 1); }
+};
+
+// VNNI: u8 x s8 quads straight into each block's int32 lane, at the width of I (a 256-bit I measured no
+// faster than I512 here).
+template <typename I>
+struct DotVnni {
+  using R = typename I::R;
+  static constexpr int64_t BLOCKS = I::BLOCKS;
+  template <typename Format>
+  struct Weights { R bytes[8]; typename I::ByteMask negative[Format::HAS_MIN ? 1 : 8]; };
+
+  template <typename Format>
+  static Weights<Format> load(const uint8_t* words, int64_t stride, int64_t n) {
+    Weights<Format> w;
+    if constexpr (Format::HAS_MIN) {
+      for (int k = 0; k < 4; k++) {
+        const R packed = I::load_words(words + k * stride, n);
+        w.bytes[k] = I::low_nibbles(packed);
+        w.bytes[k + 4] = I::high_nibbles(packed);
+      }
+    } else {
+      for (int k = 0; k < 8; k++) {
+        const R q = I::load_words(words + k * stride, n);
+        w.bytes[k] = I::abs8(q);
+        w.negative[k] = I::negative8(q);
+      }
+    }
+    return w;
+  }
+  template <typename Format>
+  static R dot(const Weights<Format>& w, const int8_t* x) {
+    R sums = I::zero();
+    for (int k = 0; k < 8; k++) {
+      R xk = I::load(x + k * RUN_WORDS_BYTES);
+      if constexpr (!Format::HAS_MIN) xk = I::negate_where(w.negative[k], xk);
+      sums = I::dpbusd(sums, w.bytes[k], xk);
+    }
+    return sums;
+  }
+  static __m256i group_sums(R sums, int g) { return I::group_sums(sums, g); }
+};
+#endif
+
+// Rows [m, m + MT) of x against one weight row: MT dot products sharing each unpacked weight step.
+// Per group of 8 blocks: 8 int32 sums, one conversion, a multiply-add by the scales (and one by the
+// mins): the same float steps in the same order for every policy.
+template <typename Dot, typename Format, int MT>
+void dot_rows(const uint8_t* row, const inferplug_isa::QuantizedRows& x, int64_t m, int64_t blocks, int64_t row_bytes,
+              float* y, int64_t y_stride) {
+  constexpr int64_t GROUPS = Dot::BLOCKS / GROUP;
+  const RowLayout<Format> w(row, blocks);
+  prefetch_ahead(row, row_bytes);
+  __m256 acc[MT];
+  for (int i = 0; i < MT; i++) acc[i] = _mm256_setzero_ps();
+  for (int64_t run = 0; run < blocks; run += RUN) {
+    const int64_t in_run = std::min(RUN, blocks - run);
+    for (int64_t h = 0; h < in_run; h += Dot::BLOCKS) {
+      const int64_t n = std::min(Dot::BLOCKS, in_run - h), groups = (n + GROUP - 1) / GROUP;
+      const auto q = Dot::template load<Format>(w.quants + run * Format::QUANT_BYTES + WORD * h, WORD * in_run, n);
+      __m256 scale[GROUPS], min[GROUPS];
+      for (int g = 0; g < groups; g++) {
+        const int64_t b = run + h + g * GROUP, count = std::min(GROUP, blocks - b);
+        scale[g] = load_halves(w.scales + 2 * b, count);
+        min[g] = Format::HAS_MIN ? load_halves(w.mins + 2 * b, count) : _mm256_setzero_ps();
+      }
+      for (int i = 0; i < MT; i++) {
+        const int64_t at = (m + i) * x.blocks + run + h;
+        const auto sums = Dot::template dot<Format>(q, x.q + (at - h) * QK + WORD * h);
+        for (int g = 0; g < groups; g++) {
+          const __m256 scales = _mm256_mul_ps(scale[g], _mm256_loadu_ps(x.scale + at + g * GROUP));
+          acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Dot::group_sums(sums, g)), scales, acc[i]);
+          if constexpr (Format::HAS_MIN) acc[i] = _mm256_fmadd_ps(min[g], _mm256_loadu_ps(x.sum + at + g * GROUP), acc[i]);
+        }
+      }
+    }
+  }
+  for (int i = 0; i < MT; i++) y[i * y_stride] = F256::sum(acc[i]);
+}
+
+// Rows [m, m + MT) of float x against one Q8_0 weight row, without rounding x to int8: the lm_head, whose
+// logits pick every token. A block's 32 weights become floats once for all MT rows.
+template <typename V, int MT>
+void dot_rows_float(const uint8_t* row, const float* x, int64_t k, int64_t blocks, int64_t row_bytes, float* y,
+                    int64_t y_stride) {
+  constexpr int64_t PARTS = QK / V::LANES;
+  const RowLayout<Q8_0> w(row, blocks);
+  prefetch_ahead(row, row_bytes);
+  typename V::F acc[MT];
+  for (int i = 0; i < MT; i++) acc[i] = V::zero();
+  for (int64_t b = 0; b < blocks; b += GROUP) {
+    const int64_t n = std::min(GROUP, blocks - b);
+    float scales[GROUP];
+    _mm256_storeu_ps(scales, load_halves(w.scales + 2 * b, n));
+    for (int64_t j = 0; j < n; j++) {
+      const int8_t* quants = reinterpret_cast<const int8_t*>(w.quants + (b + j) * QK);
+      typename V::F q[PARTS];
+      for (int64_t l = 0; l < PARTS; l++) q[l] = V::load_i8(quants + V::LANES * l);
+      const auto scale = V::set1(scales[j]);
+      for (int i = 0; i < MT; i++) {
+        const float* xb = x + i * k + (b + j) * QK;
+        auto dot = V::mul(q[0], V::load(xb));
+        for (int64_t l = 1; l < PARTS; l++) dot = V::fmadd(q[l], V::load(xb + V::LANES * l), dot);
+        acc[i] = V::fmadd(dot, scale, acc[i]);
+      }
+    }
+  }
+  for (int i = 0; i < MT; i++) y[i * y_stride] = V::sum(acc[i]);
+}
+
+// f(integral_constant<int, rows>) for 1 <= rows <= MT: the row count as a compile-time constant.
+template <int MT, typename F>
+void with_rows(int64_t rows, const F& f) {
+  if constexpr (MT > 1) {
+    if (rows < MT) return with_rows<MT - 1>(rows, f);
+  }
+  f(std::integral_constant<int, MT>{});
+}
+
+template <typename Dot, typename Format>
+void quant_matmul_rows(const inferplug_isa::WeightRows& w, int64_t n0, int64_t n1, const inferplug_isa::QuantizedRows& x,
+                       int64_t m, int64_t rows, float* y, int64_t y_stride) {
+  with_rows<inferplug_isa::MAX_ROWS>(rows, [&](auto mt) {
+    for (int64_t n = n0; n < n1; n++)
+      dot_rows<Dot, Format, decltype(mt)::value>(w.data + n * w.row_bytes, x, m, w.blocks, w.row_bytes, y + n - n0, y_stride);
+  });
+}
+
+template <typename V>
+void float_matmul_rows(const inferplug_isa::WeightRows& w, int64_t n0, int64_t n1, const float* x, int64_t k,
+                       int64_t rows, float* y, int64_t y_stride) {
+  with_rows<inferplug_isa::MAX_ROWS>(rows, [&](auto mt) {
+    for (int64_t n = n0; n < n1; n++)
+      dot_rows_float<V, decltype(mt)::value>(w.data + n * w.row_bytes, x, k, w.blocks, w.row_bytes, y + n - n0, y_stride);
+  });
+}
+
+}  // namespace
