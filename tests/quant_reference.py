@@ -9,7 +9,7 @@ import copy
 import gguf
 import torch
 
-from inferplug.quant.block_linear import Q8HeadLinear
+from inferplug.quant.block_linear import Q8HeadLinear, _deinterleave
 from inferplug.quant.linear import head_layer, layer_class
 
 # GGUF's blocks of 32 inputs, fields in file order: Q8_0 = fp16 scale + 32 int8; Q4_1 = fp16 scale + fp16 min
@@ -21,8 +21,9 @@ def gguf_decoded(layer, kind: str) -> torch.Tensor:
     """A block layer's weight as gguf-py's dequantize reads its bytes, put back in GGUF's block order."""
     qtype, sizes = GGUF_BLOCKS[kind]
     rows, blocks = layer.out_features, layer.in_features // 32
-    fields = layer.blocks.split([blocks * size for size in sizes], dim=1)
-    in_file_order = torch.cat([f.reshape(rows, blocks, -1) for f in fields], dim=2).reshape(rows, -1)
+    *fields, quants = (f.reshape(rows, blocks, -1) for f in layer.blocks.split([blocks * size for size in sizes], dim=1))
+    quants = _deinterleave(quants) if layer.interleaved else quants  # the kernels' byte order, not arithmetic
+    in_file_order = torch.cat([*fields, quants], dim=2).reshape(rows, -1)
     return torch.from_numpy(gguf.quants.dequantize(in_file_order.numpy(), qtype))
 
 
@@ -49,22 +50,28 @@ def int8_activations(module, args):
     return (q * (amax / 127)).reshape(x.shape)
 
 
-def with_int8_inputs(model):
-    """A copy of an HF model whose decoder layers' linears see their inputs rounded as the kernels do (the
-    engine's steps in these tests have <= KERNEL_MAX_ROWS rows, where the kernels run); the lm_head keeps float
-    inputs, as Q8HeadLinear does."""
+def int8_decode_activations(module, args):
+    """The engine's rounding: decode rows through the kernels, prefill rows float (block_linear.py). HF's
+    generate feeds a decode step one token; the tests' prompts have several."""
+    (x,) = args
+    return int8_activations(module, args) if x.shape[-2] == 1 else x
+
+
+def with_int8_inputs(model, decode_only: bool = False):
+    """A copy of an HF model whose decoder layers' linears see their inputs (`decode_only`: a decode step's)
+    rounded as the kernels do; the lm_head keeps float inputs, as Q8HeadLinear does."""
     model = copy.deepcopy(model)
     for linear in model.model.layers.modules():
         if isinstance(linear, torch.nn.Linear):
-            linear.register_forward_pre_hook(int8_activations)
+            linear.register_forward_pre_hook(int8_decode_activations if decode_only else int8_activations)
     return model
 
 
 def weights_reference(model, fmt: str, int8_inputs: bool):
     """A copy of an HF fp32 model on the weights `fmt` leaves: fp16-rounded ones (fbgemm's fp32 math on them), or
     Q8_0 / Q4_1 blocks decoded by gguf-py (each checked against its float weight); the lm_head on its own copy
-    (Q8_0 under int8/int4, on float inputs). `int8_inputs`: round the layers' inputs as the kernels do."""
-    reference = with_int8_inputs(model) if int8_inputs else copy.deepcopy(model)
+    (Q8_0 under int8/int4, on float inputs). `int8_inputs`: round the decode steps' layer inputs as the engine does."""
+    reference = with_int8_inputs(model, decode_only=True) if int8_inputs else copy.deepcopy(model)
     with torch.no_grad():
         for linear in reference.model.layers.modules():
             if isinstance(linear, torch.nn.Linear):
