@@ -51,6 +51,29 @@ def test_chat_n_top_logprobs_and_cached_tokens(default_server, server_factory):
     assert [c.message.content for c in client.chat.completions.create(**sampled).choices] == first_sample
 
 
+def test_greedy_chat_streamed_and_not_gives_the_same_text(default_server, server_factory):
+    """Batch invariance through the server: the streamed answer, its non-streamed twin (a prefix-cache hit by
+    then) and one sent alongside 7 other requests are the same text (a Chinese prompt, as a user reported)."""
+    import openai
+
+    backend = default_server
+    url = server_factory(backend).url
+    client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
+    kw = dict(model=backend.model_name, messages=[{"role": "user", "content": "请用一句话介绍长城。"}],
+              temperature=0, max_tokens=32)
+    streamed = "".join(chunk.choices[0].delta.content or "" for chunk in client.chat.completions.create(stream=True, **kw)
+                       if chunk.choices)
+    assert streamed and client.chat.completions.create(**kw).choices[0].message.content == streamed
+
+    async def crowd():
+        aclient = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0)
+        others = [dict(kw, messages=[{"role": "user", "content": f"Count to {n}."}], max_tokens=8 + n) for n in range(7)]
+        replies = await asyncio.gather(*(aclient.chat.completions.create(**k) for k in [kw, *others]))
+        return replies[0].choices[0].message.content
+
+    assert asyncio.run(crowd()) == streamed
+
+
 def wait_until_idle(backend, limit_s: float = 60.0) -> dict:
     """The backend's stats once nothing runs or waits (aborts land asynchronously)."""
     deadline = time.monotonic() + limit_s
