@@ -110,7 +110,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="GGUF file or HF dir (default: the smollm2-135m profile's model)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--dtype", default="auto", help="auto: what the resolver picks here (bf16 only where the CPU runs it natively)")
+    ap.add_argument("--dtype", default="auto", help="auto: what the resolver picks here (float32 on every CPU; a pinned bfloat16 or float16 is opt-in)")
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--hf-requests", type=int, default=16, help="requests HF runs at each batch size (0 skips HF)")
     ap.add_argument("--hf-batches", default="1,8,16")
