@@ -1,6 +1,8 @@
 """The Triton paged-decode kernel on a CUDA GPU: achieved HBM bandwidth against the device's measured copy
 bandwidth, and time against torch SDPA on the same K/V gathered contiguous (what a non-paged engine reads).
-7B geometry (32 heads, 8 KV heads, head_dim 128), bf16, block 16. Prints a table and writes JSON.
+7B geometry (32 heads, 8 KV heads, head_dim 128), bf16, block 16. Prints a table and writes JSON; a second
+table times the kernel's knobs (split-K against one program per sequence, partition size, tile, warps, stages)
+against the defaults, so a tuning change is one run.
 
     python3 bench/gpu_kernels.py --out gpu_kernels.json     # on a machine with a CUDA GPU
 """
@@ -61,6 +63,25 @@ def decode_row(batch: int, context: int, peak: float) -> dict:
             "triton_GBps": round(bandwidth / 1e9, 1), "of_copy_bandwidth": round(bandwidth / peak, 3)}
 
 
+# Each variant changes one knob from the defaults (kernels/paged_attention.py).
+VARIANTS = {"default": {}, "single-pass": dict(split_k=False), "partition 128": dict(partition_size=128),
+            "partition 512": dict(partition_size=512), "tile 32": dict(tile=32), "tile 128": dict(tile=128),
+            "warps 8": dict(num_warps=8), "stages 2": dict(num_stages=2), "stages 4": dict(num_stages=4)}
+
+
+def variant_rows(batch: int, context: int, peak: float) -> list[dict]:
+    q, k, v, tables, lens = random_pool(batch=batch, heads=HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM,
+                                        block_size=BLOCK, seq_lens=[context] * batch, device="cuda",
+                                        dtype=torch.bfloat16)  # fmt: skip
+    kv_bytes = 2 * batch * context * KV_HEADS * HEAD_DIM * 2
+    rows = []
+    for name, knobs in VARIANTS.items():
+        ms = cuda_ms(lambda knobs=knobs: paged_attention_decode(q, k, v, tables, lens, HEAD_DIM**-0.5, **knobs))
+        rows.append({"batch": batch, "context": context, "variant": name, "ms": round(ms, 4),
+                     "of_copy_bandwidth": round(kv_bytes / (ms / 1e3) / peak, 3)})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("gpu_kernels.json"))
@@ -75,8 +96,14 @@ def main() -> None:
     for r in rows:
         print(f"| {r['batch']} | {r['context']} | {r['triton_ms']} | {r['sdpa_ms']} | {r['triton_GBps']} | "
               f"{r['of_copy_bandwidth']:.0%} |")
+    variants = [r for b, c in ((1, 4096), (8, 2048), (64, 2048)) for r in variant_rows(b, c, peak)]
+    print("\n| batch | context | variant | ms | of copy bw |")
+    print("|---:|---:|---|---:|---:|")
+    for r in variants:
+        print(f"| {r['batch']} | {r['context']} | {r['variant']} | {r['ms']} | {r['of_copy_bandwidth']:.0%} |")
     args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                    "copy_GBps": round(peak / 1e9, 1), "decode": rows}, indent=2))
+                                    "copy_GBps": round(peak / 1e9, 1), "decode": rows, "variants": variants},
+                                   indent=2))
 
 
 if __name__ == "__main__":
