@@ -54,6 +54,14 @@ def test_cpu_only_default_profile_runs_native_fp32():
     assert plan.memory.seqs_at_full_context == plan.memory.cache_tokens // 8192
 
 
+def test_cpu_attention_reason_says_the_cpp_kernel_takes_every_row_where_it_runs(monkeypatch):
+    monkeypatch.delenv("INFERPLUG_NO_CPU_KERNELS", raising=False)
+    kernel = "inferplug's C++ kernel takes every attention row instead, prefill too"
+    plan = resolve(load_profile("smollm2-135m"), cpu(flags=("avx2", "fma", "f16c")), SMOLLM2)
+    assert plan.attention == "torch" and kernel in plan.reasons[3]
+    assert kernel not in resolve(load_profile("smollm2-135m"), cpu(), SMOLLM2).reasons[3]  # no F16C: torch runs it
+
+
 def test_native_int4_counts_the_float_embedding_and_the_int8_head():
     """quantize_model leaves the embedding float and gives the tied head an int8 copy (tests/quant checks bytes)."""
     facts = dataclasses.replace(SMOLLM2, vocab_size=49152, hidden_size=576, tie_word_embeddings=True)

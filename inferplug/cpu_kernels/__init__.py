@@ -30,8 +30,8 @@ SOURCES = ("dispatch.cpp", "isa_avx2.cpp", "isa_avx512.cpp", "quant_matmul.cpp",
 REQUIRED_FLAGS = frozenset({"avx2", "fma", "f16c"})
 DISABLE_ENV = "INFERPLUG_NO_CPU_KERNELS"  # set to 1 to force the torch paths (comparisons, debugging)
 ISA_ENV = "INFERPLUG_CPU_ISA"  # avx2 or avx512: the kernel set to run instead of the best the CPU has
-ISA_FLAGS = {"avx2": REQUIRED_FLAGS,  # lowest first
-             "avx512": REQUIRED_FLAGS | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"}}
+KERNEL_SETS = {"avx2": REQUIRED_FLAGS,  # each set the kernels build, with the CPU flags it needs, lowest first
+               "avx512": REQUIRED_FLAGS | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"}}
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def supported_isas(hw=None) -> list[str]:
     from inferplug.hardware import probe
 
     flags = (hw or probe()).cpu_flags
-    return [name for name, needed in ISA_FLAGS.items() if needed <= flags]
+    return [name for name, needed in KERNEL_SETS.items() if needed <= flags]
 
 
 def chosen_isa(hw=None) -> str:
@@ -92,10 +92,10 @@ def chosen_isa(hw=None) -> str:
     wanted = os.environ.get(ISA_ENV, "")
     if not wanted:
         return supported[-1]
-    if wanted not in ISA_FLAGS:
-        raise ProfileError(f"{ISA_ENV}={wanted!r} is not a kernel set: use one of {', '.join(ISA_FLAGS)}, or unset it.")
+    if wanted not in KERNEL_SETS:
+        raise ProfileError(f"{ISA_ENV}={wanted!r} is not a kernel set: use one of {', '.join(KERNEL_SETS)}, or unset it.")
     if wanted not in supported:
-        missing = ", ".join(sorted(ISA_FLAGS[wanted] - hw.cpu_flags))
+        missing = ", ".join(sorted(KERNEL_SETS[wanted] - hw.cpu_flags))
         raise ProfileError(f"{ISA_ENV}={wanted} asks for kernels this CPU cannot run (it lacks {missing}): "
                            f"use {supported[-1]}, or unset it.")
     return wanted

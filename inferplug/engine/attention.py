@@ -51,7 +51,7 @@ class DecodeGroup:
 class AttentionContext:
     slot_mapping: torch.Tensor  # [T] flat slot (block * block_size + offset) of each new token
     decode_rows: int = 0  # the first rows are decode tokens, the rest prefill (quant/block_linear.py rounds them apart)
-    decode_groups: list[DecodeGroup] = field(default_factory=list)  # the decode rows, first in the step
+    decode_groups: list[DecodeGroup] = field(default_factory=list)  # the decode rows (C++ kernel: every row)
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 

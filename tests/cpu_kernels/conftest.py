@@ -3,7 +3,7 @@ import pytest
 from inferplug import cpu_kernels
 
 
-@pytest.fixture(scope="session", params=list(cpu_kernels.ISA_FLAGS))
+@pytest.fixture(scope="session", params=list(cpu_kernels.KERNEL_SETS))
 def ops(request, cpu_kernel_ops):
     """torch.ops.inferplug running one kernel set (avx2, avx512) at a time: every kernel test runs on each.
     cpu_kernel_ops skips without AVX2/FMA/F16C and fails with the compiler's error if the kernels do not build."""

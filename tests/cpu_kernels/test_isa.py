@@ -18,7 +18,7 @@ from inferplug.quant.block_linear import Q4Linear, Q8HeadLinear, Q8Linear
 from kernels.paged_attention_ref import random_pool
 
 AVX2_ONLY = Hardware(cpu_flags=frozenset({"avx2", "fma", "f16c"}))
-EVERY_FLAG = Hardware(cpu_flags=frozenset().union(*cpu_kernels.ISA_FLAGS.values()))
+EVERY_FLAG = Hardware(cpu_flags=frozenset().union(*cpu_kernels.KERNEL_SETS.values()))
 
 
 @pytest.fixture
