@@ -10,6 +10,7 @@ from inferplug.backends.base import Backend
 from inferplug.types import Capabilities, Event, Request
 
 if TYPE_CHECKING:
+    from inferplug.backends.bridge import EventChannel
     from inferplug.engine.llm_engine import LLMEngine
     from inferplug.profile import Profile
     from inferplug.resolver import Plan
@@ -78,6 +79,12 @@ class NativeBackend(Backend):
 
     def generate(self, request: Request) -> AsyncIterator[Event]:
         return self.engine.generate(request)
+
+    def submit(self, request: Request, channel: EventChannel) -> None:
+        self.engine.submit(request, channel)  # the step thread feeds the channel: no hop through a loop
+
+    def cancel_now(self, request_id: str) -> None:
+        self.engine.abort_now(request_id)
 
     async def abort(self, request_id: str) -> None:
         await self.engine.abort(request_id)

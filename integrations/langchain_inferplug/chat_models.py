@@ -14,7 +14,7 @@ from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from inferplug.frontend.calls import Result, ResultBuilder, aiter_events, collect
+from inferplug.frontend.calls import Result, ResultBuilder, acollect, aiter_events, collect
 from inferplug.frontend.requests import Prepared, prepare_request
 from inferplug.frontend.tool_calls import parse_tool_calls
 from langchain_inferplug.base import InferPlugFields
@@ -78,7 +78,7 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
         prepared = self._prepare(messages, stop, kwargs)
         for attempt in range(self.max_retries + 1):
-            result = collect(self.backend.stream_sync(prepared.request))
+            result = collect(self.backend.stream_sync(prepared.request, at_end=True))  # one wake-up, not one a token
             if not self._needs_validation(prepared) or validate_json(result.text, prepared, attempt, self.max_retries):
                 break
             prepared = self._prepare(messages, stop, kwargs)  # a fresh request id
@@ -114,10 +114,7 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
                          run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
         prepared = self._prepare(messages, stop, kwargs)
         for attempt in range(self.max_retries + 1):
-            builder = ResultBuilder()
-            async for event in aiter_events(self.backend, prepared.request):
-                builder.add(event)
-            result = builder.build()
+            result = await acollect(self.backend, prepared.request)
             if not self._needs_validation(prepared) or validate_json(result.text, prepared, attempt, self.max_retries):
                 break
             prepared = self._prepare(messages, stop, kwargs)
