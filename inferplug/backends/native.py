@@ -37,6 +37,8 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
         max_num_batched_tokens=plan.max_num_batched_tokens,
         enable_prefix_caching=profile.cache.prefix_caching,
         rag_document_cache=plan.rag_document_cache,  # doc_cache: the profile's [cache] rag_document_cache
+        speculative_method=profile.speculative.method, num_speculative_tokens=profile.speculative.num_tokens,
+        ngram_min=profile.speculative.ngram_min, ngram_max=profile.speculative.ngram_max,
     )
     tokenizer = load_tokenizer(path, profile.model.tokenizer)
     weights = load_weights(path, config.torch_dtype, config.device)

@@ -23,38 +23,42 @@ class ModelRunner:
         # Attention in the C++ kernel (fp32, AVX2): every row of a step in one group, each reading its own length.
         self.decode_kernel = model.kernels is not None and model.head_dim % 8 == 0  # see LlamaModel.kernels
 
-    def run(self, scheduled: list[tuple[Sequence, int]]) -> list[tuple[Sequence, SampleResult]]:
-        """Compute the scheduled tokens; return a sample for each sequence whose tokens are now all computed."""
+    def run(self, scheduled: list[tuple[Sequence, int]]) -> list[tuple[Sequence, list[SampleResult]]]:
+        """Compute the scheduled tokens; return the samples of each sequence whose tokens are now all computed:
+        one, or for a speculating sequence its accepted proposals and one more (engine/spec_decode.py).
+        Verification rows (a decode token and its proposals) follow the decode rows and take their arithmetic
+        (ctx.decode_rows), so a token comes out as plain decoding would compute it."""
         decodes = [(s, n) for s, n in scheduled if n == 1 and s.num_computed_tokens > 0]
         decodes.sort(key=lambda d: -d[0].num_computed_tokens)  # longest first: groups of similar lengths
-        prefills = [(s, n) for s, n in scheduled if not (n == 1 and s.num_computed_tokens > 0)]
+        verifies = [(s, n) for s, n in scheduled if s.spec_token_ids]
+        prefills = [(s, n) for s, n in scheduled if not (n == 1 and s.num_computed_tokens > 0) and not s.spec_token_ids]
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         sample_rows: list[int] = []
         sample_seqs: list[Sequence] = []
-        for seq, n in decodes + prefills:
-            start = seq.num_computed_tokens
-            input_ids += seq.token_ids[start:start + n]
+        for seq, n in decodes + verifies + prefills:
+            start, tokens = seq.num_computed_tokens, seq.token_ids + seq.spec_token_ids
+            input_ids += tokens[start:start + n]
             positions += range(start, start + n)
             slots += [self._slot(seq, p) for p in range(start, start + n)]
-            if start + n == len(seq.token_ids):
-                sample_rows.append(len(input_ids) - 1)
+            if start + n == len(tokens):
+                sample_rows += range(len(input_ids) - 1 - len(seq.spec_token_ids), len(input_ids))
                 sample_seqs.append(seq)
-        ctx = AttentionContext(slot_mapping=self._tensor(slots), decode_rows=len(decodes))
+        ctx = AttentionContext(slot_mapping=self._tensor(slots), decode_rows=len(decodes) + sum(n for _, n in verifies))
         if self.decode_kernel:
-            ctx.decode_groups = [self._kernel_rows(decodes + prefills)]
-        else:
+            ctx.decode_groups = [self._kernel_rows(decodes + verifies + prefills)]
+        else:  # the torch path reads a verification row's context like a prefill chunk's
             ctx.decode_groups = self._decode_groups([s for s, _ in decodes])
             q_start = len(decodes)
-            for seq, n in prefills:
+            for seq, n in verifies + prefills:
                 ctx.prefills.append(self._prefill_chunk(seq, n, q_start))
                 q_start += n
         hidden = self.model.forward(self._tensor(input_ids), self._tensor(positions), ctx, self.kv_caches)
         if not sample_seqs:
             return []
         logits = self.model.compute_logits(hidden[self._tensor(sample_rows)])
-        return list(zip(sample_seqs, self.sampler(logits, sample_seqs)))
+        return list(zip(sample_seqs, self.sampler(logits, sample_seqs, [s.spec_token_ids for s in sample_seqs])))
 
     def _slot(self, seq: Sequence, position: int) -> int:
         return seq.block_table[position // self.block_size] * self.block_size + position % self.block_size
