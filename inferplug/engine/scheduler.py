@@ -111,7 +111,8 @@ class Scheduler:
             budget -= n
         return scheduled
 
-    def update_after_step(self, scheduled: list[tuple[Sequence, int]], accepted: dict[Sequence, int] | None = None) -> None:
+    def update_after_step(self, scheduled: list[tuple[Sequence, int]],
+                          accepted: dict[Sequence, int] | None = None) -> None:
         """The step computed the scheduled tokens: count them, offer full blocks to the prefix cache, and let the
         prefix source keep what it wants and fill the spans that start where a sequence now stands. `accepted`:
         how many of a speculating sequence's proposals the sampler kept; the KV of the rest is dropped (the

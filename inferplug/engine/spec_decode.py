@@ -2,9 +2,10 @@
 
 A decode row with k proposed tokens becomes a (k + 1)-token chunk over its cached prefix: one target
 forward gives logits for every proposed position plus one past them. A greedy row accepts a proposal
-while it equals the target's argmax (so the tokens are exactly plain greedy's); a sampled row accepts proposal d with probability p(d) (prompt lookup's draft distribution is a
-point mass at d) and on a rejection draws from p with d removed, renormalized, which is the target's own
-distribution (Leviathan et al. 2023, with q = one-hot). The first rejection (or the row past the last
+while it equals the target's argmax (so the tokens are exactly plain greedy's); a sampled row accepts
+proposal d with probability p(d) (prompt lookup's draft distribution is a point mass at d) and on a
+rejection draws from p with d removed, renormalized, which is the target's own distribution (Leviathan et
+al. 2023, with q = one-hot). The first rejection (or the row past the last
 proposal) yields one more token, so a step always adds 1 + accepted tokens. The sampler runs the rows
 (engine/sampler.py); each row sees its sequence as if the drafts before it were accepted (`ahead`).
 """
