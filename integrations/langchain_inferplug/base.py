@@ -48,11 +48,6 @@ class InferPlugFields(BaseModel):
         options["stop"] = [*(self.stop or []), *(stop or []), *(kwargs.get("stop_sequences") or [])]
         return options
 
-    def _sampling(self, stop: list[str] | None, kwargs: dict[str, Any]) -> Any:
-        from inferplug.frontend.requests import sampling_params
-
-        return sampling_params(self.profile.sampling.defaults(), **self._options(stop, kwargs))
-
     def format_documents(self, docs: list[Any]) -> str:
         """Use in a chain as `retriever | llm.format_documents`: canonical order, and the documents are
         remembered so their KV is cached and found at document granularity when the prompt comes."""

@@ -15,7 +15,7 @@ from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from inferplug.frontend.calls import Result, ResultBuilder, aiter_events, collect
-from inferplug.frontend.requests import Prepared, prepare_request
+from inferplug.frontend.requests import Prepared, build_request
 from inferplug.frontend.tool_calls import parse_tool_calls
 from langchain_inferplug.base import InferPlugFields
 from langchain_inferplug.messages import to_chat_dicts
@@ -45,8 +45,8 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
 
     # --- requests ------------------------------------------------------------------
     def _prepare(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> Prepared:
-        return prepare_request(
-            self.backend, self._sampling(stop, kwargs), messages=to_chat_dicts(messages),
+        return build_request(
+            self.backend, options=self._options(stop, kwargs), messages=to_chat_dicts(messages),
             tools=kwargs.get("tools"), tool_choice=kwargs.get("tool_choice"),
             documents=kwargs.get("documents"), memory=self.document_memory,
         )

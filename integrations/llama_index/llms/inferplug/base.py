@@ -24,7 +24,7 @@ from llama_index.core.llms.llm import ToolSelection
 
 from inferplug.frontend.binding import bind_profile, usage_counts
 from inferplug.frontend.calls import Result, ResultBuilder, aiter_events, collect
-from inferplug.frontend.requests import Prepared, prepare_request, sampling_params
+from inferplug.frontend.requests import Prepared, build_request
 from inferplug.frontend.tool_calls import parse_tool_calls
 from inferplug.rag.layout import DocumentMemory
 from llama_index.llms.inferplug.messages import to_chat_dicts
@@ -72,11 +72,9 @@ class InferPlug(FunctionCallingLLM):
 
     # --- requests ------------------------------------------------------------------
     def _prepare(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> Prepared:
-        params = sampling_params(self.profile.sampling.defaults(), **self.additional_kwargs,
-                                 temperature=self.temperature,
-                                 max_tokens=kwargs.get("max_tokens", self.max_tokens), stop=kwargs.get("stop"),
-                                 json_schema=kwargs.get("json_schema"))
-        return prepare_request(self.backend, params, messages=to_chat_dicts(list(messages)),
+        options = {**self.additional_kwargs, "temperature": self.temperature, "stop": kwargs.get("stop"),
+                   "max_tokens": kwargs.get("max_tokens", self.max_tokens), "json_schema": kwargs.get("json_schema")}
+        return build_request(self.backend, options=options, messages=to_chat_dicts(list(messages)),
                                tools=kwargs.get("tools"), tool_choice=kwargs.get("tool_choice"),
                                documents=kwargs.get("documents"), memory=self._memory)
 
