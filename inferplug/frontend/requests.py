@@ -70,14 +70,15 @@ def build_request(
     options: dict[str, Any] | None = None,
     tools: list[dict[str, Any]] | None = None,
     tool_choice: Any = None,
-    parallel_tool_calls: bool | None = None,
+    parallel_tool_calls: bool = False,
     response_format: dict[str, Any] | None = None,
     documents: list[Any] | None = None,
     memory: DocumentMemory | None = None,
 ) -> Prepared:
     """A Request for `backend`: sampling `options` (None values: the profile's default; `stop` is merged)
     over the profile's [sampling], tool constraints, the response format's schema, and document cache hints
-    for the `documents` given or those `memory` finds in the prompt."""
+    for the `documents` given or those `memory` finds in the prompt. `parallel_tool_calls` is OpenAI's: the
+    server passes the client's (default true); the integrations constrain to one call, as before."""
     options = dict(options or {})
     schema = response_schema(response_format)
     if schema is not None:
@@ -85,8 +86,9 @@ def build_request(
             raise RequestError("give the JSON schema once: response_format or json_schema", param="response_format")
         options["json_schema"] = schema
     params = sampling_params(backend.profile.sampling.defaults(), **options)
-    parallel = parallel_tool_calls is not False
     offered, required = select_tools(tools or [], tool_choice)
+    # a named function is one call (as in vLLM); "required" with parallel calls is a non-empty array of them
+    parallel = parallel_tool_calls and tool_choice in (None, "auto", "any", "required", True)
     if required:
         if params.json_schema is not None:
             raise RequestError("a required tool call and a JSON response format cannot be combined; "
