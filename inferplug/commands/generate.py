@@ -22,6 +22,7 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float)
     p.add_argument("--top-k", type=int)
     p.add_argument("--seed", type=int)
+    p.add_argument("--stop", action="append", help="a stop string (repeat for several; added to the profile's)")
     p.add_argument("--stats", action="store_true", help="print tokens, TTFT and tok/s to stderr at the end")
 
 
@@ -29,7 +30,7 @@ def build_request(backend: Any, args: argparse.Namespace, **prompt: Any) -> Any:
     """The request for `prompt` (prompt= or messages=): the command-line options over the profile's defaults."""
     from inferplug.frontend.requests import build_request as build
 
-    options = {name: getattr(args, name) for name in ("max_tokens", "temperature", "top_p", "top_k", "seed")}
+    options = {name: getattr(args, name) for name in ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")}
     return build(backend, options=options, **prompt).request
 
 
