@@ -161,7 +161,8 @@ def test_1000_requests_64_clients_cancels_bad_input_and_preemption_lose_nothing(
     p99 = ttft[int(0.99 * (len(ttft) - 1))]
     print(f"\nsoak: {REQUESTS} requests in {outcome['seconds']:.1f} s = {REQUESTS / outcome['seconds']:.1f} req/s; "
           f"{outcome['good']} good, {outcome['left']} left, {outcome['bad']} bad; p99 TTFT (streamed) {p99:.3f} s; "
-          f"{stats['preemptions'] - preemptions_before} preemptions; kv_blocks_used after {stats['kv_blocks_used']}")
+          f"{stats['preemptions'] - preemptions_before} preemptions; kv_blocks_used after {stats['kv_blocks_used']} "
+          f"of {stats['kv_blocks_total']}")
     assert outcome["good"] + outcome["left"] + outcome["bad"] == REQUESTS
     assert stats["preemptions"] > preemptions_before  # the pool was small enough to matter
     assert stats["kv_blocks_used"] == 0
