@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from inferplug.errors import GenerationError, RequestError
 from inferplug.rag.layout import DocumentMemory, format_documents
+from langchain_inferplug.structured import CONSTRAINED_REPETITION_PENALTY
 
 
 class InferPlugFields(BaseModel):
@@ -86,8 +87,10 @@ class InferPlugFields(BaseModel):
                                                kwargs.get("top_logprobs", self.top_logprobs))
         options["stop"] = [*(self.stop or []), *(stop or []), *(kwargs.get("stop_sequences") or [])]
         schema = _response_format_schema(kwargs.get("response_format"))
-        if schema is not None:
+        if schema is not None:  # as with_structured_output binds it: the same constrained decoding
             options["json_schema"] = schema
+            if options["repetition_penalty"] is None:
+                options["repetition_penalty"] = CONSTRAINED_REPETITION_PENALTY
         return options
 
     def _sampling(self, stop: list[str] | None, kwargs: dict[str, Any]) -> Any:
