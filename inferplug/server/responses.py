@@ -25,6 +25,10 @@ def usage_json(usage: Usage) -> dict[str, Any]:
     }
 
 
+def _reasoning(text: str) -> dict[str, str]:
+    return {"reasoning_content": text} if text else {}
+
+
 def _token_bytes(text: str) -> list[int]:
     return list(text.encode("utf-8"))
 
@@ -53,6 +57,7 @@ def completion_logprobs(entries: list[TokenLogprob], text_offset: int) -> dict[s
 @dataclass
 class ChoiceState:
     text: str = ""
+    reasoning: str = ""  # a reasoning model's think text: `reasoning_content`, as vLLM's reasoning parsers send it
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: str | int | None = None
@@ -77,6 +82,7 @@ class ResponseBuilder:
     def add(self, event: Event) -> ChoiceState:
         choice = self.choices[event.index]
         choice.text += event.text
+        choice.reasoning += event.reasoning
         choice.logprobs.extend(event.logprobs or [])
         if event.finish_reason is not None:
             self.aborted |= event.finish_reason == "abort"
@@ -104,6 +110,7 @@ class ResponseBuilder:
                 calls = c.tool_text.finish()[1]
             message = ({"role": "assistant", "content": None, "tool_calls": tool_calls_json(calls, False)} if calls
                        else {"role": "assistant", "content": c.text})
+            message.update(_reasoning(c.reasoning))
             return {"index": index, "message": message, "logprobs": logprobs,
                     "finish_reason": _finish_with_calls(c.finish_reason, bool(calls)), "stop_reason": c.stop_reason}
         logprobs = completion_logprobs(c.logprobs, 0) if self.want_logprobs else None
@@ -118,12 +125,12 @@ class ResponseBuilder:
         first = not choice.started
         self.add(event)
         choice.started = True
-        if not (event.text or event.finish_reason or first or (self.want_logprobs and event.logprobs)):
+        if not (event.text or event.reasoning or event.finish_reason or first or (self.want_logprobs and event.logprobs)):
             return None
         finish = choice.finish_reason if event.finish_reason else None
         if self.kind == "chat":
-            delta = self._chat_delta(choice, event.text, finish is not None)
-            if not (delta["content"] or finish or first or (self.want_logprobs and event.logprobs)):
+            delta = self._chat_delta(choice, event.text, finish is not None) | _reasoning(event.reasoning)
+            if not (delta["content"] or event.reasoning or finish or first or (self.want_logprobs and event.logprobs)):
                 return None  # text held back: it may be a tool call
             finish = _finish_with_calls(finish, "tool_calls" in delta)
             if first:
