@@ -59,7 +59,7 @@ class Prepared:
     request: Request
     tools: list[dict[str, Any]]  # the tools the model may call (to parse its answer against)
     tool_required: bool
-    parallel_tool_calls: bool = True  # False: keep only the first call parsed from the answer
+    parallel_tool_calls: bool = False  # False: the server keeps only the first call parsed from the answer
 
 
 def build_request(
