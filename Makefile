@@ -3,7 +3,8 @@
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.inferplug-installed
-# torch goes in first and pinned: then nothing later resolves a multi-GB CUDA build. Where the package
+# torch goes in first and pinned, and the pin constrains the package install too: then nothing later resolves
+# a multi-GB CUDA build (pyproject does not cap torch, so that a CUDA machine keeps its own). Where the package
 # index serves only CUDA wheels, add: PIP_TORCH_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 TORCH := torch==2.13.0
 PIP_TORCH_ARGS ?=
@@ -18,7 +19,8 @@ $(VENV)/bin/python:
 # Re-run when pyproject.toml changes; otherwise the stamp makes setup a no-op.
 $(STAMP): pyproject.toml | $(VENV)/bin/python
 	$(VENV)/bin/pip install $(PIP_TORCH_ARGS) $(TORCH)
-	$(VENV)/bin/pip install -e ".[all,test]"
+	echo "$(TORCH)" > $(VENV)/torch-pin.txt
+	$(VENV)/bin/pip install -c $(VENV)/torch-pin.txt -e ".[all,test]"
 	touch $(STAMP)
 
 demo: $(STAMP)

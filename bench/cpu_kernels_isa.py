@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from inferplug import cpu_kernels
+from inferplug.kernels import cpu as cpu_kernels
 from inferplug.quant.block_linear import Q4Linear, Q8HeadLinear, Q8Linear
-from kernels.paged_attention_ref import random_pool
+from inferplug.kernels.paged_attention_ref import random_pool
 from quant_linear import HEAD_SHAPE, LAYER_SHAPES, LAYERS
 
 

@@ -64,7 +64,7 @@ def single_stream(engine, prompt: list[int], n: int = 128) -> float:
 
 def single_stream_by_isa(engine, prompt: list[int], n: int, isas: list[str], rounds: int) -> dict[str, float]:
     """Median one-stream tok/s per CPU kernel set, the sets taking turns in every round (same engine, same prompt)."""
-    from inferplug import cpu_kernels
+    from inferplug.kernels import cpu as cpu_kernels
 
     runs: dict[str, list[float]] = {isa: [] for isa in isas}
     for r in range(rounds):

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from kernels.paged_attention import paged_attention_decode  # noqa: E402
-from kernels.paged_attention_ref import random_pool  # noqa: E402
+from inferplug.kernels.paged_attention import paged_attention_decode  # noqa: E402
+from inferplug.kernels.paged_attention_ref import random_pool  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
 
@@ -63,7 +63,7 @@ def decode_row(batch: int, context: int, peak: float) -> dict:
             "triton_GBps": round(bandwidth / 1e9, 1), "of_copy_bandwidth": round(bandwidth / peak, 3)}
 
 
-# Each variant changes one knob from the defaults (kernels/paged_attention.py).
+# Each variant changes one knob from the defaults (inferplug/kernels/paged_attention.py).
 VARIANTS = {"default": {}, "single-pass": dict(split_k=False), "partition 128": dict(partition_size=128),
             "partition 512": dict(partition_size=512), "tile 32": dict(tile=32), "tile 128": dict(tile=128),
             "warps 8": dict(num_warps=8), "stages 2": dict(num_stages=2), "stages 4": dict(num_stages=4)}

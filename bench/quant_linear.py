@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from inferplug import cpu_kernels
+from inferplug.kernels import cpu as cpu_kernels
 from inferplug.quant.block_linear import Q4Linear, Q8HeadLinear, Q8Linear
 from inferplug.quant.linear import Fp16Linear, Int4Linear, Int8Linear
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from inferplug import cpu_kernels
+from inferplug.kernels import cpu as cpu_kernels
 from inferplug.errors import InferPlugError
 from inferplug.hardware import Hardware, probe
 from inferplug.memory_plan import gib

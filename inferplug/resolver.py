@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inferplug import cpu_kernels, ct2_compute
+from inferplug import ct2_compute
+from inferplug.kernels import cpu as cpu_kernels
 from inferplug.errors import ResolveError
 from inferplug.hardware import GPU, Hardware
 from inferplug.memory_plan import (

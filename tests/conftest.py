@@ -99,7 +99,7 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
 def cpu_kernel_ops():
     """torch.ops.inferplug with the C++ CPU kernels. Skipped only where this host cannot run them (no
     AVX2/FMA/F16C, not x86, or disabled by env); where it can, a failed build fails with the compiler's error."""
-    from inferplug import cpu_kernels
+    from inferplug.kernels import cpu as cpu_kernels
 
     reason = cpu_kernels.unavailable_reason()
     if reason:

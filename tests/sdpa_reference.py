@@ -1,4 +1,4 @@
-"""A decode-attention reference that shares no code with kernels/paged_attention_ref.py: each sequence's K/V
+"""A decode-attention reference that shares no code with inferplug/kernels/paged_attention_ref.py: each sequence's K/V
 gathered token by token (block = slot // block_size, offset = slot % block_size), padded to the longest,
 and torch's scaled_dot_product_attention with a length mask and its own GQA head mapping (enable_gqa)."""
 

@@ -95,7 +95,8 @@ class LocalRequest:
         ids = prompt_token_ids(backend, request)
         limit = max_new_tokens(params, len(ids), backend.context_length)
         eos = {t for t in eos_ids if t is not None}
-        output = RequestOutput.create(request.request_id, backend.tokenizer, ids, params, eos, limit)
+        output = RequestOutput.create(request.request_id, backend.tokenizer, ids, params, eos, limit,
+                                      backend.reasoning_parser)
         return cls(ids, limit, eos | set(params.stop_token_ids), output)
 
     @property

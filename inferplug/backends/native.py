@@ -59,6 +59,7 @@ class NativeBackend(Backend):
 
         super().__init__(profile, plan)
         self.engine = AsyncEngine(build_engine(profile, plan))
+        self.engine.engine.reasoning_parser = self.reasoning_parser  # the output stage splits think text
 
     @property
     def capabilities(self) -> Capabilities:

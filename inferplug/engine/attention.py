@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from inferplug import cpu_kernels
+from inferplug.kernels import cpu as cpu_kernels
 
 
 @dataclass
@@ -35,7 +35,7 @@ class PrefillChunk:
 class DecodeGroup:
     """Query rows [start, end) that attend through block tables. The torch path groups decode rows of similar
     context lengths: one gather and two batched matmuls, padded to the group's longest (grouping keeps short
-    sequences from reading the longest one's width). The C++ kernel (cpu_kernels/paged_decode.cpp) takes every
+    sequences from reading the longest one's width). The C++ kernel (kernels/cpu/paged_decode.cpp) takes every
     row of the step, prefill rows too, in one group: it reads K/V in place, exactly each row's `lengths`, so it
     needs neither the gather nor the padding, and each row's arithmetic is the same whatever shares the step."""
 

@@ -31,6 +31,7 @@ class LLMEngine:
         self.config = config = config or EngineConfig()
         self.model_config, self.tokenizer = model_config, tokenizer
         self.render_chat = render_chat
+        self.reasoning_parser: str | None = None  # frontend/reasoning.py's parser for think text; the backend sets it
         limit = min(model_config.max_position_embeddings, config.num_kv_blocks * config.block_size)
         if model_config.sliding_window:  # we attend to the full context, which is exact only inside the window
             limit = min(limit, model_config.sliding_window)
@@ -73,7 +74,7 @@ class LLMEngine:
             prompt_ids, text = self.encode(request)
         validate_prompt(prompt_ids, request.params, self.model_config.vocab_size, self.max_model_len)
         state = RequestState.create(request, prompt_ids, self.max_model_len, self.tokenizer, self.config.device,
-                                    self.eos_token_ids)
+                                    self.eos_token_ids, self.reasoning_parser)
         first, *rest = state.seqs
         if self.doc_cache is not None:  # map the request's document spans to token segments
             self.doc_cache.plan(first, text, request.documents)

@@ -1,7 +1,8 @@
 """The output stage: sampled token ids in, Events out, the same for our engine and the local backends.
 
-A ChoiceOutput turns one choice's tokens into text (incremental detokenizing), ends the choice on a
-stop token id, EOS, a stop string, the end of its grammar or its length, and formats logprobs. A
+A ChoiceOutput turns one choice's tokens into text (incremental detokenizing; a reasoning model's
+think part moved to Event.reasoning), ends the choice on a stop token id, EOS, a stop string, the
+end of its grammar or its length, and formats logprobs. A
 RequestOutput holds a request's choices and puts usage and timings on its last event.
 Engines hand over raw token ids only; nothing here touches KV blocks or token counts.
 """
@@ -21,8 +22,11 @@ class ChoiceOutput:
     """One choice: `eos_ids` end it unless ignore_eos; stop_token_ids always do (after min_tokens)."""
 
     def __init__(self, request_id: str, index: int, tokenizer: Any, prompt_ids: list[int], params: SamplingParams,
-                 eos_ids: Collection[int], max_tokens: int):
+                 eos_ids: Collection[int], max_tokens: int, reasoning_parser: str | None = None):
+        from inferplug.frontend.reasoning import ReasoningSplitter
+
         self.request_id, self.index, self.tokenizer = request_id, index, tokenizer
+        self.reasoning = ReasoningSplitter(reasoning_parser) if reasoning_parser else None
         self.params, self.eos_ids, self.max_tokens = params, eos_ids, max_tokens
         self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids, params.stop, params.include_stop_str_in_output)
         self.num_tokens = 0
@@ -54,8 +58,7 @@ class ChoiceOutput:
                 reason = "length"
         if reason is not None:
             return self._finish(event, reason, stop)
-        event.text = self.detokenizer.delta(final=False)
-        return event
+        return self._text(event, final=False)
 
     def finish(self, reason: FinishReason, error: str | None = None) -> Event:
         """The closing event when the engine ends the choice itself (abort, error, its own length limit)."""
@@ -75,7 +78,13 @@ class ChoiceOutput:
         self.finish_reason, self.stop_reason = reason, stop_reason
         self.finished_time = time.perf_counter()
         event.finish_reason, event.stop_reason = reason, stop_reason
-        event.text = self.detokenizer.delta(final=True)
+        return self._text(event, final=True)
+
+    def _text(self, event: Event, final: bool) -> Event:
+        """The detokenizer's new text on the event, a reasoning model's think part moved to `reasoning`."""
+        event.text = self.detokenizer.delta(final=final)
+        if self.reasoning is not None:
+            event.text, event.reasoning = self.reasoning.feed(event.text, final=final)
         return event
 
 
@@ -89,8 +98,8 @@ class RequestOutput:
 
     @classmethod
     def create(cls, request_id: str, tokenizer: Any, prompt_ids: list[int], params: SamplingParams,
-               eos_ids: Collection[int], max_tokens: int) -> RequestOutput:
-        return cls([ChoiceOutput(request_id, i, tokenizer, prompt_ids, params, eos_ids, max_tokens)
+               eos_ids: Collection[int], max_tokens: int, reasoning_parser: str | None = None) -> RequestOutput:
+        return cls([ChoiceOutput(request_id, i, tokenizer, prompt_ids, params, eos_ids, max_tokens, reasoning_parser)
                     for i in range(params.n)], len(prompt_ids))
 
     @property

@@ -50,13 +50,14 @@ class RequestState:
 
     @classmethod
     def create(cls, request: Request, prompt_ids: list[int], max_model_len: int, tokenizer: Any,
-               device: str = "cpu", eos_ids: Collection[int] = ()) -> RequestState:
+               device: str = "cpu", eos_ids: Collection[int] = (), reasoning_parser: str | None = None) -> RequestState:
         import torch
 
         p = request.params
         room = max_model_len - len(prompt_ids)
         max_tokens = min(p.max_tokens or room, room)
-        output = RequestOutput.create(request.request_id, tokenizer, prompt_ids, p, eos_ids, max_tokens)
+        output = RequestOutput.create(request.request_id, tokenizer, prompt_ids, p, eos_ids, max_tokens,
+                                      reasoning_parser)
         seqs = []
         for index in range(p.n):
             generator = None

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from inferplug import cpu_kernels
+from inferplug.kernels import cpu as cpu_kernels
 from inferplug.engine.attention import AttentionContext, paged_attention, write_kv
 from inferplug.models.config import ModelConfig
 from inferplug.quant.block_linear import KERNEL_MAX_ROWS, BlockLinear

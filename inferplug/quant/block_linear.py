@@ -1,11 +1,11 @@
 """int4 / int8 weights in GGUF's Q4_1 / Q8_0 blocks, run by inferplug's own CPU kernels
-(cpu_kernels/quant_matmul.cpp; AVX2, or AVX-512 + VNNI).
+(kernels/cpu/quant_matmul.cpp; AVX2, or AVX-512 + VNNI).
 
 A block covers 32 inputs of one output row: Q4_1 is [fp16 scale, fp16 min, 16 bytes of nibbles]
 (w = q * scale + min, q in 0..15), Q8_0 is [fp16 scale, 32 int8] (w = q * scale). A row stores its
 blocks field by field (all scales, all mins, all quants), so the kernels convert 8 scales at once, and
 the layers' quants by runs of 16 blocks with their 4-byte words interleaved (word 0 of each block, then
-word 1, ...), so each block's integer dot product lands in its own vector lane (cpu_kernels/kernels.h).
+word 1, ...), so each block's integer dot product lands in its own vector lane (kernels/cpu/kernels.h).
 The layers' kernels quantize the activations to int8 per block and multiply-add bytes, as llama.cpp
 does (the head's keeps them float): at one row a step they stream 5 or 8.5 bits a weight instead of
 fbgemm's 16. Re-quantizing a GGUF Q4_1 / Q8_0 model's dequantized weights gives back its blocks bit

@@ -127,7 +127,7 @@ def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None, decode_row
 
 def layer_class(fmt: str, device: str) -> type[WeightOnlyLinear]:
     """The layer that runs `fmt` on `device`: int4 and int8 on an AVX2 CPU run inferplug's own kernels."""
-    from inferplug import cpu_kernels
+    from inferplug.kernels import cpu as cpu_kernels
 
     if fmt in BLOCK_LINEARS and device == "cpu" and cpu_kernels.ops() is not None:
         return BLOCK_LINEARS[fmt]
@@ -161,7 +161,7 @@ def head_layer(weight: torch.Tensor, fmt: str, bias: torch.Tensor | None = None)
     """The lm_head under `fmt` layers, in formats.head_format. Where the CPU kernels run, an int8 head is Q8_0
     blocks on float activations, and so is an fp16 one whose weight Q8_0 holds exactly (a GGUF's Q8_0
     embedding): half the bytes, no rounding."""
-    from inferplug import cpu_kernels
+    from inferplug.kernels import cpu as cpu_kernels
 
     device = weight.device.type
     fmt = head_format(fmt, device)

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.paged_attention_ref import paged_attention_decode_ref, random_pool
+from inferplug.kernels.paged_attention_ref import paged_attention_decode_ref, random_pool
 from sdpa_reference import sdpa_decode
 
-from kernels.paged_attention import paged_attention_decode  # imports triton; conftest set the interpreter first
+from inferplug.kernels.paged_attention import paged_attention_decode  # imports triton; conftest set the interpreter first
 
 
 @pytest.mark.parametrize(

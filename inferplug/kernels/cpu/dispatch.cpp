@@ -1,5 +1,5 @@
 // Which instruction set's kernel table (kernels.h) the ops call: the best the CPU has, unless set_isa
-// names another (cpu_kernels/__init__.py passes INFERPLUG_CPU_ISA; the tests and benches switch sets to
+// names another (kernels/cpu/__init__.py passes INFERPLUG_CPU_ISA; the tests and benches switch sets to
 // compare them). Switch between calls, not during one.
 #include <torch/library.h>
 

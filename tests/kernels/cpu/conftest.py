@@ -1,6 +1,6 @@
 import pytest
 
-from inferplug import cpu_kernels
+from inferplug.kernels import cpu as cpu_kernels
 
 
 @pytest.fixture(scope="session", params=list(cpu_kernels.KERNEL_SETS))

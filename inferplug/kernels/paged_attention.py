@@ -1,7 +1,7 @@
 """Triton paged-attention decode: one query per sequence, K/V read through block tables.
 
 Pool layout as the engine allocates it (inferplug/models/llama.py allocate_kv_cache):
-[kv_heads, num_blocks, block_size, head_dim]. Reference: kernels/paged_attention_ref.py. Tests run it under
+[kv_heads, num_blocks, block_size, head_dim]. Reference: inferplug/kernels/paged_attention_ref.py. Tests run it under
 TRITON_INTERPRET=1 on the CPU.
 
 Design (flash-decoding over a paged pool):

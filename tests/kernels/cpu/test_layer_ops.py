@@ -1,4 +1,4 @@
-"""The fused layer ops (cpu_kernels/layer_ops.cpp) against the torch path they replace in models/llama.py."""
+"""The fused layer ops (kernels/cpu/layer_ops.cpp) against the torch path they replace in models/llama.py."""
 
 from __future__ import annotations
 

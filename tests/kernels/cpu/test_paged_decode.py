@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from inferplug.engine.attention import DecodeGroup, _decode
-from kernels.paged_attention_ref import paged_attention_decode_ref, random_pool
+from inferplug.kernels.paged_attention_ref import paged_attention_decode_ref, random_pool
 
 
 def kernel_decode(q, k_cache, v_cache, tables, lens, scale):

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from inferplug import cpu_kernels
+from inferplug.kernels import cpu as cpu_kernels
 from inferplug.errors import ProfileError
 from inferplug.hardware import Hardware
 from inferplug.quant.block_linear import Q4Linear, Q8HeadLinear, Q8Linear
-from kernels.paged_attention_ref import random_pool
+from inferplug.kernels.paged_attention_ref import random_pool
 
 AVX2_ONLY = Hardware(cpu_flags=frozenset({"avx2", "fma", "f16c"}))
 EVERY_FLAG = Hardware(cpu_flags=frozenset().union(*cpu_kernels.KERNEL_SETS.values()))

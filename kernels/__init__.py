@@ -1,1 +1,0 @@
-"""Triton kernels, each with a pure-torch reference beside it (imported only where a kernel runs)."""
