@@ -12,7 +12,7 @@ proposal) yields one more token, so a step always adds 1 + accepted tokens. The 
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 
 import numpy as np
 import torch
@@ -92,7 +92,5 @@ def greedy_accept(targets: list[int], drafts: list[int]) -> list[int]:
 
 
 def ahead(seq: Sequence, drafts: list[int]) -> Sequence:
-    """seq as it would be with the drafts appended (a shallow copy; seq itself is not touched)."""
-    view = copy.copy(seq)
-    view.token_ids = seq.token_ids + drafts
-    return view
+    """seq as it would be with the drafts appended (a new, shallow copy; seq itself is not touched)."""
+    return dataclasses.replace(seq, token_ids=seq.token_ids + drafts)
