@@ -76,3 +76,32 @@ def test_response_format_is_forwarded_as_given(remote_chat):
     answer = model.invoke(ASK[0]["content"], response_format=fmt)
     assert app.state.bodies[-1]["response_format"] == fmt and "tools" not in app.state.bodies[-1]
     assert json.loads(answer.content)["city"] in ("Paris", "Rome")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_serve_on_a_remote_profile_relays_the_remotes_tool_calls(native, server_factory, stream):
+    """`inferplug serve` on an openai profile: the remote's tool calls reach the client as tool_calls, ids kept."""
+    from inferplug.backends.registry import close_backend, get_backend
+    from inferplug.profile import OpenAIOptions, Profile
+
+    app = flaky_proxy(server_factory(native).url, failures=[])
+    profile = Profile(name="remote-tiny", backend="openai", openai=OpenAIOptions(base_url=server_factory(app).url))
+    client = server_factory(get_backend(profile)).client()
+    try:
+        kw = dict(model="tiny", messages=ASK, temperature=0, max_tokens=120, tools=[WEATHER], tool_choice="required",
+                  parallel_tool_calls=False)  # the random tiny model may never close an array of calls
+        if stream:
+            chunks = list(client.chat.completions.create(stream=True, **kw))
+            pieces = [c for chunk in chunks for choice in chunk.choices for c in choice.delta.tool_calls or []]
+            ids = {p.id for p in pieces if p.id}
+            name = "".join(p.function.name or "" for p in pieces)
+            arguments = "".join(p.function.arguments or "" for p in pieces)
+            finish = [choice.finish_reason for chunk in chunks for choice in chunk.choices if choice.finish_reason]
+        else:
+            [choice] = client.chat.completions.create(**kw).choices
+            [call] = choice.message.tool_calls
+            ids, name, arguments, finish = {call.id}, call.function.name, call.function.arguments, [choice.finish_reason]
+    finally:
+        close_backend(profile)
+    assert name == "weather" and finish == ["tool_calls"] and ids and ids <= relayed_ids(app)
+    check_arguments(WEATHER, arguments)
