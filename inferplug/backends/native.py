@@ -36,6 +36,7 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
         max_num_batched_tokens=plan.max_num_batched_tokens,
         enable_prefix_caching=profile.cache.prefix_caching,
         rag_document_cache=plan.rag_document_cache,  # doc_cache: the profile's [cache] rag_document_cache
+        attention=plan.attention, kv_dtype=plan.kv_dtype,
     )
     tokenizer = load_tokenizer(path, profile.model.tokenizer)
     weights = load_weights(path, config.torch_dtype, config.device)

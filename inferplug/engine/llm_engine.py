@@ -45,7 +45,8 @@ class LLMEngine:
         self.eos_token_ids = set(model_config.eos_token_ids)
         if not self.eos_token_ids and getattr(tokenizer, "eos_token_id", None) is not None:
             self.eos_token_ids = {tokenizer.eos_token_id}
-        model = LlamaModel(model_config, state_dict, dtype=config.torch_dtype, device=config.device)
+        model = LlamaModel(model_config, state_dict, dtype=config.torch_dtype, device=config.device,
+                           attention=config.attention, kv_dtype=config.torch_kv_dtype)
         self.blocks = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.blocks, max_num_seqs=config.max_num_seqs,
