@@ -68,14 +68,14 @@ def _paged_decode_kernel(
         blocks = tl.load(table + tokens // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
         offsets = kv_base + blocks[:, None] * stride_cb + (tokens % BLOCK_SIZE)[:, None] * stride_cs + dims[None, :]
         mask = valid[:, None] & dim_ok[None, :]
-        k = tl.load(k_ptr + offsets, mask=mask, other=0.0)
+        k = tl.load(k_ptr + offsets, mask=mask, other=0.0).to(q.dtype)  # fp8 pools: read back upcast
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [GROUP_PAD, TILE]
         scores = tl.where(valid[None, :], scores, float("-inf"))
         new_max = tl.maximum(running_max, tl.max(scores, axis=1))  # finite: every tile has a valid token
         correction = tl.exp2(running_max - new_max)
         probs = tl.exp2(scores - new_max[:, None])
-        v = tl.load(v_ptr + offsets, mask=mask, other=0.0)
-        acc = acc * correction[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=PRECISION)
+        v = tl.load(v_ptr + offsets, mask=mask, other=0.0).to(q.dtype)
+        acc = acc * correction[:, None] + tl.dot(probs.to(q.dtype), v, input_precision=PRECISION)
         running_sum = running_sum * correction + tl.sum(probs, axis=1)
         running_max = new_max
 
