@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from inferplug.kernels.attention_tile import attend_tile
+
 BLOCK_M, BLOCK_N = 64, 64
 NUM_WARPS, NUM_STAGES = 4, 2
 _LOG2E = 1.4426950408889634
@@ -55,21 +57,11 @@ def _prefill_kernel(
     for key_start in range(0, end, BLOCK_N):
         keys = key_start + slots
         key_ok = keys < end
-        blocks = tl.load(table + keys // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
-        offsets = kv_base + blocks[:, None] * stride_cb + (keys % BLOCK_SIZE)[:, None] * stride_cs + dims[None, :]
-        kv_mask = key_ok[:, None] & dim_ok[None, :]
-        k = tl.load(k_ptr + offsets, mask=kv_mask, other=0.0).to(q.dtype)  # fp8 pools: read back upcast
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
-        visible = key_ok[None, :] & (keys[None, :] <= positions[:, None])
-        scores = tl.where(visible, scores, float("-inf"))
-        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
-        new_max = tl.where(new_max == float("-inf"), 0.0, new_max)  # pad rows see nothing: keep them finite
-        correction = tl.exp2(running_max - new_max)
-        probs = tl.exp2(scores - new_max[:, None])
-        v = tl.load(v_ptr + offsets, mask=kv_mask, other=0.0).to(q.dtype)
-        acc = acc * correction[:, None] + tl.dot(probs.to(q.dtype), v, input_precision=PRECISION)
-        running_sum = running_sum * correction + tl.sum(probs, axis=1)
-        running_max = new_max
+        visible = key_ok[None, :] & (keys[None, :] <= positions[:, None])  # causal
+        running_max, running_sum, acc = attend_tile(
+            q, k_ptr, v_ptr, table, kv_base, keys, key_ok, visible, dims, dim_ok, stride_cb, stride_cs, qk_scale,
+            running_max, running_sum, acc, BLOCK_SIZE, PRECISION,
+        )  # fmt: skip
 
     out = acc / tl.where(row_ok, running_sum, 1.0)[:, None]
     o_rows = (first + rows).to(tl.int64)
