@@ -1,12 +1,7 @@
-"""Without a GPU, Triton kernels run in its interpreter (must be set before triton is imported)."""
-
-import os
+"""Kernel test fixtures (tests/conftest.py puts Triton in its interpreter where there is no GPU)."""
 
 import pytest
 import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture
