@@ -171,11 +171,8 @@ class Event:
 
 @dataclass
 class Capabilities:
-    streaming: bool = True
-    logprobs: bool = False
-    n: bool = False
-    tools: bool = False
-    json_schema: bool = False
-    prefix_cache: bool = False
-    rag_cache: bool = False
-    devices: tuple[str, ...] = ("cpu",)
+    """What a front end must know to shape a request for a backend; each field has a reader (the server's n
+    fan-out, the LangChain structured-output fallback). Every backend streams, logprobs and tools alike."""
+
+    n: bool = False  # n > 1 samples in one request; else the server fans out n requests
+    json_schema: bool = False  # constrained decoding to a JSON schema; else LangChain parses free text
