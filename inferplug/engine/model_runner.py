@@ -12,12 +12,18 @@ from inferplug.engine.sequence import Sequence
 
 
 class ModelRunner:
-    def __init__(self, model, *, num_blocks: int, block_size: int, sampler: Sampler):
+    def __init__(self, model, *, num_blocks: int, block_size: int, sampler: Sampler, max_num_seqs: int = 0,
+                 max_model_len: int = 0):
+        """max_num_seqs and max_model_len size the decode CUDA graphs (0: none), where the ops set offers them."""
         self.model = model
         self.block_size = block_size
         self.kv_caches = model.allocate_kv_cache(num_blocks, block_size)
         self.sampler = sampler
         self.device = model.device
+        self.graphs = None
+        # Captured at the first decode step, not here: weights are quantized after the engine is built.
+        self._graph_sizes = dict(max_num_seqs=max_num_seqs, max_blocks=-(-max_model_len // block_size)) \
+            if max_num_seqs and max_model_len else None
 
     def run(self, scheduled: list[tuple[Sequence, int]]) -> list[tuple[Sequence, SampleResult]]:
         """Compute the scheduled tokens; return a sample for each sequence whose tokens are now all computed."""
@@ -38,7 +44,14 @@ class ModelRunner:
                 sample_rows.append(len(input_ids) - 1)
                 sample_seqs.append(seq)
         ctx = self.model.ops.context(StepRows(decodes, prefills, self._tensor(slots), self.block_size, self.device))
-        hidden = self.model.forward(self._tensor(input_ids), self._tensor(positions), ctx, self.kv_caches)
+        ids, pos = self._tensor(input_ids), self._tensor(positions)
+        if self._graph_sizes is not None and not prefills:
+            self.graphs = self.model.ops.decode_graphs(self.model, self.kv_caches, **self._graph_sizes)
+            self._graph_sizes = None
+        if self.graphs is not None and self.graphs.fits(ctx, len(input_ids)):
+            hidden = self.graphs.replay(ids, pos, ctx)
+        else:
+            hidden = self.model.forward(ids, pos, ctx, self.kv_caches)
         if not sample_seqs:
             return []
         logits = self.model.compute_logits(hidden[self._tensor(sample_rows)])

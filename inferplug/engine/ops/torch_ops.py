@@ -35,6 +35,10 @@ class TorchOps:
             q_start += n
         return ctx
 
+    def decode_graphs(self, model, kv_caches, *, max_num_seqs: int, max_blocks: int):
+        """Captured CUDA graphs for decode steps (engine/cuda_graphs.py), or None where this set offers none."""
+        return None
+
     def run_layers(self, model, x: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext, kv_caches) -> bool:
         """Run every layer on `x` in place in one call and return True, where this set can; else False."""
         return False

@@ -31,6 +31,16 @@ class TritonOps(TorchOps):
             ctx.packed_prefill = self.pack_prefill(step)
         return ctx
 
+    def decode_graphs(self, model, kv_caches, *, max_num_seqs: int, max_blocks: int):
+        """On CUDA: decode steps never sync with the host on this path (lengths stay on the device), so they replay."""
+        if model.device.type != "cuda":
+            return None
+        from inferplug.engine.cuda_graphs import DecodeGraphs
+
+        graphs = DecodeGraphs(model, kv_caches, max_num_seqs=max_num_seqs, max_blocks=max_blocks)
+        graphs.capture()
+        return graphs
+
     def pack_prefill(self, step: StepRows) -> PackedPrefill:
         seqs = [s for s, _ in step.prefills]
         ctx_lens = [s.num_computed_tokens + n for s, n in step.prefills]
