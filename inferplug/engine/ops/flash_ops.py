@@ -25,7 +25,7 @@ class FlashOps(TritonOps):
                                "'triton'") from exc
         self.varlen = flash_attn_varlen_func
 
-    def prefill(self, q, k, v, k_cache, v_cache, packed: PackedPrefill, scale: float) -> torch.Tensor:
+    def prefill(self, q, k_cache, v_cache, packed: PackedPrefill, scale: float) -> torch.Tensor:
         block_size = k_cache.shape[2]
         lens = packed.ctx_lens.tolist()
         keys, values = [], []

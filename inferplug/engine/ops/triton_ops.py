@@ -66,14 +66,14 @@ class TritonOps(TorchOps):
         out = torch.empty_like(q)
         if rows:
             out[:rows] = self.decode(q[:rows], k_cache, v_cache, ctx.decode_groups[0], scale)
-        out[rows:] = self.prefill(q[rows:], k[rows:], v[rows:], k_cache, v_cache, ctx.packed_prefill, scale)
+        out[rows:] = self.prefill(q[rows:], k_cache, v_cache, ctx.packed_prefill, scale)
         return out.flatten(1)
 
     def decode(self, q, k_cache, v_cache, rows: DecodeGroup, scale: float) -> torch.Tensor:
         return paged_attention_decode(q, k_cache, v_cache, rows.block_tables, rows.lengths, scale)
 
-    def prefill(self, q, k, v, k_cache, v_cache, packed: PackedPrefill, scale: float) -> torch.Tensor:
-        """The prefill rows' attention; k, v are the chunks' own rows (already in the pools too)."""
+    def prefill(self, q, k_cache, v_cache, packed: PackedPrefill, scale: float) -> torch.Tensor:
+        """The prefill rows' attention: each chunk's K/V is in the pools already, with its cached prefix."""
         return prefill_attention(q, k_cache, v_cache, packed.cu_seqlens, packed.ctx_lens, packed.block_tables, scale,
                                  max_q_len=packed.max_q_len)
 
