@@ -1,6 +1,6 @@
 """Every field of the resolver's Plan is read by something that acts on it: a backend (the native engine's
-config is checked by changing the field), or the reports that explain a plan. A field nothing reads is a
-promise the plan makes and nobody keeps."""
+config is checked by changing the field), or the reports that explain a plan; every field of a backend's
+Capabilities by a front end. A field nothing reads is a promise nobody keeps."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from inferplug.backends.native import engine_config
 from inferplug.errors import ProfileError
 from inferplug.resolver import Plan
+from inferplug.types import Capabilities
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPLANATIONS = {"memory", "reasons", "rejected"}  # why the plan is what it is: `inferplug resolve` and doctor print them
@@ -23,9 +24,9 @@ NATIVE_CHANGES = {"device": "cuda:0", "dtype": "bfloat16", "attention": "triton"
                   "prefix_caching": False, "rag_document_cache": False}
 
 
-def _readers(field: str) -> set[str]:
-    """Files that read `plan.<field>` (resolver.py writes the plan, so it does not count)."""
-    pattern = re.compile(rf"\bplan\.{field}\b")
+def _readers(field: str, owner: str = "plan") -> set[str]:
+    """Files that read `<owner>.<field>` (resolver.py writes the plan, so it does not count)."""
+    pattern = re.compile(rf"\b{owner}\.{field}\b")
     files = [*(ROOT / "inferplug").rglob("*.py"), *(ROOT / "integrations").rglob("*.py")]
     return {str(f.relative_to(ROOT)) for f in files if f.name != "resolver.py" and pattern.search(f.read_text())}
 
@@ -38,6 +39,13 @@ def test_every_plan_field_has_a_reader(field):
     else:
         assert any(r.startswith("inferplug/backends/") or r == "inferplug/llm.py" for r in readers), \
             f"no backend reads Plan.{field} (read only in {sorted(readers) or 'nothing'})"
+
+
+@pytest.mark.parametrize("field", [f.name for f in dataclasses.fields(Capabilities)])
+def test_every_capability_has_a_front_end_reader(field):
+    readers = _readers(field, "capabilities") | _readers(field, "caps")
+    assert any(r.startswith(("inferplug/frontend/", "inferplug/server/", "integrations/")) for r in readers), \
+        f"no front end reads Capabilities.{field}: drop it, or make the front ends act on it"
 
 
 def _cpu_plan() -> Plan:

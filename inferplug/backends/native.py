@@ -71,7 +71,10 @@ class NativeBackend(Backend):
     def capabilities(self) -> Capabilities:
         import importlib.util
 
-        return Capabilities(n=True, json_schema=importlib.util.find_spec("xgrammar") is not None)  # engine/guided.py
+        return Capabilities(
+            n=True, tools=True, rag_cache=self.engine.engine.doc_cache is not None,  # doc_cache: engine/doc_cache.py
+            json_schema=importlib.util.find_spec("xgrammar") is not None,  # engine/guided.py needs it
+        )
 
     @property
     def context_length(self) -> int:

@@ -56,7 +56,7 @@ class OpenAIBackend(Backend):
     # --- protocol -------------------------------------------------------------------
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(n=True, json_schema=True)
+        return Capabilities(n=True, tools=True, json_schema=True)
 
     @property
     def model_name(self) -> str:
