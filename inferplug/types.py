@@ -190,11 +190,10 @@ class Event:
 
 @dataclass
 class Capabilities:
-    streaming: bool = True
-    logprobs: bool = False
-    n: bool = False
-    tools: bool = False
-    json_schema: bool = False
-    prefix_cache: bool = False
-    rag_cache: bool = False
-    devices: tuple[str, ...] = ("cpu",)
+    """What a front end must know to shape a request for a backend; each field has a reader (frontend/requests.py,
+    the server's n fan-out, LangChain's structured output). Every backend streams and gives logprobs alike."""
+
+    n: bool = False  # n > 1 samples in one request; else the server fans out n requests
+    tools: bool = False  # tool calls (constrained decoding); else the request builder refuses `tools`
+    json_schema: bool = False  # constrained decoding to a JSON schema; else a RequestError or free-text parsing
+    rag_cache: bool = False  # a document KV cache; else documents run as plain, uncached prompt text

@@ -56,7 +56,7 @@ class OpenAIBackend(Backend):
     # --- protocol -------------------------------------------------------------------
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(streaming=True, logprobs=True, n=True, tools=True, json_schema=True, devices=("remote",))
+        return Capabilities(n=True, tools=True, json_schema=True)
 
     @property
     def model_name(self) -> str:

@@ -35,7 +35,7 @@ import torch
 
 from inferplug.engine.attention import read_kv, write_kv
 from inferplug.engine.block_hash import doc_approx_key, hash_block, rekey_from
-from inferplug.models.llama import apply_rope
+from inferplug.engine.ops.torch_ops import apply_rope
 from inferplug.types import DocumentSpan
 
 
