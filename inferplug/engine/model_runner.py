@@ -63,17 +63,17 @@ class ModelRunner:
         return torch.tensor(values, dtype=torch.long, device=self.device)
 
     def _kernel_rows(self, spans: list[tuple[Sequence, int]]) -> DecodeGroup:
-        """Every row of the step, decode and prefill alike, for the C++ kernel: each query reads the K/V of its
-        own position and those before it, in one fixed order. So a token's attention does not depend on the
-        step's other rows, on how its prompt was chunked, or on whether its prefix came from the cache."""
+        """Every row of the step, decode and prefill alike, for the C++ kernel (one block table per sequence):
+        each query reads the K/V of its own position and those before it, in one fixed order. So a token's
+        attention does not depend on the step's other rows, on how its prompt was chunked, or on whether its
+        prefix came from the cache."""
         width = max(-(-(s.num_computed_tokens + n) // self.block_size) for s, n in spans)
-        tables, lengths = [], []
-        for seq, n in spans:
-            start, table = seq.num_computed_tokens, seq.block_table[:width]
-            tables.append(self._tensor(table + [0] * (width - len(table))).expand(n, width))
-            lengths.append(torch.arange(start + 1, start + n + 1, device=self.device))
-        rows = sum(n for _, n in spans)
-        return DecodeGroup(0, rows, torch.cat(tables), None, lengths=torch.cat(lengths))
+        tables = [s.block_table[:width] + [0] * (width - len(s.block_table[:width])) for s, _ in spans]
+        starts = [0]
+        for _, n in spans:
+            starts.append(starts[-1] + n)
+        lengths = self._tensor([s.num_computed_tokens + n for s, n in spans])
+        return DecodeGroup(0, starts[-1], self._tensor(tables), None, lengths=lengths, query_starts=self._tensor(starts))
 
     def _decode_groups(self, seqs: list[Sequence]) -> list[DecodeGroup]:
         """Cut the decode rows (longest first) into groups of similar widths (GROUP_WIDTH_RATIO), for the torch path."""

@@ -11,7 +11,8 @@ from inferplug.kernels.paged_attention_ref import paged_attention_decode_ref, ra
 
 def kernel_decode(q, k_cache, v_cache, tables, lens, scale):
     """The engine's decode path as the runner sets it up for the kernel: one group, each row's own length."""
-    return _decode(q, k_cache, v_cache, DecodeGroup(0, len(q), tables.long(), None, lengths=lens.long()), scale)
+    group = DecodeGroup(0, len(q), tables.long(), None, lengths=lens.long(), query_starts=torch.arange(len(q) + 1))
+    return _decode(q, k_cache, v_cache, group, scale)
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (9, 3), (8, 2)])  # GQA ratios 1, 3, 4
