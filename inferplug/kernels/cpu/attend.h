@@ -16,30 +16,46 @@
 
 namespace {
 
-// out[i * LANES ... ] += p[i] * v rows, for `valid` keys, N vectors of a query's accumulator kept in
-// registers across the keys. Each element's sum runs over the keys in order, whatever N.
-template <typename V, int N>
-void weighted_rows(const float* p, int64_t valid, const float* v, const int64_t* keys, int64_t x0, float* out) {
-  typename V::F acc[N];
-  for (int u = 0; u < N; u++) acc[u] = V::load(out + x0 + u * V::LANES);
+// For NQ query heads of one row (their weights p, TILE apart; their outputs, head_dim apart):
+// out[x0, x0 + N * LANES) += sum over the `valid` keys of p[i] * V row i, kept in registers across the keys,
+// each V vector loaded once for the NQ heads. Each element's sum runs over the keys in order, whatever N and NQ.
+template <typename V, int N, int NQ>
+void weighted_rows(const float* p, int64_t valid, const float* v, const int64_t* keys, int64_t d, int64_t x0,
+                   float* out) {
+  typename V::F acc[NQ][N];
+  for (int h = 0; h < NQ; h++)
+    for (int u = 0; u < N; u++) acc[h][u] = V::load(out + h * d + x0 + u * V::LANES);
   for (int64_t i = 0; i < valid; i++) {
-    const auto weight = V::set1(p[i]);
     const float* row = v + keys[i] + x0;
-    for (int u = 0; u < N; u++) acc[u] = V::fmadd(weight, V::load(row + u * V::LANES), acc[u]);
+    for (int u = 0; u < N; u++) {
+      const auto value = V::load(row + u * V::LANES);
+      for (int h = 0; h < NQ; h++) acc[h][u] = V::fmadd(V::set1(p[h * inferplug_isa::KEY_TILE + i]), value, acc[h][u]);
+    }
   }
-  for (int u = 0; u < N; u++) V::store(out + x0 + u * V::LANES, acc[u]);
+  for (int h = 0; h < NQ; h++)
+    for (int u = 0; u < N; u++) V::store(out + h * d + x0 + u * V::LANES, acc[h][u]);
 }
 
-template <typename V>
-void weighted_sum(const float* p, int64_t valid, const float* v, const int64_t* keys, int64_t d, float* out) {
+template <typename V, int NQ>
+void weighted_heads(const float* p, int64_t valid, const float* v, const int64_t* keys, int64_t d, float* out) {
   constexpr int64_t WIDE = 4 * V::LANES;
   int64_t x = 0;
-  for (; x + WIDE <= d; x += WIDE) weighted_rows<V, 4>(p, valid, v, keys, x, out);
-  for (; x < d; x += V::LANES) weighted_rows<V, 1>(p, valid, v, keys, x, out);
+  for (; x + WIDE <= d; x += WIDE) weighted_rows<V, 4, NQ>(p, valid, v, keys, d, x, out);
+  for (; x < d; x += V::LANES) weighted_rows<V, 1, NQ>(p, valid, v, keys, d, x, out);
+}
+
+// The `group` heads of one row, three at a time (12 accumulators of 4 vectors).
+template <typename V>
+void weighted_sum(const float* p, int64_t valid, const float* v, const int64_t* keys, int64_t d, int64_t group,
+                  float* out) {
+  constexpr int64_t TILE = inferplug_isa::KEY_TILE;
+  int64_t h = 0;
+  for (; h + 3 <= group; h += 3) weighted_heads<V, 3>(p + h * TILE, valid, v, keys, d, out + h * d);
+  for (; h < group; h++) weighted_heads<V, 1>(p + h * TILE, valid, v, keys, d, out + h * d);
 }
 
 // s[0, KEY_TILE) = scale * q . k for the tile's keys: each key's sum over head_dim in V::LANES lanes, then
-// one fixed reduction tree per key (V::sums_of).
+// one fixed reduction tree per key (V::sums_of). (Two queries sharing each K load measured no faster.)
 template <typename V>
 void tile_scores(const float* q, const float* k, const int64_t* keys, int64_t d, float scale, float* s) {
   for (int64_t c = 0; c < inferplug_isa::KEY_TILE; c += V::LANES) {
@@ -99,8 +115,8 @@ void attend(const inferplug_isa::Pool& pool, int64_t kv_head, const int64_t* blo
         float* out = acc + query * d;
         if (rescale != 1.f)
           for (int64_t x = 0; x < d; x += V::LANES) V::store(out + x, V::mul(V::load(out + x), V::set1(rescale)));
-        weighted_sum<V>(s, valid, v, keys, d, out);
       }
+      weighted_sum<V>(scores + r * group * TILE, valid, v, keys, d, group, acc + r * group * d);
     }
   }
   for (int64_t r = 0; r < w.rows; r++)
