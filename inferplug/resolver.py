@@ -24,9 +24,9 @@ from inferplug.profile import Profile
 BACKENDS = ("native", "ctranslate2", "exllamav2", "openai")
 DEFAULT_MAX_NUM_SEQS = {"cpu": 16, "cuda": 256}
 # Tokens a step, so the longest prefill chunk: a running stream waits one step per chunk. On the CPU, 256 rows
-# already run the GEMMs at their full rate (fbgemm fp16: 98 GF/s a core at 256 rows, 101 at 2048) and the paged attention kernel reads a cached prefix once per 16 query
-# rows whatever the chunking, so smaller chunks cost prefill little (the step's weight pass, ~10%) and cut the
-# streams' stalls 8x against 2048 (bench/prefill.py --streams; docs/benchmarks.md).
+# already run the GEMMs at their full rate (fbgemm fp16: 98 GF/s a core at 256 rows, 101 at 2048), and the paged
+# attention kernel reads a cached prefix once per 16 query rows whatever the chunking: smaller chunks cost prefill
+# little (a weight pass a step) and cut the streams' stalls 8x against 2048 (bench/prefill.py --streams).
 DEFAULT_BATCHED_TOKENS = {"cpu": 256, "cuda": 8192}
 EXL2_CACHE_BYTES = {"FP16": 2.0, "Q8": 1.0, "Q6": 0.75, "Q4": 0.5}
 # Quantized checkpoints the native engine cannot unpack yet (quant/ has only int8/int4), and the way out.
