@@ -210,8 +210,9 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
     dtype, dtype_why = _dtype(profile, gpus, hw)
     attention, attention_why = _attention(profile, gpus, hw)
     if not gpus and dtype == "float32" and not cpu_kernels.unavailable_reason(hw):  # what LlamaModel.kernels runs
-        attention_why += ("; on this CPU inferplug's C++ kernel takes every attention row instead, prefill too, each "
-                          "at its own length (batch-invariant; INFERPLUG_NO_CPU_KERNELS=1 keeps torch)")
+        attention_why += ("; on this CPU inferplug's C++ kernel takes every attention row instead, prefill too (flash "
+                          "tiles over the paged K/V, each row at its own length: batch-invariant; "
+                          "INFERPLUG_NO_CPU_KERNELS=1 keeps torch)")
     weight_format, format_why = _native_weight_format(profile, gpus, hw, dtype)
     bits, bits_why = weight_bits(profile, "native", dtype, facts, weight_format, "cuda" if gpus else "cpu")
     plan = _local_plan("native", profile, hw, facts, gpus, dtype, attention, bits, None,

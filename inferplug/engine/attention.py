@@ -1,5 +1,5 @@
-"""Paged attention in torch ops, decode on an AVX2 CPU in a C++ kernel. K/V live in per-layer pools read
-through block tables.
+"""Paged attention in torch ops, or on an AVX2 CPU in a C++ kernel (decode rows and prefill chunks alike). K/V live
+in per-layer pools read through block tables.
 
 A pool is [kv_heads, num_blocks, block_size, head_dim]: heads outermost, so the blocks gathered for
 a batch are already [kv_heads * batch, tokens, head_dim] and feed batched matmuls without another copy
