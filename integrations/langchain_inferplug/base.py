@@ -93,11 +93,6 @@ class InferPlugFields(BaseModel):
                 options["repetition_penalty"] = CONSTRAINED_REPETITION_PENALTY
         return options
 
-    def _sampling(self, stop: list[str] | None, kwargs: dict[str, Any]) -> Any:
-        from inferplug.frontend.requests import sampling_params
-
-        return sampling_params(self.inferplug_profile.sampling.defaults(), **self._options(stop, kwargs))
-
     def _deadline(self) -> float | None:
         return None if self.timeout is None else time.monotonic() + self.timeout
 

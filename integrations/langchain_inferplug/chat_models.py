@@ -18,7 +18,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from inferplug.errors import RequestError
 from inferplug.frontend.calls import Result, ResultBuilder, aiter_events
-from inferplug.frontend.requests import Prepared, prepare_request
+from inferplug.frontend.requests import Prepared, build_request
 from inferplug.frontend.tool_calls import parse_tool_calls
 from inferplug.server.responses import chat_logprobs
 from langchain_inferplug.base import InferPlugFields
@@ -53,8 +53,8 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
             raise RequestError(f"response_format needs constrained decoding, which the {self.backend.name} backend "
                                "does not do; use a ToolStrategy (create_agent) or with_structured_output, or a "
                                "native or openai profile", param="response_format")
-        return prepare_request(
-            self.backend, self._sampling(stop, kwargs), messages=to_chat_dicts(messages),
+        return build_request(
+            self.backend, options=self._options(stop, kwargs), messages=to_chat_dicts(messages),
             tools=kwargs.get("tools"), tool_choice=kwargs.get("tool_choice"),
             documents=kwargs.get("documents"), memory=self.document_memory,
         )

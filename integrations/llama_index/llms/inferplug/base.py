@@ -29,7 +29,7 @@ from llama_index.core.llms.llm import ToolSelection
 
 from inferplug.frontend.binding import bind_profile, usage_counts
 from inferplug.frontend.calls import Result, ResultBuilder, aiter_events, collect
-from inferplug.frontend.requests import Prepared, prepare_request, sampling_params
+from inferplug.frontend.requests import Prepared, build_request
 from inferplug.frontend.tool_calls import parse_tool_calls
 from inferplug.rag.layout import DocumentMemory
 from inferplug.types import SamplingParams, TokenLogprob
@@ -86,8 +86,7 @@ class InferPlug(FunctionCallingLLM):
         options = {**self.additional_kwargs, **{k: v for k, v in fields.items() if v is not None}}
         options.update({k: v for k, v in kwargs.items() if k in SamplingParams.__dataclass_fields__})
         options["stop"] = [*(self.additional_kwargs.get("stop") or []), *(kwargs.get("stop") or [])]
-        params = sampling_params(self.profile.sampling.defaults(), **options)
-        return prepare_request(self.backend, params, messages=to_chat_dicts(list(messages)),
+        return build_request(self.backend, options=options, messages=to_chat_dicts(list(messages)),
                                tools=kwargs.get("tools"), tool_choice=kwargs.get("tool_choice"),
                                documents=kwargs.get("documents"), memory=self._memory)
 
