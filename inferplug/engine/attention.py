@@ -34,16 +34,18 @@ class PrefillChunk:
 class DecodeGroup:
     """Query rows [start, end) that attend through block tables. The torch path groups decode rows of similar
     context lengths: one gather and two batched matmuls, padded to the group's longest (grouping keeps short
-    sequences from reading the longest one's width). The C++ kernel (kernels/cpu/paged_decode.cpp) takes every
-    row of the step, prefill rows too, in one group: it reads K/V in place, exactly each row's `lengths`, so it
-    needs neither the gather nor the padding, and each row's arithmetic is the same whatever shares the step."""
+    sequences from reading the longest one's width). The C++ kernel (kernels/cpu/paged_attention.cpp) takes
+    every row of the step, prefill rows too, in one group, by sequence: it reads K/V in place, each row exactly
+    its own length, so it needs neither the gather nor the padding, and each row's arithmetic is the same
+    whatever shares the step (a decode row is a one-row prefill chunk)."""
 
     start: int
     end: int
-    block_tables: torch.Tensor  # [rows, blocks], padded with block 0
+    block_tables: torch.Tensor  # [rows, blocks], padded with block 0 (C++ kernel: [sequences, blocks])
     bias: torch.Tensor | None  # torch, several rows: [1, rows, 1, S] additive: 0 where attended, -inf past the end
     length: int = 0  # torch, one row: its context length, cut to instead of a bias
-    lengths: torch.Tensor | None = None  # [rows] context lengths: set when a kernel (C++, Triton) runs these rows
+    lengths: torch.Tensor | None = None  # context lengths when a kernel runs these rows: [rows] (Triton), [sequences] (C++)
+    query_starts: torch.Tensor | None = None  # C++ kernel: [sequences + 1] each sequence's first row, then the end
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """inferplug's C++ CPU kernels (inferplug/kernels/cpu) as the ops set: fp32 on an AVX2 (or AVX-512) CPU.
 
-Attention takes every row of a step, prefill rows too, in the paged decode kernel: each query reads the K/V of its
-own position and those before it in one fixed order, so a token's attention does not depend on the step's other
+Attention takes every row of a step, prefill rows too, in the paged attention kernel (flash tiles over the paged
+K/V; a decode row is its one-row case): each query reads the K/V of its own position and those before it in one fixed order, so a token's attention does not depend on the step's other
 rows, on how its prompt was chunked, or on whether its prefix came from the cache (batch invariance)."""
 
 from __future__ import annotations
@@ -32,22 +32,24 @@ class CpuKernelOps(TorchOps):
         return ctx
 
     def _kernel_rows(self, step: StepRows) -> DecodeGroup:
-        """Every row of the step, decode and prefill alike, each with its own context length."""
+        """Every row of the step, decode and prefill alike: one block table, row span and context length per
+        sequence. The kernel computes each row at its own position over key tiles at absolute positions, so a
+        token's attention does not depend on the step's other rows, its chunking or its prefix-cache hits."""
         spans = step.decodes + step.prefills
         width = max(-(-(s.num_computed_tokens + n) // step.block_size) for s, n in spans)
-        tables, lengths = [], []
-        for seq, n in spans:
-            start = seq.num_computed_tokens
-            tables.append(step.padded_tables([seq], width).expand(n, width))
-            lengths.append(torch.arange(start + 1, start + n + 1, device=step.device))
-        rows = sum(n for _, n in spans)
-        return DecodeGroup(0, rows, torch.cat(tables), None, lengths=torch.cat(lengths))
+        starts = [0]
+        for _, n in spans:
+            starts.append(starts[-1] + n)
+        lengths = torch.tensor([s.num_computed_tokens + n for s, n in spans], dtype=torch.long, device=step.device)
+        return DecodeGroup(0, starts[-1], step.padded_tables([s for s, _ in spans], width), None, lengths=lengths,
+                           query_starts=torch.tensor(starts, dtype=torch.long, device=step.device))
 
     def attention(self, q, k, v, k_cache, v_cache, ctx: AttentionContext, scale: float) -> torch.Tensor:
         if not self.paged_kernel:
             return super().attention(q, k, v, k_cache, v_cache, ctx, scale)
         rows = ctx.decode_groups[0]
-        return self.kernels.paged_decode(q, k_cache, v_cache, rows.block_tables, rows.lengths, scale).flatten(1)
+        return self.kernels.paged_attention(q, k_cache, v_cache, rows.block_tables, rows.query_starts, rows.lengths,
+                                            scale).flatten(1)
 
     def rope_and_store(self, qkv, positions, cos, signed_sin, k_cache, v_cache, ctx: AttentionContext, num_heads: int):
         """RoPE in place on qkv and the K/V store, in one kernel."""
