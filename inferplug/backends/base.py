@@ -1,8 +1,10 @@
 """The Backend protocol every engine implements, and the registry that finds them.
 
 Front ends (LangChain, LlamaIndex, the server, the CLI) speak only this protocol.
-A backend is async at heart; `stream_sync`/`generate_sync` bridge to threads
-through one background event loop per backend.
+A backend is async at heart. Callers on other threads or loops use `stream_sync` and
+`stream_async`, both over the one bridge (backends/bridge.py): `submit` starts a request whose
+events go to an EventChannel. By default a pump runs `generate` on one background event loop per
+backend; the native engine overrides `submit`, so its step thread feeds the channel itself.
 """
 
 from __future__ import annotations
@@ -10,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import threading
 from abc import ABC, abstractmethod
-from functools import cached_property
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import Future
+from functools import cached_property, partial
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
+from inferplug.backends.bridge import EventChannel, consume_async, consume_sync
 from inferplug.errors import BackendUnavailable
 from inferplug.types import Capabilities, Event, Request
 
@@ -40,6 +43,7 @@ class Backend(ABC):
         self.plan = plan
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_lock = threading.Lock()
+        self._pumps: dict[str, Future] = {}  # submitted requests running on the background loop
 
     # --- what a backend provides -------------------------------------------------
     @property
@@ -103,7 +107,7 @@ class Backend(ABC):
         if loop is not None:
             loop.call_soon_threadsafe(loop.stop)
 
-    # --- sync bridge, shared by every backend ------------------------------------
+    # --- the bridge to callers on other threads and loops ----------------------------
     def _background_loop(self) -> asyncio.AbstractEventLoop:
         with self._loop_lock:
             if self._loop is None:
@@ -116,35 +120,39 @@ class Backend(ABC):
         """Run a coroutine on this backend's background loop and wait for its result."""
         return asyncio.run_coroutine_threadsafe(coro, self._background_loop()).result()
 
-    def stream_sync(self, request: Request) -> Iterator[Event]:
-        """Iterate a request's events from sync code; leaving early aborts it."""
-        import queue
-
-        events: queue.Queue[Any] = queue.Queue()
-        done = object()
+    def submit(self, request: Request, channel: EventChannel) -> None:
+        """Start the request; its events, or the error that ends it, go to channel. Returns at once."""
 
         async def pump() -> None:
             try:
                 async for event in self.generate(request):
-                    events.put(event)
-            except BaseException as exc:  # handed to the consumer thread, re-raised there
-                events.put(exc)
+                    channel.send([event])
+            except BaseException as exc:  # re-raised in the consumer
+                channel.send([exc], last=True)
             finally:
-                events.put(done)
+                self._pumps.pop(request.request_id, None)
+                channel.send([], last=True)
 
-        future: Future = asyncio.run_coroutine_threadsafe(pump(), self._background_loop())
-        try:
-            while (item := events.get()) is not done:
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            if not future.done():
-                future.cancel()
-                self.run_sync(self.abort(request.request_id))
+        self._pumps[request.request_id] = asyncio.run_coroutine_threadsafe(pump(), self._background_loop())
+
+    def cancel_now(self, request_id: str) -> None:
+        """Stop a submitted request from a thread that may block; its resources come back before this returns."""
+        future: Future | None = self._pumps.pop(request_id, None)
+        if future is not None:
+            future.cancel()
+        self.run_sync(self.abort(request_id))
+
+    def stream_sync(self, request: Request, *, at_end: bool = False) -> Iterator[Event]:
+        """Iterate a request's events from sync code; leaving early aborts it. at_end: they all come at the end
+        (one wake-up), for a caller that wants only the result."""
+        return consume_sync(partial(self.submit, request), partial(self.cancel_now, request.request_id), at_end=at_end)
+
+    def stream_async(self, request: Request, *, at_end: bool = False) -> AsyncIterator[Event]:
+        """The request's events on the caller's own loop, whatever loop or thread the backend runs on."""
+        return consume_async(partial(self.submit, request), partial(self.cancel_now, request.request_id), at_end=at_end)
 
     def generate_sync(self, request: Request) -> list[Event]:
-        return list(self.stream_sync(request))
+        return list(self.stream_sync(request, at_end=True))
 
 
 def backend_class(name: str) -> type[Backend]:

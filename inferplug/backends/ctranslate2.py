@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from inferplug.backends.base import Backend
 from inferplug.backends.ct2_batcher import Batcher, Job
-from inferplug.backends.local_stream import ChoiceStream, LocalRequest, engine_stop_ids
+from inferplug.backends.local_stream import LocalRequest, engine_stop_ids
+from inferplug.engine.output import ChoiceOutput
 from inferplug.errors import BackendUnavailable, RequestError
 from inferplug.types import Capabilities, Event, Request
 
@@ -91,12 +92,12 @@ class CTranslate2Backend(Backend):
             async for event in self._events(job, local.choices):
                 if static and local.done:
                     self._seen_static_prompts.add(static)
-                yield local.finish_or_tick(event, cached)
+                yield local.close(event, cached)
         finally:
             job.cancelled.set()
             self._jobs.pop(request.request_id, None)
 
-    async def _events(self, job: Job, choices: list[ChoiceStream]) -> AsyncIterator[Event]:
+    async def _events(self, job: Job, choices: list[ChoiceOutput]) -> AsyncIterator[Event]:
         while not all(c.done for c in choices):
             kind, index, payload = await job.events.get()
             if kind == "token" and not choices[index].done:
@@ -164,7 +165,7 @@ class CTranslate2Backend(Backend):
             "return_scores": p.logprobs is not None,
         }
         # Hashable, so jobs with equal options can share one generate_batch call (max_length is
-        # left out: the batch takes its jobs' largest, and each ChoiceStream stops at its own).
+        # left out: the batch takes its jobs' largest, and each ChoiceOutput stops at its own).
         return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(options.items()))
 
 def device_and_compute_type(profile: Profile, plan: Plan) -> tuple[str, str]:

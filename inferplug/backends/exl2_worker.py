@@ -24,7 +24,6 @@ class Entry:
     index: int
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue
-    decode: Any  # token id -> text, for logprob entries
     done: bool = field(default=False)
 
     def post(self, *item: Any) -> None:
@@ -110,7 +109,7 @@ class GeneratorWorker:
                 continue
             ids = r["token_ids"][0].tolist() if "token_ids" in r else []
             if ids:
-                entry.post("tokens", entry.index, ids, _logprobs(r, ids, entry.decode))
+                entry.post("tokens", entry.index, ids, _logprobs(r, ids))
             if r["eos"]:
                 self.entries.pop(id(r["job"]), None)
                 self.prompt_tokens += r.get("prompt_tokens", 0)
@@ -118,14 +117,14 @@ class GeneratorWorker:
                 entry.post("eos", entry.index, _eos_info(r))
 
 
-def _logprobs(r: dict[str, Any], ids: list[int], decode: Any) -> list[tuple[float | None, list]]:
-    """(logprob, top alternatives) per token; ExLlamaV2 reports probabilities."""
+def _logprobs(r: dict[str, Any], ids: list[int]) -> list[tuple[float | None, list]]:
+    """(logprob, top alternatives as (id, logprob)) per token; ExLlamaV2 reports probabilities."""
     if "token_probs" not in r:
         return [(None, [])] * len(ids)
     probs = r["token_probs"][0].tolist()
     top_ids = r["top_k_tokens"][0].tolist() if "top_k_tokens" in r else [[] for _ in ids]
     top_probs = r["top_k_probs"][0].tolist() if "top_k_probs" in r else [[] for _ in ids]
-    return [(_log(p), [(k, decode(k), _log(kp)) for k, kp in zip(ks, kps)])
+    return [(_log(p), [(k, _log(kp)) for k, kp in zip(ks, kps)])
             for p, ks, kps in zip(probs, top_ids, top_probs)]
 
 

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from inferplug.backends.base import Backend
 from inferplug.backends.exl2_worker import Entry, GeneratorWorker
-from inferplug.backends.local_stream import ChoiceStream, LocalRequest, engine_stop_ids
+from inferplug.backends.local_stream import LocalRequest, engine_stop_ids
+from inferplug.engine.output import ChoiceOutput
 from inferplug.errors import BackendUnavailable
 from inferplug.types import Capabilities, Event, Request, SamplingParams
 
@@ -87,7 +88,7 @@ class ExLlamaV2Backend(Backend):
                                    frequency_penalty=True, top_logprobs=True)
         params, choices = request.params, local.choices
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
-        entries = [Entry(self._job(local.ids, params, local.limit, local.end_ids, i), i, loop, events, self._decode)
+        entries = [Entry(self._job(local.ids, params, local.limit, local.end_ids, i), i, loop, events)
                    for i in range(params.n)]
         self._entries[request.request_id] = entries
         for entry in entries:
@@ -100,7 +101,7 @@ class ExLlamaV2Backend(Backend):
                 if kind == "eos":
                     cached = max(cached, payload[0].get("cached_tokens", 0))
                 for event in self._events(kind, choice, payload):
-                    yield local.finish_or_tick(event, cached)
+                    yield local.close(event, cached)
                 if choice.done and not entries[index].done:
                     entries[index].done = True  # ended here (stop string): free its pages now
                     await asyncio.wrap_future(self._worker.cancel(entries[index]))
@@ -108,7 +109,7 @@ class ExLlamaV2Backend(Backend):
             for entry in self._entries.pop(request.request_id, []):
                 self._worker.cancel(entry)
 
-    def _events(self, kind: str, choice: ChoiceStream, payload: list[Any]) -> list[Event]:
+    def _events(self, kind: str, choice: ChoiceOutput, payload: list[Any]) -> list[Event]:
         if choice.done:
             return []
         if kind == "abort":
@@ -146,9 +147,6 @@ class ExLlamaV2Backend(Backend):
     def _eos_ids(self) -> list[int]:
         eos = self.config.eos_token_id
         return [t for t in (eos if isinstance(eos, list) else [eos]) if t is not None]
-
-    def _decode(self, token_id: int) -> str:
-        return self._tokenizer.decode([token_id])
 
     def _job(self, ids: list[int], params: SamplingParams, limit: int, end_ids: set[int], index: int) -> Any:
         import torch

@@ -1,20 +1,19 @@
 """What local third-party backends (CTranslate2, ExLlamaV2) share around their token loop:
-turning a Request into prompt ids and choices (LocalRequest), and one choice's sampled tokens into Events.
+turning a Request into prompt ids and choices (LocalRequest).
 
-Our own engine does this inside itself; these engines hand back raw token ids, so the
-detokenizing, stop strings, stop ids, usage and timings are done here, the same way for both.
+These engines hand back raw token ids; their detokenizing, stop strings, stop ids, usage and
+timings go through the output stage our own engine uses (engine/output.py).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from inferplug.engine.detokenizer import IncrementalDetokenizer
+from inferplug.engine.output import ChoiceOutput, RequestOutput
 from inferplug.errors import RequestError
-from inferplug.types import Event, FinishReason, Request, SamplingParams, Timings, TokenLogprob, Usage
+from inferplug.types import Event, Request, SamplingParams
 
 if TYPE_CHECKING:
     from inferplug.backends.base import Backend
@@ -78,103 +77,13 @@ def engine_stop_ids(params: SamplingParams, end_ids: set[int]) -> list[int]:
 
 
 @dataclass
-class RequestClock:
-    """Timings of one request, measured where its events are produced."""
-
-    submitted: float = field(default_factory=time.perf_counter)
-    started: float | None = None
-    first_token: float | None = None
-    last_token: float | None = None
-    tokens: int = 0
-
-    def on_token(self) -> None:
-        now = time.perf_counter()
-        self.started = self.started or now
-        self.first_token = self.first_token or now
-        self.last_token = now
-        self.tokens += 1
-
-    def timings(self) -> Timings:
-        end = time.perf_counter()
-        ttft = None if self.first_token is None else self.first_token - self.submitted
-        tpot = None
-        if self.tokens >= 2 and self.first_token is not None and self.last_token is not None:
-            tpot = (self.last_token - self.first_token) / (self.tokens - 1)
-        started = self.started or end
-        return Timings(queued=started - self.submitted, ttft=ttft, tpot=tpot, e2e=end - self.submitted)
-
-
-class ChoiceStream:
-    """One choice of a request: sampled token ids in, Events out.
-
-    `end_ids` are the ids that end the choice (EOS and stop_token_ids; EOS not with
-    ignore_eos); their text is not emitted. Stop strings are found across token boundaries by the detokenizer.
-    """
-
-    def __init__(self, request_id: str, index: int, tokenizer: Any, prompt_ids: list[int],
-                 params: SamplingParams, end_ids: set[int], max_tokens: int, reasoning_parser: str | None = None):
-        from inferplug.frontend.reasoning import ReasoningSplitter
-
-        self.request_id = request_id
-        self.index = index
-        self.params = params
-        self.end_ids = end_ids
-        self.max_tokens = max_tokens
-        self.detok = IncrementalDetokenizer(tokenizer, prompt_ids, params.stop, params.include_stop_str_in_output)
-        self.tokenizer = tokenizer
-        self.completion_tokens = 0
-        self.finish_reason: FinishReason | None = None
-        self.reasoning = ReasoningSplitter(reasoning_parser) if reasoning_parser else None
-
-    def _text(self, event: Event, final: bool) -> Event:
-        """The detokenizer's new text on the event, a reasoning model's think part moved to `reasoning`."""
-        event.text = self.detok.delta(final=final)
-        if self.reasoning is not None:
-            event.text, event.reasoning = self.reasoning.feed(event.text, final=final)
-        return event
-
-    @property
-    def done(self) -> bool:
-        return self.finish_reason is not None
-
-    def on_token(self, token_id: int, logprob: float | None = None,
-                 top: list[tuple[int, str, float]] | None = None) -> Event:
-        """The event for one sampled token (finished when it ends the choice)."""
-        self.completion_tokens += 1
-        event = Event(self.request_id, self.index, token_ids=[token_id])
-        if self.params.logprobs is not None and logprob is not None:
-            event.logprobs = [TokenLogprob(token_id, self.tokenizer.decode([token_id]), logprob, top or [])]
-        if token_id in self.params.stop_token_ids:  # whatever ignore_eos says
-            return self._finish(event, "stop", token_id)
-        if token_id in self.end_ids and not self.params.ignore_eos:
-            return self._finish(event, "stop", None)
-        stop = self.detok.add(token_id)
-        if stop is not None:
-            return self._finish(event, "stop", stop)
-        if self.completion_tokens >= self.max_tokens:
-            return self._finish(event, "length", None)
-        return self._text(event, final=False)
-
-    def finish(self, reason: FinishReason, error: str | None = None) -> Event:
-        """The closing event when the engine ends the choice itself (length, abort, error)."""
-        return self._finish(Event(self.request_id, self.index, error=error), reason, None)
-
-    def _finish(self, event: Event, reason: FinishReason, stop_reason: str | int | None) -> Event:
-        self.finish_reason = reason
-        event.finish_reason = reason
-        event.stop_reason = stop_reason
-        return self._text(event, final=True)
-
-
-@dataclass
 class LocalRequest:
-    """One request on a local backend: its prompt ids, token limit, end ids and one ChoiceStream per choice."""
+    """One request on a local backend: its prompt ids, token limit, end ids and its output stage."""
 
     ids: list[int]
     limit: int
     end_ids: set[int]  # EOS and stop_token_ids
-    choices: list[ChoiceStream]
-    clock: RequestClock
+    output: RequestOutput
 
     @classmethod
     def start(cls, backend: Backend, request: Request, eos_ids: Iterable[int | None], **supported: bool) -> LocalRequest:
@@ -183,24 +92,21 @@ class LocalRequest:
         params = request.params
         params.validate(len(backend.tokenizer))
         reject_unsupported(backend.name, params, request, **supported)
-        clock = RequestClock()
         ids = prompt_token_ids(backend, request)
         limit = max_new_tokens(params, len(ids), backend.context_length)
-        end_ids = {t for t in eos_ids if t is not None} | set(params.stop_token_ids)
-        choices = [ChoiceStream(request.request_id, i, backend.tokenizer, ids, params, end_ids, limit,
-                                backend.reasoning_parser) for i in range(params.n)]
-        return cls(ids, limit, end_ids, choices, clock)
+        eos = {t for t in eos_ids if t is not None}
+        output = RequestOutput.create(request.request_id, backend.tokenizer, ids, params, eos, limit,
+                                      backend.reasoning_parser)
+        return cls(ids, limit, eos | set(params.stop_token_ids), output)
+
+    @property
+    def choices(self) -> list[ChoiceOutput]:
+        return self.output.choices
 
     @property
     def done(self) -> bool:
-        return all(c.done for c in self.choices)
+        return self.output.done
 
-    def finish_or_tick(self, event: Event, cached_tokens: int) -> Event:
-        """The request's last event gets its usage and timings; an event with tokens ticks the clock."""
-        if event.finish_reason is not None and self.done:
-            completion = sum(c.completion_tokens for c in self.choices)
-            event.usage = Usage(len(self.ids), completion, cached_tokens)
-            event.timings = self.clock.timings()
-        elif event.token_ids:
-            self.clock.on_token()
-        return event
+    def close(self, event: Event, cached_tokens: int) -> Event:
+        """The request's last event gets its usage and timings."""
+        return self.output.close(event, cached_tokens)

@@ -10,6 +10,7 @@ from inferplug.backends.base import Backend
 from inferplug.types import Capabilities, Event, Request
 
 if TYPE_CHECKING:
+    from inferplug.backends.bridge import EventChannel
     from inferplug.engine.llm_engine import LLMEngine
     from inferplug.profile import Profile
     from inferplug.resolver import Plan
@@ -66,6 +67,7 @@ class NativeBackend(Backend):
 
         super().__init__(profile, plan)
         self.engine = AsyncEngine(build_engine(profile, plan))
+        self.engine.engine.reasoning_parser = self.reasoning_parser  # the output stage splits think text
 
     @property
     def capabilities(self) -> Capabilities:
@@ -85,9 +87,13 @@ class NativeBackend(Backend):
         return self.engine.engine.tokenizer
 
     def generate(self, request: Request) -> AsyncIterator[Event]:
-        from inferplug.frontend.reasoning import split_events
+        return self.engine.generate(request)
 
-        return split_events(self.engine.generate(request), self.reasoning_parser)
+    def submit(self, request: Request, channel: EventChannel) -> None:
+        self.engine.submit(request, channel)  # the step thread feeds the channel: no hop through a loop
+
+    def cancel_now(self, request_id: str) -> None:
+        self.engine.abort_now(request_id)
 
     async def abort(self, request_id: str) -> None:
         await self.engine.abort(request_id)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from inferplug.engine.block_hash import hash_block
+from inferplug.engine.block_hash import doc_approx_key, hash_block, rekey_from
 from inferplug.engine.sequence import Sequence
 
 
@@ -48,6 +48,22 @@ class BlockManager:
             return []
         self._update_keys(seq)
         return self.cached_run(seq.block_hashes[: (len(seq.token_ids) - 1) // self.block_size])
+
+    def approximate_run(self, seq: Sequence, first: int) -> list[int]:
+        """Cached blocks continuing seq's prefix from block `first` under the approximate key: blocks an earlier
+        request filled from the RAG document cache (block_hash.doc_approx_key). Nothing of seq changes."""
+        limit = (len(seq.token_ids) - 1) // self.block_size
+        if not self.enable_prefix_caching or first >= limit:
+            return []
+        keys = seq.block_hashes[:first]
+        rekey_from(keys, seq.token_ids, self.block_size, first, doc_approx_key(seq.cache_salt))
+        return self.cached_run(keys[first:limit])
+
+    def mark_approximate(self, seq: Sequence, first: int) -> None:
+        """Key seq's blocks from block `first` on as approximate KV (none of them may be committed yet)."""
+        assert seq.num_committed_blocks <= first, "an approximate block was already offered as exact"
+        if self.enable_prefix_caching:  # else nothing is keyed
+            rekey_from(seq.block_hashes, seq.token_ids, self.block_size, first, doc_approx_key(seq.cache_salt))
 
     def cached_run(self, keys: list[bytes]) -> list[int]:
         """The cached blocks of the leading keys, up to the first key not cached."""
@@ -101,7 +117,6 @@ class BlockManager:
                 self.free[block] = None
         seq.block_table.clear()
         seq.num_committed_blocks = 0
-        seq.num_computed_tokens = 0
 
     def check_invariants(self) -> None:
         used = sum(1 for r in self.ref_counts if r > 0)

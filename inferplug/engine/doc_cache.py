@@ -12,16 +12,17 @@ request's KV blocks instead of computing it, even if the neighbours or the posit
   to everything; bench/rag_cache.py measures what that costs (greedy-token agreement against
   full recompute). Selective recompute (CacheBlend) is the next step if agreement drops.
 - Isolation and exactness: segment keys include the request's cache_salt, so salted tenants
-  never share document KV. Injected KV is approximate, so the blocks from an injected segment
-  onwards enter the exact prefix cache under `block_hash.doc_approx_key`: a later request
-  without document hints never gets them and computes exact KV.
+  never share document KV. Injected KV is approximate, so the scheduler keys the blocks from an
+  injected segment onwards under `block_hash.doc_approx_key`: a later request without document
+  hints never gets them and computes exact KV.
 - Memory: entries live in host memory (capacity_bytes of it), never on the KV device, whose
   memory the resolver's plan already gives to the block pool.
 
-Hooks in the engine (each a one-liner marked "doc_cache"): LLMEngine.add_request calls `plan`,
-the Scheduler caps prefill chunks with `cap_chunk` so a chunk stops where a cached segment
-starts and extends prefix hits with `extend_hits`, and LLMEngine.step calls `after_step` to store
-new segments and inject cached ones.
+This cache is a prefix source the scheduler asks (scheduler.PrefixSource); it never allocates,
+commits or counts tokens. LLMEngine.add_request calls `plan`; the scheduler stops prefill chunks
+where a cached segment starts (`chunk_end`), continues prefix hits through blocks an earlier
+injection filled, and after each step stores new segments (`store_computed`) and, once it has
+given a segment's tokens blocks, has it filled (`next_span`, `fill`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Any
 import torch
 
 from inferplug.engine.attention import read_kv, write_kv
-from inferplug.engine.block_hash import doc_approx_key, hash_block, rekey_from
+from inferplug.engine.block_hash import hash_block
 from inferplug.engine.ops.torch_ops import apply_rope
 from inferplug.types import DocumentSpan
 
@@ -59,9 +60,9 @@ class _Entry:
 
 
 class DocumentKVCache:
-    def __init__(self, model: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], blocks: Any, tokenizer: Any,
-                 *, capacity_bytes: int = 512 << 20, min_tokens: int = 8):
-        self.model, self.kv_caches, self.blocks, self.tokenizer = model, kv_caches, blocks, tokenizer
+    def __init__(self, model: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], block_size: int,
+                 tokenizer: Any, *, capacity_bytes: int = 512 << 20, min_tokens: int = 8):
+        self.model, self.kv_caches, self.block_size, self.tokenizer = model, kv_caches, block_size, tokenizer
         self.capacity_bytes, self.min_tokens = capacity_bytes, min_tokens
         self.entries: OrderedDict[bytes, _Entry] = OrderedDict()  # LRU order, newest last
         self.nbytes = 0
@@ -92,48 +93,36 @@ class DocumentKVCache:
         if segments:
             self.plans[seq] = segments
 
-    # --- scheduler hook -----------------------------------------------------------------
-    def cap_chunk(self, seq: Any, computed: int, n: int) -> int:
-        """Shorten a prefill chunk so it ends where the next cached segment starts (it is injected there)."""
+    # --- what the scheduler asks (scheduler.PrefixSource) ------------------------------------
+    def has_spans(self, seq: Any) -> bool:
+        return seq in self.plans
+
+    def chunk_end(self, seq: Any, computed: int, n: int) -> int:
+        """Shorten a prefill chunk so it ends where the next cached segment starts (it is filled there)."""
         for seg in self.plans.get(seq, ()):
             if not seg.done and seg.start > computed and seg.key in self.entries:
                 return min(n, seg.start - computed)
         return n
 
-    def extend_hits(self, seq: Any, hits: list[int]) -> list[int]:
-        """Continue a prefix hit through blocks that an earlier request filled from cached documents.
-
-        Those blocks are keyed under doc_approx_key from their first injected block on. A request with
-        document hints would inject the same KV, so it takes those blocks instead: a repeated retrieval
-        set costs a prefix hit, not another injection and a chunk per document."""
-        bs = self.blocks.block_size
-        first, limit = len(hits), (len(seq.token_ids) - 1) // bs
-        if seq not in self.plans or first >= limit:
-            return hits
-        keys = seq.block_hashes[:first]
-        rekey_from(keys, seq.token_ids, bs, first, doc_approx_key(seq.cache_salt))
-        more = self.blocks.cached_run(keys[first:limit])
-        if more:
-            seq.block_hashes[:] = keys  # its blocks from here on are approximate, like an injection leaves them
-        return hits + more
-
-    # --- engine step hook ------------------------------------------------------------------
-    def after_step(self, seq: Any) -> None:
-        """Store segments computed by now; inject cached segments that start exactly here.
-
-        A segment already partly computed (a chunk boundary, a prefix hit) is finished normally and stored."""
+    def store_computed(self, seq: Any) -> None:
+        """Store the segments computed by now. A segment partly computed before (a chunk boundary, a prefix hit)
+        was finished normally, and is stored too."""
         for seg in self.plans.get(seq, ()):
-            if seg.done:
-                continue
-            if seg.end <= seq.num_computed_tokens:
+            if not seg.done and seg.end <= seq.num_computed_tokens:
                 self._store(seq, seg)
-            elif seg.start == seq.num_computed_tokens and seg.key in self.entries:
-                if not self._inject(seq, seg):
-                    seg.done = True  # the pool is short: compute it like any other token
-                    break
+
+    def next_span(self, seq: Any) -> Segment | None:
+        """The cached segment starting exactly where seq's computed tokens end."""
+        for seg in self.plans.get(seq, ()):
+            if not seg.done and seg.start == seq.num_computed_tokens and seg.key in self.entries:
+                return seg
+        return None
+
+    def skip(self, seg: Segment) -> None:
+        seg.done = True
 
     def _slots(self, seq: Any, start: int, end: int) -> torch.Tensor:
-        bs = self.blocks.block_size
+        bs = self.block_size
         return torch.tensor([seq.block_table[p // bs] * bs + p % bs for p in range(start, end)],
                             dtype=torch.long, device=self.kv_caches[0][0].device)
 
@@ -154,10 +143,8 @@ class DocumentKVCache:
         self.nbytes += entry.nbytes
         self.stored_segments += 1
 
-    def _inject(self, seq: Any, seg: Segment) -> bool:
-        """Copy a cached segment's KV into seq's blocks (re-rotated to its new position); False if no room."""
-        if not self.blocks.allocate(seq, seg.end):
-            return False
+    def fill(self, seq: Any, seg: Segment) -> None:
+        """Copy a cached segment's KV (re-rotated to its new position) into the blocks the scheduler gave seq."""
         entry = self.entries[seg.key]
         self.entries.move_to_end(seg.key)
         slots = self._slots(seq, seg.start, seg.end)
@@ -167,15 +154,8 @@ class DocumentKVCache:
         for layer, (kc, vc) in enumerate(self.kv_caches):
             write_kv(kc, vc, k[layer], v[layer], slots)
         seg.done = True
-        seq.num_computed_tokens = seg.end
-        seq.num_cached_tokens = (seq.num_cached_tokens or 0) + seg.end - seg.start
-        # approximate KV from here on: none of these blocks is committed yet (seg.start was the computed count)
-        rekey_from(seq.block_hashes, seq.token_ids, self.blocks.block_size, seg.start // self.blocks.block_size,
-                   doc_approx_key(seq.cache_salt))
-        self.blocks.commit(seq)
         self.hit_tokens += seg.end - seg.start
         self.injected_segments += 1
-        return True
 
     def stats(self) -> dict[str, Any]:
         return {"doc_cache_entries": len(self.entries), "doc_cache_bytes": self.nbytes,

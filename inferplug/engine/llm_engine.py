@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,13 +17,7 @@ from inferplug.engine.scheduler import Scheduler
 from inferplug.engine.sequence import Sequence
 from inferplug.errors import RequestError
 from inferplug.models.config import ModelConfig
-from inferplug.types import Event, Request, TokenLogprob
-
-
-@dataclass
-class _Finish:
-    reason: str
-    stop_reason: str | int | None = None
+from inferplug.types import Event, FinishReason, Request
 
 
 class LLMEngine:
@@ -38,6 +30,7 @@ class LLMEngine:
         self.config = config = config or EngineConfig()
         self.model_config, self.tokenizer = model_config, tokenizer
         self.render_chat = render_chat
+        self.reasoning_parser: str | None = None  # frontend/reasoning.py's parser for think text; the backend sets it
         limit = min(model_config.max_position_embeddings, config.num_kv_blocks * config.block_size)
         if model_config.sliding_window:  # we attend to the full context, which is exact only inside the window
             limit = min(limit, model_config.sliding_window)
@@ -48,19 +41,19 @@ class LLMEngine:
         model = LlamaModel(model_config, state_dict, dtype=config.torch_dtype, device=config.device,
                            attention=config.attention, kv_dtype=config.torch_kv_dtype)
         self.blocks = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(
-            self.blocks, max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=max(config.max_num_batched_tokens, config.block_size),
-        )
         graphs = config.cuda_graphs and config.device.startswith("cuda")  # decode steps per batch-size bucket
         self.runner = ModelRunner(model, num_blocks=config.num_kv_blocks, block_size=config.block_size,
                                   sampler=Sampler(sorted(self.eos_token_ids)),
                                   max_num_seqs=config.max_num_seqs if graphs else 0, max_model_len=self.max_model_len)
-        # doc_cache: RAG document KV reuse (engine/doc_cache.py, integrations helper); inert without Request.documents
-        self.doc_cache = (DocumentKVCache(model, self.runner.kv_caches, self.blocks, tokenizer)
+        # RAG document KV reuse (engine/doc_cache.py), a prefix source the scheduler asks; inert without
+        # Request.documents
+        self.doc_cache = (DocumentKVCache(model, self.runner.kv_caches, config.block_size, tokenizer)
                           if config.rag_document_cache else None)
-        if self.doc_cache is not None:
-            self.scheduler.cap_chunk, self.scheduler.extend_hits = self.doc_cache.cap_chunk, self.doc_cache.extend_hits
+        self.scheduler = Scheduler(
+            self.blocks, max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=max(config.max_num_batched_tokens, config.block_size),
+            prefix_source=self.doc_cache,
+        )
         self.requests: dict[str, RequestState] = {}
 
     # --- requests ---------------------------------------------------------------
@@ -82,19 +75,19 @@ class LLMEngine:
         if prompt_ids is None:
             prompt_ids, text = self.encode(request)
         validate_prompt(prompt_ids, request.params, self.model_config.vocab_size, self.max_model_len)
-        state = RequestState.create(request, prompt_ids, self.max_model_len, self.tokenizer, self.config.device)
+        state = RequestState.create(request, prompt_ids, self.max_model_len, self.tokenizer, self.config.device,
+                                    self.eos_token_ids, self.reasoning_parser)
         first, *rest = state.seqs
-        if self.doc_cache is not None:  # doc_cache: map the request's document spans to token segments
+        if self.doc_cache is not None:  # map the request's document spans to token segments
             self.doc_cache.plan(first, text, request.documents)
-        first.siblings_waiting = rest
-        self.scheduler.add(first)
+        self.scheduler.add(first, siblings=rest)
         self.requests[request.request_id] = state  # only now: a request that failed above must not linger
 
     def abort(self, request_id: str) -> list[Event]:
         state = self.requests.get(request_id)
         if state is None:
             return []
-        return [self._finish(seq, state, _Finish("abort")) for seq in state.seqs if not seq.is_finished]
+        return [self._finish(seq, state, "abort") for seq in state.seqs if not seq.is_finished]
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)
@@ -106,18 +99,11 @@ class LLMEngine:
             if self.requests and not self.scheduler.has_work():  # a lost request would keep callers stepping forever
                 return self._fail(set(self.requests), "the engine lost track of this request (a bug); send it again")
             return []
-        now = time.perf_counter()
-        for seq, _ in scheduled:
-            seq.first_scheduled_time = seq.first_scheduled_time or now
         try:
             samples = self.runner.run(scheduled)
         except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the engine
             return self._fail({s.request_id for s, _ in scheduled}, f"the model step failed: {exc!r}")
-        for seq, n in scheduled:
-            seq.num_computed_tokens += n
-            self.blocks.commit(seq)
-            if self.doc_cache is not None:  # doc_cache: store finished document segments, inject cached ones
-                self.doc_cache.after_step(seq)
+        self.scheduler.update_after_step(scheduled)
         events: list[Event] = []
         for seq, sample in samples:
             state = self.requests.get(seq.request_id)
@@ -133,46 +119,20 @@ class LLMEngine:
         return events
 
     def _append_token(self, seq: Sequence, state: RequestState, sample: SampleResult) -> Event:
-        token = sample.token_id
-        seq.token_ids.append(token)
-        seq.first_token_time = seq.first_token_time or time.perf_counter()
-        for sibling in reversed(seq.siblings_waiting):  # n > 1: the prompt is cached now, so they share it
-            self.scheduler.add(sibling, front=True)
-        seq.siblings_waiting = []
-        finish = self._stop_token(seq, token)
-        if finish is None:
-            stop = seq.detokenizer.add(token)
-            if stop is not None:
-                finish = _Finish("stop", stop)
-            elif seq.guide is not None and seq.guide.is_terminated():
-                finish = _Finish("stop")
-            elif seq.num_output_tokens >= seq.max_tokens or len(seq.token_ids) >= self.max_model_len:
-                finish = _Finish("length")
-        logprobs = self._logprobs(sample) if seq.params.logprobs is not None else None
-        if finish is not None:
-            return self._finish(seq, state, finish, token_ids=[token], logprobs=logprobs)
-        return Event(seq.request_id, seq.index, seq.detokenizer.delta(final=False), [token], logprobs)
+        self.scheduler.append_token(seq, sample.token_id)
+        event = seq.output.on_token(sample.token_id, sample.logprob, sample.top,
+                                    grammar_done=seq.guide is not None and seq.guide.is_terminated())
+        return self._close(seq, state, event) if event.finish_reason is not None else event
 
-    def _stop_token(self, seq: Sequence, token: int) -> _Finish | None:
-        p = seq.params
-        if seq.num_output_tokens <= p.min_tokens:
-            return None
-        if token in p.stop_token_ids:
-            return _Finish("stop", token)
-        if token in self.eos_token_ids and not p.ignore_eos:
-            return _Finish("stop")
-        return None
+    def _finish(self, seq: Sequence, state: RequestState, reason: FinishReason, error: str | None = None) -> Event:
+        return self._close(seq, state, seq.output.finish(reason, error))
 
-    def _finish(self, seq: Sequence, state: RequestState, finish: _Finish, *, token_ids=(), logprobs=None,
-                error: str | None = None) -> Event:
+    def _close(self, seq: Sequence, state: RequestState, event: Event) -> Event:
+        """seq's choice has ended: its blocks go back, and the request's last event gets usage and timings."""
         self.scheduler.finish(seq)
-        seq.finish_reason, seq.stop_reason = finish.reason, finish.stop_reason
-        seq.finished_time = time.perf_counter()
-        event = Event(seq.request_id, seq.index, seq.detokenizer.delta(final=True), list(token_ids), logprobs,
-                      finish_reason=finish.reason, stop_reason=finish.stop_reason, error=error)
         if all(s.is_finished for s in state.seqs):
             del self.requests[seq.request_id]
-            event.usage, event.timings = state.usage(), state.timings()
+            state.close(event)
         return event
 
     def _fail(self, request_ids: set[str], message: str) -> list[Event]:
@@ -181,13 +141,8 @@ class LLMEngine:
             state = self.requests.get(rid)
             for seq in state.seqs if state else []:
                 if not seq.is_finished:
-                    events.append(self._finish(seq, state, _Finish("error"), error=message))
+                    events.append(self._finish(seq, state, "error", message))
         return events
-
-    def _logprobs(self, sample: SampleResult) -> list[TokenLogprob]:
-        text = lambda t: self.tokenizer.decode([t])  # noqa: E731
-        top = [(t, text(t), lp) for t, lp in sample.top or []]
-        return [TokenLogprob(sample.token_id, text(sample.token_id), sample.logprob, top)]
 
     # --- metrics ----------------------------------------------------------------
     def stats(self) -> dict[str, Any]:

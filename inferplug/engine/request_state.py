@@ -1,14 +1,15 @@
-"""Per-request bookkeeping: input checks, the request's sequences (n > 1), usage and timings."""
+"""Per-request bookkeeping: input checks, the request's sequences (n > 1) and their output stage."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from inferplug.engine.detokenizer import IncrementalDetokenizer
+from inferplug.engine.output import RequestOutput
 from inferplug.engine.sequence import Sequence
 from inferplug.errors import RequestError
-from inferplug.types import Request, SamplingParams, Timings, Usage
+from inferplug.types import Event, Request, SamplingParams
 
 
 def validate_prompt(prompt_ids: list[int], params: SamplingParams, vocab_size: int, max_model_len: int) -> None:
@@ -45,15 +46,18 @@ def _make_guide(tokenizer: Any, schema: dict) -> Any:
 class RequestState:
     request: Request
     seqs: list[Sequence]
+    output: RequestOutput
 
     @classmethod
     def create(cls, request: Request, prompt_ids: list[int], max_model_len: int, tokenizer: Any,
-               device: str = "cpu") -> RequestState:
+               device: str = "cpu", eos_ids: Collection[int] = (), reasoning_parser: str | None = None) -> RequestState:
         import torch
 
         p = request.params
         room = max_model_len - len(prompt_ids)
         max_tokens = min(p.max_tokens or room, room)
+        output = RequestOutput.create(request.request_id, tokenizer, prompt_ids, p, eos_ids, max_tokens,
+                                      reasoning_parser)
         seqs = []
         for index in range(p.n):
             generator = None
@@ -61,25 +65,12 @@ class RequestState:
                 # torch.multinomial needs the generator on the logits' device
                 generator = torch.Generator(device=device).manual_seed(p.seed + index)
             guide = _make_guide(tokenizer, p.json_schema) if p.json_schema is not None else None
-            seq = Sequence(request.request_id, index, list(prompt_ids), p, max_tokens, cache_salt=request.cache_salt,
-                           generator=generator, guide=guide)
-            seq.detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids, p.stop, p.include_stop_str_in_output)
-            seqs.append(seq)
-        return cls(request, seqs)
+            seqs.append(Sequence(request.request_id, index, list(prompt_ids), p, max_tokens,
+                                 cache_salt=request.cache_salt, generator=generator, guide=guide,
+                                 output=output.choices[index]))
+        return cls(request, seqs, output)
 
-    def usage(self) -> Usage:
+    def close(self, event: Event) -> Event:
+        """Usage and timings on the request's last event."""
         first = self.seqs[0]
-        return Usage(prompt_tokens=first.num_prompt_tokens,
-                     completion_tokens=sum(s.num_output_tokens for s in self.seqs),
-                     cached_tokens=first.num_cached_tokens or 0)
-
-    def timings(self) -> Timings:
-        first = self.seqs[0]
-        arrival = first.arrival_time
-        end = max(s.finished_time or arrival for s in self.seqs)
-        started = first.first_scheduled_time or end
-        first_tokens = [s.first_token_time for s in self.seqs if s.first_token_time]
-        per_token = [(s.finished_time - s.first_token_time) / (s.num_output_tokens - 1)
-                     for s in self.seqs if s.first_token_time and s.finished_time and s.num_output_tokens > 1]
-        return Timings(queued=started - arrival, ttft=min(first_tokens) - arrival if first_tokens else None,
-                       tpot=sum(per_token) / len(per_token) if per_token else None, e2e=end - arrival)
+        return self.output.close(event, first.num_cached_tokens or 0, first.first_scheduled_time)

@@ -4,32 +4,59 @@ Each step hands out a token budget: running sequences first (a decode is one tok
 unfinished prefill gets the next chunk), then waiting ones in arrival order. When the pool runs
 short, the newest running sequence is preempted by recompute: its blocks go back to the pool,
 its full blocks usually stay cached, and it rejoins the front of the queue.
+
+The scheduler is the one writer of a sequence's token counts, tokens and blocks: it admits,
+advances (`update_after_step`, `append_token`), preempts and finishes. A prefix source (the RAG
+document cache) is asked, never given the pool: where a prefill chunk must stop, which cached
+blocks continue a prefix hit, and which spans it can fill once the scheduler has given them blocks.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
-from collections.abc import Callable
+from typing import Any, Protocol
 
 from inferplug.engine.block_manager import BlockManager
 from inferplug.engine.sequence import Sequence, SequenceStatus
 
 
+class PrefixSource(Protocol):
+    """KV for prompt spans that the exact prefix cache does not hold (engine/doc_cache.py)."""
+
+    def has_spans(self, seq: Sequence) -> bool: ...
+
+    def chunk_end(self, seq: Sequence, computed: int, n: int) -> int:
+        """n, or fewer so that the chunk stops where a span this source can fill starts."""
+
+    def store_computed(self, seq: Sequence) -> None:
+        """Keep the spans seq has computed by now (reads the KV, changes nothing of seq)."""
+
+    def next_span(self, seq: Sequence) -> Any:
+        """A span (with .start/.end) this source can fill that starts at seq.num_computed_tokens, or None."""
+
+    def fill(self, seq: Sequence, span: Any) -> None:
+        """Write the span's KV into the slots seq's blocks hold for it."""
+
+    def skip(self, span: Any) -> None:
+        """Leave the span to be computed like any other token."""
+
+
 class Scheduler:
-    def __init__(self, blocks: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, blocks: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
+                 prefix_source: PrefixSource | None = None):
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.prefix_source = prefix_source
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
-        # doc_cache: shortens a prefill chunk to end where a cached RAG document starts, and extends a prefix
-        # hit through blocks an earlier request filled from cached documents (engine/doc_cache.py)
-        self.cap_chunk: Callable[[Sequence, int, int], int] = lambda seq, computed, n: n
-        self.extend_hits: Callable[[Sequence, list[int]], list[int]] = lambda seq, hits: hits
 
-    def add(self, seq: Sequence, *, front: bool = False) -> None:
+    def add(self, seq: Sequence, *, front: bool = False, siblings: list[Sequence] = ()) -> None:
+        """Queue seq; its siblings (the other choices of n > 1) join once its prompt is computed, to share it."""
         seq.status = SequenceStatus.WAITING
+        seq.siblings_waiting = list(siblings) or seq.siblings_waiting
         (self.waiting.appendleft if front else self.waiting.append)(seq)
 
     def has_work(self) -> bool:
@@ -43,7 +70,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = self.cap_chunk(seq, seq.num_computed_tokens, min(len(seq.token_ids) - seq.num_computed_tokens, budget))
+            n = self._chunk(seq, seq.num_computed_tokens, budget)
             while not self.blocks.allocate(seq, seq.num_computed_tokens + n):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -60,27 +87,32 @@ class Scheduler:
             return scheduled
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            hits = self.extend_hits(seq, self.blocks.lookup_prefix(seq))
+            hits = self._prefix_hits(seq)
             computed = len(hits) * self.blocks.block_size
-            n = self.cap_chunk(seq, computed, min(len(seq.token_ids) - computed, budget))
+            n = self._chunk(seq, computed, budget)
             if not self.blocks.allocate(seq, computed + n, hits):
                 break
             self.waiting.popleft()
-            seq.num_computed_tokens = computed
-            if seq.num_cached_tokens is None:  # first admission: count it in the prefix hit rate
-                seq.num_cached_tokens = min(computed, seq.num_prompt_tokens)
-                self.blocks.queried_tokens += seq.num_prompt_tokens
-                self.blocks.hit_tokens += seq.num_cached_tokens
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
+            self._admit(seq, computed)
             scheduled.append((seq, n))
             budget -= n
         return scheduled
 
-    def _preempt(self, seq: Sequence) -> None:
-        self.blocks.release(seq)
-        self.num_preemptions += 1
-        self.add(seq, front=True)
+    def update_after_step(self, scheduled: list[tuple[Sequence, int]]) -> None:
+        """The step computed the scheduled tokens: count them, offer full blocks to the prefix cache, and let the
+        prefix source keep what it wants and fill the spans that start where a sequence now stands."""
+        for seq, n in scheduled:
+            seq.num_computed_tokens += n
+            self.blocks.commit(seq)
+            if self.prefix_source is not None and self.prefix_source.has_spans(seq):
+                self._fill_from_source(seq)
+
+    def append_token(self, seq: Sequence, token_id: int) -> None:
+        """A sampled token joins seq; its first one means its prompt is cached, so its siblings can share it."""
+        seq.token_ids.append(token_id)
+        for sibling in reversed(seq.siblings_waiting):
+            self.add(sibling, front=True)
+        seq.siblings_waiting = []
 
     def finish(self, seq: Sequence) -> None:
         """Drop a finished or aborted sequence wherever it is and free its blocks."""
@@ -88,5 +120,55 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.blocks.release(seq)
+        self._release(seq)
         seq.status = SequenceStatus.FINISHED
+
+    # --- internals ------------------------------------------------------------------
+    def _chunk(self, seq: Sequence, computed: int, budget: int) -> int:
+        n = min(len(seq.token_ids) - computed, budget)
+        if self.prefix_source is not None and self.prefix_source.has_spans(seq):
+            n = self.prefix_source.chunk_end(seq, computed, n)
+        return n
+
+    def _prefix_hits(self, seq: Sequence) -> list[int]:
+        """Cached blocks of seq's longest cached prefix, exact first, then blocks filled from the prefix source."""
+        hits = self.blocks.lookup_prefix(seq)
+        if self.prefix_source is not None and self.prefix_source.has_spans(seq):
+            # a request with the same documents would fill these blocks with the same KV: take them instead
+            more = self.blocks.approximate_run(seq, len(hits))
+            if more:
+                self.blocks.mark_approximate(seq, len(hits))
+                hits = hits + more
+        return hits
+
+    def _admit(self, seq: Sequence, computed: int) -> None:
+        seq.num_computed_tokens = computed
+        if seq.num_cached_tokens is None:  # first admission: count it in the prefix hit rate
+            seq.num_cached_tokens = min(computed, seq.num_prompt_tokens)
+            self.blocks.queried_tokens += seq.num_prompt_tokens
+            self.blocks.hit_tokens += seq.num_cached_tokens
+        seq.first_scheduled_time = seq.first_scheduled_time or time.perf_counter()
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
+    def _fill_from_source(self, seq: Sequence) -> None:
+        source = self.prefix_source
+        source.store_computed(seq)
+        while (span := source.next_span(seq)) is not None:
+            if not self.blocks.allocate(seq, span.end):
+                source.skip(span)  # the pool is short: compute it like any other token
+                return
+            source.fill(seq, span)
+            self.blocks.mark_approximate(seq, span.start // self.blocks.block_size)
+            seq.num_computed_tokens = span.end
+            seq.num_cached_tokens = (seq.num_cached_tokens or 0) + span.end - span.start
+            self.blocks.commit(seq)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._release(seq)
+        self.num_preemptions += 1
+        self.add(seq, front=True)
+
+    def _release(self, seq: Sequence) -> None:
+        self.blocks.release(seq)
+        seq.num_computed_tokens = 0

@@ -1,8 +1,11 @@
-"""One generated choice of a request: its tokens, KV blocks, progress and timings."""
+"""One generated choice of a request: its tokens, KV blocks and progress.
+
+The scheduler is the one writer of token_ids, num_computed_tokens, num_cached_tokens, the block
+table and the block keys (through its BlockManager); everything else here is read by the runner and sampler.
+"""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -26,7 +29,7 @@ class Sequence:
     cache_salt: str | None = None
     generator: Any = None  # torch.Generator when the request has a seed
     guide: Any = None  # constrained decoding (engine.guided); fill_mask / accept / is_terminated
-    detokenizer: Any = None  # engine.detokenizer.IncrementalDetokenizer
+    output: Any = None  # engine.output.ChoiceOutput: text, stop checks, timings
     token_ids: list[int] = field(default_factory=list)  # prompt + output
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
@@ -34,13 +37,8 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # keys of the full blocks of token_ids so far
     num_committed_blocks: int = 0  # leading blocks already offered to the prefix cache
-    finish_reason: str | None = None
-    stop_reason: str | int | None = None
     siblings_waiting: list[Sequence] = field(default_factory=list)  # n > 1: admitted once our prompt is cached
-    arrival_time: float = field(default_factory=time.perf_counter)
     first_scheduled_time: float | None = None
-    first_token_time: float | None = None
-    finished_time: float | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:

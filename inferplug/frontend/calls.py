@@ -1,8 +1,8 @@
 """Running requests on a Backend from any thread or event loop, and collecting their results.
 
-Every request runs on the backend's own loop (where its engine lives). Sync callers use
-`stream_sync`; async callers get the events handed over to their own loop, so many
-concurrent calls from LangChain/LlamaIndex all land in the engine's continuous batch.
+Sync callers use `stream_sync`, async callers `aiter_events` on their own loop, both over the
+backend's one bridge (backends/bridge.py); many concurrent calls from LangChain/LlamaIndex all land
+in the engine's continuous batch. A caller that wants only the result asks for the events at the end.
 """
 
 from __future__ import annotations
@@ -17,33 +17,9 @@ from inferplug.frontend.tool_calls import ToolCall, calls_from_deltas, parse_too
 from inferplug.types import Event, Request, Timings, TokenLogprob, ToolCallDelta, Usage
 
 
-async def aiter_events(backend: Any, request: Request) -> AsyncIterator[Event]:
-    """The request's events on the caller's event loop; leaving early aborts the request."""
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[Any] = asyncio.Queue()
-    done = object()
-
-    async def pump() -> None:
-        try:
-            async for event in backend.generate(request):
-                loop.call_soon_threadsafe(queue.put_nowait, event)
-        except BaseException as exc:  # re-raised in the caller's loop
-            loop.call_soon_threadsafe(queue.put_nowait, exc)
-        finally:
-            loop.call_soon_threadsafe(queue.put_nowait, done)
-
-    future = asyncio.run_coroutine_threadsafe(pump(), backend._background_loop())
-    finished = False
-    try:
-        while (item := await queue.get()) is not done:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-        finished = True
-    finally:
-        if not finished and not future.done():
-            future.cancel()
-            asyncio.run_coroutine_threadsafe(backend.abort(request.request_id), backend._background_loop())
+def aiter_events(backend: Any, request: Request, *, at_end: bool = False) -> AsyncIterator[Event]:
+    """The request's events on the caller's event loop; leaving early aborts the request (backends/bridge.py)."""
+    return backend.stream_async(request, at_end=at_end)
 
 
 @dataclass
@@ -108,7 +84,7 @@ def collect(events: Iterable[Event]) -> Result:
 
 async def acollect(backend: Any, request: Request) -> Result:
     builder = ResultBuilder()
-    async for event in aiter_events(backend, request):
+    async for event in aiter_events(backend, request, at_end=True):
         builder.add(event)
     return builder.build()
 

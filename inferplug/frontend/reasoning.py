@@ -9,10 +9,8 @@ output that never closes it is all reasoning. `qwen3`: reasoning only between an
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
 from typing import Any
 
-from inferplug.types import Event
 
 START, END = "<think>", "</think>"
 PARSERS = ("deepseek_r1", "qwen3")
@@ -65,16 +63,6 @@ def _partial_tag_suffix(text: str, tags: list[str]) -> int:
 def split_reasoning(text: str, parser: str) -> tuple[str, str]:
     """(content, reasoning) of a whole output."""
     return ReasoningSplitter(parser).feed(text, final=True)
-
-
-async def split_events(events: AsyncIterator[Event], parser: str | None) -> AsyncIterator[Event]:
-    """A backend's event stream with each choice's think text moved from `text` to `reasoning`."""
-    splitters: dict[int, ReasoningSplitter] = {}
-    async for event in events:
-        if parser is not None:
-            splitter = splitters.setdefault(event.index, ReasoningSplitter(parser))
-            event.text, event.reasoning = splitter.feed(event.text, final=event.finish_reason is not None)
-        yield event
 
 
 def detect_parser(template: Any, generation_prompt: str) -> str | None:

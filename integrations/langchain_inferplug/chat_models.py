@@ -86,7 +86,8 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
         if run_manager is not None and run_manager.handlers:
             return generate_from_stream(self._stream_prepared(prepared, run_manager))  # tokens to the handlers
         deadline, builder = self._deadline(), ResultBuilder()
-        for event in self.backend.stream_sync(prepared.request):
+        # without a timeout to watch, the events come at the end: one wake-up a call, not one a step
+        for event in self.backend.stream_sync(prepared.request, at_end=deadline is None):
             self._check_deadline(deadline)
             builder.add(event)
         return ChatResult(generations=[ChatGeneration(message=self._message(builder.build(), prepared))])
@@ -112,7 +113,7 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
         if run_manager is not None and run_manager.handlers:
             return await agenerate_from_stream(self._astream_prepared(prepared, run_manager))
         deadline, builder = self._deadline(), ResultBuilder()
-        async for event in aiter_events(self.backend, prepared.request):
+        async for event in aiter_events(self.backend, prepared.request, at_end=deadline is None):
             self._check_deadline(deadline)
             builder.add(event)
         return ChatResult(generations=[ChatGeneration(message=self._message(builder.build(), prepared))])

@@ -193,7 +193,7 @@ def test_request_options_reach_the_job_and_its_settings(make_backend, sent, tiny
     for index, job in enumerate(sent["args"]):
         assert job["input_ids"].tolist() == [[4, 5, 6]] and job["identifier"] == index
         assert job["max_new_tokens"] == 5 and job["min_new_tokens"] == 2 and job["seed"] == 5 + index
-        # stop strings stay with our output stage (ChoiceStream), which cancels the job on one
+        # stop strings stay with our output stage (ChoiceOutput), which cancels the job on one
         assert sorted(job["stop_conditions"]) == sorted({9, *eos})
         assert job["return_probs"] is True and job["return_top_tokens"] == 2
         assert {k: getattr(job["gen_settings"], k) for k in settings} == settings

@@ -80,3 +80,23 @@ async def test_close_ends_open_streams_with_backend_unavailable(tiny_llama_dir):
     with pytest.raises(BackendUnavailable, match="closed"):
         await _collect(engine, Request(prompt=[5, 6], params=greedy(2), request_id="late"))
     assert not engine.engine.has_unfinished() and engine.stats()["kv_blocks_used"] == 0
+
+
+def test_a_thread_reads_a_stream_without_an_event_loop(async_engine):
+    from functools import partial
+
+    from inferplug.backends.bridge import consume_sync
+
+    def stream(request: Request, at_end: bool):
+        return consume_sync(partial(async_engine.submit, request), partial(async_engine.abort_now, request.request_id),
+                            at_end=at_end)
+
+    prompt = prompts_of([12], seed=4)[0]
+    streamed = list(stream(Request(prompt=prompt, params=greedy(8), request_id="s"), at_end=False))
+    whole = list(stream(Request(prompt=prompt, params=greedy(8), request_id="w"), at_end=True))
+    assert [e.token_ids for e in streamed] == [e.token_ids for e in whole]
+    assert whole[-1].usage.completion_tokens == 8
+    early = stream(Request(prompt=prompt, params=greedy(300), request_id="e"), at_end=False)
+    next(early)
+    early.close()  # aborted before close returns: its blocks are back
+    assert "e" not in async_engine.engine.requests and async_engine.stats()["kv_blocks_used"] == 0

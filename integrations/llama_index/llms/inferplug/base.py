@@ -28,7 +28,7 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 
 from inferplug.frontend.binding import bind_profile, usage_counts
-from inferplug.frontend.calls import Result, ResultBuilder, aiter_events, collect
+from inferplug.frontend.calls import Result, ResultBuilder, acollect, aiter_events, collect
 from inferplug.frontend.requests import Prepared, build_request
 from inferplug.rag.layout import DocumentMemory
 from inferplug.types import SamplingParams, TokenLogprob
@@ -112,7 +112,7 @@ class InferPlug(FunctionCallingLLM):
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         prepared = self._prepare(messages, kwargs)
-        return self._response(collect(self.backend.stream_sync(prepared.request)), prepared)
+        return self._response(collect(self.backend.stream_sync(prepared.request, at_end=True)), prepared)
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
@@ -129,10 +129,7 @@ class InferPlug(FunctionCallingLLM):
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         prepared = self._prepare(messages, kwargs)
-        builder = ResultBuilder()
-        async for event in aiter_events(self.backend, prepared.request):
-            builder.add(event)
-        return self._response(builder.build(), prepared)
+        return self._response(await acollect(self.backend, prepared.request), prepared)
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:

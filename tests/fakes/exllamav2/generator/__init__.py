@@ -94,7 +94,7 @@ class ExLlamaV2DynamicJob:
         self.stop_tokens = {t for t in stop_conditions or [] if isinstance(t, int)}
         self.stop_strings = {t for t in stop_conditions or [] if isinstance(t, str)}
         if self.stop_strings:  # the real one holds text back while a stop string may be forming
-            raise NotImplementedError("the fake has no stop strings: inferplug ends on them itself (ChoiceStream)")
+            raise NotImplementedError("the fake has no stop strings: inferplug ends on them itself (ChoiceOutput)")
         self.decode_special_tokens = decode_special_tokens
         self.return_top_tokens = return_top_tokens
         self.return_probs = return_probs

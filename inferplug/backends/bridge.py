@@ -1,0 +1,102 @@
+"""The one sync/async bridge: a request's events from the thread that makes them to the caller that reads them.
+
+A producer on any thread (the native engine's step thread, or a pump on a backend's own event
+loop) `send`s events into an EventChannel; one consumer reads them, either a blocked thread
+(`consume_sync`) or a coroutine on its own loop (`consume_async`). Wake-ups are coalesced: a
+consumer is woken once for whatever arrived since it last looked (one engine step's events, or
+more), and with `at_end` once when the request ends, for callers that want only the result. So a
+batch of chats costs a wake-up per request, not a thread or loop hop per token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+
+class EventChannel:
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None, *, at_end: bool = False):
+        """loop: the consuming coroutine's loop (None: a consuming thread). at_end: wake only once it has ended."""
+        self._loop, self._at_end = loop, at_end
+        self._lock = threading.Lock()
+        self._items: list[Any] = []
+        self._ended = False
+        self._notified = False
+        self._ready: threading.Event | asyncio.Event = threading.Event() if loop is None else asyncio.Event()
+
+    @property
+    def ended(self) -> bool:
+        """The producer is done with this request: nothing to cancel any more."""
+        return self._ended
+
+    # --- producer side, any thread -------------------------------------------------
+    def send(self, items: list[Any], *, last: bool = False) -> None:
+        """Events (or one exception, re-raised in the consumer); `last` ends the request."""
+        with self._lock:
+            if self._ended:
+                return
+            self._items += items
+            self._ended = last
+            if self._notified or (self._at_end and not last):
+                return
+            self._notified = True
+        if self._loop is None:
+            self._ready.set()
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._ready.set)
+        except RuntimeError:  # the consumer's loop is closed: nobody is listening any more
+            pass
+
+    # --- consumer side ---------------------------------------------------------------
+    def _take(self) -> tuple[list[Any], bool]:
+        with self._lock:
+            items, self._items = self._items, []
+            self._notified = False
+            self._ready.clear()
+            return items, self._ended
+
+
+def _unpack(items: list[Any]) -> Iterator[Any]:
+    for item in items:
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+
+
+def consume_sync(submit: Callable[[EventChannel], None], cancel: Callable[[], None], *,
+                 at_end: bool = False) -> Iterator[Any]:
+    """Submit (on first iteration) and read the events in this thread; leaving before the end calls cancel()."""
+    channel = EventChannel(at_end=at_end)
+    submit(channel)
+    try:
+        while True:
+            channel._ready.wait()
+            items, ended = channel._take()
+            yield from _unpack(items)
+            if ended:
+                return
+    finally:
+        if not channel.ended:
+            cancel()
+
+
+async def consume_async(submit: Callable[[EventChannel], None], cancel: Callable[[], None], *,
+                        at_end: bool = False) -> AsyncIterator[Any]:
+    """Submit (on first iteration) and read the events on the running loop; leaving before the end calls cancel()
+    in a worker thread."""
+    channel = EventChannel(asyncio.get_running_loop(), at_end=at_end)
+    submit(channel)
+    try:
+        while True:
+            await channel._ready.wait()
+            items, ended = channel._take()
+            for item in _unpack(items):
+                yield item
+            if ended:
+                return
+    finally:
+        if not channel.ended:
+            await asyncio.to_thread(cancel)

@@ -1,0 +1,124 @@
+"""The output stage: sampled token ids in, Events out, the same for our engine and the local backends.
+
+A ChoiceOutput turns one choice's tokens into text (incremental detokenizing; a reasoning model's
+think part moved to Event.reasoning), ends the choice on a stop token id, EOS, a stop string, the
+end of its grammar or its length, and formats logprobs. A
+RequestOutput holds a request's choices and puts usage and timings on its last event.
+Engines hand over raw token ids only; nothing here touches KV blocks or token counts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferplug.engine.detokenizer import IncrementalDetokenizer
+from inferplug.types import Event, FinishReason, SamplingParams, Timings, TokenLogprob, Usage
+
+
+class ChoiceOutput:
+    """One choice: `eos_ids` end it unless ignore_eos; stop_token_ids always do (after min_tokens)."""
+
+    def __init__(self, request_id: str, index: int, tokenizer: Any, prompt_ids: list[int], params: SamplingParams,
+                 eos_ids: Collection[int], max_tokens: int, reasoning_parser: str | None = None):
+        from inferplug.frontend.reasoning import ReasoningSplitter
+
+        self.request_id, self.index, self.tokenizer = request_id, index, tokenizer
+        self.reasoning = ReasoningSplitter(reasoning_parser) if reasoning_parser else None
+        self.params, self.eos_ids, self.max_tokens = params, eos_ids, max_tokens
+        self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids, params.stop, params.include_stop_str_in_output)
+        self.num_tokens = 0
+        self.finish_reason: FinishReason | None = None
+        self.stop_reason: str | int | None = None
+        self.first_token_time: float | None = None
+        self.finished_time: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def on_token(self, token_id: int, logprob: float | None = None, top: list[tuple[int, float]] | None = None,
+                 *, grammar_done: bool = False) -> Event:
+        """The event for one sampled token (its choice's last when the token ends it)."""
+        self.num_tokens += 1
+        self.first_token_time = self.first_token_time or time.perf_counter()
+        event = Event(self.request_id, self.index, token_ids=[token_id])
+        if self.params.logprobs is not None and logprob is not None:
+            text = self.tokenizer.decode
+            event.logprobs = [TokenLogprob(token_id, text([token_id]), logprob,
+                                           [(t, text([t]), lp) for t, lp in top or []])]
+        reason, stop = self._stop_token(token_id)
+        if reason is None:
+            stop = self.detokenizer.add(token_id)
+            if stop is not None or grammar_done:
+                reason = "stop"
+            elif self.num_tokens >= self.max_tokens:
+                reason = "length"
+        if reason is not None:
+            return self._finish(event, reason, stop)
+        return self._text(event, final=False)
+
+    def finish(self, reason: FinishReason, error: str | None = None) -> Event:
+        """The closing event when the engine ends the choice itself (abort, error, its own length limit)."""
+        return self._finish(Event(self.request_id, self.index, error=error), reason, None)
+
+    def _stop_token(self, token_id: int) -> tuple[FinishReason | None, int | None]:
+        p = self.params
+        if self.num_tokens <= p.min_tokens:
+            return None, None
+        if token_id in p.stop_token_ids:  # whatever ignore_eos says
+            return "stop", token_id
+        if token_id in self.eos_ids and not p.ignore_eos:
+            return "stop", None
+        return None, None
+
+    def _finish(self, event: Event, reason: FinishReason, stop_reason: str | int | None) -> Event:
+        self.finish_reason, self.stop_reason = reason, stop_reason
+        self.finished_time = time.perf_counter()
+        event.finish_reason, event.stop_reason = reason, stop_reason
+        return self._text(event, final=True)
+
+    def _text(self, event: Event, final: bool) -> Event:
+        """The detokenizer's new text on the event, a reasoning model's think part moved to `reasoning`."""
+        event.text = self.detokenizer.delta(final=final)
+        if self.reasoning is not None:
+            event.text, event.reasoning = self.reasoning.feed(event.text, final=final)
+        return event
+
+
+@dataclass
+class RequestOutput:
+    """A request's choices; its last event carries usage and timings."""
+
+    choices: list[ChoiceOutput]
+    num_prompt_tokens: int
+    arrival: float = field(default_factory=time.perf_counter)
+
+    @classmethod
+    def create(cls, request_id: str, tokenizer: Any, prompt_ids: list[int], params: SamplingParams,
+               eos_ids: Collection[int], max_tokens: int, reasoning_parser: str | None = None) -> RequestOutput:
+        return cls([ChoiceOutput(request_id, i, tokenizer, prompt_ids, params, eos_ids, max_tokens, reasoning_parser)
+                    for i in range(params.n)], len(prompt_ids))
+
+    @property
+    def done(self) -> bool:
+        return all(c.done for c in self.choices)
+
+    def close(self, event: Event, cached_tokens: int, started: float | None = None) -> Event:
+        """Put usage and timings on the request's last event (`started`: when it was first scheduled)."""
+        if event.finish_reason is not None and self.done:
+            event.usage = Usage(self.num_prompt_tokens, sum(c.num_tokens for c in self.choices), cached_tokens)
+            event.timings = self.timings(started)
+        return event
+
+    def timings(self, started: float | None = None) -> Timings:
+        arrival = self.arrival
+        end = max(c.finished_time or arrival for c in self.choices)
+        first_tokens = [c.first_token_time for c in self.choices if c.first_token_time]
+        started = started or min(first_tokens, default=end)
+        per_token = [(c.finished_time - c.first_token_time) / (c.num_tokens - 1)
+                     for c in self.choices if c.first_token_time and c.finished_time and c.num_tokens > 1]
+        return Timings(queued=started - arrival, ttft=min(first_tokens) - arrival if first_tokens else None,
+                       tpot=sum(per_token) / len(per_token) if per_token else None, e2e=end - arrival)

@@ -1,0 +1,92 @@
+"""The one sync/async bridge: events from a producer thread to a consuming thread or coroutine."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from inferplug.backends.bridge import EventChannel, consume_async, consume_sync
+from inferplug.errors import RequestError
+
+
+def test_everything_sent_before_a_look_comes_in_one_take_and_in_order():
+    channel = EventChannel()
+    for i in range(5):
+        channel.send([i])
+    channel.send([5, 6], last=True)
+    assert channel._ready.is_set() and channel._take() == ([0, 1, 2, 3, 4, 5, 6], True)
+    assert not channel._ready.is_set()
+
+
+def test_a_sync_consumer_gets_every_event_and_an_ended_stream_is_not_cancelled():
+    def submit(channel: EventChannel) -> None:
+        channel.send([1, 2])
+        channel.send([3], last=True)
+
+    assert list(consume_sync(submit, cancel=lambda: pytest.fail("an ended stream is not cancelled"))) == [1, 2, 3]
+
+
+def test_at_end_wakes_the_consumer_only_when_the_request_ends():
+    channel = EventChannel(at_end=True)
+    channel.send([1])
+    channel.send([2])
+    assert not channel._ready.is_set()
+    channel.send([3], last=True)
+    assert channel._ready.is_set() and channel._take() == ([1, 2, 3], True)
+    channel.send([4])  # after the end: dropped
+    assert channel._take() == ([], True)
+
+
+def test_an_exception_is_raised_in_the_consumer_and_nothing_is_cancelled():
+    cancelled = []
+    stream = consume_sync(lambda ch: ch.send([RequestError("bad request", param="prompt")], last=True),
+                          cancel=lambda: cancelled.append(True))
+    with pytest.raises(RequestError, match="bad request"):
+        next(stream)
+    assert cancelled == []
+
+
+def test_leaving_early_cancels_once():
+    cancelled = []
+    stream = consume_sync(lambda ch: ch.send([1, 2]), cancel=lambda: cancelled.append(True))
+    assert next(stream) == 1
+    stream.close()
+    assert cancelled == [True]
+
+
+def test_nothing_is_submitted_before_the_first_iteration():
+    submitted = []
+    consume_sync(submitted.append, cancel=lambda: None)
+    assert submitted == []
+
+
+async def test_a_producer_thread_feeds_a_coroutine_on_its_own_loop():
+    started = threading.Event()
+    channel_box: list[EventChannel] = []
+
+    def produce() -> None:
+        started.wait(30)
+        for i in range(50):
+            channel_box[0].send([i])
+        channel_box[0].send([], last=True)
+
+    def submit(channel: EventChannel) -> None:
+        channel_box.append(channel)
+        started.set()
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    got = [item async for item in consume_async(submit, cancel=lambda: pytest.fail("ended, not cancelled"))]
+    thread.join(30)
+    assert got == list(range(50))
+
+
+async def test_an_async_consumer_that_leaves_early_cancels_in_a_worker_thread():
+    cancelled_on = []
+    stream = consume_async(lambda ch: ch.send([1, 2]), cancel=lambda: cancelled_on.append(threading.current_thread()))
+    assert await stream.__anext__() == 1
+    await stream.aclose()
+    assert len(cancelled_on) == 1 and cancelled_on[0] is not threading.main_thread()
+    await asyncio.sleep(0)
