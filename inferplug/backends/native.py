@@ -38,7 +38,7 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
         rag_document_cache=plan.rag_document_cache,  # doc_cache: the profile's [cache] rag_document_cache
     )
     tokenizer = load_tokenizer(path, profile.model.tokenizer)
-    weights = load_weights(path, config.torch_dtype, config.device)
+    weights = load_weights(path, config.torch_dtype, config.device, profile.quantization.format)
     engine = LLMEngine(read_config(path), weights, tokenizer, config,
                        render_chat=partial(render_chat, tokenizer, profile))
     del weights  # the float copies go once the model is quantized below
