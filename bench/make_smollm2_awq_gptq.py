@@ -28,7 +28,12 @@ def dequantized(gguf: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    model.save_pretrained(out)
+    config = model.config
+    if hasattr(config, "quantization_config"):  # transformers marks a GGUF-loaded model unsaveable: save a plain copy
+        del config.quantization_config
+    plain = type(model)(config)
+    plain.load_state_dict(model.state_dict())
+    plain.save_pretrained(out)
     AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
 
 

@@ -142,7 +142,8 @@ def quantize_model(model, fmt: str):
     its own copy); an nn.Module (a transformers model, the tests' reference) has its nn.Linear children
     swapped, its `lm_head` child as the head.
     """
-    if fmt not in QUANTIZED_LINEARS and fmt not in CHECKPOINT_FORMATS:
+    loaded_as_layers = fmt in CHECKPOINT_FORMATS and not isinstance(model, nn.Module)  # by models/quant_checkpoint.py
+    if fmt not in QUANTIZED_LINEARS and not loaded_as_layers:
         raise ProfileError(f"quantization.format {fmt!r} cannot run weight-only; use one of {sorted(QUANTIZED_LINEARS)}")
     device = (next(model.parameters()) if isinstance(model, nn.Module) else model.lm_head).device.type
     layer_cls = layer_class(fmt, device) if fmt in QUANTIZED_LINEARS else None  # AWQ / GPTQ: loaded as layers
