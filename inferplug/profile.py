@@ -58,7 +58,18 @@ class ModelSource(Table):
     chat_template: str | None = None  # inline Jinja text, or a path to a file holding it
     context_length: int | None = Field(default=None, gt=0)
     served_name: str | None = None
+    reasoning_parser: str | None = None  # "deepseek_r1", "qwen3" or "none"; unset: detected from the chat template
     hints: ArchitectureHints | None = None
+
+    @field_validator("reasoning_parser")
+    @classmethod
+    def _known_parser(cls, value: str | None) -> str | None:
+        from inferplug.frontend.reasoning import PARSERS
+
+        if value not in (None, "none", *PARSERS):
+            raise ValueError(f"unknown reasoning parser {value!r}; use one of {[*PARSERS, 'none']}, "
+                             "or leave it unset to detect it from the chat template")
+        return value
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSource:

@@ -167,6 +167,7 @@ class Event:
     usage: Usage | None = None
     timings: Timings | None = None
     error: str | None = None  # set with finish_reason="error"
+    reasoning: str = ""  # new reasoning text (a reasoning model's <think> part), kept out of `text`
 
 
 @dataclass

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from abc import ABC, abstractmethod
+from functools import cached_property
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import Future
 from importlib.metadata import entry_points
@@ -66,6 +67,23 @@ class Backend(ABC):
         from inferplug.chat_template import render_chat
 
         return render_chat(self.tokenizer, self.profile, messages, tools)
+
+    @cached_property
+    def reasoning_parser(self) -> str | None:
+        """The parser that splits this model's <think> text out of `Event.text`: [model] reasoning_parser, else
+        what the chat template implies; None for none (and for remote servers, which split it themselves)."""
+        from inferplug.chat_template import profile_template
+        from inferplug.errors import InferPlugError
+        from inferplug.frontend.reasoning import detect_parser
+
+        named = self.profile.model.reasoning_parser
+        if named is not None or self.tokenizer is None:
+            return None if named in (None, "none") else named
+        try:
+            prompt = self.apply_chat_template([{"role": "user", "content": "hi"}])
+        except InferPlugError:
+            return None
+        return detect_parser(profile_template(self.profile) or self.tokenizer.chat_template, prompt)
 
     @abstractmethod
     def generate(self, request: Request) -> AsyncIterator[Event]:

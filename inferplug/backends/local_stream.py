@@ -112,7 +112,9 @@ class ChoiceStream:
     """
 
     def __init__(self, request_id: str, index: int, tokenizer: Any, prompt_ids: list[int],
-                 params: SamplingParams, end_ids: set[int], max_tokens: int):
+                 params: SamplingParams, end_ids: set[int], max_tokens: int, reasoning_parser: str | None = None):
+        from inferplug.frontend.reasoning import ReasoningSplitter
+
         self.request_id = request_id
         self.index = index
         self.params = params
@@ -122,6 +124,14 @@ class ChoiceStream:
         self.tokenizer = tokenizer
         self.completion_tokens = 0
         self.finish_reason: FinishReason | None = None
+        self.reasoning = ReasoningSplitter(reasoning_parser) if reasoning_parser else None
+
+    def _text(self, event: Event, final: bool) -> Event:
+        """The detokenizer's new text on the event, a reasoning model's think part moved to `reasoning`."""
+        event.text = self.detok.delta(final=final)
+        if self.reasoning is not None:
+            event.text, event.reasoning = self.reasoning.feed(event.text, final=final)
+        return event
 
     @property
     def done(self) -> bool:
@@ -143,8 +153,7 @@ class ChoiceStream:
             return self._finish(event, "stop", stop)
         if self.completion_tokens >= self.max_tokens:
             return self._finish(event, "length", None)
-        event.text = self.detok.delta(final=False)
-        return event
+        return self._text(event, final=False)
 
     def finish(self, reason: FinishReason, error: str | None = None) -> Event:
         """The closing event when the engine ends the choice itself (length, abort, error)."""
@@ -154,8 +163,7 @@ class ChoiceStream:
         self.finish_reason = reason
         event.finish_reason = reason
         event.stop_reason = stop_reason
-        event.text = self.detok.delta(final=True)
-        return event
+        return self._text(event, final=True)
 
 
 @dataclass
@@ -179,8 +187,8 @@ class LocalRequest:
         ids = prompt_token_ids(backend, request)
         limit = max_new_tokens(params, len(ids), backend.context_length)
         end_ids = {t for t in eos_ids if t is not None} | set(params.stop_token_ids)
-        choices = [ChoiceStream(request.request_id, i, backend.tokenizer, ids, params, end_ids, limit)
-                   for i in range(params.n)]
+        choices = [ChoiceStream(request.request_id, i, backend.tokenizer, ids, params, end_ids, limit,
+                                backend.reasoning_parser) for i in range(params.n)]
         return cls(ids, limit, end_ids, choices, clock)
 
     @property

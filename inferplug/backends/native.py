@@ -77,7 +77,9 @@ class NativeBackend(Backend):
         return self.engine.engine.tokenizer
 
     def generate(self, request: Request) -> AsyncIterator[Event]:
-        return self.engine.generate(request)
+        from inferplug.frontend.reasoning import split_events
+
+        return split_events(self.engine.generate(request), self.reasoning_parser)
 
     async def abort(self, request_id: str) -> None:
         await self.engine.abort(request_id)

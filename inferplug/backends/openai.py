@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from inferplug.backends.base import Backend
-from inferplug.backends.openai_sse import FinishHolder, chunk_events, chunk_usage, sse_data
+from inferplug.backends.openai_sse import FinishHolder, ToolCallText, chunk_events, chunk_usage, sse_data
 from inferplug.errors import BackendUnavailable, RequestError
 from inferplug.types import Capabilities, Event, Request, SamplingParams, Timings
 
@@ -74,7 +74,7 @@ class OpenAIBackend(Backend):
         path, body = self._body(request)
         started = time.perf_counter()
         first_token: float | None = None
-        holder, finished, usage = FinishHolder(), set(), None
+        holder, finished, usage, calls = FinishHolder(), set(), None, ToolCallText()
         self._active[request.request_id] = None
         try:
             async with self._stream(request.request_id, path, body) as response:
@@ -85,7 +85,7 @@ class OpenAIBackend(Backend):
                         if "error" in chunk:
                             raise _StreamError(_error_message(chunk, self._key))
                         usage = chunk_usage(chunk) or usage
-                        for event in chunk_events(request.request_id, chunk):
+                        for event in chunk_events(request.request_id, chunk, calls):
                             first_token = first_token or (time.perf_counter() if event.text else None)
                             if event.finish_reason is not None:
                                 finished.add(event.index)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferplug.errors import GenerationError
-from inferplug.types import Event, Request, Timings, Usage
+from inferplug.types import Event, Request, Timings, TokenLogprob, Usage
 
 
 async def aiter_events(backend: Any, request: Request) -> AsyncIterator[Event]:
@@ -50,11 +50,13 @@ class Result:
     """One finished choice: its text, why it stopped, and the request's usage and timings."""
 
     text: str = ""
+    reasoning: str = ""  # a reasoning model's think text (Event.reasoning)
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     usage: Usage = field(default_factory=Usage)
     timings: Timings | None = None
     token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None  # when the request asked for them
 
 
 class ResultBuilder:
@@ -63,12 +65,17 @@ class ResultBuilder:
     def __init__(self) -> None:
         self.result = Result()
         self._parts: list[str] = []
+        self._reasoning: list[str] = []
 
     def add(self, event: Event) -> None:
         if event.error:
             raise GenerationError(f"generation failed: {event.error}")
         if event.index == 0:
             self._parts.append(event.text)
+            self._reasoning.append(event.reasoning)
+            if event.logprobs is not None:
+                self.result.logprobs = self.result.logprobs or []
+                self.result.logprobs.extend(event.logprobs)
             self.result.token_ids += event.token_ids
             if event.finish_reason is not None:
                 self.result.finish_reason, self.result.stop_reason = event.finish_reason, event.stop_reason
@@ -79,6 +86,7 @@ class ResultBuilder:
 
     def build(self) -> Result:
         self.result.text = "".join(self._parts)
+        self.result.reasoning = "".join(self._reasoning)
         return self.result
 
 

@@ -24,6 +24,10 @@ def usage_json(usage: Usage) -> dict[str, Any]:
     }
 
 
+def _reasoning(text: str) -> dict[str, str]:
+    return {"reasoning_content": text} if text else {}
+
+
 def _token_bytes(text: str) -> list[int]:
     return list(text.encode("utf-8"))
 
@@ -52,6 +56,7 @@ def completion_logprobs(entries: list[TokenLogprob], text_offset: int) -> dict[s
 @dataclass
 class ChoiceState:
     text: str = ""
+    reasoning: str = ""  # a reasoning model's think text: `reasoning_content`, as vLLM's reasoning parsers send it
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: str | int | None = None
@@ -73,6 +78,7 @@ class ResponseBuilder:
     def add(self, event: Event) -> ChoiceState:
         choice = self.choices[event.index]
         choice.text += event.text
+        choice.reasoning += event.reasoning
         choice.logprobs.extend(event.logprobs or [])
         if event.finish_reason is not None:
             self.aborted |= event.finish_reason == "abort"
@@ -94,7 +100,8 @@ class ResponseBuilder:
     def _choice(self, index: int, c: ChoiceState) -> dict[str, Any]:
         if self.kind == "chat":
             logprobs = chat_logprobs(c.logprobs) if self.want_logprobs else None
-            return {"index": index, "message": {"role": "assistant", "content": c.text}, "logprobs": logprobs,
+            message = {"role": "assistant", "content": c.text, **_reasoning(c.reasoning)}
+            return {"index": index, "message": message, "logprobs": logprobs,
                     "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
         logprobs = completion_logprobs(c.logprobs, 0) if self.want_logprobs else None
         return {"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish_reason,
@@ -108,11 +115,12 @@ class ResponseBuilder:
         first = not choice.started
         self.add(event)
         choice.started = True
-        if not (event.text or event.finish_reason or first or (self.want_logprobs and event.logprobs)):
+        if not (event.text or event.reasoning or event.finish_reason or first or (self.want_logprobs and event.logprobs)):
             return None
         finish = choice.finish_reason if event.finish_reason else None
         if self.kind == "chat":
             delta: dict[str, Any] = {"role": "assistant", "content": event.text} if first else {"content": event.text}
+            delta.update(_reasoning(event.reasoning))
             logprobs = chat_logprobs(event.logprobs or []) if self.want_logprobs else None
             body = {"index": event.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:

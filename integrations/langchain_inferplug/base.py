@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from inferplug.errors import GenerationError, RequestError
 from inferplug.rag.layout import DocumentMemory, format_documents
+from langchain_inferplug.structured import CONSTRAINED_REPETITION_PENALTY
 
 
 class InferPlugFields(BaseModel):
@@ -14,44 +17,95 @@ class InferPlugFields(BaseModel):
 
     model_config = ConfigDict(arbitrary_types_allowed=True, protected_namespaces=())
 
-    profile: Any = None
-    """A profile name, a path to a TOML profile, or a Profile object (None: the default profile)."""
+    inferplug_profile: Any = None
+    """Our Profile. Pass it as `profile=`: a profile name, a path to a TOML profile, or a Profile object
+    (None: the default profile). On ChatInferPlug, `.profile` is LangChain's ModelProfile of capabilities."""
     model: str | None = None
     """The served model name; filled from the backend. As a constructor argument alone it names the profile."""
     temperature: float | None = None
     max_tokens: int | None = None
     top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     seed: int | None = None
     stop: list[str] | None = None
+    logprobs: bool | None = None
+    """Return the sampled tokens' logprobs in response_metadata["logprobs"]."""
+    top_logprobs: int | None = None
+    """With logprobs: the top k alternatives of each token too."""
+    timeout: float | None = None
+    """Seconds a call may take before it is aborted (its KV blocks freed) and raises; None: no limit."""
     streaming: bool = False
     document_memory: DocumentMemory = Field(default_factory=DocumentMemory, exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_arguments(cls, values: Any) -> Any:
+        """`profile=` names our profile; an argument that is no field is an error, not silently dropped."""
+        if not isinstance(values, dict):
+            return values
+        values = dict(values)
+        # a dict is LangChain's ModelProfile (on ChatInferPlug); anything else is ours
+        if "profile" in values and not (isinstance(values["profile"], dict) and "profile" in cls.model_fields):
+            values["inferplug_profile"] = values.pop("profile")
+        known = {*cls.model_fields, *(f.alias for f in cls.model_fields.values() if f.alias)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            valid = sorted(k for k in known if not k.startswith("_") and k != "inferplug_profile")
+            raise RequestError(f"{cls.__name__} got unknown argument(s) {unknown}; valid ones: {valid}",
+                               param=unknown[0])
+        return values
 
     @model_validator(mode="after")
     def _load_profile(self) -> InferPlugFields:
         """Check the profile now (a bad name fails at construction); load the model on first use."""
         from inferplug.frontend.binding import bind_profile
 
-        self.profile, self.model = bind_profile(self.profile, self.model)
+        self.inferplug_profile, self.model = bind_profile(self.inferplug_profile, self.model)
         return self
 
     @property
     def backend(self) -> Any:
         from inferplug.backends.registry import get_backend
 
-        return get_backend(self.profile)
+        return get_backend(self.inferplug_profile)
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        """Every setting that changes an answer, so an LLM cache never mixes two configurations."""
+        return {"profile": self.inferplug_profile.name, "model": self.model,
+                **{k: getattr(self, k) for k in (*_FIELD_KEYS, "stop", "logprobs", "top_logprobs")}}
 
     def _options(self, stop: list[str] | None, kwargs: dict[str, Any]) -> dict[str, Any]:
         """Sampling options for one call: call kwargs > constructor fields > profile defaults."""
-        options = {"temperature": self.temperature, "max_tokens": self.max_tokens, "top_p": self.top_p,
-                   "seed": self.seed}
+        options = {k: getattr(self, k) for k in _FIELD_KEYS}
         options.update({k: kwargs[k] for k in list(kwargs) if k in _SAMPLING_KEYS})
+        options["logprobs"] = _logprobs_option(kwargs.get("logprobs", self.logprobs),
+                                               kwargs.get("top_logprobs", self.top_logprobs))
         options["stop"] = [*(self.stop or []), *(stop or []), *(kwargs.get("stop_sequences") or [])]
+        schema = _response_format_schema(kwargs.get("response_format"))
+        if schema is not None:  # as with_structured_output binds it: the same constrained decoding
+            options["json_schema"] = schema
+            if options["repetition_penalty"] is None:
+                options["repetition_penalty"] = CONSTRAINED_REPETITION_PENALTY
         return options
 
     def _sampling(self, stop: list[str] | None, kwargs: dict[str, Any]) -> Any:
         from inferplug.frontend.requests import sampling_params
 
-        return sampling_params(self.profile.sampling.defaults(), **self._options(stop, kwargs))
+        return sampling_params(self.inferplug_profile.sampling.defaults(), **self._options(stop, kwargs))
+
+    def _deadline(self) -> float | None:
+        return None if self.timeout is None else time.monotonic() + self.timeout
+
+    def _check_deadline(self, deadline: float | None) -> None:
+        """Raise once a call runs past `timeout`; the caller leaving its event stream aborts the request."""
+        if deadline is not None and time.monotonic() > deadline:
+            raise GenerationError(f"the call ran past timeout={self.timeout}s and was aborted; "
+                                  "raise timeout or lower max_tokens")
 
     def format_documents(self, docs: list[Any]) -> str:
         """Use in a chain as `retriever | llm.format_documents`: canonical order, and the documents are
@@ -60,5 +114,26 @@ class InferPlugFields(BaseModel):
         return format_documents(docs)
 
 
-_SAMPLING_KEYS = {"temperature", "max_tokens", "top_p", "top_k", "min_p", "seed", "repetition_penalty",
-                  "presence_penalty", "frequency_penalty", "json_schema", "ignore_eos", "min_tokens", "logprobs"}
+def _logprobs_option(logprobs: bool | int | None, top_logprobs: int | None) -> int | None:
+    """SamplingParams.logprobs (None: off, k: the top k too) from LangChain's logprobs/top_logprobs."""
+    if top_logprobs is not None and not logprobs:
+        raise RequestError("top_logprobs needs logprobs=True", param="top_logprobs")
+    return (top_logprobs or 0) if logprobs else None
+
+
+def _response_format_schema(response_format: Any) -> dict[str, Any] | None:
+    """The JSON schema an OpenAI-style response_format asks for (as create_agent's provider strategy binds it)."""
+    if response_format is None or response_format.get("type", "text") == "text":
+        return None
+    if response_format.get("type") == "json_object":
+        return {"type": "object"}
+    schema = (response_format.get("json_schema") or {}).get("schema")
+    if response_format.get("type") != "json_schema" or not isinstance(schema, dict):
+        raise RequestError("response_format must be {'type': 'text' | 'json_object'} or {'type': 'json_schema', "
+                           "'json_schema': {'name': ..., 'schema': {...}}}", param="response_format")
+    return schema
+
+
+_FIELD_KEYS = ("temperature", "max_tokens", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+               "frequency_penalty", "seed")
+_SAMPLING_KEYS = {*_FIELD_KEYS, "json_schema", "ignore_eos", "min_tokens"}

@@ -8,18 +8,24 @@ from typing import Any, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LangSmithParams
+from langchain_core.language_models.chat_models import agenerate_from_stream, generate_from_stream
+from langchain_core.language_models.model_profile import ModelProfile
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from inferplug.frontend.calls import Result, ResultBuilder, aiter_events, collect
+from inferplug.errors import RequestError
+from inferplug.frontend.calls import Result, ResultBuilder, aiter_events
 from inferplug.frontend.requests import Prepared, prepare_request
 from inferplug.frontend.tool_calls import parse_tool_calls
+from inferplug.server.responses import chat_logprobs
 from langchain_inferplug.base import InferPlugFields
 from langchain_inferplug.messages import to_chat_dicts
+from langchain_inferplug.model_profile import model_profile
 from langchain_inferplug.structured import structured_output_runnable, validate_json
+from langchain_inferplug.tool_stream import ToolCallStream
 
 
 class ChatInferPlug(InferPlugFields, BaseChatModel):
@@ -32,10 +38,8 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
     def _llm_type(self) -> str:
         return "inferplug"
 
-    @property
-    def _identifying_params(self) -> dict[str, Any]:
-        return {"profile": self.profile.name, "model": self.model, "temperature": self.temperature,
-                "max_tokens": self.max_tokens}
+    def _resolve_model_profile(self) -> ModelProfile | None:
+        return model_profile(self.inferplug_profile)
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = super()._get_ls_params(stop=stop, **kwargs)
@@ -45,6 +49,10 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
 
     # --- requests ------------------------------------------------------------------
     def _prepare(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> Prepared:
+        if kwargs.get("response_format") is not None and not self.backend.capabilities.json_schema:
+            raise RequestError(f"response_format needs constrained decoding, which the {self.backend.name} backend "
+                               "does not do; use a ToolStrategy (create_agent) or with_structured_output, or a "
+                               "native or openai profile", param="response_format")
         return prepare_request(
             self.backend, self._sampling(stop, kwargs), messages=to_chat_dicts(messages),
             tools=kwargs.get("tools"), tool_choice=kwargs.get("tool_choice"),
@@ -53,12 +61,11 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
 
     def _message(self, result: Result, prepared: Prepared) -> AIMessage:
         calls = parse_tool_calls(result.text, prepared.tools) if prepared.tools else []
-        u = result.usage
         return AIMessage(
             content="" if calls else result.text,
+            additional_kwargs={"reasoning_content": result.reasoning} if result.reasoning else {},
             tool_calls=[{"name": c.name, "args": c.arguments, "id": c.id, "type": "tool_call"} for c in calls],
-            usage_metadata={"input_tokens": u.prompt_tokens, "output_tokens": u.completion_tokens,
-                            "total_tokens": u.total_tokens, "input_token_details": {"cache_read": u.cached_tokens}},
+            usage_metadata=_usage(result),
             response_metadata=self._response_metadata(result, bool(calls)),
         )
 
@@ -67,6 +74,8 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
                                 else result.finish_reason, "model_provider": "inferplug"}
         if result.timings is not None:
             meta["ttft_s"] = result.timings.ttft
+        if result.logprobs is not None:
+            meta["logprobs"] = chat_logprobs(result.logprobs)
         return meta
 
     def _needs_validation(self, prepared: Prepared) -> bool:
@@ -77,8 +86,14 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
         prepared = self._prepare(messages, stop, kwargs)
+        if run_manager is not None and run_manager.handlers and not self._needs_validation(prepared):
+            return generate_from_stream(self._stream_prepared(prepared, run_manager))  # tokens to the handlers
         for attempt in range(self.max_retries + 1):
-            result = collect(self.backend.stream_sync(prepared.request))
+            deadline, builder = self._deadline(), ResultBuilder()
+            for event in self.backend.stream_sync(prepared.request):
+                self._check_deadline(deadline)
+                builder.add(event)
+            result = builder.build()
             if not self._needs_validation(prepared) or validate_json(result.text, prepared, attempt, self.max_retries):
                 break
             prepared = self._prepare(messages, stop, kwargs)  # a fresh request id
@@ -86,36 +101,28 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
 
     def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                 run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
-        prepared = self._prepare(messages, stop, kwargs)
-        builder = ResultBuilder()
-        for event in self.backend.stream_sync(prepared.request):
-            builder.add(event)
-            if event.text and not prepared.tools and event.index == 0:
-                chunk = ChatGenerationChunk(message=AIMessageChunk(content=event.text))
-                if run_manager:
-                    run_manager.on_llm_new_token(event.text, chunk=chunk)
-                yield chunk
-        yield self._last_chunk(builder.build(), prepared)
+        yield from self._stream_prepared(self._prepare(messages, stop, kwargs), run_manager)
 
-    def _last_chunk(self, result: Result, prepared: Prepared) -> ChatGenerationChunk:
-        """The closing chunk: usage (on this chunk only), metadata, and any tool calls as tool-call chunks."""
-        message = self._message(result, prepared)
-        return ChatGenerationChunk(message=AIMessageChunk(
-            content=message.content if prepared.tools else "",
-            tool_call_chunks=[{"name": c["name"], "args": json.dumps(c["args"]), "id": c["id"], "index": i,
-                               "type": "tool_call_chunk"} for i, c in enumerate(message.tool_calls)],
-            usage_metadata=message.usage_metadata,
-            response_metadata=message.response_metadata,
-            chunk_position="last",
-        ))
+    def _stream_prepared(self, prepared: Prepared,
+                         run_manager: CallbackManagerForLLMRun | None) -> Iterator[ChatGenerationChunk]:
+        stream, deadline = _ChunkStream(self, prepared), self._deadline()
+        for event in self.backend.stream_sync(prepared.request):
+            self._check_deadline(deadline)
+            for chunk in stream.step(event):
+                if run_manager:
+                    run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+                yield chunk
 
     # --- async -----------------------------------------------------------------------
     async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                          run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
         prepared = self._prepare(messages, stop, kwargs)
+        if run_manager is not None and run_manager.handlers and not self._needs_validation(prepared):
+            return await agenerate_from_stream(self._astream_prepared(prepared, run_manager))
         for attempt in range(self.max_retries + 1):
-            builder = ResultBuilder()
+            deadline, builder = self._deadline(), ResultBuilder()
             async for event in aiter_events(self.backend, prepared.request):
+                self._check_deadline(deadline)
                 builder.add(event)
             result = builder.build()
             if not self._needs_validation(prepared) or validate_json(result.text, prepared, attempt, self.max_retries):
@@ -126,16 +133,18 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
     async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                        run_manager: AsyncCallbackManagerForLLMRun | None = None,
                        **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
-        prepared = self._prepare(messages, stop, kwargs)
-        builder = ResultBuilder()
+        async for chunk in self._astream_prepared(self._prepare(messages, stop, kwargs), run_manager):
+            yield chunk
+
+    async def _astream_prepared(self, prepared: Prepared, run_manager: AsyncCallbackManagerForLLMRun | None
+                                ) -> AsyncIterator[ChatGenerationChunk]:
+        stream, deadline = _ChunkStream(self, prepared), self._deadline()
         async for event in aiter_events(self.backend, prepared.request):
-            builder.add(event)
-            if event.text and not prepared.tools and event.index == 0:
-                chunk = ChatGenerationChunk(message=AIMessageChunk(content=event.text))
+            self._check_deadline(deadline)
+            for chunk in stream.step(event):
                 if run_manager:
-                    await run_manager.on_llm_new_token(event.text, chunk=chunk)
+                    await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
                 yield chunk
-        yield self._last_chunk(builder.build(), prepared)
 
     def batch(self, inputs: list[Any], config: Any = None, *, return_exceptions: bool = False,
               **kwargs: Any) -> list[BaseMessage]:
@@ -163,4 +172,40 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
         return structured_output_runnable(self, schema, method=method, include_raw=include_raw, **kwargs)
 
 
+def _usage(result: Result) -> dict[str, Any]:
+    u = result.usage
+    return {"input_tokens": u.prompt_tokens, "output_tokens": u.completion_tokens, "total_tokens": u.total_tokens,
+            "input_token_details": {"cache_read": u.cached_tokens}}
 
+
+class _ChunkStream:
+    """One call's events -> message chunks: text (or tool-call chunks while tools are bound) and reasoning as
+    they come; usage, metadata and logprobs on the closing chunk."""
+
+    def __init__(self, model: ChatInferPlug, prepared: Prepared) -> None:
+        self.model, self.prepared, self.builder = model, prepared, ResultBuilder()
+        self.tools = ToolCallStream(prepared.tools, prepared.tool_required) if prepared.tools else None
+
+    def step(self, event: Any) -> list[ChatGenerationChunk]:
+        self.builder.add(event)
+        chunks = []
+        if event.index == 0 and (event.text or event.reasoning):
+            content, calls = self.tools.feed(event.text) if self.tools else (event.text, [])
+            if content or calls or event.reasoning:
+                chunks.append(self._chunk(content, calls, event.reasoning))
+        if event.usage is not None:  # the request's last event
+            chunks.append(self._last())
+        return chunks
+
+    def _chunk(self, content: str, calls: list[dict[str, Any]], reasoning: str, **extra: Any) -> ChatGenerationChunk:
+        kwargs = {"reasoning_content": reasoning} if reasoning else {}
+        return ChatGenerationChunk(message=AIMessageChunk(content=content, tool_call_chunks=calls,
+                                                          additional_kwargs=kwargs, **extra))
+
+    def _last(self) -> ChatGenerationChunk:
+        result = self.builder.build()
+        content, calls = self.tools.finish() if self.tools else ("", [])
+        called = bool(calls) or (self.tools is not None and self.tools.mode == "call")
+        meta = self.model._response_metadata(result, called)
+        return self._chunk(content, calls, "", usage_metadata=_usage(result), response_metadata=meta,
+                           chunk_position="last")

@@ -22,10 +22,6 @@ class InferPlugLLM(InferPlugFields, BaseLLM):
     def _llm_type(self) -> str:
         return "inferplug"
 
-    @property
-    def _identifying_params(self) -> dict[str, Any]:
-        return {"profile": self.profile.name, "model": self.model, "temperature": self.temperature}
-
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = super()._get_ls_params(stop=stop, **kwargs)
         params["ls_provider"] = "inferplug"

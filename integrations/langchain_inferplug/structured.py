@@ -33,8 +33,9 @@ def _is_pydantic(schema: Any) -> bool:
 
 def structured_output_runnable(model: Any, schema: Any, *, method: str, include_raw: bool,
                                **kwargs: Any) -> Runnable:
-    if schema is None:
-        raise ValueError("with_structured_output needs a schema: a pydantic class, TypedDict or JSON schema dict")
+    if schema is None and method != "json_mode":
+        raise ValueError("with_structured_output needs a schema: a pydantic class, TypedDict or JSON schema dict "
+                         "(only method='json_mode' takes none)")
     kwargs.pop("strict", None)  # constrained decoding is always strict; strict output also satisfies strict=False
     if kwargs:
         raise ValueError(f"unsupported with_structured_output arguments {sorted(kwargs)}")
@@ -47,7 +48,7 @@ def structured_output_runnable(model: Any, schema: Any, *, method: str, include_
                             else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True))
     elif method in ("json_schema", "json_mode"):
         # json_mode with a schema at hand: constrain to it too (a bare {"type": "object"} lets keys go missing)
-        target = convert_to_json_schema(schema)
+        target = {"type": "object"} if schema is None else convert_to_json_schema(schema)
         traced = {"kwargs": {"method": method}, "schema": target}
         llm = model.bind(json_schema=target, repetition_penalty=CONSTRAINED_REPETITION_PENALTY,
                          ls_structured_output_format=traced)

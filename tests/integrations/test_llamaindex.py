@@ -79,3 +79,50 @@ def test_streaming_query_engine_offline_with_document_cache(llm):
     text = "".join(engine.query("What does the RAG-aware cache do?").response_gen)
     assert text.strip()
     assert llm.backend.stats()["doc_cache_stored"] > before
+
+
+def test_additional_kwargs_fields_and_per_call_overrides_reach_the_request(llm):
+    from llama_index.core.llms import ChatMessage
+
+    tuned = llm.model_copy(update=dict(additional_kwargs={"temperature": 0.5, "max_tokens": 20, "stop": ["zz"],
+                                                          "top_k": 5, "repetition_penalty": 1.1},
+                                       context_window=1000, num_output=50))
+    p = tuned._prepare([ChatMessage(role="user", content="hi")], {"temperature": 0.3, "top_p": 0.9,
+                                                                   "stop": ["yy"]}).request.params
+    # per call > the temperature/max_tokens fields > additional_kwargs > the profile
+    assert (p.temperature, p.top_p, p.top_k, p.repetition_penalty, p.stop) == (0.3, 0.9, 5, 1.1, ["zz", "yy"])
+    assert p.max_tokens == (llm.max_tokens or 20)
+    assert (tuned.metadata.context_window, tuned.metadata.num_output) == (1000, 50)
+
+
+def test_structured_predict_uses_the_json_schema_constraint(llm):
+    from llama_index.core.prompts import PromptTemplate
+    from pydantic import BaseModel, Field
+
+    class City(BaseModel):
+        name: str = Field(max_length=30)
+        country: str = Field(max_length=30)
+
+    city = llm.structured_predict(City, PromptTemplate("Name a city in {place}."), place="France")
+    assert isinstance(city, City) and city.name
+
+
+def test_logprobs_on_the_chat_response(llm):
+    from llama_index.core.llms import ChatMessage
+
+    response = llm.chat([ChatMessage(role="user", content="Say hi")], logprobs=2, max_tokens=8)
+    assert len(response.logprobs) == response.raw["usage"]["completion_tokens"]
+    assert all(len(top) == 2 for top in response.logprobs)
+
+
+def test_parallel_tool_calls_only_when_allowed(llm):
+    from llama_index.core.llms import ChatMessage, ChatResponse
+
+    calls = [{"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in range(2)]
+
+    def response():
+        return ChatResponse(message=ChatMessage(role="assistant", content="", additional_kwargs={"tool_calls": calls}))
+
+    assert len(llm._validate_chat_with_tools_response(response(), [], allow_parallel_tool_calls=True)
+               .message.additional_kwargs["tool_calls"]) == 2
+    assert len(llm._validate_chat_with_tools_response(response(), []).message.additional_kwargs["tool_calls"]) == 1

@@ -15,8 +15,13 @@ from llama_index.core.base.llms.types import (
     CompletionResponseAsyncGen,
     CompletionResponseGen,
     LLMMetadata,
+    LogProb,
     MessageRole,
+    TextBlock,
+    ThinkingBlock,
 )
+from llama_index.core.prompts import PromptTemplate
+from pydantic import BaseModel
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
@@ -27,6 +32,7 @@ from inferplug.frontend.calls import Result, ResultBuilder, aiter_events, collec
 from inferplug.frontend.requests import Prepared, prepare_request, sampling_params
 from inferplug.frontend.tool_calls import parse_tool_calls
 from inferplug.rag.layout import DocumentMemory
+from inferplug.types import SamplingParams, TokenLogprob
 from llama_index.llms.inferplug.messages import to_chat_dicts
 from llama_index.llms.inferplug.postprocessor import DocumentCacheHints
 
@@ -40,6 +46,9 @@ class InferPlug(FunctionCallingLLM):
     max_tokens: int | None = Field(default=None, description="None: the profile's default.")
     additional_kwargs: dict[str, Any] = Field(default_factory=dict,
                                               description="More sampling options (top_p, repetition_penalty, ...).")
+    context_window: int | None = Field(default=None, description="None: the model's context length.")
+    num_output: int | None = Field(default=None, description="Tokens LlamaIndex reserves for the answer "
+                                                             "(None: max_tokens, else the profile's).")
     _memory: DocumentMemory = PrivateAttr(default_factory=DocumentMemory)
 
     def __init__(self, **kwargs: Any) -> None:
@@ -59,8 +68,8 @@ class InferPlug(FunctionCallingLLM):
     @property
     def metadata(self) -> LLMMetadata:
         return LLMMetadata(
-            context_window=self.backend.context_length,
-            num_output=self.max_tokens or self.profile.sampling.max_tokens or 256,
+            context_window=self.context_window or self.backend.context_length,
+            num_output=self.num_output or self.max_tokens or self.profile.sampling.max_tokens or 256,
             is_chat_model=True,
             is_function_calling_model=True,
             model_name=self.model,
@@ -72,10 +81,12 @@ class InferPlug(FunctionCallingLLM):
 
     # --- requests ------------------------------------------------------------------
     def _prepare(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> Prepared:
-        params = sampling_params(self.profile.sampling.defaults(), **self.additional_kwargs,
-                                 temperature=self.temperature,
-                                 max_tokens=kwargs.get("max_tokens", self.max_tokens), stop=kwargs.get("stop"),
-                                 json_schema=kwargs.get("json_schema"))
+        """Sampling options: per-call kwargs > temperature/max_tokens fields > additional_kwargs > the profile."""
+        fields = {"temperature": self.temperature, "max_tokens": self.max_tokens}
+        options = {**self.additional_kwargs, **{k: v for k, v in fields.items() if v is not None}}
+        options.update({k: v for k, v in kwargs.items() if k in SamplingParams.__dataclass_fields__})
+        options["stop"] = [*(self.additional_kwargs.get("stop") or []), *(kwargs.get("stop") or [])]
+        params = sampling_params(self.profile.sampling.defaults(), **options)
         return prepare_request(self.backend, params, messages=to_chat_dicts(list(messages)),
                                tools=kwargs.get("tools"), tool_choice=kwargs.get("tool_choice"),
                                documents=kwargs.get("documents"), memory=self._memory)
@@ -85,8 +96,10 @@ class InferPlug(FunctionCallingLLM):
         extra = {"tool_calls": [{"id": c.id, "type": "function", "function": {
             "name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]} if calls else {}
         return ChatResponse(
-            message=ChatMessage(role=MessageRole.ASSISTANT, content=result.text, additional_kwargs=extra),
+            message=ChatMessage(role=MessageRole.ASSISTANT, blocks=_blocks(result.text, result.reasoning),
+                                additional_kwargs=extra),
             delta=delta,
+            logprobs=_logprobs(result.logprobs),
             raw={"usage": usage_counts(result.usage),
                  "finish_reason": "tool_calls" if calls else result.finish_reason,
                  "ttft_s": result.timings.ttft if result.timings else None},
@@ -170,6 +183,27 @@ class InferPlug(FunctionCallingLLM):
         return {"messages": messages, "tools": [t.metadata.to_openai_tool() for t in tools],
                 "tool_choice": "required" if tool_required else "auto", **kwargs}
 
+    def _validate_chat_with_tools_response(self, response: ChatResponse, tools: Sequence[Any],
+                                           allow_parallel_tool_calls: bool = False, **kwargs: Any) -> ChatResponse:
+        """Without allow_parallel_tool_calls only the first call is kept (as LlamaIndex's other LLMs do)."""
+        calls = response.message.additional_kwargs.get("tool_calls") or []
+        if not allow_parallel_tool_calls and len(calls) > 1:
+            response.message.additional_kwargs["tool_calls"] = calls[:1]
+        return response
+
+    # --- structured output: constrained decoding to the class's JSON schema ----------------------
+    def structured_predict(self, output_cls: type[BaseModel], prompt: PromptTemplate,
+                           llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any) -> BaseModel:
+        messages = prompt.format_messages(llm=self, **prompt_args)
+        response = self.chat(messages, **(llm_kwargs or {}), json_schema=output_cls.model_json_schema())
+        return output_cls.model_validate_json(response.message.content or "")
+
+    async def astructured_predict(self, output_cls: type[BaseModel], prompt: PromptTemplate,
+                                  llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any) -> BaseModel:
+        messages = prompt.format_messages(llm=self, **prompt_args)
+        response = await self.achat(messages, **(llm_kwargs or {}), json_schema=output_cls.model_json_schema())
+        return output_cls.model_validate_json(response.message.content or "")
+
     def get_tool_calls_from_response(self, response: ChatResponse, error_on_no_tool_call: bool = True,
                                      **kwargs: Any) -> list[ToolSelection]:
         calls = response.message.additional_kwargs.get("tool_calls", [])
@@ -184,17 +218,35 @@ class _ChatStream:
     (parsing calls out of the whole text at every delta would cost O(n^2) per stream)."""
 
     def __init__(self, llm: InferPlug, prepared: Prepared) -> None:
-        self.llm, self.prepared, self.builder, self.text = llm, prepared, ResultBuilder(), ""
+        self.llm, self.prepared, self.builder, self.text, self.reasoning = llm, prepared, ResultBuilder(), "", ""
 
     def step(self, event: Any) -> ChatResponse | None:
         self.builder.add(event)
         delta = event.text if event.index == 0 else ""
         if event.usage is not None:  # the request's last event
             return self.llm._response(self.builder.build(), self.prepared, delta=delta)
-        if not delta:
+        if not delta and not (event.index == 0 and event.reasoning):
             return None
         self.text += delta
-        return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=self.text), delta=delta)
+        self.reasoning += event.reasoning
+        return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, blocks=_blocks(self.text, self.reasoning)),
+                            delta=delta, additional_kwargs={"thinking_delta": event.reasoning} if event.reasoning else {})
+
+
+def _blocks(text: str, reasoning: str) -> list[Any]:
+    """A message's blocks: a ThinkingBlock for a reasoning model's think text, then the answer."""
+    return [*([ThinkingBlock(content=reasoning)] if reasoning else []), TextBlock(text=text)]
+
+
+def _logprobs(entries: list[TokenLogprob] | None) -> list[list[LogProb]] | None:
+    """Per generated token: its top alternatives (the sampled one among them), or the sampled token alone."""
+    if entries is None:
+        return None
+    return [[_logprob(t, lp) for _, t, lp in e.top] or [_logprob(e.token, e.logprob)] for e in entries]
+
+
+def _logprob(token: str, logprob: float) -> LogProb:
+    return LogProb(token=token, logprob=logprob, bytes=list(token.encode()))
 
 
 def _completion(r: ChatResponse) -> CompletionResponse:
