@@ -100,7 +100,10 @@ def main() -> None:
     ids = tokenizer(TEXT.read_text())["input_ids"]
     hf = transformers.AutoModelForCausalLM.from_pretrained(args.quant_dir / "fp32", dtype=torch.float32).eval()
     requests = workload(tokenizer, args.requests, args.output_cap)
-    engines = {label: build(path, fmt, tokenizer) for label, (path, fmt) in formats(args.quant_dir, _profile_model()).items()}
+    present = {label: spec for label, spec in formats(args.quant_dir, _profile_model()).items() if spec[0].exists()}
+    for label in formats(args.quant_dir, Path()).keys() - present.keys():
+        print(f"skipping {label}: not built yet (bench/make_smollm2_awq_gptq.py)")
+    engines = {label: build(path, fmt, tokenizer) for label, (path, fmt) in present.items()}
     report = {label: {"perplexity": perplexity(hf, float_state(e.runner.model), ids),
                       "decode_weight_bytes": e.runner.model.decode_weight_bytes()} for label, e in engines.items()}
     one_stream: dict[str, list[float]] = {label: [] for label in engines}

