@@ -20,7 +20,7 @@ from inferplug.quant.formats import CHECKPOINT_FORMATS, LAYER_BITS, checkpoint_l
 
 GiB = 1 << 30
 MiB = 1 << 20
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3": 1}  # float8_e4m3: KV pools only (CUDA)
 # Usual bits per weight of each format, scales and zero points included (group size 128).
 FORMAT_BITS = {"int8": 8.0, "ct2-int8": 8.0, "int4": 4.25, "awq": 4.25, "gptq": 4.25, "exl2": 4.25}
 # Headroom for activations, the allocator and (on CUDA) the context: fixed + a share of the weights.

@@ -24,7 +24,11 @@ from inferplug.quant.formats import CHECKPOINT_FORMATS
 
 BACKENDS = ("native", "ctranslate2", "exllamav2", "openai")
 DEFAULT_MAX_NUM_SEQS = {"cpu": 16, "cuda": 256}
-DEFAULT_BATCHED_TOKENS = {"cpu": 2048, "cuda": 8192}
+# Tokens a step, so the longest prefill chunk: a running stream waits one step per chunk. On the CPU, 256 rows
+# already run the GEMMs at their full rate (fbgemm fp16: 98 GF/s a core at 256 rows, 101 at 2048), and the paged
+# attention kernel reads a cached prefix once per 16 query rows whatever the chunking: smaller chunks cost prefill
+# little (a weight pass a step) and cut the streams' stalls 8x against 2048 (bench/prefill.py --streams).
+DEFAULT_BATCHED_TOKENS = {"cpu": 256, "cuda": 8192}
 EXL2_CACHE_BYTES = {"FP16": 2.0, "Q8": 1.0, "Q6": 0.75, "Q4": 0.5}
 # Quantized checkpoints the native engine cannot unpack, and the way out.
 NATIVE_UNREADABLE = {"exl2": "use exllamav2 on a CUDA GPU"}
@@ -35,10 +39,13 @@ CPU_LOW_PRECISION = {
 }
 _TORCH_PATH = ("the engine's torch paged attention runs (decode: batched matmuls per KV-head group; prefill: "
                "scaled_dot_product_attention)")
-NATIVE_ATTENTION = {
+_TRITON_OPS = ("paged decode (split-K), KV store, RoPE and RMSNorm + residual in Triton (inferplug/kernels), decode "
+               "steps replayed from CUDA graphs")
+NATIVE_ATTENTION = {  # engine/ops.select_ops runs each
     "torch": _TORCH_PATH,
     "sdpa": _TORCH_PATH,  # the same path: prefill already goes through scaled_dot_product_attention
-    "triton": "the Triton paged-attention decode kernel on CUDA; prefill runs torch scaled_dot_product_attention",
+    "triton": f"Triton kernels on CUDA: prefill and chunked prefill through block tables, {_TRITON_OPS}",
+    "flash": f"flash-attn's varlen kernel for prefill; {_TRITON_OPS}",
 }
 
 
@@ -171,12 +178,12 @@ def _attention(profile: Profile, gpus: list[GPU], hw: Hardware) -> tuple[str, st
             return "triton", f"attention triton: {NATIVE_ATTENTION['triton']}"
         why = "no CUDA GPU" if not gpus else "triton is not installed"
         return "torch", f"attention torch: {why}, so {NATIVE_ATTENTION['torch']}"
-    if choice == "flash":
-        raise _Rejected("attention = 'flash': the native engine has no flash-attn path (use auto, torch or triton)")
-    if choice == "triton" and not gpus:
-        raise _Rejected("attention = 'triton' needs a CUDA GPU; none found (use auto or torch)")
-    if choice == "triton" and not hw.has("triton"):
-        raise _Rejected("attention = 'triton' needs the triton package; it is not installed")
+    if choice in ("triton", "flash") and not gpus:
+        raise _Rejected(f"attention = {choice!r} needs a CUDA GPU; none found (use auto or torch)")
+    if choice in ("triton", "flash") and not hw.has("triton"):
+        raise _Rejected(f"attention = {choice!r} needs the triton package; it is not installed")
+    if choice == "flash" and not hw.has("flash_attn"):
+        raise _Rejected("attention = 'flash' needs the flash-attn package; it is not installed (use auto or triton)")
     return choice, f"attention {choice}: pinned by the profile; {NATIVE_ATTENTION[choice]}"
 
 
@@ -205,9 +212,13 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
     gpus = _pick_gpus(profile, hw)
     dtype, dtype_why = _dtype(profile, gpus, hw)
     attention, attention_why = _attention(profile, gpus, hw)
-    if not gpus and dtype == "float32" and not cpu_kernels.unavailable_reason(hw):  # what LlamaModel.kernels runs
-        attention_why += ("; on this CPU inferplug's C++ kernel takes every attention row instead, prefill too, each "
-                          "at its own length (batch-invariant; INFERPLUG_NO_CPU_KERNELS=1 keeps torch)")
+    if profile.cache.kv_dtype == "float8_e4m3" and not gpus:
+        raise _Rejected("kv_dtype = 'float8_e4m3' needs a CUDA GPU; none found (use auto, float16 or bfloat16)")
+    kv_fp32 = profile.cache.kv_dtype in ("auto", "float32")
+    if not gpus and dtype == "float32" and kv_fp32 and not cpu_kernels.unavailable_reason(hw):  # engine/ops.select_ops
+        attention_why += ("; on this CPU inferplug's C++ kernel takes every attention row instead, prefill too (flash "
+                          "tiles over the paged K/V, each row at its own length: batch-invariant; "
+                          "INFERPLUG_NO_CPU_KERNELS=1 keeps torch)")
     weight_format, format_why = _native_weight_format(profile, gpus, hw, dtype)
     bits, bits_why = weight_bits(profile, "native", dtype, facts, weight_format, "cuda" if gpus else "cpu")
     plan = _local_plan("native", profile, hw, facts, gpus, dtype, attention, bits, None,

@@ -61,19 +61,22 @@ def test_chat_answers_each_scripted_line(smollm2_gguf, capsys, monkeypatch):
 @pytest.mark.smollm2
 @pytest.mark.slow
 def test_demo_answers_from_the_corpus_and_reuses_documents(smollm2_gguf, capsys):
-    """The bundled corpus through LlamaIndex and MiniLM embeddings; its two questions share documents."""
-    assert main(["demo", "--max-tokens", "16"]) == 0
+    """The bundled corpus through LlamaIndex and MiniLM embeddings, greedy: each answer holds the fact planted in
+    the corpus for it, the questions share documents, and the document cache gives some of them back."""
+    from inferplug.commands.demo import QUESTIONS
+
+    assert main(["demo"]) == 0
     out = capsys.readouterr().out
     indexed = re.search(r"(\d+) documents indexed; model smollm2-135m on native", out)
     assert indexed and int(indexed[1]) >= 3, out
-    answers = re.findall(r"A: (.+)\n\[TTFT [\d.]+ s .*?reused: (\d+) from the prefix cache, (\d+) from the document "
-                         r"cache \(\d+ documents\) \| documents cached: (\d+)\]", out)
-    assert len(answers) == 2 and all(text.strip() for text, *_ in answers), out
-    (_, *first_hits, first_cached), (_, *second_hits, second_cached) = [[a, int(b), int(c), int(d)] for a, b, c, d in answers]
-    assert first_hits == [0, 0] and first_cached == 3  # a cold cache; each of the top 3 documents cached
-    # The second question's top 3 share documents with the first's: fewer than 3 new entries, and their KV
-    # comes back from the prefix cache (the canonical order put a shared one first) or the document cache.
-    assert second_cached < 2 * 3 and sum(second_hits) > 0, out
+    answers = re.findall(r"^A: (.*)$", out, re.M)
+    assert len(answers) == len(QUESTIONS), out
+    for (question, fact), answer in zip(QUESTIONS, answers):
+        assert fact.lower() in answer.lower(), (question, answer)
+    rows = re.findall(r"^\d+ +(?:[\d.]+ s|n/a) +(\d+) tok +(\d+) tok \((\d+) docs\) +yes", out, re.M)
+    assert len(rows) == len(QUESTIONS), out
+    assert rows[0] == ("0", "0", "0")  # a cold cache
+    assert sum(int(docs) for *_, docs in rows) > 0, out  # documents seen before, in a new place: the document cache
 
 
 def test_bench_prints_and_saves_a_complete_run(tiny_profile, tmp_path):

@@ -256,7 +256,7 @@ def test_old_gpu_gets_float16_and_rejects_pinned_bfloat16():
 def test_gpu_attention_is_triton_decode_or_the_torch_path_without_triton():
     plan = resolve(load_profile("smollm2-135m"), with_gpus(RTX_4090), SMOLLM2)
     assert plan.attention == "triton"
-    assert "attention triton: the Triton paged-attention decode kernel on CUDA; prefill runs torch" in plan.reasons[3]
+    assert "attention triton: Triton kernels on CUDA: prefill and chunked prefill through block tables" in plan.reasons[3]
     plan = resolve(load_profile("smollm2-135m"), with_gpus(RTX_4090, packages=ALL_CPU_PACKAGES), SMOLLM2)
     assert plan.attention == "torch"
     assert plan.reasons[3].startswith("attention torch: triton is not installed, so the engine's torch paged")
@@ -352,11 +352,23 @@ def test_attention_pin_checked_against_hardware_and_the_engine():
     with pytest.raises(ResolveError, match="attention = 'triton' needs a CUDA GPU"):
         resolve(profile, cpu(), SMOLLM2)
     profile.attention = "flash"
-    with pytest.raises(ResolveError, match="the native engine has no flash-attn path"):
-        resolve(profile, with_gpus(RTX_4090, packages=ALL_CPU_PACKAGES | {"flash_attn"}), SMOLLM2)
+    with pytest.raises(ResolveError, match="'flash' needs the flash-attn package"):
+        resolve(profile, with_gpus(RTX_4090), SMOLLM2)
+    plan = resolve(profile, with_gpus(RTX_4090, packages=ALL_CPU_PACKAGES | {"triton", "flash_attn"}), SMOLLM2)
+    assert plan.attention == "flash" and "flash-attn's varlen kernel for prefill" in plan.reasons[3]
     profile.attention = "sdpa"
     plan = resolve(profile, cpu(), SMOLLM2)
     assert plan.attention == "sdpa" and "pinned by the profile; the engine's torch paged attention" in plan.reasons[3]
+
+
+def test_fp8_kv_pools_are_planned_on_cuda_only():
+    profile = Profile(backend="native", cache={"kv_dtype": "float8_e4m3"}, model={"pypi": "x==1", "file": "m.gguf"})
+    with pytest.raises(ResolveError, match="'float8_e4m3' needs a CUDA GPU"):
+        resolve(profile, cpu(), SMOLLM2)
+    plan = resolve(profile, with_gpus(RTX_4090), SMOLLM2)
+    half = resolve(Profile(backend="native", model={"pypi": "x==1", "file": "m.gguf"}), with_gpus(RTX_4090), SMOLLM2)
+    assert plan.kv_dtype == "float8_e4m3" and plan.attention == "triton"
+    assert plan.num_kv_blocks > 1.9 * half.num_kv_blocks  # one byte a value instead of bf16's two
 
 
 @pytest.mark.smollm2

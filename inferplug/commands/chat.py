@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from inferplug.commands import add_profile_argument
-from inferplug.commands.generate import add_sampling_arguments, sampling_params, stream_reply
+from inferplug.commands.generate import add_sampling_arguments, build_request, stream_reply
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -18,10 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from inferplug.backends.registry import close_all, get_backend
-    from inferplug.types import Request
 
     backend = get_backend(args.profile)
-    params = sampling_params(backend.profile, args)
     messages = [{"role": "system", "content": args.system}] if args.system else []
     print(f"chatting with {backend.model_name} ({backend.name}); an empty line or Ctrl-D ends it")
     try:
@@ -34,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
                 break
             messages.append({"role": "user", "content": line})
             print("assistant> ", end="", flush=True)
-            reply = stream_reply(backend, Request(messages=list(messages), params=params), args.stats)
+            reply = stream_reply(backend, build_request(backend, args, messages=list(messages)), args.stats)
             messages.append({"role": "assistant", "content": reply})
     finally:
         close_all()

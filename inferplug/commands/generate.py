@@ -22,18 +22,16 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float)
     p.add_argument("--top-k", type=int)
     p.add_argument("--seed", type=int)
+    p.add_argument("--stop", action="append", help="a stop string (repeat for several; added to the profile's)")
     p.add_argument("--stats", action="store_true", help="print tokens, TTFT and tok/s to stderr at the end")
 
 
-def sampling_params(profile: Any, args: argparse.Namespace):
-    """The profile's [sampling] defaults, overridden by the command-line options given."""
-    from inferplug.types import SamplingParams
+def build_request(backend: Any, args: argparse.Namespace, **prompt: Any) -> Any:
+    """The request for `prompt` (prompt= or messages=): the command-line options over the profile's defaults."""
+    from inferplug.frontend.requests import build_request as build
 
-    values = profile.sampling.defaults()
-    for name in ("max_tokens", "temperature", "top_p", "top_k", "seed"):
-        if getattr(args, name) is not None:
-            values[name] = getattr(args, name)
-    return SamplingParams(**values)
+    options = {name: getattr(args, name) for name in ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")}
+    return build(backend, options=options, **prompt).request
 
 
 def stream_reply(backend: Any, request: Any, show_stats: bool) -> str:
@@ -54,16 +52,11 @@ def stream_reply(backend: Any, request: Any, show_stats: bool) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from inferplug.backends.registry import close_all, get_backend
-    from inferplug.types import Request
 
     backend = get_backend(args.profile)
-    params = sampling_params(backend.profile, args)
-    if args.chat:
-        request = Request(messages=[{"role": "user", "content": args.prompt}], params=params)
-    else:
-        request = Request(prompt=args.prompt, params=params)
+    prompt = {"messages": [{"role": "user", "content": args.prompt}]} if args.chat else {"prompt": args.prompt}
     try:
-        stream_reply(backend, request, args.stats)
+        stream_reply(backend, build_request(backend, args, **prompt), args.stats)
     finally:
         close_all()
     return 0

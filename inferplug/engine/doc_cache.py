@@ -1,8 +1,7 @@
 """RAG document KV cache: a retrieved chunk's KV is cached and found per document, not per exact prefix.
 
 The front ends pass `Request.documents` (character spans + content keys). Here each span becomes
-a token *segment* (the document plus the separator up to the next document), keyed by its token
-ids. When a request reaches a segment whose KV is cached, the engine copies it into the
+a token *segment* (the document's tokens), keyed by its token ids. When a request reaches a segment whose KV is cached, the engine copies it into the
 request's KV blocks instead of computing it, even if the neighbours or the position differ:
 
 - Position: K is stored after RoPE at the position it was computed; rotations compose, so moving
@@ -36,7 +35,7 @@ import torch
 
 from inferplug.engine.attention import read_kv, write_kv
 from inferplug.engine.block_hash import doc_approx_key, hash_block, rekey_from
-from inferplug.models.llama import apply_rope
+from inferplug.engine.ops.torch_ops import apply_rope
 from inferplug.types import DocumentSpan
 
 
@@ -80,8 +79,10 @@ class DocumentKVCache:
         if shift < 0 or seq.prompt_ids[shift:] != ids:
             return  # the engine tokenized differently: no hints, plain computing
         spans = sorted(documents, key=lambda d: d.start)
+        # a segment is the document's own tokens: with the separator to the next document in it, a document
+        # that moves to or from the last place (no separator after it) would never match its cached KV
         starts = [_first_token_at(offsets, s.start) for s in spans]
-        ends = starts[1:] + [_first_token_at(offsets, spans[-1].end)]
+        ends = [_first_token_at(offsets, s.end) for s in spans]
         last = len(seq.prompt_ids) - 1  # the last prompt token is always computed, for its logits
         segments = []
         for start, end in zip(starts, ends):

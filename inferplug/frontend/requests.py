@@ -1,20 +1,34 @@
-"""Building backend Requests from a front end's call: sampling options, tools, RAG cache hints."""
+"""The one request builder: every front end (LangChain, LlamaIndex, the server, the CLI) turns its call into a
+backend Request here, so sampling defaults, stop lists, tools, response formats and document hints follow one
+set of rules, checked against what the backend can do.
+
+What a backend cannot do is never silently ignored: document cache hints are dropped with a warning (the
+request still works, uncached), tools and JSON output on a backend without constrained decoding are refused
+with a RequestError that names the backend.
+"""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 from inferplug.errors import RequestError
-from inferplug.frontend.tool_calls import call_schema, select_tools, template_renders_tools, with_tool_instructions
+from inferplug.frontend.tool_calls import call_schema, select_tools, template_renders_tools, tool_history
 from inferplug.rag.layout import DocumentMemory, document_spans
 from inferplug.types import Request, SamplingParams
 
 
+class UncachedDocumentsWarning(UserWarning):
+    """Document cache hints were given to a backend without a document cache; the request runs uncached."""
+
+
 def sampling_params(profile_defaults: dict[str, Any], **options: Any) -> SamplingParams:
-    """Profile defaults, overridden by every option that is not None; stop lists are merged."""
+    """Profile defaults, overridden by every option that is not None. Stop lists are merged: the profile's
+    stops (often a model's end-of-turn markers) stay, the call's are added."""
     values = {**profile_defaults, **{k: v for k, v in options.items() if v is not None and k != "stop"}}
-    stops = [s for s in (options.get("stop") or []) if s]
+    stop = options.get("stop")
+    stops = [stop] if isinstance(stop, str) else [s for s in (stop or []) if s]
     values["stop"] = list(dict.fromkeys([*(profile_defaults.get("stop") or []), *stops]))
     unknown = set(values) - set(SamplingParams.__dataclass_fields__)
     if unknown:
@@ -25,39 +39,112 @@ def sampling_params(profile_defaults: dict[str, Any], **options: Any) -> Samplin
     return params
 
 
+def response_schema(response_format: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The JSON schema an OpenAI `response_format` asks for (None: free text)."""
+    fmt = response_format or {}
+    kind = fmt.get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema" and isinstance(fmt.get("json_schema"), dict) and "schema" in fmt["json_schema"]:
+        return fmt["json_schema"]["schema"]
+    raise RequestError("response_format must be {'type': 'text' | 'json_object'} or "
+                       "{'type': 'json_schema', 'json_schema': {'name': ..., 'schema': {...}}}",
+                       param="response_format")
+
+
 @dataclass
 class Prepared:
     request: Request
     tools: list[dict[str, Any]]  # the tools the model may call (to parse its answer against)
     tool_required: bool
+    parallel_tool_calls: bool = False  # False: the server keeps only the first call parsed from the answer
 
 
-def prepare_request(
+def build_request(
     backend: Any,
-    params: SamplingParams,
     *,
     messages: list[dict[str, Any]] | None = None,
-    prompt: str | None = None,
+    prompt: str | list[int] | None = None,
+    options: dict[str, Any] | None = None,
     tools: list[dict[str, Any]] | None = None,
     tool_choice: Any = None,
+    parallel_tool_calls: bool = False,
+    response_format: dict[str, Any] | None = None,
     documents: list[Any] | None = None,
     memory: DocumentMemory | None = None,
 ) -> Prepared:
-    """A Request with tool constraints and document cache hints (for documents given or remembered)."""
+    """A Request for `backend`: sampling `options` (None values: the profile's default; `stop` is merged)
+    over the profile's [sampling], tool constraints, the response format's schema, and document cache hints
+    for the `documents` given or those `memory` finds in the prompt. `parallel_tool_calls` is OpenAI's: the
+    server passes the client's (default true); the integrations constrain to one call, as before."""
+    options = dict(options or {})
+    schema = response_schema(response_format)
+    if schema is not None:
+        if options.get("json_schema") is not None:
+            raise RequestError("give the JSON schema once: response_format or json_schema", param="response_format")
+        options["json_schema"] = schema
+    params = sampling_params(backend.profile.sampling.defaults(), **options)
     offered, required = select_tools(tools or [], tool_choice)
+    # a named function is one call (as in vLLM); "required" with parallel calls is a non-empty array of them
+    parallel = parallel_tool_calls and tool_choice in (None, "auto", "any", "required", True)
     if required:
         if params.json_schema is not None:
-            raise RequestError("a required tool call and a JSON response schema cannot be combined; "
+            raise RequestError("a required tool call and a JSON response format cannot be combined; "
                                "use one of them", param="tool_choice")
-        params.json_schema = call_schema(offered)
-    if offered and messages is not None and not template_renders_tools(backend):
-        messages = with_tool_instructions(messages, offered)
-    text = None
-    if documents or (memory is not None and len(memory)):
-        text = prompt if prompt is not None else backend.apply_chat_template(messages, offered or None)
-    spans = None
-    if text is not None:
-        spans = document_spans(text, documents) if documents else memory.spans_in(text)
-    request = Request(prompt=prompt, messages=messages, params=params, tools=offered or None,
-                      documents=spans or None)
-    return Prepared(request, offered, required)
+        params.json_schema = call_schema(offered, parallel)
+    _check_capabilities(backend, params, offered)
+    if messages is not None and getattr(backend, "tokenizer", None) is not None:  # a remote server reads OpenAI's
+        messages = tool_history(messages, offered, template_renders_tools(backend))
+    hints = _document_hints(backend, messages, prompt, offered, documents, memory)
+    request = Request(prompt=prompt, messages=messages, params=params, tools=offered or None, documents=hints,
+                      tool_choice=_openai_tool_choice(offered, required, tool_choice),
+                      parallel_tool_calls=parallel if offered else None,
+                      response_format=response_format if schema is not None else None)
+    return Prepared(request, offered, required, parallel)
+
+
+def _openai_tool_choice(offered: list[dict[str, Any]], required: bool, tool_choice: Any) -> str | dict[str, Any] | None:
+    """The call's tool_choice in OpenAI's words (LangChain also says "any" or True, or names a tool bare)."""
+    if not offered:
+        return None
+    if not required:
+        return "auto"
+    if tool_choice in ("any", "required", True):
+        return "required"
+    return {"type": "function", "function": {"name": offered[0]["function"]["name"]}}
+
+
+def _check_capabilities(backend: Any, params: SamplingParams, offered: list[dict[str, Any]]) -> None:
+    caps = backend.capabilities
+    if offered and not caps.tools:
+        raise RequestError(f"the {backend.name} backend cannot call tools (no constrained decoding); drop "
+                           "`tools` or use a profile on the native engine", param="tools")
+    if params.json_schema is not None and not caps.json_schema:
+        raise RequestError(f"the {backend.name} backend cannot constrain output to a JSON schema; drop the "
+                           "response format or use a profile on the native engine (with xgrammar installed)",
+                           param="response_format")
+
+
+def _document_hints(backend: Any, messages: list[dict[str, Any]] | None, prompt: Any,
+                    offered: list[dict[str, Any]], documents: list[Any] | None,
+                    memory: DocumentMemory | None) -> list[Any] | None:
+    """The documents' spans in the rendered prompt, or None (no documents, or a backend without a document
+    cache: then the request runs uncached, and a warning says so)."""
+    remembered = memory is not None and len(memory) > 0
+    if not (documents or remembered):
+        return None
+    if not backend.capabilities.rag_cache:
+        if documents:  # remembered documents were never asked for by this call: nothing to warn about
+            warnings.warn(f"the {backend.name} backend has no document cache: the documents are used as "
+                          "plain prompt text, uncached. Use a profile on the native engine to cache them.",
+                          UncachedDocumentsWarning, stacklevel=3)
+        return None
+    text = prompt if isinstance(prompt, str) else None
+    if text is None and messages is not None:
+        text = backend.apply_chat_template(messages, offered or None)
+    if text is None:
+        return None
+    spans = document_spans(text, documents) if documents else memory.spans_in(text)
+    return spans or None

@@ -15,6 +15,7 @@ from typing import Any
 
 from inferplug.chat_template import profile_template
 from inferplug.errors import RequestError
+from inferplug.types import ToolCallDelta
 
 
 @dataclass
@@ -28,8 +29,9 @@ def tool_names(tools: list[dict[str, Any]]) -> list[str]:
     return [t["function"]["name"] for t in tools]
 
 
-def call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
-    """The JSON schema of one call to any of `tools` (OpenAI tool dicts)."""
+def call_schema(tools: list[dict[str, Any]], parallel: bool = False) -> dict[str, Any]:
+    """The JSON schema of one call to any of `tools` (OpenAI tool dicts); with `parallel`, of a non-empty
+    array of calls (as vLLM constrains tool_choice="required" with parallel tool calls)."""
     options = []
     for tool in tools:
         fn = tool["function"]
@@ -39,7 +41,8 @@ def call_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
             "properties": {"name": {"type": "string", "enum": [fn["name"]]}, "arguments": params},
             "required": ["name", "arguments"],
         })
-    return options[0] if len(options) == 1 else {"anyOf": options}
+    one = options[0] if len(options) == 1 else {"anyOf": options}
+    return {"type": "array", "items": one, "minItems": 1} if parallel else one
 
 
 def select_tools(tools: list[dict[str, Any]], tool_choice: Any) -> tuple[list[dict[str, Any]], bool]:
@@ -49,6 +52,9 @@ def select_tools(tools: list[dict[str, Any]], tool_choice: Any) -> tuple[list[di
     if tool_choice == "none":
         return [], False
     if tool_choice in ("any", "required", True):
+        if not tools:
+            raise RequestError(f"tool_choice={tool_choice!r} needs tools to call; pass tools or drop tool_choice",
+                               param="tool_choice")
         return tools, True
     name = tool_choice
     if isinstance(tool_choice, dict):
@@ -77,6 +83,23 @@ def parse_tool_calls(text: str, tools: list[dict[str, Any]]) -> list[ToolCall]:
                 call = _as_call(item, known)
                 if call is not None:
                     calls.append(call)
+    return calls
+
+
+def calls_from_deltas(deltas: list[ToolCallDelta]) -> list[ToolCall]:
+    """The whole calls a backend streamed in pieces, with the backend's ids; as with calls in text, one whose
+    arguments are not a JSON object (cut by max_tokens) is no call."""
+    merged: dict[int, list[Any]] = {}
+    for delta in deltas:
+        call = merged.setdefault(delta.index, [None, "", ""])
+        call[0] = call[0] or delta.id
+        call[1] += delta.name or ""
+        call[2] += delta.arguments
+    calls = []
+    for call_id, name, arguments in merged.values():
+        call = _as_call({"name": name, "arguments": arguments or "{}"}, {name})
+        if call is not None:
+            calls.append(ToolCall(call.name, call.arguments, call_id or call.id))
     return calls
 
 
@@ -112,12 +135,43 @@ def _as_call(item: Any, known: set[str]) -> ToolCall | None:
 
 
 def template_renders_tools(backend: Any) -> bool:
-    """Whether the backend's chat template shows `tools` to the model (remote backends: assume yes)."""
-    tokenizer = getattr(backend, "tokenizer", None)
-    if tokenizer is None:
-        return True
-    template = profile_template(backend.profile) or tokenizer.chat_template
+    """Whether the backend's chat template shows `tools` to the model (a backend that renders chats locally)."""
+    template = profile_template(backend.profile) or backend.tokenizer.chat_template
     return "tools" in str(template or "")
+
+
+def tool_history(messages: list[dict[str, Any]], offered: list[dict[str, Any]],
+                 renders_tools: bool) -> list[dict[str, Any]]:
+    """Messages ready for the chat template: an assistant turn's tool calls with their arguments as objects
+    (templates serialize them), and for a template that knows no tools, the calls written into the turn's text
+    (the format the instructions ask for), and the tools described in the system message."""
+    prepared = [_template_message(m, renders_tools) for m in messages]
+    return with_tool_instructions(prepared, offered) if offered and not renders_tools else prepared
+
+
+def _template_message(message: dict[str, Any], renders_tools: bool) -> dict[str, Any]:
+    calls = message.get("tool_calls")
+    if message.get("content") is None:
+        message = {**message, "content": ""}  # a template prints None as "None"
+    if not calls:
+        return message
+    functions = [{"name": c["function"]["name"], "arguments": _arguments(c["function"].get("arguments"))}
+                 for c in calls]
+    if not renders_tools:  # the model sees its calls as the text it wrote (unless the turn already says so)
+        written = json.dumps(functions[0] if len(functions) == 1 else functions)
+        return {k: v for k, v in message.items() if k != "tool_calls"} | {"content": message["content"] or written}
+    return {**message, "tool_calls": [{**c, "function": f} for c, f in zip(calls, functions)]}
+
+
+def _arguments(value: Any) -> Any:
+    """OpenAI sends a call's arguments as a JSON string; templates expect the object."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            raise RequestError(f"a tool call's arguments are not valid JSON: {value[:80]!r}; send the "
+                               "arguments the model returned", param="messages") from None
+    return value or {}
 
 
 def with_tool_instructions(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 from inferplug.backends.base import Backend
-from inferplug.types import Event, Request, SamplingParams, Usage
+from inferplug.types import Event, Request, Usage
 
 _DONE = object()
 
@@ -33,22 +34,23 @@ class _Part:
 
 
 class Generation:
-    def __init__(self, backend: Backend, prompts: list[dict[str, Any]], params: SamplingParams):
-        """`prompts`: Request keyword arguments (prompt=... or messages=..., tools=...), one per prompt."""
+    def __init__(self, backend: Backend, requests: list[Request]):
+        """`requests`: one per prompt of the call, each with the call's sampling params."""
         self.backend = backend
         self.usage = Usage()
         self.started = time.perf_counter()
         self.first_token_at: float | None = None
         self._parts: list[_Part] = []
-        fan_out = params.n > 1 and not backend.capabilities.n
-        for i, kwargs in enumerate(prompts):
-            if not fan_out:
-                self._parts.append(_Part(Request(params=params, **kwargs), i * params.n, True))
+        for i, request in enumerate(requests):
+            n = request.params.n
+            if n == 1 or backend.capabilities.n:
+                self._parts.append(_Part(request, i * n, True))
                 continue
-            for j in range(params.n):
-                seed = None if params.seed is None else params.seed + j
-                copy = dataclasses.replace(params, n=1, seed=seed, stop=list(params.stop))
-                self._parts.append(_Part(Request(params=copy, **kwargs), i * params.n + j, j == 0))
+            for j in range(n):
+                seed = None if request.params.seed is None else request.params.seed + j
+                copy = dataclasses.replace(request.params, n=1, seed=seed, stop=list(request.params.stop))
+                self._parts.append(_Part(dataclasses.replace(request, params=copy, request_id=uuid.uuid4().hex),
+                                         i * n + j, j == 0))
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._tasks: list[asyncio.Task] = []
 

@@ -7,7 +7,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from inferplug.types import Event, TokenLogprob, Usage
+from inferplug.frontend.tool_calls import calls_from_deltas
+from inferplug.server.tool_output import ToolCallText, tool_calls_json
+from inferplug.types import Event, TokenLogprob, ToolCallDelta, Usage
 
 Kind = Literal["chat", "completion"]
 # OpenAI's finish_reason has no value for an aborted choice, and strict clients reject unknown ones: an
@@ -61,18 +63,22 @@ class ChoiceState:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     started: bool = False  # a chat stream sends the role once, in the first chunk
+    tool_text: ToolCallText | None = None  # with tools offered: the text that may become tool calls
+    call_deltas: list[ToolCallDelta] = field(default_factory=list)  # calls a remote backend parsed itself
 
 
 class ResponseBuilder:
     """Builds one call's responses from its events, for /v1/chat/completions or /v1/completions."""
 
-    def __init__(self, kind: Kind, model: str, num_choices: int, want_logprobs: bool):
+    def __init__(self, kind: Kind, model: str, num_choices: int, want_logprobs: bool,
+                 tools: list[dict[str, Any]] | None = None, parallel_tool_calls: bool = True):
         self.kind = kind
         self.model = model
         self.want_logprobs = want_logprobs
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
-        self.choices = [ChoiceState() for _ in range(num_choices)]
+        self.choices = [ChoiceState(tool_text=ToolCallText(tools, parallel_tool_calls) if tools else None)
+                        for _ in range(num_choices)]
         self.aborted = False  # some choice was aborted by the backend, not finished
 
     def add(self, event: Event) -> ChoiceState:
@@ -80,6 +86,7 @@ class ResponseBuilder:
         choice.text += event.text
         choice.reasoning += event.reasoning
         choice.logprobs.extend(event.logprobs or [])
+        choice.call_deltas.extend(event.tool_calls)
         if event.finish_reason is not None:
             self.aborted |= event.finish_reason == "abort"
             choice.finish_reason = _FINISH.get(event.finish_reason, event.finish_reason)
@@ -100,9 +107,15 @@ class ResponseBuilder:
     def _choice(self, index: int, c: ChoiceState) -> dict[str, Any]:
         if self.kind == "chat":
             logprobs = chat_logprobs(c.logprobs) if self.want_logprobs else None
-            message = {"role": "assistant", "content": c.text, **_reasoning(c.reasoning)}
+            calls = calls_from_deltas(c.call_deltas)
+            if c.tool_text is not None and not calls:
+                c.tool_text.feed(c.text)
+                calls = c.tool_text.finish()[1]
+            message = ({"role": "assistant", "content": None, "tool_calls": tool_calls_json(calls, False)} if calls
+                       else {"role": "assistant", "content": c.text})
+            message.update(_reasoning(c.reasoning))
             return {"index": index, "message": message, "logprobs": logprobs,
-                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+                    "finish_reason": _finish_with_calls(c.finish_reason, bool(calls)), "stop_reason": c.stop_reason}
         logprobs = completion_logprobs(c.logprobs, 0) if self.want_logprobs else None
         return {"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish_reason,
                 "stop_reason": c.stop_reason}
@@ -115,12 +128,19 @@ class ResponseBuilder:
         first = not choice.started
         self.add(event)
         choice.started = True
-        if not (event.text or event.reasoning or event.finish_reason or first or (self.want_logprobs and event.logprobs)):
+        if not (event.text or event.reasoning or event.tool_calls or event.finish_reason or first
+                or (self.want_logprobs and event.logprobs)):
             return None
         finish = choice.finish_reason if event.finish_reason else None
         if self.kind == "chat":
-            delta: dict[str, Any] = {"role": "assistant", "content": event.text} if first else {"content": event.text}
-            delta.update(_reasoning(event.reasoning))
+            delta = self._chat_delta(choice, event.text, finish is not None) | _reasoning(event.reasoning)
+            if event.tool_calls:  # a remote's call pieces pass through as they came, its ids kept
+                delta["tool_calls"] = delta.get("tool_calls", []) + [_call_delta_json(d) for d in event.tool_calls]
+            if not (delta["content"] or event.reasoning or event.tool_calls or finish or first or (self.want_logprobs and event.logprobs)):
+                return None  # text held back: it may be a tool call
+            finish = _finish_with_calls(finish, "tool_calls" in delta)
+            if first:
+                delta = {"role": "assistant", **delta}
             logprobs = chat_logprobs(event.logprobs or []) if self.want_logprobs else None
             body = {"index": event.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
@@ -129,6 +149,17 @@ class ResponseBuilder:
         if finish is not None:
             body["stop_reason"] = choice.stop_reason
         return self._chunk_envelope([body], None, include_usage)
+
+    @staticmethod
+    def _chat_delta(choice: ChoiceState, text: str, finished: bool) -> dict[str, Any]:
+        """The content to send for new text; with tools, held text and, at the end, the calls."""
+        if choice.tool_text is None:
+            return {"content": text}
+        content = choice.tool_text.feed(text)
+        if not finished:
+            return {"content": content}
+        held, calls = choice.tool_text.finish()
+        return {"content": None, "tool_calls": tool_calls_json(calls, True)} if calls else {"content": content + held}
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         return self._chunk_envelope([], usage_json(usage), True)
@@ -145,3 +176,13 @@ class ResponseBuilder:
         if include_usage:
             chunk["usage"] = usage
         return chunk
+
+
+def _call_delta_json(delta: ToolCallDelta) -> dict[str, Any]:
+    function = {"arguments": delta.arguments} | ({"name": delta.name} if delta.name else {})
+    return {"index": delta.index, "function": function} | ({"id": delta.id, "type": "function"} if delta.id else {})
+
+
+def _finish_with_calls(finish_reason: str | None, called: bool) -> str | None:
+    """A choice that ended by itself with tool calls finishes with "tool_calls", as OpenAI's do."""
+    return "tool_calls" if called and finish_reason == "stop" else finish_reason

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from inferplug.errors import RequestError
+from inferplug.frontend.requests import Prepared, build_request
 from inferplug.server.app import check_api_key, error_body
 from inferplug.server.generation import Generation
 from inferplug.server.responses import ResponseBuilder
@@ -48,14 +49,20 @@ async def models(request: Request) -> dict[str, Any]:
 
 @router.post("/v1/completions", dependencies=v1)
 async def completions(body: CompletionRequest, request: Request) -> Response:
-    prompts = [{"prompt": p} for p in body.prompts()]
-    return await _generate("completion", body, prompts, request, body.logprobs is not None)
+    backend = _served(body, request)
+    prepared = [build_request(backend, prompt=p, options=body.to_options()) for p in body.prompts()]
+    return await _generate("completion", body, prepared, request, body.logprobs is not None)
 
 
 @router.post("/v1/chat/completions", dependencies=v1)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    prompts = [{"messages": [m.as_dict() for m in body.messages], "tools": body.tools}]
-    return await _generate("chat", body, prompts, request, body.logprobs)
+    backend = _served(body, request)
+    tools = [t.model_dump(exclude_none=True) for t in body.tools or []]
+    choice = body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump") else body.tool_choice
+    prepared = build_request(backend, messages=[m.as_dict() for m in body.messages], options=body.to_options(),
+                             tools=tools, tool_choice=choice, parallel_tool_calls=body.parallel_tool_calls,
+                             response_format=body.response_format)
+    return await _generate("chat", body, [prepared], request, body.logprobs)
 
 
 def served_names(backend: Any) -> list[str]:
@@ -63,16 +70,23 @@ def served_names(backend: Any) -> list[str]:
     return list(dict.fromkeys([backend.model_name, backend.profile.name]))
 
 
-async def _generate(kind: str, body: CompletionRequest | ChatCompletionRequest, prompts: list[dict[str, Any]],
-                    request: Request, want_logprobs: bool) -> Response:
+def _served(body: CompletionRequest | ChatCompletionRequest, request: Request) -> Any:
+    """The backend, once the request names the model it serves."""
     backend = request.app.state.backend
     names = served_names(backend)
     if body.model not in names:
         raise RequestError(f"model {body.model!r} does not exist here; this server serves {', '.join(names)}",
                            param="model", status=404)
-    params = body.to_params(backend.profile.sampling.defaults())
-    generation = Generation(backend, prompts, params)
-    builder = ResponseBuilder(kind, body.model, len(prompts) * params.n, want_logprobs)
+    return backend
+
+
+async def _generate(kind: str, body: CompletionRequest | ChatCompletionRequest, prepared: list[Prepared],
+                    request: Request, want_logprobs: bool) -> Response:
+    backend = request.app.state.backend
+    generation = Generation(backend, [p.request for p in prepared])
+    n = prepared[0].request.params.n
+    builder = ResponseBuilder(kind, body.model, len(prepared) * n, want_logprobs, prepared[0].tools or None,
+                              prepared[0].parallel_tool_calls)
     try:
         await generation.start()
     except BaseException:

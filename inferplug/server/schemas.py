@@ -1,8 +1,9 @@
-"""Request bodies of the OpenAI-compatible API, and their mapping to our SamplingParams.
+"""Request bodies of the OpenAI-compatible API, and their sampling options.
 
 Field names and meanings follow OpenAI's API; the extra sampling fields (top_k, min_p,
 repetition_penalty, ignore_eos, ...) follow vLLM's server. Unknown fields are ignored, as
-OpenAI clients send some we have no use for (user, service_tier, ...).
+OpenAI clients send some we have no use for (user, service_tier, ...). The fields become a
+backend Request in inferplug.frontend.requests, as every front end's calls do.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from inferplug.errors import RequestError
-from inferplug.types import SamplingParams
 
 
 class StreamOptions(BaseModel):
@@ -42,23 +42,12 @@ class _Common(BaseModel):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool | None = None
 
-    def sampling_params(self, defaults: dict[str, Any], logprobs: int | None,
-                        max_tokens: int | None) -> SamplingParams:
-        """The request's values over the profile's defaults, validated."""
-        values = dict(defaults)
+    def sampling_options(self, logprobs: int | None, max_tokens: int | None) -> dict[str, Any]:
+        """The request's sampling fields for the request builder (None: the profile's default)."""
         fields = ("n", "temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "top_k", "min_p",
                   "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids", "include_stop_str_in_output")
-        values.update({k: getattr(self, k) for k in fields if getattr(self, k) is not None})
-        if self.stop is not None:
-            values["stop"] = [self.stop] if isinstance(self.stop, str) else list(self.stop)
-        if max_tokens is not None:
-            if max_tokens < 1:
-                raise RequestError(f"max_tokens={max_tokens} is invalid: use a positive integer", param="max_tokens")
-            values["max_tokens"] = max_tokens
-        values["logprobs"] = logprobs
-        params = SamplingParams(**values)
-        params.validate()
-        return params
+        return {**{k: getattr(self, k) for k in fields}, "stop": self.stop, "max_tokens": max_tokens,
+                "logprobs": logprobs}
 
     @property
     def include_usage(self) -> bool:
@@ -91,8 +80,29 @@ class CompletionRequest(_Common):
             return [p]  # type: ignore[list-item]
         return list(p)  # type: ignore[arg-type]
 
-    def to_params(self, defaults: dict[str, Any]) -> SamplingParams:
-        return self.sampling_params(defaults, self.logprobs, self.max_tokens)
+    def to_options(self) -> dict[str, Any]:
+        return self.sampling_options(self.logprobs, self.max_tokens)
+
+
+class FunctionDefinition(BaseModel):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # constrained decoding is always strict
+
+
+class Tool(BaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"] = "function"
+    function: NamedFunction
 
 
 class ChatMessage(BaseModel):
@@ -119,27 +129,14 @@ class ChatCompletionRequest(_Common):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     max_completion_tokens: int | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
     response_format: dict[str, Any] | None = None
 
-    def to_params(self, defaults: dict[str, Any]) -> SamplingParams:
+    def to_options(self) -> dict[str, Any]:
         if self.top_logprobs is not None and not self.logprobs:
             raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        params = self.sampling_params(defaults, logprobs, max_tokens)
-        params.json_schema = self._json_schema()
-        return params
-
-    def _json_schema(self) -> dict[str, Any] | None:
-        fmt = self.response_format or {}
-        kind = fmt.get("type", "text")
-        if kind == "text":
-            return None
-        if kind == "json_object":
-            return {"type": "object"}
-        if kind == "json_schema" and isinstance(fmt.get("json_schema"), dict) and "schema" in fmt["json_schema"]:
-            return fmt["json_schema"]["schema"]
-        raise RequestError("response_format must be {'type': 'text' | 'json_object'} or "
-                           "{'type': 'json_schema', 'json_schema': {'name': ..., 'schema': {...}}}",
-                           param="response_format")
+        return self.sampling_options(logprobs, max_tokens)

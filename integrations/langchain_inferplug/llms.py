@@ -11,7 +11,7 @@ from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 
 from inferplug.frontend.binding import usage_counts
 from inferplug.frontend.calls import Result, aiter_events, generate_all
-from inferplug.frontend.requests import prepare_request
+from inferplug.frontend.requests import build_request
 from langchain_inferplug.base import InferPlugFields
 
 
@@ -29,8 +29,9 @@ class InferPlugLLM(InferPlugFields, BaseLLM):
         return params
 
     def _request(self, prompt: str, stop: list[str] | None, kwargs: dict[str, Any]) -> Any:
-        return prepare_request(self.backend, self._sampling(stop, kwargs), prompt=prompt,
-                               documents=kwargs.get("documents"), memory=self.document_memory).request
+        return build_request(self.backend, options=self._options(stop, kwargs), prompt=prompt,
+                             response_format=kwargs.get("response_format"), documents=kwargs.get("documents"),
+                             memory=self.document_memory).request
 
     def _generation(self, result: Result) -> list[Generation]:
         return [Generation(text=result.text, generation_info={

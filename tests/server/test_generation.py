@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from inferplug.server.generation import Generation
-from inferplug.types import SamplingParams
+from inferplug.types import Request, SamplingParams
 
 
 class SingleChoice:
@@ -33,7 +33,7 @@ def test_n_fans_out_to_single_choice_requests(tiny_backend):
     params = SamplingParams(n=3, temperature=1.0, seed=11, max_tokens=5, ignore_eos=True)
 
     async def run():
-        generation = Generation(backend, [{"prompt": "one"}, {"prompt": "two"}], params)
+        generation = Generation(backend, [Request(prompt="one", params=params), Request(prompt="two", params=params)])
         await generation.start()
         events = [e async for e in generation.events()]
         await generation.aclose()

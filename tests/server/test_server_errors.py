@@ -13,7 +13,7 @@ import pytest
 
 from inferplug.server.app import create_app
 from inferplug.server.generation import Generation
-from inferplug.types import Event, SamplingParams
+from inferplug.types import Event, Request, SamplingParams
 
 MESSAGES = [{"role": "user", "content": "hello there"}]
 
@@ -52,7 +52,7 @@ def test_a_backend_failure_finishes_every_choice_of_an_n_request(tiny_backend):
     params = SamplingParams(n=3, temperature=1.0, seed=3, max_tokens=8, ignore_eos=True)
 
     async def run():
-        generation = Generation(backend, [{"prompt": "one"}], params)
+        generation = Generation(backend, [Request(prompt="one", params=params)])
         await generation.start()
         events = [e async for e in generation.events()]
         await generation.aclose()

@@ -1,0 +1,128 @@
+"""One request builder: the same call made through each front end (LangChain, LlamaIndex, the server, the CLI)
+reaches the engine as the same Request; what a backend cannot do is dropped with a warning or refused."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pytest
+
+from inferplug.backends.native import NativeBackend
+from inferplug.errors import RequestError
+from inferplug.frontend.requests import UncachedDocumentsWarning, build_request
+
+SAMPLING = dict(temperature=0.0, max_tokens=5, stop=["zz"], seed=3)
+
+
+def via_langchain(profile, chat):
+    if chat:
+        from langchain_core.messages import HumanMessage
+
+        from langchain_inferplug import ChatInferPlug
+
+        ChatInferPlug(profile=profile, **SAMPLING).invoke([HumanMessage("hi there")])
+    else:
+        from langchain_inferplug.llms import InferPlugLLM
+
+        InferPlugLLM(profile=profile, **SAMPLING).invoke("hi there")
+
+
+def via_llamaindex(profile, chat):  # LlamaIndex completes through the chat template: chat only
+    from llama_index.core.base.llms.types import ChatMessage
+
+    from llama_index.llms.inferplug import InferPlug
+
+    llm = InferPlug(profile=profile, temperature=0.0, max_tokens=5, additional_kwargs={"seed": 3})
+    llm.chat([ChatMessage(role="user", content="hi there")], stop=["zz"])
+
+
+def via_server(profile, chat):
+    from inferplug.backends.registry import get_backend
+    from tests.server.conftest import start_server
+
+    server = start_server(get_backend(profile))
+    try:
+        client = server.client()
+        if chat:
+            client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi there"}],
+                                           **SAMPLING)
+        else:
+            client.completions.create(model="tiny", prompt="hi there", **SAMPLING)
+    finally:
+        server.stop()
+
+
+def via_cli(profile, chat):
+    from inferplug.cli import main
+
+    flags = ["--temperature", "0", "--max-tokens", "5", "--stop", "zz", "--seed", "3"]
+    assert main(["generate", profile, "hi there", *flags, *(["--chat"] if chat else [])]) == 0
+
+
+FRONT_ENDS = {"langchain": via_langchain, "llamaindex": via_llamaindex, "server": via_server, "cli": via_cli}
+
+
+@pytest.fixture
+def seen(monkeypatch):
+    """Every Request that reaches a native backend (the engine still runs it)."""
+    requests = []
+    generate = NativeBackend.generate
+
+    def spy(self, request):
+        requests.append(dataclasses.replace(request, request_id="-"))
+        return generate(self, request)
+
+    monkeypatch.setattr(NativeBackend, "generate", spy)
+    return requests
+
+
+@pytest.mark.parametrize("chat", [True, False], ids=["chat", "prompt"])
+def test_every_front_end_builds_the_same_request(tiny_profile, seen, chat):
+    reached = {}
+    for name, front_end in FRONT_ENDS.items():
+        if name == "llamaindex" and not chat:
+            continue
+        seen.clear()
+        front_end(tiny_profile, chat)
+        reached[name] = seen[-1]
+    first = next(iter(reached.values()))
+    assert first.params.stop == ["zz"] and first.params.temperature == 0.0 and first.params.max_tokens == 5
+    assert all(request == first for request in reached.values()), reached
+
+
+@pytest.fixture(scope="module")
+def ct2(tiny_llama_dir):
+    from inferplug.backends.registry import close_backend, get_backend
+    from tests.server.conftest import tiny_ct2_profile
+
+    profile = tiny_ct2_profile(tiny_llama_dir)
+    yield get_backend(profile)
+    close_backend(profile)
+
+
+def test_a_document_hinted_chain_on_ctranslate2_runs_uncached_and_says_so_once(ct2):
+    from langchain_core.documents import Document
+    from langchain_core.messages import HumanMessage
+
+    from langchain_inferplug import ChatInferPlug
+
+    docs = [Document(page_content="The blue door is on Elm Street."), Document(page_content="Cats purr.")]
+    llm = ChatInferPlug(profile=ct2.profile, max_tokens=4, temperature=0)
+    question = [HumanMessage(f"{llm.format_documents(docs)}\n\nWhere is the blue door?")]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")  # Python's default: once per place
+        answers = [llm.invoke(question, documents=docs) for _ in range(3)]
+    assert all(a.usage_metadata["input_token_details"]["cache_read"] == 0 for a in answers)
+    said = [w for w in caught if issubclass(w.category, UncachedDocumentsWarning)]
+    assert len(said) == 1 and "ctranslate2 backend has no document cache" in str(said[0].message)
+
+
+def test_tools_and_json_schema_on_a_backend_that_cannot_constrain_are_refused_by_name(ct2):
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    ask = [{"role": "user", "content": "hi"}]
+    with pytest.raises(RequestError, match="ctranslate2 backend cannot call tools"):
+        build_request(ct2, messages=ask, tools=[tool])
+    with pytest.raises(RequestError, match="ctranslate2 backend cannot constrain"):
+        build_request(ct2, messages=ask, options={"json_schema": {"type": "object"}})
+    assert build_request(ct2, messages=ask, tools=[tool], tool_choice="none").request.tools is None
