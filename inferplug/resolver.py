@@ -20,6 +20,7 @@ from inferplug.memory_plan import (
     weight_bits,
 )
 from inferplug.profile import Profile
+from inferplug.quant.formats import CHECKPOINT_FORMATS
 
 BACKENDS = ("native", "ctranslate2", "exllamav2", "openai")
 DEFAULT_MAX_NUM_SEQS = {"cpu": 16, "cuda": 256}
@@ -29,13 +30,8 @@ DEFAULT_MAX_NUM_SEQS = {"cpu": 16, "cuda": 256}
 # little (a weight pass a step) and cut the streams' stalls 8x against 2048 (bench/prefill.py --streams).
 DEFAULT_BATCHED_TOKENS = {"cpu": 256, "cuda": 8192}
 EXL2_CACHE_BYTES = {"FP16": 2.0, "Q8": 1.0, "Q6": 0.75, "Q4": 0.5}
-# Quantized checkpoints the native engine cannot unpack yet (quant/ has only int8/int4), and the way out.
-NATIVE_UNREADABLE = {
-    "awq": "no backend loads AWQ: use a GPTQ or EXL2 profile with exllamav2 on CUDA, or an unquantized or GGUF "
-           "profile",
-    "gptq": "use exllamav2 on a CUDA GPU, or an unquantized or GGUF profile",
-    "exl2": "use exllamav2 on a CUDA GPU",
-}
+# Quantized checkpoints the native engine cannot unpack, and the way out.
+NATIVE_UNREADABLE = {"exl2": "use exllamav2 on a CUDA GPU"}
 # On a CPU, pinning a 16-bit compute dtype is opt-in: it rounds every activation (docs/profiles.md, "Precision").
 CPU_LOW_PRECISION = {
     "bfloat16": " (opt-in: bf16 activations and residual; greedy answers can differ from float32's)",
@@ -123,8 +119,12 @@ def _preference(profile: Profile) -> list[str]:
     if profile.model.kind is None:
         return ["openai"]
     fmt = profile.quantization.format
-    if fmt in ("exl2", "gptq"):
-        return ["exllamav2"]  # native and ctranslate2 cannot read these
+    if fmt == "exl2":
+        return ["exllamav2"]  # native and ctranslate2 cannot read it
+    if fmt == "gptq":
+        return ["native", "exllamav2"]  # ExLlamaV2: the alternative on CUDA
+    if fmt == "awq":
+        return ["native"]
     if fmt == "ct2-int8":
         return ["ctranslate2", "native"]
     return ["native", "ctranslate2"]
@@ -201,7 +201,7 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
     fmt = profile.quantization.format
     problems = []
     if fmt in NATIVE_UNREADABLE:
-        problems.append(f"cannot read {fmt.upper()} weights yet; {NATIVE_UNREADABLE[fmt]}")
+        problems.append(f"cannot read {fmt.upper()} weights; {NATIVE_UNREADABLE[fmt]}")
     elif fmt == "ct2-int8":
         problems.append("cannot read ct2-int8 weights (use ctranslate2)")
     if not hw.has("torch"):
@@ -235,10 +235,22 @@ def _native_weight_format(profile: Profile, gpus: list[GPU], hw: Hardware, dtype
             return fmt, []
         block = {"int8": "Q8_0", "int4": "Q4_1"}[fmt]
         return fmt, [f"{fmt} layers in GGUF {block} blocks on inferplug's AVX2 kernel, int8 activations (as llama.cpp)"]
+    if fmt in CHECKPOINT_FORMATS:
+        return fmt, [_checkpoint_format_why(fmt, gpus, hw)]
     if not gpus and dtype == "float32" and profile.dtype == "auto" and {"avx2", "f16c"} <= hw.cpu_flags:
         return "fp16", ["linear weights stored fp16 (fbgemm fp16 GEMM, fp32 compute): half the bytes each decode "
                         "step reads, greedy output as in fp32; pin dtype = \"float32\" to keep fp32 weights"]
     return None, []
+
+
+def _checkpoint_format_why(fmt: str, gpus: list[GPU], hw: Hardware) -> str:
+    label = fmt.upper()
+    if gpus:
+        return f"{label} int4 groups run as stored: the Triton int4 group-wise dequant-GEMM (kernels/int4_gemm.py)"
+    if cpu_kernels.unavailable_reason(hw):
+        return f"{label} int4 groups run as stored by a torch dequant-matmul (slow: {cpu_kernels.unavailable_reason(hw)})"
+    return (f"{label} int4 groups repacked at load into Q4_1 blocks on inferplug's CPU kernel (int8 activations, as "
+            "llama.cpp); act-order layers permute their activations")
 
 
 def _plan_ctranslate2(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Plan:

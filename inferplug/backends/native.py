@@ -32,7 +32,7 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
     config = engine_config(plan)
     path = plan.model_path or ensure_local(profile.model)  # the plan's, when the model was already on disk
     tokenizer = load_tokenizer(path, profile.model.tokenizer)
-    weights = load_weights(path, config.torch_dtype, config.device)
+    weights = load_weights(path, config.torch_dtype, config.device, profile.quantization.format)
     engine = LLMEngine(read_config(path), weights, tokenizer, config,
                        render_chat=partial(render_chat, tokenizer, profile))
     del weights  # the float copies go once the model is quantized below

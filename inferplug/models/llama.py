@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from inferplug.engine.attention import AttentionContext
 from inferplug.engine.ops import select_ops
 from inferplug.models.config import ModelConfig
+from inferplug.quant.checkpoint_layers import fuse_rows  # torch.cat, or an AWQ / GPTQ checkpoint's layers
 from inferplug.quant.linear import linear  # F.linear, or a weight-only int8/int4 layer's kernel
 
 
@@ -43,7 +44,10 @@ class LlamaModel:
         def take(name: str) -> torch.Tensor:
             if name not in state_dict:
                 raise KeyError(f"weight {name!r} is missing from the checkpoint")
-            return state_dict[name].to(device=self.device, dtype=dtype).contiguous()
+            weight = state_dict[name]
+            if not isinstance(weight, torch.Tensor):  # an AWQ / GPTQ layer, loaded on its device
+                return weight
+            return weight.to(device=self.device, dtype=dtype).contiguous()
 
         self.embed = take("model.embed_tokens.weight")
         self.norm = take("model.norm.weight")
@@ -60,11 +64,11 @@ class LlamaModel:
                 bias = torch.cat([take(f"{p}self_attn.{n}_proj.bias") for n in "qkv"])
             self.layers.append(LayerWeights(
                 input_norm=take(f"{p}input_layernorm.weight"),
-                qkv=torch.cat(attn).contiguous(),
+                qkv=fuse_rows(attn),
                 qkv_bias=bias,
                 o=take(f"{p}self_attn.o_proj.weight"),
                 post_norm=take(f"{p}post_attention_layernorm.weight"),
-                gate_up=torch.cat([take(f"{p}mlp.gate_proj.weight"), take(f"{p}mlp.up_proj.weight")]).contiguous(),
+                gate_up=fuse_rows([take(f"{p}mlp.gate_proj.weight"), take(f"{p}mlp.up_proj.weight")]),
                 down=take(f"{p}mlp.down_proj.weight"),
             ))
         self.cos, self.signed_sin = rope_tables(config, self.device)
