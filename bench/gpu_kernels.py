@@ -1,5 +1,6 @@
 """The Triton paged-decode kernel on a CUDA GPU: achieved HBM bandwidth against the device's measured copy
-bandwidth, and time against torch SDPA on the same K/V gathered contiguous (what a non-paged engine reads).
+bandwidth, and time against torch SDPA on the same K/V gathered contiguous (what a non-paged engine reads); the
+Triton prefill kernel (through block tables, packed) against SDPA's causal attention on contiguous K/V.
 7B geometry (32 heads, 8 KV heads, head_dim 128), bf16, block 16. Prints a table and writes JSON; a second
 table times the kernel's knobs (split-K against one program per sequence, partition size, tile, warps, stages)
 against the defaults, so a tuning change is one run.
@@ -20,6 +21,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from inferplug.kernels.paged_attention import paged_attention_decode  # noqa: E402
 from inferplug.kernels.paged_attention_ref import random_pool  # noqa: E402
+from inferplug.kernels.prefill_attention import prefill_attention  # noqa: E402
+from inferplug.kernels.prefill_attention_ref import random_prefill  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
 
@@ -82,6 +85,30 @@ def variant_rows(batch: int, context: int, peak: float) -> list[dict]:
     return rows
 
 
+# Prefill: fresh prompts, and one chunk over a cached prefix (SDPA then needs an explicit mask). Knob variants too.
+PREFILL_CASES = [(1, 0, 4096), (4, 0, 2048), (16, 0, 512), (1, 3584, 512)]  # (sequences, cached prefix, new tokens)
+PREFILL_VARIANTS = {"default": {}, "block_m 128": dict(block_m=128), "block_n 32": dict(block_n=32),
+                    "warps 8": dict(num_warps=8), "stages 3": dict(num_stages=3)}
+
+
+def prefill_rows(seqs: int, prefix: int, new: int) -> list[dict]:
+    q, k, v, cu, lens, tables = random_prefill(chunks=[(prefix, new)] * seqs, heads=HEADS, kv_heads=KV_HEADS,
+                                               head_dim=HEAD_DIM, block_size=BLOCK, dtype=torch.bfloat16,
+                                               device="cuda")  # fmt: skip
+    scale, ctx = HEAD_DIM**-0.5, prefix + new
+    gathered = [c[:, tables.long()].flatten(2, 3)[:, :, :ctx].transpose(0, 1).contiguous() for c in (k, v)]
+    query = q.view(seqs, new, HEADS, HEAD_DIM).transpose(1, 2)  # [seqs, heads, new, head_dim]
+    mask = None if not prefix else (torch.arange(ctx, device="cuda")[None, :] <= torch.arange(prefix, ctx, device="cuda")[:, None])
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    sdpa_ms = cuda_ms(lambda: sdpa(query, *gathered, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True))
+    rows = []
+    for name, knobs in PREFILL_VARIANTS.items():
+        ms = cuda_ms(lambda knobs=knobs: prefill_attention(q, k, v, cu, lens, tables, scale, max_q_len=new, **knobs))
+        rows.append({"seqs": seqs, "prefix": prefix, "new": new, "variant": name, "triton_ms": round(ms, 4),
+                     "sdpa_ms": round(sdpa_ms, 4), "sdpa_over_triton": round(sdpa_ms / ms, 2)})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("gpu_kernels.json"))
@@ -101,9 +128,15 @@ def main() -> None:
     print("|---:|---:|---|---:|---:|")
     for r in variants:
         print(f"| {r['batch']} | {r['context']} | {r['variant']} | {r['ms']} | {r['of_copy_bandwidth']:.0%} |")
+    prefill = [r for case in PREFILL_CASES for r in prefill_rows(*case)]
+    print("\n| sequences | cached prefix | new tokens | variant | triton ms | sdpa (contiguous) ms | sdpa / triton |")
+    print("|---:|---:|---:|---|---:|---:|---:|")
+    for r in prefill:
+        print(f"| {r['seqs']} | {r['prefix']} | {r['new']} | {r['variant']} | {r['triton_ms']} | {r['sdpa_ms']} | "
+              f"{r['sdpa_over_triton']}x |")
     args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                    "copy_GBps": round(peak / 1e9, 1), "decode": rows, "variants": variants},
-                                   indent=2))
+                                    "copy_GBps": round(peak / 1e9, 1), "decode": rows, "variants": variants,
+                                    "prefill": prefill}, indent=2))
 
 
 if __name__ == "__main__":

@@ -62,6 +62,7 @@ def profile_status(hw: Hardware) -> list[dict[str, Any]]:
                            weights=plan.weight_format,
                            max_model_len=plan.max_model_len, max_num_seqs=plan.max_num_seqs,
                            seqs_at_full_context=plan.memory.seqs_at_full_context if plan.memory else None,
+                           weights_bytes=plan.memory.weights_bytes if plan.memory else None,
                            why=_fit_summary(plan))
         except InferPlugError as exc:
             rejected = getattr(exc, "rejected", None)
@@ -111,11 +112,20 @@ def run_doctor(as_json: bool = False, bench: bool = False, bench_seconds: float 
     report = collect()
     if bench:
         report["bench"] = _bench(print_report=not as_json, seconds=bench_seconds)
+        add_bandwidth_bounds(report["profiles"], report["bench"]["memory_bandwidth_bytes_per_s"])
     if as_json:
         print(json.dumps(report, indent=2))
     else:
         print_report(report)
     return 0 if report["ok"] else 1
+
+
+def add_bandwidth_bounds(profiles: list[dict[str, Any]], bandwidth: float) -> None:
+    """The single-stream decode speed this host's measured memory bandwidth allows each fitting profile: each
+    step streams the weights once (an upper bound: the embedding is counted whole, the KV cache not at all)."""
+    for row in profiles:
+        if row["fits"] and row.get("weights_bytes"):
+            row["bandwidth_bound_tokens_per_s"] = bandwidth / row["weights_bytes"]
 
 
 def _bench(print_report: bool, seconds: float) -> dict[str, Any]:
@@ -158,6 +168,8 @@ def print_report(report: dict[str, Any]) -> None:
         runs = " ".join(p[k] for k in ("backend", "device", "dtype") if p[k] != "auto") if p["fits"] else ""
         if p.get("weights"):
             runs += f", {p['weights']} weights"
+        if p.get("bandwidth_bound_tokens_per_s"):
+            runs += f", <= {p['bandwidth_bound_tokens_per_s']:.0f} tok/s one stream (memory bandwidth)"
         ctx = f"{p['max_model_len']} x {p['seqs_at_full_context'] or p['max_num_seqs']}" if p["fits"] else ""
         profiles.add_row(p["name"], fits, runs, ctx, escape(p.get("why", "")))
     console.print(profiles)

@@ -50,7 +50,10 @@ class RequestOutput:
 
 
 class LLM:
-    """A model loaded from a profile, generating in batches with continuous batching underneath."""
+    """A model loaded from a profile, generating in batches with continuous batching underneath.
+
+    This is the native engine's offline API (its outputs carry the engine's token ids, steps and usage). A profile
+    that resolves to another backend is refused with the way to reach it: get_backend, as every front end does."""
 
     def __init__(self, profile: str | Path | Any = None, **engine_overrides: Any):
         from inferplug.backends.native import build_engine
@@ -60,6 +63,11 @@ class LLM:
 
         self.profile = load_profile(profile)
         plan = resolve(self.profile, probe())
+        if plan.backend != "native":
+            raise ProfileError(
+                f"LLM() is the native engine's offline API, but profile {self.profile.served_name!r} resolves to the "
+                f"{plan.backend!r} backend here; use inferplug.backends.registry.get_backend(profile) (the Backend "
+                "protocol every front end uses) for it, or set backend = \"native\" in the profile")
         for key, value in engine_overrides.items():  # e.g. dtype="bfloat16", num_kv_blocks=512
             if not hasattr(plan, key):
                 known = sorted(f.name for f in dataclasses.fields(plan))

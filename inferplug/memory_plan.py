@@ -16,11 +16,11 @@ from pathlib import Path
 from inferplug.errors import ResolveError
 from inferplug.models.config import ModelConfig
 from inferplug.profile import ArchitectureHints, Profile
-from inferplug.quant.formats import LAYER_BITS, head_format
+from inferplug.quant.formats import CHECKPOINT_FORMATS, LAYER_BITS, checkpoint_layer_bits, head_format
 
 GiB = 1 << 30
 MiB = 1 << 20
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3": 1}  # float8_e4m3: KV pools only (CUDA)
 # Usual bits per weight of each format, scales and zero points included (group size 128).
 FORMAT_BITS = {"int8": 8.0, "ct2-int8": 8.0, "int4": 4.25, "awq": 4.25, "gptq": 4.25, "exl2": 4.25}
 # Headroom for activations, the allocator and (on CUDA) the context: fixed + a share of the weights.
@@ -55,7 +55,8 @@ class ModelFacts:
     @classmethod
     def from_hints(cls, hints: ArchitectureHints) -> ModelFacts:
         return cls(hints.num_parameters, hints.num_hidden_layers, hints.num_key_value_heads, hints.head_dim,
-                   hints.max_position_embeddings, "the profile's [model.hints]")
+                   hints.max_position_embeddings, "the profile's [model.hints]", hints.vocab_size or 0,
+                   hints.hidden_size or 0)
 
     def kv_bytes_per_token(self, dtype_bytes: float) -> int:
         return int(2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * dtype_bytes)
@@ -138,8 +139,8 @@ def weight_bits(profile: Profile, backend: str, dtype: str, facts: ModelFacts | 
         return profile.quantization.bits, f"[quantization] bits = {profile.quantization.bits:g}"
     if fmt == "gguf" and backend == "ctranslate2":
         return 8.0, "GGUF is converted to CTranslate2 int8"
-    if backend == "native" and native_format in LAYER_BITS:
-        return _native_quantized_bits(native_format, dtype, facts, head_format(native_format, device_kind))
+    if backend == "native" and (native_format in LAYER_BITS or native_format in CHECKPOINT_FORMATS):
+        return _native_quantized_bits(native_format, dtype, facts, head_format(native_format, device_kind), device_kind)
     if fmt in FORMAT_BITS:
         return FORMAT_BITS[fmt], f"{fmt} weights"
     bits = DTYPE_BYTES[dtype] * 8.0
@@ -147,8 +148,10 @@ def weight_bits(profile: Profile, backend: str, dtype: str, facts: ModelFacts | 
     return bits, f"{why} {dtype}"
 
 
-def _native_quantized_bits(fmt: str, dtype: str, facts: ModelFacts | None, head_fmt: str) -> tuple[float, str]:
-    layer_bits = LAYER_BITS[fmt]
+def _native_quantized_bits(fmt: str, dtype: str, facts: ModelFacts | None, head_fmt: str,
+                           device_kind: str) -> tuple[float, str]:
+    # AWQ / GPTQ: Q4_1 blocks on a CPU (counted so even where the kernels do not run: a little high there)
+    layer_bits = LAYER_BITS[fmt] if fmt in LAYER_BITS else checkpoint_layer_bits(device_kind == "cpu")
     if facts is None or not facts.embedding_parameters:
         return layer_bits, f"{fmt} weights ({layer_bits:g} bits; the embedding's size is unknown, counted alike)"
     embed = facts.embedding_parameters
@@ -156,7 +159,7 @@ def _native_quantized_bits(fmt: str, dtype: str, facts: ModelFacts | None, head_
     head = LAYER_BITS[head_fmt]
     bits = (layers * layer_bits + embed * DTYPE_BYTES[dtype] * 8 + embed * head) / facts.num_parameters
     head_why = f"an {head_fmt} copy of the tied embedding" if facts.tie_word_embeddings else head_fmt
-    return bits, (f"{bits:.2f} bits/param on average: layers {fmt} ({layer_bits:g} bits), embedding {dtype}, "
+    return bits, (f"{bits:.2f} bits/param on average: layers {fmt} ({layer_bits:.3g} bits), embedding {dtype}, "
                   f"lm_head {head_why}")
 
 

@@ -102,7 +102,7 @@ class Quantization(Table):
 
 class Cache(Table):
     block_size: int = Field(default=16, ge=1, le=1024)
-    kv_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    kv_dtype: Literal["auto", "float32", "bfloat16", "float16", "float8_e4m3"] = "auto"  # float8_e4m3: native, CUDA
     # "auto", a size such as "2GiB", or a fraction of the memory the weights leave free. "auto": enough for
     # max_num_seqs sequences at full context, at most 90% of that memory on CUDA, 4 GiB on the CPU.
     memory: str | float = "auto"

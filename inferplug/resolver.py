@@ -20,18 +20,18 @@ from inferplug.memory_plan import (
     weight_bits,
 )
 from inferplug.profile import Profile
+from inferplug.quant.formats import CHECKPOINT_FORMATS
 
 BACKENDS = ("native", "ctranslate2", "exllamav2", "openai")
 DEFAULT_MAX_NUM_SEQS = {"cpu": 16, "cuda": 256}
-DEFAULT_BATCHED_TOKENS = {"cpu": 2048, "cuda": 8192}
+# Tokens a step, so the longest prefill chunk: a running stream waits one step per chunk. On the CPU, 256 rows
+# already run the GEMMs at their full rate (fbgemm fp16: 98 GF/s a core at 256 rows, 101 at 2048), and the paged
+# attention kernel reads a cached prefix once per 16 query rows whatever the chunking: smaller chunks cost prefill
+# little (a weight pass a step) and cut the streams' stalls 8x against 2048 (bench/prefill.py --streams).
+DEFAULT_BATCHED_TOKENS = {"cpu": 256, "cuda": 8192}
 EXL2_CACHE_BYTES = {"FP16": 2.0, "Q8": 1.0, "Q6": 0.75, "Q4": 0.5}
-# Quantized checkpoints the native engine cannot unpack yet (quant/ has only int8/int4), and the way out.
-NATIVE_UNREADABLE = {
-    "awq": "no backend loads AWQ: use a GPTQ or EXL2 profile with exllamav2 on CUDA, or an unquantized or GGUF "
-           "profile",
-    "gptq": "use exllamav2 on a CUDA GPU, or an unquantized or GGUF profile",
-    "exl2": "use exllamav2 on a CUDA GPU",
-}
+# Quantized checkpoints the native engine cannot unpack, and the way out.
+NATIVE_UNREADABLE = {"exl2": "use exllamav2 on a CUDA GPU"}
 # On a CPU, pinning a 16-bit compute dtype is opt-in: it rounds every activation (docs/profiles.md, "Precision").
 CPU_LOW_PRECISION = {
     "bfloat16": " (opt-in: bf16 activations and residual; greedy answers can differ from float32's)",
@@ -39,10 +39,13 @@ CPU_LOW_PRECISION = {
 }
 _TORCH_PATH = ("the engine's torch paged attention runs (decode: batched matmuls per KV-head group; prefill: "
                "scaled_dot_product_attention)")
-NATIVE_ATTENTION = {
+_TRITON_OPS = ("paged decode (split-K), KV store, RoPE and RMSNorm + residual in Triton (inferplug/kernels), decode "
+               "steps replayed from CUDA graphs")
+NATIVE_ATTENTION = {  # engine/ops.select_ops runs each
     "torch": _TORCH_PATH,
     "sdpa": _TORCH_PATH,  # the same path: prefill already goes through scaled_dot_product_attention
-    "triton": "the Triton paged-attention decode kernel on CUDA; prefill runs torch scaled_dot_product_attention",
+    "triton": f"Triton kernels on CUDA: prefill and chunked prefill through block tables, {_TRITON_OPS}",
+    "flash": f"flash-attn's varlen kernel for prefill; {_TRITON_OPS}",
 }
 
 
@@ -116,8 +119,12 @@ def _preference(profile: Profile) -> list[str]:
     if profile.model.kind is None:
         return ["openai"]
     fmt = profile.quantization.format
-    if fmt in ("exl2", "gptq"):
-        return ["exllamav2"]  # native and ctranslate2 cannot read these
+    if fmt == "exl2":
+        return ["exllamav2"]  # native and ctranslate2 cannot read it
+    if fmt == "gptq":
+        return ["native", "exllamav2"]  # ExLlamaV2: the alternative on CUDA
+    if fmt == "awq":
+        return ["native"]
     if fmt == "ct2-int8":
         return ["ctranslate2", "native"]
     return ["native", "ctranslate2"]
@@ -171,12 +178,12 @@ def _attention(profile: Profile, gpus: list[GPU], hw: Hardware) -> tuple[str, st
             return "triton", f"attention triton: {NATIVE_ATTENTION['triton']}"
         why = "no CUDA GPU" if not gpus else "triton is not installed"
         return "torch", f"attention torch: {why}, so {NATIVE_ATTENTION['torch']}"
-    if choice == "flash":
-        raise _Rejected("attention = 'flash': the native engine has no flash-attn path (use auto, torch or triton)")
-    if choice == "triton" and not gpus:
-        raise _Rejected("attention = 'triton' needs a CUDA GPU; none found (use auto or torch)")
-    if choice == "triton" and not hw.has("triton"):
-        raise _Rejected("attention = 'triton' needs the triton package; it is not installed")
+    if choice in ("triton", "flash") and not gpus:
+        raise _Rejected(f"attention = {choice!r} needs a CUDA GPU; none found (use auto or torch)")
+    if choice in ("triton", "flash") and not hw.has("triton"):
+        raise _Rejected(f"attention = {choice!r} needs the triton package; it is not installed")
+    if choice == "flash" and not hw.has("flash_attn"):
+        raise _Rejected("attention = 'flash' needs the flash-attn package; it is not installed (use auto or triton)")
     return choice, f"attention {choice}: pinned by the profile; {NATIVE_ATTENTION[choice]}"
 
 
@@ -194,7 +201,7 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
     fmt = profile.quantization.format
     problems = []
     if fmt in NATIVE_UNREADABLE:
-        problems.append(f"cannot read {fmt.upper()} weights yet; {NATIVE_UNREADABLE[fmt]}")
+        problems.append(f"cannot read {fmt.upper()} weights; {NATIVE_UNREADABLE[fmt]}")
     elif fmt == "ct2-int8":
         problems.append("cannot read ct2-int8 weights (use ctranslate2)")
     if not hw.has("torch"):
@@ -205,9 +212,13 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
     gpus = _pick_gpus(profile, hw)
     dtype, dtype_why = _dtype(profile, gpus, hw)
     attention, attention_why = _attention(profile, gpus, hw)
-    if not gpus and dtype == "float32" and not cpu_kernels.unavailable_reason(hw):  # what LlamaModel.kernels runs
-        attention_why += ("; on this CPU inferplug's C++ kernel takes every attention row instead, prefill too, each "
-                          "at its own length (batch-invariant; INFERPLUG_NO_CPU_KERNELS=1 keeps torch)")
+    if profile.cache.kv_dtype == "float8_e4m3" and not gpus:
+        raise _Rejected("kv_dtype = 'float8_e4m3' needs a CUDA GPU; none found (use auto, float16 or bfloat16)")
+    kv_fp32 = profile.cache.kv_dtype in ("auto", "float32")
+    if not gpus and dtype == "float32" and kv_fp32 and not cpu_kernels.unavailable_reason(hw):  # engine/ops.select_ops
+        attention_why += ("; on this CPU inferplug's C++ kernel takes every attention row instead, prefill too (flash "
+                          "tiles over the paged K/V, each row at its own length: batch-invariant; "
+                          "INFERPLUG_NO_CPU_KERNELS=1 keeps torch)")
     weight_format, format_why = _native_weight_format(profile, gpus, hw, dtype)
     bits, bits_why = weight_bits(profile, "native", dtype, facts, weight_format, "cuda" if gpus else "cpu")
     plan = _local_plan("native", profile, hw, facts, gpus, dtype, attention, bits, None,
@@ -224,10 +235,22 @@ def _native_weight_format(profile: Profile, gpus: list[GPU], hw: Hardware, dtype
             return fmt, []
         block = {"int8": "Q8_0", "int4": "Q4_1"}[fmt]
         return fmt, [f"{fmt} layers in GGUF {block} blocks on inferplug's AVX2 kernel, int8 activations (as llama.cpp)"]
+    if fmt in CHECKPOINT_FORMATS:
+        return fmt, [_checkpoint_format_why(fmt, gpus, hw)]
     if not gpus and dtype == "float32" and profile.dtype == "auto" and {"avx2", "f16c"} <= hw.cpu_flags:
         return "fp16", ["linear weights stored fp16 (fbgemm fp16 GEMM, fp32 compute): half the bytes each decode "
                         "step reads, greedy output as in fp32; pin dtype = \"float32\" to keep fp32 weights"]
     return None, []
+
+
+def _checkpoint_format_why(fmt: str, gpus: list[GPU], hw: Hardware) -> str:
+    label = fmt.upper()
+    if gpus:
+        return f"{label} int4 groups run as stored: the Triton int4 group-wise dequant-GEMM (kernels/int4_gemm.py)"
+    if cpu_kernels.unavailable_reason(hw):
+        return f"{label} int4 groups run as stored by a torch dequant-matmul (slow: {cpu_kernels.unavailable_reason(hw)})"
+    return (f"{label} int4 groups repacked at load into Q4_1 blocks on inferplug's CPU kernel (int8 activations, as "
+            "llama.cpp); act-order layers permute their activations")
 
 
 def _plan_ctranslate2(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Plan:

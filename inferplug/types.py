@@ -111,6 +111,12 @@ class Request:
     params: SamplingParams = field(default_factory=SamplingParams)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     tools: list[dict[str, Any]] | None = None  # OpenAI tool schemas, rendered by the chat template
+    # OpenAI's tool_choice ("auto", "required" or {"type": "function", "function": {"name": ...}}) and
+    # parallel_tool_calls, for a backend that forwards them (a remote server); locally a required call is
+    # already params.json_schema
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None  # OpenAI's, as asked; params.json_schema holds its schema
     documents: list[DocumentSpan] | None = None  # RAG cache hints
     cache_salt: str | None = None  # isolates this request's prefix-cache entries
 
@@ -155,6 +161,17 @@ class Timings:
 
 
 @dataclass
+class ToolCallDelta:
+    """A piece of a tool call a backend parsed itself (a remote server), in OpenAI's streamed shape: the first
+    piece of each call brings its id and name, the rest bring more of its JSON arguments."""
+
+    index: int  # the call's place among the choice's calls
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass
 class Event:
     """One step of a request's stream. The last event of each choice has finish_reason set,
     and the last event of the request carries usage and timings."""
@@ -170,15 +187,15 @@ class Event:
     timings: Timings | None = None
     error: str | None = None  # set with finish_reason="error"
     reasoning: str = ""  # new reasoning text (a reasoning model's <think> part), kept out of `text`
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)  # calls the backend parsed (not in `text`)
 
 
 @dataclass
 class Capabilities:
-    streaming: bool = True
-    logprobs: bool = False
-    n: bool = False
-    tools: bool = False
-    json_schema: bool = False
-    prefix_cache: bool = False
-    rag_cache: bool = False
-    devices: tuple[str, ...] = ("cpu",)
+    """What a front end must know to shape a request for a backend; each field has a reader (frontend/requests.py,
+    the server's n fan-out, LangChain's structured output). Every backend streams and gives logprobs alike."""
+
+    n: bool = False  # n > 1 samples in one request; else the server fans out n requests
+    tools: bool = False  # tool calls (constrained decoding); else the request builder refuses `tools`
+    json_schema: bool = False  # constrained decoding to a JSON schema; else a RequestError or free-text parsing
+    rag_cache: bool = False  # a document KV cache; else documents run as plain, uncached prompt text

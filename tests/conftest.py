@@ -12,6 +12,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("INFERPLUG_HOME", str(Path(__file__).resolve().parent.parent / ".inferplug-home"))
 
+
+def _no_cuda() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+# Without a GPU, Triton kernels (and the engine's attention = "triton") run in Triton's interpreter on CPU
+# tensors. It must be set before triton is first imported.
+if _no_cuda():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 TINY_COMMON = dict(
     vocab_size=320,
     hidden_size=64,

@@ -81,16 +81,16 @@ def test_profile_show_gives_each_origin(capsys, monkeypatch):
     assert code == 0 and "origin" in out and "env" in out
 
 
-def test_resolve_zephyr_on_cpu_explains_itself(capsys, monkeypatch):
+def test_resolve_zephyr_on_cpu_runs_native(capsys, monkeypatch):
     monkeypatch.setattr(hardware, "probe", lambda: CPU_ONLY)
     code, out, _ = run(capsys, "resolve", "zephyr-awq")
     text = " ".join(out.split())
-    assert code == 2
-    assert "cannot run on this machine" in text
+    assert code == 0
+    assert "AWQ int4 groups" in text  # repacked into Q4_1 blocks, or run as stored where the kernels do not run
     assert "ExLlamaV2 loads GPTQ and EXL2 weights, not AWQ" in text
-    assert "native: cannot read AWQ weights yet; no backend loads AWQ" in text
     code, out, _ = run(capsys, "resolve", "zephyr-awq", "--json")
-    assert code == 2 and "exllamav2" in json.loads(out)["rejected"]
+    plan = json.loads(out)
+    assert code == 0 and (plan["backend"], plan["weight_format"]) == ("native", "awq")
 
 
 def test_resolve_openai_remote(capsys, monkeypatch):

@@ -37,7 +37,7 @@ def test_profiles_without_downloads(monkeypatch, tmp_path):
     monkeypatch.setenv("INFERPLUG_HOME", str(tmp_path))  # nothing pulled
     rows = {row["name"]: row for row in doctor.profile_status(CPU_ONLY)}
     assert rows["smollm2-135m"]["fits"] is None and "inferplug pull smollm2-135m" in rows["smollm2-135m"]["why"]
-    assert rows["zephyr-awq"]["fits"] is False and rows["zephyr-awq"]["why"].startswith("native: cannot read AWQ weights yet")
+    assert (rows["zephyr-awq"]["fits"], rows["zephyr-awq"]["backend"], rows["zephyr-awq"]["weights"]) == (True, "native", "awq")
     assert rows["openai-remote"]["fits"] is True
 
 
@@ -82,3 +82,13 @@ def test_cgroup_v2_memory_limit(tmp_path):
     (tmp_path / "memory.max").write_text("max\n")
     assert _cgroup_memory_limit(tmp_path) is None
     assert _cgroup_memory_limit(tmp_path / "absent") is None
+
+
+def test_bandwidth_bound_for_each_fitting_profile(monkeypatch, tmp_path):
+    monkeypatch.setenv("INFERPLUG_HOME", str(tmp_path))
+    rows = doctor.profile_status(CPU_ONLY)
+    doctor.add_bandwidth_bounds(rows, 20e9)  # 20 GB/s
+    zephyr = next(r for r in rows if r["name"] == "zephyr-awq")
+    assert zephyr["bandwidth_bound_tokens_per_s"] == pytest.approx(20e9 / zephyr["weights_bytes"])
+    assert 3 < zephyr["bandwidth_bound_tokens_per_s"] < 5  # ~4.7 GiB of weights a step
+    assert all("bandwidth_bound_tokens_per_s" not in r for r in rows if not r["fits"])

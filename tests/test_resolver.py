@@ -116,21 +116,27 @@ def test_pinned_dtype_wins_over_the_isa():
     assert plan.dtype == "float32" and "pinned" in plan.reasons[2]
 
 
-def test_cpu_only_zephyr_awq_explains_why_nothing_can_load_it():
-    with pytest.raises(ResolveError) as info:
-        resolve(load_profile("zephyr-awq"), cpu())  # planned from [model.hints], nothing downloaded
-    message = str(info.value)
-    assert "native: cannot read AWQ weights yet; no backend loads AWQ: use a GPTQ or EXL2 profile" in message
-    assert "ExLlamaV2 loads GPTQ and EXL2 weights, not AWQ" in message
-    assert "ctranslate2: cannot load AWQ weights" in message
-    assert set(info.value.rejected) == {"native", "ctranslate2", "exllamav2", "openai"}
+def test_cpu_only_zephyr_awq_runs_native_repacked_into_q4_blocks():
+    plan = resolve(load_profile("zephyr-awq"), cpu(flags=("avx2", "fma", "f16c")))  # from [model.hints]
+    assert (plan.backend, plan.device, plan.dtype, plan.weight_format) == ("native", "cpu", "float32", "awq")
+    assert any(r.startswith("AWQ int4 groups repacked at load into Q4_1 blocks") for r in plan.reasons)
+    # layers at Q4_1's 5 bits, the float32 embedding and an int8 (8.5-bit) copy of it as the lm_head
+    embed = 32000 * 4096
+    expected = (7.24e9 - 2 * embed) * 5 + embed * 32 + embed * 8.5
+    assert plan.memory.weights_bytes == int(expected / 8)  # ~4.7 GiB
+    assert plan.rejected["ctranslate2"].startswith("cannot load AWQ weights")
 
 
-def test_cpu_only_gptq_says_what_gpu_exllamav2_would_need():
-    with pytest.raises(ResolveError) as info:
-        resolve(load_profile("mistral-7b-gptq"), cpu())
-    assert "exllamav2: needs a CUDA GPU; none found (it would need one with about" in str(info.value)
-    assert "native: cannot read GPTQ weights yet; use exllamav2 on a CUDA GPU" in str(info.value)
+def test_cpu_only_gptq_runs_native_with_exllamav2_the_cuda_alternative():
+    plan = resolve(load_profile("mistral-7b-gptq"), cpu())
+    assert (plan.backend, plan.weight_format) == ("native", "gptq")
+    assert plan.reasons[0] == "backend native: first usable in the order native > exllamav2"
+    assert plan.rejected["exllamav2"].startswith("needs a CUDA GPU; none found (it would need one with about")
+
+
+def test_awq_on_a_cpu_too_small_says_what_it_needs():
+    with pytest.raises(ResolveError, match=r"native: weights need 4.68 GiB \(7.24B params x 5.55217 bits\)"):
+        resolve(load_profile("zephyr-awq"), cpu(ram_free=4 * GiB))
 
 
 def test_ct2_profile_on_cpu_uses_int8():
@@ -211,21 +217,20 @@ def test_cache_size_larger_than_what_is_left():
 
 
 # --- one 24 GB GPU -------------------------------------------------------------------------------
-def test_24gb_gpu_with_every_backend_still_cannot_load_awq():
+def test_24gb_gpu_runs_awq_on_the_triton_int4_kernel():
     hw = with_gpus(RTX_4090, packages=ALL_CPU_PACKAGES | {"triton", "exllamav2"})
-    with pytest.raises(ResolveError) as info:
-        resolve(load_profile("zephyr-awq"), hw)
-    message = str(info.value)
-    assert message.startswith("profile 'zephyr-awq' cannot run here. native: cannot read AWQ weights yet; ")
-    assert "use a GPTQ or EXL2 profile with exllamav2 on CUDA, or an unquantized or GGUF profile" in message
-    assert "exllamav2: ExLlamaV2 loads GPTQ and EXL2 weights, not AWQ" in message
-    assert "Usable instead" not in message
-    assert set(info.value.rejected) == {"native", "ctranslate2", "exllamav2", "openai"}
+    plan = resolve(load_profile("zephyr-awq"), hw)
+    assert (plan.backend, plan.device, plan.dtype, plan.weight_format) == ("native", "cuda:0", "bfloat16", "awq")
+    assert any("Triton int4 group-wise dequant-GEMM" in r for r in plan.reasons)
+    assert "layers awq (4.19 bits)" in " ".join(plan.reasons)  # 4 bits + an fp16 scale and a uint8 zero per 128
+    assert plan.rejected["exllamav2"] == "ExLlamaV2 loads GPTQ and EXL2 weights, not AWQ"
 
 
 def test_24gb_gpu_gptq_plan_on_exllamav2_counts_packed_weights():
     hw = with_gpus(RTX_4090, packages=ALL_CPU_PACKAGES | {"triton", "exllamav2"})
-    plan = resolve(load_profile("mistral-7b-gptq"), hw)
+    profile = load_profile("mistral-7b-gptq")
+    profile.backend = "exllamav2"
+    plan = resolve(profile, hw)
     assert (plan.backend, plan.device, plan.dtype) == ("exllamav2", "cuda:0", "float16")
     weights = int(7.24e9 * 4.25 / 8)  # 3_846_250_000 bytes: 4 bits + an fp16 scale and zero per 128 weights
     # CUDA headroom: 768 MiB for the context and allocator (805_306_368) + 5% of the weights for activations
@@ -251,27 +256,30 @@ def test_old_gpu_gets_float16_and_rejects_pinned_bfloat16():
 def test_gpu_attention_is_triton_decode_or_the_torch_path_without_triton():
     plan = resolve(load_profile("smollm2-135m"), with_gpus(RTX_4090), SMOLLM2)
     assert plan.attention == "triton"
-    assert "attention triton: the Triton paged-attention decode kernel on CUDA; prefill runs torch" in plan.reasons[3]
+    assert "attention triton: Triton kernels on CUDA: prefill and chunked prefill through block tables" in plan.reasons[3]
     plan = resolve(load_profile("smollm2-135m"), with_gpus(RTX_4090, packages=ALL_CPU_PACKAGES), SMOLLM2)
     assert plan.attention == "torch"
     assert plan.reasons[3].startswith("attention torch: triton is not installed, so the engine's torch paged")
 
 
 # --- one 80 GB GPU -------------------------------------------------------------------------------
-def test_80gb_gpu_gptq_runs_on_exllamav2():
+def test_80gb_gpu_gptq_runs_native_with_exllamav2_usable_too():
     hw = with_gpus(A100_80, packages=ALL_CPU_PACKAGES | {"triton", "exllamav2"})
     plan = resolve(load_profile("mistral-7b-gptq"), hw)
+    assert (plan.backend, plan.device, plan.weight_format) == ("native", "cuda:0", "gptq")
+    assert plan.rejected["exllamav2"] == "usable, but native ranks first for this profile"
+    profile = load_profile("mistral-7b-gptq")
+    profile.backend = "exllamav2"
+    plan = resolve(profile, hw)
     assert (plan.backend, plan.device, plan.dtype) == ("exllamav2", "cuda:0", "float16")
     assert plan.memory.kv_bytes_per_token == 2 * 32 * 8 * 128 * 1  # cache_mode Q8
     assert plan.max_num_seqs == 256
-    assert plan.rejected["native"].startswith("cannot read GPTQ weights yet")
 
 
-def test_80gb_gpu_gptq_without_exllamav2_names_the_install():
-    with pytest.raises(ResolveError) as info:
-        resolve(load_profile("mistral-7b-gptq"), with_gpus(A100_80))
-    assert "exllamav2: not installed (pip install 'inferplug[exllamav2]'" in str(info.value)
-    assert "native: cannot read GPTQ weights yet" in str(info.value)
+def test_80gb_gpu_gptq_without_exllamav2_runs_native():
+    plan = resolve(load_profile("mistral-7b-gptq"), with_gpus(A100_80))
+    assert plan.backend == "native"
+    assert plan.rejected["exllamav2"].startswith("not installed (pip install 'inferplug[exllamav2]'")
 
 
 # --- two GPUs ------------------------------------------------------------------------------------
@@ -344,11 +352,23 @@ def test_attention_pin_checked_against_hardware_and_the_engine():
     with pytest.raises(ResolveError, match="attention = 'triton' needs a CUDA GPU"):
         resolve(profile, cpu(), SMOLLM2)
     profile.attention = "flash"
-    with pytest.raises(ResolveError, match="the native engine has no flash-attn path"):
-        resolve(profile, with_gpus(RTX_4090, packages=ALL_CPU_PACKAGES | {"flash_attn"}), SMOLLM2)
+    with pytest.raises(ResolveError, match="'flash' needs the flash-attn package"):
+        resolve(profile, with_gpus(RTX_4090), SMOLLM2)
+    plan = resolve(profile, with_gpus(RTX_4090, packages=ALL_CPU_PACKAGES | {"triton", "flash_attn"}), SMOLLM2)
+    assert plan.attention == "flash" and "flash-attn's varlen kernel for prefill" in plan.reasons[3]
     profile.attention = "sdpa"
     plan = resolve(profile, cpu(), SMOLLM2)
     assert plan.attention == "sdpa" and "pinned by the profile; the engine's torch paged attention" in plan.reasons[3]
+
+
+def test_fp8_kv_pools_are_planned_on_cuda_only():
+    profile = Profile(backend="native", cache={"kv_dtype": "float8_e4m3"}, model={"pypi": "x==1", "file": "m.gguf"})
+    with pytest.raises(ResolveError, match="'float8_e4m3' needs a CUDA GPU"):
+        resolve(profile, cpu(), SMOLLM2)
+    plan = resolve(profile, with_gpus(RTX_4090), SMOLLM2)
+    half = resolve(Profile(backend="native", model={"pypi": "x==1", "file": "m.gguf"}), with_gpus(RTX_4090), SMOLLM2)
+    assert plan.kv_dtype == "float8_e4m3" and plan.attention == "triton"
+    assert plan.num_kv_blocks > 1.9 * half.num_kv_blocks  # one byte a value instead of bf16's two
 
 
 @pytest.mark.smollm2

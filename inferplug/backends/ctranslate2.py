@@ -66,7 +66,7 @@ class CTranslate2Backend(Backend):
     # --- protocol -------------------------------------------------------------------
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(streaming=True, logprobs=True, n=True, prefix_cache=True, devices=(self.device,))
+        return Capabilities(n=True)
 
     @property
     def context_length(self) -> int:

@@ -73,7 +73,7 @@ class ExLlamaV2Backend(Backend):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(streaming=True, logprobs=True, n=True, prefix_cache=True, devices=("cuda",))
+        return Capabilities(n=True)
 
     @property
     def context_length(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -21,7 +22,6 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
     import torch
 
     from inferplug.chat_template import render_chat
-    from inferplug.engine.config import EngineConfig
     from inferplug.engine.llm_engine import LLMEngine
     from inferplug.models.loader import load_tokenizer, load_weights, read_config
     from inferplug.quant.linear import quantize_model
@@ -30,18 +30,12 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
     native = getattr(profile, "native", None)
     if native is not None and native.num_threads and plan.device == "cpu":
         torch.set_num_threads(native.num_threads)
-    path = ensure_local(profile.model)
-    config = EngineConfig(
-        dtype=plan.dtype, device=plan.device, block_size=plan.block_size, num_kv_blocks=plan.num_kv_blocks,
-        max_model_len=plan.max_model_len or None, max_num_seqs=plan.max_num_seqs,
-        max_num_batched_tokens=plan.max_num_batched_tokens,
-        enable_prefix_caching=profile.cache.prefix_caching,
-        rag_document_cache=plan.rag_document_cache,  # doc_cache: the profile's [cache] rag_document_cache
-        speculative_method=profile.speculative.method, num_speculative_tokens=profile.speculative.num_tokens,
-        ngram_min=profile.speculative.ngram_min, ngram_max=profile.speculative.ngram_max,
-    )
+    spec = profile.speculative
+    config = dataclasses.replace(engine_config(plan), speculative_method=spec.method, num_speculative_tokens=spec.num_tokens,
+                                 ngram_min=spec.ngram_min, ngram_max=spec.ngram_max)
+    path = plan.model_path or ensure_local(profile.model)  # the plan's, when the model was already on disk
     tokenizer = load_tokenizer(path, profile.model.tokenizer)
-    weights = load_weights(path, config.torch_dtype, config.device)
+    weights = load_weights(path, config.torch_dtype, config.device, profile.quantization.format)
     engine = LLMEngine(read_config(path), weights, tokenizer, config,
                        render_chat=partial(render_chat, tokenizer, profile))
     del weights  # the float copies go once the model is quantized below
@@ -49,6 +43,23 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
         # Weight-only fp16/int8/int4 (quant/linear.py): decode is memory-bound, so fewer weight bytes per step.
         quantize_model(engine.runner.model, plan.weight_format)
     return engine
+
+
+def engine_config(plan: Plan):
+    """The EngineConfig every field of the plan that the engine runs by sets (tests/test_plan_fields.py)."""
+    from inferplug.engine.config import EngineConfig
+    from inferplug.errors import ProfileError
+
+    if plan.tensor_parallel_size != 1:  # e.g. LLM(tensor_parallel_size=2): not silently one device
+        raise ProfileError(f"the native engine runs on one device; tensor_parallel_size = {plan.tensor_parallel_size} "
+                           "needs exllamav2 (GPTQ/EXL2 over several GPUs), or set it to 1")
+    return EngineConfig(
+        dtype=plan.dtype, device=plan.device, block_size=plan.block_size, num_kv_blocks=plan.num_kv_blocks,
+        max_model_len=plan.max_model_len or None, max_num_seqs=plan.max_num_seqs,
+        max_num_batched_tokens=plan.max_num_batched_tokens, enable_prefix_caching=plan.prefix_caching,
+        rag_document_cache=plan.rag_document_cache,  # doc_cache: the profile's [cache] rag_document_cache
+        attention=plan.attention, kv_dtype=plan.kv_dtype,
+    )
 
 
 class NativeBackend(Backend):
@@ -66,10 +77,8 @@ class NativeBackend(Backend):
         import importlib.util
 
         return Capabilities(
-            streaming=True, logprobs=True, n=True, tools=True, prefix_cache=True,
-            rag_cache=self.engine.engine.doc_cache is not None,  # doc_cache: engine/doc_cache.py
+            n=True, tools=True, rag_cache=self.engine.engine.doc_cache is not None,  # doc_cache: engine/doc_cache.py
             json_schema=importlib.util.find_spec("xgrammar") is not None,  # engine/guided.py needs it
-            devices=("cpu", "cuda"),
         )
 
     @property

@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from inferplug.backends.base import Backend
-from inferplug.backends.openai_sse import FinishHolder, ToolCallText, chunk_events, chunk_usage, sse_data
+from inferplug.backends.openai_sse import FinishHolder, chunk_events, chunk_usage, sse_data
 from inferplug.errors import BackendUnavailable, RequestError
 from inferplug.types import Capabilities, Event, Request, SamplingParams, Timings
 
@@ -56,7 +56,7 @@ class OpenAIBackend(Backend):
     # --- protocol -------------------------------------------------------------------
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(streaming=True, logprobs=True, n=True, tools=True, json_schema=True, devices=("remote",))
+        return Capabilities(n=True, tools=True, json_schema=True)
 
     @property
     def model_name(self) -> str:
@@ -74,7 +74,7 @@ class OpenAIBackend(Backend):
         path, body = self._body(request)
         started = time.perf_counter()
         first_token: float | None = None
-        holder, finished, usage, calls = FinishHolder(), set(), None, ToolCallText()
+        holder, finished, usage = FinishHolder(), set(), None
         self._active[request.request_id] = None
         try:
             async with self._stream(request.request_id, path, body) as response:
@@ -85,8 +85,8 @@ class OpenAIBackend(Backend):
                         if "error" in chunk:
                             raise _StreamError(_error_message(chunk, self._key))
                         usage = chunk_usage(chunk) or usage
-                        for event in chunk_events(request.request_id, chunk, calls):
-                            first_token = first_token or (time.perf_counter() if event.text else None)
+                        for event in chunk_events(request.request_id, chunk):
+                            first_token = first_token or (time.perf_counter() if event.text or event.tool_calls else None)
                             if event.finish_reason is not None:
                                 finished.add(event.index)
                             if (out := holder.pass_through(event)) is not None:
@@ -197,13 +197,11 @@ class OpenAIBackend(Backend):
                                param="documents")
         if request.messages is not None:
             body["messages"] = request.messages
-            if request.tools:
-                body["tools"] = request.tools
+            body.update(_tool_fields(request))
             if p.logprobs is not None:
                 body.update(logprobs=True, top_logprobs=p.logprobs)
-            if p.json_schema is not None:
-                body["response_format"] = {"type": "json_schema",
-                                           "json_schema": {"name": "output", "schema": p.json_schema}}
+            if (response_format := _response_format(request)) is not None:
+                body["response_format"] = response_format
             return "/chat/completions", body
         if p.json_schema is not None:
             raise RequestError("json_schema needs chat messages on the openai backend", param="json_schema")
@@ -211,6 +209,25 @@ class OpenAIBackend(Backend):
         if p.logprobs is not None:
             body["logprobs"] = p.logprobs
         return "/completions", body
+
+
+def _tool_fields(request: Request) -> dict[str, Any]:
+    """tools, tool_choice and parallel_tool_calls as the request gives them: the remote server constrains a
+    required call itself."""
+    if not request.tools:
+        return {}
+    fields = {"tools": request.tools, "tool_choice": request.tool_choice,
+              "parallel_tool_calls": request.parallel_tool_calls}
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def _response_format(request: Request) -> dict[str, Any] | None:
+    """The response_format asked for; else the JSON schema, unless it only constrains a required tool call."""
+    if request.response_format is not None:
+        return request.response_format
+    schema, forced = request.params.json_schema, request.tool_choice not in (None, "auto")
+    return None if schema is None or forced else {"type": "json_schema",
+                                                   "json_schema": {"name": "output", "schema": schema}}
 
 
 def _sampling_fields(p: SamplingParams) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from inferplug.types import Event, TokenLogprob, Usage
+from inferplug.types import Event, TokenLogprob, ToolCallDelta, Usage
 
 # Token ids are not part of OpenAI's responses; logprob entries carry this id instead.
 UNKNOWN_TOKEN_ID = -1
@@ -27,45 +27,25 @@ async def sse_data(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
         yield json.loads(data)
 
 
-def chunk_events(request_id: str, chunk: dict[str, Any], calls: ToolCallText | None = None) -> list[Event]:
+def chunk_events(request_id: str, chunk: dict[str, Any]) -> list[Event]:
     """One chunk's events, one per choice it mentions (its usage is read separately). A chat delta's
-    `reasoning_content` becomes Event.reasoning; its `tool_calls` become call text through `calls`."""
+    `reasoning_content` becomes Event.reasoning, its `tool_calls` Event.tool_calls (the server's ids kept)."""
     events = []
     for choice in chunk.get("choices") or []:
         delta, index = choice.get("delta"), choice.get("index", 0)
         text = (delta.get("content") or "") if delta is not None else (choice.get("text") or "")
-        if delta is not None and calls is not None:
-            text += calls.add(index, delta.get("tool_calls") or [], ended=choice.get("finish_reason") is not None)
         event = Event(request_id, index=index, text=text, finish_reason=choice.get("finish_reason"),
                       stop_reason=choice.get("stop_reason"))
         event.reasoning = (delta or {}).get("reasoning_content") or (delta or {}).get("reasoning") or ""
+        event.tool_calls = [_call_delta(c) for c in (delta or {}).get("tool_calls") or []]
         event.logprobs = _logprobs(choice.get("logprobs"))
         events.append(event)
     return events
 
 
-class ToolCallText:
-    """Streamed `tool_calls` deltas as the call text every front end parses: {"name": ..., "arguments": ...}
-    per call, the arguments streaming as the server sends them."""
-
-    def __init__(self) -> None:
-        self._open: dict[int, int] = {}  # choice -> the tool_call index whose text is open
-
-    def add(self, choice: int, deltas: list[dict[str, Any]], ended: bool) -> str:
-        parts = []
-        for delta in deltas:
-            fn = delta.get("function") or {}
-            if self._open.get(choice) != delta.get("index", 0):
-                parts.append(self._close(choice))
-                self._open[choice] = delta.get("index", 0)
-                parts.append(f'{{"name": {json.dumps(fn.get("name") or "")}, "arguments": ')
-            parts.append(fn.get("arguments") or "")
-        if ended:
-            parts.append(self._close(choice))
-        return "".join(parts)
-
-    def _close(self, choice: int) -> str:
-        return "}\n" if self._open.pop(choice, None) is not None else ""
+def _call_delta(raw: dict[str, Any]) -> ToolCallDelta:
+    fn = raw.get("function") or {}
+    return ToolCallDelta(raw.get("index", 0), raw.get("id"), fn.get("name"), fn.get("arguments") or "")
 
 
 def chunk_usage(chunk: dict[str, Any]) -> Usage | None:

@@ -1,5 +1,5 @@
-"""Paged attention in torch ops, decode on an AVX2 CPU in a C++ kernel. K/V live in per-layer pools read
-through block tables.
+"""Paged attention in torch ops, and the per-step attention metadata every ops set (engine/ops/) builds. K/V
+live in per-layer pools read through block tables.
 
 A pool is [kv_heads, num_blocks, block_size, head_dim]: heads outermost, so the blocks gathered for
 a batch are already [kv_heads * batch, tokens, head_dim] and feed batched matmuls without another copy
@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from inferplug.kernels import cpu as cpu_kernels
 
 
 @dataclass
@@ -35,30 +34,47 @@ class PrefillChunk:
 class DecodeGroup:
     """Query rows [start, end) that attend through block tables. The torch path groups decode rows of similar
     context lengths: one gather and two batched matmuls, padded to the group's longest (grouping keeps short
-    sequences from reading the longest one's width). The C++ kernel (kernels/cpu/paged_decode.cpp) takes every
-    row of the step, prefill rows too, in one group: it reads K/V in place, exactly each row's `lengths`, so it
-    needs neither the gather nor the padding, and each row's arithmetic is the same whatever shares the step."""
+    sequences from reading the longest one's width). The C++ kernel (kernels/cpu/paged_attention.cpp) takes
+    every row of the step, prefill rows too, in one group, by sequence: it reads K/V in place, each row exactly
+    its own length, so it needs neither the gather nor the padding, and each row's arithmetic is the same
+    whatever shares the step (a decode row is a one-row prefill chunk)."""
 
     start: int
     end: int
-    block_tables: torch.Tensor  # [rows, blocks], padded with block 0
+    block_tables: torch.Tensor  # [rows, blocks], padded with block 0 (C++ kernel: [sequences, blocks])
     bias: torch.Tensor | None  # torch, several rows: [1, rows, 1, S] additive: 0 where attended, -inf past the end
     length: int = 0  # torch, one row: its context length, cut to instead of a bias
-    lengths: torch.Tensor | None = None  # [rows] context lengths: set when the C++ kernel runs these rows
+    lengths: torch.Tensor | None = None  # context lengths when a kernel runs these rows: [rows] (Triton), [sequences] (C++)
+    query_starts: torch.Tensor | None = None  # C++ kernel: [sequences + 1] each sequence's first row, then the end
+
+
+@dataclass
+class PackedPrefill:
+    """The prefill rows of a step packed for one kernel call (Triton): sequence i's new tokens are query rows
+    [cu_seqlens[i], cu_seqlens[i + 1]) after the decode rows; it attends to its first ctx_lens[i] tokens, read
+    through block_tables[i] (the chunk's own K/V is stored in the pool before attention runs)."""
+
+    cu_seqlens: torch.Tensor  # [P + 1] int32, offsets into the prefill rows
+    ctx_lens: torch.Tensor  # [P] int32, cached prefix + the chunk
+    block_tables: torch.Tensor  # [P, blocks] int32, padded with block 0
+    max_q_len: int
 
 
 @dataclass
 class AttentionContext:
     slot_mapping: torch.Tensor  # [T] flat slot (block * block_size + offset) of each new token
     decode_rows: int = 0  # the first rows are decode tokens, the rest prefill (quant/block_linear.py rounds them apart)
+    verify_rows: int = 0  # the next rows check speculated tokens: decode arithmetic in the linears (block_linear)
     decode_groups: list[DecodeGroup] = field(default_factory=list)  # the decode rows (C++ kernel: every row)
-    prefills: list[PrefillChunk] = field(default_factory=list)
+    prefills: list[PrefillChunk] = field(default_factory=list)  # torch path: one per prefill sequence
+    packed_prefill: PackedPrefill | None = None  # Triton path: every prefill row in one call
+    rope_rows: tuple[torch.Tensor, torch.Tensor] | None = None  # torch path: the step's cos and sin rows, made once
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
     """Store K/V rows ([T, kv_heads, head_dim]) into the pools at their flat slots (block * block_size + offset)."""
-    for cache, rows in ((k_cache, k), (v_cache, v)):
-        cache.view(cache.shape[0], -1, cache.shape[-1]).index_copy_(1, slots, rows.transpose(0, 1))
+    for cache, rows in ((k_cache, k), (v_cache, v)):  # a pool in another dtype (kv_dtype) stores a plain cast
+        cache.view(cache.shape[0], -1, cache.shape[-1]).index_copy_(1, slots, rows.transpose(0, 1).to(cache.dtype))
 
 
 def read_kv(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -89,10 +105,7 @@ def paged_attention(
 
 
 def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: DecodeGroup, scale: float):
-    """One query per sequence: batched matmuls over (kv head, sequence), no repeat_interleave of K/V; or the
-    C++ kernel, when the runner chose it (rows.lengths)."""
-    if rows.lengths is not None:
-        return cpu_kernels.ops().paged_decode(q, k_cache, v_cache, rows.block_tables, rows.lengths, scale)
+    """One query per sequence: batched matmuls over (kv head, sequence), no repeat_interleave of K/V."""
     batch, heads, head_dim = q.shape
     kv_heads = k_cache.shape[0]
     group = heads // kv_heads
@@ -112,8 +125,8 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows:
 
 def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk, scale: float) -> torch.Tensor:
     if chunk.block_ids is not None:  # part of the context is cached: read it all back through the table
-        k = _gather(k_cache, chunk.block_ids, 1)[:, : chunk.ctx_len]  # [kv_heads, ctx_len, D]
-        v = _gather(v_cache, chunk.block_ids, 1)[:, : chunk.ctx_len]
+        k = _gather(k_cache, chunk.block_ids, 1)[:, : chunk.ctx_len].to(q.dtype)  # [kv_heads, ctx_len, D]
+        v = _gather(v_cache, chunk.block_ids, 1)[:, : chunk.ctx_len].to(q.dtype)
     else:
         k, v = k.transpose(0, 1), v.transpose(0, 1)
     out = F.scaled_dot_product_attention(

@@ -20,6 +20,9 @@ class EngineConfig:
     num_speculative_tokens: int = 4
     ngram_min: int = 1
     ngram_max: int = 3
+    attention: str = "auto"  # engine/ops.select_ops: auto | torch | sdpa | triton | flash
+    kv_dtype: str | None = None  # the KV pools' dtype; None: the compute dtype. float8_e4m3 needs CUDA
+    cuda_graphs: bool = True  # decode steps replay captured CUDA graphs (Triton attention on CUDA only)
 
     @property
     def torch_dtype(self):
@@ -30,3 +33,17 @@ class EngineConfig:
         if str(self.dtype) not in names:
             raise ValueError(f"dtype {self.dtype!r} is not supported by the native engine; use one of {sorted(names)}")
         return names[str(self.dtype)]
+
+    @property
+    def torch_kv_dtype(self):
+        """The pools' torch dtype. fp8 (e4m3) pools store a scale-free cast and are read back upcast."""
+        import torch
+
+        if self.kv_dtype is None or self.kv_dtype == "auto":
+            return self.torch_dtype
+        if self.kv_dtype in ("float8_e4m3", "fp8", "fp8_e4m3"):
+            if not str(self.device).startswith("cuda"):
+                raise ValueError(f"kv_dtype {self.kv_dtype!r} (fp8) needs a CUDA device, not {self.device!r}; use "
+                                 "float16, bfloat16 or float32 on the CPU")
+            return torch.float8_e4m3fn
+        return EngineConfig(dtype=self.kv_dtype).torch_dtype

@@ -36,7 +36,7 @@ import torch
 
 from inferplug.engine.attention import read_kv, write_kv
 from inferplug.engine.block_hash import hash_block
-from inferplug.models.llama import apply_rope
+from inferplug.engine.ops.torch_ops import apply_rope
 from inferplug.types import DocumentSpan
 
 

@@ -39,10 +39,13 @@ class LLMEngine:
         self.eos_token_ids = set(model_config.eos_token_ids)
         if not self.eos_token_ids and getattr(tokenizer, "eos_token_id", None) is not None:
             self.eos_token_ids = {tokenizer.eos_token_id}
-        model = LlamaModel(model_config, state_dict, dtype=config.torch_dtype, device=config.device)
+        model = LlamaModel(model_config, state_dict, dtype=config.torch_dtype, device=config.device,
+                           attention=config.attention, kv_dtype=config.torch_kv_dtype)
         self.blocks = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
+        graphs = config.cuda_graphs and config.device.startswith("cuda")  # decode steps per batch-size bucket
         self.runner = ModelRunner(model, num_blocks=config.num_kv_blocks, block_size=config.block_size,
-                                  sampler=Sampler(sorted(self.eos_token_ids)))
+                                  sampler=Sampler(sorted(self.eos_token_ids)),
+                                  max_num_seqs=config.max_num_seqs if graphs else 0, max_model_len=self.max_model_len)
         # RAG document KV reuse (engine/doc_cache.py), a prefix source the scheduler asks; inert without
         # Request.documents
         self.doc_cache = (DocumentKVCache(model, self.runner.kv_caches, config.block_size, tokenizer)

@@ -1,27 +1,29 @@
-"""Build one step's flat inputs from the schedule, run the model, sample the rows that finish their tokens."""
+"""Build one step's flat inputs from the schedule, run the model, sample the rows that finish their tokens.
+
+The attention metadata comes from the model's ops set (engine/ops): the runner only lays the rows out."""
 
 from __future__ import annotations
 
 import torch
 
-from inferplug.engine.attention import AttentionContext, DecodeGroup, PrefillChunk
+from inferplug.engine.ops import StepRows
 from inferplug.engine.sampler import SampleResult, Sampler
 from inferplug.engine.sequence import Sequence
 
-# A row starts a new decode group when it needs at most 2/3 of the group's blocks and 8 fewer: past that,
-# reading the padding costs more than another gather and matmul pair (about 0.1 ms a layer).
-GROUP_WIDTH_RATIO, GROUP_MIN_GAP_BLOCKS = 2 / 3, 8
-
 
 class ModelRunner:
-    def __init__(self, model, *, num_blocks: int, block_size: int, sampler: Sampler):
+    def __init__(self, model, *, num_blocks: int, block_size: int, sampler: Sampler, max_num_seqs: int = 0,
+                 max_model_len: int = 0):
+        """max_num_seqs and max_model_len size the decode CUDA graphs (0: none), where the ops set offers them."""
         self.model = model
         self.block_size = block_size
         self.kv_caches = model.allocate_kv_cache(num_blocks, block_size)
         self.sampler = sampler
         self.device = model.device
-        # Attention in the C++ kernel (fp32, AVX2): every row of a step in one group, each reading its own length.
-        self.decode_kernel = model.kernels is not None and model.head_dim % 8 == 0  # see LlamaModel.kernels
+        self.graphs = None
+        # Captured at the first decode step, not here: weights are quantized after the engine is built.
+        self._graph_sizes = dict(max_num_seqs=max_num_seqs, max_blocks=-(-max_model_len // block_size)) \
+            if max_num_seqs and max_model_len else None
 
     def run(self, scheduled: list[tuple[Sequence, int]]) -> list[tuple[Sequence, list[SampleResult]]]:
         """Compute the scheduled tokens; return the samples of each sequence whose tokens are now all computed:
@@ -45,16 +47,17 @@ class ModelRunner:
             if start + n == len(tokens):
                 sample_rows += range(len(input_ids) - 1 - len(seq.spec_token_ids), len(input_ids))
                 sample_seqs.append(seq)
-        ctx = AttentionContext(slot_mapping=self._tensor(slots), decode_rows=len(decodes) + sum(n for _, n in verifies))
-        if self.decode_kernel:
-            ctx.decode_groups = [self._kernel_rows(decodes + verifies + prefills)]
-        else:  # the torch path reads a verification row's context like a prefill chunk's
-            ctx.decode_groups = self._decode_groups([s for s, _ in decodes])
-            q_start = len(decodes)
-            for seq, n in verifies + prefills:
-                ctx.prefills.append(self._prefill_chunk(seq, n, q_start))
-                q_start += n
-        hidden = self.model.forward(self._tensor(input_ids), self._tensor(positions), ctx, self.kv_caches)
+        # verification rows read their context like prefill chunks but take the decode rows' arithmetic
+        ctx = self.model.ops.context(StepRows(decodes, verifies + prefills, self._tensor(slots), self.block_size, self.device))
+        ctx.verify_rows = sum(n for _, n in verifies)
+        ids, pos = self._tensor(input_ids), self._tensor(positions)
+        if self._graph_sizes is not None and not (verifies or prefills):
+            self.graphs = self.model.ops.decode_graphs(self.model, self.kv_caches, **self._graph_sizes)
+            self._graph_sizes = None
+        if self.graphs is not None and self.graphs.fits(ctx, len(input_ids)):
+            hidden = self.graphs.replay(ids, pos, ctx)
+        else:
+            hidden = self.model.forward(ids, pos, ctx, self.kv_caches)
         if not sample_seqs:
             return []
         logits = self.model.compute_logits(hidden[self._tensor(sample_rows)])
@@ -65,47 +68,3 @@ class ModelRunner:
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
-
-    def _kernel_rows(self, spans: list[tuple[Sequence, int]]) -> DecodeGroup:
-        """Every row of the step, decode and prefill alike, for the C++ kernel: each query reads the K/V of its
-        own position and those before it, in one fixed order. So a token's attention does not depend on the
-        step's other rows, on how its prompt was chunked, or on whether its prefix came from the cache."""
-        width = max(-(-(s.num_computed_tokens + n) // self.block_size) for s, n in spans)
-        tables, lengths = [], []
-        for seq, n in spans:
-            start, table = seq.num_computed_tokens, seq.block_table[:width]
-            tables.append(self._tensor(table + [0] * (width - len(table))).expand(n, width))
-            lengths.append(torch.arange(start + 1, start + n + 1, device=self.device))
-        rows = sum(n for _, n in spans)
-        return DecodeGroup(0, rows, torch.cat(tables), None, lengths=torch.cat(lengths))
-
-    def _decode_groups(self, seqs: list[Sequence]) -> list[DecodeGroup]:
-        """Cut the decode rows (longest first) into groups of similar widths (GROUP_WIDTH_RATIO), for the torch path."""
-        blocks = [-(-(s.num_computed_tokens + 1) // self.block_size) for s in seqs]
-        groups, start = [], 0
-        for i in range(1, len(seqs) + 1):
-            if i == len(seqs) or (blocks[i] <= GROUP_WIDTH_RATIO * blocks[start]
-                                  and blocks[start] - blocks[i] >= GROUP_MIN_GAP_BLOCKS):
-                groups.append(self._decode_group(seqs[start:i], start, width=blocks[start]))
-                start = i
-        return groups
-
-    def _decode_group(self, seqs: list[Sequence], start: int, width: int) -> DecodeGroup:
-        lengths = [s.num_computed_tokens + 1 for s in seqs]
-        tables = self._tensor([s.block_table[:width] + [0] * (width - len(s.block_table[:width])) for s in seqs])
-        if len(seqs) == 1:  # nothing to pad: attention cuts the keys at the length
-            return DecodeGroup(start, start + 1, tables, None, lengths[0])
-        keys = torch.arange(width * self.block_size, device=self.device)
-        past_end = keys[None, :] >= self._tensor(lengths)[:, None]
-        bias = torch.zeros(past_end.shape, dtype=self.model.dtype, device=self.device)
-        return DecodeGroup(start, start + len(seqs), tables, bias.masked_fill_(past_end, float("-inf"))[None, :, None, :])
-
-    def _prefill_chunk(self, seq: Sequence, n: int, q_start: int) -> PrefillChunk:
-        start = seq.num_computed_tokens
-        if start == 0:
-            return PrefillChunk(q_start, n, n, None, None)
-        ctx_len = start + n
-        blocks = self._tensor(seq.block_table[: -(-ctx_len // self.block_size)])
-        query_pos = torch.arange(start, ctx_len, device=self.device)
-        mask = torch.arange(ctx_len, device=self.device)[None, :] <= query_pos[:, None]
-        return PrefillChunk(q_start, n, ctx_len, blocks, mask)

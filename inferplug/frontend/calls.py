@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferplug.errors import GenerationError
-from inferplug.types import Event, Request, Timings, TokenLogprob, Usage
+from inferplug.frontend.tool_calls import ToolCall, calls_from_deltas, parse_tool_calls
+from inferplug.types import Event, Request, Timings, TokenLogprob, ToolCallDelta, Usage
 
 
 def aiter_events(backend: Any, request: Request, *, at_end: bool = False) -> AsyncIterator[Event]:
@@ -33,6 +34,11 @@ class Result:
     timings: Timings | None = None
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None  # when the request asked for them
+    tool_calls: list[ToolCall] = field(default_factory=list)  # calls the backend parsed itself (a remote server)
+
+    def calls(self, tools: list[dict[str, Any]]) -> list[ToolCall]:
+        """The answer's calls to `tools`: the backend's own, else those written in the text."""
+        return (self.tool_calls or parse_tool_calls(self.text, tools)) if tools else []
 
 
 class ResultBuilder:
@@ -42,6 +48,7 @@ class ResultBuilder:
         self.result = Result()
         self._parts: list[str] = []
         self._reasoning: list[str] = []
+        self._call_deltas: list[ToolCallDelta] = []
 
     def add(self, event: Event) -> None:
         if event.error:
@@ -49,6 +56,7 @@ class ResultBuilder:
         if event.index == 0:
             self._parts.append(event.text)
             self._reasoning.append(event.reasoning)
+            self._call_deltas += event.tool_calls
             if event.logprobs is not None:
                 self.result.logprobs = self.result.logprobs or []
                 self.result.logprobs.extend(event.logprobs)
@@ -63,6 +71,7 @@ class ResultBuilder:
     def build(self) -> Result:
         self.result.text = "".join(self._parts)
         self.result.reasoning = "".join(self._reasoning)
+        self.result.tool_calls = calls_from_deltas(self._call_deltas)
         return self.result
 
 

@@ -95,11 +95,25 @@ def build_request(
                                "use one of them", param="tool_choice")
         params.json_schema = call_schema(offered, parallel)
     _check_capabilities(backend, params, offered)
-    if messages is not None:
+    if messages is not None and getattr(backend, "tokenizer", None) is not None:  # a remote server reads OpenAI's
         messages = tool_history(messages, offered, template_renders_tools(backend))
     hints = _document_hints(backend, messages, prompt, offered, documents, memory)
-    request = Request(prompt=prompt, messages=messages, params=params, tools=offered or None, documents=hints)
+    request = Request(prompt=prompt, messages=messages, params=params, tools=offered or None, documents=hints,
+                      tool_choice=_openai_tool_choice(offered, required, tool_choice),
+                      parallel_tool_calls=parallel if offered else None,
+                      response_format=response_format if schema is not None else None)
     return Prepared(request, offered, required, parallel)
+
+
+def _openai_tool_choice(offered: list[dict[str, Any]], required: bool, tool_choice: Any) -> str | dict[str, Any] | None:
+    """The call's tool_choice in OpenAI's words (LangChain also says "any" or True, or names a tool bare)."""
+    if not offered:
+        return None
+    if not required:
+        return "auto"
+    if tool_choice in ("any", "required", True):
+        return "required"
+    return {"type": "function", "function": {"name": offered[0]["function"]["name"]}}
 
 
 def _check_capabilities(backend: Any, params: SamplingParams, offered: list[dict[str, Any]]) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from inferplug.chat_template import profile_template
 from inferplug.errors import RequestError
+from inferplug.types import ToolCallDelta
 
 
 @dataclass
@@ -85,6 +86,23 @@ def parse_tool_calls(text: str, tools: list[dict[str, Any]]) -> list[ToolCall]:
     return calls
 
 
+def calls_from_deltas(deltas: list[ToolCallDelta]) -> list[ToolCall]:
+    """The whole calls a backend streamed in pieces, with the backend's ids; as with calls in text, one whose
+    arguments are not a JSON object (cut by max_tokens) is no call."""
+    merged: dict[int, list[Any]] = {}
+    for delta in deltas:
+        call = merged.setdefault(delta.index, [None, "", ""])
+        call[0] = call[0] or delta.id
+        call[1] += delta.name or ""
+        call[2] += delta.arguments
+    calls = []
+    for call_id, name, arguments in merged.values():
+        call = _as_call({"name": name, "arguments": arguments or "{}"}, {name})
+        if call is not None:
+            calls.append(ToolCall(call.name, call.arguments, call_id or call.id))
+    return calls
+
+
 def _json_values(text: str) -> list[Any]:
     """Every top-level JSON object or array in the text (fenced or bare)."""
     decoder, values, i = json.JSONDecoder(strict=False), [], 0
@@ -117,11 +135,8 @@ def _as_call(item: Any, known: set[str]) -> ToolCall | None:
 
 
 def template_renders_tools(backend: Any) -> bool:
-    """Whether the backend's chat template shows `tools` to the model (remote backends: assume yes)."""
-    tokenizer = getattr(backend, "tokenizer", None)
-    if tokenizer is None:
-        return True
-    template = profile_template(backend.profile) or tokenizer.chat_template
+    """Whether the backend's chat template shows `tools` to the model (a backend that renders chats locally)."""
+    template = profile_template(backend.profile) or backend.tokenizer.chat_template
     return "tools" in str(template or "")
 
 

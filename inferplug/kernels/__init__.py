@@ -1,7 +1,9 @@
 """Every kernel source of the engine, each with a pure-torch reference beside it:
 
 - `cpu/`: C++ kernels for x86 CPUs (AVX2, AVX-512 + VNNI), built on first use and registered as torch ops;
-- `paged_attention.py`: Triton kernels for CUDA (`paged_attention_ref.py` is their specification).
+- Triton kernels for CUDA, each with its specification beside it (`*_ref.py`): `paged_attention.py` (paged
+  decode, split-K), `prefill_attention.py` (prefill and chunked prefill through block tables, packed with
+  cu_seqlens), `layer_ops.py` (KV store through the slot mapping, RMSNorm + residual, RoPE in place).
 
 Nothing here is imported until a model that runs it is built (torch, triton and the compiler stay lazy).
 """

@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from inferplug.kernels.attention_tile import attend_tile
+
 # Tokens per split-K partition. 256 at 7B geometry: batch 1 with a 4k context gives 8 KV heads x 16 partitions
 # = 128 programs, about one per SM on an H200 (132), while the partials (GROUP x (D + 2) fp32 per partition and
 # KV head) are under 2% of the partition's K/V bytes, so large batches lose little by splitting too.
@@ -58,26 +60,16 @@ def _paged_decode_kernel(
     table = tables_ptr + seq.to(tl.int64) * stride_tb
     slots = tl.arange(0, TILE)
 
-    # Online softmax in the log2 domain: scores carry scale * log2(e), so exp2 replaces exp.
     running_max = tl.full((GROUP_PAD,), float("-inf"), tl.float32)
     running_sum = tl.zeros((GROUP_PAD,), tl.float32)
     acc = tl.zeros((GROUP_PAD, BLOCK_D), tl.float32)
     for tile_start in range(start, end, TILE):
         tokens = tile_start + slots
         valid = tokens < end
-        blocks = tl.load(table + tokens // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-        offsets = kv_base + blocks[:, None] * stride_cb + (tokens % BLOCK_SIZE)[:, None] * stride_cs + dims[None, :]
-        mask = valid[:, None] & dim_ok[None, :]
-        k = tl.load(k_ptr + offsets, mask=mask, other=0.0)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [GROUP_PAD, TILE]
-        scores = tl.where(valid[None, :], scores, float("-inf"))
-        new_max = tl.maximum(running_max, tl.max(scores, axis=1))  # finite: every tile has a valid token
-        correction = tl.exp2(running_max - new_max)
-        probs = tl.exp2(scores - new_max[:, None])
-        v = tl.load(v_ptr + offsets, mask=mask, other=0.0)
-        acc = acc * correction[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=PRECISION)
-        running_sum = running_sum * correction + tl.sum(probs, axis=1)
-        running_max = new_max
+        running_max, running_sum, acc = attend_tile(
+            q, k_ptr, v_ptr, table, kv_base, tokens, valid, valid[None, :], dims, dim_ok, stride_cb, stride_cs,
+            qk_scale, running_max, running_sum, acc, BLOCK_SIZE, PRECISION,
+        )  # fmt: skip
 
     if length <= partition:  # one partition: the final output, no reduction pass
         out = acc / running_sum[:, None]

@@ -47,3 +47,26 @@ def random_pool(*, batch, heads, kv_heads, head_dim, block_size, seq_lens, devic
     q = torch.randn(batch, heads, head_dim, generator=generator).to(device, dtype)
     lens = torch.tensor(seq_lens, dtype=torch.int32)
     return q, k_cache, v_cache, tables.to(device), lens.to(device)
+
+
+def paged_attention_ref(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    query_starts: torch.Tensor, context_lens: torch.Tensor, scale: float, dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:  # fmt: skip
+    """Causal attention for chunks of new query rows: sequence s has q rows [query_starts[s], query_starts[s + 1]),
+    the last at position context_lens[s] - 1, each attending to the positions up to its own (its cached prefix
+    and the chunk's rows before it). Computed in `dtype` (fp64: the kernels' errors are measured against it).
+    Returns [tokens, heads, D] in `dtype`."""
+    heads, block_size = q.shape[1], k_cache.shape[2]
+    out = torch.empty(q.shape, dtype=dtype)
+    for s in range(len(context_lens)):
+        start, end, length = int(query_starts[s]), int(query_starts[s + 1]), int(context_lens[s])
+        blocks = block_tables[s, : (length + block_size - 1) // block_size].long()
+        keys, values = (c[:, blocks].flatten(1, 2)[:, :length].to(dtype) for c in (k_cache, v_cache))  # [kv_heads, S, D]
+        keys = keys.repeat_interleave(heads // k_cache.shape[0], dim=0)  # clarity over speed: one K/V per head
+        values = values.repeat_interleave(heads // k_cache.shape[0], dim=0)
+        scores = torch.einsum("thd,hsd->hts", q[start:end].to(dtype), keys) * scale
+        positions = torch.arange(length - (end - start), length)
+        scores.masked_fill_(torch.arange(length)[None, :] > positions[:, None], float("-inf"))
+        out[start:end] = torch.einsum("hts,hsd->thd", scores.softmax(dim=-1), values)
+    return out

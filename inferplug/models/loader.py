@@ -52,15 +52,26 @@ def read_config(path: Path) -> ModelConfig:
     return config_from_hf(_read_json(Path(path) / "config.json"))
 
 
-def load_weights(path: Path, dtype: "torch.dtype", device: str = "cpu") -> dict[str, "torch.Tensor"]:
+def load_weights(path: Path, dtype: "torch.dtype", device: str = "cpu",
+                 declared_format: str | None = None) -> dict[str, Any]:
+    """`declared_format`: the profile's quantization.format, checked against an HF dir's quantization_config.
+    An AWQ / GPTQ checkpoint's quantized linears come as layers (quant/checkpoint_layers.py), not tensors."""
     gguf_path = gguf_file_of(path)
     if gguf_path is not None:
         from inferplug.models.gguf import read_gguf
         from inferplug.models.gguf_convert import weights_from_gguf
 
         return weights_from_gguf(read_gguf(gguf_path), dtype, device)
+    from inferplug.models.quant_checkpoint import check_profile_format, quantized_layers, read_quant_spec
+
     read_config(path)  # rejects unsupported architectures before reading gigabytes
-    return _load_safetensors(Path(path), dtype, device)
+    spec = read_quant_spec(Path(path))
+    if declared_format is not None:
+        check_profile_format(declared_format, spec, Path(path))
+    tensors = _load_safetensors(Path(path))
+    layers = quantized_layers(tensors, spec, device) if spec else {}
+    converted = {name: tensors.pop(name).to(device=device, dtype=dtype) for name in list(tensors)}  # pop: one copy at a time
+    return {**converted, **layers}
 
 
 def load_tokenizer(path: Path, override: str | None = None):
@@ -146,7 +157,8 @@ def _safetensors_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def _load_safetensors(model_dir: Path, dtype: "torch.dtype", device: str) -> dict[str, "torch.Tensor"]:
+def _load_safetensors(model_dir: Path) -> dict[str, "torch.Tensor"]:
+    """Every tensor as stored (on the CPU), rotary tables aside."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -158,5 +170,5 @@ def _load_safetensors(model_dir: Path, dtype: "torch.dtype", device: str) -> dic
             raise ModelSourceError(f"{file} is not a readable safetensors file ({exc}); re-download it.") from exc
         for name, tensor in shard.items():
             if not name.endswith("rotary_emb.inv_freq"):
-                weights[name] = tensor.to(device=device, dtype=dtype)
+                weights[name] = tensor
     return weights

@@ -54,8 +54,15 @@ class BlockLinear(WeightOnlyLinear):
         if in_features % BLOCK:
             raise ProfileError(f"{cls.__name__} needs in_features divisible by 32; this layer has {in_features}.")
         groups = weight.detach().float().reshape(out_features, in_features // BLOCK, BLOCK)
-        *fields, quants = cls._pack(groups)
+        return cls.from_fields(*cls._pack(groups), bias=bias)
+
+    @classmethod
+    def from_fields(cls, *fields: torch.Tensor, bias: torch.Tensor | None = None) -> "BlockLinear":
+        """The layer from its blocks' fields, each uint8 [out, blocks, bytes] in `fields` order, quants last (as
+        _pack gives them; quant/checkpoint_layers.py packs AWQ / GPTQ groups so)."""
+        *fields, quants = fields
         quants = _interleave(quants) if cls.interleaved else quants
+        out_features = quants.shape[0]
         return cls(torch.cat([f.reshape(out_features, -1) for f in (*fields, quants)], dim=1).contiguous(), bias)
 
     def dequantized(self) -> torch.Tensor:

@@ -9,6 +9,13 @@ flipped SmolLM2's "Paris" to "L'Étoile", as an int4 head does).
 """
 
 LAYER_BITS = {"fp16": 16.0, "int8": 8.5, "int4": 5.0}
+# AWQ / GPTQ int4 checkpoints load as layers (quant/checkpoint_layers.py): repacked into Q4_1 blocks where the CPU
+# kernels run (5 bits), else kept in groups: 4 bits + an fp16 scale and a uint8 zero per group (4.19 at group 128).
+CHECKPOINT_FORMATS = ("awq", "gptq")
+
+
+def checkpoint_layer_bits(q4_blocks: bool, group_size: int = 128) -> float:
+    return LAYER_BITS["int4"] if q4_blocks else 4 + 24 / group_size
 
 
 def head_format(layer_format: str, device_kind: str) -> str:

@@ -20,7 +20,7 @@ from torch import nn
 
 from inferplug.errors import ProfileError
 from inferplug.quant.base import COMPUTE_DTYPE, WeightOnlyLinear
-from inferplug.quant.formats import head_format
+from inferplug.quant.formats import CHECKPOINT_FORMATS, head_format
 from inferplug.quant.block_linear import Q4Linear, Q8HeadLinear, Q8Linear
 
 # 32 = GGUF's legacy block: a Q4_0/Q4_1 source maps onto the int4 grid almost exactly (SmolLM2 Q4_1:
@@ -142,17 +142,19 @@ def quantize_model(model, fmt: str):
     its own copy); an nn.Module (a transformers model, the tests' reference) has its nn.Linear children
     swapped, its `lm_head` child as the head.
     """
-    if fmt not in QUANTIZED_LINEARS:
+    loaded_as_layers = fmt in CHECKPOINT_FORMATS and not isinstance(model, nn.Module)  # by models/quant_checkpoint.py
+    if fmt not in QUANTIZED_LINEARS and not loaded_as_layers:
         raise ProfileError(f"quantization.format {fmt!r} cannot run weight-only; use one of {sorted(QUANTIZED_LINEARS)}")
     device = (next(model.parameters()) if isinstance(model, nn.Module) else model.lm_head).device.type
-    layer_cls = layer_class(fmt, device)
+    layer_cls = layer_class(fmt, device) if fmt in QUANTIZED_LINEARS else None  # AWQ / GPTQ: loaded as layers
     with torch.no_grad():
         if isinstance(model, nn.Module):
             _swap_linears(model, fmt, layer_cls)
             return model
         for layer in model.layers:
             for name in _LLAMA_LAYER_WEIGHTS:
-                setattr(layer, name, layer_cls.from_float(getattr(layer, name)))
+                if isinstance(getattr(layer, name), torch.Tensor):  # an AWQ / GPTQ checkpoint's layers are loaded as such
+                    setattr(layer, name, layer_cls.from_float(getattr(layer, name)))
         model.lm_head = head_layer(model.lm_head, fmt)
     return model
 

@@ -7,8 +7,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from inferplug.frontend.tool_calls import calls_from_deltas
 from inferplug.server.tool_output import ToolCallText, tool_calls_json
-from inferplug.types import Event, TokenLogprob, Usage
+from inferplug.types import Event, TokenLogprob, ToolCallDelta, Usage
 
 Kind = Literal["chat", "completion"]
 # OpenAI's finish_reason has no value for an aborted choice, and strict clients reject unknown ones: an
@@ -63,6 +64,7 @@ class ChoiceState:
     stop_reason: str | int | None = None
     started: bool = False  # a chat stream sends the role once, in the first chunk
     tool_text: ToolCallText | None = None  # with tools offered: the text that may become tool calls
+    call_deltas: list[ToolCallDelta] = field(default_factory=list)  # calls a remote backend parsed itself
 
 
 class ResponseBuilder:
@@ -84,6 +86,7 @@ class ResponseBuilder:
         choice.text += event.text
         choice.reasoning += event.reasoning
         choice.logprobs.extend(event.logprobs or [])
+        choice.call_deltas.extend(event.tool_calls)
         if event.finish_reason is not None:
             self.aborted |= event.finish_reason == "abort"
             choice.finish_reason = _FINISH.get(event.finish_reason, event.finish_reason)
@@ -104,8 +107,8 @@ class ResponseBuilder:
     def _choice(self, index: int, c: ChoiceState) -> dict[str, Any]:
         if self.kind == "chat":
             logprobs = chat_logprobs(c.logprobs) if self.want_logprobs else None
-            calls = []
-            if c.tool_text is not None:
+            calls = calls_from_deltas(c.call_deltas)
+            if c.tool_text is not None and not calls:
                 c.tool_text.feed(c.text)
                 calls = c.tool_text.finish()[1]
             message = ({"role": "assistant", "content": None, "tool_calls": tool_calls_json(calls, False)} if calls
@@ -125,12 +128,15 @@ class ResponseBuilder:
         first = not choice.started
         self.add(event)
         choice.started = True
-        if not (event.text or event.reasoning or event.finish_reason or first or (self.want_logprobs and event.logprobs)):
+        if not (event.text or event.reasoning or event.tool_calls or event.finish_reason or first
+                or (self.want_logprobs and event.logprobs)):
             return None
         finish = choice.finish_reason if event.finish_reason else None
         if self.kind == "chat":
             delta = self._chat_delta(choice, event.text, finish is not None) | _reasoning(event.reasoning)
-            if not (delta["content"] or event.reasoning or finish or first or (self.want_logprobs and event.logprobs)):
+            if event.tool_calls:  # a remote's call pieces pass through as they came, its ids kept
+                delta["tool_calls"] = delta.get("tool_calls", []) + [_call_delta_json(d) for d in event.tool_calls]
+            if not (delta["content"] or event.reasoning or event.tool_calls or finish or first or (self.want_logprobs and event.logprobs)):
                 return None  # text held back: it may be a tool call
             finish = _finish_with_calls(finish, "tool_calls" in delta)
             if first:
@@ -170,6 +176,11 @@ class ResponseBuilder:
         if include_usage:
             chunk["usage"] = usage
         return chunk
+
+
+def _call_delta_json(delta: ToolCallDelta) -> dict[str, Any]:
+    function = {"arguments": delta.arguments} | ({"name": delta.name} if delta.name else {})
+    return {"index": delta.index, "function": function} | ({"id": delta.id, "type": "function"} if delta.id else {})
 
 
 def _finish_with_calls(finish_reason: str | None, called: bool) -> str | None:

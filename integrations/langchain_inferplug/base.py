@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from inferplug.errors import GenerationError, RequestError
+from inferplug.frontend.requests import response_schema
 from inferplug.rag.layout import DocumentMemory, format_documents
 from langchain_inferplug.structured import CONSTRAINED_REPETITION_PENALTY
 
@@ -86,11 +87,8 @@ class InferPlugFields(BaseModel):
         options["logprobs"] = _logprobs_option(kwargs.get("logprobs", self.logprobs),
                                                kwargs.get("top_logprobs", self.top_logprobs))
         options["stop"] = [*(self.stop or []), *(stop or []), *(kwargs.get("stop_sequences") or [])]
-        schema = _response_format_schema(kwargs.get("response_format"))
-        if schema is not None:  # as with_structured_output binds it: the same constrained decoding
-            options["json_schema"] = schema
-            if options["repetition_penalty"] is None:
-                options["repetition_penalty"] = CONSTRAINED_REPETITION_PENALTY
+        if response_schema(kwargs.get("response_format")) is not None and options["repetition_penalty"] is None:
+            options["repetition_penalty"] = CONSTRAINED_REPETITION_PENALTY  # as with_structured_output binds it
         return options
 
     def _deadline(self) -> float | None:
@@ -114,19 +112,6 @@ def _logprobs_option(logprobs: bool | int | None, top_logprobs: int | None) -> i
     if top_logprobs is not None and not logprobs:
         raise RequestError("top_logprobs needs logprobs=True", param="top_logprobs")
     return (top_logprobs or 0) if logprobs else None
-
-
-def _response_format_schema(response_format: Any) -> dict[str, Any] | None:
-    """The JSON schema an OpenAI-style response_format asks for (as create_agent's provider strategy binds it)."""
-    if response_format is None or response_format.get("type", "text") == "text":
-        return None
-    if response_format.get("type") == "json_object":
-        return {"type": "object"}
-    schema = (response_format.get("json_schema") or {}).get("schema")
-    if response_format.get("type") != "json_schema" or not isinstance(schema, dict):
-        raise RequestError("response_format must be {'type': 'text' | 'json_object'} or {'type': 'json_schema', "
-                           "'json_schema': {'name': ..., 'schema': {...}}}", param="response_format")
-    return schema
 
 
 _FIELD_KEYS = ("temperature", "max_tokens", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",

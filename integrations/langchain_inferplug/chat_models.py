@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, Literal
 
@@ -19,12 +18,12 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from inferplug.errors import RequestError
 from inferplug.frontend.calls import Result, ResultBuilder, aiter_events
 from inferplug.frontend.requests import Prepared, build_request
-from inferplug.frontend.tool_calls import parse_tool_calls
 from inferplug.server.responses import chat_logprobs
+from inferplug.types import ToolCallDelta
 from langchain_inferplug.base import InferPlugFields
 from langchain_inferplug.messages import to_chat_dicts
 from langchain_inferplug.model_profile import model_profile
-from langchain_inferplug.structured import structured_output_runnable, validate_json
+from langchain_inferplug.structured import structured_output_runnable
 from langchain_inferplug.tool_stream import ToolCallStream
 
 
@@ -32,7 +31,8 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
     """`ChatInferPlug(profile="smollm2-135m")`: every instance naming a profile shares one loaded engine."""
 
     max_retries: int = 2
-    """Retries for JSON output on a backend without constrained decoding (it validates, then asks again)."""
+    """LangChain's standard parameter. Nothing here is retried per call: JSON output is constrained (a backend
+    that cannot constrain is refused up front), and a remote profile retries as its [openai] max_retries says."""
 
     @property
     def _llm_type(self) -> str:
@@ -56,11 +56,12 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
         return build_request(
             self.backend, options=self._options(stop, kwargs), messages=to_chat_dicts(messages),
             tools=kwargs.get("tools"), tool_choice=kwargs.get("tool_choice"),
-            documents=kwargs.get("documents"), memory=self.document_memory,
+            response_format=kwargs.get("response_format"), documents=kwargs.get("documents"),
+            memory=self.document_memory,
         )
 
     def _message(self, result: Result, prepared: Prepared) -> AIMessage:
-        calls = parse_tool_calls(result.text, prepared.tools) if prepared.tools else []
+        calls = result.calls(prepared.tools)
         return AIMessage(
             content="" if calls else result.text,
             additional_kwargs={"reasoning_content": result.reasoning} if result.reasoning else {},
@@ -78,27 +79,18 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
             meta["logprobs"] = chat_logprobs(result.logprobs)
         return meta
 
-    def _needs_validation(self, prepared: Prepared) -> bool:
-        """JSON output the backend cannot constrain: validate it and ask again."""
-        return prepared.request.params.json_schema is not None and not self.backend.capabilities.json_schema
-
     # --- sync ------------------------------------------------------------------------
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
         prepared = self._prepare(messages, stop, kwargs)
-        if run_manager is not None and run_manager.handlers and not self._needs_validation(prepared):
+        if run_manager is not None and run_manager.handlers:
             return generate_from_stream(self._stream_prepared(prepared, run_manager))  # tokens to the handlers
-        for attempt in range(self.max_retries + 1):
-            deadline, builder = self._deadline(), ResultBuilder()
-            # without a timeout to watch, the events come at the end: one wake-up a call, not one a step
-            for event in self.backend.stream_sync(prepared.request, at_end=deadline is None):
-                self._check_deadline(deadline)
-                builder.add(event)
-            result = builder.build()
-            if not self._needs_validation(prepared) or validate_json(result.text, prepared, attempt, self.max_retries):
-                break
-            prepared = self._prepare(messages, stop, kwargs)  # a fresh request id
-        return ChatResult(generations=[ChatGeneration(message=self._message(result, prepared))])
+        deadline, builder = self._deadline(), ResultBuilder()
+        # without a timeout to watch, the events come at the end: one wake-up a call, not one a step
+        for event in self.backend.stream_sync(prepared.request, at_end=deadline is None):
+            self._check_deadline(deadline)
+            builder.add(event)
+        return ChatResult(generations=[ChatGeneration(message=self._message(builder.build(), prepared))])
 
     def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                 run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
@@ -118,18 +110,13 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
     async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                          run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
         prepared = self._prepare(messages, stop, kwargs)
-        if run_manager is not None and run_manager.handlers and not self._needs_validation(prepared):
+        if run_manager is not None and run_manager.handlers:
             return await agenerate_from_stream(self._astream_prepared(prepared, run_manager))
-        for attempt in range(self.max_retries + 1):
-            deadline, builder = self._deadline(), ResultBuilder()
-            async for event in aiter_events(self.backend, prepared.request, at_end=deadline is None):
-                self._check_deadline(deadline)
-                builder.add(event)
-            result = builder.build()
-            if not self._needs_validation(prepared) or validate_json(result.text, prepared, attempt, self.max_retries):
-                break
-            prepared = self._prepare(messages, stop, kwargs)
-        return ChatResult(generations=[ChatGeneration(message=self._message(result, prepared))])
+        deadline, builder = self._deadline(), ResultBuilder()
+        async for event in aiter_events(self.backend, prepared.request, at_end=deadline is None):
+            self._check_deadline(deadline)
+            builder.add(event)
+        return ChatResult(generations=[ChatGeneration(message=self._message(builder.build(), prepared))])
 
     async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                        run_manager: AsyncCallbackManagerForLLMRun | None = None,
@@ -173,6 +160,12 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
         return structured_output_runnable(self, schema, method=method, include_raw=include_raw, **kwargs)
 
 
+def _backend_chunk(delta: ToolCallDelta) -> dict[str, Any]:
+    """A piece of a call the backend parsed itself, with its id, as LangChain's tool-call chunk."""
+    return {"type": "tool_call_chunk", "index": delta.index, "id": delta.id, "name": delta.name,
+            "args": delta.arguments}
+
+
 def _usage(result: Result) -> dict[str, Any]:
     u = result.usage
     return {"input_tokens": u.prompt_tokens, "output_tokens": u.completion_tokens, "total_tokens": u.total_tokens,
@@ -190,8 +183,9 @@ class _ChunkStream:
     def step(self, event: Any) -> list[ChatGenerationChunk]:
         self.builder.add(event)
         chunks = []
-        if event.index == 0 and (event.text or event.reasoning):
+        if event.index == 0 and (event.text or event.reasoning or event.tool_calls):
             content, calls = self.tools.feed(event.text) if self.tools else (event.text, [])
+            calls += [_backend_chunk(d) for d in event.tool_calls]
             if content or calls or event.reasoning:
                 chunks.append(self._chunk(content, calls, event.reasoning))
         if event.usage is not None:  # the request's last event
@@ -206,7 +200,7 @@ class _ChunkStream:
     def _last(self) -> ChatGenerationChunk:
         result = self.builder.build()
         content, calls = self.tools.finish() if self.tools else ("", [])
-        called = bool(calls) or (self.tools is not None and self.tools.mode == "call")
+        called = bool(calls or result.tool_calls) or (self.tools is not None and self.tools.mode == "call")
         meta = self.model._response_metadata(result, called)
         return self._chunk(content, calls, "", usage_metadata=_usage(result), response_metadata=meta,
                            chunk_position="last")

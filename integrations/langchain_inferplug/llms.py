@@ -30,7 +30,8 @@ class InferPlugLLM(InferPlugFields, BaseLLM):
 
     def _request(self, prompt: str, stop: list[str] | None, kwargs: dict[str, Any]) -> Any:
         return build_request(self.backend, options=self._options(stop, kwargs), prompt=prompt,
-                               documents=kwargs.get("documents"), memory=self.document_memory).request
+                             response_format=kwargs.get("response_format"), documents=kwargs.get("documents"),
+                             memory=self.document_memory).request
 
     def _generation(self, result: Result) -> list[Generation]:
         return [Generation(text=result.text, generation_info={

@@ -1,26 +1,19 @@
 """with_structured_output for ChatInferPlug: constrained decoding to the schema's JSON.
 
-A backend without constrained decoding gets the schema in the request anyway (it may
-ignore it); its output is validated by parsing and, for pydantic schemas, model
-validation, and the call is retried up to `max_retries` times.
+A backend without constrained decoding is refused by the request builder (naming the backend),
+so the output is never validated and retried here.
 """
 
 from __future__ import annotations
 
-import json
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from langchain_core.exceptions import OutputParserException
 from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
 from langchain_core.output_parsers.openai_tools import JsonOutputKeyToolsParser, PydanticToolsParser
 from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
-
-if TYPE_CHECKING:
-    from inferplug.frontend.requests import Prepared
-
 
 # Greedy decoding under a grammar can trap a small model in a loop inside a free-text string (SmolLM2-135M
 # writes "sampu, sampu, ..." until max_tokens and the JSON never closes); a mild penalty lets it finish the value.
@@ -61,21 +54,3 @@ def structured_output_runnable(model: Any, schema: Any, *, method: str, include_
     failed = RunnablePassthrough.assign(parsed=lambda _: None)
     return RunnableMap(raw=llm) | parsed.with_fallbacks([failed], exception_key="parsing_error")
 
-
-def validate_json(text: str, prepared: Prepared, attempt: int, max_retries: int) -> bool:
-    """True when `text` is JSON with the schema's required keys; on the last attempt, raise instead of False."""
-    schema = prepared.request.params.json_schema or {}
-    try:
-        value = json.loads(text)
-        missing = [k for k in schema.get("required", []) if not isinstance(value, dict) or k not in value]
-        if missing:
-            raise ValueError(f"missing required keys {missing}")
-        return True
-    except ValueError as exc:
-        if attempt < max_retries:
-            return False
-        raise OutputParserException(
-            f"the backend cannot constrain decoding and its output is not valid JSON for the schema after "
-            f"{max_retries + 1} tries ({exc}); use a profile on the native engine for guaranteed JSON",
-            llm_output=text,
-        ) from exc

@@ -1,6 +1,6 @@
 """Batch invariance (the hidden-prompt test): a greedy request's tokens, and its logprobs bit for bit, do not
 depend on what else shares its steps, on how much of its prompt came from the prefix cache or how it was
-chunked, nor on the thread count. It holds on the CPU kernel path (model_runner._kernel_rows: every attention
+chunked, nor on the thread count. It holds on the CPU kernel path (engine/ops/cpu_ops._kernel_rows: every attention
 row reads its own length in one fixed order; fbgemm's fp16 GEMM and the block kernels are row-invariant; the
 block layers' prefill rows are padded past oneDNN's small-M kernels). Streamed against not streamed, through
 the server: tests/server/test_default_profile.py."""
@@ -17,7 +17,7 @@ from inferplug.types import Request, SamplingParams
 
 def _engine(model_dir, fmt, **overrides):
     engine = make_engine(model_dir, **{"max_num_batched_tokens": 40, **overrides})
-    if not engine.runner.decode_kernel:
+    if not getattr(engine.runner.model.ops, "paged_kernel", False):
         pytest.skip("the CPU kernels cannot run here (no AVX2/FMA/F16C): the torch path is not batch-invariant")
     if fmt:
         quantize_model(engine.runner.model, fmt)

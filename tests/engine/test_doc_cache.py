@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from inferplug.engine.doc_cache import rerotate
-from inferplug.models.llama import apply_rope, rope_tables
+from inferplug.engine.ops.torch_ops import apply_rope
+from inferplug.models.llama import rope_tables
 from inferplug.models.loader import read_config
 from inferplug.rag import rag_prompt
 from inferplug.rag.layout import document_spans

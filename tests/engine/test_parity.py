@@ -6,6 +6,7 @@ import pytest
 
 import torch
 
+from inferplug.engine.ops import TorchOps
 from inferplug.types import Request, SamplingParams
 from engine_helpers import greedy, hf_greedy, hf_model, make_engine, prompts_of, run_all, tokens_of
 
@@ -38,11 +39,13 @@ def test_sixteen_concurrent_staggered_requests_match_hf(request, tiny_model_dir,
     if decode_kernel:
         request.getfixturevalue("cpu_kernel_ops")  # skips without the ISA, fails if the kernels do not build
     engine = make_engine(tiny_model_dir, max_num_batched_tokens=48, max_num_seqs=12, block_size=block_size)
-    assert engine.runner.decode_kernel or not decode_kernel  # head_dim 16: a multiple of 8, so the kernel takes it
-    engine.runner.decode_kernel = decode_kernel
+    ops = engine.runner.model.ops
+    assert getattr(ops, "paged_kernel", False) or not decode_kernel  # head_dim 16: a multiple of 8, so the kernel takes it
+    if not decode_kernel:
+        ops = engine.runner.model.ops = TorchOps()
     group_counts = []
-    make_groups = engine.runner._decode_groups
-    engine.runner._decode_groups = lambda seqs: group_counts.append(len(groups := make_groups(seqs))) or groups
+    make_groups = ops.decode_groups
+    ops.decode_groups = lambda step, seqs: group_counts.append(len(groups := make_groups(step, seqs))) or groups
     lengths = [3, 70, 17, 1, 40, 9, 33, 120, 5, 64, 16, 28, 2, 90, 11, 47]
     outs = [4 + (i * 5) % 11 for i in range(16)]
     prompts = prompts_of(lengths, seed=1)

@@ -10,6 +10,7 @@ import pytest
 import torch
 from engine_helpers import greedy, hf_generate, hf_model, make_engine, prompts_of, run_all, text_of, tokens_of
 
+from inferplug.engine.ops import TorchOps
 from inferplug.quant.linear import quantize_model
 from inferplug.types import Request, SamplingParams
 
@@ -27,8 +28,7 @@ def _rounded_linears(model, dtype: torch.dtype):
 
 
 def _without_cpu_kernels(engine):
-    engine.runner.model.kernels = None  # the torch ops: what a CPU without AVX2/FMA/F16C runs
-    engine.runner.decode_kernel = False
+    engine.runner.model.ops = TorchOps()  # the torch ops: what a CPU without AVX2/FMA/F16C runs
     return engine
 
 

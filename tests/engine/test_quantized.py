@@ -9,7 +9,7 @@ import torch
 from engine_helpers import greedy, hf_generate, hf_model, make_engine, prompts_of, run_all, text_of, tokens_of
 from quant_reference import weights_reference
 
-from inferplug.models.llama import LlamaModel
+from inferplug.engine.ops.cpu_ops import CpuKernelOps
 from inferplug.models.loader import read_config
 from inferplug.quant.linear import quantize_model
 from inferplug.types import Request, SamplingParams
@@ -48,13 +48,13 @@ def test_quantized_engine_matches_hf_on_the_weights_it_holds(cpu_kernel_ops, tin
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_decode_steps_in_one_kernel_call_equal_the_layer_by_layer_path(cpu_kernel_ops, tiny_model_dir, fmt, monkeypatch):
-    """cpu_kernels' decode_layers runs LlamaModel.forward's kernels in its order, without Python between them:
+    """cpu_kernels' decode_layers (CpuKernelOps.run_layers) runs LlamaModel.forward's kernels in its order, without Python between them:
     tokens and logprobs come out bit for bit the same as from the Python loop. Qwen2's qkv bias keeps the loop."""
     fused_steps = []
-    block_layers = LlamaModel._block_layers
+    block_layers = CpuKernelOps.block_layers
 
-    def spy(self, ctx, tokens):
-        args = block_layers(self, ctx, tokens)
+    def spy(self, model, ctx, tokens):
+        args = block_layers(self, model, ctx, tokens)
         fused_steps.append(args is not None)
         return args
 
@@ -66,13 +66,13 @@ def test_decode_steps_in_one_kernel_call_equal_the_layer_by_layer_path(cpu_kerne
         return {rid: [(e.token_ids, [(lp.token_id, lp.logprob, lp.top) for lp in e.logprobs]) for e in ev]
                 for rid, ev in events.items()}
 
-    monkeypatch.setattr(LlamaModel, "_block_layers", spy)
+    monkeypatch.setattr(CpuKernelOps, "block_layers", spy)
     fused = generate()
     if read_config(tiny_model_dir).attention_bias:
         assert not any(fused_steps)
     else:
         assert any(fused_steps) and not all(fused_steps), "decode-only steps run fused, steps with prefill do not"
-    monkeypatch.setattr(LlamaModel, "_block_layers", lambda self, ctx, tokens: None)
+    monkeypatch.setattr(CpuKernelOps, "block_layers", lambda self, model, ctx, tokens: None)
     assert generate() == fused
 
 

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import BaseModel, Field
 
 from inferplug.errors import RequestError
 
 pytestmark = [pytest.mark.smollm2, pytest.mark.slow]
+
+
+class City(BaseModel):
+    name: str = Field(max_length=30)
+    country: str = Field(max_length=30)
 
 
 @pytest.fixture(scope="module")
@@ -97,11 +103,6 @@ def test_additional_kwargs_fields_and_per_call_overrides_reach_the_request(llm):
 
 def test_structured_predict_uses_the_json_schema_constraint(llm):
     from llama_index.core.prompts import PromptTemplate
-    from pydantic import BaseModel, Field
-
-    class City(BaseModel):
-        name: str = Field(max_length=30)
-        country: str = Field(max_length=30)
 
     city = llm.structured_predict(City, PromptTemplate("Name a city in {place}."), place="France")
     assert isinstance(city, City) and city.name
@@ -126,3 +127,27 @@ def test_parallel_tool_calls_only_when_allowed(llm):
     assert len(llm._validate_chat_with_tools_response(response(), [], allow_parallel_tool_calls=True)
                .message.additional_kwargs["tool_calls"]) == 2
     assert len(llm._validate_chat_with_tools_response(response(), []).message.additional_kwargs["tool_calls"]) == 1
+
+
+def test_stream_structured_predict_streams_partials_under_the_constraint(llm):
+    from llama_index.core.program.utils import FlexibleModel
+    from llama_index.core.prompts import PromptTemplate
+
+    prompt = PromptTemplate("Name a city in {place}.")
+    whole = llm.structured_predict(City, prompt, place="France")
+    streamed = list(llm.stream_structured_predict(City, prompt, place="France"))
+    # partial objects while the JSON grows (LlamaIndex's Flexible model until the fields validate), then the
+    # whole object: the same as the call that did not stream
+    assert len(streamed) > 2 and all(isinstance(p, (FlexibleModel, City)) for p in streamed)
+    assert isinstance(streamed[0], FlexibleModel) and streamed[0].name is None
+    assert isinstance(streamed[-1], City) and streamed[-1] == whole == streamed[-2]
+
+
+async def test_astream_structured_predict(llm):
+    from llama_index.core.prompts import PromptTemplate
+
+    prompt = PromptTemplate("Name a city in {place}.")
+    streamed = [p async for p in await llm.astream_structured_predict(City, prompt, place="Italy")]
+    assert streamed[-1] == await llm.astructured_predict(City, prompt, place="Italy")
+    stats = llm.backend.stats()
+    assert stats["kv_blocks_used"] == 0

@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from inferplug.backends.native import NativeBackend
+from inferplug.engine.async_engine import AsyncEngine
 from inferplug.errors import RequestError
 from inferplug.frontend.requests import UncachedDocumentsWarning, build_request
 
@@ -65,15 +65,15 @@ FRONT_ENDS = {"langchain": via_langchain, "llamaindex": via_llamaindex, "server"
 
 @pytest.fixture
 def seen(monkeypatch):
-    """Every Request that reaches a native backend (the engine still runs it)."""
+    """Every Request that reaches the native engine (it still runs them)."""
     requests = []
-    generate = NativeBackend.generate
+    submit = AsyncEngine.submit  # every path (sync, async, server, CLI) hands its request to the engine here
 
-    def spy(self, request):
+    def spy(self, request, channel):
         requests.append(dataclasses.replace(request, request_id="-"))
-        return generate(self, request)
+        return submit(self, request, channel)
 
-    monkeypatch.setattr(NativeBackend, "generate", spy)
+    monkeypatch.setattr(AsyncEngine, "submit", spy)
     return requests
 
 

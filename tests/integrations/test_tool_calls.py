@@ -58,3 +58,16 @@ def test_tool_support_is_read_from_the_template_text_not_its_path(tmp_path, file
     profile = Profile(backend="native", model={"path": str(tmp_path), "chat_template": str(tmp_path / file_name)})
     backend = SimpleNamespace(profile=profile, tokenizer=SimpleNamespace(chat_template=None))
     assert template_renders_tools(backend) is renders
+
+
+def test_a_backends_streamed_call_pieces_become_calls_with_its_ids():
+    from inferplug.backends.openai_sse import chunk_events
+    from inferplug.frontend.tool_calls import calls_from_deltas
+
+    pieces = [{"index": 0, "id": "call_remote1", "function": {"name": "add", "arguments": ""}},
+              {"index": 0, "function": {"arguments": '{"a": 1, '}}, {"index": 0, "function": {"arguments": '"b": 2}'}},
+              {"index": 1, "id": "call_cut", "function": {"name": "add", "arguments": '{"a": '}}]
+    events = [e for p in pieces for e in chunk_events("r", {"choices": [{"index": 0, "delta": {"tool_calls": [p]}}]})]
+    calls = calls_from_deltas([d for e in events for d in e.tool_calls])
+    # the call cut short (max_tokens) is no call, as a malformed call in text is not
+    assert [(c.id, c.name, c.arguments) for c in calls] == [("call_remote1", "add", {"a": 1, "b": 2})]

@@ -1,8 +1,17 @@
-"""Without a GPU, Triton kernels run in its interpreter (must be set before triton is imported)."""
+"""Kernel test fixtures (tests/conftest.py puts Triton in its interpreter where there is no GPU)."""
 
-import os
-
+import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+@pytest.fixture
+def poisoned_buffers(monkeypatch):
+    """Every buffer a kernel wrapper allocates (outputs, split-K partials) starts as NaN, so an element the
+    kernels leave unwritten, or a partial read that nobody wrote, shows up in the result."""
+    real_empty = torch.empty
+
+    def poisoned(*shape, **kw):
+        return real_empty(*shape, **kw).fill_(float("nan"))
+
+    monkeypatch.setattr(torch, "empty", poisoned)
+    monkeypatch.setattr(torch, "empty_like", lambda t: poisoned(t.shape, dtype=t.dtype, device=t.device))

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from inferplug.kernels.paged_attention_ref import paged_attention_decode_ref, random_pool
+from kernel_checks import relative_error
 from sdpa_reference import sdpa_decode
 
 from inferplug.kernels.paged_attention import paged_attention_decode  # imports triton; conftest set the interpreter first
@@ -27,23 +28,6 @@ def test_kernel_matches_reference(heads, kv_heads, head_dim, block_size, seq_len
     expected = paged_attention_decode_ref(q, k_cache, v_cache, tables, lens, scale)
     torch.testing.assert_close(expected, sdpa_decode(q, k_cache, v_cache, tables, lens, scale))  # fp32 both
     torch.testing.assert_close(paged_attention_decode(q, k_cache, v_cache, tables, lens, scale), expected, rtol=1e-4, atol=1e-5)
-
-
-def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
-    return ((got.double() - expected).norm() / expected.norm()).item()
-
-
-@pytest.fixture
-def poisoned_buffers(monkeypatch):
-    """Every buffer the kernel wrapper allocates (output and split-K partials) starts as NaN, so an element
-    the kernels leave unwritten, or a partial read that nobody wrote, shows up in the result."""
-    real_empty = torch.empty
-
-    def poisoned(*shape, **kw):
-        return real_empty(*shape, **kw).fill_(float("nan"))
-
-    monkeypatch.setattr(torch, "empty", poisoned)
-    monkeypatch.setattr(torch, "empty_like", lambda t: poisoned(t.shape, dtype=t.dtype, device=t.device))
 
 
 # Lengths at and around block and tile (64) boundaries and a few hundred tokens; 300 is five 64-token partitions

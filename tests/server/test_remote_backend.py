@@ -3,6 +3,8 @@ in front of it (scripted 503/429 answers and a stream cut midway) for retries.""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 from fastapi import FastAPI, Request as HTTPRequest
@@ -88,9 +90,10 @@ def test_api_key_from_the_named_env_var_and_never_in_errors(server_factory, tiny
 
 def flaky_proxy(target: str, failures: list[int], cut_after_chunks: int | None = None) -> FastAPI:
     """Forwards to `target`, but first answers with the statuses in `failures`, one per request;
-    with `cut_after_chunks`, drops the connection after that many streamed lines."""
+    with `cut_after_chunks`, drops the connection after that many streamed lines. It keeps the bodies it was
+    sent (app.state.bodies) and the lines it relayed (app.state.lines)."""
     app = FastAPI()
-    app.state.posts = 0
+    app.state.posts, app.state.bodies, app.state.lines = 0, [], []
 
     @app.get("/v1/models")
     async def models():
@@ -104,6 +107,7 @@ def flaky_proxy(target: str, failures: list[int], cut_after_chunks: int | None =
             return JSONResponse({"error": {"message": "try later"}}, status_code=status,
                                 headers={"retry-after": "0"})
         body = await request.body()
+        app.state.bodies.append(json.loads(body))
 
         async def relay():
             async with httpx.AsyncClient() as client:
@@ -114,6 +118,7 @@ def flaky_proxy(target: str, failures: list[int], cut_after_chunks: int | None =
                         if cut_after_chunks is not None and line.startswith("data:") and sent == cut_after_chunks:
                             raise ConnectionResetError("proxy cut the stream")
                         sent += line.startswith("data:")
+                        app.state.lines.append(line)
                         yield line + "\n"
 
         return StreamingResponse(relay(), media_type="text/event-stream")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from inferplug.errors import ProfileError
 
-SOURCES = ("dispatch.cpp", "isa_avx2.cpp", "isa_avx512.cpp", "quant_matmul.cpp", "rms_norm.cpp", "paged_decode.cpp",
+SOURCES = ("dispatch.cpp", "isa_avx2.cpp", "isa_avx512.cpp", "quant_matmul.cpp", "rms_norm.cpp", "paged_attention.cpp",
            "layer_ops.cpp", "decode_layers.cpp")
 REQUIRED_FLAGS = frozenset({"avx2", "fma", "f16c"})
 DISABLE_ENV = "INFERPLUG_NO_CPU_KERNELS"  # set to 1 to force the torch paths (comparisons, debugging)

@@ -1,6 +1,12 @@
-// Paged decode attention for one (sequence, kv head) pair, written once over a float width V
-// (paged_decode.cpp has the torch op). Torch-free: compiled per ISA.
-// Tokens go V::LANES at a time, so their scores fill one vector (one exp, no horizontal sum per token).
+// Paged attention for query rows of one sequence on one kv head, written once over a float width V
+// (paged_attention.cpp has the torch ops). Torch-free: compiled per ISA.
+//
+// Flash style: keys go in tiles of KEY_TILE at absolute positions (0, 32, 64, ...), read in place through
+// the block table; each tile's K and V rows are loaded once for every query row and query head of the
+// item (GQA without copies), with an online softmax per query. A decode step is the one-row case of the
+// same code, and a row's arithmetic (its dot products, its tiles, its softmax updates) depends only on its
+// own length: so a token's attention is bit for bit the same in a decode step, a prefill chunk of any
+// length, or after a prefix-cache hit (batch invariance).
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -10,57 +16,116 @@
 
 namespace {
 
-// The `group` query heads (rows of q, head_dim apart) of one sequence on one kv head, into `out` (same
-// layout). Two passes over the K/V rows: scores and their softmax, then the softmax-weighted sum of V.
+// For NQ query heads of one row (their weights p, TILE apart; their outputs, head_dim apart):
+// out[x0, x0 + N * LANES) += sum over the `valid` keys of p[i] * V row i, kept in registers across the keys,
+// each V vector loaded once for the NQ heads. Each element's sum runs over the keys in order, whatever N and NQ.
+template <typename V, int N, int NQ>
+void weighted_rows(const float* p, int64_t valid, const float* v, const int64_t* keys, int64_t d, int64_t x0,
+                   float* out) {
+  typename V::F acc[NQ][N];
+  for (int h = 0; h < NQ; h++)
+    for (int u = 0; u < N; u++) acc[h][u] = V::load(out + h * d + x0 + u * V::LANES);
+  for (int64_t i = 0; i < valid; i++) {
+    const float* row = v + keys[i] + x0;
+    for (int u = 0; u < N; u++) {
+      const auto value = V::load(row + u * V::LANES);
+      for (int h = 0; h < NQ; h++) acc[h][u] = V::fmadd(V::set1(p[h * inferplug_isa::KEY_TILE + i]), value, acc[h][u]);
+    }
+  }
+  for (int h = 0; h < NQ; h++)
+    for (int u = 0; u < N; u++) V::store(out + h * d + x0 + u * V::LANES, acc[h][u]);
+}
+
+template <typename V, int NQ>
+void weighted_heads(const float* p, int64_t valid, const float* v, const int64_t* keys, int64_t d, float* out) {
+  constexpr int64_t WIDE = 4 * V::LANES;
+  int64_t x = 0;
+  for (; x + WIDE <= d; x += WIDE) weighted_rows<V, 4, NQ>(p, valid, v, keys, d, x, out);
+  for (; x < d; x += V::LANES) weighted_rows<V, 1, NQ>(p, valid, v, keys, d, x, out);
+}
+
+// The `group` heads of one row, three at a time (12 accumulators of 4 vectors).
 template <typename V>
-void attend(const inferplug_isa::Pool& pool, int64_t kv_head, const int64_t* blocks, int64_t length, const float* q,
-            int64_t group, float scale, int64_t* rows, float* scores, float* out) {
-  constexpr int64_t CHUNK = V::LANES;
-  const int64_t d = pool.head_dim, width = (length + CHUNK - 1) / CHUNK * CHUNK;
-  for (int64_t t = 0, b = 0; t < length; b++)  // two loops, not t / block_size: a division costs more than a row
-    for (int64_t i = 0; i < pool.block_size && t < length; i++) rows[t++] = (blocks[b] * pool.block_size + i) * d;
-  std::fill(rows + length, rows + width, rows[length - 1]);  // past the end: its score is dropped, its weight 0
-  const int64_t head = kv_head * pool.num_blocks * pool.block_size * d;
+void weighted_sum(const float* p, int64_t valid, const float* v, const int64_t* keys, int64_t d, int64_t group,
+                  float* out) {
+  constexpr int64_t TILE = inferplug_isa::KEY_TILE;
+  int64_t h = 0;
+  for (; h + 3 <= group; h += 3) weighted_heads<V, 3>(p + h * TILE, valid, v, keys, d, out + h * d);
+  for (; h < group; h++) weighted_heads<V, 1>(p + h * TILE, valid, v, keys, d, out + h * d);
+}
+
+// s[0, KEY_TILE) = scale * q . k for the tile's keys: each key's sum over head_dim in V::LANES lanes, then
+// one fixed reduction tree per key (V::sums_of). (Two queries sharing each K load measured no faster.)
+template <typename V>
+void tile_scores(const float* q, const float* k, const int64_t* keys, int64_t d, float scale, float* s) {
+  for (int64_t c = 0; c < inferplug_isa::KEY_TILE; c += V::LANES) {
+    typename V::F acc[V::LANES];
+    for (int64_t i = 0; i < V::LANES; i++) acc[i] = V::zero();
+    for (int64_t x = 0; x < d; x += V::LANES) {
+      const auto qx = V::load(q + x);
+      for (int64_t i = 0; i < V::LANES; i++) acc[i] = V::fmadd(qx, V::load(k + keys[c + i] + x), acc[i]);
+    }
+    V::store(s + c, V::mul(V::sums_of(acc), V::set1(scale)));
+  }
+}
+
+// Rows r of `w` (each with `group` query heads, head_dim apart) attend to keys [0, first_length + r).
+// scratch: attend_scratch(w.rows, group, head_dim) floats.
+template <typename V>
+void attend(const inferplug_isa::Pool& pool, int64_t kv_head, const int64_t* blocks, const inferplug_isa::QueryRows& w,
+            int64_t group, float scale, float* scratch) {
+  constexpr int64_t TILE = inferplug_isa::KEY_TILE;
+  const int64_t d = pool.head_dim, bs = pool.block_size, queries = w.rows * group;
+  float* scores = scratch;             // [queries, TILE]
+  float* acc = scores + queries * TILE;  // [queries, d]: the unnormalized output
+  float* max = acc + queries * d;      // [queries]: the running max score
+  float* sum = max + queries;          // [queries]: the running softmax denominator
+  std::fill(acc, acc + queries * d, 0.f);
+  std::fill(max, max + queries, -INFINITY);
+  std::fill(sum, sum + queries, 0.f);
+  const int64_t head = kv_head * pool.num_blocks * bs * d;
   const float *k = pool.k + head, *v = pool.v + head;
-
-  for (int64_t t = 0; t < width; t += CHUNK) {
-    for (int64_t j = 0; j < group; j++) {  // the chunk's K rows come from memory once, then from L1
-      typename V::F acc[CHUNK];
-      for (int64_t i = 0; i < CHUNK; i++) acc[i] = V::zero();
-      for (int64_t x = 0; x < d; x += V::LANES) {
-        const auto qx = V::load(q + j * d + x);
-        for (int64_t i = 0; i < CHUNK; i++) acc[i] = V::fmadd(qx, V::load(k + rows[t + i] + x), acc[i]);
+  const int64_t longest = w.first_length + w.rows - 1;
+  int64_t keys[TILE];  // the tile's K/V row offsets in the pools
+  for (int64_t t0 = 0; t0 < longest; t0 += TILE) {
+    const int64_t in_tile = std::min(TILE, longest - t0);
+    for (int64_t i = 0, b = t0 / bs, o = t0 % bs; i < in_tile; i++) {
+      keys[i] = (blocks[b] * bs + o) * d;
+      if (++o == bs) o = 0, b++;
+    }
+    std::fill(keys + in_tile, keys + TILE, keys[in_tile - 1]);  // past the end: scored, then masked
+    // Rows are by ascending length: those that end before the tile are done.
+    for (int64_t r = std::max<int64_t>(0, t0 + 1 - w.first_length); r < w.rows; r++) {
+      const int64_t valid = std::min(TILE, w.first_length + r - t0);
+      for (int64_t j = 0; j < group; j++) {
+        const int64_t query = r * group + j;
+        float* s = scores + query * TILE;
+        tile_scores<V>(w.q + r * w.q_stride + j * d, k, keys, d, scale, s);
+        std::fill(s + valid, s + TILE, -INFINITY);
+        const float top = std::max(max[query], *std::max_element(s, s + valid));
+        const float rescale = std::exp(max[query] - top);  // 0 at the first tile, 1 while the max holds
+        auto total = V::zero();
+        for (int64_t c = 0; c < TILE; c += V::LANES) {
+          const auto e = exp_nonpositive<V>(V::sub(V::load(s + c), V::set1(top)));
+          V::store(s + c, e);
+          total = V::add(total, e);
+        }
+        sum[query] = sum[query] * rescale + V::sum(total);
+        max[query] = top;
+        float* out = acc + query * d;
+        if (rescale != 1.f)
+          for (int64_t x = 0; x < d; x += V::LANES) V::store(out + x, V::mul(V::load(out + x), V::set1(rescale)));
       }
-      V::store(scores + j * width + t, V::mul(V::sums_of(acc), V::set1(scale)));
+      weighted_sum<V>(scores + r * group * TILE, valid, v, keys, d, group, acc + r * group * d);
     }
   }
-
-  for (int64_t j = 0; j < group; j++) {  // softmax, max-subtracted so exp never overflows
-    float* s = scores + j * width;
-    std::fill(s + length, s + width, -INFINITY);
-    const auto max = V::set1(*std::max_element(s, s + length));
-    auto sum = V::zero();
-    for (int64_t t = 0; t < width; t += CHUNK) {
-      const auto e = exp_nonpositive<V>(V::sub(V::load(s + t), max));
-      V::store(s + t, e);
-      sum = V::add(sum, e);
-    }
-    const auto inverse = V::set1(1.f / V::sum(sum));
-    for (int64_t t = 0; t < width; t += CHUNK) V::store(s + t, V::mul(V::load(s + t), inverse));
-  }
-
-  std::fill(out, out + group * d, 0.f);
-  for (int64_t t = 0; t < width; t += CHUNK) {
+  for (int64_t r = 0; r < w.rows; r++)
     for (int64_t j = 0; j < group; j++) {
-      typename V::F weight[CHUNK];
-      for (int64_t i = 0; i < CHUNK; i++) weight[i] = V::set1(scores[j * width + t + i]);
-      for (int64_t x = 0; x < d; x += V::LANES) {
-        auto acc = V::load(out + j * d + x);
-        for (int64_t i = 0; i < CHUNK; i++) acc = V::fmadd(weight[i], V::load(v + rows[t + i] + x), acc);
-        V::store(out + j * d + x, acc);
-      }
+      const int64_t query = r * group + j;
+      const auto inverse = V::set1(1.f / sum[query]);
+      for (int64_t x = 0; x < d; x += V::LANES)
+        V::store(w.out + r * w.out_stride + j * d + x, V::mul(V::load(acc + query * d + x), inverse));
     }
-  }
 }
 
 }  // namespace

@@ -40,10 +40,25 @@ using QuantMatmul = void (*)(const WeightRows& w, int64_t n0, int64_t n1, const 
                              int64_t rows, float* y, int64_t y_stride);
 using FloatMatmul = void (*)(const WeightRows& w, int64_t n0, int64_t n1, const float* x, int64_t k, int64_t rows,
                              float* y, int64_t y_stride);
-// The `group` query heads of one sequence on one kv head (paged_decode.cpp); rows and scores: scratch for
-// the length padded to MAX_LANES (rows) and `group` such rows (scores).
-using Attend = void (*)(const Pool& pool, int64_t kv_head, const int64_t* blocks, int64_t length, const float* q,
-                        int64_t group, float scale, int64_t* rows, float* scores, float* out);
+constexpr int64_t KEY_TILE = 32;    // attention: keys a tile, at absolute positions (attend.h)
+constexpr int64_t QUERY_TILE = 16;  // attention: query rows of one sequence in one work item
+
+// Query rows of one sequence for one kv head: row r's query heads at q + r * q_stride (head_dim apart),
+// its output at out + r * out_stride; row r attends to keys [0, first_length + r).
+struct QueryRows {
+  const float* q;
+  int64_t q_stride;
+  float* out;
+  int64_t out_stride, rows, first_length;
+};
+
+inline int64_t attend_scratch(int64_t rows, int64_t group, int64_t head_dim) {  // floats Attend's scratch holds
+  return rows * group * (KEY_TILE + head_dim + 2);
+}
+
+// The `group` query heads of each row on one kv head, keys read through `blocks` (attend.h).
+using Attend = void (*)(const Pool& pool, int64_t kv_head, const int64_t* blocks, const QueryRows& rows,
+                        int64_t group, float scale, float* scratch);
 
 struct Isa {
   const char* name;

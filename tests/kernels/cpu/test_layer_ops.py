@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from inferplug.engine.attention import write_kv
 from inferplug.models.config import ModelConfig
-from inferplug.models.llama import apply_rope, rope_tables
+from inferplug.engine.ops.torch_ops import apply_rope
+from inferplug.models.llama import rope_tables
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCKS, BLOCK_SIZE = 9, 3, 64, 12, 16
 

@@ -5,13 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inferplug.engine.attention import DecodeGroup, _decode
+from inferplug.engine.attention import AttentionContext, DecodeGroup
+from inferplug.engine.ops.cpu_ops import CpuKernelOps
 from inferplug.kernels.paged_attention_ref import paged_attention_decode_ref, random_pool
 
 
-def kernel_decode(q, k_cache, v_cache, tables, lens, scale):
-    """The engine's decode path as the runner sets it up for the kernel: one group, each row's own length."""
-    return _decode(q, k_cache, v_cache, DecodeGroup(0, len(q), tables.long(), None, lengths=lens.long()), scale)
+def kernel_decode(ops, q, k_cache, v_cache, tables, lens, scale):
+    """The engine's attention as CpuKernelOps runs it: one group of every row, each at its own length."""
+    group = DecodeGroup(0, len(q), tables.long(), None, lengths=lens.long(),
+                        query_starts=torch.arange(len(q) + 1))
+    ctx = AttentionContext(slot_mapping=torch.empty(0, dtype=torch.long), decode_rows=len(q), decode_groups=[group])
+    out = CpuKernelOps(ops, head_dim=q.shape[-1]).attention(q, None, None, k_cache, v_cache, ctx, scale)
+    return out.view(q.shape)
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (9, 3), (8, 2)])  # GQA ratios 1, 3, 4
@@ -26,7 +31,7 @@ def test_matches_the_dense_reference(ops, heads, kv_heads, head_dim, block_size,
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        out = kernel_decode(q, k_cache, v_cache, tables, lens, head_dim**-0.5)
+        out = kernel_decode(ops, q, k_cache, v_cache, tables, lens, head_dim**-0.5)
     finally:
         torch.set_num_threads(before)
     expected = paged_attention_decode_ref(q, k_cache, v_cache, tables, lens, head_dim**-0.5)
@@ -39,7 +44,7 @@ def test_sharp_softmax_and_strided_query_rows(ops):
     q, k_cache, v_cache, tables, lens = random_pool(batch=3, heads=6, kv_heads=2, head_dim=16, block_size=4,
                                                     seq_lens=[9, 1, 33], seed=1)
     qkv = torch.cat([q * 40, torch.randn(3, 4, 16)], dim=1)  # 6 query heads, then 4 heads of k and v
-    out = kernel_decode(qkv[:, :6], k_cache, v_cache, tables, lens, 1.0)
+    out = kernel_decode(ops, qkv[:, :6], k_cache, v_cache, tables, lens, 1.0)
     expected = paged_attention_decode_ref(q * 40, k_cache, v_cache, tables, lens, 1.0)
     assert out.isfinite().all()
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
@@ -69,5 +74,5 @@ def test_matches_torch_sdpa(ops, heads, kv_heads, block_size):
     seq_lens = [1, block_size, block_size + 1, 7, 50, 300]
     q, k_cache, v_cache, tables, lens = random_pool(batch=len(seq_lens), heads=heads, kv_heads=kv_heads, head_dim=64,
                                                     block_size=block_size, seq_lens=seq_lens, seed=2)
-    out = kernel_decode(q, k_cache, v_cache, tables, lens, 0.125)
+    out = kernel_decode(ops, q, k_cache, v_cache, tables, lens, 0.125)
     torch.testing.assert_close(out, sdpa_decode(q, k_cache, v_cache, tables, lens, 0.125), rtol=1e-5, atol=1e-5)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from llama_index.core.base.llms.types import (
@@ -30,11 +30,11 @@ from llama_index.core.llms.llm import ToolSelection
 from inferplug.frontend.binding import bind_profile, usage_counts
 from inferplug.frontend.calls import Result, ResultBuilder, acollect, aiter_events, collect
 from inferplug.frontend.requests import Prepared, build_request
-from inferplug.frontend.tool_calls import parse_tool_calls
 from inferplug.rag.layout import DocumentMemory
 from inferplug.types import SamplingParams, TokenLogprob
 from llama_index.llms.inferplug.messages import to_chat_dicts
 from llama_index.llms.inferplug.postprocessor import DocumentCacheHints
+from llama_index.llms.inferplug.structured import apartial_objects, constrained_kwargs, partial_objects
 
 
 class InferPlug(FunctionCallingLLM):
@@ -91,7 +91,7 @@ class InferPlug(FunctionCallingLLM):
                                documents=kwargs.get("documents"), memory=self._memory)
 
     def _response(self, result: Result, prepared: Prepared, delta: str | None = None) -> ChatResponse:
-        calls = parse_tool_calls(result.text, prepared.tools) if prepared.tools else []
+        calls = result.calls(prepared.tools)
         extra = {"tool_calls": [{"id": c.id, "type": "function", "function": {
             "name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]} if calls else {}
         return ChatResponse(
@@ -191,14 +191,27 @@ class InferPlug(FunctionCallingLLM):
     def structured_predict(self, output_cls: type[BaseModel], prompt: PromptTemplate,
                            llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any) -> BaseModel:
         messages = prompt.format_messages(llm=self, **prompt_args)
-        response = self.chat(messages, **(llm_kwargs or {}), json_schema=output_cls.model_json_schema())
+        response = self.chat(messages, **constrained_kwargs(output_cls, llm_kwargs))
         return output_cls.model_validate_json(response.message.content or "")
 
     async def astructured_predict(self, output_cls: type[BaseModel], prompt: PromptTemplate,
                                   llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any) -> BaseModel:
         messages = prompt.format_messages(llm=self, **prompt_args)
-        response = await self.achat(messages, **(llm_kwargs or {}), json_schema=output_cls.model_json_schema())
+        response = await self.achat(messages, **constrained_kwargs(output_cls, llm_kwargs))
         return output_cls.model_validate_json(response.message.content or "")
+
+    # LlamaIndex's stream_structured_predict / astream_structured_predict call these (and send its events)
+    def _structured_stream_call(self, output_cls: type[BaseModel], prompt: PromptTemplate,
+                                llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any) -> Iterator[BaseModel]:
+        messages = prompt.format_messages(llm=self, **prompt_args)
+        return partial_objects(self.stream_chat(messages, **constrained_kwargs(output_cls, llm_kwargs)), output_cls)
+
+    async def _structured_astream_call(self, output_cls: type[BaseModel], prompt: PromptTemplate,
+                                       llm_kwargs: dict[str, Any] | None = None,
+                                       **prompt_args: Any) -> AsyncIterator[BaseModel]:
+        messages = prompt.format_messages(llm=self, **prompt_args)
+        stream = await self.astream_chat(messages, **constrained_kwargs(output_cls, llm_kwargs))
+        return apartial_objects(stream, output_cls)
 
     def get_tool_calls_from_response(self, response: ChatResponse, error_on_no_tool_call: bool = True,
                                      **kwargs: Any) -> list[ToolSelection]:

@@ -1,0 +1,94 @@
+"""inferplug's C++ CPU kernels (inferplug/kernels/cpu) as the ops set: fp32 on an AVX2 (or AVX-512) CPU.
+
+Attention takes every row of a step, prefill rows too, in the paged attention kernel (flash tiles over the paged
+K/V; a decode row is its one-row case): each query reads the K/V of its own position and those before it in one fixed order, so a token's attention does not depend on the step's other
+rows, on how its prompt was chunked, or on whether its prefix came from the cache (batch invariance)."""
+
+from __future__ import annotations
+
+import torch
+
+from inferplug.engine.attention import AttentionContext, DecodeGroup
+from inferplug.engine.ops.step import StepRows
+from inferplug.engine.ops.torch_ops import TorchOps
+from inferplug.quant.block_linear import KERNEL_MAX_ROWS, BlockLinear
+
+BLOCK_KINDS = {"q4_matmul": 4, "q8_matmul": 8}  # BlockLinear.kernel -> decode_layers' weight kind
+
+
+class CpuKernelOps(TorchOps):
+    name = "cpu-kernels"
+
+    def __init__(self, kernels, dtype: torch.dtype = torch.float32, *, head_dim: int):
+        super().__init__(dtype)
+        self.kernels = kernels  # torch.ops.inferplug, loaded (kernels.cpu.ops())
+        self.paged_kernel = head_dim % 8 == 0  # the attention kernel's vectors; other widths take torch attention
+
+    def context(self, step: StepRows) -> AttentionContext:
+        if not self.paged_kernel:
+            return super().context(step)
+        ctx = AttentionContext(slot_mapping=step.slot_mapping, decode_rows=len(step.decodes))
+        ctx.decode_groups = [self._kernel_rows(step)]
+        return ctx
+
+    def _kernel_rows(self, step: StepRows) -> DecodeGroup:
+        """Every row of the step, decode and prefill alike: one block table, row span and context length per
+        sequence. The kernel computes each row at its own position over key tiles at absolute positions, so a
+        token's attention does not depend on the step's other rows, its chunking or its prefix-cache hits."""
+        spans = step.decodes + step.prefills
+        width = max(-(-(s.num_computed_tokens + n) // step.block_size) for s, n in spans)
+        starts = [0]
+        for _, n in spans:
+            starts.append(starts[-1] + n)
+        lengths = torch.tensor([s.num_computed_tokens + n for s, n in spans], dtype=torch.long, device=step.device)
+        return DecodeGroup(0, starts[-1], step.padded_tables([s for s, _ in spans], width), None, lengths=lengths,
+                           query_starts=torch.tensor(starts, dtype=torch.long, device=step.device))
+
+    def attention(self, q, k, v, k_cache, v_cache, ctx: AttentionContext, scale: float) -> torch.Tensor:
+        if not self.paged_kernel:
+            return super().attention(q, k, v, k_cache, v_cache, ctx, scale)
+        rows = ctx.decode_groups[0]
+        return self.kernels.paged_attention(q, k_cache, v_cache, rows.block_tables, rows.query_starts, rows.lengths,
+                                            scale).flatten(1)
+
+    def rope_and_store(self, qkv, positions, cos, signed_sin, k_cache, v_cache, ctx: AttentionContext, num_heads: int):
+        """RoPE in place on qkv and the K/V store, in one kernel."""
+        self.kernels.rope_write_kv_(qkv, positions, cos, signed_sin, k_cache, v_cache, ctx.slot_mapping, num_heads)
+        kv_heads = (qkv.shape[1] // cos.shape[-1] - num_heads) // 2
+        return qkv.view(qkv.shape[0], -1, cos.shape[-1]).split([num_heads, kv_heads, kv_heads], dim=1)
+
+    def add_rms_norm(self, x, delta, weight, eps: float) -> torch.Tensor:
+        return self.kernels.rms_norm(x, weight, eps) if delta is None else self.kernels.add_rms_norm_(x, delta, weight, eps)
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return self.kernels.silu_mul(gate_up)
+
+    def run_layers(self, model, x, positions, ctx: AttentionContext, kv_caches) -> bool:
+        """Decode steps whose every layer weight is Q4_1 / Q8_0 blocks: every layer in one C++ call, the same
+        kernels without Python between them."""
+        blocks = self.block_layers(model, ctx, x.shape[0])
+        if blocks is None:
+            return False
+        group = ctx.decode_groups[0]
+        self.kernels.decode_layers(x, *blocks, [k for k, _ in kv_caches], [v for _, v in kv_caches], positions,
+                                   model.cos, model.signed_sin, ctx.slot_mapping, group.block_tables, group.lengths,
+                                   model.num_heads, model.scale, model.config.rms_norm_eps)
+        return True
+
+    def block_layers(self, model, ctx: AttentionContext, tokens: int):
+        """(norms, weights, kinds) for decode_layers, or None where the step cannot take it: it must be decode
+        rows only (prefill rows take float matmuls), and every layer weight Q4_1 / Q8_0 blocks without bias (no
+        qkv bias either), run by their kernels (at most KERNEL_MAX_ROWS rows)."""
+        if not self.paged_kernel or ctx.decode_rows != tokens or tokens > KERNEL_MAX_ROWS:
+            return None
+        norms, weights, kinds = [], [], []
+        for layer in model.layers:
+            if layer.qkv_bias is not None:  # Qwen2's: the layer-by-layer path adds it
+                return None
+            norms += [layer.input_norm, layer.post_norm]
+            for w in (layer.qkv, layer.o, layer.gate_up, layer.down):
+                if not isinstance(w, BlockLinear) or w.kernel not in BLOCK_KINDS or w.bias is not None:
+                    return None
+                weights.append(w.blocks)
+                kinds.append(BLOCK_KINDS[w.kernel])
+        return norms, weights, kinds

@@ -1,0 +1,25 @@
+"""One step's scheduled rows as the model runner lays them out: decode rows first, then prefill chunks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from inferplug.engine.sequence import Sequence
+
+
+@dataclass
+class StepRows:
+    decodes: list[tuple[Sequence, int]]  # (sequence, 1) each, longest context first
+    prefills: list[tuple[Sequence, int]]  # (sequence, new tokens), in row order after the decodes
+    slot_mapping: torch.Tensor  # [T] flat pool slot of each new token
+    block_size: int
+    device: torch.device
+
+    def tensor(self, values, dtype=torch.long) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, device=self.device)
+
+    def padded_tables(self, seqs: list[Sequence], width: int, dtype=torch.long) -> torch.Tensor:
+        """[len(seqs), width] block tables, cut or padded with block 0 to `width`."""
+        return self.tensor([s.block_table[:width] + [0] * (width - len(s.block_table[:width])) for s in seqs], dtype)

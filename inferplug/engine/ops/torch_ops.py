@@ -1,0 +1,116 @@
+"""The torch ops: what any device runs, and the base the kernel sets (C++ CPU, Triton) override method by method.
+
+Decode rows are grouped by similar context lengths (one gather and two batched matmuls a group, padded to the
+group's longest); each prefill chunk runs scaled_dot_product_attention over its context (engine/attention.py)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from inferplug.engine.attention import AttentionContext, DecodeGroup, PrefillChunk, paged_attention, write_kv
+from inferplug.engine.ops.step import StepRows
+from inferplug.engine.sequence import Sequence
+
+# A row starts a new decode group when it needs at most 2/3 of the group's blocks and 8 fewer: past that,
+# reading the padding costs more than another gather and matmul pair (about 0.1 ms a layer).
+GROUP_WIDTH_RATIO, GROUP_MIN_GAP_BLOCKS = 2 / 3, 8
+
+
+class TorchOps:
+    """attention, KV store, RoPE, norms and activation for LlamaModel.forward; `context` builds what `attention`
+    reads for one step. Subclasses override only what they run faster or differently."""
+
+    name = "torch"
+
+    def __init__(self, dtype: torch.dtype = torch.float32):
+        self.dtype = dtype  # the model's compute dtype
+
+    def context(self, step: StepRows) -> AttentionContext:
+        ctx = AttentionContext(slot_mapping=step.slot_mapping, decode_rows=len(step.decodes))
+        ctx.decode_groups = self.decode_groups(step, [s for s, _ in step.decodes])
+        q_start = len(step.decodes)
+        for seq, n in step.prefills:
+            ctx.prefills.append(self._prefill_chunk(step, seq, n, q_start))
+            q_start += n
+        return ctx
+
+    def decode_graphs(self, model, kv_caches, *, max_num_seqs: int, max_blocks: int):
+        """Captured CUDA graphs for decode steps (engine/cuda_graphs.py), or None where this set offers none."""
+        return None
+
+    def run_layers(self, model, x: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext, kv_caches) -> bool:
+        """Run every layer on `x` in place in one call and return True, where this set can; else False."""
+        return False
+
+    def rope_and_store(self, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
+                       k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: AttentionContext, num_heads: int):
+        """RoPE on the q and k heads of qkv ([T, (heads + 2 kv_heads) * head_dim]), K and V stored in the pools at
+        ctx.slot_mapping. Returns q, k, v: [T, heads or kv_heads, head_dim]."""
+        head_dim = cos.shape[-1]
+        if ctx.rope_rows is None:  # once per step, not per layer
+            ctx.rope_rows = cos[positions].to(qkv.dtype).unsqueeze(1), signed_sin[positions].to(qkv.dtype).unsqueeze(1)
+        qkv = qkv.view(qkv.shape[0], -1, head_dim)
+        kv_heads = (qkv.shape[1] - num_heads) // 2
+        qk = apply_rope(qkv[:, : num_heads + kv_heads], *ctx.rope_rows)  # q and k heads in one go
+        q, k = qk.split([num_heads, kv_heads], dim=1)
+        v = qkv[:, num_heads + kv_heads:]
+        write_kv(k_cache, v_cache, k, v, ctx.slot_mapping)
+        return q, k, v
+
+    def attention(self, q, k, v, k_cache, v_cache, ctx: AttentionContext, scale: float) -> torch.Tensor:
+        """q: [T, heads, D]; k, v: [T, kv_heads, D], already in the pools. Returns [T, heads * D]."""
+        return paged_attention(q, k, v, k_cache, v_cache, ctx, scale)
+
+    def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """x += delta in place (when given), then RMSNorm(x); equal to HF's RMSNorm in fp32 (HF rounds to
+        the model dtype before the scale in bf16)."""
+        if delta is not None:
+            x.add_(delta)
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, weight.shape, weight, eps)
+        return F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype) * weight  # HF's rounding in bf16/fp16
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate).mul_(up)
+
+    # --- the step's attention metadata ---------------------------------------------------------------
+    def decode_groups(self, step: StepRows, seqs: list[Sequence]) -> list[DecodeGroup]:
+        """Cut the decode rows (longest first) into groups of similar widths (GROUP_WIDTH_RATIO)."""
+        blocks = [-(-(s.num_computed_tokens + 1) // step.block_size) for s in seqs]
+        groups, start = [], 0
+        for i in range(1, len(seqs) + 1):
+            if i == len(seqs) or (blocks[i] <= GROUP_WIDTH_RATIO * blocks[start]
+                                  and blocks[start] - blocks[i] >= GROUP_MIN_GAP_BLOCKS):
+                groups.append(self._decode_group(step, seqs[start:i], start, width=blocks[start]))
+                start = i
+        return groups
+
+    def _decode_group(self, step: StepRows, seqs: list[Sequence], start: int, width: int) -> DecodeGroup:
+        lengths = [s.num_computed_tokens + 1 for s in seqs]
+        tables = step.padded_tables(seqs, width)
+        if len(seqs) == 1:  # nothing to pad: attention cuts the keys at the length
+            return DecodeGroup(start, start + 1, tables, None, lengths[0])
+        keys = torch.arange(width * step.block_size, device=step.device)
+        past_end = keys[None, :] >= step.tensor(lengths)[:, None]
+        bias = torch.zeros(past_end.shape, dtype=self.dtype, device=step.device)
+        return DecodeGroup(start, start + len(seqs), tables, bias.masked_fill_(past_end, float("-inf"))[None, :, None, :])
+
+    def _prefill_chunk(self, step: StepRows, seq: Sequence, n: int, q_start: int) -> PrefillChunk:
+        start = seq.num_computed_tokens
+        if start == 0:
+            return PrefillChunk(q_start, n, n, None, None)
+        ctx_len = start + n
+        blocks = step.tensor(seq.block_table[: -(-ctx_len // step.block_size)])
+        query_pos = torch.arange(start, ctx_len, device=step.device)
+        mask = torch.arange(ctx_len, device=step.device)[None, :] <= query_pos[:, None]
+        return PrefillChunk(q_start, n, ctx_len, blocks, mask)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE (HF layout: the first and second halves of head_dim pair up).
+
+    `signed_sin` is sin with its first half negated, so HF's rotate_half(x) * sin is x.roll(half) * signed_sin:
+    four ops instead of six, each rounding where HF's does (bit-identical in bf16 and fp16 too)."""
+    return (x * cos).add_(x.roll(x.shape[-1] // 2, dims=-1).mul_(signed_sin))

@@ -1,0 +1,81 @@
+"""The Triton ops set (inferplug/kernels) for CUDA; under TRITON_INTERPRET=1 the same kernels run on CPU
+tensors, which is how CI checks this path end to end without a GPU.
+
+A step's decode rows go to the paged decode kernel (split-K), its prefill rows, packed with cu_seqlens, to the
+prefill kernel, which reads each chunk's cached prefix and the chunk itself through the block table. RoPE runs in
+place and K/V are stored through the slot mapping before attention; RMSNorm is fused with the residual add."""
+
+from __future__ import annotations
+
+import torch
+
+from inferplug.engine.attention import AttentionContext, DecodeGroup, PackedPrefill
+from inferplug.engine.ops.step import StepRows
+from inferplug.engine.ops.torch_ops import TorchOps
+from inferplug.kernels.layer_ops import add_rms_norm, rope_, store_kv
+from inferplug.kernels.paged_attention import paged_attention_decode
+from inferplug.kernels.prefill_attention import prefill_attention
+
+
+class TritonOps(TorchOps):
+    name = "triton"
+
+    def context(self, step: StepRows) -> AttentionContext:
+        ctx = AttentionContext(slot_mapping=step.slot_mapping, decode_rows=len(step.decodes))
+        if step.decodes:
+            seqs = [s for s, _ in step.decodes]
+            lengths = [s.num_computed_tokens + 1 for s in seqs]
+            tables = step.padded_tables(seqs, -(-max(lengths) // step.block_size), torch.int32)
+            ctx.decode_groups = [DecodeGroup(0, len(seqs), tables, None, lengths=step.tensor(lengths, torch.int32))]
+        if step.prefills:
+            ctx.packed_prefill = self.pack_prefill(step)
+        return ctx
+
+    def decode_graphs(self, model, kv_caches, *, max_num_seqs: int, max_blocks: int):
+        """On CUDA: decode steps never sync with the host on this path (lengths stay on the device), so they replay."""
+        if model.device.type != "cuda":
+            return None
+        from inferplug.engine.cuda_graphs import DecodeGraphs
+
+        graphs = DecodeGraphs(model, kv_caches, max_num_seqs=max_num_seqs, max_blocks=max_blocks)
+        graphs.capture()
+        return graphs
+
+    def pack_prefill(self, step: StepRows) -> PackedPrefill:
+        seqs = [s for s, _ in step.prefills]
+        ctx_lens = [s.num_computed_tokens + n for s, n in step.prefills]
+        offsets = [0]
+        for _, n in step.prefills:
+            offsets.append(offsets[-1] + n)
+        tables = step.padded_tables(seqs, -(-max(ctx_lens) // step.block_size), torch.int32)
+        return PackedPrefill(step.tensor(offsets, torch.int32), step.tensor(ctx_lens, torch.int32), tables,
+                             max(n for _, n in step.prefills))
+
+    def rope_and_store(self, qkv, positions, cos, signed_sin, k_cache, v_cache, ctx: AttentionContext, num_heads: int):
+        qkv = qkv.view(qkv.shape[0], -1, cos.shape[-1])
+        kv_heads = (qkv.shape[1] - num_heads) // 2
+        rope_(qkv[:, : num_heads + kv_heads], positions, cos, signed_sin)
+        q, k, v = qkv.split([num_heads, kv_heads, kv_heads], dim=1)
+        store_kv(k_cache, v_cache, k, v, ctx.slot_mapping)
+        return q, k, v
+
+    def attention(self, q, k, v, k_cache, v_cache, ctx: AttentionContext, scale: float) -> torch.Tensor:
+        rows = ctx.decode_rows
+        if ctx.packed_prefill is None:  # a decode step: the kernel writes the whole output
+            return self.decode(q, k_cache, v_cache, ctx.decode_groups[0], scale).flatten(1)
+        out = torch.empty_like(q)
+        if rows:
+            out[:rows] = self.decode(q[:rows], k_cache, v_cache, ctx.decode_groups[0], scale)
+        out[rows:] = self.prefill(q[rows:], k_cache, v_cache, ctx.packed_prefill, scale)
+        return out.flatten(1)
+
+    def decode(self, q, k_cache, v_cache, rows: DecodeGroup, scale: float) -> torch.Tensor:
+        return paged_attention_decode(q, k_cache, v_cache, rows.block_tables, rows.lengths, scale)
+
+    def prefill(self, q, k_cache, v_cache, packed: PackedPrefill, scale: float) -> torch.Tensor:
+        """The prefill rows' attention: each chunk's K/V is in the pools already, with its cached prefix."""
+        return prefill_attention(q, k_cache, v_cache, packed.cu_seqlens, packed.ctx_lens, packed.block_tables, scale,
+                                 max_q_len=packed.max_q_len)
+
+    def add_rms_norm(self, x, delta, weight, eps: float) -> torch.Tensor:
+        return add_rms_norm(x, delta, weight, eps)

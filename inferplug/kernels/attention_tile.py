@@ -1,0 +1,28 @@
+"""The inner step both Triton attention kernels share (paged_attention.py, prefill_attention.py): one tile of
+keys gathered across pool blocks through a block table, folded into a flash-style online softmax."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def attend_tile(q, k_ptr, v_ptr, table, kv_base, keys, key_ok, visible, dims, dim_ok, stride_cb, stride_cs, qk_scale,
+                running_max, running_sum, acc, BLOCK_SIZE: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+    """q [M, BLOCK_D] against the tile's `keys` (token indices; key_ok: inside the context; visible [M, N]: which
+    query sees which key). Scores carry scale * log2(e), so exp2 replaces exp. Returns (max, sum, acc)."""
+    blocks = tl.load(table + keys // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)  # token t: block t // bs, row t % bs
+    offsets = kv_base + blocks[:, None] * stride_cb + (keys % BLOCK_SIZE)[:, None] * stride_cs + dims[None, :]
+    kv_mask = key_ok[:, None] & dim_ok[None, :]
+    k = tl.load(k_ptr + offsets, mask=kv_mask, other=0.0).to(q.dtype)  # fp8 pools: read back upcast
+    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [M, N]
+    scores = tl.where(visible, scores, float("-inf"))
+    new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+    new_max = tl.where(new_max == float("-inf"), 0.0, new_max)  # a row that sees nothing yet stays finite
+    correction = tl.exp2(running_max - new_max)
+    probs = tl.exp2(scores - new_max[:, None])
+    v = tl.load(v_ptr + offsets, mask=kv_mask, other=0.0).to(q.dtype)
+    acc = acc * correction[:, None] + tl.dot(probs.to(q.dtype), v, input_precision=PRECISION)
+    running_sum = running_sum * correction + tl.sum(probs, axis=1)
+    return new_max, running_sum, acc

@@ -1,0 +1,130 @@
+"""Layers that run an AWQ / GPTQ checkpoint's int4 groups (quant/group_int4.py) without dequantizing the model.
+
+- CPU with inferplug's kernels: repacked at load into the engine's Q4_1 blocks (Q4Linear). A group of G inputs
+  with scale s and zero z is G / 32 blocks of 32 with scale s and min -s*z: w = q*s - s*z. The scale is the
+  checkpoint's fp16 exactly; the min is rounded to fp16 (at most 2^-12 * 15 * s off, under 0.4% of one
+  quantization step), the one inexact part.
+- Elsewhere (CUDA; a CPU without the kernels): GroupInt4Linear keeps the checkpoint's groups (4 bits a weight plus
+  an fp16 scale and a uint8 zero a group) and runs the Triton dequant-GEMM on CUDA, its torch reference on the CPU.
+- Act-order (GPTQ desc_act): the inputs are permuted once at load so each group is contiguous, and
+  PermutedLinear permutes the activations at run time the same way.
+Fused projections (q/k/v, gate/up) concatenate their layers' output rows: `fuse_rows`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from inferplug.errors import ProfileError
+from inferplug.quant.base import WeightOnlyLinear
+from inferplug.quant.block_linear import BLOCK, BlockLinear, Q4Linear
+from inferplug.quant.group_int4 import GroupQuant
+
+
+def checkpoint_layer(quant: GroupQuant, device: str, bias: torch.Tensor | None = None) -> WeightOnlyLinear:
+    """The layer that runs `quant` on `device` (the loader's one entry point)."""
+    from inferplug.kernels import cpu as cpu_kernels
+
+    order = quant.input_order()
+    if order is not None:
+        quant = quant.permuted(order)
+    if device == "cpu" and cpu_kernels.ops() is not None:
+        layer = q4_layer(quant, bias)
+    else:
+        layer = GroupInt4Linear.from_quant(quant, device, bias)
+    return layer if order is None else PermutedLinear(layer, order.to(device))
+
+
+def q4_layer(quant: GroupQuant, bias: torch.Tensor | None = None) -> Q4Linear:
+    """Q4_1 blocks holding `quant` (its groups contiguous)."""
+    out_features, in_features = quant.codes.shape
+    if quant.group_size % BLOCK:
+        raise ProfileError(f"group_size {quant.group_size} is not a multiple of 32, so the CPU's 32-input blocks "
+                           "cannot hold it; use a checkpoint quantized with group_size 32, 64 or 128")
+    block_group = torch.arange(in_features // BLOCK) * BLOCK // quant.group_size
+    scale = quant.scales[:, block_group].half()
+    low = (-(quant.scales.float() * quant.zeros.float()))[:, block_group].half()
+    codes = quant.codes.reshape(out_features, -1, BLOCK)
+    nibbles = codes[..., :16] | (codes[..., 16:] << 4)  # Q4Linear's byte j: input j low, input j + 16 high
+    return Q4Linear.from_fields(scale.unsqueeze(-1).view(torch.uint8), low.unsqueeze(-1).view(torch.uint8),
+                                nibbles, bias=bias)
+
+
+class GroupInt4Linear(WeightOnlyLinear):
+    """The checkpoint's int4 groups as the Triton kernel reads them (kernels/int4_gemm_ref.py's layout)."""
+
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int,
+                 bias: torch.Tensor | None = None):  # fmt: skip
+        super().__init__()
+        self.in_features, self.out_features = qweight.shape[0] * 8, qweight.shape[1]
+        self.group_size = group_size
+        self.compute_dtype = scales.dtype
+        self.register_buffer("qweight", qweight)  # int32 [in / 8, out]
+        self.register_buffer("scales", scales)  # [in / G, out], the compute dtype
+        self.register_buffer("zeros", zeros)  # uint8 [in / G, out]
+        self.register_buffer("bias", None if bias is None else bias.to(scales.dtype))
+
+    @classmethod
+    def from_quant(cls, quant: GroupQuant, device: str, bias: torch.Tensor | None = None) -> "GroupInt4Linear":
+        from inferplug.kernels.int4_gemm_ref import pack_rows
+
+        dtype = torch.float16 if device.startswith("cuda") else torch.float32
+        return cls(pack_rows(quant.codes.t()).to(device), quant.scales.t().to(device, dtype).contiguous(),
+                   quant.zeros.t().contiguous().to(device), quant.group_size, bias)
+
+    def dequantized(self) -> torch.Tensor:
+        from inferplug.kernels.int4_gemm_ref import dequantize
+
+        return dequantize(self.qweight, self.scales, self.zeros, self.group_size).t()
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda:
+            from inferplug.kernels.int4_gemm import int4_gemm
+
+            return int4_gemm(x, self.qweight, self.scales, self.zeros, self.group_size)
+        from inferplug.kernels.int4_gemm_ref import int4_gemm_ref
+
+        return int4_gemm_ref(x, self.qweight, self.scales, self.zeros, self.group_size)
+
+    def fused(self, others: list["GroupInt4Linear"]) -> "GroupInt4Linear":
+        layers = [self, *others]
+        cat = [torch.cat([getattr(layer, name) for layer in layers], dim=1) for name in ("qweight", "scales", "zeros")]
+        return GroupInt4Linear(*cat, self.group_size)
+
+
+class PermutedLinear(WeightOnlyLinear):
+    """An act-order layer: its inputs permuted (`order`) at load, so its activations are too, at run time."""
+
+    def __init__(self, inner: WeightOnlyLinear, order: torch.Tensor):
+        super().__init__()
+        self.inner, self.in_features, self.out_features = inner, inner.in_features, inner.out_features
+        self.register_buffer("order", order)
+        self.bias = None
+
+    def forward(self, x: torch.Tensor, decode_rows: int | None = None) -> torch.Tensor:
+        return self.inner.forward(x.index_select(-1, self.order), decode_rows)
+
+    def dequantized(self) -> torch.Tensor:
+        return self.inner.dequantized()[:, self.order.argsort()]
+
+    def nbytes(self) -> int:
+        return self.inner.nbytes() + self.order.nbytes
+
+
+def fuse_rows(parts: list) -> torch.Tensor | WeightOnlyLinear:
+    """q/k/v or gate/up as one weight: float tensors concatenated, or the layers' output rows concatenated."""
+    if all(isinstance(p, torch.Tensor) for p in parts):
+        return torch.cat(parts).contiguous()
+    kinds = {type(p) for p in parts}
+    if len(kinds) != 1 or any(getattr(p, "bias", None) is not None for p in parts):
+        raise ProfileError("a fused projection mixes quantized and float (or biased) parts; quantize all of "
+                           "q/k/v and gate/up alike (GPTQModel and AutoAWQ do by default)")
+    first = parts[0]
+    if isinstance(first, PermutedLinear):
+        if any(not torch.equal(p.order, first.order) for p in parts):
+            raise ProfileError("q/k/v (or gate/up) were quantized with different act-order permutations, so they "
+                               "cannot share one input; re-quantize with desc_act = false")
+        return PermutedLinear(fuse_rows([p.inner for p in parts]), first.order)
+    if isinstance(first, BlockLinear):
+        return type(first)(torch.cat([p.blocks for p in parts]))
+    return first.fused(parts[1:])

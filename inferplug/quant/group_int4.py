@@ -1,0 +1,114 @@
+"""AWQ and GPTQ int4 checkpoints, unpacked bit for bit as AutoAWQ / GPTQModel pack them.
+
+Both store w = (q - z) * s per group of `group_size` inputs, q and z 4-bit, s fp16, in int32 words of 8 nibbles
+(the lowest nibble first):
+- AWQ GEMM: qweight [in, out / 8] packs 8 output columns in the order [0, 2, 4, 6, 1, 3, 5, 7] (AutoAWQ's
+  AWQ_ORDER); qzeros [in / G, out / 8] likewise; scales [in / G, out].
+- GPTQ: qweight [in / 8, out] packs 8 consecutive input rows; qzeros [groups, out / 8] packs 8 consecutive output
+  columns; scales [groups, out]; g_idx [in] names each input's group (act-order / desc_act: not i // G). The v1
+  format (GPTQ's, the default) stores z - 1, v2 stores z.
+`GroupQuant` holds the unpacked codes in a torch Linear's orientation ([out, in]); the loader repacks it for the
+device (models/quant_checkpoint.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from inferplug.errors import ProfileError
+
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of an AWQ word holds column AWQ_ORDER[i] of its 8
+NIBBLES = 8
+
+
+@dataclass
+class GroupQuant:
+    """One linear layer's int4 codes and per-group scale and zero, [out, in] like its float weight."""
+
+    codes: torch.Tensor  # uint8 [out, in], 0..15
+    scales: torch.Tensor  # fp16 [out, groups]
+    zeros: torch.Tensor  # uint8 [out, groups]
+    g_idx: torch.Tensor  # int64 [in]: the group of each input
+
+    @property
+    def group_size(self) -> int:
+        return self.codes.shape[1] // self.scales.shape[1]
+
+    def dequantized(self) -> torch.Tensor:
+        """The float weight [out, in]: (q - z) * s, exact in fp32."""
+        zeros, scales = self.zeros[:, self.g_idx].float(), self.scales[:, self.g_idx].float()
+        return (self.codes.float() - zeros) * scales
+
+    def input_order(self) -> torch.Tensor | None:
+        """The input permutation that makes each group's inputs contiguous (act-order), None when they already are.
+        ProfileError when g_idx does not give every group exactly group_size inputs."""
+        n_in, groups = self.codes.shape[1], self.scales.shape[1]
+        expected = torch.arange(n_in) // (n_in // groups)
+        if torch.equal(self.g_idx, expected):
+            return None
+        order = torch.argsort(self.g_idx, stable=True)
+        if not torch.equal(self.g_idx[order], expected):
+            raise ProfileError(
+                f"g_idx is not a permutation of {groups} groups of {n_in // groups} inputs (group sizes "
+                f"{torch.bincount(self.g_idx.clamp(0, groups), minlength=groups).tolist()[:8]}...); the checkpoint "
+                "is damaged or not GPTQ: re-download or re-quantize it"
+            )
+        return order
+
+    def permuted(self, order: torch.Tensor) -> GroupQuant:
+        """The same layer with its inputs in `order` (then g_idx is i // group_size)."""
+        n_in = self.codes.shape[1]
+        return GroupQuant(self.codes[:, order].contiguous(), self.scales, self.zeros,
+                          torch.arange(n_in) // (n_in // self.scales.shape[1]))
+
+
+def unpack_words(words: torch.Tensor) -> torch.Tensor:
+    """int32 [..., n] -> uint8 [..., n * 8], nibble i of each word at position i."""
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
+    return ((words.unsqueeze(-1) >> shifts) & 15).to(torch.uint8).flatten(-2)
+
+
+def unpack_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int) -> GroupQuant:
+    """AutoAWQ's GEMM packing -> GroupQuant."""
+    n_in, n_out = qweight.shape[0], qweight.shape[1] * NIBBLES
+    _check_shapes("AWQ", {"qweight": (qweight, (n_in, n_out // NIBBLES)),
+                          "qzeros": (qzeros, (n_in // group_size, n_out // NIBBLES)),
+                          "scales": (scales, (n_in // group_size, n_out))}, n_in, group_size)
+    columns = (torch.arange(n_out).view(-1, NIBBLES) // NIBBLES * NIBBLES + torch.tensor(AWQ_ORDER)).flatten()
+    codes = torch.empty(n_in, n_out, dtype=torch.uint8)
+    codes[:, columns] = unpack_words(qweight)
+    zeros = torch.empty(n_in // group_size, n_out, dtype=torch.uint8)
+    zeros[:, columns] = unpack_words(qzeros)
+    return GroupQuant(codes.t().contiguous(), scales.t().contiguous(), zeros.t().contiguous(),
+                      torch.arange(n_in) // group_size)
+
+
+def unpack_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor | None,
+                group_size: int, zero_offset: int) -> GroupQuant:
+    """GPTQ's packing -> GroupQuant. `zero_offset`: 1 for the v1 format (stores z - 1), 0 for v2."""
+    n_in, n_out = qweight.shape[0] * NIBBLES, qweight.shape[1]
+    groups = n_in // group_size
+    shapes = {"qweight": (qweight, (n_in // NIBBLES, n_out)), "qzeros": (qzeros, (groups, n_out // NIBBLES)),
+              "scales": (scales, (groups, n_out))}
+    if g_idx is not None:
+        shapes["g_idx"] = (g_idx, (n_in,))
+    _check_shapes("GPTQ", shapes, n_in, group_size)
+    codes = unpack_words(qweight.t()).contiguous()  # [out, in]
+    # v1 stores z - 1 (GPTQ's symmetric zero 8 as 7); a stored 15 reads as 16, as GPTQ's own kernels read it
+    zeros = (unpack_words(qzeros).int() + zero_offset).to(torch.uint8).t().contiguous()
+    g_idx = torch.arange(n_in) // group_size if g_idx is None else g_idx.long()
+    if g_idx.min() < 0 or g_idx.max() >= groups:
+        raise ProfileError(f"g_idx names groups outside 0..{groups - 1}; the checkpoint is damaged: re-download it")
+    return GroupQuant(codes, scales.t().contiguous(), zeros, g_idx)
+
+
+def _check_shapes(fmt: str, tensors: dict, n_in: int, group_size: int) -> None:
+    if group_size <= 0 or n_in % group_size:
+        raise ProfileError(f"{fmt} group_size {group_size} does not divide the layer's {n_in} inputs; the "
+                           "checkpoint's quantization_config and its tensors disagree: re-download it")
+    for name, (tensor, shape) in tensors.items():
+        if tuple(tensor.shape) != shape:
+            raise ProfileError(f"{fmt} {name} has shape {tuple(tensor.shape)}, expected {shape} from qweight and "
+                               f"group_size {group_size}; the checkpoint is damaged: re-download it")

@@ -1,0 +1,44 @@
+"""Decode steps replayed from CUDA graphs give the eager steps' greedy tokens (CUDA only: skipped without it);
+the batch-size buckets they are captured for."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from engine_helpers import greedy, make_engine, prompts_of, run_all, tokens_of
+
+from inferplug.engine.cuda_graphs import batch_buckets
+from inferplug.types import Request
+
+
+def test_buckets_cover_every_batch_size_up_to_max_num_seqs():
+    assert batch_buckets(1) == [1]
+    assert batch_buckets(12) == [1, 2, 4, 8, 12]
+    assert batch_buckets(64) == [1, 2, 4, 8, 16, 32, 48, 64]
+    assert all(any(b >= n for b in batch_buckets(40)) for n in range(1, 41))
+
+
+def test_no_graphs_off_cuda(tiny_llama_dir):
+    engine = make_engine(tiny_llama_dir, cuda_graphs=True)
+    run_all(engine, [Request(prompt=[5, 6, 7], params=greedy(3), request_id="a")])
+    assert engine.runner.graphs is None
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_graph_replays_match_eager_decode_on_cuda(tiny_llama_dir, dtype):
+    prompts = prompts_of([30, 5, 17, 44, 9, 60, 3], seed=4)
+
+    def generate(cuda_graphs: bool):
+        engine = make_engine(tiny_llama_dir, device="cuda", dtype=dtype, attention="triton", cuda_graphs=cuda_graphs,
+                             max_num_seqs=12, max_num_batched_tokens=64)
+        requests = [Request(prompt=p, params=greedy(10), request_id=str(i)) for i, p in enumerate(prompts)]
+        events = run_all(engine, requests[:3], {2: requests[3:]})  # batches of 3 to 7 rows: padded buckets
+        return engine, {rid: tokens_of(ev) for rid, ev in events.items()}
+
+    graphed, graph_tokens = generate(True)
+    eager, eager_tokens = generate(False)
+    assert graphed.runner.graphs is not None and graphed.runner.graphs.replays > 5
+    assert eager.runner.graphs is None
+    assert graph_tokens == eager_tokens
