@@ -171,6 +171,26 @@ class Sampling(Table):
         return self.model_dump(exclude_none=True)
 
 
+class Speculative(Table):
+    """Speculative decoding in the native engine (engine/spec_decode.py): a proposer guesses up to num_tokens
+    next tokens, and one target forward checks them all; rejection sampling keeps the target's distribution."""
+
+    method: Literal["none", "ngram", "draft"] = "none"  # ngram: prompt lookup; draft: a smaller draft model
+    num_tokens: int = Field(default=4, ge=1, le=16)  # proposed tokens per step
+    ngram_min: int = Field(default=1, ge=1, le=16)  # prompt lookup matches the last n tokens, longest n first
+    ngram_max: int = Field(default=3, ge=1, le=16)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Speculative:
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(f"ngram_min ({self.ngram_min}) must not exceed ngram_max ({self.ngram_max})")
+        if self.method == "draft":
+            # no draft-model runner yet: refuse rather than silently decode without speculation
+            raise ValueError('method = "draft" is not supported by the native engine yet; use method = "ngram" '
+                             '(prompt lookup) or "none"')
+        return self
+
+
 class NativeOptions(Table):
     num_threads: int | None = Field(default=None, ge=1)  # torch intra-op threads on CPU
 
@@ -219,6 +239,7 @@ class Profile(BaseSettings):
     parallel: Parallel = Field(default_factory=Parallel)
     limits: Limits = Field(default_factory=Limits)
     sampling: Sampling = Field(default_factory=Sampling)
+    speculative: Speculative = Field(default_factory=Speculative)
     native: NativeOptions = Field(default_factory=NativeOptions)
     ctranslate2: CTranslate2Options = Field(default_factory=CTranslate2Options)
     exllamav2: ExLlamaV2Options = Field(default_factory=ExLlamaV2Options)

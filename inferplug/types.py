@@ -142,6 +142,8 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix or RAG cache
+    draft_tokens: int = 0  # speculative decoding (native engine): tokens proposed for this request
+    accepted_draft_tokens: int = 0  # of those, the ones the model accepted (each one a forward pass saved)
 
     @property
     def total_tokens(self) -> int:

@@ -164,3 +164,30 @@ def test_replicas_other_than_one_are_rejected_not_ignored(tmp_path, monkeypatch)
     assert "parallel.replicas: replicas = 2 is not supported" in message and "Set replicas = 1" in message
     monkeypatch.setenv("INFERPLUG_PARALLEL__REPLICAS", "3")
     assert "env INFERPLUG_PARALLEL__REPLICAS: replicas = 3 is not supported" in error_of("smollm2-135m")
+
+
+def test_speculative_section_from_file_and_env(tmp_path, monkeypatch):
+    path = write(tmp_path, f'{MODEL}[speculative]\nmethod = "ngram"\nnum_tokens = 6\nngram_max = 4\n')
+    spec = load_profile(path).speculative
+    assert (spec.method, spec.num_tokens, spec.ngram_min, spec.ngram_max) == ("ngram", 6, 1, 4)
+    assert load_profile("smollm2-135m").speculative.method == "none"  # off unless asked for
+    monkeypatch.setenv("INFERPLUG_SPECULATIVE__METHOD", "ngram")
+    monkeypatch.setenv("INFERPLUG_SPECULATIVE__NUM_TOKENS", "3")
+    spec = load_profile("smollm2-135m").speculative
+    assert (spec.method, spec.num_tokens) == ("ngram", 3)
+
+
+@pytest.mark.parametrize(("body", "needle"), [
+    ("num_tokens = 0", "speculative.num_tokens"),
+    ("num_tokens = 17", "speculative.num_tokens"),
+    ("ngram_min = 4\nngram_max = 2", "ngram_min (4) must not exceed ngram_max (2)"),
+    ('method = "draft"', 'method = "draft" is not supported by the native engine yet'),
+    ('method = "medusa"', "speculative.method"),
+])
+def test_bad_speculative_settings_are_profile_errors(tmp_path, body, needle):
+    assert needle in error_of(write(tmp_path, f"{MODEL}[speculative]\n{body}\n"))
+
+
+def test_bad_speculative_env_value_is_a_profile_error(monkeypatch):
+    monkeypatch.setenv("INFERPLUG_SPECULATIVE__NUM_TOKENS", "99")
+    assert "INFERPLUG_SPECULATIVE__NUM_TOKENS" in error_of("smollm2-135m")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -29,7 +30,9 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
     native = getattr(profile, "native", None)
     if native is not None and native.num_threads and plan.device == "cpu":
         torch.set_num_threads(native.num_threads)
-    config = engine_config(plan)
+    spec = profile.speculative
+    config = dataclasses.replace(engine_config(plan), speculative_method=spec.method, num_speculative_tokens=spec.num_tokens,
+                                 ngram_min=spec.ngram_min, ngram_max=spec.ngram_max)
     path = plan.model_path or ensure_local(profile.model)  # the plan's, when the model was already on disk
     tokenizer = load_tokenizer(path, profile.model.tokenizer)
     weights = load_weights(path, config.torch_dtype, config.device, profile.quantization.format)

@@ -64,6 +64,7 @@ class PackedPrefill:
 class AttentionContext:
     slot_mapping: torch.Tensor  # [T] flat slot (block * block_size + offset) of each new token
     decode_rows: int = 0  # the first rows are decode tokens, the rest prefill (quant/block_linear.py rounds them apart)
+    verify_rows: int = 0  # the next rows check speculated tokens: decode arithmetic in the linears (block_linear)
     decode_groups: list[DecodeGroup] = field(default_factory=list)  # the decode rows (C++ kernel: every row)
     prefills: list[PrefillChunk] = field(default_factory=list)  # torch path: one per prefill sequence
     packed_prefill: PackedPrefill | None = None  # Triton path: every prefill row in one call

@@ -109,6 +109,17 @@ class BlockManager:
                 self.cached[key] = block
         seq.num_committed_blocks = max(seq.num_committed_blocks, full)
 
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Return the tail blocks seq holds past num_tokens tokens (rejected speculative slots). They were never
+        committed: commit stops at the computed, accepted tokens."""
+        keep = -(-num_tokens // self.block_size)
+        assert keep >= seq.num_committed_blocks, "a committed block would be dropped"
+        while len(seq.block_table) > keep:
+            block = seq.block_table.pop()
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                self.free[block] = None
+
     def release(self, seq: Sequence) -> None:
         """Return seq's blocks, tail first, so a prefix outlives its tail in the LRU order."""
         for block in reversed(seq.block_table):

@@ -16,6 +16,10 @@ class EngineConfig:
     max_num_batched_tokens: int = 1024
     enable_prefix_caching: bool = True  # False: no block hashing or prefix reuse (profile cache.prefix_caching)
     rag_document_cache: bool = True  # doc_cache: reuse RAG documents' KV given Request.documents
+    speculative_method: str = "none"  # "ngram": prompt-lookup speculative decoding (engine/spec_decode.py)
+    num_speculative_tokens: int = 4
+    ngram_min: int = 1
+    ngram_max: int = 3
     attention: str = "auto"  # engine/ops.select_ops: auto | torch | sdpa | triton | flash
     kv_dtype: str | None = None  # the KV pools' dtype; None: the compute dtype. float8_e4m3 needs CUDA
     cuda_graphs: bool = True  # decode steps replay captured CUDA graphs (Triton attention on CUDA only)

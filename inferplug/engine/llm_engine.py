@@ -15,6 +15,7 @@ from inferplug.engine.request_state import RequestState, validate_prompt
 from inferplug.engine.sampler import SampleResult, Sampler
 from inferplug.engine.scheduler import Scheduler
 from inferplug.engine.sequence import Sequence
+from inferplug.engine.spec_decode import make_proposer, spec_stats
 from inferplug.errors import RequestError
 from inferplug.models.config import ModelConfig
 from inferplug.types import Event, FinishReason, Request
@@ -52,7 +53,7 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.blocks, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=max(config.max_num_batched_tokens, config.block_size),
-            prefix_source=self.doc_cache,
+            prefix_source=self.doc_cache, proposer=make_proposer(config),
         )
         self.requests: dict[str, RequestState] = {}
 
@@ -103,19 +104,20 @@ class LLMEngine:
             samples = self.runner.run(scheduled)
         except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the engine
             return self._fail({s.request_id for s, _ in scheduled}, f"the model step failed: {exc!r}")
-        self.scheduler.update_after_step(scheduled)
+        self.scheduler.update_after_step(scheduled, {s: len(kept) - 1 for s, kept in samples if s.spec_token_ids})
         events: list[Event] = []
-        for seq, sample in samples:
-            state = self.requests.get(seq.request_id)
-            if state is None or seq.is_finished:
-                continue
-            if sample.error is not None:
-                events += self._fail({seq.request_id}, f"sampling failed: {sample.error}")
-                continue
-            try:
-                events.append(self._append_token(seq, state, sample))
-            except Exception as exc:  # noqa: BLE001 - e.g. a detokenizer that breaks fails its request alone
-                events += self._fail({seq.request_id}, f"sampling failed: {exc!r}")
+        for seq, kept in samples:
+            for sample in kept:  # a speculating sequence's accepted tokens, in order, until one ends it
+                state = self.requests.get(seq.request_id)
+                if state is None or seq.is_finished:
+                    break
+                if sample.error is not None:
+                    events += self._fail({seq.request_id}, f"sampling failed: {sample.error}")
+                    break
+                try:
+                    events.append(self._append_token(seq, state, sample))
+                except Exception as exc:  # noqa: BLE001 - e.g. a detokenizer that breaks fails its request alone
+                    events += self._fail({seq.request_id}, f"sampling failed: {exc!r}")
         return events
 
     def _append_token(self, seq: Sequence, state: RequestState, sample: SampleResult) -> Event:
@@ -155,5 +157,6 @@ class LLMEngine:
             "prefix_hit_rate": self.blocks.hit_rate,
             "prefix_hit_tokens": self.blocks.hit_tokens,
             "preemptions": self.scheduler.num_preemptions,
+            **spec_stats(self.scheduler),
             **(self.doc_cache.stats() if self.doc_cache is not None else {}),
         }

@@ -25,27 +25,33 @@ class ModelRunner:
         self._graph_sizes = dict(max_num_seqs=max_num_seqs, max_blocks=-(-max_model_len // block_size)) \
             if max_num_seqs and max_model_len else None
 
-    def run(self, scheduled: list[tuple[Sequence, int]]) -> list[tuple[Sequence, SampleResult]]:
-        """Compute the scheduled tokens; return a sample for each sequence whose tokens are now all computed."""
+    def run(self, scheduled: list[tuple[Sequence, int]]) -> list[tuple[Sequence, list[SampleResult]]]:
+        """Compute the scheduled tokens; return the samples of each sequence whose tokens are now all computed:
+        one, or for a speculating sequence its accepted proposals and one more (engine/spec_decode.py).
+        Verification rows (a decode token and its proposals) follow the decode rows and take their arithmetic
+        (ctx.decode_rows), so a token comes out as plain decoding would compute it."""
         decodes = [(s, n) for s, n in scheduled if n == 1 and s.num_computed_tokens > 0]
         decodes.sort(key=lambda d: -d[0].num_computed_tokens)  # longest first: groups of similar lengths
-        prefills = [(s, n) for s, n in scheduled if not (n == 1 and s.num_computed_tokens > 0)]
+        verifies = [(s, n) for s, n in scheduled if s.spec_token_ids]
+        prefills = [(s, n) for s, n in scheduled if not (n == 1 and s.num_computed_tokens > 0) and not s.spec_token_ids]
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         sample_rows: list[int] = []
         sample_seqs: list[Sequence] = []
-        for seq, n in decodes + prefills:
-            start = seq.num_computed_tokens
-            input_ids += seq.token_ids[start:start + n]
+        for seq, n in decodes + verifies + prefills:
+            start, tokens = seq.num_computed_tokens, seq.token_ids + seq.spec_token_ids
+            input_ids += tokens[start:start + n]
             positions += range(start, start + n)
             slots += [self._slot(seq, p) for p in range(start, start + n)]
-            if start + n == len(seq.token_ids):
-                sample_rows.append(len(input_ids) - 1)
+            if start + n == len(tokens):
+                sample_rows += range(len(input_ids) - 1 - len(seq.spec_token_ids), len(input_ids))
                 sample_seqs.append(seq)
-        ctx = self.model.ops.context(StepRows(decodes, prefills, self._tensor(slots), self.block_size, self.device))
+        # verification rows read their context like prefill chunks but take the decode rows' arithmetic
+        ctx = self.model.ops.context(StepRows(decodes, verifies + prefills, self._tensor(slots), self.block_size, self.device))
+        ctx.verify_rows = sum(n for _, n in verifies)
         ids, pos = self._tensor(input_ids), self._tensor(positions)
-        if self._graph_sizes is not None and not prefills:
+        if self._graph_sizes is not None and not (verifies or prefills):
             self.graphs = self.model.ops.decode_graphs(self.model, self.kv_caches, **self._graph_sizes)
             self._graph_sizes = None
         if self.graphs is not None and self.graphs.fits(ctx, len(input_ids)):
@@ -55,7 +61,7 @@ class ModelRunner:
         if not sample_seqs:
             return []
         logits = self.model.compute_logits(hidden[self._tensor(sample_rows)])
-        return list(zip(sample_seqs, self.sampler(logits, sample_seqs)))
+        return list(zip(sample_seqs, self.sampler(logits, sample_seqs, [s.spec_token_ids for s in sample_seqs])))
 
     def _slot(self, seq: Sequence, position: int) -> int:
         return seq.block_table[position // self.block_size] * self.block_size + position % self.block_size

@@ -73,4 +73,8 @@ class RequestState:
     def close(self, event: Event) -> Event:
         """Usage and timings on the request's last event."""
         first = self.seqs[0]
-        return self.output.close(event, first.num_cached_tokens or 0, first.first_scheduled_time)
+        event = self.output.close(event, first.num_cached_tokens or 0, first.first_scheduled_time)
+        if event.usage is not None:
+            event.usage.draft_tokens = sum(s.num_draft_tokens for s in self.seqs)
+            event.usage.accepted_draft_tokens = sum(s.num_accepted_tokens for s in self.seqs)
+        return event

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from inferplug.engine.sequence import Sequence
+from inferplug.engine.spec_decode import accept_or_resample, ahead, greedy_accept
 from inferplug.types import SamplingParams
 
 
@@ -32,34 +33,54 @@ class Sampler:
     def __init__(self, eos_token_ids: list[int]):
         self.eos_token_ids = list(eos_token_ids)
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[SampleResult]:
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence],
+                 drafts: list[list[int]] | None = None) -> list[list[SampleResult]]:
+        """Each sequence's tokens. Without drafts: one logits row and one token each. With k drafts a sequence
+        has k + 1 rows and gets the accepted drafts plus one more token (engine/spec_decode.py)."""
+        drafts = drafts or [[] for _ in seqs]
+        sizes = [len(d) + 1 for d in drafts]
         if all(_is_plain_greedy(s) for s in seqs):
-            return [SampleResult(t) for t in logits.argmax(dim=-1).tolist()]
-        return [self._safe_row(logits[i], seq) for i, seq in enumerate(seqs)]
+            targets = logits.argmax(dim=-1).tolist()
+            starts = [sum(sizes[:i]) for i in range(len(sizes))]
+            return [[SampleResult(t) for t in greedy_accept(targets[r:r + n], d)]
+                    for r, n, d in zip(starts, sizes, drafts)]
+        return [self._safe_rows(rows, seq, d) for rows, seq, d in zip(logits.split(sizes), seqs, drafts)]
 
-    def _safe_row(self, raw: torch.Tensor, seq: Sequence) -> SampleResult:
+    def _safe_rows(self, rows: torch.Tensor, seq: Sequence, drafts: list[int]) -> list[SampleResult]:
         try:
-            return self._sample_row(raw, seq)
+            return self._sample_rows(rows, seq, drafts)
         except Exception as exc:  # noqa: BLE001 - one row's failure is its request's, not the batch's
-            return SampleResult(-1, error=repr(exc))
+            return [SampleResult(-1, error=repr(exc))]
 
-    def _sample_row(self, raw: torch.Tensor, seq: Sequence) -> SampleResult:
+    def _sample_rows(self, rows: torch.Tensor, seq: Sequence, drafts: list[int]) -> list[SampleResult]:
+        """Row i sees seq with drafts[:i] appended (penalties, min_tokens); stops at the first rejected draft."""
         p = seq.params
-        logits = processed_logits(raw, seq, self.eos_token_ids)
-        if p.greedy:
-            token = int(logits.argmax())
-        else:
-            token = int(torch.multinomial(sampling_probs(logits, p), 1, generator=seq.generator))
-        if seq.guide is not None and not seq.guide.accept(token):
-            raise ValueError(f"the JSON grammar rejected token {token}: no token the grammar allows was sampleable")
-        result = SampleResult(token)
-        if p.logprobs is not None:
-            logprobs = torch.log_softmax(raw, dim=-1)
-            result.logprob = float(logprobs[token])
-            if p.logprobs:
-                values, ids = logprobs.topk(p.logprobs)
-                result.top = list(zip(ids.tolist(), values.tolist()))
-        return result
+        results = []
+        for i, raw in enumerate(rows):
+            logits = processed_logits(raw, seq if i == 0 else ahead(seq, drafts[:i]), self.eos_token_ids)
+            if p.greedy:
+                token = int(logits.argmax())
+            elif i < len(drafts):
+                token = accept_or_resample(sampling_probs(logits, p), drafts[i], seq.generator)
+            else:
+                token = int(torch.multinomial(sampling_probs(logits, p), 1, generator=seq.generator))
+            if seq.guide is not None and not seq.guide.accept(token):
+                raise ValueError(f"the JSON grammar rejected token {token}: no token the grammar allows was sampleable")
+            results.append(_result(raw, p, token))
+            if i == len(drafts) or token != drafts[i]:
+                break
+        return results
+
+
+def _result(raw: torch.Tensor, p: SamplingParams, token: int) -> SampleResult:
+    result = SampleResult(token)
+    if p.logprobs is not None:
+        logprobs = torch.log_softmax(raw, dim=-1)
+        result.logprob = float(logprobs[token])
+        if p.logprobs:
+            values, ids = logprobs.topk(p.logprobs)
+            result.top = list(zip(ids.tolist(), values.tolist()))
+    return result
 
 
 def processed_logits(raw: torch.Tensor, seq: Sequence, eos_token_ids: list[int]) -> torch.Tensor:

@@ -9,6 +9,8 @@ The scheduler is the one writer of a sequence's token counts, tokens and blocks:
 advances (`update_after_step`, `append_token`), preempts and finishes. A prefix source (the RAG
 document cache) is asked, never given the pool: where a prefill chunk must stop, which cached
 blocks continue a prefix hit, and which spans it can fill once the scheduler has given them blocks.
+A proposer (engine/spec_decode.py) is asked likewise for a decode row's speculative tokens: the row becomes
+a 1 + k token chunk, and after the step the scheduler keeps the accepted ones and returns the rejected slots.
 """
 
 from __future__ import annotations
@@ -42,13 +44,21 @@ class PrefixSource(Protocol):
         """Leave the span to be computed like any other token."""
 
 
+class Proposer(Protocol):
+    """Speculative tokens for a sequence about to decode (engine/spec_decode.py)."""
+
+    def propose(self, seq: Sequence, limit: int) -> list[int]: ...
+
+
 class Scheduler:
     def __init__(self, blocks: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 prefix_source: PrefixSource | None = None):
+                 prefix_source: PrefixSource | None = None, proposer: Proposer | None = None):
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.prefix_source = prefix_source
+        self.proposer = proposer
+        self.num_draft_tokens = self.num_accepted_tokens = self.num_spec_steps = 0
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -70,7 +80,10 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = self._chunk(seq, seq.num_computed_tokens, budget)
+            n = self._chunk(seq, seq.num_computed_tokens, budget, speculate=True)
+            if seq.spec_token_ids and not self.blocks.allocate(seq, seq.num_computed_tokens + n):
+                seq.spec_token_ids = []  # no room to speculate: decode plainly rather than preempt another
+                n = self._chunk(seq, seq.num_computed_tokens, budget)
             while not self.blocks.allocate(seq, seq.num_computed_tokens + n):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -98,11 +111,18 @@ class Scheduler:
             budget -= n
         return scheduled
 
-    def update_after_step(self, scheduled: list[tuple[Sequence, int]]) -> None:
+    def update_after_step(self, scheduled: list[tuple[Sequence, int]],
+                          accepted: dict[Sequence, int] | None = None) -> None:
         """The step computed the scheduled tokens: count them, offer full blocks to the prefix cache, and let the
-        prefix source keep what it wants and fill the spans that start where a sequence now stands."""
+        prefix source keep what it wants and fill the spans that start where a sequence now stands. `accepted`:
+        how many of a speculating sequence's proposals the sampler kept; the KV of the rest is dropped (the
+        count steps back over it and its tail blocks return), before anything is committed."""
         for seq, n in scheduled:
-            seq.num_computed_tokens += n
+            if seq.spec_token_ids:
+                seq.num_computed_tokens += n - self._settle_proposals(seq, (accepted or {}).get(seq, 0))
+                self.blocks.truncate(seq, seq.num_computed_tokens + 1)  # the next decode's slot stays
+            else:
+                seq.num_computed_tokens += n
             self.blocks.commit(seq)
             if self.prefix_source is not None and self.prefix_source.has_spans(seq):
                 self._fill_from_source(seq)
@@ -124,11 +144,33 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
 
     # --- internals ------------------------------------------------------------------
-    def _chunk(self, seq: Sequence, computed: int, budget: int) -> int:
-        n = min(len(seq.token_ids) - computed, budget)
+    def _chunk(self, seq: Sequence, computed: int, budget: int, speculate: bool = False) -> int:
+        if speculate:
+            self._propose(seq, budget)
+        n = min(len(seq.token_ids) + len(seq.spec_token_ids) - computed, budget)
         if self.prefix_source is not None and self.prefix_source.has_spans(seq):
             n = self.prefix_source.chunk_end(seq, computed, n)
         return n
+
+    def _propose(self, seq: Sequence, budget: int) -> None:
+        """Ask the proposer for a decoding sequence's next tokens: at most budget - 1, and never past max_tokens
+        with the extra token every verification yields (so positions stay inside the context too)."""
+        seq.spec_token_ids = []
+        if self.proposer is not None and seq.num_computed_tokens == len(seq.token_ids) - 1:
+            limit = min(budget - 1, seq.max_tokens - seq.num_output_tokens - 1)
+            seq.spec_token_ids = self.proposer.propose(seq, limit)
+
+    def _settle_proposals(self, seq: Sequence, accepted: int) -> int:
+        """Count seq's proposals and clear them; returns how many were rejected."""
+        proposed = len(seq.spec_token_ids)
+        seq.num_draft_tokens += proposed
+        seq.num_accepted_tokens += accepted
+        seq.num_spec_steps += 1
+        self.num_draft_tokens += proposed
+        self.num_accepted_tokens += accepted
+        self.num_spec_steps += 1
+        seq.spec_token_ids = []
+        return proposed - accepted
 
     def _prefix_hits(self, seq: Sequence) -> list[int]:
         """Cached blocks of seq's longest cached prefix, exact first, then blocks filled from the prefix source."""
@@ -172,3 +214,4 @@ class Scheduler:
     def _release(self, seq: Sequence) -> None:
         self.blocks.release(seq)
         seq.num_computed_tokens = 0
+        seq.spec_token_ids = []

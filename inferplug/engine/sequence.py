@@ -1,7 +1,7 @@
 """One generated choice of a request: its tokens, KV blocks and progress.
 
-The scheduler is the one writer of token_ids, num_computed_tokens, num_cached_tokens, the block
-table and the block keys (through its BlockManager); everything else here is read by the runner and sampler.
+The scheduler is the one writer of token_ids, spec_token_ids, num_computed_tokens, num_cached_tokens, the
+block table and the block keys (through its BlockManager); everything else here is read by the runner and sampler.
 """
 
 from __future__ import annotations
@@ -37,6 +37,10 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # keys of the full blocks of token_ids so far
     num_committed_blocks: int = 0  # leading blocks already offered to the prefix cache
+    spec_token_ids: list[int] = field(default_factory=list)  # this step's proposed tokens, not yet accepted
+    num_draft_tokens: int = 0  # speculative decoding: tokens proposed and accepted over the sequence's life
+    num_accepted_tokens: int = 0
+    num_spec_steps: int = 0  # steps that verified proposals
     siblings_waiting: list[Sequence] = field(default_factory=list)  # n > 1: admitted once our prompt is cached
     first_scheduled_time: float | None = None
 

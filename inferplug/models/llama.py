@@ -98,7 +98,7 @@ class LlamaModel:
         if ops.run_layers(self, x, positions, ctx, kv_caches):  # every layer in one kernel call (CPU, block weights)
             return x
         delta = None  # each residual branch is added inside the next norm: one fused op
-        rows = ctx.decode_rows
+        rows = ctx.decode_rows + ctx.verify_rows  # the rows that take decode arithmetic (quant/block_linear.py)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             h = ops.add_rms_norm(x, delta, layer.input_norm, eps)
             qkv = linear(h, layer.qkv, layer.qkv_bias, rows)

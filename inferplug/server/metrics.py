@@ -1,5 +1,6 @@
 """Prometheus metrics of one server: request latencies (TTFT, TPOT, end to end), token counts,
-and the backend's own state (running, waiting, KV usage, prefix hit rate) read at scrape time."""
+and the backend's own state (running, waiting, KV usage, prefix hit rate, speculative acceptance) read at
+scrape time."""
 
 from __future__ import annotations
 
@@ -36,6 +37,10 @@ class ServerMetrics:
         self.waiting = Gauge("inferplug_num_requests_waiting", "Requests queued in the backend", registry=r)
         self.kv_usage = Gauge("inferplug_kv_cache_usage_ratio", "Fraction of KV cache blocks in use", registry=r)
         self.prefix_hit_rate = Gauge("inferplug_prefix_cache_hit_rate", "Prefix cache hit rate", registry=r)
+        self.spec_acceptance = Gauge("inferplug_spec_decode_acceptance_rate",
+                                     "Share of speculative tokens the model accepted", registry=r)
+        self.spec_length = Gauge("inferplug_spec_decode_mean_accepted_length",
+                                 "Tokens a speculative verification step yields on average", registry=r)
 
     def observe(self, endpoint: str, usage: Usage, started: float, first_token: float | None, ended: float,
                 status: str = "ok") -> None:
@@ -60,4 +65,6 @@ class ServerMetrics:
         total = stats.get("kv_blocks_total") or 0
         self.kv_usage.set(stats.get("kv_blocks_used", 0) / total if total else 0.0)
         self.prefix_hit_rate.set(stats.get("prefix_hit_rate", 0.0))
+        self.spec_acceptance.set(stats.get("spec_acceptance_rate", 0.0))
+        self.spec_length.set(stats.get("spec_mean_accepted_length", 0.0))
         return generate_latest(self.registry)

@@ -19,7 +19,7 @@ def test_a_row_with_nan_logits_fails_alone():
     logits[1] = float("nan")  # e.g. an fp16 overflow in that row only
     ok = _seq(SamplingParams(temperature=0.0, logprobs=2))  # not plain greedy: goes through the per-row path
     bad = _seq(SamplingParams(temperature=1.0, seed=7), generator=torch.Generator().manual_seed(7))
-    first, second = Sampler(eos_token_ids=[0])(logits, [ok, bad])
+    (first,), (second,) = Sampler(eos_token_ids=[0])(logits, [ok, bad])
     assert first.error is None and first.token_id == int(logits[0].argmax()) and len(first.top) == 2
     assert second.token_id == -1 and "probability" in second.error
 
@@ -32,7 +32,7 @@ def test_a_guide_rejecting_the_token_fails_the_row(tiny_llama_dir):
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
     guide = make_guide(tokenizer, {"type": "object"})
     logits = torch.full((1, len(tokenizer)), float("-inf"))  # nothing sampleable: argmax falls on token 0
-    (result,) = Sampler(eos_token_ids=[])(logits, [_seq(SamplingParams(temperature=0.0), guide=guide)])
+    ((result,),) = Sampler(eos_token_ids=[])(logits, [_seq(SamplingParams(temperature=0.0), guide=guide)])
     assert result.token_id == -1 and "rejected token 0" in result.error
 
 
@@ -55,7 +55,7 @@ def test_seeded_penalised_rows_sample_on_the_logits_device(device, tiny_llama_di
         seqs = RequestState.create(request, [3, 4, 5], 64, load_tokenizer(tiny_llama_dir), device).seqs
         for seq in seqs:
             seq.token_ids += [7, 7, 9]  # output tokens, so presence/frequency penalties apply
-        results = Sampler(eos_token_ids=[0])(logits, seqs)
+        results = [r for (r,) in Sampler(eos_token_ids=[0])(logits, seqs)]
         assert [r.error for r in results] == [None, None]
         draws.append([r.token_id for r in results])
     assert draws[0] == draws[1]

@@ -33,7 +33,7 @@ def draw_counts(row: int) -> torch.Tensor:
     generator = torch.Generator().manual_seed(1234 + row)
     seqs = [row_seq(params, output, generator) for _ in range(DRAWS)]
     results = Sampler(eos_token_ids=[EOS])(raw.expand(DRAWS, -1), seqs)
-    return torch.bincount(torch.tensor([r.token_id for r in results]), minlength=raw.numel())
+    return torch.bincount(torch.tensor([r.token_id for (r,) in results]), minlength=raw.numel())
 
 
 # min-p + top-k + top-p; penalties of all three kinds; min_tokens; min-p alone (no top-p cut inside a tie group,

@@ -50,9 +50,9 @@ def _last_logits(engine, prompt):
     captured = {}
 
     class Capture(Sampler):
-        def __call__(self, logits, seqs):
+        def __call__(self, logits, seqs, drafts=None):
             captured["logits"] = logits[0].clone()
-            return super().__call__(logits, seqs)
+            return super().__call__(logits, seqs, drafts)
 
     engine.runner.sampler = Capture(engine.runner.sampler.eos_token_ids)
     run_all(engine, [Request(prompt=prompt, params=greedy(1), request_id="logits")])

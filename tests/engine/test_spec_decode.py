@@ -1,0 +1,168 @@
+"""Prompt-lookup speculative decoding: greedy answers (tokens and logprobs, bit for bit) equal plain greedy's
+on the kernel path, whatever shares the step, with preemption, stop strings and quantized weights; the pool
+gets every block back; the proposer's matches."""
+
+from __future__ import annotations
+
+import pytest
+from engine_helpers import make_engine, prompts_of, run_all, text_of, tokens_of
+
+from inferplug.engine.sequence import Sequence
+from inferplug.engine.spec_decode import NgramProposer
+from inferplug.quant.linear import quantize_model
+from inferplug.types import Request, SamplingParams
+
+TEXT = ("The quick brown fox jumps over the lazy dog. The lazy dog sleeps while the quick brown fox runs. "
+        "Repeat after me: the quick brown fox jumps over the lazy dog.")
+SPEC = {"speculative_method": "ngram", "num_speculative_tokens": 4, "ngram_min": 1, "ngram_max": 3}
+
+
+def _engine(model_dir, spec: bool, fmt: str | None = "fp16", **overrides):
+    engine = make_engine(model_dir, **{"max_num_batched_tokens": 64, **(SPEC if spec else {}), **overrides})
+    if not getattr(engine.runner.model.ops, "paged_kernel", False):
+        pytest.skip("the CPU kernels cannot run here: the torch path is not batch-invariant")
+    if fmt:
+        quantize_model(engine.runner.model, fmt)
+    return engine
+
+
+def _repetitive(vocab: int, seed: int) -> list[list[int]]:
+    """16 prompts of mixed lengths, most repeating a phrase (so prompt lookup has something to find)."""
+    phrases = prompts_of([5, 9, 3, 12, 7, 4, 20, 6], vocab=vocab, seed=seed)
+    prompts = [p * (1 + i % 4) for i, p in enumerate(phrases)]
+    return prompts + prompts_of([2, 33, 1, 17, 48, 8, 60, 11], vocab=vocab, seed=seed + 1)
+
+
+def _requests(prompts, max_tokens=24, **kw) -> list[Request]:
+    return [Request(prompt=p, request_id=str(i),
+                    params=SamplingParams(temperature=0.0, max_tokens=max_tokens - i % 5, ignore_eos=True, logprobs=1,
+                                          **kw))
+            for i, p in enumerate(prompts)]
+
+
+def _trace(events) -> list:
+    return [(lp.token_id, lp.logprob, lp.top) for e in events for lp in e.logprobs]
+
+
+def test_proposer_takes_the_latest_longest_match_and_respects_the_limit():
+    proposer = NgramProposer(num_tokens=3, ngram_min=1, ngram_max=2)
+    seq = Sequence("r", 0, [1, 2, 3, 4, 9, 2, 3, 5, 6, 7, 2, 3], SamplingParams(), max_tokens=8)
+    assert proposer.propose(seq, limit=8) == [5, 6, 7]  # "2 3" last seen with 3 tokens after it: before 5 6 7
+    assert proposer.propose(seq, limit=2) == [5, 6]
+    repeating = Sequence("r", 0, [8, 4, 4, 4, 4, 4], SamplingParams(), max_tokens=8)
+    assert proposer.propose(repeating, limit=8) == [4, 4, 4]  # not the 1 token after the latest "4 4"
+    assert proposer.propose(seq, limit=0) == []
+    assert proposer.propose(Sequence("r", 0, [1, 2, 3, 4], SamplingParams(), max_tokens=8), limit=8) == []
+
+
+# fp16 with a pool too small for all 16 at once, so the scheduler preempts while sequences speculate. Not the
+# block formats: a preempted sequence recomputes its output tokens as prefill rows, which they round apart
+# from decode rows (quant/block_linear.py), with or without speculation.
+@pytest.mark.parametrize(("fmt", "blocks"), [("fp16", 20), ("int8", 128), ("int4", 128)])
+def test_tiny_greedy_speculation_equals_plain_greedy_in_a_batch_of_16(tiny_model_dir, fmt, blocks):
+    prompts = _repetitive(vocab=300, seed=3)
+    requests = _requests(prompts)
+    plain = run_all(_engine(tiny_model_dir, False, fmt), requests)
+    engine = _engine(tiny_model_dir, True, fmt, num_kv_blocks=blocks)
+    spec = run_all(engine, requests[:6], {2: requests[6:11], 5: requests[11:]})
+    assert (engine.scheduler.num_preemptions > 0) == (blocks == 20)
+    stats = engine.stats()
+    assert stats["spec_accepted_tokens"] > 0 and 0 < stats["spec_acceptance_rate"] <= 1
+    for r in requests:
+        assert _trace(spec[r.request_id]) == _trace(plain[r.request_id]), f"request {r.request_id}"
+    assert sum(spec[r.request_id][-1].usage.accepted_draft_tokens for r in requests) == stats["spec_accepted_tokens"]
+
+
+def _steps(engine, request) -> list[list[int]]:
+    """The tokens each engine step gave the request."""
+    engine.add_request(request)
+    steps = []
+    while engine.has_unfinished():
+        tokens = [t for e in engine.step() for t in e.token_ids]
+        if tokens:
+            steps.append(tokens)
+    return steps
+
+
+def test_pool_invariant_holds_through_rejections_aborts_and_preemption(tiny_llama_dir):
+    engine = _engine(tiny_llama_dir, True, num_kv_blocks=24)
+    prompts = _repetitive(vocab=300, seed=5)
+    sampled = [Request(prompt=p, request_id=f"t{i}",
+                       params=SamplingParams(temperature=1.0, seed=i, max_tokens=30, ignore_eos=True, n=1 + i % 2,
+                                             repetition_penalty=1.0 + 0.1 * (i % 3)))
+               for i, p in enumerate(prompts)]
+    for r in sampled:
+        engine.add_request(r)
+    step = 0
+    while engine.has_unfinished():
+        engine.step()
+        engine.blocks.check_invariants()
+        for seq in engine.scheduler.running:  # no slot past the next decode's is held between steps
+            assert len(seq.block_table) <= -(-len(seq.token_ids) // engine.blocks.block_size)
+        if step in (3, 7):
+            engine.abort(f"t{step}")
+        step += 1
+    stats = engine.stats()
+    assert engine.scheduler.num_preemptions > 0 and stats["spec_draft_tokens"] > stats["spec_accepted_tokens"] > 0
+
+
+def test_n_choices_share_the_prompt_blocks(tiny_llama_dir):
+    """n = 8 of one long prompt holds its full blocks once (the other choices wait for the first's prompt, then
+    take its blocks from the prefix cache); 8 separate requests sent together hold several copies."""
+    prompt = prompts_of([16 * 12 + 5], vocab=300, seed=9)[0]
+    params = dict(temperature=1.0, seed=1, max_tokens=8, ignore_eos=True)
+
+    def peak_blocks(requests) -> int:
+        engine = make_engine(tiny_llama_dir, num_kv_blocks=256, max_num_batched_tokens=512,
+                             enable_prefix_caching=True)
+        for r in requests:
+            engine.add_request(r)
+        peak = 0
+        while engine.has_unfinished():
+            engine.step()
+            peak = max(peak, engine.blocks.num_used)
+        return peak
+
+    shared = peak_blocks([Request(prompt=prompt, params=SamplingParams(n=8, **params), request_id="n8")])
+    separate = peak_blocks([Request(prompt=prompt, params=SamplingParams(**params), request_id=str(i))
+                            for i in range(8)])
+    assert shared == 12 + 8  # the 12 full prompt blocks once, one tail block per choice
+    # separate requests share only once the prefix cache holds the prompt: those admitted together (3 here,
+    # in a 512-token step) each compute and hold their own copy
+    assert separate >= 2 * 13 + 12 + 6
+
+
+@pytest.mark.smollm2
+def test_smollm2_stop_string_ending_inside_an_accepted_run_ends_the_text_as_plain_decoding(smollm2_gguf):
+    messages = [{"role": "user", "content": f"Repeat this sentence exactly: {TEXT}"}]
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    engine = _engine(smollm2_gguf, True)
+    steps = _steps(engine, Request(messages=messages, params=params, request_id="s"))
+    before = next(i for i, s in enumerate(steps) if len(s) >= 3)  # a step that accepted 2+ proposals
+    tokens = [t for s in steps[:before] for t in s] + steps[before][:2]  # stop at its 2nd token
+    stop = engine.tokenizer.decode(tokens)[-4:]
+    assert stop.strip(), "a stop string of visible text"
+    stopped = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True, stop=[stop])
+    plain = run_all(_engine(smollm2_gguf, False), [Request(messages=messages, params=stopped, request_id="s")])["s"]
+    spec = run_all(engine, [Request(messages=messages, params=stopped, request_id="s")])["s"]
+    assert plain[-1].finish_reason == spec[-1].finish_reason == "stop"
+    assert text_of(spec) == text_of(plain) and not text_of(spec).endswith(stop)
+    assert spec[-1].usage.completion_tokens == plain[-1].usage.completion_tokens
+
+
+@pytest.mark.smollm2
+def test_smollm2_greedy_speculation_equals_plain_greedy_for_16_mixed_requests(smollm2_gguf):
+    """The default profile's path (fp16 weights, the Q8_0 head, the kernels) on the real model."""
+    tokenizer = _engine(smollm2_gguf, False).tokenizer
+    chats = [[{"role": "user", "content": TEXT[: 40 + 9 * i] + " Repeat it exactly."}] for i in range(8)]
+    prompts = [tokenizer.encode(tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False),
+                                add_special_tokens=False) for c in chats]
+    prompts += prompts_of([3, 70, 17, 40, 9, 33, 55, 5], vocab=49152, seed=7)
+    requests = _requests(prompts, max_tokens=32)
+    plain = run_all(_engine(smollm2_gguf, False), requests)
+    engine = _engine(smollm2_gguf, True, num_kv_blocks=48)
+    spec = run_all(engine, requests[:8], {2: requests[8:]})
+    assert engine.stats()["spec_accepted_tokens"] > 0
+    for r in requests:
+        assert tokens_of(spec[r.request_id]) == tokens_of(plain[r.request_id]), f"request {r.request_id}"
+        assert _trace(spec[r.request_id]) == _trace(plain[r.request_id]), f"request {r.request_id}"
