@@ -29,7 +29,7 @@ class ModelRunner:
         """Compute the scheduled tokens; return the samples of each sequence whose tokens are now all computed:
         one, or for a speculating sequence its accepted proposals and one more (engine/spec_decode.py).
         Verification rows (a decode token and its proposals) follow the decode rows and take their arithmetic
-        (ctx.decode_rows), so a token comes out as plain decoding would compute it."""
+        (ctx.verify_rows), so a token comes out as plain decoding would compute it."""
         decodes = [(s, n) for s, n in scheduled if n == 1 and s.num_computed_tokens > 0]
         decodes.sort(key=lambda d: -d[0].num_computed_tokens)  # longest first: groups of similar lengths
         verifies = [(s, n) for s, n in scheduled if s.spec_token_ids]
