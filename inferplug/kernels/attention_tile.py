@@ -26,3 +26,13 @@ def attend_tile(q, k_ptr, v_ptr, table, kv_base, keys, key_ok, visible, dims, di
     acc = acc * correction[:, None] + tl.dot(probs.to(q.dtype), v, input_precision=PRECISION)
     running_sum = running_sum * correction + tl.sum(probs, axis=1)
     return new_max, running_sum, acc
+
+
+def pool_geometry(heads: int, k_cache) -> tuple[int, int]:
+    """(kv_heads, block_size) of a [kv_heads, blocks, block_size, head_dim] pool, checked for the kernels."""
+    kv_heads, block_size = k_cache.shape[0], k_cache.shape[2]
+    if heads % kv_heads:
+        raise ValueError(f"{heads} query heads do not split evenly over {kv_heads} KV heads")
+    if block_size & (block_size - 1):
+        raise ValueError(f"block_size {block_size} must be a power of two for the Triton kernel")
+    return kv_heads, block_size

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from inferplug.kernels.attention_tile import attend_tile
+from inferplug.kernels.attention_tile import attend_tile, pool_geometry
 
 # Tokens per split-K partition. 256 at 7B geometry: batch 1 with a 4k context gives 8 KV heads x 16 partitions
 # = 128 programs, about one per SM on an H200 (132), while the partials (GROUP x (D + 2) fp32 per partition and
@@ -128,11 +128,7 @@ def paged_attention_decode(
     knobs the benchmark sweeps. The defaults are the engine's path.
     """
     batch, heads, head_dim = q.shape
-    kv_heads, block_size = k_cache.shape[0], k_cache.shape[2]
-    if heads % kv_heads:
-        raise ValueError(f"{heads} query heads do not split evenly over {kv_heads} KV heads")
-    if block_size & (block_size - 1):
-        raise ValueError(f"block_size {block_size} must be a power of two for the Triton kernel")
+    kv_heads, block_size = pool_geometry(heads, k_cache)
     if tile < 16 or tile & (tile - 1) or partition_size % tile:
         raise ValueError(f"tile {tile} must be a power of two >= 16 dividing partition_size {partition_size}")
     q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from inferplug.kernels.attention_tile import attend_tile
+from inferplug.kernels.attention_tile import attend_tile, pool_geometry
 
 BLOCK_M, BLOCK_N = 64, 64
 NUM_WARPS, NUM_STAGES = 4, 2
@@ -79,11 +79,7 @@ def prefill_attention(
     max_q_len (the longest chunk) sizes the grid without reading cu_seqlens on the host; block_m, block_n,
     num_warps and num_stages are tuning knobs (the benchmark sweeps them)."""
     tokens, heads, head_dim = q.shape
-    kv_heads, block_size = k_cache.shape[0], k_cache.shape[2]
-    if heads % kv_heads:
-        raise ValueError(f"{heads} query heads do not split evenly over {kv_heads} KV heads")
-    if block_size & (block_size - 1):
-        raise ValueError(f"block_size {block_size} must be a power of two for the Triton kernel")
+    kv_heads, block_size = pool_geometry(heads, k_cache)
     if q.stride(2) != 1 or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("prefill_attention needs unit-stride query rows and contiguous pools")
     out = torch.empty((tokens, heads, head_dim), dtype=q.dtype, device=q.device)
