@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from inferplug.engine.attention import AttentionContext
 from inferplug.engine.ops import select_ops
 from inferplug.models.config import ModelConfig
-from inferplug.quant.checkpoint_layers import fuse_rows  # torch.cat, or an AWQ / GPTQ checkpoint's layers
+from inferplug.quant.checkpoint_layers import fold_down_order, fuse_rows  # torch.cat, or an AWQ / GPTQ checkpoint's layers
 from inferplug.quant.linear import linear  # F.linear, or a weight-only int8/int4 layer's kernel
 
 
@@ -62,14 +62,16 @@ class LlamaModel:
             bias = None
             if f"{p}self_attn.q_proj.bias" in state_dict:
                 bias = torch.cat([take(f"{p}self_attn.{n}_proj.bias") for n in "qkv"])
+            gate_up = fuse_rows([take(f"{p}mlp.gate_proj.weight"), take(f"{p}mlp.up_proj.weight")])
+            gate_up, down = fold_down_order(gate_up, take(f"{p}mlp.down_proj.weight"))  # GPTQ act-order's, if any
             self.layers.append(LayerWeights(
                 input_norm=take(f"{p}input_layernorm.weight"),
                 qkv=fuse_rows(attn),
                 qkv_bias=bias,
                 o=take(f"{p}self_attn.o_proj.weight"),
                 post_norm=take(f"{p}post_attention_layernorm.weight"),
-                gate_up=fuse_rows([take(f"{p}mlp.gate_proj.weight"), take(f"{p}mlp.up_proj.weight")]),
-                down=take(f"{p}mlp.down_proj.weight"),
+                gate_up=gate_up,
+                down=down,
             ))
         self.cos, self.signed_sin = rope_tables(config, self.device)
         # The ops interface (engine/ops): C++ CPU kernels, Triton or torch, chosen here once.

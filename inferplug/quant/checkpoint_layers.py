@@ -7,7 +7,8 @@
 - Elsewhere (CUDA; a CPU without the kernels): GroupInt4Linear keeps the checkpoint's groups (4 bits a weight plus
   an fp16 scale and a uint8 zero a group) and runs the Triton dequant-GEMM on CUDA, its torch reference on the CPU.
 - Act-order (GPTQ desc_act): the inputs are permuted once at load so each group is contiguous, and
-  PermutedLinear permutes the activations at run time the same way.
+  PermutedLinear permutes the activations at run time the same way (CPU decode: inside decode_layers' call).
+  down_proj's permutation needs no run time at all: `fold_down_order` permutes gate/up's output rows instead.
 Fused projections (q/k/v, gate/up) concatenate their layers' output rows: `fuse_rows`.
 """
 
@@ -128,3 +129,29 @@ def fuse_rows(parts: list) -> torch.Tensor | WeightOnlyLinear:
     if isinstance(first, BlockLinear):
         return type(first)(torch.cat([p.blocks for p in parts]))
     return first.fused(parts[1:])
+
+
+def fold_down_order(gate_up, down) -> tuple:
+    """(gate_up, down) with an act-order down's input permutation moved into gate_up's output rows. silu(gate) * up
+    is element-wise, so gate and up rows taken in down's order hand down its inputs already permuted: no gather at
+    run time. The same model, and on the CPU's decode kernels the same bits: they compute each output row on its
+    own, so a row's value does not depend on where it sits."""
+    if not isinstance(down, PermutedLinear):
+        return gate_up, down
+    return select_rows(gate_up, torch.cat([down.order, down.order + down.in_features])), down.inner
+
+
+def select_rows(layer, rows: torch.Tensor):
+    """The layer (or float weight) with its output rows `rows` (on its device), in that order (fuse_rows' layers
+    have no bias)."""
+    if isinstance(layer, torch.Tensor):
+        return layer[rows].contiguous()
+    if isinstance(layer, PermutedLinear):
+        return PermutedLinear(select_rows(layer.inner, rows), layer.order)
+    if isinstance(layer, BlockLinear):
+        return type(layer)(layer.blocks[rows].contiguous())
+    if isinstance(layer, GroupInt4Linear):
+        return GroupInt4Linear(*(getattr(layer, name)[:, rows].contiguous() for name in ("qweight", "scales", "zeros")),
+                               layer.group_size)
+    raise ProfileError(f"an act-order down_proj follows a {type(layer).__name__} gate/up projection, whose rows the "
+                       "native engine cannot reorder: quantize gate/up and down alike, or re-quantize with desc_act = false")

@@ -53,6 +53,34 @@ def text_of(events: list[Event], index: int = 0) -> str:
     return "".join(e.text for e in events if e.index == index)
 
 
+def tokens_and_logprobs(events: dict[str, list[Event]]) -> dict:
+    """run_all's events as {request_id: [(token ids, [(token, logprob, top)])]}: what bit-for-bit checks compare."""
+    return {rid: [(e.token_ids, [(lp.token_id, lp.logprob, lp.top) for lp in e.logprobs]) for e in ev]
+            for rid, ev in events.items()}
+
+
+def spy_fused_steps(monkeypatch) -> list[bool]:
+    """Per engine step from now on, whether CpuKernelOps.run_layers took decode_layers' one-call path."""
+    from inferplug.engine.ops.cpu_ops import CpuKernelOps
+
+    fused_steps, block_layers = [], CpuKernelOps.block_layers
+
+    def spy(self, model, ctx, tokens):
+        args = block_layers(self, model, ctx, tokens)
+        fused_steps.append(args is not None)
+        return args
+
+    monkeypatch.setattr(CpuKernelOps, "block_layers", spy)
+    return fused_steps
+
+
+def unfuse_steps(monkeypatch) -> None:
+    """Every step from now on takes LlamaModel.forward's layer-by-layer path."""
+    from inferplug.engine.ops.cpu_ops import CpuKernelOps
+
+    monkeypatch.setattr(CpuKernelOps, "block_layers", lambda self, model, ctx, tokens: None)
+
+
 _hf_cache: dict[Path, object] = {}
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine_helpers import greedy, make_engine, run_all, tokens_of
+from engine_helpers import greedy, make_engine, run_all, spy_fused_steps, tokens_and_logprobs, tokens_of, unfuse_steps
 from inferplug.models.loader import load_weights
 from inferplug.quant.block_linear import Q4Linear
 from inferplug.quant.checkpoint_layers import GroupInt4Linear, PermutedLinear, checkpoint_layer, q4_layer
@@ -115,3 +115,25 @@ def test_fused_group_layers_and_act_order_mismatch(monkeypatch):
     assert isinstance(q, PermutedLinear) and isinstance(o, PermutedLinear)
     with pytest.raises(ProfileError, match="different act-order permutations.*desc_act = false"):
         fuse_rows([q, o])
+
+
+def test_act_order_decodes_in_one_kernel_call_like_the_layer_by_layer_path(cpu_kernel_ops, monkeypatch):
+    """GPTQ act-order layers take decode_layers' fused step (q/k/v, o and gate/up inputs gathered in the call;
+    down's order folded into gate/up's rows at load): tokens and logprobs bit for bit the layer-by-layer path's."""
+    name = "gptq-actorder-g32"
+
+    def generate():
+        engine = make_engine(fixture_dir(name))
+        quantize_model(engine.runner.model, "gptq")
+        layer = engine.runner.model.layers[0]
+        assert all(isinstance(w, PermutedLinear) for w in (layer.qkv, layer.o, layer.gate_up))
+        assert isinstance(layer.down, Q4Linear)  # its order lives in gate_up's rows
+        ref = reference(name)
+        requests = [Request(prompt=p, params=greedy(12, logprobs=3), request_id=f"r{i}") for i, p in enumerate(ref["prompts"])]
+        return tokens_and_logprobs(run_all(engine, requests[:1], {2: requests[1:]}))
+
+    fused_steps = spy_fused_steps(monkeypatch)
+    fused = generate()
+    assert any(fused_steps) and not all(fused_steps), "decode-only steps run fused, steps with prefill do not"
+    unfuse_steps(monkeypatch)
+    assert generate() == fused

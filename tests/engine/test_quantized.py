@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import greedy, hf_generate, hf_model, make_engine, prompts_of, run_all, text_of, tokens_of
+from engine_helpers import (greedy, hf_generate, hf_model, make_engine, prompts_of, run_all, spy_fused_steps, text_of,
+                            tokens_and_logprobs, tokens_of, unfuse_steps)
 from quant_reference import weights_reference
 
-from inferplug.engine.ops.cpu_ops import CpuKernelOps
 from inferplug.models.loader import read_config
 from inferplug.quant.linear import quantize_model
 from inferplug.types import Request, SamplingParams
@@ -50,29 +50,20 @@ def test_quantized_engine_matches_hf_on_the_weights_it_holds(cpu_kernel_ops, tin
 def test_decode_steps_in_one_kernel_call_equal_the_layer_by_layer_path(cpu_kernel_ops, tiny_model_dir, fmt, monkeypatch):
     """cpu_kernels' decode_layers (CpuKernelOps.run_layers) runs LlamaModel.forward's kernels in its order, without Python between them:
     tokens and logprobs come out bit for bit the same as from the Python loop. Qwen2's qkv bias keeps the loop."""
-    fused_steps = []
-    block_layers = CpuKernelOps.block_layers
-
-    def spy(self, model, ctx, tokens):
-        args = block_layers(self, model, ctx, tokens)
-        fused_steps.append(args is not None)
-        return args
 
     def generate():
         engine = quantized_engine(tiny_model_dir, fmt, max_num_batched_tokens=48)
         prompts = prompts_of([5, 40, 17, 70], seed=3)
         requests = [Request(prompt=p, params=greedy(10, logprobs=3), request_id=str(i)) for i, p in enumerate(prompts)]
-        events = run_all(engine, requests[:2], {3: requests[2:]})
-        return {rid: [(e.token_ids, [(lp.token_id, lp.logprob, lp.top) for lp in e.logprobs]) for e in ev]
-                for rid, ev in events.items()}
+        return tokens_and_logprobs(run_all(engine, requests[:2], {3: requests[2:]}))
 
-    monkeypatch.setattr(CpuKernelOps, "block_layers", spy)
+    fused_steps = spy_fused_steps(monkeypatch)
     fused = generate()
     if read_config(tiny_model_dir).attention_bias:
         assert not any(fused_steps)
     else:
         assert any(fused_steps) and not all(fused_steps), "decode-only steps run fused, steps with prefill do not"
-    monkeypatch.setattr(CpuKernelOps, "block_layers", lambda self, model, ctx, tokens: None)
+    unfuse_steps(monkeypatch)
     assert generate() == fused
 
 

@@ -12,6 +12,7 @@ from inferplug.engine.attention import AttentionContext, DecodeGroup
 from inferplug.engine.ops.step import StepRows
 from inferplug.engine.ops.torch_ops import TorchOps
 from inferplug.quant.block_linear import KERNEL_MAX_ROWS, BlockLinear
+from inferplug.quant.checkpoint_layers import PermutedLinear
 
 BLOCK_KINDS = {"q4_matmul": 4, "q8_matmul": 8}  # BlockLinear.kernel -> decode_layers' weight kind
 
@@ -23,6 +24,7 @@ class CpuKernelOps(TorchOps):
         super().__init__(dtype)
         self.kernels = kernels  # torch.ops.inferplug, loaded (kernels.cpu.ops())
         self.paged_kernel = head_dim % 8 == 0  # the attention kernel's vectors; other widths take torch attention
+        self.in_order = torch.empty(0, dtype=torch.long)  # decode_layers' order of a weight whose inputs are in order
 
     def context(self, step: StepRows) -> AttentionContext:
         if not self.paged_kernel:
@@ -64,8 +66,8 @@ class CpuKernelOps(TorchOps):
         return self.kernels.silu_mul(gate_up)
 
     def run_layers(self, model, x, positions, ctx: AttentionContext, kv_caches) -> bool:
-        """Decode steps whose every layer weight is Q4_1 / Q8_0 blocks: every layer in one C++ call, the same
-        kernels without Python between them."""
+        """Decode steps whose every layer weight is Q4_1 / Q8_0 blocks (GPTQ act-order ones too, their inputs
+        gathered in the call): every layer in one C++ call, the same kernels without Python between them."""
         blocks = self.block_layers(model, ctx, x.shape[0])
         if blocks is None:
             return False
@@ -76,19 +78,24 @@ class CpuKernelOps(TorchOps):
         return True
 
     def block_layers(self, model, ctx: AttentionContext, tokens: int):
-        """(norms, weights, kinds) for decode_layers, or None where the step cannot take it: it must be decode
-        rows only (prefill rows take float matmuls), and every layer weight Q4_1 / Q8_0 blocks without bias (no
-        qkv bias either), run by their kernels (at most KERNEL_MAX_ROWS rows)."""
+        """(norms, weights, kinds, orders) for decode_layers, or None where the step cannot take it: it must be
+        decode rows only (prefill rows take float matmuls), and every layer weight Q4_1 / Q8_0 blocks without bias
+        (no qkv bias either), run by their kernels (at most KERNEL_MAX_ROWS rows). An act-order weight
+        (PermutedLinear) gives its blocks and its input order; the others an empty order."""
         if not self.paged_kernel or ctx.decode_rows != tokens or tokens > KERNEL_MAX_ROWS:
             return None
-        norms, weights, kinds = [], [], []
+        norms, weights, kinds, orders = [], [], [], []
         for layer in model.layers:
             if layer.qkv_bias is not None:  # Qwen2's: the layer-by-layer path adds it
                 return None
             norms += [layer.input_norm, layer.post_norm]
             for w in (layer.qkv, layer.o, layer.gate_up, layer.down):
+                order = self.in_order
+                if isinstance(w, PermutedLinear):
+                    order, w = w.order, w.inner
                 if not isinstance(w, BlockLinear) or w.kernel not in BLOCK_KINDS or w.bias is not None:
                     return None
                 weights.append(w.blocks)
                 kinds.append(BLOCK_KINDS[w.kernel])
-        return norms, weights, kinds
+                orders.append(order)
+        return norms, weights, kinds, orders

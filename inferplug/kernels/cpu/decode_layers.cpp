@@ -2,6 +2,8 @@
 // same kernels, in the same order, as LlamaModel.forward calls them one by one from Python, so the result
 // is bit for bit the same. At one token a step the Python between ~300 kernel calls cost about as much
 // as the layers' arithmetic.
+// GPTQ act-order weights (desc_act) have their input columns permuted at load; their inputs are gathered here in
+// the same order (quant/checkpoint_layers.py's PermutedLinear does it with index_select on the layer-by-layer path).
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
@@ -17,18 +19,37 @@ c10::TypedOperatorHandle<Signature> op(const char* name) {
 
 using Matmul = at::Tensor(const at::Tensor&, const at::Tensor&);
 
+// in[:, order] for a contiguous float32 [T, K] in: one plain pass, where index_select's dispatch costs more than
+// K floats of copying at one token a step.
+at::Tensor gather_columns(const at::Tensor& in, const at::Tensor& order) {
+  const int64_t rows = in.size(0), width = in.size(1);
+  TORCH_CHECK(in.is_contiguous() && order.scalar_type() == at::kLong && order.is_contiguous() && order.numel() == width,
+              "decode_layers: an input order must be a contiguous int64 permutation of the weight's ", width, " inputs");
+  at::Tensor out = at::empty_like(in);
+  const float* src = in.data_ptr<float>();
+  const int64_t* index = order.data_ptr<int64_t>();
+  float* dst = out.data_ptr<float>();
+  for (int64_t i = 0; i < width; i++) {
+    const int64_t j = index[i];
+    TORCH_CHECK(j >= 0 && j < width, "decode_layers: input order entry ", j, " is outside 0..", width - 1);
+    for (int64_t r = 0; r < rows; r++) dst[r * width + i] = src[r * width + j];
+  }
+  return out;
+}
+
 // x: the step's hidden states [T, hidden], one row per sequence, updated in place to the last layer's
 // residual stream. Per layer i: norms[2i], norms[2i+1] (input and post-attention RMSNorm weights);
-// weights[4i..4i+3] (qkv, o, gate_up, down blocks) with kinds[4i..4i+3] (4: Q4_1, 8: Q8_0); its K/V pools.
+// weights[4i..4i+3] (qkv, o, gate_up, down blocks) with kinds[4i..4i+3] (4: Q4_1, 8: Q8_0) and orders[4i..4i+3]
+// (an act-order weight's input permutation, empty for a weight whose inputs are in order); its K/V pools.
 // Ends with x plus the last layer's MLP output in x (LlamaModel.forward's result).
 void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, at::IntArrayRef kinds,
-                   at::TensorList k_caches, at::TensorList v_caches, const at::Tensor& positions, const at::Tensor& cos,
-                   const at::Tensor& signed_sin, const at::Tensor& slots, const at::Tensor& block_tables,
+                   at::TensorList orders, at::TensorList k_caches, at::TensorList v_caches, const at::Tensor& positions,
+                   const at::Tensor& cos, const at::Tensor& signed_sin, const at::Tensor& slots, const at::Tensor& block_tables,
                    const at::Tensor& lengths, int64_t num_heads, double scale, double eps) {
   const int64_t layers = static_cast<int64_t>(k_caches.size());
   TORCH_CHECK(layers > 0 && v_caches.size() == k_caches.size() && norms.size() == 2 * k_caches.size() &&
-              weights.size() == 4 * k_caches.size() && kinds.size() == weights.size(),
-              "decode_layers: per layer, 2 norms, 4 weights with their kinds and a K and a V pool");
+              weights.size() == 4 * k_caches.size() && kinds.size() == weights.size() && orders.size() == weights.size(),
+              "decode_layers: per layer, 2 norms, 4 weights with their kinds and input orders and a K and a V pool");
   static const auto q4 = op<Matmul>("inferplug::q4_matmul"), q8 = op<Matmul>("inferplug::q8_matmul");
   static const auto rms_norm = op<at::Tensor(const at::Tensor&, const at::Tensor&, double)>("inferplug::rms_norm");
   static const auto add_rms_norm = op<at::Tensor(at::Tensor&, const at::Tensor&, const at::Tensor&, double)>("inferplug::add_rms_norm_");
@@ -39,7 +60,8 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
   static const auto silu_mul = op<at::Tensor(const at::Tensor&)>("inferplug::silu_mul");
   auto linear = [&](const at::Tensor& in, int64_t w) {
     TORCH_CHECK(kinds[w] == 4 || kinds[w] == 8, "decode_layers: weight kind must be 4 (Q4_1) or 8 (Q8_0), got ", kinds[w]);
-    return (kinds[w] == 4 ? q4 : q8).call(in, weights[w]);
+    const at::Tensor input = orders[w].numel() ? gather_columns(in, orders[w]) : in;
+    return (kinds[w] == 4 ? q4 : q8).call(input, weights[w]);
   };
 
   const int64_t tokens = x.size(0), head_dim = k_caches[0].size(3);
@@ -60,8 +82,8 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(inferplug, m) {
-  m.def("decode_layers(Tensor(a!) x, Tensor[] norms, Tensor[] weights, int[] kinds, Tensor[] k_caches, "
-        "Tensor[] v_caches, Tensor positions, Tensor cos, Tensor signed_sin, Tensor slots, Tensor block_tables, "
+  m.def("decode_layers(Tensor(a!) x, Tensor[] norms, Tensor[] weights, int[] kinds, Tensor[] orders, "
+        "Tensor[] k_caches, Tensor[] v_caches, Tensor positions, Tensor cos, Tensor signed_sin, Tensor slots, Tensor block_tables, "
         "Tensor lengths, int num_heads, float scale, float eps) -> ()");
 }
 TORCH_LIBRARY_IMPL(inferplug, CPU, m) { m.impl("decode_layers", &decode_layers); }
