@@ -7,7 +7,8 @@ import shutil
 from pathlib import Path
 
 FIXTURES = Path(__file__).parent / "fixtures" / "quant"
-NAMES = ("awq-g64", "gptq-actorder-g32", "gptq-sym-g64")
+NAMES = ("awq-g64", "gptq-actorder-g32", "gptq-sym-g64", "gptq-8bit-actorder-g32")
+INT4_NAMES = NAMES[:3]
 
 
 def fixture_dir(name: str) -> Path:
@@ -40,7 +41,7 @@ def unpacked(name: str) -> dict:
             out[f"{module}.weight"] = unpack_awq(*packed, spec.group_size)
         else:
             out[f"{module}.weight"] = unpack_gptq(*packed, tensors.get(f"{module}.g_idx"), spec.group_size,
-                                                  spec.zero_offset)
+                                                  spec.zero_offset, spec.bits)
     return out
 
 

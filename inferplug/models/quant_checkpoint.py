@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import torch
 
 GROUP_SIZES = (32, 64, 128)
+BITS = {"awq": (4,), "gptq": (4, 8)}  # GPTQ's 8 bits: symmetric, on the CPU kernels (quant/checkpoint_layers.py)
 PACKED = ("qweight", "qzeros", "scales")
 
 
@@ -26,6 +27,7 @@ class QuantSpec:
     method: str  # "awq" | "gptq"
     group_size: int
     zero_offset: int = 0  # GPTQ v1 stores z - 1
+    bits: int = 4
 
     @property
     def label(self) -> str:
@@ -42,9 +44,9 @@ def read_quant_spec(model_dir: Path) -> QuantSpec | None:
         raise ProfileError(f"{model_dir} is quantized with {method!r}; the native engine reads AWQ and GPTQ int4 "
                            "checkpoints only: use an unquantized, GGUF, AWQ or GPTQ model")
     bits, group = raw.get("bits", raw.get("w_bit")), raw.get("group_size", raw.get("q_group_size"))
-    if bits != 4:
+    if bits not in BITS[method]:
         raise ProfileError(f"{model_dir}: {method.upper()} with {bits} bits is not supported; the native engine runs "
-                           "4-bit checkpoints: pick the model's 4-bit variant")
+                           f"{method.upper()} at {' or '.join(map(str, BITS[method]))} bits: pick the model's 4-bit variant")
     if group not in GROUP_SIZES:
         raise ProfileError(f"{model_dir}: group_size {group} is not supported (the native engine runs "
                            f"{', '.join(map(str, GROUP_SIZES))}); pick a checkpoint quantized with one of those")
@@ -52,7 +54,7 @@ def read_quant_spec(model_dir: Path) -> QuantSpec | None:
     if method == "awq" and fmt not in ("gemm",):
         raise ProfileError(f"{model_dir}: AWQ's {fmt!r} packing is not supported; the native engine reads AWQ's "
                            "GEMM packing (AutoAWQ's default, version = \"gemm\"): re-quantize or pick a GEMM checkpoint")
-    return QuantSpec(method, group, zero_offset=1 if method == "gptq" and fmt != "gptq_v2" else 0)
+    return QuantSpec(method, group, zero_offset=1 if method == "gptq" and fmt != "gptq_v2" else 0, bits=bits)
 
 
 def check_profile_format(declared: str, spec: QuantSpec | None, model_dir: Path) -> None:
@@ -80,7 +82,7 @@ def quantized_layers(tensors: dict[str, "torch.Tensor"], spec: QuantSpec, device
         if spec.method == "awq":
             quant = unpack_awq(qweight, qzeros, scales, spec.group_size)
         else:
-            quant = unpack_gptq(qweight, qzeros, scales, g_idx, spec.group_size, spec.zero_offset)
+            quant = unpack_gptq(qweight, qzeros, scales, g_idx, spec.group_size, spec.zero_offset, spec.bits)
         layers[f"{module}.weight"] = checkpoint_layer(quant, device, tensors.pop(f"{module}.bias", None))
     if not layers:
         raise ProfileError(f"the {spec.label} checkpoint has no qweight tensors; it is not quantized as its "

@@ -3,7 +3,8 @@
 - CPU with inferplug's kernels: repacked at load into the engine's Q4_1 blocks (Q4Linear). A group of G inputs
   with scale s and zero z is G / 32 blocks of 32 with scale s and min -s*z: w = q*s - s*z. The scale is the
   checkpoint's fp16 exactly; the min is rounded to fp16 (at most 2^-12 * 15 * s off, under 0.4% of one
-  quantization step), the one inexact part.
+  quantization step), the one inexact part. GPTQ at 8 bits, symmetric (z = 128), is Q8_0 blocks (Q8Linear) of
+  int8 q - 128 with scale s: exact.
 - Elsewhere (CUDA; a CPU without the kernels): GroupInt4Linear keeps the checkpoint's groups (4 bits a weight plus
   an fp16 scale and a uint8 zero a group) and runs the Triton dequant-GEMM on CUDA, its torch reference on the CPU.
 - Act-order (GPTQ desc_act): the inputs are permuted once at load so each group is contiguous, and
@@ -18,7 +19,7 @@ import torch
 
 from inferplug.errors import ProfileError
 from inferplug.quant.base import WeightOnlyLinear
-from inferplug.quant.block_linear import BLOCK, BlockLinear, Q4Linear
+from inferplug.quant.block_linear import BLOCK, BlockLinear, Q4Linear, Q8Linear
 from inferplug.quant.group_int4 import GroupQuant
 
 
@@ -29,7 +30,13 @@ def checkpoint_layer(quant: GroupQuant, device: str, bias: torch.Tensor | None =
     order = quant.input_order()
     if order is not None:
         quant = quant.permuted(order)
-    if device == "cpu" and cpu_kernels.ops() is not None:
+    on_kernels = device == "cpu" and cpu_kernels.ops() is not None
+    if quant.bits == 8:
+        if not on_kernels:
+            raise ProfileError("8-bit GPTQ runs on inferplug's CPU kernels only (as Q8_0 blocks), and this device "
+                               "has none; use the model's 4-bit GPTQ or AWQ checkpoint here")
+        layer = q8_layer(quant, bias)
+    elif on_kernels:
         layer = q4_layer(quant, bias)
     else:
         layer = GroupInt4Linear.from_quant(quant, device, bias)
@@ -38,17 +45,32 @@ def checkpoint_layer(quant: GroupQuant, device: str, bias: torch.Tensor | None =
 
 def q4_layer(quant: GroupQuant, bias: torch.Tensor | None = None) -> Q4Linear:
     """Q4_1 blocks holding `quant` (its groups contiguous)."""
-    out_features, in_features = quant.codes.shape
-    if quant.group_size % BLOCK:
-        raise ProfileError(f"group_size {quant.group_size} is not a multiple of 32, so the CPU's 32-input blocks "
-                           "cannot hold it; use a checkpoint quantized with group_size 32, 64 or 128")
-    block_group = torch.arange(in_features // BLOCK) * BLOCK // quant.group_size
+    block_group = _block_groups(quant)
     scale = quant.scales[:, block_group].half()
     low = (-(quant.scales.float() * quant.zeros.float()))[:, block_group].half()
-    codes = quant.codes.reshape(out_features, -1, BLOCK)
+    codes = quant.codes.reshape(quant.codes.shape[0], -1, BLOCK)
     nibbles = codes[..., :16] | (codes[..., 16:] << 4)  # Q4Linear's byte j: input j low, input j + 16 high
     return Q4Linear.from_fields(scale.unsqueeze(-1).view(torch.uint8), low.unsqueeze(-1).view(torch.uint8),
                                 nibbles, bias=bias)
+
+
+def q8_layer(quant: GroupQuant, bias: torch.Tensor | None = None) -> Q8Linear:
+    """Q8_0 blocks holding a symmetric 8-bit `quant` (its groups contiguous): (q - 128) * s exactly."""
+    if not bool((quant.zeros == 128).all()):
+        raise ProfileError("this 8-bit GPTQ checkpoint is asymmetric (zeros other than 128), which the CPU's Q8_0 "
+                           "blocks (a scale, no min) cannot hold; use one quantized with sym = true (GPTQModel's "
+                           "default) or a 4-bit checkpoint")
+    scale = quant.scales[:, _block_groups(quant)].half()
+    q = (quant.codes.short() - 128).to(torch.int8).reshape(quant.codes.shape[0], -1, BLOCK)
+    return Q8Linear.from_fields(scale.unsqueeze(-1).view(torch.uint8), q.view(torch.uint8), bias=bias)
+
+
+def _block_groups(quant: GroupQuant) -> torch.Tensor:
+    """The group of each 32-input block of `quant` (its groups contiguous)."""
+    if quant.group_size % BLOCK:
+        raise ProfileError(f"group_size {quant.group_size} is not a multiple of 32, so the CPU's 32-input blocks "
+                           "cannot hold it; use a checkpoint quantized with group_size 32, 64 or 128")
+    return torch.arange(quant.codes.shape[1] // BLOCK) * BLOCK // quant.group_size
 
 
 class GroupInt4Linear(WeightOnlyLinear):
@@ -71,7 +93,7 @@ class GroupInt4Linear(WeightOnlyLinear):
 
         dtype = torch.float16 if device.startswith("cuda") else torch.float32
         return cls(pack_rows(quant.codes.t()).to(device), quant.scales.t().to(device, dtype).contiguous(),
-                   quant.zeros.t().contiguous().to(device), quant.group_size, bias)
+                   quant.zeros.t().contiguous().to(device, torch.uint8), quant.group_size, bias)
 
     def dequantized(self) -> torch.Tensor:
         from inferplug.kernels.int4_gemm_ref import dequantize

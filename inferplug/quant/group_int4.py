@@ -1,7 +1,7 @@
-"""AWQ and GPTQ int4 checkpoints, unpacked bit for bit as AutoAWQ / GPTQModel pack them.
+"""AWQ and GPTQ int4 (and GPTQ int8) checkpoints, unpacked bit for bit as AutoAWQ / GPTQModel pack them.
 
 Both store w = (q - z) * s per group of `group_size` inputs, q and z 4-bit, s fp16, in int32 words of 8 nibbles
-(the lowest nibble first):
+(the lowest nibble first; GPTQ at 8 bits: words of 4 bytes, the lowest byte first, the same layouts otherwise):
 - AWQ GEMM: qweight [in, out / 8] packs 8 output columns in the order [0, 2, 4, 6, 1, 3, 5, 7] (AutoAWQ's
   AWQ_ORDER); qzeros [in / G, out / 8] likewise; scales [in / G, out].
 - GPTQ: qweight [in / 8, out] packs 8 consecutive input rows; qzeros [groups, out / 8] packs 8 consecutive output
@@ -25,12 +25,13 @@ NIBBLES = 8
 
 @dataclass
 class GroupQuant:
-    """One linear layer's int4 codes and per-group scale and zero, [out, in] like its float weight."""
+    """One linear layer's int4 (int8) codes and per-group scale and zero, [out, in] like its float weight."""
 
-    codes: torch.Tensor  # uint8 [out, in], 0..15
+    codes: torch.Tensor  # uint8 [out, in], 0..15 (0..255)
     scales: torch.Tensor  # fp16 [out, groups]
-    zeros: torch.Tensor  # uint8 [out, groups]
+    zeros: torch.Tensor  # int16 [out, groups] (GPTQ v1's stored 255 reads as 256)
     g_idx: torch.Tensor  # int64 [in]: the group of each input
+    bits: int = 4
 
     @property
     def group_size(self) -> int:
@@ -61,13 +62,13 @@ class GroupQuant:
         """The same layer with its inputs in `order` (then g_idx is i // group_size)."""
         n_in = self.codes.shape[1]
         return GroupQuant(self.codes[:, order].contiguous(), self.scales, self.zeros,
-                          torch.arange(n_in) // (n_in // self.scales.shape[1]))
+                          torch.arange(n_in) // (n_in // self.scales.shape[1]), self.bits)
 
 
-def unpack_words(words: torch.Tensor) -> torch.Tensor:
-    """int32 [..., n] -> uint8 [..., n * 8], nibble i of each word at position i."""
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
-    return ((words.unsqueeze(-1) >> shifts) & 15).to(torch.uint8).flatten(-2)
+def unpack_words(words: torch.Tensor, bits: int = 4) -> torch.Tensor:
+    """int32 [..., n] -> uint8 [..., n * 32 / bits], field i of each word (`bits` wide, lowest first) at position i."""
+    shifts = torch.arange(0, 32, bits, dtype=torch.int32)
+    return ((words.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)).to(torch.uint8).flatten(-2)
 
 
 def unpack_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int) -> GroupQuant:
@@ -79,29 +80,30 @@ def unpack_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor
     columns = (torch.arange(n_out).view(-1, NIBBLES) // NIBBLES * NIBBLES + torch.tensor(AWQ_ORDER)).flatten()
     codes = torch.empty(n_in, n_out, dtype=torch.uint8)
     codes[:, columns] = unpack_words(qweight)
-    zeros = torch.empty(n_in // group_size, n_out, dtype=torch.uint8)
-    zeros[:, columns] = unpack_words(qzeros)
+    zeros = torch.empty(n_in // group_size, n_out, dtype=torch.int16)
+    zeros[:, columns] = unpack_words(qzeros).short()
     return GroupQuant(codes.t().contiguous(), scales.t().contiguous(), zeros.t().contiguous(),
                       torch.arange(n_in) // group_size)
 
 
 def unpack_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor | None,
-                group_size: int, zero_offset: int) -> GroupQuant:
-    """GPTQ's packing -> GroupQuant. `zero_offset`: 1 for the v1 format (stores z - 1), 0 for v2."""
-    n_in, n_out = qweight.shape[0] * NIBBLES, qweight.shape[1]
+                group_size: int, zero_offset: int, bits: int = 4) -> GroupQuant:
+    """GPTQ's packing -> GroupQuant. `zero_offset`: 1 for the v1 format (stores z - 1), 0 for v2; `bits`: 4 or 8."""
+    per_word = 32 // bits
+    n_in, n_out = qweight.shape[0] * per_word, qweight.shape[1]
     groups = n_in // group_size
-    shapes = {"qweight": (qweight, (n_in // NIBBLES, n_out)), "qzeros": (qzeros, (groups, n_out // NIBBLES)),
+    shapes = {"qweight": (qweight, (n_in // per_word, n_out)), "qzeros": (qzeros, (groups, n_out // per_word)),
               "scales": (scales, (groups, n_out))}
     if g_idx is not None:
         shapes["g_idx"] = (g_idx, (n_in,))
     _check_shapes("GPTQ", shapes, n_in, group_size)
-    codes = unpack_words(qweight.t()).contiguous()  # [out, in]
+    codes = unpack_words(qweight.t(), bits).contiguous()  # [out, in]
     # v1 stores z - 1 (GPTQ's symmetric zero 8 as 7); a stored 15 reads as 16, as GPTQ's own kernels read it
-    zeros = (unpack_words(qzeros).int() + zero_offset).to(torch.uint8).t().contiguous()
+    zeros = (unpack_words(qzeros, bits).short() + zero_offset).t().contiguous()
     g_idx = torch.arange(n_in) // group_size if g_idx is None else g_idx.long()
     if g_idx.min() < 0 or g_idx.max() >= groups:
         raise ProfileError(f"g_idx names groups outside 0..{groups - 1}; the checkpoint is damaged: re-download it")
-    return GroupQuant(codes, scales.t().contiguous(), zeros, g_idx)
+    return GroupQuant(codes, scales.t().contiguous(), zeros, g_idx, bits)
 
 
 def _check_shapes(fmt: str, tensors: dict, n_in: int, group_size: int) -> None:

@@ -9,11 +9,11 @@ import torch.nn.functional as F
 
 from engine_helpers import greedy, make_engine, run_all, spy_fused_steps, tokens_and_logprobs, tokens_of, unfuse_steps
 from inferplug.models.loader import load_weights
-from inferplug.quant.block_linear import Q4Linear
-from inferplug.quant.checkpoint_layers import GroupInt4Linear, PermutedLinear, checkpoint_layer, q4_layer
+from inferplug.quant.block_linear import BlockLinear
+from inferplug.quant.checkpoint_layers import GroupInt4Linear, PermutedLinear, checkpoint_layer, q4_layer, q8_layer
 from inferplug.quant.linear import quantize_model
 from inferplug.types import Request
-from quant_fixtures import NAMES, fixture_dir, float_model, reference, reference_weights, unpacked
+from quant_fixtures import INT4_NAMES, NAMES, fixture_dir, float_model, reference, reference_weights, unpacked
 
 # Our decode steps round activations to int8 per 32 inputs (as llama.cpp does), the lm_head is a Q8_0 copy of the
 # embedding, and each Q4_1 block's min is fp16: tokens may part from GPTQModel's only where its top two logits
@@ -24,12 +24,16 @@ TIE = 0.05
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_q4_repack_holds_the_checkpoint_weights(cpu_kernel_ops, name):
-    """Scale exact; the min -s*z rounded to fp16: off by at most half an fp16 ulp of s*z."""
+def test_block_repack_holds_the_checkpoint_weights(cpu_kernel_ops, name):
+    """4 bits in Q4_1: scale exact; the min -s*z rounded to fp16, off by at most half an fp16 ulp of s*z. 8 bits
+    (symmetric) in Q8_0: exact."""
     for quant in unpacked(name).values():
         order = quant.input_order()
         quant = quant if order is None else quant.permuted(order)
         exact = quant.dequantized()
+        if quant.bits == 8:
+            assert torch.equal(q8_layer(quant).dequantized(), exact)
+            continue
         bound = (quant.scales.float() * quant.zeros.float()).abs().amax() * 2.0**-11
         assert (q4_layer(quant).dequantized() - exact).abs().max() <= bound
 
@@ -40,11 +44,11 @@ def test_loaded_layers_equal_gptqmodels_weights(cpu_kernel_ops, name):
     weights = load_weights(fixture_dir(name), torch.float32, "cpu", declared_format=name.split("-")[0])
     for module, expected in reference_weights(name).items():
         layer = weights[module]
-        assert isinstance(layer, (Q4Linear, PermutedLinear))
+        assert isinstance(layer, (BlockLinear, PermutedLinear))
         torch.testing.assert_close(layer.dequantized(), expected, rtol=0, atol=expected.abs().max().item() * 2**-10)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", INT4_NAMES)
 def test_group_layer_runs_the_exact_weights(name, monkeypatch):
     """GroupInt4Linear (CUDA's layer; on a CPU without the kernels its torch reference) keeps the checkpoint's
     groups exactly."""
@@ -59,6 +63,15 @@ def test_group_layer_runs_the_exact_weights(name, monkeypatch):
         assert torch.equal(layer.dequantized(), quant.dequantized())
         if quant.codes.shape[1] == 128:
             torch.testing.assert_close(layer(x), F.linear(x, quant.dequantized()), rtol=1e-5, atol=1e-5)
+
+
+def test_8bit_gptq_needs_the_cpu_kernels(monkeypatch):
+    from inferplug.errors import ProfileError
+    from inferplug.kernels import cpu as cpu_kernels
+
+    monkeypatch.setattr(cpu_kernels, "ops", lambda: None)
+    with pytest.raises(ProfileError, match="8-bit GPTQ runs on inferplug's CPU kernels only.*4-bit"):
+        checkpoint_layer(next(iter(unpacked("gptq-8bit-actorder-g32").values())), "cpu")
 
 
 def run_greedy(engine, ref: dict) -> list[list[int]]:
@@ -117,17 +130,16 @@ def test_fused_group_layers_and_act_order_mismatch(monkeypatch):
         fuse_rows([q, o])
 
 
-def test_act_order_decodes_in_one_kernel_call_like_the_layer_by_layer_path(cpu_kernel_ops, monkeypatch):
+@pytest.mark.parametrize("name", ["gptq-actorder-g32", "gptq-8bit-actorder-g32"])
+def test_act_order_decodes_in_one_kernel_call_like_the_layer_by_layer_path(cpu_kernel_ops, name, monkeypatch):
     """GPTQ act-order layers take decode_layers' fused step (q/k/v, o and gate/up inputs gathered in the call;
     down's order folded into gate/up's rows at load): tokens and logprobs bit for bit the layer-by-layer path's."""
-    name = "gptq-actorder-g32"
-
     def generate():
         engine = make_engine(fixture_dir(name))
         quantize_model(engine.runner.model, "gptq")
         layer = engine.runner.model.layers[0]
         assert all(isinstance(w, PermutedLinear) for w in (layer.qkv, layer.o, layer.gate_up))
-        assert isinstance(layer.down, Q4Linear)  # its order lives in gate_up's rows
+        assert isinstance(layer.down, BlockLinear)  # its order lives in gate_up's rows
         ref = reference(name)
         requests = [Request(prompt=p, params=greedy(12, logprobs=3), request_id=f"r{i}") for i, p in enumerate(ref["prompts"])]
         return tokens_and_logprobs(run_all(engine, requests[:1], {2: requests[1:]}))

@@ -30,6 +30,10 @@ def test_fixtures_cover_act_order_and_symmetric():
     symmetric = unpacked("gptq-sym-g64")
     assert all(bool((q.zeros == 8).all()) for q in symmetric.values())
     assert not all(bool((q.zeros == 8).all()) for q in unpacked("awq-g64").values())
+    eight_bit = unpacked("gptq-8bit-actorder-g32")
+    assert all(q.bits == 8 and bool((q.zeros == 128).all()) for q in eight_bit.values())
+    assert any(q.input_order() is not None for q in eight_bit.values())
+    assert max(int(q.codes.max()) for q in eight_bit.values()) > 15  # really 8-bit codes
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -47,6 +51,15 @@ def test_awq_column_order_is_autoawqs():
     qweight = torch.tensor([[word - (1 << 32) if word >= 1 << 31 else word]] * 32, dtype=torch.int32)
     quant = unpack_awq(qweight, torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, 8, dtype=torch.float16), 32)
     assert quant.codes[:, 0].tolist() == list(range(8))
+
+
+def test_gptq_8bit_words_hold_four_bytes_lowest_first():
+    word = 0x80FF0102 - (1 << 32)  # bytes, lowest first: 0x02, 0x01, 0xFF, 0x80
+    qweight = torch.full((8, 4), word, dtype=torch.int32)  # 32 inputs, 4 outputs
+    qzeros = torch.full((1, 1), 0x7F7F7F7F, dtype=torch.int32)  # stored 127 = symmetric zero 128 in v1
+    quant = unpack_gptq(qweight, qzeros, torch.ones(1, 4, dtype=torch.float16), None, 32, zero_offset=1, bits=8)
+    assert quant.codes[0, :4].tolist() == [2, 1, 255, 128] and (quant.zeros == 128).all()
+    assert quant.dequantized()[0, :4].tolist() == [-126, -127, 127, 0]
 
 
 def test_gptq_v1_zero_offset():
@@ -102,6 +115,16 @@ def test_missing_or_misshapen_tensors(tmp_path, edit, match):
     path = editable_copy("gptq-actorder-g32", tmp_path)
     rewrite_tensors(path, edit)
     with pytest.raises(ProfileError, match=match):
+        load_weights(path, torch.float32)
+
+
+def test_8bit_gptq_must_be_symmetric(tmp_path):
+    path = editable_copy("gptq-8bit-actorder-g32", tmp_path)
+
+    def asymmetric(tensors):
+        tensors["model.layers.1.self_attn.k_proj.qzeros"][0, 0] = 0x7F7F7F70  # one zero 113
+    rewrite_tensors(path, asymmetric)
+    with pytest.raises(ProfileError, match="8-bit GPTQ checkpoint is asymmetric.*sym = true"):
         load_weights(path, torch.float32)
 
 
