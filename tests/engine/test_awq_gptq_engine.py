@@ -19,8 +19,8 @@ from quant_fixtures import INT4_NAMES, NAMES, fixture_dir, float_model, referenc
 # embedding, and each Q4_1 block's min is fp16: tokens may part from GPTQModel's only where its top two logits
 # nearly tie. Measured on the fixtures (48 tokens each): awq-g64 parts twice, at gaps of 0.0012 (prompt 0, token 6)
 # and 0.027 (prompt 1, token 15) with logits of std ~0.95; the 4-bit GPTQ fixtures never part; gptq-8bit (Q8_0
-# blocks, its weights exact) parts once, at a gap of 0.025 (prompt 2, token 10): int8 activations and head alone. A gap under 5% of the
-# logits' std is what that rounding explains.
+# blocks, its weights exact) parts once, at a gap of 0.025 (prompt 2, token 10): int8 activations and head alone.
+# A gap under 5% of the logits' std is what that rounding explains.
 TIE = 0.05
 
 
