@@ -11,6 +11,8 @@ that was Q4_1 already, and fp32 and Q4_1 have the same weights.
   (formats taking turns, --rounds rounds, median), then all --requests at once.
 
     .venv/bin/python bench/awq_gptq.py --quant-dir /tmp/smollm2-quant --threads 2
+    .venv/bin/python bench/awq_gptq.py --quant-dir /tmp/smollm2-quant --formats "q4_1 gguf,gptq g32 act-order" \
+        --speed-only --rounds 9        # one-stream speed of two peers alone: quicker on a loaded host
 """
 
 from __future__ import annotations
@@ -89,6 +91,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--output-cap", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--formats", help="comma-separated labels to run (default: every one built); q4_1 gguf is the base")
+    ap.add_argument("--speed-only", action="store_true", help="one-stream speed only: no perplexity, no 64 requests")
     ap.add_argument("--out", default="bench/results/awq_gptq.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -98,29 +102,34 @@ def main() -> None:
 
     tokenizer = load_tokenizer(args.quant_dir / "fp32")
     ids = tokenizer(TEXT.read_text())["input_ids"]
-    hf = transformers.AutoModelForCausalLM.from_pretrained(args.quant_dir / "fp32", dtype=torch.float32).eval()
     requests = workload(tokenizer, args.requests, args.output_cap)
-    present = {label: spec for label, spec in formats(args.quant_dir, _profile_model()).items() if spec[0].exists()}
-    for label in formats(args.quant_dir, Path()).keys() - present.keys():
-        print(f"skipping {label}: not built yet (bench/make_smollm2_awq_gptq.py)")
+    wanted = args.formats.split(",") if args.formats else list(formats(args.quant_dir, Path()))
+    present = {label: spec for label, spec in formats(args.quant_dir, _profile_model()).items()
+               if label in wanted and spec[0].exists()}
+    for label in set(wanted) - present.keys():
+        print(f"skipping {label}: not built yet (bench/make_smollm2_awq_gptq.py) or not a format label")
     engines = {label: build(path, fmt, tokenizer) for label, (path, fmt) in present.items()}
-    report = {label: {"perplexity": perplexity(hf, float_state(e.runner.model), ids),
-                      "decode_weight_bytes": e.runner.model.decode_weight_bytes()} for label, e in engines.items()}
+    report = {label: {"decode_weight_bytes": e.runner.model.decode_weight_bytes()} for label, e in engines.items()}
+    if not args.speed_only:
+        hf = transformers.AutoModelForCausalLM.from_pretrained(args.quant_dir / "fp32", dtype=torch.float32).eval()
+        for label, engine in engines.items():
+            report[label]["perplexity"] = perplexity(hf, float_state(engine.runner.model), ids)
     one_stream: dict[str, list[float]] = {label: [] for label in engines}
     for r in range(args.rounds):
         labels = list(engines)[r % len(engines):] + list(engines)[:r % len(engines)]
         for label in labels:
             one_stream[label].append(single_stream(engines[label], requests[0][0], args.output_cap))
     for label, engine in engines.items():
-        run_native(engine, requests[:2])  # warm-up
-        report[label] |= {"single_stream_tok_per_s": statistics.median(one_stream[label]),
-                          "batch": run_native(engine, requests)}
+        report[label]["single_stream_tok_per_s"] = statistics.median(one_stream[label])
+        if not args.speed_only:
+            run_native(engine, requests[:2])  # warm-up
+            report[label]["batch"] = run_native(engine, requests)
     base = report["q4_1 gguf"]["single_stream_tok_per_s"]
     print(f"{'format':<22}{'ppl':>8}{'MiB/step':>10}{'1-stream tok/s':>16}{'vs q4_1':>9}{f'{args.requests} req tok/s':>14}")
     for label, row in report.items():
-        print(f"{label:<22}{row['perplexity']:>8.3f}{row['decode_weight_bytes'] / 2**20:>10.1f}"
+        print(f"{label:<22}{row.get('perplexity', math.nan):>8.3f}{row['decode_weight_bytes'] / 2**20:>10.1f}"
               f"{row['single_stream_tok_per_s']:>16.1f}{row['single_stream_tok_per_s'] / base:>8.2f}x"
-              f"{row['batch']['tok_per_s']:>14.1f}")
+              f"{row['batch']['tok_per_s'] if 'batch' in row else math.nan:>14.1f}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"text_tokens": len(ids), "threads": args.threads, "formats": report}, indent=2))
 
