@@ -11,7 +11,8 @@ the best of --repeats runs and ours / llama.cpp's prefill rate. Peers:
 --streams N adds: N greedy streams decoding alone (their median TPOT), then the same with a
 --stream-prompt-tokens prompt arriving among them (their mean TPOT while it prefills, and their longest gap: one
 prefill chunk's step), for each --chunks size (the profile's limits.max_num_batched_tokens, set through
-INFERPLUG_LIMITS__MAX_NUM_BATCHED_TOKENS).
+INFERPLUG_LIMITS__MAX_NUM_BATCHED_TOKENS) and each --caps value (limits.max_prefill_tokens_while_decoding: the
+prefill tokens a step may carry beside decode rows; 0 none).
 
     .venv/bin/python bench/prefill.py --lengths 512,2048,8000 --json prefill-result.json
 """
@@ -29,6 +30,7 @@ from peers import machine
 
 THREADS = os.cpu_count() or 1
 CHUNK_ENV = "INFERPLUG_LIMITS__MAX_NUM_BATCHED_TOKENS"  # the profile's limits.max_num_batched_tokens
+CAP_ENV = "INFERPLUG_LIMITS__MAX_PREFILL_TOKENS_WHILE_DECODING"
 
 
 def prompt(length: int, run: int, vocab: int) -> list[int]:
@@ -79,15 +81,15 @@ def measure(name: str, ttft, lengths: list[int], repeats: int, vocab: int, run0:
     return rows
 
 
-def decode_under_prefill(backend, profile: str, chunk: int, args, vocab: int, run0: int) -> dict:
+def decode_under_prefill(backend, profile: str, chunk: int, cap: int, args, vocab: int, run0: int) -> dict:
     alone = backend.run_sync(stream_tpot(backend, args.streams, args.stream_output_len, None, vocab))
     long_prompt = prompt(args.stream_prompt_tokens, run0 + chunk, vocab)
     busy = backend.run_sync(stream_tpot(backend, args.streams, args.stream_output_len, long_prompt, vocab))
     ratio = (busy["mean_during_prefill_ms"] or 0) / alone["median_ms"]
-    print(f"{profile}, {chunk}-token chunks: {args.streams} streams' TPOT {alone['median_ms']:.1f} ms alone; while a "
+    print(f"{profile}, {chunk}-token chunks, {cap} beside decodes: {args.streams} streams' TPOT {alone['median_ms']:.1f} ms alone; while a "
           f"{args.stream_prompt_tokens}-token prompt prefills (TTFT {busy['prefill_s']:.2f} s): mean "
           f"{busy['mean_during_prefill_ms'] or 0:.1f} ms ({ratio:.2f}x), longest gap {busy['max_ms']:.1f} ms", flush=True)
-    return {"profile": profile, "chunk_tokens": chunk, "streams": args.streams,
+    return {"profile": profile, "chunk_tokens": chunk, "prefill_cap_while_decoding": cap, "streams": args.streams,
             "prefill_tokens": args.stream_prompt_tokens, "alone": alone, "under_prefill": busy, "tpot_ratio": ratio}
 
 
@@ -138,6 +140,7 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=0, help="also measure TPOT of N streams under a long prefill")
     parser.add_argument("--stream-prompt-tokens", type=int, default=4000)
     parser.add_argument("--chunks", default="512", help="prefill chunk sizes (tokens a step) for --streams")
+    parser.add_argument("--caps", default="32", help="prefill tokens a step may carry beside decodes, for --streams")
     parser.add_argument("--stream-output-len", type=int, default=48)
     parser.add_argument("--json", default="prefill-result.json")
     args = parser.parse_args()
@@ -155,12 +158,13 @@ def main() -> None:
         vocab = vocab or len(backend.tokenizer)
         results += measure(f"inferplug {profile}", lambda ids: ttft_ours(backend, ids), lengths, args.repeats, vocab, run0)
         close_backend(profile)  # closed and forgotten: the next get_backend loads afresh
-        for chunk in [int(c) for c in args.chunks.split(",") if c] if args.streams else []:
-            os.environ[CHUNK_ENV] = str(chunk)
+        settings = [(int(c), int(k)) for c in args.chunks.split(",") if c for k in args.caps.split(",") if k]
+        for chunk, cap in settings if args.streams else []:
+            os.environ[CHUNK_ENV], os.environ[CAP_ENV] = str(chunk), str(cap)
             backend = get_backend(profile)
-            tpot.append(decode_under_prefill(backend, profile, chunk, args, vocab, run0))
+            tpot.append(decode_under_prefill(backend, profile, chunk, cap, args, vocab, run0))
             close_backend(profile)
-            del os.environ[CHUNK_ENV]
+            del os.environ[CHUNK_ENV], os.environ[CAP_ENV]
     if "llama.cpp" in args.peers.split(","):
         gguf = ensure_local(load_profile(args.profiles.split(",")[0]).model)
         ttft = llama_cpp_runner(gguf, max(lengths) + 16, args.threads)

@@ -149,6 +149,8 @@ class Parallel(Table):
 class Limits(Table):
     max_num_seqs: int | None = Field(default=None, ge=1)
     max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    # prefill tokens a step may carry while streams decode in it (0: no cap; unset: the device's default)
+    max_prefill_tokens_while_decoding: int | None = Field(default=None, ge=0)
     max_model_len: int | None = Field(default=None, ge=1)
 
 

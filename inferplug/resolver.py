@@ -29,6 +29,12 @@ DEFAULT_MAX_NUM_SEQS = {"cpu": 16, "cuda": 256}
 # attention kernel reads a cached prefix once per 16 query rows whatever the chunking: smaller chunks cost prefill
 # little (a weight pass a step) and cut the streams' stalls 8x against 2048 (bench/prefill.py --streams).
 DEFAULT_BATCHED_TOKENS = {"cpu": 256, "cuda": 8192}
+# Prefill tokens a step may carry beside decode rows (0: the whole budget). On the CPU a decode step streams the
+# weights once; a dozen prefill rows ride along for about one more step's time (their attention over a long prefix
+# included), a 256-token chunk stretches it ~20-45x. So a long prompt's chunks shrink to 16 while streams decode:
+# their TPOT ~2.1x alone, against 4.4x at 32 (bench/prefill.py --streams 4 --caps 0,8,16,32, docs/benchmarks.md).
+# CUDA: not measured yet, so no cap.
+DEFAULT_PREFILL_WHILE_DECODING = {"cpu": 16, "cuda": 0}
 EXL2_CACHE_BYTES = {"FP16": 2.0, "Q8": 1.0, "Q6": 0.75, "Q4": 0.5}
 # Quantized checkpoints the native engine cannot unpack, and the way out.
 NATIVE_UNREADABLE = {"exl2": "use exllamav2 on a CUDA GPU"}
@@ -60,6 +66,7 @@ class Plan:
     max_model_len: int = 0
     max_num_seqs: int = 1
     max_num_batched_tokens: int = 0
+    max_prefill_tokens_while_decoding: int = 0  # native: prefill tokens beside decode rows in a step (0: no cap)
     kv_dtype: str = "float32"
     compute_type: str | None = None  # CTranslate2's compute_type
     weight_format: str | None = None  # native: linears stored fp16/int8/int4 (quant/linear.py); None: in dtype
@@ -356,10 +363,18 @@ def _local_plan(backend: str, profile: Profile, hw: Hardware, facts: ModelFacts 
         backend=backend, device=device, dtype=dtype, attention=attention, block_size=profile.cache.block_size,
         num_kv_blocks=memory.cache_tokens // profile.cache.block_size, max_model_len=max_len, max_num_seqs=seqs,
         max_num_batched_tokens=batched, kv_dtype=kv_dtype, compute_type=compute_type,
+        max_prefill_tokens_while_decoding=_prefill_while_decoding(profile.limits, kind),
         tensor_parallel_size=max(len(gpus), 1), prefix_caching=profile.cache.prefix_caching,
         rag_document_cache=profile.cache.rag_document_cache, model_path=cached_path(profile.model),
         memory=memory, reasons=reasons,
     )
+
+
+def _prefill_while_decoding(limits, kind: str) -> int:
+    """The profile's limits.max_prefill_tokens_while_decoding, or the device kind's default (0: no cap)."""
+    if limits.max_prefill_tokens_while_decoding is not None:
+        return limits.max_prefill_tokens_while_decoding
+    return DEFAULT_PREFILL_WHILE_DECODING[kind]
 
 
 def _gpu_need(profile: Profile, facts: ModelFacts | None, kv_bytes: float) -> str:

@@ -20,7 +20,8 @@ EXPLANATIONS = {"memory", "reasons", "rejected"}  # why the plan is what it is: 
 REPORTS = {"inferplug/commands/resolve.py", "inferplug/doctor.py"}
 # The native engine's config, from each field it runs by: another value of the field must change it.
 NATIVE_CHANGES = {"device": "cuda:0", "dtype": "bfloat16", "attention": "triton", "block_size": 32, "num_kv_blocks": 7,
-                  "max_model_len": 99, "max_num_seqs": 3, "max_num_batched_tokens": 77, "kv_dtype": "float16",
+                  "max_model_len": 99, "max_num_seqs": 3, "max_num_batched_tokens": 77,
+                  "max_prefill_tokens_while_decoding": 5, "kv_dtype": "float16",
                   "prefix_caching": False, "rag_document_cache": False}
 
 

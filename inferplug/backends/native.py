@@ -57,6 +57,7 @@ def engine_config(plan: Plan):
         dtype=plan.dtype, device=plan.device, block_size=plan.block_size, num_kv_blocks=plan.num_kv_blocks,
         max_model_len=plan.max_model_len or None, max_num_seqs=plan.max_num_seqs,
         max_num_batched_tokens=plan.max_num_batched_tokens, enable_prefix_caching=plan.prefix_caching,
+        max_prefill_tokens_while_decoding=plan.max_prefill_tokens_while_decoding,
         rag_document_cache=plan.rag_document_cache,  # doc_cache: the profile's [cache] rag_document_cache
         attention=plan.attention, kv_dtype=plan.kv_dtype,
     )

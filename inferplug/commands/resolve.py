@@ -47,7 +47,8 @@ def _print_plan(name: str, plan) -> None:  # noqa: ANN001 - a resolver.Plan
     console = Console()
     table = Table(title=f"plan for {name}", show_header=False)
     for key in ("backend", "device", "dtype", "attention", "kv_dtype", "compute_type", "block_size", "num_kv_blocks",
-                "max_model_len", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
+                "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+                "max_prefill_tokens_while_decoding", "tensor_parallel_size"):
         if getattr(plan, key) is not None:
             table.add_row(key, str(getattr(plan, key)))
     console.print(table)

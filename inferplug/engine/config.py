@@ -14,6 +14,7 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
+    max_prefill_tokens_while_decoding: int = 0  # prefill tokens a step with decode rows may carry (0: no cap)
     enable_prefix_caching: bool = True  # False: no block hashing or prefix reuse (profile cache.prefix_caching)
     rag_document_cache: bool = True  # doc_cache: reuse RAG documents' KV given Request.documents
     speculative_method: str = "none"  # "ngram": prompt-lookup speculative decoding (engine/spec_decode.py)

@@ -53,6 +53,7 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.blocks, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=max(config.max_num_batched_tokens, config.block_size),
+            max_prefill_tokens_while_decoding=config.max_prefill_tokens_while_decoding,
             prefix_source=self.doc_cache, proposer=make_proposer(config),
         )
         self.requests: dict[str, RequestState] = {}

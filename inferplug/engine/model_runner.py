@@ -11,6 +11,13 @@ from inferplug.engine.sampler import SampleResult, Sampler
 from inferplug.engine.sequence import Sequence
 
 
+def is_decode(seq: Sequence, tokens: int) -> bool:
+    """A decode row computes one generated token. A prompt's last token is a prefill row even when it is computed
+    alone (a 1-token final chunk, or everything before it from the prefix cache): it takes the prefill arithmetic
+    its chunk-mates take, so its logits do not depend on how the prompt was chunked or cached."""
+    return tokens == 1 and not seq.spec_token_ids and seq.num_computed_tokens >= seq.num_prompt_tokens
+
+
 class ModelRunner:
     def __init__(self, model, *, num_blocks: int, block_size: int, sampler: Sampler, max_num_seqs: int = 0,
                  max_model_len: int = 0):
@@ -30,10 +37,10 @@ class ModelRunner:
         one, or for a speculating sequence its accepted proposals and one more (engine/spec_decode.py).
         Verification rows (a decode token and its proposals) follow the decode rows and take their arithmetic
         (ctx.verify_rows), so a token comes out as plain decoding would compute it."""
-        decodes = [(s, n) for s, n in scheduled if n == 1 and s.num_computed_tokens > 0]
+        decodes = [(s, n) for s, n in scheduled if is_decode(s, n)]
         decodes.sort(key=lambda d: -d[0].num_computed_tokens)  # longest first: groups of similar lengths
         verifies = [(s, n) for s, n in scheduled if s.spec_token_ids]
-        prefills = [(s, n) for s, n in scheduled if not (n == 1 and s.num_computed_tokens > 0) and not s.spec_token_ids]
+        prefills = [(s, n) for s, n in scheduled if not is_decode(s, n) and not s.spec_token_ids]
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []

@@ -50,12 +50,21 @@ class Proposer(Protocol):
     def propose(self, seq: Sequence, limit: int) -> list[int]: ...
 
 
+def _decoding(seq: Sequence) -> bool:
+    """seq's next row computes a generated token (its prompt, and any recompute, are done)."""
+    return seq.num_computed_tokens >= seq.num_prompt_tokens and seq.num_computed_tokens == len(seq.token_ids) - 1
+
+
 class Scheduler:
     def __init__(self, blocks: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 prefix_source: PrefixSource | None = None, proposer: Proposer | None = None):
+                 max_prefill_tokens_while_decoding: int = 0, prefix_source: PrefixSource | None = None,
+                 proposer: Proposer | None = None):
+        """max_prefill_tokens_while_decoding: prefill tokens a step may carry beside decode rows (0: the whole
+        budget), so a long prompt's chunks stretch the running streams' steps by a bounded amount."""
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_prefill_tokens_while_decoding = max_prefill_tokens_while_decoding
         self.prefix_source = prefix_source
         self.proposer = proposer
         self.num_draft_tokens = self.num_accepted_tokens = self.num_spec_steps = 0
@@ -74,13 +83,20 @@ class Scheduler:
 
     def schedule(self) -> list[tuple[Sequence, int]]:
         """The (sequence, number of new tokens) pairs to compute this step."""
-        budget = self.max_num_batched_tokens
+        budget = prefill_budget = self.max_num_batched_tokens
+        if self.max_prefill_tokens_while_decoding and any(map(_decoding, self.running)):
+            prefill_budget = self.max_prefill_tokens_while_decoding
         scheduled: list[tuple[Sequence, int]] = []
         preempted = False
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = self._chunk(seq, seq.num_computed_tokens, budget, speculate=True)
+            decoding = _decoding(seq)
+            if not decoding and prefill_budget <= 0:  # the decode rows' step is full of prefill: next step
+                i += 1
+                continue
+            n = self._chunk(seq, seq.num_computed_tokens, budget if decoding else min(budget, prefill_budget),
+                            speculate=True)
             if seq.spec_token_ids and not self.blocks.allocate(seq, seq.num_computed_tokens + n):
                 seq.spec_token_ids = []  # no room to speculate: decode plainly rather than preempt another
                 n = self._chunk(seq, seq.num_computed_tokens, budget)
@@ -93,22 +109,24 @@ class Scheduler:
             else:
                 scheduled.append((seq, n))
                 budget -= n
+                prefill_budget -= 0 if decoding else n
                 i += 1
                 continue
             break
         if preempted:  # admitting now would only take blocks the preempted need back
             return scheduled
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while self.waiting and min(budget, prefill_budget) > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             hits = self._prefix_hits(seq)
             computed = len(hits) * self.blocks.block_size
-            n = self._chunk(seq, computed, budget)
+            n = self._chunk(seq, computed, min(budget, prefill_budget))
             if not self.blocks.allocate(seq, computed + n, hits):
                 break
             self.waiting.popleft()
             self._admit(seq, computed)
             scheduled.append((seq, n))
             budget -= n
+            prefill_budget -= n
         return scheduled
 
     def update_after_step(self, scheduled: list[tuple[Sequence, int]],

@@ -86,3 +86,19 @@ def test_smollm2_default_path_answer_is_the_same_alone_batched_cached_and_on_one
     finally:
         torch.set_num_threads(threads)
     assert single == alone, f"one thread against {threads}"
+
+
+def test_tiny_prompt_last_token_computed_alone_takes_prefill_arithmetic(tiny_model_dir):
+    """A prompt's last token computed alone (a 1-token final chunk, or the rest from the prefix cache) is a prefill
+    row: under int4 layers, where decode rows round activations to int8, its logprobs match one-chunk prefill."""
+    vocab = 300
+    prompt = prompts_of([41], vocab=vocab, seed=5)[0]
+    whole = _trace(run_all(_engine(tiny_model_dir, "int4", max_num_batched_tokens=256), [_target(prompt)])["target"])
+    assert _trace(run_all(_engine(tiny_model_dir, "int4"), [_target(prompt)])["target"]) == whole, "chunks 40 + 1"
+
+    engine = _engine(tiny_model_dir, "int4", max_num_batched_tokens=256)
+    run_all(engine, [_target(prompt[:32] + [7], "warm")])
+    cached = run_all(engine, [_target(prompt[:33])])["target"]
+    assert cached[-1].usage.cached_tokens == 32
+    alone = _trace(run_all(_engine(tiny_model_dir, "int4", max_num_batched_tokens=256), [_target(prompt[:33])])["target"])
+    assert _trace(cached) == alone, "32 tokens from the prefix cache + 1"

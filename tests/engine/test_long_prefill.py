@@ -3,11 +3,13 @@ that ends mid-chunk, and at the context's edge, against HF transformers (fp32)."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from engine_helpers import greedy, hf_greedy, make_engine, prompts_of, run_all, tokens_of
 
 from inferplug.errors import RequestError
-from inferplug.types import Request
+from inferplug.types import Request, SamplingParams
 
 
 def test_long_prompt_in_odd_chunks_and_after_a_prefix_hit_matches_hf(tiny_model_dir):
@@ -29,3 +31,32 @@ def test_a_prompt_filling_the_context_runs_and_one_over_is_refused(tiny_llama_di
     assert tokens_of(full) == hf_greedy(tiny_llama_dir, prompt[:511], 1)
     with pytest.raises(RequestError, match="shorten the prompt"):
         engine.add_request(Request(prompt=prompt, params=greedy(1), request_id="over"))
+
+
+LONG_TEXT = Path(__file__).resolve().parents[2] / "bench" / "data" / "perplexity_text.md"  # ~2,700 tokens of docs
+
+
+@pytest.mark.smollm2
+@pytest.mark.slow
+def test_smollm2_long_prompt_chunked_and_after_a_prefix_hit_matches_hf(smollm2_gguf):
+    """A ~2,800-token chat prompt in 256-token chunks through the paged attention kernel (fp32), then another
+    question on the same text, its prefix from the cache: greedy tokens equal HF transformers' (fp32)."""
+    import torch
+    import transformers
+
+    engine = make_engine(smollm2_gguf, max_num_batched_tokens=256, num_kv_blocks=400)
+    text = LONG_TEXT.read_text()
+    prompts = [engine.encode(Request(messages=[{"role": "user", "content": f"{text}\n\n{question}"}]))[0]
+               for question in ("What is a profile?", "Which file holds the schema?")]
+    assert len(prompts[0]) > 2500
+    params = SamplingParams(temperature=0.0, max_tokens=8)  # stops at EOS, as HF generate does
+    first = run_all(engine, [Request(prompt=prompts[0], params=params, request_id="cold")])["cold"]
+    hit = run_all(engine, [Request(prompt=prompts[1], params=params, request_id="hit")])["hit"]
+    assert hit[-1].usage.cached_tokens >= len(prompts[0]) - 32
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name,
+                                                           dtype=torch.float32).eval()
+    for events, prompt in ((first, prompts[0]), (hit, prompts[1])):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)
+        assert tokens_of(events) == ref[0, len(prompt):].tolist()

@@ -24,17 +24,15 @@ using inferplug_isa::WORD;
 
 constexpr int64_t PREFETCH = 2048;  // bytes ahead
 
-// Per format: a block's quant bytes, whether it has mins, and weight j of a block as a float (dequantize).
+// Per format: a block's quant bytes and whether it has mins.
 struct Q4_1 {  // w = q * scale + min, q in 0..15; 16 bytes of nibbles (byte j: weight j low, j + 16 high)
   static constexpr int64_t QUANT_BYTES = 16;
   static constexpr bool HAS_MIN = true;
-  static float weight(const uint8_t* quants, int j) { return static_cast<float>(j < 16 ? quants[j] & 0x0F : quants[j - 16] >> 4); }
 };
 
 struct Q8_0 {  // w = q * scale, 32 int8
   static constexpr int64_t QUANT_BYTES = 32;
   static constexpr bool HAS_MIN = false;
-  static float weight(const uint8_t* quants, int j) { return static_cast<float>(static_cast<int8_t>(quants[j])); }
 };
 
 // Where a row's fields start: scales, mins (Q4_1), quants.

@@ -124,6 +124,23 @@ at::Tensor q8_matmul_float(const at::Tensor& x, const at::Tensor& weight) {
   return y;
 }
 
+// One block's 32 weights as floats, 8 at a time: q * scale + min, a multiply then an add, as torch's reference
+// rounds (BlockLinear._unpack; the build has no implicit FMAs).
+template <typename Format>
+inline void dequantize_block(const uint8_t* quants, float scale, float min, float* out) {
+  const __m256 scales = _mm256_set1_ps(scale), mins = _mm256_set1_ps(min);
+  for (int j = 0; j < QK; j += 8) {
+    __m256i q;
+    if constexpr (Format::HAS_MIN) {  // byte i: weight i in its low nibble, weight i + 16 in its high one
+      const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(quants + j % 16));
+      q = _mm256_cvtepu8_epi32(_mm_and_si128(j < 16 ? bytes : _mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F)));
+    } else {
+      q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(quants + j)));
+    }
+    _mm256_storeu_ps(out + j, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), scales), mins));
+  }
+}
+
 // The float32 weight [N, K]: prefill's many rows run faster as one float matmul than through dot_rows.
 // INTERLEAVED: the layers' quants by runs (kernels.h); else each block's bytes in a row (the float head's).
 template <typename Format, bool INTERLEAVED>
@@ -144,7 +161,7 @@ at::Tensor dequantize(const at::Tensor& weight) {
         uint8_t interleaved[Format::QUANT_BYTES];
         if (INTERLEAVED) row.block_quants(b, blocks, interleaved);
         const uint8_t* quants = INTERLEAVED ? interleaved : row.quants + b * Format::QUANT_BYTES;
-        for (int j = 0; j < QK; j++) o[(n * blocks + b) * QK + j] = Format::weight(quants, j) * scale + min;
+        dequantize_block<Format>(quants, scale, min, o + (n * blocks + b) * QK);
       }
     }
   });

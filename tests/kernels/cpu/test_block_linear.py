@@ -80,6 +80,14 @@ def test_head_layer_takes_q8_blocks_when_they_are_exact_or_the_layers_are_quanti
     assert isinstance(head_layer(weight, "int4"), Q8HeadLinear)
 
 
+@pytest.mark.parametrize("layer_cls", [Q4Linear, Q8Linear, Q8HeadLinear])
+def test_the_kernels_unpacked_weight_is_the_torch_references_bit_for_bit(ops, layer_cls):
+    """The prefill rows' float weight (the vector unpacking) against BlockLinear.dequantized, a run's worth of
+    blocks and a short last run (K = 18 blocks)."""
+    layer = layer_cls.from_float(torch.randn(40, 576, generator=torch.Generator().manual_seed(3)) * 0.05)
+    assert torch.equal(getattr(ops, layer.unpack)(layer.blocks), layer.dequantized())
+
+
 @pytest.mark.parametrize("layer_cls", [Q4Linear, Q8Linear])
 @pytest.mark.parametrize("decode_rows", [0, 1, 7])
 def test_prefill_rows_use_the_dequantized_weight(ops, layer_cls, weight, decode_rows):
