@@ -134,6 +134,40 @@ class Scheduler:
             self.add(sibling, front=True)
         seq.siblings_waiting = []
 
+    def fork(self, beams: list[Sequence], parents: list[Sequence], tokens: list[int]) -> list[tuple[int, int]]:
+        """Beam search moved on: beams[i] becomes parents[i] plus tokens[i] (a beam may be its own or another's
+        parent; a beam not yet running joins). Beams share their parents' blocks; a shared partial block, where
+        the next token is written, is copied (copy on write), or the beam is preempted when no block is free.
+        Returns the (source, copy) block pairs whose KV the runner must copy before the next step."""
+        states = [(list(p.token_ids), list(p.block_table), list(p.block_hashes), p.num_committed_blocks,
+                   p.num_computed_tokens, p.num_cached_tokens) for p in parents]
+        for state in states:  # take the new tables before the old ones go, so shared blocks stay
+            self.blocks.retain(state[1])
+        for beam in beams:
+            self.blocks.release(beam)
+        for beam, (token_ids, table, hashes, committed, computed, cached), token in zip(beams, states, tokens):
+            beam.token_ids, beam.block_table, beam.block_hashes = token_ids + [token], table, hashes
+            beam.num_committed_blocks, beam.num_computed_tokens = committed, computed
+            beam.num_cached_tokens = cached if beam.num_cached_tokens is None else beam.num_cached_tokens
+            if beam.status is not SequenceStatus.RUNNING:
+                beam.status = SequenceStatus.RUNNING
+                self.running.append(beam)
+        copies = []
+        for beam in beams:
+            if not self.blocks.needs_copy(beam):
+                continue
+            if self.blocks.num_free:
+                copies.append(self.blocks.copy_on_write(beam))
+            else:
+                self.running.remove(beam)
+                self._preempt(beam)
+        return copies
+
+    def rewind(self, seq: Sequence) -> None:
+        """Step back over seq's last computed token (a beam whose siblings missed this step computes it again
+        with them). Its slot and block stay; a full block stays cached, its KV being that of an accepted token."""
+        seq.num_computed_tokens -= 1
+
     def finish(self, seq: Sequence) -> None:
         """Drop a finished or aborted sequence wherever it is and free its blocks."""
         if seq in self.running:
