@@ -77,3 +77,36 @@ def test_beam_search_beside_other_requests_and_preemption(tiny_llama_dir):
     assert engine.scheduler.num_preemptions > 0
     for i, prompt in enumerate(prompts):
         assert tokens_of(events[str(i)]) == hf_beam(hf_model(tiny_llama_dir), prompt, params, [])[0], f"prompt {i}"
+
+
+@pytest.mark.smollm2
+def test_smollm2_top_beam_matches_hf(smollm2_gguf, hf_smollm2):
+    engine = make_engine(smollm2_gguf, max_num_batched_tokens=64)
+    questions = ["Translate to French: the cat sleeps.", "Name the largest planet."]
+    prompts = [engine.encode(Request(messages=[{"role": "user", "content": q}]))[0] for q in questions]
+    params = beam(4, 24, length_penalty=1.0, early_stopping=False)  # ends at EOS, as HF's generation config
+    events = run_all(engine, [Request(prompt=p, params=params, request_id=str(i)) for i, p in enumerate(prompts)])
+    for i, prompt in enumerate(prompts):
+        tokens, score = hf_beam(hf_smollm2, prompt, params, sorted(engine.eos_token_ids))
+        assert tokens_of(events[str(i)]) == tokens, f"prompt {i}"
+        assert last_event(events[str(i)]).beam_score == pytest.approx(score, abs=1e-4), f"prompt {i}"
+
+
+@pytest.mark.parametrize(("options", "engine_options", "param"), [
+    (dict(beam_width=9), dict(max_num_seqs=8), "beam_width"),
+    (dict(beam_width=4, max_tokens=200), dict(num_kv_blocks=40, block_size=16), "beam_width"),  # 4 * 13 > 40
+    (dict(), dict(speculative_method="ngram"), "use_beam_search"),
+    (dict(n=2), dict(), "n"),
+    (dict(logprobs=1), dict(), "logprobs"),
+    (dict(beam_width=0), dict(), "beam_width"),
+    (dict(early_stopping="sometimes"), dict(), "early_stopping"),
+])
+def test_bad_beam_requests_fail_alone(tiny_llama_dir, options, engine_options, param):
+    from inferplug.errors import RequestError
+
+    engine = make_engine(tiny_llama_dir, **engine_options)
+    with pytest.raises(RequestError) as error:
+        engine.add_request(Request(prompt=[5, 6, 7], params=SamplingParams(use_beam_search=True, **options)))
+    assert error.value.param == param and not engine.has_unfinished()
+    events = run_all(engine, [Request(prompt=[5, 6, 7], params=greedy(3), request_id="after")])
+    assert len(tokens_of(events["after"])) == 3
