@@ -225,3 +225,4 @@ class Capabilities:
     tools: bool = False  # tool calls (constrained decoding); else the request builder refuses `tools`
     json_schema: bool = False  # constrained decoding to a JSON schema; else a RequestError or free-text parsing
     rag_cache: bool = False  # a document KV cache; else documents run as plain, uncached prompt text
+    beam_search: bool = False  # SamplingParams.use_beam_search; else the request builder refuses it
