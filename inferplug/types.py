@@ -100,7 +100,7 @@ class SamplingParams:
             raise bad("beam_width", "use an integer >= 1")
         if not _finite(self.length_penalty):
             raise bad("length_penalty", "use a finite number (1.0: the mean log-prob, 0: the plain sum)")
-        if self.early_stopping not in (True, False, "never"):
+        if not (isinstance(self.early_stopping, bool) or self.early_stopping == "never"):
             raise bad("early_stopping", 'use true, false or "never", as in transformers')
         if self.n != 1:
             raise bad("n", "beam search returns its best beam as the one choice; use n=1 (beam_width sets the beams)")
