@@ -98,7 +98,8 @@ class Scheduler:
             break
         if preempted:  # admitting now would only take blocks the preempted need back
             return scheduled
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        seats = sum(_seats(seq) for seq in self.running)
+        while self.waiting and budget > 0 and seats + _seats(self.waiting[0]) <= self.max_num_seqs:
             seq = self.waiting[0]
             hits = self._prefix_hits(seq)
             computed = len(hits) * self.blocks.block_size
@@ -107,6 +108,7 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self._admit(seq, computed)
+            seats += _seats(seq)
             scheduled.append((seq, n))
             budget -= n
         return scheduled
@@ -249,3 +251,10 @@ class Scheduler:
         self.blocks.release(seq)
         seq.num_computed_tokens = 0
         seq.spec_token_ids = []
+
+
+def _seats(seq: Sequence) -> int:
+    """Running places seq takes, out of max_num_seqs: a beam search's first beam, before its first token, all of
+    its beams (they fork from it and join the running sequences then); any other sequence one."""
+    new_search = seq.params.use_beam_search and seq.num_output_tokens == 0
+    return seq.params.beam_width if new_search else 1

@@ -67,14 +67,17 @@ def test_beams_share_blocks(tiny_llama_dir):
 
 
 def test_beam_search_beside_other_requests_and_preemption(tiny_llama_dir):
-    """A pool too small for everything at once preempts beams mid-search; the answers stay HF's."""
+    """A pool too small for everything at once preempts beams mid-search; the answers stay HF's, and the beams
+    count against max_num_seqs from their admission."""
     prompts = prompts_of([21, 30, 11], seed=7)
     params = beam(3, 10, ignore_eos=True)
-    engine = make_engine(tiny_llama_dir, block_size=4, num_kv_blocks=36, max_num_batched_tokens=16)
+    engine = make_engine(tiny_llama_dir, block_size=4, num_kv_blocks=30, max_num_batched_tokens=16, max_num_seqs=10)
     requests = [Request(prompt=p, params=params, request_id=str(i)) for i, p in enumerate(prompts)]
     requests.append(Request(prompt=prompts[0], params=greedy(10), request_id="greedy"))
+    running = []
+    engine.step = lambda step=engine.step: running.append(len(engine.scheduler.running)) or step()
     events = run_all(engine, requests)
-    assert engine.scheduler.num_preemptions > 0
+    assert engine.scheduler.num_preemptions > 0 and max(running) == 10
     for i, prompt in enumerate(prompts):
         assert tokens_of(events[str(i)]) == hf_beam(hf_model(tiny_llama_dir), prompt, params, [])[0], f"prompt {i}"
 
