@@ -69,8 +69,8 @@ class ModelRunner:
             return
         sources, copies = self._tensor([s for s, _ in pairs]), self._tensor([c for _, c in pairs])
         for pool in self.kv_caches:
-            for kv in pool:  # [kv heads, blocks, block size, head dim]
-                kv[:, copies] = kv[:, sources]
+            for kv in pool:  # [kv heads, blocks, block size, head dim]; index_put_ took 0.3 s a fork (SmolLM2)
+                kv.index_copy_(1, copies, kv.index_select(1, sources))
 
     def _slot(self, seq: Sequence, position: int) -> int:
         return seq.block_table[position // self.block_size] * self.block_size + position % self.block_size
