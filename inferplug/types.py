@@ -33,6 +33,12 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logprobs: int | None = None  # None: off; k >= 0: the sampled token plus the top k
     json_schema: dict[str, Any] | None = None  # constrained decoding to this JSON schema
+    # Beam search as transformers' generate(num_beams=beam_width, do_sample=False): it ranks by the model's
+    # log-probs, so temperature, top_p, top_k, min_p and seed do not apply. The best beam is the one choice.
+    use_beam_search: bool = False  # vLLM's field name
+    beam_width: int = 4
+    length_penalty: float = 1.0  # score = sum of log-probs / generated length ** length_penalty
+    early_stopping: bool | Literal["never"] = False  # HF's: True, False (its heuristic) or "never"
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -76,6 +82,8 @@ class SamplingParams:
             raise bad("logprobs", "use an integer in [0, 20]")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise bad("stop", "use non-empty strings")
+        if self.use_beam_search:
+            self._validate_beam_search()
         for t in self.stop_token_ids:
             if not isinstance(t, int) or t < 0 or (vocab_size is not None and t >= vocab_size):
                 limit = f" below the vocabulary size {vocab_size}" if vocab_size else ""
@@ -83,6 +91,23 @@ class SamplingParams:
                     f"stop_token_ids contains unknown token id {t!r}: use ids >= 0{limit}",
                     param="stop_token_ids",
                 )
+
+    def _validate_beam_search(self) -> None:
+        def bad(param: str, why: str) -> RequestError:
+            return RequestError(f"{param}={getattr(self, param)!r} is invalid with use_beam_search: {why}", param=param)
+
+        if not isinstance(self.beam_width, int) or isinstance(self.beam_width, bool) or self.beam_width < 1:
+            raise bad("beam_width", "use an integer >= 1")
+        if not _finite(self.length_penalty):
+            raise bad("length_penalty", "use a finite number (1.0: the mean log-prob, 0: the plain sum)")
+        if not (isinstance(self.early_stopping, bool) or self.early_stopping == "never"):
+            raise bad("early_stopping", 'use true, false or "never", as in transformers')
+        if self.n != 1:
+            raise bad("n", "beam search returns its best beam as the one choice; use n=1 (beam_width sets the beams)")
+        if self.logprobs is not None:
+            raise bad("logprobs", "a beam's tokens come with its score, not per-token logprobs; drop logprobs")
+        if self.json_schema is not None:
+            raise bad("json_schema", "constrained decoding does not run with beam search; drop one of them")
 
 
 def _finite(x: Any) -> bool:
@@ -188,6 +213,7 @@ class Event:
     error: str | None = None  # set with finish_reason="error"
     reasoning: str = ""  # new reasoning text (a reasoning model's <think> part), kept out of `text`
     tool_calls: list[ToolCallDelta] = field(default_factory=list)  # calls the backend parsed (not in `text`)
+    beam_score: float | None = None  # beam search, on the choice's last event: its beam's score (HF's sequences_scores)
 
 
 @dataclass
@@ -199,3 +225,4 @@ class Capabilities:
     tools: bool = False  # tool calls (constrained decoding); else the request builder refuses `tools`
     json_schema: bool = False  # constrained decoding to a JSON schema; else a RequestError or free-text parsing
     rag_cache: bool = False  # a document KV cache; else documents run as plain, uncached prompt text
+    beam_search: bool = False  # SamplingParams.use_beam_search; else the request builder refuses it

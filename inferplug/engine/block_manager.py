@@ -87,14 +87,37 @@ class BlockManager:
             self.ref_counts[block] += 1
             seq.block_table.append(block)
         for _ in range(max(needed, 0)):
-            block, _ = self.free.popitem(last=False)
-            key = self.block_keys[block]
-            if key is not None:  # evict: the least recently freed cached block goes first
-                del self.cached[key]
-                self.block_keys[block] = None
-            self.ref_counts[block] = 1
-            seq.block_table.append(block)
+            seq.block_table.append(self._take())
         return True
+
+    def _take(self) -> int:
+        """A free block with one reference; the least recently freed goes first (a cached one is evicted)."""
+        block, _ = self.free.popitem(last=False)
+        key = self.block_keys[block]
+        if key is not None:
+            del self.cached[key]
+            self.block_keys[block] = None
+        self.ref_counts[block] = 1
+        return block
+
+    def retain(self, table: list[int]) -> None:
+        """One more holder of these blocks, all in use (a beam forking from its parent takes its table)."""
+        for block in table:
+            self.ref_counts[block] += 1
+
+    def needs_copy(self, seq: Sequence) -> bool:
+        """Whether seq's next token goes into a partial block other sequences hold too."""
+        computed = seq.num_computed_tokens
+        return computed % self.block_size != 0 and self.ref_counts[seq.block_table[computed // self.block_size]] > 1
+
+    def copy_on_write(self, seq: Sequence) -> tuple[int, int]:
+        """Give seq a copy of its shared partial block (needs_copy, and a free block); returns (source, copy) for
+        the runner to copy the KV. The block is partial, so it was never hashed: the copy needs no key."""
+        index = seq.num_computed_tokens // self.block_size
+        source, copy = seq.block_table[index], self._take()
+        self.ref_counts[source] -= 1
+        seq.block_table[index] = copy
+        return source, copy
 
     def commit(self, seq: Sequence) -> None:
         """Offer seq's newly computed full blocks to the prefix cache."""

@@ -11,7 +11,7 @@ from inferplug.engine.block_manager import BlockManager
 from inferplug.engine.config import EngineConfig
 from inferplug.engine.doc_cache import DocumentKVCache
 from inferplug.engine.model_runner import ModelRunner
-from inferplug.engine.request_state import RequestState, validate_prompt
+from inferplug.engine.request_state import RequestState, validate_beam_search, validate_prompt
 from inferplug.engine.sampler import SampleResult, Sampler
 from inferplug.engine.scheduler import Scheduler
 from inferplug.engine.sequence import Sequence
@@ -77,12 +77,16 @@ class LLMEngine:
         if prompt_ids is None:
             prompt_ids, text = self.encode(request)
         validate_prompt(prompt_ids, request.params, self.model_config.vocab_size, self.max_model_len)
+        validate_beam_search(request.params, max_num_seqs=self.config.max_num_seqs, num_blocks=self.blocks.num_blocks,
+                             speculative=self.scheduler.proposer is not None, block_size=self.blocks.block_size,
+                             max_seq_len=min(len(prompt_ids) + (request.params.max_tokens or self.max_model_len),
+                                             self.max_model_len))
         state = RequestState.create(request, prompt_ids, self.max_model_len, self.tokenizer, self.config.device,
                                     self.eos_token_ids, self.reasoning_parser)
         first, *rest = state.seqs
         if self.doc_cache is not None:  # map the request's document spans to token segments
             self.doc_cache.plan(first, text, request.documents)
-        self.scheduler.add(first, siblings=rest)
+        self.scheduler.add(first, siblings=[] if state.beams else rest)  # beams join by forking from the first
         self.requests[request.request_id] = state  # only now: a request that failed above must not linger
 
     def abort(self, request_id: str) -> list[Event]:
@@ -107,7 +111,11 @@ class LLMEngine:
             return self._fail({s.request_id for s, _ in scheduled}, f"the model step failed: {exc!r}")
         self.scheduler.update_after_step(scheduled, {s: len(kept) - 1 for s, kept in samples if s.spec_token_ids})
         events: list[Event] = []
+        beam_rows: dict[str, dict[Sequence, torch.Tensor]] = {}
         for seq, kept in samples:
+            if seq.params.use_beam_search and kept[0].error is None:
+                beam_rows.setdefault(seq.request_id, {})[seq] = kept[0].beam_logprobs
+                continue
             for sample in kept:  # a speculating sequence's accepted tokens, in order, until one ends it
                 state = self.requests.get(seq.request_id)
                 if state is None or seq.is_finished:
@@ -119,6 +127,32 @@ class LLMEngine:
                     events.append(self._append_token(seq, state, sample))
                 except Exception as exc:  # noqa: BLE001 - e.g. a detokenizer that breaks fails its request alone
                     events += self._fail({seq.request_id}, f"sampling failed: {exc!r}")
+        for request_id, rows in beam_rows.items():
+            if (state := self.requests.get(request_id)) is not None:  # else a sibling beam's row failed it
+                events += self._beam_step(state, rows)
+        return events
+
+    def _beam_step(self, state: RequestState, rows: dict[Sequence, torch.Tensor]) -> list[Event]:
+        """Advance a beam search once every live beam has its log-probs row: fork the beams it keeps, or return
+        its best beam as the choice when it is done."""
+        live = state.live_beams
+        if any(beam not in rows for beam in live):  # a beam missed this step (preempted, or out of budget)
+            for beam in rows:  # the others wait for it, computing their last token again then
+                self.scheduler.rewind(beam)
+            return []
+        step = state.beams.step(torch.stack([rows[beam] for beam in live]))
+        if not step.done:
+            beams, parents = state.seqs[: len(step.parents)], [live[p] for p in step.parents]
+            self.runner.copy_blocks(self.scheduler.fork(beams, parents, step.tokens))
+            return []
+        best, choice = state.beams.best, state.seqs[0]
+        events = []
+        for token in best.output_ids:  # a stop string may end the text before the beam's end
+            events.append(choice.output.on_token(token))
+            if events[-1].finish_reason is not None:
+                break
+        events[-1].beam_score = best.score
+        self._close(choice, state, events[-1])
         return events
 
     def _append_token(self, seq: Sequence, state: RequestState, sample: SampleResult) -> Event:
@@ -132,7 +166,8 @@ class LLMEngine:
 
     def _close(self, seq: Sequence, state: RequestState, event: Event) -> Event:
         """seq's choice has ended: its blocks go back, and the request's last event gets usage and timings."""
-        self.scheduler.finish(seq)
+        for member in state.group(seq):
+            self.scheduler.finish(member)
         if all(s.is_finished for s in state.seqs):
             del self.requests[seq.request_id]
             state.close(event)

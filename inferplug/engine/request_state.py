@@ -6,6 +6,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
+from inferplug.engine.beam_search import BeamSearch
 from inferplug.engine.output import RequestOutput
 from inferplug.engine.sequence import Sequence
 from inferplug.errors import RequestError
@@ -38,6 +39,26 @@ def check_prompt_ids(prompt_ids: list[int], vocab_size: int, context_length: int
         )
 
 
+def validate_beam_search(params: SamplingParams, *, max_num_seqs: int, speculative: bool, num_blocks: int,
+                         block_size: int, max_seq_len: int) -> None:
+    """Raise RequestError for a beam search this engine cannot run (SamplingParams.validate checked the rest)."""
+    if not params.use_beam_search:
+        return
+    if params.beam_width > max_num_seqs:
+        raise RequestError(f"beam_width={params.beam_width} is above this engine's limit of {max_num_seqs} running "
+                           "sequences (max_num_seqs): lower beam_width or raise [limits] max_num_seqs",
+                           param="beam_width")
+    if speculative:
+        raise RequestError("beam search does not run with speculative decoding, which this engine's profile turns on "
+                           "([speculative] method): drop use_beam_search or set method = \"none\"",
+                           param="use_beam_search")
+    needed = params.beam_width * -(-max_seq_len // block_size)  # the beams at full length, sharing nothing
+    if needed > num_blocks:
+        raise RequestError(f"beam search with beam_width={params.beam_width} may need {needed} KV blocks at "
+                           f"{max_seq_len} tokens a beam, but the pool holds {num_blocks}: lower beam_width or "
+                           "max_tokens", param="beam_width")
+
+
 def _make_guide(tokenizer: Any, schema: dict) -> Any:
     try:
         from inferplug.engine.guided import make_guide
@@ -50,8 +71,9 @@ def _make_guide(tokenizer: Any, schema: dict) -> Any:
 @dataclass
 class RequestState:
     request: Request
-    seqs: list[Sequence]
+    seqs: list[Sequence]  # the choices; with beam search the beams (the live ones first), one choice
     output: RequestOutput
+    beams: BeamSearch | None = None
 
     @classmethod
     def create(cls, request: Request, prompt_ids: list[int], max_model_len: int, tokenizer: Any,
@@ -64,16 +86,28 @@ class RequestState:
         output = RequestOutput.create(request.request_id, tokenizer, prompt_ids, p, eos_ids, max_tokens,
                                       reasoning_parser)
         seqs = []
-        for index in range(p.n):
+        for index in range(p.beam_width if p.use_beam_search else p.n):
             generator = None
-            if p.seed is not None:
+            if p.seed is not None and not p.use_beam_search:  # beam search draws nothing
                 # torch.multinomial needs the generator on the logits' device
                 generator = torch.Generator(device=device).manual_seed(p.seed + index)
             guide = _make_guide(tokenizer, p.json_schema) if p.json_schema is not None else None
             seqs.append(Sequence(request.request_id, index, list(prompt_ids), p, max_tokens,
                                  cache_salt=request.cache_salt, generator=generator, guide=guide,
-                                 output=output.choices[index]))
-        return cls(request, seqs, output)
+                                 output=output.choices[0 if p.use_beam_search else index]))
+        stop_ids = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_ids))
+        beams = BeamSearch(p.beam_width, p.length_penalty, p.early_stopping, max_tokens, stop_ids) \
+            if p.use_beam_search else None
+        return cls(request, seqs, output, beams)
+
+    @property
+    def live_beams(self) -> list[Sequence]:
+        """The beams the search runs now, in its order (one before the first step, beam_width after)."""
+        return self.seqs[: len(self.beams.outputs)]
+
+    def group(self, seq: Sequence) -> list[Sequence]:
+        """The sequences that end with seq: all the beams of a beam search, else seq alone."""
+        return self.seqs if self.beams is not None else [seq]
 
     def close(self, event: Event) -> Event:
         """Usage and timings on the request's last event."""

@@ -27,6 +27,7 @@ class SampleResult:
     logprob: float | None = None
     top: list[tuple[int, float]] | None = None  # the top-N (id, logprob), when asked for
     error: str | None = None  # set when this row could not be sampled; token_id is then -1
+    beam_logprobs: torch.Tensor | None = None  # a beam's processed log-probs row; token_id is then -1
 
 
 class Sampler:
@@ -55,6 +56,9 @@ class Sampler:
     def _sample_rows(self, rows: torch.Tensor, seq: Sequence, drafts: list[int]) -> list[SampleResult]:
         """Row i sees seq with drafts[:i] appended (penalties, min_tokens); stops at the first rejected draft."""
         p = seq.params
+        if p.use_beam_search:  # the beam search picks the tokens (engine/beam_search.py), from log-probs
+            logprobs = torch.log_softmax(rows[0].float(), dim=-1)
+            return [SampleResult(-1, beam_logprobs=processed_logits(logprobs, seq, self.eos_token_ids))]
         results = []
         for i, raw in enumerate(rows):
             logits = processed_logits(raw, seq if i == 0 else ahead(seq, drafts[:i]), self.eos_token_ids)
@@ -98,7 +102,8 @@ def processed_logits(raw: torch.Tensor, seq: Sequence, eos_token_ids: list[int])
 def _is_plain_greedy(seq: Sequence) -> bool:
     p = seq.params
     return (
-        p.greedy and p.logprobs is None and seq.guide is None and seq.num_output_tokens >= p.min_tokens
+        p.greedy and not p.use_beam_search and p.logprobs is None and seq.guide is None
+        and seq.num_output_tokens >= p.min_tokens
         and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0
     )
 

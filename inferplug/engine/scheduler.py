@@ -115,7 +115,9 @@ class Scheduler:
             break
         if preempted:  # admitting now would only take blocks the preempted need back
             return scheduled
-        while self.waiting and min(budget, prefill_budget) > 0 and len(self.running) < self.max_num_seqs:
+        seats = sum(_seats(seq) for seq in self.running)
+        while (self.waiting and min(budget, prefill_budget) > 0
+               and seats + _seats(self.waiting[0]) <= self.max_num_seqs):
             seq = self.waiting[0]
             hits = self._prefix_hits(seq)
             computed = len(hits) * self.blocks.block_size
@@ -124,6 +126,7 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self._admit(seq, computed)
+            seats += _seats(seq)
             scheduled.append((seq, n))
             budget -= n
             prefill_budget -= n
@@ -151,6 +154,40 @@ class Scheduler:
         for sibling in reversed(seq.siblings_waiting):
             self.add(sibling, front=True)
         seq.siblings_waiting = []
+
+    def fork(self, beams: list[Sequence], parents: list[Sequence], tokens: list[int]) -> list[tuple[int, int]]:
+        """Beam search moved on: beams[i] becomes parents[i] plus tokens[i] (a beam may be its own or another's
+        parent; a beam not yet running joins). Beams share their parents' blocks; a shared partial block, where
+        the next token is written, is copied (copy on write), or the beam is preempted when no block is free.
+        Returns the (source, copy) block pairs whose KV the runner must copy before the next step."""
+        states = [(list(p.token_ids), list(p.block_table), list(p.block_hashes), p.num_committed_blocks,
+                   p.num_computed_tokens, p.num_cached_tokens) for p in parents]
+        for state in states:  # take the new tables before the old ones go, so shared blocks stay
+            self.blocks.retain(state[1])
+        for beam in beams:
+            self.blocks.release(beam)
+        for beam, (token_ids, table, hashes, committed, computed, cached), token in zip(beams, states, tokens):
+            beam.token_ids, beam.block_table, beam.block_hashes = token_ids + [token], table, hashes
+            beam.num_committed_blocks, beam.num_computed_tokens = committed, computed
+            beam.num_cached_tokens = cached if beam.num_cached_tokens is None else beam.num_cached_tokens
+            if beam.status is not SequenceStatus.RUNNING:
+                beam.status = SequenceStatus.RUNNING
+                self.running.append(beam)
+        copies = []
+        for beam in beams:
+            if not self.blocks.needs_copy(beam):
+                continue
+            if self.blocks.num_free:
+                copies.append(self.blocks.copy_on_write(beam))
+            else:
+                self.running.remove(beam)
+                self._preempt(beam)
+        return copies
+
+    def rewind(self, seq: Sequence) -> None:
+        """Step back over seq's last computed token (a beam whose siblings missed this step computes it again
+        with them). Its slot and block stay; a full block stays cached, its KV being that of an accepted token."""
+        seq.num_computed_tokens -= 1
 
     def finish(self, seq: Sequence) -> None:
         """Drop a finished or aborted sequence wherever it is and free its blocks."""
@@ -233,3 +270,10 @@ class Scheduler:
         self.blocks.release(seq)
         seq.num_computed_tokens = 0
         seq.spec_token_ids = []
+
+
+def _seats(seq: Sequence) -> int:
+    """Running places seq takes, out of max_num_seqs: a beam search's first beam, before its first token, all of
+    its beams (they fork from it and join the running sequences then); any other sequence one."""
+    new_search = seq.params.use_beam_search and seq.num_output_tokens == 0
+    return seq.params.beam_width if new_search else 1

@@ -125,6 +125,9 @@ def _check_capabilities(backend: Any, params: SamplingParams, offered: list[dict
         raise RequestError(f"the {backend.name} backend cannot constrain output to a JSON schema; drop the "
                            "response format or use a profile on the native engine (with xgrammar installed)",
                            param="response_format")
+    if params.use_beam_search and not caps.beam_search:
+        raise RequestError(f"the {backend.name} backend does not run beam search; drop use_beam_search or use a "
+                           "profile on the native engine", param="use_beam_search")
 
 
 def _document_hints(backend: Any, messages: list[dict[str, Any]] | None, prompt: Any,

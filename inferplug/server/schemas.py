@@ -41,11 +41,16 @@ class _Common(BaseModel):
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool | None = None
+    use_beam_search: bool | None = None  # vLLM's; the beams, length_penalty and early_stopping as in transformers
+    beam_width: int | None = None
+    length_penalty: float | None = None
+    early_stopping: bool | Literal["never"] | None = None
 
     def sampling_options(self, logprobs: int | None, max_tokens: int | None) -> dict[str, Any]:
         """The request's sampling fields for the request builder (None: the profile's default)."""
         fields = ("n", "temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "top_k", "min_p",
-                  "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids", "include_stop_str_in_output")
+                  "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids", "include_stop_str_in_output",
+                  "use_beam_search", "beam_width", "length_penalty", "early_stopping")
         return {**{k: getattr(self, k) for k in fields}, "stop": self.stop, "max_tokens": max_tokens,
                 "logprobs": logprobs}
 
@@ -67,8 +72,10 @@ class CompletionRequest(_Common):
             raise ValueError("echo=true is not supported; prepend the prompt to the completion yourself")
         if self.suffix:
             raise ValueError("suffix (insertion) is not supported; send the whole prompt instead")
-        if self.best_of not in (None, self.n):
-            raise ValueError("best_of is not supported; use n to get several completions")
+        if self.use_beam_search and self.best_of is not None:  # vLLM's beam search reads best_of as the width
+            self.beam_width = self.beam_width or self.best_of
+        elif self.best_of not in (None, self.n):
+            raise ValueError("best_of is not supported without use_beam_search; use n to get several completions")
         if isinstance(self.prompt, list) and not self.prompt:
             raise ValueError("prompt is an empty list; give a string, a list of strings or token ids")
         return self

@@ -6,6 +6,16 @@ import pytest
 from engine_helpers import made_engines
 
 
+@pytest.fixture(scope="session")
+def hf_smollm2(smollm2_gguf):
+    """HF transformers' SmolLM2 from the same GGUF file, in fp32: the reference our engine answers like."""
+    import torch
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        smollm2_gguf.parent, gguf_file=smollm2_gguf.name, dtype=torch.float32).eval()
+
+
 @pytest.fixture(autouse=True)
 def pool_is_free_after_test():
     made_engines.clear()

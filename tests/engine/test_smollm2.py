@@ -15,14 +15,6 @@ QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "
              "Explain gravity to a child in two sentences."]
 
 
-@pytest.fixture(scope="module")
-def hf_smollm2(smollm2_gguf):
-    import transformers
-
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        smollm2_gguf.parent, gguf_file=smollm2_gguf.name, dtype=torch.float32).eval()
-
-
 # fp16: the resolver's default on x86 CPUs computing in fp32 (linears stored fp16 for fbgemm), so the
 # product path keeps HF fp32's greedy answers too; its logits move by the fp16 rounding of the weights.
 @pytest.mark.parametrize(("weights", "atol"), [(None, 2e-3), ("fp16", 5e-2)])

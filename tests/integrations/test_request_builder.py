@@ -126,3 +126,25 @@ def test_tools_and_json_schema_on_a_backend_that_cannot_constrain_are_refused_by
     with pytest.raises(RequestError, match="ctranslate2 backend cannot constrain"):
         build_request(ct2, messages=ask, options={"json_schema": {"type": "object"}})
     assert build_request(ct2, messages=ask, tools=[tool], tool_choice="none").request.tools is None
+
+
+def test_beam_search_options_reach_the_engine_from_langchain_llamaindex_and_the_server(tiny_profile, seen):
+    from langchain_inferplug import ChatInferPlug
+    from llama_index.core.base.llms.types import ChatMessage
+
+    from llama_index.llms.inferplug import InferPlug
+    from inferplug.backends.registry import get_backend
+    from tests.server.conftest import start_server
+
+    beams = dict(use_beam_search=True, beam_width=3, length_penalty=0.5, early_stopping="never")
+    ChatInferPlug(profile=tiny_profile, max_tokens=4).invoke("hi there", **beams)
+    InferPlug(profile=tiny_profile, max_tokens=4, additional_kwargs=beams).chat([ChatMessage(role="user", content="hi")])
+    server = start_server(get_backend(tiny_profile))
+    try:
+        server.client().chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                max_tokens=4, extra_body=beams)
+    finally:
+        server.stop()
+    assert len(seen) == 3
+    for request in seen:
+        assert {k: getattr(request.params, k) for k in beams} == beams

@@ -1,0 +1,45 @@
+"""Scheduler.fork on a bare pool: beams share their parent's blocks and copy only the shared partial block, or
+a beam is preempted (by recompute) when no block is free for its copy; the pool's accounting holds throughout."""
+
+from __future__ import annotations
+
+from inferplug.engine.block_manager import BlockManager
+from inferplug.engine.scheduler import Scheduler
+from inferplug.engine.sequence import Sequence, SequenceStatus
+from inferplug.types import SamplingParams
+
+
+def parent_and_beam(num_blocks: int) -> tuple[Scheduler, Sequence, Sequence]:
+    """A parent with 6 computed tokens in blocks of 4 (one full block, one partial) and a beam not yet running."""
+    scheduler = Scheduler(BlockManager(num_blocks, 4), max_num_seqs=4, max_num_batched_tokens=16)
+    params = SamplingParams(use_beam_search=True, beam_width=2)
+    parent, beam = (Sequence("r", 0, [3, 4, 5, 6, 7, 8], params, 8), Sequence("r", 0, [3, 4, 5, 6, 7, 8], params, 8))
+    scheduler.add(parent)
+    scheduler.update_after_step(scheduler.schedule())
+    return scheduler, parent, beam
+
+
+def test_beams_share_full_blocks_and_copy_the_partial_one():
+    scheduler, parent, beam = parent_and_beam(num_blocks=3)
+    full, partial = parent.block_table
+    copies = scheduler.fork([parent, beam], [parent, parent], [9, 10])
+    assert copies == [(partial, parent.block_table[1])]  # the first holder copies, the last keeps the block
+    assert (parent.token_ids[-1], beam.token_ids[-1]) == (9, 10)
+    assert parent.block_table[0] == beam.block_table[0] == full and beam.block_table[1] == partial
+    assert scheduler.blocks.ref_counts[full] == 2 and scheduler.blocks.num_free == 0
+    assert beam.num_computed_tokens == 6 and beam.status is SequenceStatus.RUNNING
+    scheduler.blocks.check_invariants()
+    for seq in (parent, beam):
+        scheduler.finish(seq)
+    assert scheduler.blocks.num_free == 3
+
+
+def test_a_beam_without_a_free_block_for_its_copy_is_preempted():
+    scheduler, parent, beam = parent_and_beam(num_blocks=2)
+    assert scheduler.fork([parent, beam], [parent, parent], [9, 10]) == []
+    assert list(scheduler.waiting) == [parent] and scheduler.running == [beam]  # parent recomputes its tokens
+    assert parent.token_ids[-1] == 9 and parent.block_table == [] and len(beam.block_table) == 2
+    scheduler.blocks.check_invariants()
+    for seq in (parent, beam):
+        scheduler.finish(seq)
+    assert scheduler.blocks.num_free == 2
