@@ -107,6 +107,28 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
     return _save_tiny("llama", tmp_path_factory.mktemp("tiny-llama"))
 
 
+def _save_draft(target: Path, out: Path, layers: int = 1, **config) -> Path:
+    """A draft for the checkpoint at `target`: its embeddings, head and first layers (as layer-skip drafts are
+    made), or with `config` a fresh random model of that shape; always with target's own tokenizer."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    shape = model.config.to_dict() | {"num_hidden_layers": layers} | config
+    draft = transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape))
+    if not config:
+        draft.load_state_dict(model.state_dict(), strict=False)  # the later layers are left out
+    draft.save_pretrained(out, safe_serialization=True)
+    transformers.AutoTokenizer.from_pretrained(target).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_draft_dir(tiny_llama_dir, tmp_path_factory) -> Path:
+    """The tiny Llama's first layer as a draft model: it agrees with the target often, but not always."""
+    return _save_draft(tiny_llama_dir, tmp_path_factory.mktemp("tiny-draft"))
+
+
 @pytest.fixture(scope="session")
 def cpu_kernel_ops():
     """torch.ops.inferplug with the C++ CPU kernels. Skipped only where this host cannot run them (no

@@ -47,12 +47,12 @@ def _trace(events) -> list:
 def test_proposer_takes_the_latest_longest_match_and_respects_the_limit():
     proposer = NgramProposer(num_tokens=3, ngram_min=1, ngram_max=2)
     seq = Sequence("r", 0, [1, 2, 3, 4, 9, 2, 3, 5, 6, 7, 2, 3], SamplingParams(), max_tokens=8)
-    assert proposer.propose(seq, limit=8) == [5, 6, 7]  # "2 3" last seen with 3 tokens after it: before 5 6 7
-    assert proposer.propose(seq, limit=2) == [5, 6]
+    assert proposer.lookup(seq, limit=8) == [5, 6, 7]  # "2 3" last seen with 3 tokens after it: before 5 6 7
+    assert proposer.lookup(seq, limit=2) == [5, 6]
     repeating = Sequence("r", 0, [8, 4, 4, 4, 4, 4], SamplingParams(), max_tokens=8)
-    assert proposer.propose(repeating, limit=8) == [4, 4, 4]  # not the 1 token after the latest "4 4"
-    assert proposer.propose(seq, limit=0) == []
-    assert proposer.propose(Sequence("r", 0, [1, 2, 3, 4], SamplingParams(), max_tokens=8), limit=8) == []
+    assert proposer.lookup(repeating, limit=8) == [4, 4, 4]  # not the 1 token after the latest "4 4"
+    assert proposer.lookup(seq, limit=0) == []
+    assert proposer.lookup(Sequence("r", 0, [1, 2, 3, 4], SamplingParams(), max_tokens=8), limit=8) == []
 
 
 # fp16 with a pool too small for all 16 at once, so the scheduler preempts while sequences speculate. Not the
