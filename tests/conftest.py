@@ -107,26 +107,12 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
     return _save_tiny("llama", tmp_path_factory.mktemp("tiny-llama"))
 
 
-def _save_draft(target: Path, out: Path, layers: int = 1, **config) -> Path:
-    """A draft for the checkpoint at `target`: its embeddings, head and first layers (as layer-skip drafts are
-    made), or with `config` a fresh random model of that shape; always with target's own tokenizer."""
-    import torch
-    import transformers
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
-    shape = model.config.to_dict() | {"num_hidden_layers": layers} | config
-    draft = transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape))
-    if not config:
-        draft.load_state_dict(model.state_dict(), strict=False)  # the later layers are left out
-    draft.save_pretrained(out, safe_serialization=True)
-    transformers.AutoTokenizer.from_pretrained(target).save_pretrained(out)
-    return out
-
-
 @pytest.fixture(scope="session")
 def tiny_draft_dir(tiny_llama_dir, tmp_path_factory) -> Path:
-    """The tiny Llama's first layer as a draft model: it agrees with the target often, but not always."""
-    return _save_draft(tiny_llama_dir, tmp_path_factory.mktemp("tiny-draft"))
+    """The tiny Llama's first layer as a draft model (same tokenizer): it agrees with the target often, not always."""
+    from inferplug.models.layer_skip import save_layer_skip_draft
+
+    return save_layer_skip_draft(tiny_llama_dir, tmp_path_factory.mktemp("tiny-draft"), 1)
 
 
 @pytest.fixture(scope="session")
@@ -151,6 +137,14 @@ def smollm2_gguf() -> Path:
     from inferplug.sources import ensure_local
 
     return ensure_local(load_profile("smollm2-135m").model)
+
+
+@pytest.fixture(scope="session")
+def smollm2_layer_skip_draft(smollm2_gguf, tmp_path_factory) -> Path:
+    """SmolLM2's first 4 layers (with its tokenizer) as a draft model of SmolLM2."""
+    from inferplug.models.layer_skip import save_layer_skip_draft
+
+    return save_layer_skip_draft(smollm2_gguf, tmp_path_factory.mktemp("smollm2-draft"), 4)
 
 
 @pytest.fixture(scope="session")

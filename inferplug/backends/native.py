@@ -41,9 +41,8 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
     del weights  # the float copies go once the model is quantized below
     if plan.weight_format:
         # Weight-only fp16/int8/int4 (quant/linear.py): decode is memory-bound, so fewer weight bytes per step.
-        quantize_model(engine.runner.model, plan.weight_format)
-        if spec.method == "draft":
-            quantize_model(engine.proposer.model, plan.weight_format)
+        for model in engine.models:  # the target, and a draft model
+            quantize_model(model, plan.weight_format)
     return engine
 
 

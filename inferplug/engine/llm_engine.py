@@ -64,6 +64,11 @@ class LLMEngine:
         )
         self.requests: dict[str, RequestState] = {}
 
+    @property
+    def models(self) -> list:
+        """The models this engine runs: the target, then a draft model's (quantized alike by the backend)."""
+        return [self.runner.model, *([self.proposer.model] if hasattr(self.proposer, "model") else [])]
+
     # --- requests ---------------------------------------------------------------
     def encode(self, request: Request) -> tuple[list[int], str | None]:
         """The prompt's token ids (and its text, when it had one). Raises RequestError on bad input."""
