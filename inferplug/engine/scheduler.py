@@ -105,6 +105,8 @@ class Scheduler:
                 i += 1
                 continue
             break
+        for seq in self.running[i:]:  # out of budget this step: no proposal stands for it
+            self._trim_proposal(seq, 0)
         if preempted:  # admitting now would only take blocks the preempted need back
             return scheduled
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
