@@ -1,18 +1,24 @@
-"""Prompt-lookup speculative decoding vs plain greedy on SmolLM2-135M (the default profile's path), same run.
+"""Speculative decoding (prompt lookup, a draft model) vs plain greedy on SmolLM2-135M (the default profile's
+path), same run.
 
 Workload: an input-grounded task, rewriting a given ~350-token text with a small edit, so the answer repeats
 long runs of the prompt: prompt lookup's best case, and the common shape of RAG extraction and editing.
 Each engine runs one stream (one request), then a batch of 8 (8 different texts at once). Both engines are
 greedy, so their answers must match token for token (checked). Prints a table and writes JSON.
+No smaller model shares SmolLM2's tokenizer here, so the draft is SmolLM2's own first L layers
+(models/layer_skip.py; "draft L=30" is the whole model drafting for itself: every proposal accepted, at the
+cost of a second full model).
 
     .venv/bin/python bench/speculative.py --threads 2
     .venv/bin/python bench/speculative.py --num-tokens 3,5,8  # proposal lengths to compare
+    .venv/bin/python bench/speculative.py --draft-layers 4,30  # draft models to compare ("" for none)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -69,22 +75,34 @@ def run(engine, batch: list[list[int]], max_tokens: int) -> dict:
             "tokens_per_step": total / (total - accepted), "tokens": [tokens[k] for k in sorted(tokens)]}
 
 
-def build(threads: int, method: str, num_tokens: int = 4):
+def build(threads: int, method: str, num_tokens: int = 4, draft: Path | None = None):
     from inferplug.backends.native import build_engine
     from inferplug.hardware import probe
-    from inferplug.profile import load_profile
+    from inferplug.profile import ModelSource, Speculative, load_profile
     from inferplug.resolver import resolve
 
     profile = load_profile("smollm2-135m")
     profile.native.num_threads = threads
-    profile.speculative.method, profile.speculative.num_tokens = method, num_tokens
+    profile.speculative = Speculative(method=method, num_tokens=num_tokens,
+                                      draft_model=ModelSource(path=draft) if draft else None)
     return build_engine(profile, resolve(profile, probe()))
+
+
+def layer_skip_draft(layers: int, root: Path) -> Path:
+    """SmolLM2's first `layers` layers saved as a draft model under root."""
+    from inferplug.models.layer_skip import save_layer_skip_draft
+    from inferplug.profile import load_profile
+    from inferplug.sources import ensure_local
+
+    return save_layer_skip_draft(ensure_local(load_profile("smollm2-135m").model), root / f"draft-{layers}", layers)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--num-tokens", default="4", help="proposal lengths to run, comma-separated")
+    ap.add_argument("--draft-layers", default="4,30", help="draft models (SmolLM2's first L layers) to run at "
+                    "the first proposal length, comma-separated; empty for none")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--out", default="bench/results/speculative.json")
     args = ap.parse_args()
@@ -92,6 +110,10 @@ def main() -> None:
 
     engines = {"plain": build(args.threads, "none")}
     engines |= {f"ngram k={k}": build(args.threads, "ngram", int(k)) for k in args.num_tokens.split(",")}
+    k = int(args.num_tokens.split(",")[0])
+    with tempfile.TemporaryDirectory() as root:  # the engines hold the drafts' weights once built
+        engines |= {f"draft L={n} k={k}": build(args.threads, "draft", k, layer_skip_draft(int(n), Path(root)))
+                    for n in filter(None, args.draft_layers.split(","))}
     batch = prompts(engines["plain"].tokenizer, 8)
     report = {"workload": {"prompt_tokens": [len(p) for p in batch], "max_tokens": args.max_tokens,
                            "threads": args.threads}, "runs": {}}
@@ -100,7 +122,7 @@ def main() -> None:
         report["runs"][name] = {"single": run(engine, batch[:1], args.max_tokens),
                                 "batch8": run(engine, batch, args.max_tokens)}
     plain = report["runs"]["plain"]
-    print(f"{'engine':<14}{'1-stream tok/s':>15}{'speed-up':>10}{'accept':>8}{'tok/step':>9}"
+    print(f"{'engine':<18}{'1-stream tok/s':>15}{'speed-up':>10}{'accept':>8}{'tok/step':>9}"
           f"{'batch-8 tok/s':>15}{'speed-up':>10}{'accept':>8}{'tok/step':>9}")
     for name, r in report["runs"].items():
         for shape in ("single", "batch8"):
@@ -110,7 +132,7 @@ def main() -> None:
                         f"{(r[s]['acceptance_rate'] or 0):>8.2f}{r[s]['tokens_per_step']:>9.2f}"
                         for s in ("single", "batch8"))
         same = "" if r["single"]["same_tokens_as_plain"] and r["batch8"]["same_tokens_as_plain"] else "  DIFFERS"
-        print(f"{name:<14}{cells}{same}")
+        print(f"{name:<18}{cells}{same}")
     for r in report["runs"].values():
         for shape in ("single", "batch8"):
             del r[shape]["tokens"]

@@ -181,15 +181,18 @@ class Speculative(Table):
     num_tokens: int = Field(default=4, ge=1, le=16)  # proposed tokens per step
     ngram_min: int = Field(default=1, ge=1, le=16)  # prompt lookup matches the last n tokens, longest n first
     ngram_max: int = Field(default=3, ge=1, le=16)
+    draft_model: ModelSource | None = None  # method "draft": a small model with the target's tokenizer
 
     @model_validator(mode="after")
     def _consistent(self) -> Speculative:
         if self.ngram_min > self.ngram_max:
             raise ValueError(f"ngram_min ({self.ngram_min}) must not exceed ngram_max ({self.ngram_max})")
-        if self.method == "draft":
-            # no draft-model runner yet: refuse rather than silently decode without speculation
-            raise ValueError('method = "draft" is not supported by the native engine yet; use method = "ngram" '
-                             '(prompt lookup) or "none"')
+        if self.method == "draft" and (self.draft_model is None or self.draft_model.kind is None):
+            raise ValueError('method = "draft" needs a draft model: add a [speculative.draft_model] table with a '
+                             "path, hf_repo or pypi source, as in [model]")
+        if self.method != "draft" and self.draft_model is not None:
+            raise ValueError(f'draft_model is set but method = "{self.method}" would not run it: set method = "draft" '
+                             "or remove draft_model")
         return self
 
 

@@ -108,6 +108,14 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_draft_dir(tiny_llama_dir, tmp_path_factory) -> Path:
+    """The tiny Llama's first layer as a draft model (same tokenizer): it agrees with the target often, not always."""
+    from inferplug.models.layer_skip import save_layer_skip_draft
+
+    return save_layer_skip_draft(tiny_llama_dir, tmp_path_factory.mktemp("tiny-draft"), 1)
+
+
+@pytest.fixture(scope="session")
 def cpu_kernel_ops():
     """torch.ops.inferplug with the C++ CPU kernels. Skipped only where this host cannot run them (no
     AVX2/FMA/F16C, not x86, or disabled by env); where it can, a failed build fails with the compiler's error."""
@@ -129,6 +137,14 @@ def smollm2_gguf() -> Path:
     from inferplug.sources import ensure_local
 
     return ensure_local(load_profile("smollm2-135m").model)
+
+
+@pytest.fixture(scope="session")
+def smollm2_layer_skip_draft(smollm2_gguf, tmp_path_factory) -> Path:
+    """SmolLM2's first 4 layers (with its tokenizer) as a draft model of SmolLM2."""
+    from inferplug.models.layer_skip import save_layer_skip_draft
+
+    return save_layer_skip_draft(smollm2_gguf, tmp_path_factory.mktemp("smollm2-draft"), 4)
 
 
 @pytest.fixture(scope="session")

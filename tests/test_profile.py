@@ -181,7 +181,8 @@ def test_speculative_section_from_file_and_env(tmp_path, monkeypatch):
     ("num_tokens = 0", "speculative.num_tokens"),
     ("num_tokens = 17", "speculative.num_tokens"),
     ("ngram_min = 4\nngram_max = 2", "ngram_min (4) must not exceed ngram_max (2)"),
-    ('method = "draft"', 'method = "draft" is not supported by the native engine yet'),
+    ('method = "draft"', 'method = "draft" needs a draft model'),
+    ('method = "ngram"\n[speculative.draft_model]\npath = "/d"', 'draft_model is set but method = "ngram"'),
     ('method = "medusa"', "speculative.method"),
 ])
 def test_bad_speculative_settings_are_profile_errors(tmp_path, body, needle):

@@ -37,12 +37,26 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
     tokenizer = load_tokenizer(path, profile.model.tokenizer)
     weights = load_weights(path, config.torch_dtype, config.device, profile.quantization.format)
     engine = LLMEngine(read_config(path), weights, tokenizer, config,
-                       render_chat=partial(render_chat, tokenizer, profile))
+                       render_chat=partial(render_chat, tokenizer, profile), draft=load_draft(spec.draft_model, config))
     del weights  # the float copies go once the model is quantized below
     if plan.weight_format:
         # Weight-only fp16/int8/int4 (quant/linear.py): decode is memory-bound, so fewer weight bytes per step.
-        quantize_model(engine.runner.model, plan.weight_format)
+        for model in engine.models:  # the target, and a draft model
+            quantize_model(model, plan.weight_format)
     return engine
+
+
+def load_draft(source, config):
+    """The [speculative] draft model (engine/draft.py), pulled like [model]; None when there is none."""
+    if source is None:
+        return None
+    from inferplug.engine.draft import DraftModel
+    from inferplug.models.loader import load_tokenizer, load_weights, read_config
+    from inferplug.sources import ensure_local
+
+    path = ensure_local(source)
+    return DraftModel(read_config(path), load_weights(path, config.torch_dtype, config.device),
+                      load_tokenizer(path, source.tokenizer))
 
 
 def engine_config(plan: Plan):

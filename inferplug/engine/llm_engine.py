@@ -10,6 +10,7 @@ import torch
 from inferplug.engine.block_manager import BlockManager
 from inferplug.engine.config import EngineConfig
 from inferplug.engine.doc_cache import DocumentKVCache
+from inferplug.engine.draft import DraftModel, check_draft
 from inferplug.engine.model_runner import ModelRunner
 from inferplug.engine.request_state import RequestState, validate_beam_search, validate_prompt
 from inferplug.engine.sampler import SampleResult, Sampler
@@ -25,7 +26,9 @@ class LLMEngine:
     def __init__(
         self, model_config: ModelConfig, state_dict: dict[str, torch.Tensor], tokenizer: Any,
         config: EngineConfig | None = None, *, render_chat: Callable[..., str] | None = None,
+        draft: DraftModel | None = None,
     ):
+        """`draft`: the model that proposes tokens when config.speculative_method is "draft" (engine/draft.py)."""
         from inferplug.models.llama import LlamaModel
 
         self.config = config = config or EngineConfig()
@@ -39,6 +42,8 @@ class LLMEngine:
         self.eos_token_ids = set(model_config.eos_token_ids)
         if not self.eos_token_ids and getattr(tokenizer, "eos_token_id", None) is not None:
             self.eos_token_ids = {tokenizer.eos_token_id}
+        if draft is not None:
+            check_draft(model_config, tokenizer, draft, self.max_model_len)
         model = LlamaModel(model_config, state_dict, dtype=config.torch_dtype, device=config.device,
                            attention=config.attention, kv_dtype=config.torch_kv_dtype)
         self.blocks = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
@@ -50,13 +55,20 @@ class LLMEngine:
         # Request.documents
         self.doc_cache = (DocumentKVCache(model, self.runner.kv_caches, config.block_size, tokenizer)
                           if config.rag_document_cache else None)
+        self.proposer = make_proposer(config, draft, sorted(self.eos_token_ids))
+        self.kv_pools = (self.blocks, *(self.proposer.pools if self.proposer else ()))  # a draft model's too
         self.scheduler = Scheduler(
             self.blocks, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=max(config.max_num_batched_tokens, config.block_size),
             max_prefill_tokens_while_decoding=config.max_prefill_tokens_while_decoding,
-            prefix_source=self.doc_cache, proposer=make_proposer(config),
+            prefix_source=self.doc_cache, proposer=self.proposer,
         )
         self.requests: dict[str, RequestState] = {}
+
+    @property
+    def models(self) -> list:
+        """The models this engine runs: the target, then a draft model's (quantized alike by the backend)."""
+        return [self.runner.model, *([self.proposer.model] if hasattr(self.proposer, "model") else [])]
 
     # --- requests ---------------------------------------------------------------
     def encode(self, request: Request) -> tuple[list[int], str | None]:

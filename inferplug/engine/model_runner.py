@@ -34,8 +34,16 @@ class ModelRunner:
 
     def run(self, scheduled: list[tuple[Sequence, int]]) -> list[tuple[Sequence, list[SampleResult]]]:
         """Compute the scheduled tokens; return the samples of each sequence whose tokens are now all computed:
-        one, or for a speculating sequence its accepted proposals and one more (engine/spec_decode.py).
-        Verification rows (a decode token and its proposals) follow the decode rows and take their arithmetic
+        one, or for a speculating sequence its accepted proposals and one more (engine/spec_decode.py)."""
+        seqs, logits = self.forward(scheduled)
+        if not seqs:
+            return []
+        samples = self.sampler(logits, seqs, [s.spec_token_ids for s in seqs], [s.spec_probs for s in seqs])
+        return list(zip(seqs, samples))
+
+    def forward(self, scheduled: list[tuple[Sequence, int]]) -> tuple[list[Sequence], torch.Tensor | None]:
+        """Compute the scheduled tokens; return the sequences whose tokens are now all computed and their logits
+        rows: one each, or for a speculating sequence one per proposal and one more. Verification rows (a decode token and its proposals) follow the decode rows and take their arithmetic
         (ctx.verify_rows), so a token comes out as plain decoding would compute it."""
         decodes = [(s, n) for s, n in scheduled if is_decode(s, n)]
         decodes.sort(key=lambda d: -d[0].num_computed_tokens)  # longest first: groups of similar lengths
@@ -66,9 +74,8 @@ class ModelRunner:
         else:
             hidden = self.model.forward(ids, pos, ctx, self.kv_caches)
         if not sample_seqs:
-            return []
-        logits = self.model.compute_logits(hidden[self._tensor(sample_rows)])
-        return list(zip(sample_seqs, self.sampler(logits, sample_seqs, [s.spec_token_ids for s in sample_seqs])))
+            return [], None
+        return sample_seqs, self.model.compute_logits(hidden[self._tensor(sample_rows)])
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy whole KV blocks, (source, destination) pairs: a beam's copy on write of a shared partial block."""

@@ -34,26 +34,28 @@ class Sampler:
     def __init__(self, eos_token_ids: list[int]):
         self.eos_token_ids = list(eos_token_ids)
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence],
-                 drafts: list[list[int]] | None = None) -> list[list[SampleResult]]:
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]] | None = None,
+                 draft_probs: list[torch.Tensor | None] | None = None) -> list[list[SampleResult]]:
         """Each sequence's tokens. Without drafts: one logits row and one token each. With k drafts a sequence
-        has k + 1 rows and gets the accepted drafts plus one more token (engine/spec_decode.py)."""
+        has k + 1 rows and gets the accepted drafts plus one more token (engine/spec_decode.py); draft_probs
+        holds each sequence's q rows ([k, vocab]) where its drafts were sampled, None for point masses."""
         drafts = drafts or [[] for _ in seqs]
+        draft_probs = draft_probs or [None] * len(seqs)
         sizes = [len(d) + 1 for d in drafts]
         if all(_is_plain_greedy(s) for s in seqs):
             targets = logits.argmax(dim=-1).tolist()
             starts = [sum(sizes[:i]) for i in range(len(sizes))]
             return [[SampleResult(t) for t in greedy_accept(targets[r:r + n], d)]
                     for r, n, d in zip(starts, sizes, drafts)]
-        return [self._safe_rows(rows, seq, d) for rows, seq, d in zip(logits.split(sizes), seqs, drafts)]
+        return [self._safe_rows(rows, seq, d, q) for rows, seq, d, q in zip(logits.split(sizes), seqs, drafts, draft_probs)]
 
-    def _safe_rows(self, rows: torch.Tensor, seq: Sequence, drafts: list[int]) -> list[SampleResult]:
+    def _safe_rows(self, rows: torch.Tensor, seq: Sequence, drafts: list[int], q) -> list[SampleResult]:
         try:
-            return self._sample_rows(rows, seq, drafts)
+            return self._sample_rows(rows, seq, drafts, q)
         except Exception as exc:  # noqa: BLE001 - one row's failure is its request's, not the batch's
             return [SampleResult(-1, error=repr(exc))]
 
-    def _sample_rows(self, rows: torch.Tensor, seq: Sequence, drafts: list[int]) -> list[SampleResult]:
+    def _sample_rows(self, rows: torch.Tensor, seq: Sequence, drafts: list[int], q) -> list[SampleResult]:
         """Row i sees seq with drafts[:i] appended (penalties, min_tokens); stops at the first rejected draft."""
         p = seq.params
         if p.use_beam_search:  # the beam search picks the tokens (engine/beam_search.py), from log-probs
@@ -65,7 +67,8 @@ class Sampler:
             if p.greedy:
                 token = int(logits.argmax())
             elif i < len(drafts):
-                token = accept_or_resample(sampling_probs(logits, p), drafts[i], seq.generator)
+                token = accept_or_resample(sampling_probs(logits, p), drafts[i], seq.generator,
+                                           None if q is None else q[i])
             else:
                 token = int(torch.multinomial(sampling_probs(logits, p), 1, generator=seq.generator))
             if seq.guide is not None and not seq.guide.accept(token):

@@ -9,8 +9,9 @@ The scheduler is the one writer of a sequence's token counts, tokens and blocks:
 advances (`update_after_step`, `append_token`), preempts and finishes. A prefix source (the RAG
 document cache) is asked, never given the pool: where a prefill chunk must stop, which cached
 blocks continue a prefix hit, and which spans it can fill once the scheduler has given them blocks.
-A proposer (engine/spec_decode.py) is asked likewise for a decode row's speculative tokens: the row becomes
-a 1 + k token chunk, and after the step the scheduler keeps the accepted ones and returns the rejected slots.
+A proposer (engine/spec_decode.py, engine/draft.py) is asked likewise, once a step for all decoding rows, for
+their speculative tokens: a row becomes a 1 + k token chunk, and after the step the scheduler keeps the
+accepted ones and returns the rejected slots; the proposer rolls its own state back when next asked.
 """
 
 from __future__ import annotations
@@ -45,9 +46,15 @@ class PrefixSource(Protocol):
 
 
 class Proposer(Protocol):
-    """Speculative tokens for a sequence about to decode (engine/spec_decode.py)."""
+    """Speculative tokens for sequences about to decode (engine/spec_decode.py)."""
 
-    def propose(self, seq: Sequence, limit: int) -> list[int]: ...
+    pools: tuple[BlockManager, ...]  # KV pools of its own (a draft model's), checked like the target's
+
+    def propose(self, seqs: list[Sequence], limits: list[int]) -> list[Any]:
+        """One spec_decode.Proposal per sequence, at most its limit tokens."""
+
+    def release(self, seq: Sequence) -> None:
+        """seq left the running set (finished, aborted, preempted): drop what is held for it."""
 
 
 def _decoding(seq: Sequence) -> bool:
@@ -88,6 +95,7 @@ class Scheduler:
             prefill_budget = self.max_prefill_tokens_while_decoding
         scheduled: list[tuple[Sequence, int]] = []
         preempted = False
+        self._propose(budget)
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -95,10 +103,10 @@ class Scheduler:
             if not decoding and prefill_budget <= 0:  # the decode rows' step is full of prefill: next step
                 i += 1
                 continue
-            n = self._chunk(seq, seq.num_computed_tokens, budget if decoding else min(budget, prefill_budget),
-                            speculate=True)
+            self._trim_proposal(seq, budget - 1)  # those before it may have taken the budget it was proposed for
+            n = self._chunk(seq, seq.num_computed_tokens, budget if decoding else min(budget, prefill_budget))
             if seq.spec_token_ids and not self.blocks.allocate(seq, seq.num_computed_tokens + n):
-                seq.spec_token_ids = []  # no room to speculate: decode plainly rather than preempt another
+                self._trim_proposal(seq, 0)  # no room to speculate: decode plainly rather than preempt another
                 n = self._chunk(seq, seq.num_computed_tokens, budget)
             while not self.blocks.allocate(seq, seq.num_computed_tokens + n):
                 victim = self.running.pop()
@@ -113,6 +121,8 @@ class Scheduler:
                 i += 1
                 continue
             break
+        for seq in self.running[i:]:  # out of budget this step: no proposal stands for it
+            self._trim_proposal(seq, 0)
         if preempted:  # admitting now would only take blocks the preempted need back
             return scheduled
         seats = sum(_seats(seq) for seq in self.running)
@@ -199,21 +209,33 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
 
     # --- internals ------------------------------------------------------------------
-    def _chunk(self, seq: Sequence, computed: int, budget: int, speculate: bool = False) -> int:
-        if speculate:
-            self._propose(seq, budget)
+    def _chunk(self, seq: Sequence, computed: int, budget: int) -> int:
         n = min(len(seq.token_ids) + len(seq.spec_token_ids) - computed, budget)
         if self.prefix_source is not None and self.prefix_source.has_spans(seq):
             n = self.prefix_source.chunk_end(seq, computed, n)
         return n
 
-    def _propose(self, seq: Sequence, budget: int) -> None:
-        """Ask the proposer for a decoding sequence's next tokens: at most budget - 1, and never past max_tokens
-        with the extra token every verification yields (so positions stay inside the context too)."""
-        seq.spec_token_ids = []
-        if self.proposer is not None and seq.num_computed_tokens == len(seq.token_ids) - 1:
-            limit = min(budget - 1, seq.max_tokens - seq.num_output_tokens - 1)
-            seq.spec_token_ids = self.proposer.propose(seq, limit)
+    def _propose(self, budget: int) -> None:
+        """Ask the proposer, in one call, for the running decoding sequences' next tokens: each at most
+        budget - 1, and never past max_tokens with the extra token every verification yields (so positions stay
+        inside the context too)."""
+        for seq in self.running:
+            self._trim_proposal(seq, 0)
+        if self.proposer is None:
+            return
+        decoding = [s for s in self.running if _decoding(s)]
+        limits = [min(budget - 1, s.max_tokens - s.num_output_tokens - 1) for s in decoding]
+        for seq, proposal in zip(decoding, self.proposer.propose(decoding, limits)):
+            seq.spec_token_ids, seq.spec_probs = proposal.token_ids, proposal.probs
+
+    @staticmethod
+    def _trim_proposal(seq: Sequence, limit: int) -> None:
+        """Keep at most `limit` of seq's proposed tokens (a prefix of a proposal is a proposal)."""
+        k = max(limit, 0)
+        if len(seq.spec_token_ids) > k:
+            seq.spec_token_ids = seq.spec_token_ids[:k]
+            if seq.spec_probs is not None:
+                seq.spec_probs = seq.spec_probs[:k] if k else None
 
     def _settle_proposals(self, seq: Sequence, accepted: int) -> int:
         """Count seq's proposals and clear them; returns how many were rejected."""
@@ -224,7 +246,7 @@ class Scheduler:
         self.num_draft_tokens += proposed
         self.num_accepted_tokens += accepted
         self.num_spec_steps += 1
-        seq.spec_token_ids = []
+        self._trim_proposal(seq, 0)
         return proposed - accepted
 
     def _prefix_hits(self, seq: Sequence) -> list[int]:
@@ -268,8 +290,10 @@ class Scheduler:
 
     def _release(self, seq: Sequence) -> None:
         self.blocks.release(seq)
+        if self.proposer is not None:
+            self.proposer.release(seq)
         seq.num_computed_tokens = 0
-        seq.spec_token_ids = []
+        self._trim_proposal(seq, 0)
 
 
 def _seats(seq: Sequence) -> int:

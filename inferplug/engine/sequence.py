@@ -38,6 +38,7 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)  # keys of the full blocks of token_ids so far
     num_committed_blocks: int = 0  # leading blocks already offered to the prefix cache
     spec_token_ids: list[int] = field(default_factory=list)  # this step's proposed tokens, not yet accepted
+    spec_probs: Any = None  # their draft distributions q ([k, vocab] tensor), None for point masses
     num_draft_tokens: int = 0  # speculative decoding: tokens proposed and accepted over the sequence's life
     num_accepted_tokens: int = 0
     num_spec_steps: int = 0  # steps that verified proposals

@@ -1,11 +1,12 @@
-"""Speculative decoding: prompt-lookup proposals and the rejection sampling that checks them.
+"""Speculative decoding: the proposers (prompt lookup here, a draft model in engine/draft.py) and the
+rejection sampling that checks their proposals.
 
 A decode row with k proposed tokens becomes a (k + 1)-token chunk over its cached prefix: one target
 forward gives logits for every proposed position plus one past them. A greedy row accepts a proposal
 while it equals the target's argmax (so the tokens are exactly plain greedy's); a sampled row accepts
-proposal d with probability p(d) (prompt lookup's draft distribution is a point mass at d) and on a
-rejection draws from p with d removed, renormalized, which is the target's own distribution (Leviathan et
-al. 2023, with q = one-hot). The first rejection (or the row past the last
+proposal d, drawn from the proposer's q, with probability min(1, p(d) / q(d)) and on a rejection draws from
+max(0, p - q), renormalized: over both branches the token follows the target's p (Leviathan et al. 2023;
+Chen et al. 2023). Prompt lookup's q is a point mass at d. The first rejection (or the row past the last
 proposal) yields one more token, so a step always adds 1 + accepted tokens. The sampler runs the rows
 (engine/sampler.py); each row sees its sequence as if the drafts before it were accepted (`ahead`).
 """
@@ -13,22 +14,40 @@ proposal) yields one more token, so a step always adds 1 + accepted tokens. The 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from inferplug.engine.sequence import Sequence
 
-METHODS = ("none", "ngram")  # the profile's [speculative] method values this engine runs
+METHODS = ("none", "ngram", "draft")  # the profile's [speculative] method values this engine runs
 
 
-def make_proposer(config) -> NgramProposer | None:
-    """The proposer an EngineConfig asks for, or None (no speculation)."""
-    if config.speculative_method not in METHODS:
-        raise ValueError(f"speculative method {config.speculative_method!r} is not supported by the native engine; "
-                         f"use one of {METHODS}")
-    if config.speculative_method == "none":
+@dataclass
+class Proposal:
+    """A sequence's proposed tokens and, for a sampled draft, q: one row of the proposer's probabilities per
+    token ([k, vocab]). None: a point mass at each token (prompt lookup, or a greedy draft)."""
+
+    token_ids: list[int]
+    probs: torch.Tensor | None = None
+
+
+def make_proposer(config, draft=None, eos_token_ids=()):
+    """The proposer an EngineConfig asks for, or None (no speculation). `draft`: the engine/draft.DraftModel
+    that method "draft" runs."""
+    method = config.speculative_method
+    if method not in METHODS:
+        raise ValueError(f"speculative method {method!r} is not supported by the native engine; use one of {METHODS}")
+    if (draft is not None) != (method == "draft"):
+        raise ValueError(f'speculative method {method!r} with{"" if draft else "out"} a draft model: '
+                         'give a draft model exactly when the method is "draft"')
+    if method == "none":
         return None
+    if method == "draft":
+        from inferplug.engine.draft import DraftProposer
+
+        return DraftProposer(draft, config, list(eos_token_ids))
     return NgramProposer(config.num_speculative_tokens, config.ngram_min, config.ngram_max)
 
 
@@ -53,7 +72,15 @@ class NgramProposer:
     def __init__(self, num_tokens: int, ngram_min: int, ngram_max: int):
         self.num_tokens, self.ngram_min, self.ngram_max = num_tokens, ngram_min, ngram_max
 
-    def propose(self, seq: Sequence, limit: int) -> list[int]:
+    pools = ()  # prompt lookup holds no KV
+
+    def propose(self, seqs: list[Sequence], limits: list[int]) -> list[Proposal]:
+        return [Proposal(self.lookup(seq, limit)) for seq, limit in zip(seqs, limits)]
+
+    def release(self, seq: Sequence) -> None:
+        """Nothing to free: prompt lookup keeps no state per sequence."""
+
+    def lookup(self, seq: Sequence, limit: int) -> list[int]:
         """Up to min(num_tokens, limit) tokens; none for a constrained (guided) sequence, whose grammar state
         cannot look ahead."""
         k = min(self.num_tokens, limit)
@@ -73,13 +100,21 @@ class NgramProposer:
         return []
 
 
-def accept_or_resample(probs: torch.Tensor, draft: int, generator: torch.Generator | None) -> int:
-    """A sampled row's token given a proposed one: the draft with probability p(draft), else a draw from p
-    without it (renormalized). Over both branches the token is distributed as p."""
-    if float(torch.rand((), generator=generator, device=probs.device)) < float(probs[draft]):
+def accept_or_resample(probs: torch.Tensor, draft: int, generator: torch.Generator | None,
+                       q: torch.Tensor | None = None) -> int:
+    """A sampled row's token given a proposed one drawn from q (None: a point mass at the draft): the draft with
+    probability min(1, p(draft) / q(draft)), else a draw from max(0, p - q) renormalized. Over both branches
+    the token is distributed as p."""
+    q_draft = 1.0 if q is None else float(q[draft])
+    if float(torch.rand((), generator=generator, device=probs.device)) * q_draft < float(probs[draft]):
         return draft
     residual = probs.clone()
-    residual[draft] = 0.0
+    if q is None:
+        residual[draft] = 0.0
+    else:
+        residual = (residual - q).clamp_(min=0.0)
+    if float(residual.sum()) <= 0.0:  # p == q up to rounding: the draft was accepted with probability 1
+        return draft
     return int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
 
 

@@ -15,13 +15,13 @@ made_engines: list[LLMEngine] = []  # checked by the autouse fixture in conftest
 
 
 
-def make_engine(model_dir: Path, **overrides) -> LLMEngine:
+def make_engine(model_dir: Path, draft=None, **overrides) -> LLMEngine:
     """An fp32 engine on a local model dir or GGUF file (the pool is checked after the test)."""
     config = EngineConfig(**{"num_kv_blocks": 128, "max_num_batched_tokens": 256, **overrides})
     tokenizer = load_tokenizer(model_dir)
     engine = LLMEngine(read_config(model_dir), load_weights(model_dir, config.torch_dtype), tokenizer, config,
                        render_chat=lambda messages, tools: tokenizer.apply_chat_template(
-                           messages, tools=tools, tokenize=False, add_generation_prompt=True))
+                           messages, tools=tools, tokenize=False, add_generation_prompt=True), draft=draft)
     made_engines.append(engine)
     return engine
 

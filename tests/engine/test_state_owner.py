@@ -10,7 +10,8 @@ import inferplug
 
 OWNED = {"num_computed_tokens", "num_cached_tokens", "token_ids", "block_table", "block_hashes",
          "num_committed_blocks", "siblings_waiting"}
-OWNERS = {"engine/scheduler.py", "engine/block_manager.py", "engine/sequence.py"}
+# engine/draft.py writes only its own shadow sequences (the draft model's view, in the draft's own pool)
+OWNERS = {"engine/scheduler.py", "engine/block_manager.py", "engine/sequence.py", "engine/draft.py"}
 MUTATORS = {"append", "extend", "clear", "pop", "insert", "remove"}
 
 
