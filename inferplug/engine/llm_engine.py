@@ -39,17 +39,24 @@ class LLMEngine:
         self.eos_token_ids = set(model_config.eos_token_ids)
         if not self.eos_token_ids and getattr(tokenizer, "eos_token_id", None) is not None:
             self.eos_token_ids = {tokenizer.eos_token_id}
-        model = LlamaModel(model_config, state_dict, dtype=config.torch_dtype, device=config.device,
-                           attention=config.attention, kv_dtype=config.torch_kv_dtype)
         self.blocks = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
-        graphs = config.cuda_graphs and config.device.startswith("cuda")  # decode steps per batch-size bucket
-        self.runner = ModelRunner(model, num_blocks=config.num_kv_blocks, block_size=config.block_size,
-                                  sampler=Sampler(sorted(self.eos_token_ids)),
-                                  max_num_seqs=config.max_num_seqs if graphs else 0, max_model_len=self.max_model_len)
+        sampler = Sampler(sorted(self.eos_token_ids))
+        if config.tensor_parallel_size > 1:  # rank 0 here, the other ranks in their own processes
+            from inferplug.engine.parallel.runner import ParallelRunner
+
+            self.runner = ParallelRunner(model_config, state_dict, config, sampler=sampler,
+                                         threads_per_rank=config.threads_per_rank)
+        else:
+            model = LlamaModel(model_config, state_dict, dtype=config.torch_dtype, device=config.device,
+                               attention=config.attention, kv_dtype=config.torch_kv_dtype)
+            graphs = config.cuda_graphs and config.device.startswith("cuda")  # decode steps per batch-size bucket
+            self.runner = ModelRunner(model, num_blocks=config.num_kv_blocks, block_size=config.block_size,
+                                      sampler=sampler, max_num_seqs=config.max_num_seqs if graphs else 0,
+                                      max_model_len=self.max_model_len)
         # RAG document KV reuse (engine/doc_cache.py), a prefix source the scheduler asks; inert without
-        # Request.documents
-        self.doc_cache = (DocumentKVCache(model, self.runner.kv_caches, config.block_size, tokenizer)
-                          if config.rag_document_cache else None)
+        # Request.documents. Not under tensor parallel: it copies KV on rank 0 only, which holds a slice of the heads.
+        self.doc_cache = (DocumentKVCache(self.runner.model, self.runner.kv_caches, config.block_size, tokenizer)
+                          if config.rag_document_cache and config.tensor_parallel_size == 1 else None)
         self.scheduler = Scheduler(
             self.blocks, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=max(config.max_num_batched_tokens, config.block_size),
@@ -145,6 +152,10 @@ class LLMEngine:
                 if not seq.is_finished:
                     events.append(self._finish(seq, state, "error", message))
         return events
+
+    def close(self) -> None:
+        """Release what outlives the object: a tensor-parallel engine's worker processes."""
+        self.runner.close()
 
     # --- metrics ----------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
