@@ -34,3 +34,13 @@ def plan_tensor_parallel(tp: int, hw: Hardware, facts: ModelFacts | None, on_gpu
     return ParallelPlan(None, f"tensor parallel {tp} on the CPU: one process per rank over gloo, {threads} thread(s) "
                               f"each of {hw.cpu_count} cores{oversubscribed}; {split}. On one host this adds "
                               "all-reduces to every step rather than speed (bench/tensor_parallel.py)", threads)
+
+
+def doctor_line(hw: Hardware) -> str:
+    """What `inferplug doctor` says about [parallel] tensor_parallel_size on this machine (nothing imported)."""
+    if not hw.has("torch"):
+        return "off: the native engine needs torch (pip install torch==2.13.0 'inferplug[native]')"
+    if len(hw.gpus) > 1:
+        return f"native engine, up to {len(hw.gpus)} ranks over NCCL (one per GPU); sizes must divide the heads"
+    return (f"native engine on the CPU over gloo: ranks share the {hw.cpu_count} cores (no speed-up on one host, "
+            "see docs/benchmarks.md); sizes must divide the heads")
