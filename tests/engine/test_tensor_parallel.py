@@ -131,3 +131,27 @@ def test_stopping_rank_zero_leaves_no_worker(tiny_llama_dir, tmp_path, sig):
     finally:
         if rank0.poll() is None:
             rank0.kill()
+
+
+def test_the_native_backend_runs_a_profile_at_two_ranks(tiny_llama_dir, tmp_path):
+    """profile [parallel] -> resolver plan (threads per rank) -> engine config -> int8 layers on both ranks."""
+    from inferplug.backends.native import NativeBackend
+    from inferplug.hardware import probe
+    from inferplug.profile import load_profile
+    from inferplug.resolver import resolve
+
+    path = tmp_path / "tp.toml"
+    path.write_text(f'backend = "native"\ndtype = "float32"\n[model]\npath = "{tiny_llama_dir}"\n'
+                    '[quantization]\nformat = "int8"\n[parallel]\ntensor_parallel_size = 2\n')
+    profile = load_profile(str(path))
+    plan = resolve(profile, probe())
+    assert plan.tensor_parallel_size == 2 and plan.weight_format == "int8"
+    backend = NativeBackend(profile, plan)
+    try:
+        engine = backend.engine.engine
+        assert len(engine.runner.workers) == 1 and engine.runner.model.num_kv_heads == 1
+        events = run_all(engine, [Request(prompt=prompts_of([30])[0], params=greedy(6), request_id="a")])
+        assert len(tokens_of(events["a"])) == 6 and events["a"][-1].finish_reason == "length"
+        assert engine.blocks.num_free == engine.blocks.num_blocks
+    finally:
+        backend.close()

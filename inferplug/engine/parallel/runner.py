@@ -28,11 +28,21 @@ class ParallelRunner(ModelRunner):
             raise ProfileError("this process already runs a tensor-parallel engine; close it first, or run another "
                                "process")
         shards = {rank: shard_weights(model_config, state_dict, rank, size) for rank in range(size)}  # errors first
-        spawn = multiprocessing.get_context("spawn")
         self.workers: list = []
         self.pipes: list = []
         self._stop = weakref.finalize(self, stop_workers, self.workers, self.pipes)
-        port = free_port()
+        try:
+            model = self._start(model_config, config, shards, threads_per_rank)
+        except BaseException:  # no worker outlives a failed start (Ctrl-C included)
+            self.close()
+            raise
+        # no CUDA graphs: a captured step would have to capture the collectives too
+        super().__init__(model, num_blocks=config.num_kv_blocks, block_size=config.block_size, sampler=sampler)
+
+    def _start(self, model_config, config, shards: dict, threads_per_rank: int):
+        """Spawn ranks 1.., join the group as rank 0, build rank 0's model; wait until every rank has its own."""
+        spawn = multiprocessing.get_context("spawn")
+        port, size = free_port(), config.tensor_parallel_size
         for rank in range(1, size):
             spec = WorkerSpec(rank, size, port, model_config, config, threads_per_rank)
             ours, theirs = spawn.Pipe()
@@ -47,16 +57,16 @@ class ParallelRunner(ModelRunner):
         group, device = init_rank(spec)
         model = rank_model(spec, shards.pop(0), group, device)
         self._expect("ready")
-        # no CUDA graphs: a captured step would have to capture the collectives too
-        super().__init__(model, num_blocks=config.num_kv_blocks, block_size=config.block_size, sampler=sampler)
+        return model
 
-    def _expect(self, message: str) -> None:
+    def _expect(self, stage: str) -> None:
+        """Wait for every worker's word that it reached `stage` ("started", "ready")."""
         for rank, pipe in enumerate(self.pipes, start=1):
             try:
                 pipe.recv()
             except EOFError:
-                self.close()
-                raise BackendUnavailable(f"tensor-parallel rank {rank} failed to start (its traceback is above; a "
+                raise BackendUnavailable(f"tensor-parallel rank {rank} ended before it was {stage} (its traceback "
+                                         "is above; a "
                                          "script must start engines under `if __name__ == '__main__':`); fix it, or "
                                          "set tensor_parallel_size = 1") from None
 
