@@ -26,7 +26,7 @@ def plan_tensor_parallel(tp: int, hw: Hardware, facts: ModelFacts | None, on_gpu
         if problem:
             return ParallelPlan(problem)
     split = ("q/k/v and gate/up by columns, o and down by rows with an all-reduce after each, the KV pool by KV "
-             "head, the embedding and head by vocabulary")
+             "head, the embedding and head by vocabulary; no RAG document cache (it would copy KV on rank 0 only)")
     if on_gpus:
         return ParallelPlan(None, f"tensor parallel {tp}: one process per GPU over NCCL; {split}")
     threads = max(hw.cpu_count // tp, 1)
