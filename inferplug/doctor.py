@@ -13,6 +13,7 @@ from inferplug.kernels import cpu as cpu_kernels
 from inferplug.errors import InferPlugError
 from inferplug.hardware import Hardware, probe
 from inferplug.memory_plan import gib
+from inferplug.parallel_plan import doctor_line
 
 LOCAL_BACKENDS = ("native", "ctranslate2", "exllamav2")
 
@@ -91,7 +92,7 @@ def collect(hw: Hardware | None = None) -> dict[str, Any]:
                     "cores": hw.cpu_count, "ram_total": hw.ram_total, "ram_available": hw.ram_available},
         "gpus": [{"index": g.index, "name": g.name, "capability": f"{g.capability[0]}.{g.capability[1]}",
                   "total_memory": g.total_memory, "free_memory": g.free_memory} for g in hw.gpus],
-        **_kernel_status(hw),
+        **_kernel_status(hw), "tensor_parallel": doctor_line(hw),
         "cuda_version": hw.cuda_version, "driver_version": hw.driver_version, "gpu_note": hw.gpu_note,
         "backends": backends, "profiles": profiles, "ok": local_fit or unknown_but_usable,
     }
@@ -154,6 +155,7 @@ def print_report(report: dict[str, Any]) -> None:
     off = report["cpu_kernels"]
     machine.add_row("cpu kernels", f"off: {escape(off)}" if off else f"{escape(report['cpu_kernels_isa'])}: the native "
                     "engine's int8/int4 matmuls, paged decode attention and RMSNorm (compiled on first use)")
+    machine.add_row("tensor parallel", escape(report["tensor_parallel"]))
     machine.add_row("cuda", f"{report['cuda_version'] or 'none'} (driver {report['driver_version'] or 'none'})")
     if report["gpu_note"]:
         machine.add_row("gpu", escape(report["gpu_note"]))

@@ -41,12 +41,13 @@ class ModelFacts:
     vocab_size: int = 0  # 0: unknown ([model.hints] do not give the embedding's size)
     hidden_size: int = 0
     tie_word_embeddings: bool = False
+    num_attention_heads: int = 0  # 0: unknown ([model.hints] need not give it); tensor parallel splits them
 
     @classmethod
     def from_config(cls, config: ModelConfig, origin: str) -> ModelFacts:
         return cls(config.num_parameters(), config.num_hidden_layers, config.num_key_value_heads,
                    config.head_dim, config.max_position_embeddings, origin, config.vocab_size,
-                   config.hidden_size, config.tie_word_embeddings)
+                   config.hidden_size, config.tie_word_embeddings, config.num_attention_heads)
 
     @property
     def embedding_parameters(self) -> int:
@@ -73,12 +74,16 @@ class MemoryBreakdown:
     kv_bytes_per_token: int
     cache_tokens: int  # tokens the KV cache holds, whole blocks only
     seqs_at_full_context: int = 0  # concurrent sequences of max_model_len tokens (the resolver sets it)
+    ranks: int = 1  # tensor parallel: each rank holds 1/ranks of the weights and of every token's KV
+
 
     def summary(self) -> str:
         return (f"weights {gib(self.weights_bytes)} ({self.weight_bits:.3g} bits/param) + reserve "
                 f"{gib(self.reserve_bytes)} + KV cache {gib(self.kv_budget_bytes)} "
                 f"({self.kv_bytes_per_token / 1024:.1f} KiB/token -> {self.cache_tokens} tokens) "
-                f"of {gib(self.available_bytes)} available on {self.device}")
+                f"of {gib(self.available_bytes)} available on {self.device}"
+                + (f"; per rank of {self.ranks}: weights {gib(self.weights_bytes / self.ranks)} + KV cache "
+                   f"{gib(self.kv_budget_bytes / self.ranks)}" if self.ranks > 1 else ""))
 
 
 def model_facts(profile: Profile) -> ModelFacts:
@@ -105,7 +110,7 @@ def facts_from_file(path: Path) -> ModelFacts:
     from inferplug.sources import home
 
     st = path.stat()
-    version = f"v2|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"  # v2: facts gained the embedding's size
+    version = f"v3|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"  # v3: facts gained the attention heads
     memo = home() / "facts" / f"{hashlib.sha256(version.encode()).hexdigest()[:32]}.json"
     try:
         return ModelFacts(**json.loads(memo.read_text()))
@@ -192,4 +197,5 @@ def plan_memory(profile: Profile, facts: ModelFacts, *, device: str, kind: str, 
             f"a KV cache of {gib(budget)} holds {budget // per_token} tokens at {per_token} bytes/token, less "
             f"than one block of {block}; raise cache.memory"
         )
-    return MemoryBreakdown(device, available, bits, weights, reserve, budget, per_token, tokens)
+    return MemoryBreakdown(device, available, bits, weights, reserve, budget, per_token, tokens,
+                           ranks=profile.parallel.tensor_parallel_size)

@@ -15,6 +15,7 @@ from inferplug import ct2_compute
 from inferplug.kernels import cpu as cpu_kernels
 from inferplug.errors import ResolveError
 from inferplug.hardware import GPU, Hardware
+from inferplug.parallel_plan import plan_tensor_parallel
 from inferplug.memory_plan import (
     DTYPE_BYTES, RESERVE_FIXED, RESERVE_SHARE, DoesNotFit, MemoryBreakdown, ModelFacts, gib, model_facts, plan_memory,
     weight_bits,
@@ -71,6 +72,7 @@ class Plan:
     compute_type: str | None = None  # CTranslate2's compute_type
     weight_format: str | None = None  # native: linears stored fp16/int8/int4 (quant/linear.py); None: in dtype
     tensor_parallel_size: int = 1
+    threads_per_rank: int = 0  # native tensor parallel on a CPU: each rank's torch threads (parallel_plan.py)
     prefix_caching: bool = True
     rag_document_cache: bool = True
     model_path: Path | None = None  # the local model, when it is already on disk
@@ -138,9 +140,12 @@ def _preference(profile: Profile) -> list[str]:
 
 
 # --- devices, dtypes, attention ----------------------------------------------------------------
-def _pick_gpus(profile: Profile, hw: Hardware) -> list[GPU]:
-    """The GPUs to use, most free memory first; [] means the CPU."""
+def _pick_gpus(profile: Profile, hw: Hardware, cpu_ranks: bool = False) -> list[GPU]:
+    """The GPUs to use, most free memory first; [] means the CPU (`cpu_ranks`: where tensor parallel runs there
+    too, on a host without GPUs)."""
     tp = profile.parallel.tensor_parallel_size
+    if cpu_ranks and not hw.gpus:
+        return []
     if tp > len(hw.gpus):
         if tp > 1:
             raise _Rejected(f"tensor_parallel_size = {tp} needs {tp} CUDA GPUs; found {len(hw.gpus)}")
@@ -213,10 +218,11 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
         problems.append("cannot read ct2-int8 weights (use ctranslate2)")
     if not hw.has("torch"):
         problems.append("needs torch (pip install torch==2.13.0 'inferplug[native]')")
-    problems += _single_device(profile)
+    gpus = _pick_gpus(profile, hw, cpu_ranks=True)
+    parallel = plan_tensor_parallel(profile.parallel.tensor_parallel_size, hw, facts, bool(gpus))
+    problems += [parallel.problem] if parallel.problem else []
     if problems:
         raise _Rejected("; ".join(problems))
-    gpus = _pick_gpus(profile, hw)
     dtype, dtype_why = _dtype(profile, gpus, hw)
     attention, attention_why = _attention(profile, gpus, hw)
     if profile.cache.kv_dtype == "float8_e4m3" and not gpus:
@@ -229,8 +235,10 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
     weight_format, format_why = _native_weight_format(profile, gpus, hw, dtype)
     bits, bits_why = weight_bits(profile, "native", dtype, facts, weight_format, "cuda" if gpus else "cpu")
     plan = _local_plan("native", profile, hw, facts, gpus, dtype, attention, bits, None,
-                       [dtype_why, attention_why, *format_why, f"weights: {bits_why}"])
+                       [dtype_why, attention_why, *format_why, f"weights: {bits_why}",
+                        *([parallel.reason] if parallel.reason else [])])
     plan.weight_format = weight_format
+    plan.threads_per_rank = parallel.threads_per_rank
     return plan
 
 
@@ -364,7 +372,7 @@ def _local_plan(backend: str, profile: Profile, hw: Hardware, facts: ModelFacts 
         num_kv_blocks=memory.cache_tokens // profile.cache.block_size, max_model_len=max_len, max_num_seqs=seqs,
         max_num_batched_tokens=batched, kv_dtype=kv_dtype, compute_type=compute_type,
         max_prefill_tokens_while_decoding=_prefill_while_decoding(profile.limits, kind),
-        tensor_parallel_size=max(len(gpus), 1), prefix_caching=profile.cache.prefix_caching,
+        tensor_parallel_size=profile.parallel.tensor_parallel_size, prefix_caching=profile.cache.prefix_caching,
         rag_document_cache=profile.cache.rag_document_cache, model_path=cached_path(profile.model),
         memory=memory, reasons=reasons,
     )

@@ -131,3 +131,12 @@ def test_profile_list_survives_a_broken_user_profile(capsys, tmp_path, monkeypat
     rows = {row["name"]: row for row in json.loads(out)}
     assert code == 0 and rows["broken"]["description"].startswith("invalid: ")
     assert "TOML syntax error" in rows["broken"]["description"] and "smollm2-135m" in rows
+
+
+def test_a_tensor_parallel_size_that_does_not_divide_the_heads_exits_2_with_the_reason(capsys, tmp_path, tiny_llama_dir):
+    path = tmp_path / "tp.toml"
+    path.write_text(f'backend = "native"\n[model]\npath = "{tiny_llama_dir}"\n[parallel]\ntensor_parallel_size = 3\n')
+    code, out, _ = run(capsys, "resolve", str(path))  # resolve reports every backend's reason, then exits 2
+    report = " ".join(out.split())
+    assert code == 2 and "native: tensor_parallel_size = 3 does not divide the model's 4 attention heads" in report
+    assert "use one of [1, 2]" in report

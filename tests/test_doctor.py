@@ -92,3 +92,13 @@ def test_bandwidth_bound_for_each_fitting_profile(monkeypatch, tmp_path):
     assert zephyr["bandwidth_bound_tokens_per_s"] == pytest.approx(20e9 / zephyr["weights_bytes"])
     assert 3 < zephyr["bandwidth_bound_tokens_per_s"] < 5  # ~4.7 GiB of weights a step
     assert all("bandwidth_bound_tokens_per_s" not in r for r in rows if not r["fits"])
+
+
+def test_tensor_parallel_line_says_gloo_on_the_cpu_nccl_over_gpus_off_without_torch():
+    from inferplug.parallel_plan import doctor_line
+
+    assert doctor_line(CPU_ONLY).startswith("native engine on the CPU over gloo: ranks share the 4 cores")
+    two = Hardware(gpus=(GPU(0, "a", (9, 0), 80 << 30, 70 << 30), GPU(1, "b", (9, 0), 80 << 30, 70 << 30)),
+                   packages=PACKAGES)
+    assert doctor_line(two).startswith("native engine, up to 2 ranks over NCCL")
+    assert doctor_line(NOTHING).startswith("off: the native engine needs torch")

@@ -21,8 +21,8 @@ REPORTS = {"inferplug/commands/resolve.py", "inferplug/doctor.py"}
 # The native engine's config, from each field it runs by: another value of the field must change it.
 NATIVE_CHANGES = {"device": "cuda:0", "dtype": "bfloat16", "attention": "triton", "block_size": 32, "num_kv_blocks": 7,
                   "max_model_len": 99, "max_num_seqs": 3, "max_num_batched_tokens": 77,
-                  "max_prefill_tokens_while_decoding": 5, "kv_dtype": "float16",
-                  "prefix_caching": False, "rag_document_cache": False}
+                  "max_prefill_tokens_while_decoding": 5, "kv_dtype": "float16", "prefix_caching": False,
+                  "rag_document_cache": False, "tensor_parallel_size": 3, "threads_per_rank": 2}
 
 
 def _readers(field: str, owner: str = "plan") -> set[str]:
@@ -59,7 +59,3 @@ def test_the_native_engine_config_follows_the_field(field):
     base = _cpu_plan()
     assert engine_config(dataclasses.replace(base, **{field: NATIVE_CHANGES[field]})) != engine_config(base)
 
-
-def test_the_native_engine_refuses_tensor_parallelism_rather_than_ignore_it():
-    with pytest.raises(ProfileError, match="runs on one device; tensor_parallel_size = 2"):
-        engine_config(dataclasses.replace(_cpu_plan(), tensor_parallel_size=2))

@@ -16,7 +16,7 @@ from inferplug.resolver import model_facts, resolve
 GiB = 1 << 30
 GB = 10**9
 ALL_CPU_PACKAGES = frozenset({"torch", "transformers", "gguf", "ctranslate2", "httpx", "openai"})
-SMOLLM2 = ModelFacts(134_515_008, 30, 3, 64, 8192, "test")
+SMOLLM2 = ModelFacts(134_515_008, 30, 3, 64, 8192, "test", num_attention_heads=9)
 # What ctranslate2 4.8 reports on an AMD x86 CPU (no bfloat16 there, even with AVX512_BF16), and on a recent GPU
 CT2_CPU = frozenset({"float32", "int8", "int8_float32"})
 CT2_GPU = frozenset({"float32", "float16", "bfloat16", "int8", "int8_float32", "int8_float16", "int8_bfloat16"})
@@ -298,17 +298,28 @@ def test_two_gpus_without_tensor_parallel_picks_the_freest():
     assert plan.device == "cuda:1" and plan.tensor_parallel_size == 1
 
 
-def test_native_and_ctranslate2_reject_tensor_parallel_on_any_number_of_gpus():
+def test_tensor_parallel_that_does_not_divide_the_heads_is_rejected_with_the_sizes_that_do():
     gpus = (GPU(0, "A", (9, 0), 80 * GB, 70 * GB), GPU(1, "B", (9, 0), 80 * GB, 60 * GB))
     profile = load_profile("smollm2-135m")
     profile.backend = "auto"
     profile.parallel.tensor_parallel_size = 2
     with pytest.raises(ResolveError) as info:
         resolve(profile, with_gpus(*gpus), SMOLLM2)
-    for backend in ("native", "ctranslate2"):
-        assert info.value.rejected[backend] == (
-            "runs on one device; tensor_parallel_size = 2 is not supported (set it to 1, or use exllamav2, "
-            "which splits GPTQ/EXL2 models over several GPUs)")
+    assert info.value.rejected["native"] == ("tensor_parallel_size = 2 does not divide the model's 9 attention heads "
+                                             "(each rank holds whole heads); use one of [1, 3]")
+    assert info.value.rejected["ctranslate2"] == (
+        "runs on one device; tensor_parallel_size = 2 is not supported (set it to 1, or use exllamav2, "
+        "which splits GPTQ/EXL2 models over several GPUs)")
+
+
+def test_native_tensor_parallel_on_the_cpu_plans_threads_and_per_rank_memory():
+    profile = load_profile("smollm2-135m")
+    profile.parallel.tensor_parallel_size = 3
+    plan = resolve(profile, cpu(), SMOLLM2)
+    assert (plan.backend, plan.device, plan.tensor_parallel_size) == ("native", "cpu", 3)
+    assert plan.threads_per_rank == max(cpu().cpu_count // 3, 1)
+    assert any(r.startswith("tensor parallel 3 on the CPU: one process per rank over gloo") for r in plan.reasons)
+    assert "per rank of 3: weights" in plan.memory.summary()
 
 
 def test_tensor_parallel_needs_enough_gpus():

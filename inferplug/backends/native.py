@@ -24,7 +24,6 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
     from inferplug.chat_template import render_chat
     from inferplug.engine.llm_engine import LLMEngine
     from inferplug.models.loader import load_tokenizer, load_weights, read_config
-    from inferplug.quant.linear import quantize_model
     from inferplug.sources import ensure_local
 
     native = getattr(profile, "native", None)
@@ -41,8 +40,8 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
     del weights  # the float copies go once the model is quantized below
     if plan.weight_format:
         # Weight-only fp16/int8/int4 (quant/linear.py): decode is memory-bound, so fewer weight bytes per step.
-        for model in engine.models:  # the target, and a draft model
-            quantize_model(model, plan.weight_format)
+        for runner in engine.runners:  # the target's (on every rank under tensor parallel), and a draft's
+            runner.quantize(plan.weight_format)
     return engine
 
 
@@ -62,11 +61,6 @@ def load_draft(source, config):
 def engine_config(plan: Plan):
     """The EngineConfig every field of the plan that the engine runs by sets (tests/test_plan_fields.py)."""
     from inferplug.engine.config import EngineConfig
-    from inferplug.errors import ProfileError
-
-    if plan.tensor_parallel_size != 1:  # e.g. LLM(tensor_parallel_size=2): not silently one device
-        raise ProfileError(f"the native engine runs on one device; tensor_parallel_size = {plan.tensor_parallel_size} "
-                           "needs exllamav2 (GPTQ/EXL2 over several GPUs), or set it to 1")
     return EngineConfig(
         dtype=plan.dtype, device=plan.device, block_size=plan.block_size, num_kv_blocks=plan.num_kv_blocks,
         max_model_len=plan.max_model_len or None, max_num_seqs=plan.max_num_seqs,
@@ -74,6 +68,7 @@ def engine_config(plan: Plan):
         max_prefill_tokens_while_decoding=plan.max_prefill_tokens_while_decoding,
         rag_document_cache=plan.rag_document_cache,  # doc_cache: the profile's [cache] rag_document_cache
         attention=plan.attention, kv_dtype=plan.kv_dtype,
+        tensor_parallel_size=plan.tensor_parallel_size, threads_per_rank=plan.threads_per_rank,  # engine/parallel
     )
 
 

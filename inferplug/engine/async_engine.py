@@ -71,6 +71,7 @@ class AsyncEngine:
             self._fail_all(BackendUnavailable("the backend was closed while this request ran; create a new backend"))
         self._wake.set()
         self._thread.join(timeout=30)
+        self.engine.close()  # after the step thread: a tensor-parallel engine's workers stop
 
     # --- the engine thread's side (the lock held) ------------------------------------
     def _admit(self) -> None:

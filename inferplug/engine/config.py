@@ -24,6 +24,8 @@ class EngineConfig:
     attention: str = "auto"  # engine/ops.select_ops: auto | torch | sdpa | triton | flash
     kv_dtype: str | None = None  # the KV pools' dtype; None: the compute dtype. float8_e4m3 needs CUDA
     cuda_graphs: bool = True  # decode steps replay captured CUDA graphs (Triton attention on CUDA only)
+    tensor_parallel_size: int = 1  # >1: engine/parallel, one process per rank (gloo on CPU, NCCL on CUDA)
+    threads_per_rank: int = 0  # tensor parallel on CPU: torch threads of each rank (0: torch's default)
 
     @property
     def torch_dtype(self):

@@ -44,18 +44,25 @@ class LLMEngine:
             self.eos_token_ids = {tokenizer.eos_token_id}
         if draft is not None:
             check_draft(model_config, tokenizer, draft, self.max_model_len)
-        model = LlamaModel(model_config, state_dict, dtype=config.torch_dtype, device=config.device,
-                           attention=config.attention, kv_dtype=config.torch_kv_dtype)
         self.blocks = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
-        graphs = config.cuda_graphs and config.device.startswith("cuda")  # decode steps per batch-size bucket
-        self.runner = ModelRunner(model, num_blocks=config.num_kv_blocks, block_size=config.block_size,
-                                  sampler=Sampler(sorted(self.eos_token_ids)),
-                                  max_num_seqs=config.max_num_seqs if graphs else 0, max_model_len=self.max_model_len)
+        sampler = Sampler(sorted(self.eos_token_ids))
+        if config.tensor_parallel_size > 1:  # rank 0 here, the other ranks in their own processes
+            from inferplug.engine.parallel.runner import ParallelRunner
+
+            self.runner = ParallelRunner(model_config, state_dict, config, sampler=sampler,
+                                         threads_per_rank=config.threads_per_rank)
+        else:
+            model = LlamaModel(model_config, state_dict, dtype=config.torch_dtype, device=config.device,
+                               attention=config.attention, kv_dtype=config.torch_kv_dtype)
+            graphs = config.cuda_graphs and config.device.startswith("cuda")  # decode steps per batch-size bucket
+            self.runner = ModelRunner(model, num_blocks=config.num_kv_blocks, block_size=config.block_size,
+                                      sampler=sampler, max_num_seqs=config.max_num_seqs if graphs else 0,
+                                      max_model_len=self.max_model_len)
         # RAG document KV reuse (engine/doc_cache.py), a prefix source the scheduler asks; inert without
-        # Request.documents
-        self.doc_cache = (DocumentKVCache(model, self.runner.kv_caches, config.block_size, tokenizer)
-                          if config.rag_document_cache else None)
-        self.proposer = make_proposer(config, draft, sorted(self.eos_token_ids))
+        # Request.documents. Not under tensor parallel: it copies KV on rank 0 only, which holds a slice of the heads.
+        self.doc_cache = (DocumentKVCache(self.runner.model, self.runner.kv_caches, config.block_size, tokenizer)
+                          if config.rag_document_cache and config.tensor_parallel_size == 1 else None)
+        self.proposer = make_proposer(config, draft, sorted(self.eos_token_ids))  # a draft runs on rank 0 whole
         self.kv_pools = (self.blocks, *(self.proposer.pools if self.proposer else ()))  # a draft model's too
         self.scheduler = Scheduler(
             self.blocks, max_num_seqs=config.max_num_seqs,
@@ -66,9 +73,10 @@ class LLMEngine:
         self.requests: dict[str, RequestState] = {}
 
     @property
-    def models(self) -> list:
-        """The models this engine runs: the target, then a draft model's (quantized alike by the backend)."""
-        return [self.runner.model, *([self.proposer.model] if hasattr(self.proposer, "model") else [])]
+    def runners(self) -> list:
+        """The runners of the models this engine runs: the target's, then a draft model's (quantized alike by
+        the backend)."""
+        return [self.runner, *([self.proposer.runner] if hasattr(self.proposer, "runner") else [])]
 
     # --- requests ---------------------------------------------------------------
     def encode(self, request: Request) -> tuple[list[int], str | None]:
@@ -193,6 +201,10 @@ class LLMEngine:
                 if not seq.is_finished:
                     events.append(self._finish(seq, state, "error", message))
         return events
+
+    def close(self) -> None:
+        """Release what outlives the object: a tensor-parallel engine's worker processes."""
+        self.runner.close()
 
     # --- metrics ----------------------------------------------------------------
     def stats(self) -> dict[str, Any]:

@@ -4,6 +4,8 @@ The attention metadata comes from the model's ops set (engine/ops): the runner o
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from inferplug.engine.ops import StepRows
@@ -16,6 +18,19 @@ def is_decode(seq: Sequence, tokens: int) -> bool:
     alone (a 1-token final chunk, or everything before it from the prefix cache): it takes the prefill arithmetic
     its chunk-mates take, so its logits do not depend on how the prompt was chunked or cached."""
     return tokens == 1 and not seq.spec_token_ids and seq.num_computed_tokens >= seq.num_prompt_tokens
+
+
+@dataclass
+class StepInputs:
+    """One step's flat rows: what the model needs, and all a tensor-parallel worker receives (engine/parallel)."""
+
+    decodes: list[tuple[Sequence, int]]  # (sequence, 1), longest context first
+    prefills: list[tuple[Sequence, int]]  # verification rows, then prefill chunks
+    verify_rows: int
+    input_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    sample_rows: list[int] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -43,39 +58,46 @@ class ModelRunner:
 
     def forward(self, scheduled: list[tuple[Sequence, int]]) -> tuple[list[Sequence], torch.Tensor | None]:
         """Compute the scheduled tokens; return the sequences whose tokens are now all computed and their logits
-        rows: one each, or for a speculating sequence one per proposal and one more. Verification rows (a decode token and its proposals) follow the decode rows and take their arithmetic
-        (ctx.verify_rows), so a token comes out as plain decoding would compute it."""
+        rows: one each, or for a speculating sequence one per proposal and one more."""
+        inputs, seqs = self.layout(scheduled)
+        return seqs, self.execute(inputs)
+
+    def layout(self, scheduled: list[tuple[Sequence, int]]) -> tuple[StepInputs, list[Sequence]]:
+        """The step's flat rows, and the sequences that sample (in sample-row order).
+        Verification rows (a decode token and its proposals) follow the decode rows and take their arithmetic
+        (verify_rows), so a token comes out as plain decoding would compute it."""
         decodes = [(s, n) for s, n in scheduled if is_decode(s, n)]
         decodes.sort(key=lambda d: -d[0].num_computed_tokens)  # longest first: groups of similar lengths
         verifies = [(s, n) for s, n in scheduled if s.spec_token_ids]
         prefills = [(s, n) for s, n in scheduled if not is_decode(s, n) and not s.spec_token_ids]
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        sample_rows: list[int] = []
+        inputs = StepInputs(decodes, verifies + prefills, sum(n for _, n in verifies))
         sample_seqs: list[Sequence] = []
         for seq, n in decodes + verifies + prefills:
             start, tokens = seq.num_computed_tokens, seq.token_ids + seq.spec_token_ids
-            input_ids += tokens[start:start + n]
-            positions += range(start, start + n)
-            slots += [self._slot(seq, p) for p in range(start, start + n)]
+            inputs.input_ids += tokens[start:start + n]
+            inputs.positions += range(start, start + n)
+            inputs.slots += [self._slot(seq, p) for p in range(start, start + n)]
             if start + n == len(tokens):
-                sample_rows += range(len(input_ids) - 1 - len(seq.spec_token_ids), len(input_ids))
+                inputs.sample_rows += range(len(inputs.input_ids) - 1 - len(seq.spec_token_ids), len(inputs.input_ids))
                 sample_seqs.append(seq)
-        # verification rows read their context like prefill chunks but take the decode rows' arithmetic
-        ctx = self.model.ops.context(StepRows(decodes, verifies + prefills, self._tensor(slots), self.block_size, self.device))
-        ctx.verify_rows = sum(n for _, n in verifies)
-        ids, pos = self._tensor(input_ids), self._tensor(positions)
-        if self._graph_sizes is not None and not (verifies or prefills):
+        return inputs, sample_seqs
+
+    def execute(self, inputs: StepInputs) -> torch.Tensor | None:
+        """Run the model over the step's rows; the fp32 logits of its sample rows (None: no row samples)."""
+        ctx = self.model.ops.context(StepRows(inputs.decodes, inputs.prefills, self._tensor(inputs.slots),
+                                              self.block_size, self.device))
+        ctx.verify_rows = inputs.verify_rows
+        ids, pos = self._tensor(inputs.input_ids), self._tensor(inputs.positions)
+        if self._graph_sizes is not None and not inputs.prefills:
             self.graphs = self.model.ops.decode_graphs(self.model, self.kv_caches, **self._graph_sizes)
             self._graph_sizes = None
-        if self.graphs is not None and self.graphs.fits(ctx, len(input_ids)):
+        if self.graphs is not None and self.graphs.fits(ctx, len(inputs.input_ids)):
             hidden = self.graphs.replay(ids, pos, ctx)
         else:
             hidden = self.model.forward(ids, pos, ctx, self.kv_caches)
-        if not sample_seqs:
-            return [], None
-        return sample_seqs, self.model.compute_logits(hidden[self._tensor(sample_rows)])
+        if not inputs.sample_rows:
+            return None
+        return self.model.compute_logits(hidden[self._tensor(inputs.sample_rows)])
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy whole KV blocks, (source, destination) pairs: a beam's copy on write of a shared partial block."""
@@ -85,6 +107,15 @@ class ModelRunner:
         for pool in self.kv_caches:
             for kv in pool:  # [kv heads, blocks, block size, head dim]; index_put_ took 0.3 s a fork (SmolLM2)
                 kv.index_copy_(1, copies, kv.index_select(1, sources))
+
+    def quantize(self, fmt: str) -> None:
+        """Weight-only fp16 / int8 / int4 layers in place (quant/linear.py), on every rank under tensor parallel."""
+        from inferplug.quant.linear import quantize_model
+
+        quantize_model(self.model, fmt)
+
+    def close(self) -> None:
+        """Nothing to release on one device (engine/parallel's runner stops its workers)."""
 
     def _slot(self, seq: Sequence, position: int) -> int:
         return seq.block_table[position // self.block_size] * self.block_size + position % self.block_size

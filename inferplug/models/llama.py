@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from inferplug.engine.attention import AttentionContext
+from inferplug.engine.parallel.group import SINGLE, SingleDevice
 from inferplug.engine.ops import select_ops
 from inferplug.models.config import ModelConfig
 from inferplug.quant.checkpoint_layers import fold_down_order, fuse_rows  # torch.cat, or an AWQ / GPTQ checkpoint's layers
@@ -33,8 +34,11 @@ class LayerWeights:
 
 class LlamaModel:
     def __init__(self, config: ModelConfig, state_dict: dict[str, torch.Tensor], *, dtype: torch.dtype, device: str = "cpu",
-                 attention: str = "auto", kv_dtype: torch.dtype | None = None):
+                 attention: str = "auto", kv_dtype: torch.dtype | None = None, parallel: SingleDevice = SINGLE):
+        """`parallel`: this rank's group under tensor parallelism (engine/parallel): `config` and `state_dict` are
+        then the rank's share of the heads and its slices of the weights."""
         self.config = config
+        self.parallel = parallel
         self.dtype, self.device = dtype, torch.device(device)
         self.kv_dtype = kv_dtype or dtype  # the pools' dtype (the plan's kv_dtype)
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
@@ -95,9 +99,10 @@ class LlamaModel:
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext, kv_caches) -> torch.Tensor:
-        x = F.embedding(input_ids, self.embed)
-        ops, eps = self.ops, self.config.rms_norm_eps
-        if ops.run_layers(self, x, positions, ctx, kv_caches):  # every layer in one kernel call (CPU, block weights)
+        x = self.parallel.embed(input_ids, self.embed)
+        ops, eps, reduce = self.ops, self.config.rms_norm_eps, self.parallel.all_reduce
+        # every layer in one kernel call (CPU, block weights); not under tensor parallel, which all-reduces between
+        if self.parallel.size == 1 and ops.run_layers(self, x, positions, ctx, kv_caches):
             return x
         delta = None  # each residual branch is added inside the next norm: one fused op
         rows = ctx.decode_rows + ctx.verify_rows  # the rows that take decode arithmetic (quant/block_linear.py)
@@ -106,15 +111,16 @@ class LlamaModel:
             qkv = linear(h, layer.qkv, layer.qkv_bias, rows)
             q, k, v = ops.rope_and_store(qkv, positions, self.cos, self.signed_sin, k_cache, v_cache, ctx, self.num_heads)
             attn = ops.attention(q, k, v, k_cache, v_cache, ctx, self.scale)
-            h = ops.add_rms_norm(x, linear(attn, layer.o, None, rows), layer.post_norm, eps)
-            delta = linear(ops.silu_mul(linear(h, layer.gate_up, None, rows)), layer.down, None, rows)
+            h = ops.add_rms_norm(x, reduce(linear(attn, layer.o, None, rows)), layer.post_norm, eps)
+            delta = reduce(linear(ops.silu_mul(linear(h, layer.gate_up, None, rows)), layer.down, None, rows))
         return x.add_(delta)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits for the given rows of hidden states."""
-        return linear(self.ops.add_rms_norm(hidden.contiguous(), None, self.norm, self.config.rms_norm_eps),
-                      self.lm_head).float()
+        logits = linear(self.ops.add_rms_norm(hidden.contiguous(), None, self.norm, self.config.rms_norm_eps),
+                        self.lm_head).float()
+        return self.parallel.gather_logits(logits, self.config.vocab_size)
 
 
 def rope_tables(config: ModelConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

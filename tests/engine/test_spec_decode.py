@@ -12,7 +12,6 @@ from inferplug.engine.config import EngineConfig
 from inferplug.engine.sequence import Sequence
 from inferplug.engine.spec_decode import NgramProposer
 from inferplug.profile import ModelSource
-from inferplug.quant.linear import quantize_model
 from inferplug.types import Request, SamplingParams
 
 TEXT = ("The quick brown fox jumps over the lazy dog. The lazy dog sleeps while the quick brown fox runs. "
@@ -27,8 +26,8 @@ def _engine(model_dir, method: str | None = None, fmt: str | None = "fp16", draf
     engine = make_engine(model_dir, draft=draft, **{"max_num_batched_tokens": 64, **spec, **overrides})
     if not getattr(engine.runner.model.ops, "paged_kernel", False):
         pytest.skip("the CPU kernels cannot run here: the torch path is not batch-invariant")
-    for model in engine.models if fmt else []:
-        quantize_model(model, fmt)
+    for runner in engine.runners if fmt else []:
+        runner.quantize(fmt)
     return engine
 
 

@@ -1,0 +1,65 @@
+"""Each rank's slice of a Llama-family checkpoint (HF names), and the check that a TP size splits the model."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch stays unimported for the resolver's check
+    import torch
+
+    from inferplug.models.config import ModelConfig
+
+COLUMN = {"q_proj": "q", "k_proj": "kv", "v_proj": "kv", "gate_proj": "mlp", "up_proj": "mlp"}  # output rows
+ROW = {"o_proj": "q", "down_proj": "mlp"}  # input columns: partial sums, all-reduced
+
+
+def check_tensor_parallel(num_heads: int, num_kv_heads: int, tp: int) -> str | None:
+    """Why `tp` cannot split these heads (None: it can). Whole heads per rank keep attention local; we do not
+    replicate KV heads (vLLM does when tp > KV heads) since that multiplies the pool for no speed on a CPU."""
+    if tp < 1:
+        return f"tensor_parallel_size = {tp} must be at least 1"
+    for what, heads in (("attention heads", num_heads), ("KV heads", num_kv_heads)):
+        if heads % tp:
+            sizes = [n for n in range(1, heads + 1) if num_heads % n == 0 and num_kv_heads % n == 0]
+            return (f"tensor_parallel_size = {tp} does not divide the model's {heads} {what} (each rank holds whole "
+                    f"heads); use one of {sizes}")
+    return None
+
+
+def rank_config(config: ModelConfig, tp: int) -> ModelConfig:
+    """The architecture one rank runs: its share of the heads (intermediate size and vocabulary are sliced below)."""
+    return dataclasses.replace(config, num_attention_heads=config.num_attention_heads // tp,
+                               num_key_value_heads=config.num_key_value_heads // tp)
+
+
+def shard_weights(config: ModelConfig, state_dict: dict[str, torch.Tensor], rank: int, tp: int) -> dict[str, torch.Tensor]:
+    """Rank `rank`'s tensors (copies, so the full checkpoint can go): a ProfileError for weights that are
+    already packed layers (AWQ / GPTQ), which cannot be sliced."""
+    import torch
+
+    from inferplug.errors import ProfileError
+
+    widths = {"q": config.num_attention_heads * config.head_dim, "kv": config.num_key_value_heads * config.head_dim,
+              "mlp": config.intermediate_size}
+    vocab_rows = -(-config.vocab_size // tp)  # the last rank's slice is padded with zero rows
+    out = {}
+    for name, w in state_dict.items():
+        if not isinstance(w, torch.Tensor):
+            raise ProfileError(f"tensor parallel slices float or GGUF weights, not the packed layer {name!r} of an AWQ "
+                               "/ GPTQ checkpoint; set tensor_parallel_size = 1")
+        module = name.rsplit(".", 2)[-2]
+        if module in COLUMN:  # the weight's rows, or the bias
+            w = w.chunk(tp, dim=0)[rank] if widths[COLUMN[module]] % tp == 0 else _bad(name, tp)
+        elif module in ROW and name.endswith("weight"):
+            w = w.chunk(tp, dim=1)[rank]
+        elif name in ("model.embed_tokens.weight", "lm_head.weight"):
+            w = torch.nn.functional.pad(w, (0, 0, 0, vocab_rows * tp - w.shape[0]))[rank * vocab_rows:(rank + 1) * vocab_rows]
+        out[name] = w.clone()
+    return out
+
+
+def _bad(name: str, tp: int):
+    from inferplug.errors import ProfileError
+
+    raise ProfileError(f"tensor_parallel_size = {tp} does not divide {name}; use a size that divides it")
