@@ -92,3 +92,20 @@ def test_bandwidth_bound_for_each_fitting_profile(monkeypatch, tmp_path):
     assert zephyr["bandwidth_bound_tokens_per_s"] == pytest.approx(20e9 / zephyr["weights_bytes"])
     assert 3 < zephyr["bandwidth_bound_tokens_per_s"] < 5  # ~4.7 GiB of weights a step
     assert all("bandwidth_bound_tokens_per_s" not in r for r in rows if not r["fits"])
+
+
+def test_ray_installed_local_or_reachable(monkeypatch):
+    import socket
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert doctor.ray_status(CPU_ONLY)["why"].startswith("not installed") and "inferplug[ray]" in \
+        doctor.ray_status(CPU_ONLY)["why"]
+    with_ray = Hardware(packages=PACKAGES | {"ray"})
+    assert "starts a local Ray" in doctor.ray_status(with_ray)["why"]
+    with socket.socket() as listening:  # a port that answers, then one that does not
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{listening.getsockname()[1]}")
+        assert doctor.ray_status(with_ray)["reachable"] is True
+    status = doctor.ray_status(with_ray)
+    assert status["reachable"] is False and "cannot reach the Ray cluster" in status["why"]

@@ -63,10 +63,11 @@ def _serve_replicas(profile, args: argparse.Namespace, max_body: int) -> int:  #
     import uvicorn
 
     from inferplug.server import replicas
-    from inferplug.server.replica_front import create_front
 
-    connection = replicas.connect(profile.parallel.replicas, args.ray_address)
+    connection = replicas.connect(profile.parallel.replicas, args.ray_address)  # first: it checks Ray is there
     try:
+        from inferplug.server.replica_front import create_front
+
         handle, board = replicas.deploy(connection, profile, api_key=args.api_key, max_body_bytes=max_body)
         where = connection.address or "a local Ray"
         print(f"inferplug: serving {profile.name} on {profile.parallel.replicas} replicas ({where}) at "

@@ -61,8 +61,8 @@ def routing_choice(choice: str) -> tuple[str, str]:
                           "the replica that served its prefix, so its KV blocks are cached there")
     if choice == "prefix":
         raise ProfileError("routing = \"prefix\" needs Ray Serve's PrefixCacheAffinityRouter, which this Ray "
-                           "lacks; install ray[serve]>=2.47, or set routing = \"power_of_two\"")
-    return "power_of_two", "routing power of two: this Ray has no prefix-aware router (ray[serve]>=2.47 has it)"
+                           "lacks; install a Ray whose Serve has it (2.60 does), or set routing = \"power_of_two\"")
+    return "power_of_two", "routing power of two: this Ray has no prefix-aware router (Ray 2.60 has one)"
 
 
 def describe(profile: Profile) -> str:
