@@ -32,9 +32,19 @@ def routing_text(body: bytes) -> str:
         return ""
     if isinstance(data.get("messages"), list):
         return "".join(_text(m.get("content")) for m in data["messages"] if isinstance(m, dict))
-    prompt = data.get("prompt")
-    return prompt if isinstance(prompt, str) else prompt[0] if isinstance(prompt, list) and prompt and \
-        isinstance(prompt[0], str) else ""
+    return _prompt_text(data.get("prompt"))
+
+
+def _prompt_text(prompt: Any) -> str:
+    """A completion prompt: text, token ids (as text, so a shared id prefix is a shared text prefix), or a
+    batch of either (its first)."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(t, int) for t in prompt):
+            return " ".join(map(str, prompt))
+        return _prompt_text(prompt[0])
+    return ""
 
 
 def _text(content: Any) -> str:

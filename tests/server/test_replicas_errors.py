@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -38,3 +39,14 @@ def test_unreachable_ray_address():
 def test_replicas_must_be_positive():
     result = serve("--replicas", "0")
     assert result.returncode == 2 and "'0' is not a whole number >= 1" in result.stderr
+
+
+def test_routing_text_is_what_a_prefix_is_matched_on():
+    from inferplug.server.replica_front import routing_text
+
+    chat = {"messages": [{"role": "system", "content": "be brief"},
+                         {"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+    assert routing_text(json.dumps(chat).encode()) == "be briefhi"
+    assert routing_text(b'{"prompt": "once upon"}') == "once upon"
+    assert routing_text(b'{"prompt": [[1, 2, 3], [4]]}') == "1 2 3"
+    assert routing_text(b"not json") == routing_text(b"[1]") == ""
