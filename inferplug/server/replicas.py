@@ -78,7 +78,7 @@ def describe(profile: Profile) -> str:
 
 def check_reachable(address: str, timeout: float = 3.0) -> None:
     """A one-line error now, rather than ray.init retrying an address nobody answers."""
-    if address in ("auto", "local"):
+    if address in ("auto", "local"):  # auto: ray.init finds this host's cluster or says there is none
         return
     parts = urlsplit(address if "://" in address else f"ray://{address}")
     try:
@@ -113,6 +113,8 @@ class RayConnection:
 def connect(replicas: int, address: str | None) -> RayConnection:
     ray = require_ray(replicas)
     address = address or os.environ.get("RAY_ADDRESS") or None
+    if address == "local":  # Ray's word for "start one here"
+        address = None
     quiet = dict(logging_level=logging.WARNING, log_to_driver=False)
     if address:
         check_reachable(address)
