@@ -19,42 +19,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
+from inferplug.server.launch import start_serve
 
 PEERS = [("1 process", [], None), ("1 replica (Ray)", ["--replicas", "1", "--ray-address", "local"], "prefix"),
          ("2, power of two", ["--replicas", "2"], "power_of_two"), ("2, prefix-aware", ["--replicas", "2"], "prefix")]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start(profile: str, extra: list[str], routing: str | None, cache: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
     env = {**os.environ, "INFERPLUG_CACHE__MEMORY": cache,
            **({"INFERPLUG_PARALLEL__ROUTING": routing} if routing else {})}
-    proc = subprocess.Popen([sys.executable, "-m", "inferplug.cli", "serve", profile, "--port", str(port),
-                             "--log-level", "warning", *extra], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(base + "/health", timeout=2).status_code == 200:
-                return proc, base
-        except httpx.TransportError:
-            time.sleep(1)
-    proc.kill()
-    raise SystemExit(f"inferplug serve {' '.join(extra)} did not come up")
+    return start_serve(profile, "--log-level", "warning", *extra, env=env, timeout=600)
 
 
 def bench(base: str, args: argparse.Namespace, tokenizer: str | None, out: Path) -> dict:
@@ -89,7 +68,7 @@ def main() -> None:
                 result = bench(base, args, tokenizer, Path(tmp) / "result.json")
             finally:
                 proc.terminate()
-                proc.wait(timeout=120)
+                proc.communicate(timeout=120)
             rows.append({"peer": name, "output_throughput": result["output_throughput"],
                          "ttft_ms_median": result["ttft_ms"]["median"],
                          "prefix_cache_hit_rate": result["prefix_cache_hit_rate"], "failed": result["failed"]})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from inferplug.commands import add_profile_argument
 
@@ -63,12 +64,14 @@ def _serve_replicas(profile, args: argparse.Namespace, max_body: int) -> int:  #
     import uvicorn
 
     from inferplug.server import replicas
+    from inferplug.server.app import API_KEY_ENV
 
     connection = replicas.connect(profile.parallel.replicas, args.ray_address)  # first: it checks Ray is there
     try:
         from inferplug.server.replica_front import create_front
 
-        handle, board = replicas.deploy(connection, profile, api_key=args.api_key, max_body_bytes=max_body)
+        api_key = args.api_key or os.environ.get(API_KEY_ENV) or None  # read here: a remote node has its own env
+        handle, board = replicas.deploy(connection, profile, api_key=api_key, max_body_bytes=max_body)
         where = connection.address or "a local Ray"
         print(f"inferplug: serving {profile.name} on {profile.parallel.replicas} replicas ({where}) at "
               f"http://{args.host}:{args.port}/v1", flush=True)

@@ -30,9 +30,10 @@ class RoutedRequest:
     prompt: str
 
 
-@ray.remote(num_cpus=0)
+@ray.remote(num_cpus=0, max_restarts=-1)
 class MetricsBoard:
-    """The latest metrics of each replica, which they publish at every health check."""
+    """The latest metrics of each replica, which they publish at every health check (restarted empty if it dies:
+    the replicas fill it again within a second)."""
 
     def __init__(self) -> None:
         self.latest: dict[str, tuple[float, int, bytes]] = {}

@@ -105,9 +105,12 @@ class RayConnection:
         from ray import serve
 
         try:
-            serve.shutdown()
+            if self.address is None:
+                serve.shutdown()
+            else:  # a shared cluster: only our app goes, other Serve apps stay up
+                serve.delete(APP_NAME)
         finally:
-            ray.shutdown()  # a local Ray: stops every process it started
+            ray.shutdown()  # a local Ray: stops every process it started; a cluster: disconnects
 
 
 def connect(replicas: int, address: str | None) -> RayConnection:

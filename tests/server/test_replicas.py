@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -18,7 +16,8 @@ import httpx
 import openai
 import pytest
 
-from tests.server.test_serve_command import free_port, stop
+from inferplug.server.launch import start_serve
+from tests.server.test_serve_command import stop
 
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray")
@@ -52,22 +51,10 @@ def marked_pids(mark: str) -> set[int]:
 class Replicated:
     def __init__(self, tmp: Path, model_dir: Path):
         self.mark = uuid.uuid4().hex
-        self.port = free_port()
         env = {**os.environ, MARK: self.mark, "TMPDIR": str(tmp), "RAY_TMPDIR": str(tmp)}
         env.pop("RAY_ADDRESS", None)
-        cmd = [sys.executable, "-m", "inferplug.cli", "serve", str(write_profile(tmp, model_dir)), "--port",
-               str(self.port), "--api-key", KEY, "--log-level", "warning"]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        self.base = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            try:
-                if httpx.get(self.base + "/health", headers=self.auth, timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                time.sleep(0.5)
-        self.proc.kill()
-        raise AssertionError(f"serve --replicas did not come up:\n{self.proc.communicate()[0]}")
+        self.proc, self.base = start_serve(str(write_profile(tmp, model_dir)), "--api-key", KEY, "--log-level",
+                                           "warning", env=env, timeout=300)
 
     auth = {"Authorization": f"Bearer {KEY}"}
 

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from tests.server.test_serve_command import free_port
+from inferplug.server.launch import free_port
 
 
 def serve(*args: str, hide_ray: bool = False) -> subprocess.CompletedProcess:
