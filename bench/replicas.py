@@ -11,7 +11,7 @@ rate (cached prompt tokens / prompt tokens, from the servers' usage), and each p
 On one host the replicas share its cores (each gets cores / replicas threads), so 2 replicas cannot beat one
 process on throughput here; the hit rate column is what the routing changes.
 
-    .venv/bin/python bench/replicas.py --num-prompts 64 --json replicas.json
+    .venv/bin/python bench/replicas.py --num-prompts 64 --rounds 3 --json replicas.json
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -53,6 +54,7 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=32, help="tokens after the system prompt")
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=2, help="runs of every peer; the table gives medians")
     parser.add_argument("--cache-memory", default="512MiB", help="KV cache of each replica (and of the 1 process)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
@@ -60,26 +62,31 @@ def main() -> None:
     from inferplug.sources import ensure_local
 
     tokenizer = str(ensure_local(load_profile(args.profile).model))
-    rows = []
+    runs: dict[str, list[dict]] = {name: [] for name, _, _ in PEERS}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, extra, routing in PEERS:
-            proc, base = start(args.profile, extra, routing, args.cache_memory)
-            try:
-                result = bench(base, args, tokenizer, Path(tmp) / "result.json")
-            finally:
-                proc.terminate()
-                proc.communicate(timeout=120)
-            rows.append({"peer": name, "output_throughput": result["output_throughput"],
-                         "ttft_ms_median": result["ttft_ms"]["median"],
-                         "prefix_cache_hit_rate": result["prefix_cache_hit_rate"], "failed": result["failed"]})
-            print(f"{name}: done", file=sys.stderr, flush=True)
+        for round_ in range(args.rounds):  # peers interleaved, so a noisy minute hits every peer alike
+            for name, extra, routing in PEERS:
+                proc, base = start(args.profile, extra, routing, args.cache_memory)
+                try:
+                    result = bench(base, args, tokenizer, Path(tmp) / "result.json")
+                finally:
+                    proc.terminate()
+                    proc.communicate(timeout=120)
+                runs[name].append({"output_throughput": result["output_throughput"],
+                                   "ttft_ms_median": result["ttft_ms"]["median"],
+                                   "prefix_cache_hit_rate": result["prefix_cache_hit_rate"], "failed": result["failed"]})
+                print(f"round {round_ + 1}, {name}: done", file=sys.stderr, flush=True)
+    rows = [{"peer": name, **{k: statistics.median(r[k] for r in results) for k in results[0]}}
+            for name, results in runs.items()]
     base_tput = rows[0]["output_throughput"]
+    print(f"medians of {args.rounds} round(s), {os.cpu_count()} cores")
     print(f"{'peer':<18} {'out tok/s':>10} {'x 1 proc':>9} {'TTFT p50 ms':>12} {'prefix hit':>11} {'failed':>7}")
     for r in rows:
         print(f"{r['peer']:<18} {r['output_throughput']:>10.1f} {r['output_throughput'] / base_tput:>9.2f} "
-              f"{r['ttft_ms_median']:>12.0f} {r['prefix_cache_hit_rate']:>11.1%} {r['failed']:>7}")
+              f"{r['ttft_ms_median']:>12.0f} {r['prefix_cache_hit_rate']:>11.1%} {r['failed']:>7.0f}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "cores": os.cpu_count(), "rows": rows}, indent=2))
+        Path(args.json).write_text(json.dumps({"args": vars(args), "cores": os.cpu_count(), "medians": rows,
+                                               "runs": runs}, indent=2))
 
 
 if __name__ == "__main__":
