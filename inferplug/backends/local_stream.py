@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from inferplug.engine.output import ChoiceOutput, RequestOutput
+from inferplug.engine.request_state import check_prompt_ids
 from inferplug.errors import RequestError
 from inferplug.types import Event, Request, SamplingParams
 
@@ -29,21 +30,9 @@ def prompt_token_ids(backend: Backend, request: Request) -> list[int]:
         ids = tokenizer.encode(request.prompt)
     else:
         ids = list(request.prompt or [])
-        vocab = len(tokenizer)
-        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
-        if bad:
-            raise RequestError(f"prompt holds token ids outside the vocabulary [0, {vocab}): {bad[:5]}", param="prompt")
-    check_fits_context(len(ids), backend.context_length, request)
+    check_prompt_ids(ids, len(tokenizer), backend.context_length,
+                     param="messages" if request.messages is not None else "prompt")
     return ids
-
-
-def check_fits_context(prompt_len: int, context_length: int, request: Request) -> None:
-    if prompt_len >= context_length:
-        raise RequestError(
-            f"the prompt is {prompt_len} tokens but the model's context is {context_length}; "
-            "shorten the prompt so there is room for at least one new token",
-            param="messages" if request.messages is not None else "prompt",
-        )
 
 
 def max_new_tokens(params: SamplingParams, prompt_len: int, context_length: int) -> int:

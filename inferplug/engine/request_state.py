@@ -19,17 +19,22 @@ def validate_prompt(prompt_ids: list[int], params: SamplingParams, vocab_size: i
         # the grammar alone decides where the JSON ends; banning EOS before min_tokens would leave no legal token
         raise RequestError("min_tokens cannot be combined with json_schema (the schema decides the length); "
                            "drop min_tokens", param="min_tokens")
+    check_prompt_ids(prompt_ids, vocab_size, max_model_len)
+
+
+def check_prompt_ids(prompt_ids: list[int], vocab_size: int, context_length: int, param: str = "prompt") -> None:
+    """The checks every local backend makes on a tokenized prompt: not empty, in the vocabulary, room to generate."""
     if not prompt_ids:
-        raise RequestError("the prompt is empty: give at least one token or character", param="prompt")
+        raise RequestError("the prompt is empty: give at least one token or character", param=param)
     bad = [t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < vocab_size]
     if bad:
         raise RequestError(f"the prompt holds token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}",
-                           param="prompt")
-    if len(prompt_ids) >= max_model_len:
+                           param=param)
+    if len(prompt_ids) >= context_length:
         raise RequestError(
-            f"the prompt has {len(prompt_ids)} tokens but the context holds {max_model_len} "
+            f"the prompt has {len(prompt_ids)} tokens but the context holds {context_length} "
             "(including at least one generated token): shorten the prompt or raise max_model_len",
-            param="prompt",
+            param=param,
         )
 
 
