@@ -6,10 +6,10 @@ Peers (each a fresh `inferplug serve` on loopback, stopped before the next start
   2, power of two  `--replicas 2`, [parallel] routing = "power_of_two"
   2, prefix-aware  `--replicas 2`, [parallel] routing = "prefix" (Ray's PrefixCacheAffinityRouter)
 Workload: --num-prompts requests behind 8 system prompts (`--random-num-prefixes 8`, --prefix-len tokens each),
-all arriving at once, exactly --output-len tokens each. The table gives throughput, TTFT and the prefix-cache hit
-rate (cached prompt tokens / prompt tokens, from the servers' usage), and each peer's throughput / 1 process.
-On one host the replicas share its cores (each gets cores / replicas threads), so 2 replicas cannot beat one
-process on throughput here; the hit rate column is what the routing changes.
+all arriving at once (or at --request-rate), exactly --output-len tokens each. The table gives throughput, TTFT
+and the prefix-cache hit rate (cached prompt tokens / prompt tokens, from the servers' usage), and each peer's
+throughput / 1 process. On one host the replicas share its cores (cores / replicas threads each); the hit rate
+column is what the routing changes.
 
     .venv/bin/python bench/replicas.py --num-prompts 64 --rounds 3 --json replicas.json
 """
@@ -41,7 +41,8 @@ def bench(base: str, args: argparse.Namespace, tokenizer: str | None, out: Path)
     cmd = [sys.executable, "-m", "inferplug.cli", "bench", "--url", base + "/v1", "--num-prompts",
            str(args.num_prompts), "--random-input-len", str(args.input_len), "--random-output-len",
            str(args.output_len), "--random-prefix-len", str(args.prefix_len), "--random-num-prefixes", "8",
-           "--ignore-eos", "--no-progress", "--seed", str(args.seed), "--save-result", str(out)]
+           "--request-rate", str(args.request_rate), "--ignore-eos", "--no-progress", "--seed", str(args.seed),
+           "--save-result", str(out)]
     subprocess.run(cmd + (["--tokenizer", tokenizer] if tokenizer else []), check=True, stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())
 
@@ -54,6 +55,8 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=32, help="tokens after the system prompt")
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--request-rate", type=float, default=float("inf"),
+                        help="mean requests/s (default: all at once)")
     parser.add_argument("--rounds", type=int, default=2, help="runs of every peer; the table gives medians")
     parser.add_argument("--cache-memory", default="512MiB", help="KV cache of each replica (and of the 1 process)")
     parser.add_argument("--json", help="write the results here")
