@@ -12,6 +12,7 @@ import asyncio
 import json
 from typing import Any
 
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import Receive, Scope, Send
 
 from inferplug.server.app import BodySizeLimit, error_body, error_response
@@ -66,7 +67,7 @@ class ReplicaFront:
         if scope["path"] == "/metrics":
             text = merge_replica_metrics(await self.board.collect.remote())
             await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]})
+                        "headers": [(b"content-type", CONTENT_TYPE_LATEST.encode())]})
             return await send({"type": "http.response.body", "body": text})
         body = b""
         while (message := await receive())["type"] == "http.request":
