@@ -42,6 +42,27 @@ def backend_status(hw: Hardware) -> dict[str, dict[str, Any]]:
     return status
 
 
+def ray_status(hw: Hardware) -> dict[str, Any]:
+    """Can `serve --replicas N` run here: Ray installed, and the cluster RAY_ADDRESS names reachable."""
+    import os
+
+    from inferplug.errors import BackendUnavailable
+    from inferplug.server.replicas import INSTALL, check_reachable
+
+    address = os.environ.get("RAY_ADDRESS") or None
+    if not hw.has("ray"):
+        return {"installed": False, "address": address, "reachable": None,
+                "why": f"not installed: replicas > 1 need it ({INSTALL})"}
+    if address is None:
+        return {"installed": True, "address": None, "reachable": None,
+                "why": "installed; no RAY_ADDRESS: `serve --replicas N` starts a local Ray"}
+    try:
+        check_reachable(address)
+    except BackendUnavailable as exc:
+        return {"installed": True, "address": address, "reachable": False, "why": str(exc)}
+    return {"installed": True, "address": address, "reachable": True, "why": f"installed; cluster at {address} answers"}
+
+
 def profile_status(hw: Hardware) -> list[dict[str, Any]]:
     """Each profile found by name: does it fit here, on what, and how much context x batch."""
     from inferplug.profile import list_profiles, load_profile
@@ -94,7 +115,7 @@ def collect(hw: Hardware | None = None) -> dict[str, Any]:
                   "total_memory": g.total_memory, "free_memory": g.free_memory} for g in hw.gpus],
         **_kernel_status(hw), "tensor_parallel": doctor_line(hw),
         "cuda_version": hw.cuda_version, "driver_version": hw.driver_version, "gpu_note": hw.gpu_note,
-        "backends": backends, "profiles": profiles, "ok": local_fit or unknown_but_usable,
+        "backends": backends, "ray": ray_status(hw), "profiles": profiles, "ok": local_fit or unknown_but_usable,
     }
 
 
@@ -159,6 +180,7 @@ def print_report(report: dict[str, Any]) -> None:
     machine.add_row("cuda", f"{report['cuda_version'] or 'none'} (driver {report['driver_version'] or 'none'})")
     if report["gpu_note"]:
         machine.add_row("gpu", escape(report["gpu_note"]))
+    machine.add_row("ray", escape(report["ray"]["why"]))
     console.print(machine)
     backends = Table("backend", "usable", "why", title="backends")
     for name, s in report["backends"].items():

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # Packages whose presence decides what can run; looked up with find_spec, never imported here.
-PACKAGES = ("torch", "transformers", "gguf", "ctranslate2", "exllamav2", "triton", "flash_attn", "httpx", "openai")
+PACKAGES = ("torch", "transformers", "gguf", "ctranslate2", "exllamav2", "triton", "flash_attn", "httpx", "openai",
+            "ray")
 ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx_vnni", "avx512_bf16",
              "amx_tile", "amx_bf16", "amx_int8")
 

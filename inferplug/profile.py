@@ -135,15 +135,11 @@ class Cache(Table):
 
 class Parallel(Table):
     tensor_parallel_size: int = Field(default=1, ge=1)
+    # replicas > 1: `inferplug serve` runs that many engines as a Ray Serve deployment (server/replicas.py)
     replicas: int = Field(default=1, ge=1)
-
-    @field_validator("replicas")
-    @classmethod
-    def _one_replica(cls, value: int) -> int:
-        if value != 1:  # accepted-and-ignored would hand out 1/N of the throughput the profile asks for
-            raise ValueError(f"replicas = {value} is not supported: a backend serves one copy of the model. "
-                             "Set replicas = 1 and run one `inferplug serve` per replica behind a load balancer")
-        return value
+    # how Ray Serve picks a replica: "prefix" sends a prompt where its prefix was served before (its KV is
+    # cached there), "power_of_two" the shorter queue of two random replicas; "auto": prefix where Ray has it
+    routing: Literal["auto", "prefix", "power_of_two"] = "auto"
 
 
 class Limits(Table):

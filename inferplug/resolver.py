@@ -121,6 +121,10 @@ def resolve(profile: Profile, hardware: Hardware, facts: ModelFacts | None = Non
     plan.rejected = rejected
     plan.reasons.insert(0, f"backend {chosen}: " + ("pinned by the profile" if profile.backend != "auto" else
                                                      f"first usable in the order {' > '.join(order)}"))
+    if profile.parallel.replicas > 1:
+        from inferplug.server.replicas import describe
+
+        plan.reasons.append(describe(profile))
     return plan
 
 

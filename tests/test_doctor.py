@@ -102,3 +102,20 @@ def test_tensor_parallel_line_says_gloo_on_the_cpu_nccl_over_gpus_off_without_to
                    packages=PACKAGES)
     assert doctor_line(two).startswith("native engine, up to 2 ranks over NCCL")
     assert doctor_line(NOTHING).startswith("off: the native engine needs torch")
+
+
+def test_ray_installed_local_or_reachable(monkeypatch):
+    import socket
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert doctor.ray_status(CPU_ONLY)["why"].startswith("not installed") and "inferplug[ray]" in \
+        doctor.ray_status(CPU_ONLY)["why"]
+    with_ray = Hardware(packages=PACKAGES | {"ray"})
+    assert "starts a local Ray" in doctor.ray_status(with_ray)["why"]
+    with socket.socket() as listening:  # a port that answers, then one that does not
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{listening.getsockname()[1]}")
+        assert doctor.ray_status(with_ray)["reachable"] is True
+    status = doctor.ray_status(with_ray)
+    assert status["reachable"] is False and "cannot reach the Ray cluster" in status["why"]

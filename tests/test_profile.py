@@ -159,11 +159,12 @@ def test_chat_template_file_is_relative_to_the_profile(tmp_path):
     assert load_profile(by_file).model.chat_template == str(tmp_path / "chat.jinja")
 
 
-def test_replicas_other_than_one_are_rejected_not_ignored(tmp_path, monkeypatch):
-    message = error_of(write(tmp_path, f"{MODEL}[parallel]\nreplicas = 2\n"))
-    assert "parallel.replicas: replicas = 2 is not supported" in message and "Set replicas = 1" in message
+def test_replicas_and_routing_from_file_and_env(tmp_path, monkeypatch):
+    parallel = load_profile(write(tmp_path, f'{MODEL}[parallel]\nreplicas = 2\nrouting = "power_of_two"\n')).parallel
+    assert (parallel.replicas, parallel.routing) == (2, "power_of_two")
     monkeypatch.setenv("INFERPLUG_PARALLEL__REPLICAS", "3")
-    assert "env INFERPLUG_PARALLEL__REPLICAS: replicas = 3 is not supported" in error_of("smollm2-135m")
+    assert load_profile("smollm2-135m").parallel.replicas == 3
+    assert "parallel.routing" in error_of(write(tmp_path, f'{MODEL}[parallel]\nrouting = "random"\n', "bad.toml"))
 
 
 def test_speculative_section_from_file_and_env(tmp_path, monkeypatch):

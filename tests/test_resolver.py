@@ -406,3 +406,15 @@ def test_auto_cache_on_cuda_takes_90_percent_of_what_is_left():
     plan = resolve(profile, with_gpus(RTX_4090), SMOLLM2)
     m = plan.memory
     assert m.kv_budget_bytes == int(0.9 * (23 * GB - m.weights_bytes - m.reserve_bytes))
+
+
+def test_replicas_say_how_requests_are_routed():
+    pytest.importorskip("ray")
+    profile = load_profile("smollm2-135m")
+    profile.parallel.replicas = 2
+    last = resolve(profile, cpu(), SMOLLM2).reasons[-1]
+    assert last.startswith("replicas 2: one Ray Serve deployment") and "prefix-cache-aware" in last
+    profile.parallel.routing = "power_of_two"
+    assert "routing power of two: pinned by the profile" in resolve(profile, cpu(), SMOLLM2).reasons[-1]
+    profile.parallel.replicas = 1
+    assert not any(r.startswith("replicas") for r in resolve(profile, cpu(), SMOLLM2).reasons)

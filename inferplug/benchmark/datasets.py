@@ -46,18 +46,22 @@ def sample_random(
     prefix_len: int = 0,
     tokenizer: Any = None,
     seed: int = 0,
+    num_prefixes: int = 1,
 ) -> list[BenchRequest]:
-    """Random-token prompts: lengths uniform in mean*(1 -/+ range_ratio), behind a shared prefix."""
+    """Random-token prompts: lengths uniform in mean*(1 -/+ range_ratio), behind a shared prefix (request i
+    behind prefix i mod num_prefixes: several system prompts, each shared by its share of the requests)."""
     if not 0.0 <= range_ratio < 1.0:
         raise InferPlugError(f"--random-range-ratio {range_ratio} is invalid: use a value in [0, 1)")
-    if input_len < 1 or output_len < 1 or prefix_len < 0:
-        raise InferPlugError("--random-input-len and --random-output-len must be >= 1, --random-prefix-len >= 0")
+    if input_len < 1 or output_len < 1 or prefix_len < 0 or num_prefixes < 1:
+        raise InferPlugError("--random-input-len, --random-output-len and --random-num-prefixes must be >= 1, "
+                             "--random-prefix-len >= 0")
     rng = random.Random(seed)
     vocab = _plain_token_ids(tokenizer) if tokenizer is not None else None
     pick = (lambda: rng.choice(vocab)) if vocab else (lambda: rng.choice(_WORDS))
-    prefix = [pick() for _ in range(prefix_len)]
+    prefixes = [[pick() for _ in range(prefix_len)] for _ in range(num_prefixes)]
     requests = []
-    for _ in range(num_prompts):
+    for i in range(num_prompts):
+        prefix = prefixes[i % num_prefixes]
         body = [pick() for _ in range(rng.randint(*_length_range(input_len, range_ratio)))]
         out = rng.randint(*_length_range(output_len, range_ratio))
         tokens = prefix + body

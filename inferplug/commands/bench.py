@@ -38,6 +38,8 @@ def register(subparsers: Any) -> None:
     data.add_argument("--random-output-len", type=int, default=64)
     data.add_argument("--random-range-ratio", type=float, default=0.0)
     data.add_argument("--random-prefix-len", type=int, default=0)
+    data.add_argument("--random-num-prefixes", type=int, default=1,
+                      help="distinct shared prefixes of --random-prefix-len, taken in turn (e.g. system prompts)")
     data.add_argument("--sharegpt-output-len", type=int, help="fix every output length instead of the reply's")
     out = p.add_argument_group("output")
     out.add_argument("--goodput", nargs="+", metavar="NAME:MS", help="SLOs, e.g. --goodput ttft:500 tpot:50 e2el:5000")
@@ -86,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
 
             return rag_requests(args.num_prompts, args.random_output_len, tokenizer, args.seed, render_chat)
         return datasets.sample_random(args.num_prompts, args.random_input_len, args.random_output_len,
-                                      args.random_range_ratio, args.random_prefix_len, tokenizer, args.seed)
+                                      args.random_range_ratio, args.random_prefix_len, tokenizer, args.seed,
+                                      args.random_num_prefixes)
 
     results = _run_url(args, workload, sweep) if args.url else _run_in_process(args, workload, sweep)
     for result in results:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from inferplug.commands import add_profile_argument
 
@@ -16,8 +17,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: $INFERPLUG_API_KEY, else none)")
     p.add_argument("--max-body-bytes", type=int, default=None, help="largest request body accepted (default 8 MiB)")
+    p.add_argument("--replicas", type=_positive, default=None,
+                   help="engines behind the server, on Ray Serve (default: the profile's [parallel] replicas)")
+    p.add_argument("--ray-address", default=None,
+                   help="the Ray cluster for the replicas (default: $RAY_ADDRESS, else a local Ray started here)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=run)
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return int(text)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,13 +40,42 @@ def run(args: argparse.Namespace) -> int:
         from inferplug.server.app import DEFAULT_MAX_BODY_BYTES, create_app
     except ImportError as exc:
         raise BackendUnavailable(f"serving needs FastAPI and uvicorn ({exc}); pip install 'inferplug[serve]'") from exc
+    from inferplug.profile import load_profile
+
+    profile = load_profile(args.profile)
+    if args.replicas is not None:
+        profile.parallel.replicas = args.replicas
+    max_body = args.max_body_bytes or DEFAULT_MAX_BODY_BYTES
+    if profile.parallel.replicas > 1 or args.ray_address:
+        return _serve_replicas(profile, args, max_body)
     from inferplug.backends.registry import close_all, get_backend
 
-    backend = get_backend(args.profile)
-    app = create_app(backend, api_key=args.api_key, max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES)
+    backend = get_backend(profile)
+    app = create_app(backend, api_key=args.api_key, max_body_bytes=max_body)
     print(f"inferplug: serving {backend.model_name} ({backend.name}) at http://{args.host}:{args.port}/v1", flush=True)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     finally:
         close_all()
+    return 0
+
+
+def _serve_replicas(profile, args: argparse.Namespace, max_body: int) -> int:  # noqa: ANN001 - a Profile
+    import uvicorn
+
+    from inferplug.server import replicas
+    from inferplug.server.app import API_KEY_ENV
+
+    connection = replicas.connect(profile.parallel.replicas, args.ray_address)  # first: it checks Ray is there
+    try:
+        from inferplug.server.replica_front import create_front
+
+        api_key = args.api_key or os.environ.get(API_KEY_ENV) or None  # read here: a remote node has its own env
+        handle, board = replicas.deploy(connection, profile, api_key=api_key, max_body_bytes=max_body)
+        where = connection.address or "a local Ray"
+        print(f"inferplug: serving {profile.name} on {profile.parallel.replicas} replicas ({where}) at "
+              f"http://{args.host}:{args.port}/v1", flush=True)
+        uvicorn.run(create_front(handle, board, max_body), host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        connection.close()
     return 0

@@ -53,6 +53,14 @@ def test_random_prompts_without_tokenizer_use_words():
     assert all(len(r.prompt.split()) == 12 and r.prompt_ids is None and r.output_len == 4 for r in reqs)
 
 
+def test_random_prompts_behind_several_prefixes():
+    reqs = sample_random(16, input_len=6, output_len=4, prefix_len=10, seed=3, num_prefixes=8)
+    prefixes = [" ".join(r.prompt.split()[:10]) for r in reqs]
+    assert len(set(prefixes)) == 8 and all(prefixes[i] == prefixes[i + 8] for i in range(8))
+    assert sample_random(4, 6, 4, prefix_len=10, seed=3) == sample_random(4, 6, 4, prefix_len=10, seed=3,
+                                                                        num_prefixes=1)
+
+
 def _sharegpt(tmp_path, data) -> str:
     path = tmp_path / "sharegpt.json"
     path.write_text(json.dumps(data) if not isinstance(data, str) else data)

@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from inferplug.server.launch import start_serve
+
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_profile(tmp_path: Path, model_dir: Path) -> Path:
@@ -32,19 +25,7 @@ def write_profile(tmp_path: Path, model_dir: Path) -> Path:
 
 
 def serve(profile: Path, *args: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "inferplug.cli", "serve", str(profile), "--port", str(port), *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ.copy())
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
-                return proc, base
-        except httpx.TransportError:
-            time.sleep(0.2)
-    proc.kill()
-    raise AssertionError(f"inferplug serve did not come up:\n{proc.communicate()[0]}")
+    return start_serve(str(profile), *args)
 
 
 def stop(proc: subprocess.Popen) -> str:
