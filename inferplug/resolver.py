@@ -17,8 +17,8 @@ from inferplug.errors import ResolveError
 from inferplug.hardware import GPU, Hardware
 from inferplug.parallel_plan import plan_tensor_parallel
 from inferplug.memory_plan import (
-    DTYPE_BYTES, RESERVE_FIXED, RESERVE_SHARE, DoesNotFit, MemoryBreakdown, ModelFacts, gib, model_facts, plan_memory,
-    weight_bits,
+    DTYPE_BYTES, RESERVE_FIXED, RESERVE_SHARE, DoesNotFit, MemoryBreakdown, ModelFacts, draft_facts, gib, model_facts,
+    plan_memory, weight_bits,
 )
 from inferplug.profile import Profile
 from inferplug.quant.formats import CHECKPOINT_FORMATS
@@ -240,7 +240,7 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
     bits, bits_why = weight_bits(profile, "native", dtype, facts, weight_format, "cuda" if gpus else "cpu")
     plan = _local_plan("native", profile, hw, facts, gpus, dtype, attention, bits, None,
                        [dtype_why, attention_why, *format_why, f"weights: {bits_why}",
-                        *([parallel.reason] if parallel.reason else [])])
+                        *([parallel.reason] if parallel.reason else [])], draft=draft_facts(profile))
     plan.weight_format = weight_format
     plan.threads_per_rank = parallel.threads_per_rank
     return plan
@@ -347,7 +347,7 @@ _PLANNERS = {"native": _plan_native, "ctranslate2": _plan_ctranslate2, "exllamav
 
 def _local_plan(backend: str, profile: Profile, hw: Hardware, facts: ModelFacts | None, gpus: list[GPU],
                 dtype: str, attention: str, bits: float, compute_type: str | None, reasons: list[str],
-                kv_bytes: float | None = None) -> Plan:
+                kv_bytes: float | None = None, draft: ModelFacts | None = None) -> Plan:
     if facts is None:
         raise _Rejected("the profile has no model source to plan memory for")
     device, kind, available, device_why = _device(gpus, hw)
@@ -360,7 +360,8 @@ def _local_plan(backend: str, profile: Profile, hw: Hardware, facts: ModelFacts 
         max_len = model_ctx
     seqs = profile.limits.max_num_seqs or DEFAULT_MAX_NUM_SEQS[kind]
     memory = plan_memory(profile, facts, device=device, kind=kind, available=available, bits=bits,
-                         kv_dtype_bytes=kv_bytes or DTYPE_BYTES[kv_dtype], useful_tokens=seqs * max_len)
+                         kv_dtype_bytes=kv_bytes or DTYPE_BYTES[kv_dtype], useful_tokens=seqs * max_len,
+                         draft=draft)
     if memory.cache_tokens < max_len:
         reasons.append(f"max_model_len {memory.cache_tokens}: the KV cache holds only that many tokens "
                        f"(raise cache.memory for the full {max_len})")

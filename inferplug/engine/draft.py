@@ -12,6 +12,7 @@ preemption).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,8 @@ from inferplug.engine.sequence import Sequence
 from inferplug.engine.spec_decode import Proposal, ahead
 from inferplug.errors import ProfileError
 from inferplug.models.config import ModelConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -81,9 +84,21 @@ class DraftProposer:
         self.runner = ModelRunner(self.model, num_blocks=config.num_kv_blocks, block_size=config.block_size,
                                   sampler=None)  # only its forward: the draws are here
         self.shadows: dict[Sequence, _Shadow] = {}
+        self.max_catch_up = config.max_num_batched_tokens  # draft tokens a step computes before it proposes
 
     def propose(self, seqs: list[Sequence], limits: list[int]) -> list[Proposal]:
+        try:
+            drafted = self._draft(seqs, limits)
+        except Exception as exc:  # noqa: BLE001 - a failed draft costs speed, never an answer
+            log.warning("the draft model's step failed (%r): these sequences decode without proposals", exc)
+            for seq in seqs:  # its KV may be half written: start every shadow again
+                self.release(seq)
+            drafted = {}
+        return [drafted.get(seq, Proposal([])) for seq in seqs]
+
+    def _draft(self, seqs: list[Sequence], limits: list[int]) -> dict[Sequence, Proposal]:
         work = []
+        catch_up = self.max_catch_up  # a shadow behind its sequence by more (a prompt) catches up over steps
         for seq, limit in zip(seqs, limits):
             k = min(self.num_tokens, limit)
             if k > 0 and seq.guide is None:  # a grammar's state cannot look ahead
@@ -91,22 +106,26 @@ class DraftProposer:
                 # KV for the proposals but the last, which is only computed once accepted
                 if self.blocks.allocate(shadow.view, len(seq.token_ids) + k - 1):
                     work.append(_Drafting(seq, shadow, k))
+                    catch_up -= len(shadow.view.token_ids) - shadow.view.num_computed_tokens
                 else:  # the draft pool is short: this sequence decodes plainly
                     self.release(seq)
         active = work
         while active:
             scheduled = [(d.shadow.view, len(d.shadow.view.token_ids) - d.shadow.view.num_computed_tokens)
                          for d in active]
+            if catch_up < 0:  # first pass over budget: the longest catch-ups take a chunk and propose next step
+                scheduled, catch_up = _within(scheduled, self.max_catch_up), 0
             views, logits = self.runner.forward(scheduled)
             row = {id(v): i for i, v in enumerate(views)}
-            for d, (view, n) in zip(active, scheduled):
+            for view, n in scheduled:
                 view.num_computed_tokens += n
-                token = self._draw(d, logits[row[id(view)]])
-                view.token_ids.append(token)
+            active = [d for d in active if id(d.shadow.view) in row]
+            for d in active:
+                token = self._draw(d, logits[row[id(d.shadow.view)]])
+                d.shadow.view.token_ids.append(token)
                 d.tokens.append(token)
             active = [d for d in active if len(d.tokens) < d.k]
-        drafted = {d.seq: Proposal(d.tokens, torch.stack(d.probs) if d.probs else None) for d in work}
-        return [drafted.get(seq, Proposal([])) for seq in seqs]
+        return {d.seq: Proposal(d.tokens, torch.stack(d.probs) if d.probs else None) for d in work if d.tokens}
 
     def release(self, seq: Sequence) -> None:
         shadow = self.shadows.pop(seq, None)
@@ -142,3 +161,14 @@ class DraftProposer:
         q = sampling_probs(logits, seq.params)
         d.probs.append(q)
         return int(torch.multinomial(q, 1, generator=seq.generator))
+
+
+def _within(scheduled: list[tuple[Sequence, int]], budget: int) -> list[tuple[Sequence, int]]:
+    """The rows cut to `budget` tokens in all, the shortest catch-ups first (one token each still proposes);
+    a row cut short computes part of its catch-up and samples nothing."""
+    kept = []
+    for view, n in sorted(scheduled, key=lambda row: row[1]):
+        if budget > 0:
+            kept.append((view, min(n, budget)))
+            budget -= kept[-1][1]
+    return kept

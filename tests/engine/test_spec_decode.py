@@ -123,6 +123,26 @@ def test_pool_invariant_holds_through_rejections_aborts_and_preemption(tiny_llam
     assert engine.scheduler.num_preemptions > 0 and stats["spec_draft_tokens"] > stats["spec_accepted_tokens"] > 0
 
 
+def test_a_draft_keeps_to_the_step_budget_and_a_failed_draft_step_costs_only_speed(tiny_llama_dir, tiny_draft_dir,
+                                                                                    monkeypatch):
+    requests = _requests(_repetitive(vocab=300, seed=7)[:6])
+    plain = run_all(_engine(tiny_llama_dir, None, max_num_batched_tokens=16), requests)
+    engine = _engine(tiny_llama_dir, "draft", draft_dir=tiny_draft_dir, max_num_batched_tokens=16)
+    forward, rows = engine.proposer.runner.forward, []
+
+    def failing_forward(scheduled):
+        rows.append(sum(n for _, n in scheduled))
+        if len(rows) in (4, 5):
+            raise RuntimeError("the draft model broke")
+        return forward(scheduled)
+
+    monkeypatch.setattr(engine.proposer.runner, "forward", failing_forward)
+    spec = run_all(engine, requests)
+    assert {rid: _trace(ev) for rid, ev in spec.items()} == {rid: _trace(ev) for rid, ev in plain.items()}
+    # the shadows catch up on prompts of up to 48 tokens at most 16 tokens a step, as the target prefills them
+    assert max(rows) == 16 and engine.stats()["spec_accepted_tokens"] > 0
+
+
 def test_n_choices_share_the_prompt_blocks(tiny_llama_dir):
     """n = 8 of one long prompt holds its full blocks once (the other choices wait for the first's prompt, then
     take its blocks from the prefix cache); 8 separate requests sent together hold several copies."""
