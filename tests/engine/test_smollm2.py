@@ -42,9 +42,9 @@ def _last_logits(engine, prompt):
     captured = {}
 
     class Capture(Sampler):
-        def __call__(self, logits, seqs, drafts=None):
+        def __call__(self, logits, *args):
             captured["logits"] = logits[0].clone()
-            return super().__call__(logits, seqs, drafts)
+            return super().__call__(logits, *args)
 
     engine.runner.sampler = Capture(engine.runner.sampler.eos_token_ids)
     run_all(engine, [Request(prompt=prompt, params=greedy(1), request_id="logits")])
