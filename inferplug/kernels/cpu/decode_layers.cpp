@@ -2,8 +2,9 @@
 // same kernels, in the same order, as LlamaModel.forward calls them one by one from Python, so the result
 // is bit for bit the same. At one token a step the Python between ~300 kernel calls cost about as much
 // as the layers' arithmetic.
-// GPTQ act-order weights (desc_act) have their input columns permuted at load; their inputs are gathered here in
-// the same order (quant/checkpoint_layers.py's PermutedLinear does it with index_select on the layer-by-layer path).
+// GPTQ act-order weights (desc_act) have their input columns permuted at load; the matmul gathers their inputs in
+// the same order as it quantizes them (quant/checkpoint_layers.py's PermutedLinear uses index_select on the
+// layer-by-layer path).
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
@@ -17,25 +18,7 @@ c10::TypedOperatorHandle<Signature> op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
 }
 
-using Matmul = at::Tensor(const at::Tensor&, const at::Tensor&);
-
-// in[:, order] for a contiguous float32 [T, K] in: one plain pass, where index_select's dispatch costs more than
-// K floats of copying at one token a step.
-at::Tensor gather_columns(const at::Tensor& in, const at::Tensor& order) {
-  const int64_t rows = in.size(0), width = in.size(1);
-  TORCH_CHECK(in.is_contiguous() && order.scalar_type() == at::kLong && order.is_contiguous() && order.numel() == width,
-              "decode_layers: an input order must be a contiguous int64 permutation of the weight's ", width, " inputs");
-  at::Tensor out = at::empty_like(in);
-  const float* src = in.data_ptr<float>();
-  const int64_t* index = order.data_ptr<int64_t>();
-  float* dst = out.data_ptr<float>();
-  for (int64_t i = 0; i < width; i++) {
-    const int64_t j = index[i];
-    TORCH_CHECK(j >= 0 && j < width, "decode_layers: input order entry ", j, " is outside 0..", width - 1);
-    for (int64_t r = 0; r < rows; r++) dst[r * width + i] = src[r * width + j];
-  }
-  return out;
-}
+using Matmul = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&);
 
 // x: the step's hidden states [T, hidden], one row per sequence, updated in place to the last layer's
 // residual stream. Per layer i: norms[2i], norms[2i+1] (input and post-attention RMSNorm weights);
@@ -60,8 +43,9 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
   static const auto silu_mul = op<at::Tensor(const at::Tensor&)>("inferplug::silu_mul");
   auto linear = [&](const at::Tensor& in, int64_t w) {
     TORCH_CHECK(kinds[w] == 4 || kinds[w] == 8, "decode_layers: weight kind must be 4 (Q4_1) or 8 (Q8_0), got ", kinds[w]);
-    const at::Tensor input = orders[w].numel() ? gather_columns(in, orders[w]) : in;
-    return (kinds[w] == 4 ? q4 : q8).call(input, weights[w]);
+    // an act-order weight's inputs are gathered as the matmul quantizes them
+    const std::optional<at::Tensor> order = orders[w].numel() ? std::optional<at::Tensor>(orders[w]) : std::nullopt;
+    return (kinds[w] == 4 ? q4 : q8).call(in, weights[w], order);
   };
 
   const int64_t tokens = x.size(0), head_dim = k_caches[0].size(3);

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "kernels.h"
@@ -56,14 +57,21 @@ inline int quantize_block(const float* src, float amax, int8_t* q) {
   return static_cast<int>(F256::sum(_mm256_cvtepi32_ps(sum)));
 }
 
-QuantizedX quantize_rows(const float* x, int64_t rows, int64_t k) {
+// order (k entries, or null): quantize x[:, order] instead of x, gathering each block's 32 inputs on the way (a
+// GPTQ act-order weight's inputs, permuted at load), so no permuted copy of x is made.
+QuantizedX quantize_rows(const float* x, int64_t rows, int64_t k, const int64_t* order) {
   const int64_t blocks = k / QK, width = padded(blocks);
   QuantizedX out{width, std::vector<int8_t>(rows * width * QK), std::vector<float>(rows * width), std::vector<float>(rows * width)};
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   at::parallel_for(0, rows, 8, [&](int64_t m0, int64_t m1) {
+    alignas(32) float gathered[QK];
     for (int64_t m = m0; m < m1; m++) {
       for (int64_t b = 0; b < blocks; b++) {
         const float* src = x + m * k + b * QK;
+        if (order) {
+          for (int j = 0; j < QK; j++) gathered[j] = x[m * k + order[b * QK + j]];
+          src = gathered;
+        }
         __m256 amax = _mm256_and_ps(_mm256_loadu_ps(src), abs_mask);
         for (int j = 1; j < 4; j++) amax = _mm256_max_ps(amax, _mm256_and_ps(_mm256_loadu_ps(src + 8 * j), abs_mask));
         const float max = hmax(amax);
@@ -99,10 +107,22 @@ int64_t check_operands(const at::Tensor& x, const at::Tensor& weight) {
   return blocks;
 }
 
+// The input order's entries must be in range (a wrong one would read outside x); checked once a call.
+const int64_t* checked_order(const std::optional<at::Tensor>& order, int64_t k) {
+  if (!order) return nullptr;
+  TORCH_CHECK(order->scalar_type() == at::kLong && order->is_contiguous() && order->numel() == k,
+              "quantized matmul: an input order must be a contiguous int64 permutation of the weight's ", k, " inputs");
+  const int64_t* index = order->data_ptr<int64_t>();
+  TORCH_CHECK(std::all_of(index, index + k, [k](int64_t j) { return j >= 0 && j < k; }),
+              "quantized matmul: an input order entry is outside 0..", k - 1);
+  return index;
+}
+
+// order: y = x[:, order] @ w.T (a GPTQ act-order weight), without the permuted copy of x.
 template <typename Format>
-at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& weight) {
+at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& order) {
   const int64_t blocks = check_operands<Format>(x, weight), M = x.size(0), N = weight.size(0);
-  const QuantizedX xq = quantize_rows(x.data_ptr<float>(), M, x.size(1));
+  const QuantizedX xq = quantize_rows(x.data_ptr<float>(), M, x.size(1), checked_order(order, x.size(1)));
   at::Tensor y = at::empty({M, N}, x.options());
   const inferplug_isa::WeightRows w{weight.data_ptr<uint8_t>(), weight.size(1), blocks};
   const auto& isa = inferplug_isa::active();
@@ -171,8 +191,8 @@ at::Tensor dequantize(const at::Tensor& weight) {
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(inferplug, m) {
-  m.def("q4_matmul(Tensor x, Tensor weight) -> Tensor");
-  m.def("q8_matmul(Tensor x, Tensor weight) -> Tensor");
+  m.def("q4_matmul(Tensor x, Tensor weight, Tensor? order=None) -> Tensor");
+  m.def("q8_matmul(Tensor x, Tensor weight, Tensor? order=None) -> Tensor");
   m.def("q8_matmul_float(Tensor x, Tensor weight) -> Tensor");
   m.def("q4_dequantize(Tensor weight) -> Tensor");
   m.def("q8_dequantize(Tensor weight) -> Tensor");

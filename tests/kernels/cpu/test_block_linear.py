@@ -55,6 +55,19 @@ def test_kernel_equals_matmul_with_the_dequantized_weight(ops, layer_cls, rows, 
     assert torch.equal(out[:1], layer(x[:1])), "a row's result must not depend on the rows beside it"
 
 
+@pytest.mark.parametrize("layer_cls", [Q4Linear, Q8Linear])
+@pytest.mark.parametrize("rows", [1, 3, 17])
+def test_an_input_order_is_gathered_as_the_kernel_quantizes_x(ops, layer_cls, rows, weight):
+    """A GPTQ act-order weight's inputs (quant/checkpoint_layers.py): x[:, order] without the copy, bit for bit."""
+    blocks = layer_cls.from_float(weight).blocks
+    kernel = getattr(ops, layer_cls.kernel)
+    gen = torch.Generator().manual_seed(rows)
+    x, order = torch.randn(rows, weight.shape[1], generator=gen), torch.randperm(weight.shape[1], generator=gen)
+    assert torch.equal(kernel(x, blocks, order), kernel(x[:, order].contiguous(), blocks))
+    with pytest.raises(RuntimeError, match="permutation of the weight's"):
+        kernel(x, blocks, order[1:])
+
+
 @pytest.mark.parametrize("layer_cls", [Q4Linear, Q8Linear, Q8HeadLinear])
 @pytest.mark.parametrize("width", [32, 96, 256, 288])  # blocks go 8 at a time: a row's last group may be short
 def test_rows_of_any_block_count(ops, layer_cls, width):
