@@ -8,6 +8,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from inferplug.backends.base import Backend
+from inferplug.quant.formats import float_model_format
 from inferplug.types import Capabilities, Event, Request
 
 if TYPE_CHECKING:
@@ -40,8 +41,9 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
     del weights  # the float copies go once the model is quantized below
     if plan.weight_format:
         # Weight-only fp16/int8/int4 (quant/linear.py): decode is memory-bound, so fewer weight bytes per step.
-        for runner in engine.runners:  # the target's (on every rank under tensor parallel), and a draft's
-            runner.quantize(plan.weight_format)
+        engine.runner.quantize(plan.weight_format)  # on every rank under tensor parallel
+        for runner in engine.runners[1:]:  # a draft model's, float whatever the target's checkpoint holds
+            runner.quantize(float_model_format(plan.weight_format))
     return engine
 
 

@@ -84,7 +84,10 @@ class DraftProposer:
         self.runner = ModelRunner(self.model, num_blocks=config.num_kv_blocks, block_size=config.block_size,
                                   sampler=None)  # only its forward: the draws are here
         self.shadows: dict[Sequence, _Shadow] = {}
-        self.max_catch_up = config.max_num_batched_tokens  # draft tokens a step computes before it proposes
+        # draft tokens a step computes before it proposes: beside other decoding streams, no more than the prefill a
+        # step may carry beside decode rows (their TPOT bound); one stream alone slows only itself
+        self.max_catch_up = config.max_num_batched_tokens
+        self.max_catch_up_beside_decodes = config.max_prefill_tokens_while_decoding or config.max_num_batched_tokens
 
     def propose(self, seqs: list[Sequence], limits: list[int]) -> list[Proposal]:
         try:
@@ -98,7 +101,8 @@ class DraftProposer:
 
     def _draft(self, seqs: list[Sequence], limits: list[int]) -> dict[Sequence, Proposal]:
         work = []
-        catch_up = self.max_catch_up  # a shadow behind its sequence by more (a prompt) catches up over steps
+        budget = self.max_catch_up if len(seqs) == 1 else self.max_catch_up_beside_decodes
+        catch_up = budget  # a shadow behind its sequence by more (a prompt) catches up over steps
         for seq, limit in zip(seqs, limits):
             k = min(self.num_tokens, limit)
             if k > 0 and seq.guide is None:  # a grammar's state cannot look ahead
@@ -114,7 +118,7 @@ class DraftProposer:
             scheduled = [(d.shadow.view, len(d.shadow.view.token_ids) - d.shadow.view.num_computed_tokens)
                          for d in active]
             if catch_up < 0:  # first pass over budget: the longest catch-ups take a chunk and propose next step
-                scheduled, catch_up = _within(scheduled, self.max_catch_up), 0
+                scheduled, catch_up = _within(scheduled, budget), 0
             views, logits = self.runner.forward(scheduled)
             row = {id(v): i for i, v in enumerate(views)}
             for view, n in scheduled:

@@ -97,7 +97,8 @@ class LLMEngine:
         if prompt_ids is None:
             prompt_ids, text = self.encode(request)
         validate_prompt(prompt_ids, request.params, self.model_config.vocab_size, self.max_model_len)
-        validate_beam_search(request.params, max_num_seqs=self.config.max_num_seqs, num_blocks=self.blocks.num_blocks,
+        validate_beam_search(request.params, max_num_seqs=self.config.max_num_seqs,
+                             max_step_tokens=self.scheduler.max_num_batched_tokens, num_blocks=self.blocks.num_blocks,
                              speculative=self.scheduler.proposer is not None, block_size=self.blocks.block_size,
                              max_seq_len=min(len(prompt_ids) + (request.params.max_tokens or self.max_model_len),
                                              self.max_model_len))
@@ -148,8 +149,12 @@ class LLMEngine:
                 except Exception as exc:  # noqa: BLE001 - e.g. a detokenizer that breaks fails its request alone
                     events += self._fail({seq.request_id}, f"sampling failed: {exc!r}")
         for request_id, rows in beam_rows.items():
-            if (state := self.requests.get(request_id)) is not None:  # else a sibling beam's row failed it
+            if (state := self.requests.get(request_id)) is None:  # a sibling beam's row failed it
+                continue
+            try:
                 events += self._beam_step(state, rows)
+            except Exception as exc:  # noqa: BLE001 - e.g. a KV copy that fails: this search fails, not the engine
+                events += self._fail({request_id}, f"beam search step failed: {exc!r}")
         return events
 
     def _beam_step(self, state: RequestState, rows: dict[Sequence, torch.Tensor]) -> list[Event]:

@@ -106,7 +106,8 @@ class ModelRunner:
         sources, copies = self._tensor([s for s, _ in pairs]), self._tensor([c for _, c in pairs])
         for pool in self.kv_caches:
             for kv in pool:  # [kv heads, blocks, block size, head dim]; index_put_ took 0.3 s a fork (SmolLM2)
-                kv.index_copy_(1, copies, kv.index_select(1, sources))
+                raw = kv.view(torch.uint8)  # as bytes: index_copy_ has no float8 kernel
+                raw.index_copy_(1, copies, raw.index_select(1, sources))
 
     def quantize(self, fmt: str) -> None:
         """Weight-only fp16 / int8 / int4 layers in place (quant/linear.py), on every rank under tensor parallel."""

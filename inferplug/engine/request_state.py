@@ -39,14 +39,18 @@ def check_prompt_ids(prompt_ids: list[int], vocab_size: int, context_length: int
         )
 
 
-def validate_beam_search(params: SamplingParams, *, max_num_seqs: int, speculative: bool, num_blocks: int,
-                         block_size: int, max_seq_len: int) -> None:
+def validate_beam_search(params: SamplingParams, *, max_num_seqs: int, max_step_tokens: int, speculative: bool,
+                         num_blocks: int, block_size: int, max_seq_len: int) -> None:
     """Raise RequestError for a beam search this engine cannot run (SamplingParams.validate checked the rest)."""
     if not params.use_beam_search:
         return
     if params.beam_width > max_num_seqs:
         raise RequestError(f"beam_width={params.beam_width} is above this engine's limit of {max_num_seqs} running "
                            "sequences (max_num_seqs): lower beam_width or raise [limits] max_num_seqs",
+                           param="beam_width")
+    if params.beam_width > max_step_tokens:  # the beams advance together: one step must hold a row for each
+        raise RequestError(f"beam_width={params.beam_width} is above the {max_step_tokens} tokens a step computes "
+                           "(max_num_batched_tokens): lower beam_width or raise [limits] max_num_batched_tokens",
                            param="beam_width")
     if speculative:
         raise RequestError("beam search does not run with speculative decoding, which this engine's profile turns on "

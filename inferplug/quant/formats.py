@@ -18,6 +18,12 @@ def checkpoint_layer_bits(q4_blocks: bool, group_size: int = 128) -> float:
     return LAYER_BITS["int4"] if q4_blocks else 4 + 24 / group_size
 
 
+def float_model_format(fmt: str) -> str:
+    """The format a float model (a draft beside the target) is quantized to alike: `fmt`, but int4 beside an AWQ /
+    GPTQ checkpoint, whose format only loads packed layers (its CPU layers are the same Q4_1 blocks)."""
+    return "int4" if fmt in CHECKPOINT_FORMATS else fmt
+
+
 def head_format(layer_format: str, device_kind: str) -> str:
     """The lm_head's format under `layer_format` layers: int8, but fp16 under fp16 layers on the CPU, whose
     greedy output must match fp32 (quantize_model still gives a GGUF's Q8_0 head Q8_0 blocks there: lossless)."""

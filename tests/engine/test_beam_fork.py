@@ -3,6 +3,9 @@ a beam is preempted (by recompute) when no block is free for its copy; the pool'
 
 from __future__ import annotations
 
+import pytest
+import torch
+
 from inferplug.engine.block_manager import BlockManager
 from inferplug.engine.scheduler import Scheduler
 from inferplug.engine.sequence import Sequence, SequenceStatus
@@ -43,3 +46,21 @@ def test_a_beam_without_a_free_block_for_its_copy_is_preempted():
     for seq in (parent, beam):
         scheduler.finish(seq)
     assert scheduler.blocks.num_free == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn])
+def test_block_copies_take_any_pool_dtype(dtype):
+    """A beam's copy on write copies a block's bytes: torch's index_copy_ has no float8 kernel."""
+    from types import SimpleNamespace
+
+    from inferplug.engine.model_runner import ModelRunner
+
+    pools = [tuple(torch.randn(2, 4, 8, 16).to(dtype) for _ in range(2)) for _ in range(3)]  # [heads, blocks, size, dim]
+    before = [[kv.clone() for kv in pool] for pool in pools]
+    runner = SimpleNamespace(kv_caches=pools, _tensor=lambda values: torch.tensor(values, dtype=torch.long))
+    ModelRunner.copy_blocks(runner, [(1, 3), (0, 2)])
+    for pool, old in zip(pools, before):
+        for kv, was in zip(pool, old):
+            expected = was.clone()
+            expected[:, 3], expected[:, 2] = was[:, 1], was[:, 0]
+            assert torch.equal(kv.view(torch.uint8), expected.view(torch.uint8))

@@ -97,6 +97,8 @@ def test_smollm2_top_beam_matches_hf(smollm2_gguf, hf_smollm2):
 
 @pytest.mark.parametrize(("options", "engine_options", "param"), [
     (dict(beam_width=9), dict(max_num_seqs=8), "beam_width"),
+    # a step of 8 tokens cannot hold 12 beams' rows: they would wait for each other forever
+    (dict(beam_width=12), dict(max_num_seqs=32, max_num_batched_tokens=8, block_size=8), "beam_width"),
     (dict(beam_width=4, max_tokens=200), dict(num_kv_blocks=40, block_size=16), "beam_width"),  # 4 * 13 > 40
     (dict(), dict(speculative_method="ngram"), "use_beam_search"),
     (dict(n=2), dict(), "n"),

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 import torch
-from engine_helpers import hf_model, make_engine, prompts_of
+from engine_helpers import greedy, hf_model, make_engine, prompts_of, run_all, tokens_of
 
 from inferplug.backends.native import build_engine, load_draft
 from inferplug.engine.config import EngineConfig
@@ -100,3 +100,26 @@ def test_a_draft_with_another_vocabulary_size_is_a_profile_error(tiny_llama_dir,
     transformers.AutoTokenizer.from_pretrained(tiny_llama_dir).save_pretrained(out)
     with pytest.raises(ProfileError, match="vocabulary has 300 entries and the target's 320"):
         make_engine(tiny_llama_dir, draft=_draft(out), **DRAFT)
+
+
+def test_a_gptq_target_runs_a_float_draft_quantized_to_int4(cpu_kernel_ops, tmp_path):
+    """The checkpoint's format loads only packed layers; a float draft beside it takes int4 (the same Q4_1 blocks)."""
+    from quant_fixtures import fixture_dir, float_model
+
+    from inferplug.quant.block_linear import BlockLinear
+
+    target, draft = fixture_dir("gptq-actorder-g32"), tmp_path / "draft"
+    float_model("gptq-actorder-g32").save_pretrained(draft)  # the target's own weights, dequantized: a draft that agrees
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(target / name, draft / name)
+    path = tmp_path / "gptq-draft.toml"
+    path.write_text(f'backend = "native"\n[model]\npath = "{target}"\n[quantization]\nformat = "gptq"\n'
+                    f'[cache]\nmemory = "8MiB"\n[speculative]\nmethod = "draft"\nnum_tokens = 3\n'
+                    f'[speculative.draft_model]\npath = "{draft}"\n')
+    profile = load_profile(path)
+    hardware = Hardware(cpu_flags=frozenset({"avx2", "fma", "f16c"}), cpu_count=2, ram_total=8 << 30,
+                        ram_available=4 << 30, packages=frozenset({"torch", "transformers"}))
+    engine = build_engine(profile, resolve(profile, hardware))
+    assert isinstance(engine.runners[1].model.layers[0].qkv, BlockLinear)
+    events = run_all(engine, [Request(prompt=prompts_of([9])[0], request_id="r", params=greedy(12))])
+    assert len(tokens_of(events["r"])) == 12 and engine.stats()["spec_accepted_tokens"] > 0

@@ -143,6 +143,22 @@ def test_a_draft_keeps_to_the_step_budget_and_a_failed_draft_step_costs_only_spe
     assert max(rows) == 16 and engine.stats()["spec_accepted_tokens"] > 0
 
 
+def test_draft_catch_up_beside_other_streams_keeps_to_the_prefill_cap(tiny_llama_dir, tiny_draft_dir, monkeypatch):
+    from inferplug.engine import draft
+
+    budgets = []
+    within = draft._within
+    monkeypatch.setattr(draft, "_within", lambda scheduled, budget: budgets.append(budget) or within(scheduled, budget))
+    requests = _requests(_repetitive(vocab=300, seed=7)[:6])
+    plain = run_all(_engine(tiny_llama_dir, None, max_num_batched_tokens=64), requests)
+    engine = _engine(tiny_llama_dir, "draft", draft_dir=tiny_draft_dir, max_num_batched_tokens=64,
+                     max_prefill_tokens_while_decoding=4)
+    spec = run_all(engine, requests)
+    assert {rid: _trace(ev) for rid, ev in spec.items()} == {rid: _trace(ev) for rid, ev in plain.items()}
+    # several streams decode: a shadow's catch-up takes at most the 4 prefill tokens a step may carry beside them
+    assert budgets and set(budgets) == {4}
+
+
 def test_n_choices_share_the_prompt_blocks(tiny_llama_dir):
     """n = 8 of one long prompt holds its full blocks once (the other choices wait for the first's prompt, then
     take its blocks from the prefix cache); 8 separate requests sent together hold several copies."""
