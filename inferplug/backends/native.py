@@ -35,7 +35,9 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
                                  ngram_min=spec.ngram_min, ngram_max=spec.ngram_max)
     path = plan.model_path or ensure_local(profile.model)  # the plan's, when the model was already on disk
     tokenizer = load_tokenizer(path, profile.model.tokenizer)
-    weights = load_weights(path, config.torch_dtype, config.device, profile.quantization.format)
+    # under tensor parallel each rank moves its own shard to its device: loading there would put it all on cuda:0
+    load_device = "cpu" if config.tensor_parallel_size > 1 else config.device
+    weights = load_weights(path, config.torch_dtype, load_device, profile.quantization.format)
     engine = LLMEngine(read_config(path), weights, tokenizer, config,
                        render_chat=partial(render_chat, tokenizer, profile), draft=load_draft(spec.draft_model, config))
     del weights  # the float copies go once the model is quantized below
