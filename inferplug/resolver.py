@@ -21,7 +21,7 @@ from inferplug.memory_plan import (
     plan_memory, weight_bits,
 )
 from inferplug.profile import Profile
-from inferplug.quant.formats import CHECKPOINT_FORMATS
+from inferplug.weight_format_plan import native_weight_format
 
 BACKENDS = ("native", "ctranslate2", "exllamav2", "openai")
 DEFAULT_MAX_NUM_SEQS = {"cpu": 16, "cuda": 256}
@@ -236,7 +236,7 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
         attention_why += ("; on this CPU inferplug's C++ kernel takes every attention row instead, prefill too (flash "
                           "tiles over the paged K/V, each row at its own length: batch-invariant; "
                           "INFERPLUG_NO_CPU_KERNELS=1 keeps torch)")
-    weight_format, format_why = _native_weight_format(profile, gpus, hw, dtype)
+    weight_format, format_why = native_weight_format(profile, gpus, hw, dtype)
     bits, bits_why = weight_bits(profile, "native", dtype, facts, weight_format, "cuda" if gpus else "cpu")
     plan = _local_plan("native", profile, hw, facts, gpus, dtype, attention, bits, None,
                        [dtype_why, attention_why, *format_why, f"weights: {bits_why}",
@@ -244,32 +244,6 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
     plan.weight_format = weight_format
     plan.threads_per_rank = parallel.threads_per_rank
     return plan
-
-
-def _native_weight_format(profile: Profile, gpus: list[GPU], hw: Hardware, dtype: str) -> tuple[str | None, list[str]]:
-    """The profile's int8/int4, or fp16-stored weights for fp32 compute on an x86 CPU (fbgemm's fp16 GEMM)."""
-    fmt = profile.quantization.format
-    if fmt in ("int8", "int4"):
-        if gpus or cpu_kernels.unavailable_reason(hw):
-            return fmt, []
-        block = {"int8": "Q8_0", "int4": "Q4_1"}[fmt]
-        return fmt, [f"{fmt} layers in GGUF {block} blocks on inferplug's AVX2 kernel, int8 activations (as llama.cpp)"]
-    if fmt in CHECKPOINT_FORMATS:
-        return fmt, [_checkpoint_format_why(fmt, gpus, hw)]
-    if not gpus and dtype == "float32" and profile.dtype == "auto" and {"avx2", "f16c"} <= hw.cpu_flags:
-        return "fp16", ["linear weights stored fp16 (fbgemm fp16 GEMM, fp32 compute): half the bytes each decode "
-                        "step reads, greedy output as in fp32; pin dtype = \"float32\" to keep fp32 weights"]
-    return None, []
-
-
-def _checkpoint_format_why(fmt: str, gpus: list[GPU], hw: Hardware) -> str:
-    label = fmt.upper()
-    if gpus:
-        return f"{label} int4 groups run as stored: the Triton int4 group-wise dequant-GEMM (kernels/int4_gemm.py)"
-    if cpu_kernels.unavailable_reason(hw):
-        return f"{label} int4 groups run as stored by a torch dequant-matmul (slow: {cpu_kernels.unavailable_reason(hw)})"
-    return (f"{label} int4 groups repacked at load into Q4_1 blocks on inferplug's CPU kernel (int8 activations, as "
-            "llama.cpp); act-order layers permute their activations")
 
 
 def _plan_ctranslate2(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Plan:

