@@ -94,8 +94,8 @@ def model_facts(profile: Profile) -> ModelFacts:
 
 def draft_facts(profile: Profile) -> ModelFacts | None:
     """The draft model's numbers, where the profile speculates with one (its weights and KV pool count too)."""
-    draft = profile.speculative.draft_model
-    return source_facts(draft, profile.name) if profile.speculative.method == "draft" and draft else None
+    draft = profile.speculative.draft_model  # set exactly when method = "draft" (profile.Speculative checks)
+    return source_facts(draft, profile.name) if draft else None
 
 
 def source_facts(model: ModelSource, profile_name: str) -> ModelFacts:

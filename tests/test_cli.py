@@ -109,6 +109,17 @@ def test_pull_a_local_path_and_a_missing_one(capsys, tmp_path):
     assert code == 2 and "does not exist" in err
 
 
+def test_pull_a_profile_fetches_its_draft_model_too(capsys, tmp_path):
+    target, draft = tmp_path / "target.gguf", tmp_path / "draft.gguf"
+    target.write_bytes(b"GGUF")
+    draft.write_bytes(b"GGUF!")
+    profile = tmp_path / "p.toml"
+    profile.write_text(f'[model]\npath = "{target}"\n[speculative]\nmethod = "draft"\n'
+                       f'[speculative.draft_model]\npath = "{draft}"\n')
+    code, out, _ = run(capsys, "pull", str(profile))
+    assert code == 0 and str(target) in out and str(draft) in out and out.count("sha256") == 2
+
+
 @pytest.mark.smollm2
 def test_pull_default_profile_prints_its_checksum(capsys, smollm2_gguf):
     code, out, _ = run(capsys, "pull", "smollm2-135m")

@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
         models = [parse_source(target)]
     else:
         profile = load_profile(target)
-        models = [profile.model, *([profile.speculative.draft_model] if profile.speculative.method == "draft" else [])]
+        models = [profile.model, *filter(None, [profile.speculative.draft_model])]  # set with method = "draft"
     if models[0].kind is None:
         print("this profile uses a remote server; there is nothing to pull")
         return 0
