@@ -35,9 +35,9 @@ def median_seconds(fn: Callable[[], object], repeats: int) -> float:
 def our_dequant_all(model) -> None:
     from inferplug.models.gguf_convert import dequantize_tensor, one_intra_op_thread
 
-    with one_intra_op_thread():
+    with one_intra_op_thread(), open(model.path, "rb") as handle:
         for info in model.tensors.values():
-            dequantize_tensor(model, info)
+            dequantize_tensor(model, handle, info)
 
 
 def gguf_py_dequant_all(reader) -> None:

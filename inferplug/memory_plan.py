@@ -16,7 +16,8 @@ from pathlib import Path
 from inferplug.errors import ResolveError
 from inferplug.models.config import ModelConfig
 from inferplug.profile import ArchitectureHints, ModelSource, Profile
-from inferplug.quant.formats import CHECKPOINT_FORMATS, LAYER_BITS, checkpoint_layer_bits, head_format
+from inferplug.quant.formats import (CHECKPOINT_FORMATS, GGUF_FLOAT_TYPES, GGUF_LAYER_FORMATS, LAYER_BITS,
+                                     checkpoint_layer_bits, gguf_layer_format, head_format)
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -42,6 +43,11 @@ class ModelFacts:
     hidden_size: int = 0
     tie_word_embeddings: bool = False
     num_attention_heads: int = 0  # 0: unknown ([model.hints] need not give it); tensor parallel splits them
+    # a GGUF's matrices as (role, ggml type, parameters), role "layer", "embed" or "head": what each loads as
+    gguf_matrices: tuple[tuple[str, str, int], ...] = ()
+
+    def __post_init__(self) -> None:  # the memo's JSON gives lists
+        object.__setattr__(self, "gguf_matrices", tuple(tuple(m) for m in self.gguf_matrices))
 
     @classmethod
     def from_config(cls, config: ModelConfig, origin: str) -> ModelFacts:
@@ -116,16 +122,17 @@ def source_facts(model: ModelSource, profile_name: str) -> ModelFacts:
 def facts_from_file(path: Path) -> ModelFacts:
     """Read once per file version and remember it under INFERPLUG_HOME: parsing a GGUF header with a
     large vocabulary takes about a second, too slow for `inferplug doctor` to repeat on every run."""
-    from inferplug.models.loader import read_config
+    from inferplug.models.loader import gguf_matrices, read_config
     from inferplug.sources import home
 
     st = path.stat()
-    version = f"v3|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"  # v3: facts gained the attention heads
+    version = f"v4|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"  # v4: facts gained a GGUF's matrix types
     memo = home() / "facts" / f"{hashlib.sha256(version.encode()).hexdigest()[:32]}.json"
     try:
         return ModelFacts(**json.loads(memo.read_text()))
     except (OSError, ValueError, TypeError):
-        facts = ModelFacts.from_config(read_config(path), origin=str(path))
+        facts = dataclasses.replace(ModelFacts.from_config(read_config(path), origin=str(path)),
+                                    gguf_matrices=gguf_matrices(path))
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)
         partial = memo.with_name(f"{memo.name}.{os.getpid()}.part")  # concurrent writers never mix
@@ -154,6 +161,11 @@ def weight_bits(profile: Profile, backend: str, dtype: str, facts: ModelFacts | 
         return profile.quantization.bits, f"[quantization] bits = {profile.quantization.bits:g}"
     if fmt == "gguf" and backend == "ctranslate2":
         return 8.0, "GGUF is converted to CTranslate2 int8"
+    if backend == "native" and facts is not None and facts.gguf_matrices and native_format in GGUF_LAYER_FORMATS \
+            and device_kind == "cpu" and profile.parallel.tensor_parallel_size == 1:
+        return _gguf_layer_bits(native_format, facts)
+    if backend == "native" and native_format == "gguf":  # the file is not read yet: [model.hints] alone
+        return LAYER_BITS["int4"], "GGUF blocks as stored (counted as Q4_1 until the file is read)"
     if backend == "native" and (native_format in LAYER_BITS or native_format in CHECKPOINT_FORMATS):
         return _native_quantized_bits(native_format, dtype, facts, head_format(native_format, device_kind), device_kind)
     if fmt in FORMAT_BITS:
@@ -161,6 +173,23 @@ def weight_bits(profile: Profile, backend: str, dtype: str, facts: ModelFacts | 
     bits = DTYPE_BYTES[dtype] * 8.0
     why = "GGUF is dequantized to" if fmt == "gguf" else "unquantized weights in"
     return bits, f"{why} {dtype}"
+
+
+def _gguf_layer_bits(fmt: str, facts: ModelFacts) -> tuple[float, str]:
+    """A GGUF loaded as layers (models/gguf_layers.py): each matrix in the block format it loads as; float matrices
+    (an F16 file's) as fp16 under "gguf", else in `fmt`."""
+    total, counts = 0.0, {}
+    for role, type_name, params in facts.gguf_matrices:
+        if type_name in GGUF_FLOAT_TYPES and role == "layer":
+            stored = "fp16" if fmt == "gguf" else fmt
+        else:
+            stored = gguf_layer_format(type_name, "gguf" if role == "embed" else fmt, head=role == "head")
+        total += params * LAYER_BITS[stored]
+        counts[stored] = counts.get(stored, 0) + params
+    bits = total / facts.num_parameters
+    label = {"int4": "Q4_1", "int8": "Q8_0", "fp16": "fp16"}
+    parts = ", ".join(f"{label[k]} {v / facts.num_parameters:.0%}" for k, v in sorted(counts.items()))
+    return bits, f"{bits:.2f} bits/param on average: the GGUF's matrices load as {parts} of the parameters"
 
 
 def _native_quantized_bits(fmt: str, dtype: str, facts: ModelFacts | None, head_fmt: str,

@@ -1,5 +1,5 @@
 """Which weight-only format the native engine stores its linears in (Plan.weight_format), and why: the profile's
-int8/int4, an AWQ/GPTQ checkpoint's own, or fp16 for fp32 compute on an x86 CPU."""
+int8/int4, an AWQ/GPTQ checkpoint's or a GGUF's own, or fp16 for fp32 compute on an x86 CPU."""
 
 from __future__ import annotations
 
@@ -20,6 +20,12 @@ def native_weight_format(profile: Profile, gpus: list[GPU], hw: Hardware,
         return fmt, [f"{fmt} layers in GGUF {block} blocks on inferplug's AVX2 kernel, int8 activations (as llama.cpp)"]
     if fmt in CHECKPOINT_FORMATS:
         return fmt, [checkpoint_format_why(fmt, gpus, hw)]
+    if fmt == "gguf" and not gpus and profile.dtype == "auto" and profile.parallel.tensor_parallel_size == 1 \
+            and not cpu_kernels.unavailable_reason(hw):
+        return "gguf", ["GGUF blocks run as stored, converted one tensor at a time at load (models/gguf_layers.py): "
+                        "Q4_0/Q4_1/Q4_K as Q4_1 blocks, Q8_0/Q5_0 as Q8_0 exactly, other types requantized to Q8_0; "
+                        "the head Q8_0 on float activations; int8 activations on the layers' kernels (as llama.cpp); "
+                        "pin dtype = \"float32\" for dequantized fp32 weights"]
     if not gpus and dtype == "float32" and profile.dtype == "auto" and {"avx2", "f16c"} <= hw.cpu_flags:
         return "fp16", ["linear weights stored fp16 (fbgemm fp16 GEMM, fp32 compute): half the bytes each decode "
                         "step reads, greedy output as in fp32; pin dtype = \"float32\" to keep fp32 weights"]

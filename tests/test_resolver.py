@@ -52,26 +52,43 @@ def test_native_int4_counts_the_float_embedding_and_the_int8_head():
     assert unknown.memory.weight_bits == 5
 
 
-def test_fp32_on_an_x86_cpu_with_f16c_stores_linear_weights_fp16():
+def test_a_quantized_gguf_runs_its_own_blocks_on_the_cpu_kernels():
+    """The file's bits, each matrix in the block it loads as (models/gguf_layers.py); a pinned dtype keeps fp32."""
+    embed = 49152 * 576
+    layers = (("layer", "Q4_1", SMOLLM2.num_parameters - embed - 1000), ("layer", "Q6_K", 1000))
+    facts = dataclasses.replace(SMOLLM2, vocab_size=49152, hidden_size=576, tie_word_embeddings=True,
+                                gguf_matrices=(*layers, ("head", "Q8_0", embed)))
+    plan = resolve(load_profile("smollm2-135m"), cpu(flags=("avx2", "fma", "f16c")), facts)
+    assert (plan.dtype, plan.weight_format) == ("float32", "gguf")
+    assert any("GGUF blocks run as stored" in r for r in plan.reasons)
+    q4, q8 = SMOLLM2.num_parameters - embed - 1000, 1000 + embed  # Q4_1 at 5 bits; Q6_K and the head at Q8_0's 8.5
+    assert plan.memory.weights_bytes == pytest.approx((q4 * 5 + q8 * 8.5) / 8, abs=1)
+    profile = load_profile("smollm2-135m")
+    profile.dtype = "float32"
+    assert resolve(profile, cpu(flags=("avx2", "fma", "f16c")), facts).weight_format is None
+    assert resolve(load_profile("smollm2-135m"), cpu(), facts).weight_format is None  # no kernels without F16C
+    assert resolve(load_profile("smollm2-135m"), with_gpus(A100_80), facts).weight_format is None
+
+
+def test_fp32_on_an_x86_cpu_with_f16c_stores_float_linear_weights_fp16():
     """fbgemm's fp16 GEMM (AVX2 + F16C) halves the bytes a decode step reads; a pinned dtype keeps fp32."""
     facts = dataclasses.replace(SMOLLM2, vocab_size=49152, hidden_size=576, tie_word_embeddings=True)
-    plan = resolve(load_profile("smollm2-135m"), cpu(flags=("avx2", "fma", "f16c")), facts)
+    profile = load_profile("smollm2-135m")
+    profile.quantization.format = "none"
+    plan = resolve(profile, cpu(flags=("avx2", "fma", "f16c")), facts)
     assert (plan.dtype, plan.weight_format) == ("float32", "fp16")
     assert any("linear weights stored fp16" in r for r in plan.reasons)
     embed = 49152 * 576
     assert plan.memory.weights_bytes == pytest.approx((SMOLLM2.num_parameters - embed) * 2 + embed * 4 + embed * 2, abs=1)
-    profile = load_profile("smollm2-135m")
     profile.dtype = "float32"
     assert resolve(profile, cpu(flags=("avx2", "fma", "f16c")), facts).weight_format is None
-    assert resolve(load_profile("smollm2-135m"), cpu(), facts).weight_format is None  # no F16C
-    assert resolve(load_profile("smollm2-135m"), with_gpus(A100_80), facts).weight_format is None
 
 
 def test_cpu_with_avx512_bf16_or_amx_still_computes_fp32_with_fp16_weights():
     """bf16 activations changed SmolLM2's greedy answers on an AVX512_BF16 host, so no ISA makes them the default."""
     for flags in (("avx2", "fma", "f16c", "avx512f", "avx512_bf16"), ("avx2", "fma", "f16c", "amx_tile", "amx_bf16")):
         plan = resolve(load_profile("smollm2-135m"), cpu(flags=flags), SMOLLM2)
-        assert (plan.dtype, plan.kv_dtype, plan.weight_format) == ("float32", "float32", "fp16")
+        assert (plan.dtype, plan.kv_dtype, plan.weight_format) == ("float32", "float32", "gguf")
         assert plan.memory.kv_bytes_per_token == 2 * 30 * 3 * 64 * 4
 
 

@@ -37,7 +37,8 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
     tokenizer = load_tokenizer(path, profile.model.tokenizer)
     # under tensor parallel each rank moves its own shard to its device: loading there would put it all on cuda:0
     load_device = "cpu" if config.tensor_parallel_size > 1 else config.device
-    weights = load_weights(path, config.torch_dtype, load_device, profile.quantization.format)
+    weights = load_weights(path, config.torch_dtype, load_device, profile.quantization.format,
+                           gguf_layers=gguf_layer_format(plan, config.tensor_parallel_size))
     engine = LLMEngine(read_config(path), weights, tokenizer, config,
                        render_chat=partial(render_chat, tokenizer, profile), draft=load_draft(spec.draft_model, config))
     del weights  # the float copies go once the model is quantized below
@@ -47,6 +48,16 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
         for runner in engine.runners[1:]:  # a draft model's, float whatever the target's checkpoint holds
             runner.quantize(float_model_format(plan.weight_format))
     return engine
+
+
+def gguf_layer_format(plan: Plan, tensor_parallel_size: int) -> str | None:
+    """The block format a GGUF's matrices load straight into (models/gguf_layers.py), so that no float copy of them is
+    made: the plan's where the CPU kernels run one process; None loads them float for quantize_model (CUDA, TP)."""
+    from inferplug.kernels import cpu as cpu_kernels
+    from inferplug.quant.formats import GGUF_LAYER_FORMATS
+
+    on_kernels = plan.device == "cpu" and tensor_parallel_size == 1 and cpu_kernels.ops() is not None
+    return plan.weight_format if on_kernels and plan.weight_format in GGUF_LAYER_FORMATS else None
 
 
 def load_draft(source, config):

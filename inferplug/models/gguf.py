@@ -11,7 +11,7 @@ from __future__ import annotations
 import mmap
 import struct
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -66,15 +66,16 @@ class GGUFFile:
         """An architecture-scoped value, e.g. arch_key("block_count") reads "llama.block_count"."""
         return self.metadata.get(f"{self.architecture}.{key}", default)
 
-    @cached_property
-    def _mapped(self):
-        import numpy as np
+    def read_tensor(self, handle, info: GGUFTensorInfo):
+        """The raw bytes of one tensor, read from `handle` (this file, opened "rb") into a fresh uint8 torch tensor.
+        Read, not mapped: a mapping's pages would count in the process's RSS beside the converted weights."""
+        import torch
 
-        return np.memmap(self.path, dtype=np.uint8, mode="r")
-
-    def tensor_bytes(self, info: GGUFTensorInfo):
-        """The raw bytes of one tensor: a read-only uint8 numpy view of the memory-mapped file."""
-        return self._mapped[info.offset : info.offset + info.nbytes]
+        raw = torch.empty(info.nbytes, dtype=torch.uint8)
+        handle.seek(info.offset)
+        if handle.readinto(raw.numpy()) != info.nbytes:
+            raise ModelSourceError(f"{self.path} is truncated at tensor {info.name}; re-download it.")
+        return raw
 
 
 class _Cursor:

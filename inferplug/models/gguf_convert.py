@@ -1,10 +1,10 @@
-"""GGUF -> our ModelConfig and HF-named, dequantized weights."""
+"""GGUF -> our ModelConfig and HF-named weights: dequantized, or as the layers that run the file's blocks."""
 
 from __future__ import annotations
 
 import re
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from inferplug.errors import ModelSourceError
 from inferplug.models.config import ModelConfig
@@ -102,39 +102,80 @@ def hf_name(gguf_name: str) -> str | None:
     )
 
 
+def matrix_roles(gguf: GGUFFile) -> tuple[tuple[str, str, int], ...]:
+    """Each matrix as (role, ggml type, parameters): role "head" for the lm_head or a tied embedding, "embed" for an
+    untied embedding, "layer" for the rest (what weights_from_gguf loads each as)."""
+    tied = "output.weight" not in gguf.tensors
+    roles = []
+    for info in gguf.tensors.values():
+        name = hf_name(info.name)
+        if name is None or len(info.shape) != 2:
+            continue
+        role = {"lm_head.weight": "head", "model.embed_tokens.weight": "head" if tied else "embed"}.get(name, "layer")
+        roles.append((role, info.type_name, info.shape[0] * info.shape[1]))
+    return tuple(roles)
+
+
 def unpermute_rope_rows(weight: "torch.Tensor", n_head: int) -> "torch.Tensor":
     """Undo llama.cpp's Q/K row permutation: per head, rows are interleaved pairs; HF wants halves."""
     head_dim_half = weight.shape[0] // n_head // 2
     return weight.reshape(n_head, head_dim_half, 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
 
 
-def weights_from_gguf(gguf: GGUFFile, dtype: "torch.dtype", device="cpu") -> dict[str, "torch.Tensor"]:
+def weights_from_gguf(gguf: GGUFFile, dtype: "torch.dtype", device="cpu",
+                      layer_format: str | None = None) -> dict[str, Any]:
+    """HF-named weights, read one tensor at a time. `layer_format` ("gguf", "int4" or "int8"; CPU kernels only): each
+    quantized matrix comes as the layer that runs it (models/gguf_layers.py), the embedding in its own bits and a head
+    (the lm_head, or a tied embedding) as Q8_0 on float activations; float tensors in `dtype`. None: every tensor
+    dequantized to `dtype` (CTranslate2's converter, tensor parallel, CUDA)."""
+    from tqdm import tqdm
+
+    from inferplug.models.gguf_layers import gguf_layer, is_quantized
+
     config = config_from_gguf(gguf)
     head_counts = {".q_proj.": config.num_attention_heads, ".k_proj.": config.num_key_value_heads}
     if gguf.architecture not in _PERMUTED_ARCHITECTURES:
         head_counts = {}
+    head_names = {"lm_head.weight", *(["model.embed_tokens.weight"] if config.tie_word_embeddings else [])}
+    infos = [info for info in gguf.tensors.values() if hf_name(info.name) is not None]
     weights = {}
-    with one_intra_op_thread():
-        for info in gguf.tensors.values():
+    with one_intra_op_thread(), open(gguf.path, "rb") as handle, \
+            tqdm(total=sum(i.nbytes for i in infos), unit="B", unit_scale=True, desc="loading GGUF", disable=None) as bar:
+        for info in infos:
             name = hf_name(info.name)
-            if name is None:
-                continue
-            tensor = dequantize_tensor(gguf, info)
+            as_layer = layer_format is not None and is_quantized(info.type_name) and len(info.shape) == 2
+            # whole rows of blocks for a layer: the Q/K row order is undone on their bytes
+            tensor = gguf.read_tensor(handle, info).view(info.shape[0], -1) if as_layer else dequantize_tensor(gguf, handle, info)
             for marker, n_head in head_counts.items():
                 if marker in name:
                     tensor = unpermute_rope_rows(tensor, n_head)
-            weights[name] = tensor.to(device=device, dtype=dtype).contiguous()
+            if as_layer:
+                bits = "gguf" if name == "model.embed_tokens.weight" else layer_format  # an embedding stays as stored
+                weights[name] = gguf_layer(tensor, info.type_name, info.shape, bits, head=name in head_names)
+            else:
+                weights[name] = tensor.to(device=device, dtype=dtype).contiguous()
+            bar.update(info.nbytes)
+    release_freed_heap()
     return weights
 
 
-def dequantize_tensor(gguf: GGUFFile, info: GGUFTensorInfo) -> "torch.Tensor":
-    """One tensor's values (float32, or its own float type), in the file's (llama.cpp) layout."""
-    import torch
+def release_freed_heap() -> None:
+    """Hand the heap the conversion's temporaries left back to the OS (glibc keeps freed chunks: 130 MB on a
+    two-layer 7B-wide model), so that the process's RSS is the weights, as the memory plan counts them."""
+    import ctypes
+    import ctypes.util
 
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim this way
+        pass
+
+
+def dequantize_tensor(gguf: GGUFFile, handle, info: GGUFTensorInfo) -> "torch.Tensor":
+    """One tensor's values (float32, or its own float type), in the file's (llama.cpp) layout."""
     from inferplug.models.gguf_dequant import dequantize
 
-    raw = torch.from_numpy(gguf.tensor_bytes(info).copy())
-    return dequantize(raw, info.type_name, info.shape, GGML_TYPES[info.type_name][2])
+    return dequantize(gguf.read_tensor(handle, info), info.type_name, info.shape, GGML_TYPES[info.type_name][2])
 
 
 @contextmanager

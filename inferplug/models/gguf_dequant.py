@@ -40,6 +40,12 @@ def dequant_q4_0(blocks: torch.Tensor) -> torch.Tensor:
     return d * q.to(torch.float32)
 
 
+def q5_0_codes(blocks: torch.Tensor) -> torch.Tensor:
+    """A Q5_0 block's 32 signed codes q - 16 (int8, in -16..15): its values are d * codes."""
+    low = _unpack(blocks[:, 6:], 16, [0, 4], 0x0F)
+    return (low | (_high_bits(blocks[:, 2:6]) << 4)).to(torch.int8) - 16
+
+
 def dequant_q4_1(blocks: torch.Tensor) -> torch.Tensor:
     d, m = _f16(blocks, 0), _f16(blocks, 2)
     q = _unpack(blocks[:, 4:], 16, [0, 4], 0x0F).to(torch.float32)
@@ -47,10 +53,7 @@ def dequant_q4_1(blocks: torch.Tensor) -> torch.Tensor:
 
 
 def dequant_q5_0(blocks: torch.Tensor) -> torch.Tensor:
-    d = _f16(blocks, 0)
-    low = _unpack(blocks[:, 6:], 16, [0, 4], 0x0F)
-    q = (low | (_high_bits(blocks[:, 2:6]) << 4)).to(torch.int8) - 16
-    return d * q.to(torch.float32)
+    return _f16(blocks, 0) * q5_0_codes(blocks).to(torch.float32)
 
 
 def dequant_q5_1(blocks: torch.Tensor) -> torch.Tensor:
@@ -97,13 +100,19 @@ def _k_scale_min(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return scale.to(torch.float32), minimum.to(torch.float32)
 
 
-def dequant_q4_k(blocks: torch.Tensor) -> torch.Tensor:
+def q4_k_parts(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A Q4_K super-block as 8 sub-blocks of 32: float32 scales and mins [n, 8, 1] and uint8 codes [n, 8, 32];
+    its values are scale * code - min."""
     n = blocks.shape[0]
     d, dmin = _f16(blocks, 0), _f16(blocks, 2)
     scale, minimum = _k_scale_min(blocks[:, 4:16])
-    dl, ml = (d * scale).view(n, 8, 1), (dmin * minimum).view(n, 8, 1)
-    q = _unpack(blocks[:, 16:], 32, [0, 4], 0x0F).view(n, 8, 32).to(torch.float32)
-    return (dl * q - ml).view(n, QK_K)
+    codes = _unpack(blocks[:, 16:], 32, [0, 4], 0x0F).view(n, 8, 32)
+    return (d * scale).view(n, 8, 1), (dmin * minimum).view(n, 8, 1), codes
+
+
+def dequant_q4_k(blocks: torch.Tensor) -> torch.Tensor:
+    dl, ml, q = q4_k_parts(blocks)
+    return (dl * q.to(torch.float32) - ml).view(blocks.shape[0], QK_K)
 
 
 def dequant_q5_k(blocks: torch.Tensor) -> torch.Tensor:

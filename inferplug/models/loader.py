@@ -52,16 +52,28 @@ def read_config(path: Path) -> ModelConfig:
     return config_from_hf(_read_json(Path(path) / "config.json"))
 
 
+def gguf_matrices(path: Path) -> tuple[tuple[str, str, int], ...]:
+    """A GGUF's matrices as (role, ggml type, parameters) for the memory plan; () for an HF dir."""
+    gguf_path = gguf_file_of(path)
+    if gguf_path is None:
+        return ()
+    from inferplug.models.gguf import read_gguf
+    from inferplug.models.gguf_convert import matrix_roles
+
+    return matrix_roles(read_gguf(gguf_path))
+
+
 def load_weights(path: Path, dtype: "torch.dtype", device: str = "cpu",
-                 declared_format: str | None = None) -> dict[str, Any]:
+                 declared_format: str | None = None, gguf_layers: str | None = None) -> dict[str, Any]:
     """`declared_format`: the profile's quantization.format, checked against an HF dir's quantization_config.
-    An AWQ / GPTQ checkpoint's quantized linears come as layers (quant/checkpoint_layers.py), not tensors."""
+    An AWQ / GPTQ checkpoint's quantized linears come as layers (quant/checkpoint_layers.py), not tensors, and so do
+    a GGUF's where `gguf_layers` names their block format (models/gguf_convert.weights_from_gguf)."""
     gguf_path = gguf_file_of(path)
     if gguf_path is not None:
         from inferplug.models.gguf import read_gguf
         from inferplug.models.gguf_convert import weights_from_gguf
 
-        return weights_from_gguf(read_gguf(gguf_path), dtype, device)
+        return weights_from_gguf(read_gguf(gguf_path), dtype, device, gguf_layers)
     from inferplug.models.quant_checkpoint import check_profile_format, quantized_layers, read_quant_spec
 
     read_config(path)  # rejects unsupported architectures before reading gigabytes

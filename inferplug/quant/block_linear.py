@@ -65,6 +65,14 @@ class BlockLinear(WeightOnlyLinear):
         out_features = quants.shape[0]
         return cls(torch.cat([f.reshape(out_features, -1) for f in (*fields, quants)], dim=1).contiguous(), bias)
 
+    @classmethod
+    def requantized(cls, layer: "BlockLinear", rows_at_once: int = 256) -> "BlockLinear":
+        """`layer`'s weight in this class's blocks, a few rows at a time (no whole float copy): Q4_1 as Q8_0 is at
+        most half a Q8_0 step (max |w| / 254 per 32 weights) off."""
+        blocks = [cls.from_float(layer._dequantize(layer.blocks[start:start + rows_at_once])).blocks
+                  for start in range(0, layer.out_features, rows_at_once)]
+        return cls(torch.cat(blocks), layer.bias)
+
     def dequantized(self) -> torch.Tensor:
         """The float weight, unpacked by torch ops (the reference the kernels are tested against)."""
         blocks = self.in_features // BLOCK
@@ -72,6 +80,10 @@ class BlockLinear(WeightOnlyLinear):
         *fields, quants = (f.reshape(self.out_features, blocks, -1) for f in fields)
         weight = self._unpack(*fields, _deinterleave(quants) if self.interleaved else quants)
         return weight.reshape(self.out_features, self.in_features)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The float weight's rows `ids`: an embedding lookup in the table's own blocks."""
+        return self._dequantize(self.blocks.index_select(0, ids))
 
     def forward(self, x: torch.Tensor, decode_rows: int | None = None) -> torch.Tensor:
         if decode_rows is None or decode_rows >= x.shape[0]:

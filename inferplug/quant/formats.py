@@ -12,6 +12,7 @@ LAYER_BITS = {"fp16": 16.0, "int8": 8.5, "int4": 5.0}
 # AWQ / GPTQ int4 checkpoints load as layers (quant/checkpoint_layers.py): repacked into Q4_1 blocks where the CPU
 # kernels run (5 bits), else kept in groups: 4 bits + an fp16 scale and a uint8 zero per group (4.19 at group 128).
 CHECKPOINT_FORMATS = ("awq", "gptq")
+LOADED_AS_LAYERS = (*CHECKPOINT_FORMATS, "gguf")  # the loader builds their layers: quantize_model only adds the rest
 
 
 def checkpoint_layer_bits(q4_blocks: bool, group_size: int = 128) -> float:
@@ -28,3 +29,23 @@ def head_format(layer_format: str, device_kind: str) -> str:
     """The lm_head's format under `layer_format` layers: int8, but fp16 under fp16 layers on the CPU, whose
     greedy output must match fp32 (quantize_model still gives a GGUF's Q8_0 head Q8_0 blocks there: lossless)."""
     return "fp16" if device_kind == "cpu" and layer_format == "fp16" else "int8"
+
+
+# GGUF block types our Q4_1 blocks hold up to fp16 rounding (Q4_K: of each sub-block's d*scale, dmin*min), and those
+# Q8_0 holds exactly (Q5_0: its codes q - 16 are int8 with the same scale). Other quantized types run as Q8_0 blocks,
+# requantized from their values (models/gguf_layers.py states and tests each error).
+GGUF_Q4_SOURCES = ("Q4_0", "Q4_1", "Q4_K")
+GGUF_Q8_EXACT = ("Q8_0", "Q5_0")
+GGUF_FLOAT_TYPES = ("F32", "F16", "BF16")
+GGUF_LAYER_FORMATS = ("gguf", "int4", "int8")  # the formats a GGUF loads straight into as layers, on the CPU kernels
+
+
+def gguf_layer_format(type_name: str, target: str, head: bool = False) -> str:
+    """The block format ("int4" Q4_1 / "int8" Q8_0) a GGUF tensor of `type_name` is stored in under quantization.format
+    `target` ("gguf": the file's own bits; "int4" / "int8": pinned). A head is Q8_0 on float activations whatever the
+    file holds (int4 heads and int8-activation heads flip SmolLM2's answers)."""
+    if head or target == "int8":
+        return "int8"
+    if target == "int4":
+        return "int4"
+    return "int4" if type_name in GGUF_Q4_SOURCES else "int8"

@@ -20,7 +20,7 @@ from torch import nn
 
 from inferplug.errors import ProfileError
 from inferplug.quant.base import COMPUTE_DTYPE, WeightOnlyLinear
-from inferplug.quant.formats import CHECKPOINT_FORMATS, head_format
+from inferplug.quant.formats import LOADED_AS_LAYERS, head_format
 from inferplug.quant.block_linear import Q4Linear, Q8HeadLinear, Q8Linear
 
 # 32 = GGUF's legacy block: a Q4_0/Q4_1 source maps onto the int4 grid almost exactly (SmolLM2 Q4_1:
@@ -142,20 +142,22 @@ def quantize_model(model, fmt: str):
     its own copy); an nn.Module (a transformers model, the tests' reference) has its nn.Linear children
     swapped, its `lm_head` child as the head.
     """
-    loaded_as_layers = fmt in CHECKPOINT_FORMATS and not isinstance(model, nn.Module)  # by models/quant_checkpoint.py
+    loaded_as_layers = fmt in LOADED_AS_LAYERS and not isinstance(model, nn.Module)  # models/quant_checkpoint.py, gguf_layers.py
     if fmt not in QUANTIZED_LINEARS and not loaded_as_layers:
         raise ProfileError(f"quantization.format {fmt!r} cannot run weight-only; use one of {sorted(QUANTIZED_LINEARS)}")
-    device = (next(model.parameters()) if isinstance(model, nn.Module) else model.lm_head).device.type
-    layer_cls = layer_class(fmt, device) if fmt in QUANTIZED_LINEARS else None  # AWQ / GPTQ: loaded as layers
+    float_fmt = "fp16" if fmt == "gguf" else fmt  # a GGUF's float linears (an F16 file) run as fp16, as stored
+    device = (next(model.parameters()) if isinstance(model, nn.Module) else model.norm).device.type  # the head may be a layer
+    layer_cls = layer_class(float_fmt, device) if float_fmt in QUANTIZED_LINEARS else None  # AWQ / GPTQ: all layers
     with torch.no_grad():
         if isinstance(model, nn.Module):
             _swap_linears(model, fmt, layer_cls)
             return model
         for layer in model.layers:
             for name in _LLAMA_LAYER_WEIGHTS:
-                if isinstance(getattr(layer, name), torch.Tensor):  # an AWQ / GPTQ checkpoint's layers are loaded as such
+                if isinstance(getattr(layer, name), torch.Tensor):  # loaded as a layer already, or float
                     setattr(layer, name, layer_cls.from_float(getattr(layer, name)))
-        model.lm_head = head_layer(model.lm_head, fmt)
+        if isinstance(model.lm_head, torch.Tensor):
+            model.lm_head = head_layer(model.lm_head, float_fmt)
     return model
 
 

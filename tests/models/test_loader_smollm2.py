@@ -77,3 +77,27 @@ def test_chat_template_renders_like_transformers(smollm2_gguf, reference_tokeniz
             text = ours.apply_chat_template(messages, tokenize=False, **kwargs)
             assert text == reference_tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
             assert ours.encode(text) == reference_tokenizer.encode(text)
+
+
+@pytest.mark.parametrize("fmt", ["gguf", "int4"])
+def test_layers_loaded_in_the_files_bits_equal_the_dequantize_then_quantize_path(smollm2_gguf, fmt):
+    """The file's Q4_1 linears and Q8_0 embedding as blocks straight from its bytes: the same blocks, bit for bit, as
+    the float load re-quantized (Q4_1 and Q8_0 re-quantize losslessly), and the embedding rows the float table's."""
+    from inferplug.kernels import cpu as cpu_kernels
+    from inferplug.quant.block_linear import BlockLinear, Q4Linear, Q8HeadLinear
+    from inferplug.quant.linear import head_layer
+
+    if cpu_kernels.ops() is None:
+        pytest.skip("the CPU kernels do not run here (no AVX2/FMA/F16C)")
+    floats = load_weights(smollm2_gguf, torch.float32)
+    layers = load_weights(smollm2_gguf, torch.float32, gguf_layers=fmt)
+    assert set(layers) == set(floats)
+    for name, value in layers.items():
+        if not isinstance(value, BlockLinear):
+            assert value.dim() == 1 and torch.equal(value, floats[name]), name  # the norms
+        elif name == "model.embed_tokens.weight":  # tied: the head, Q8_0 on float activations
+            assert isinstance(value, Q8HeadLinear) and torch.equal(value.blocks, head_layer(floats[name], "int8").blocks)
+            ids = torch.tensor([0, 5, 49151, 5])
+            assert torch.equal(value.rows(ids), floats[name][ids])
+        else:
+            assert isinstance(value, Q4Linear) and torch.equal(value.blocks, Q4Linear.from_float(floats[name]).blocks), name

@@ -12,8 +12,9 @@ class SingleDevice:
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
-    def embed(self, ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, table)
+    def embed(self, ids: torch.Tensor, table) -> torch.Tensor:
+        """`table`: the float embedding, or a GGUF's in its own blocks (quant/block_linear.BlockLinear.rows)."""
+        return F.embedding(ids, table) if isinstance(table, torch.Tensor) else table.rows(ids)
 
     def gather_logits(self, logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
         return logits

@@ -1,0 +1,85 @@
+"""A GGUF tensor as the layer that runs it (models/gguf_layers.py), against gguf-py's dequantization: exact where
+the module says so, within the stated error where it requantizes."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from inferplug.kernels import cpu as cpu_kernels
+from inferplug.models.gguf_dequant import q4_k_parts
+from inferplug.models.gguf_layers import gguf_layer
+from inferplug.models.gguf_random import RANDOM_TYPES, random_blocks
+
+pytestmark = pytest.mark.skipif(cpu_kernels.ops() is None, reason="the CPU kernels do not run here (no AVX2/FMA/F16C)")
+
+SHAPE = (48, 512)  # 48 output rows, 512 inputs: two K-quant super-blocks a row
+EXACT = {("Q4_0", "gguf"), ("Q4_1", "gguf"), ("Q8_0", "gguf"), ("Q5_0", "gguf"), ("Q4_0", "int4"), ("Q4_1", "int4"),
+         ("Q8_0", "int8"), ("Q5_0", "int8")}
+
+
+def _reference(raw: torch.Tensor, type_name: str) -> torch.Tensor:
+    values = gguf.quants.dequantize(raw.numpy(), gguf.GGMLQuantizationType[type_name])
+    return torch.from_numpy(np.ascontiguousarray(values)).reshape(SHAPE)
+
+
+@pytest.mark.parametrize("target", ["gguf", "int4", "int8"])
+@pytest.mark.parametrize("type_name", RANDOM_TYPES)
+def test_each_type_runs_its_own_values(type_name, target):
+    raw = random_blocks(type_name, SHAPE, 0.02, torch.Generator().manual_seed(0))
+    expected = _reference(raw, type_name)
+    layer = gguf_layer(raw, type_name, SHAPE, target)
+    ours = layer.dequantized()
+    if (type_name, target) in EXACT:
+        assert torch.equal(ours, expected)
+    elif type_name == "Q4_K" and target in ("gguf", "int4"):
+        # each sub-block's scale and min rounded to fp16: 2^-11 of each (relative; 2^-25 where subnormal), the
+        # scale's times a code of at most 15
+        scale, minimum, _ = q4_k_parts(raw.reshape(-1, 144))
+        bound = (15 * scale + minimum).reshape(-1, 1) * 2**-11 + 16 * 2**-25
+        assert ((ours.reshape(-1, 32) - expected.reshape(-1, 32)).abs() <= bound).all()
+    elif target == "int4":  # requantized to 4 bits: half a Q4_1 step, (max - min) / 30 per 32 weights, plus the
+        # fp16 rounding of the min (2^-11 of it) and of the step (2^-11 of it, times a code of at most 15)
+        blocks = expected.reshape(-1, 32)
+        low = blocks.amin(dim=1, keepdim=True)
+        step = (blocks.amax(dim=1, keepdim=True) - low) / 15
+        assert ((ours.reshape(-1, 32) - blocks).abs() <= step * (0.5 + 16 * 2**-11) + low.abs() * 2**-10).all()
+    else:  # requantized to Q8_0: half a step, max |w| / 254, plus the fp16 rounding of the scale
+        blocks = expected.reshape(-1, 32)
+        step = blocks.abs().amax(dim=1, keepdim=True) / 127
+        assert ((ours.reshape(-1, 32) - blocks).abs() <= step * (0.5 + 2**-9)).all()
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q8_0"])
+def test_a_head_runs_q8_blocks_on_float_activations(type_name):
+    raw = random_blocks(type_name, SHAPE, 0.02, torch.Generator().manual_seed(1))
+    head = gguf_layer(raw, type_name, SHAPE, "gguf", head=True)
+    assert head.kernel == "q8_matmul_float"
+    x = torch.randn(3, SHAPE[1])
+    torch.testing.assert_close(head(x), x @ head.dequantized().T, rtol=1e-5, atol=1e-5)
+    if type_name == "Q8_0":
+        assert torch.equal(head.dequantized(), _reference(raw, type_name))
+
+
+def test_a_layer_converted_in_chunks_equals_one_converted_whole(monkeypatch):
+    import inferplug.models.gguf_layers as gguf_layers
+
+    raw = random_blocks("Q6_K", SHAPE, 0.02, torch.Generator().manual_seed(2))
+    whole = gguf_layer(raw, "Q6_K", SHAPE, "gguf").blocks
+    monkeypatch.setattr(gguf_layers, "CHUNK_ELEMENTS", 5 * SHAPE[1])  # 5 rows a chunk, the last one short
+    assert torch.equal(gguf_layer(raw, "Q6_K", SHAPE, "gguf").blocks, whole)
+
+
+@pytest.mark.parametrize("type_name", RANDOM_TYPES)
+def test_random_blocks_have_the_asked_spread(type_name):
+    raw = random_blocks(type_name, (64, 1024), 0.05, torch.Generator().manual_seed(3))
+    values = _reference_shape(raw, type_name, (64, 1024))
+    assert torch.isfinite(values).all()
+    assert 0.04 < values.std().item() < 0.06 and abs(values.mean().item()) < 0.02
+
+
+def _reference_shape(raw, type_name, shape):
+    values = gguf.quants.dequantize(raw.numpy(), gguf.GGMLQuantizationType[type_name])
+    return torch.from_numpy(np.ascontiguousarray(values)).reshape(shape)
