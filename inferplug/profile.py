@@ -59,6 +59,9 @@ class ModelSource(Table):
     context_length: int | None = Field(default=None, gt=0)
     served_name: str | None = None
     reasoning_parser: str | None = None  # "deepseek_r1", "qwen3" or "none"; unset: detected from the chat template
+    # "dummy": random weights at the geometry of the source's config.json or GGUF header, in quantization.format
+    # (vLLM's --load-format dummy: benchmarks and memory tests at 7B without the download)
+    load_format: Literal["auto", "dummy"] = "auto"
     hints: ArchitectureHints | None = None
 
     @field_validator("reasoning_parser")

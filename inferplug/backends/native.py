@@ -38,7 +38,8 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
     # under tensor parallel each rank moves its own shard to its device: loading there would put it all on cuda:0
     load_device = "cpu" if config.tensor_parallel_size > 1 else config.device
     weights = load_weights(path, config.torch_dtype, load_device, profile.quantization.format,
-                           gguf_layers=gguf_layer_format(plan, config.tensor_parallel_size))
+                           gguf_layers=gguf_layer_format(plan, config.tensor_parallel_size),
+                           load_format=profile.model.load_format)
     engine = LLMEngine(read_config(path), weights, tokenizer, config,
                        render_chat=partial(render_chat, tokenizer, profile), draft=load_draft(spec.draft_model, config))
     del weights  # the float copies go once the model is quantized below

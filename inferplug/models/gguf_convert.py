@@ -102,6 +102,17 @@ def hf_name(gguf_name: str) -> str | None:
     )
 
 
+def gguf_name(name: str) -> str:
+    """The GGUF tensor name of an HF parameter name (hf_name's inverse)."""
+    top = {hf: gguf for gguf, hf in _TOP_LEVEL_NAMES.items()}
+    if name in top:
+        return top[name]
+    _, _, layer, rest = name.split(".", 3)
+    module, kind = rest.rsplit(".", 1)
+    part = next(g for g, hf in _LAYER_NAMES.items() if hf == module)
+    return f"blk.{layer}.{part}.{kind}"
+
+
 def matrix_roles(gguf: GGUFFile) -> tuple[tuple[str, str, int], ...]:
     """Each matrix as (role, ggml type, parameters): role "head" for the lm_head or a tied embedding, "embed" for an
     untied embedding, "layer" for the rest (what weights_from_gguf loads each as)."""

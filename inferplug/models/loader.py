@@ -64,10 +64,18 @@ def gguf_matrices(path: Path) -> tuple[tuple[str, str, int], ...]:
 
 
 def load_weights(path: Path, dtype: "torch.dtype", device: str = "cpu",
-                 declared_format: str | None = None, gguf_layers: str | None = None) -> dict[str, Any]:
+                 declared_format: str | None = None, gguf_layers: str | None = None,
+                 load_format: str = "auto") -> dict[str, Any]:
     """`declared_format`: the profile's quantization.format, checked against an HF dir's quantization_config.
     An AWQ / GPTQ checkpoint's quantized linears come as layers (quant/checkpoint_layers.py), not tensors, and so do
-    a GGUF's where `gguf_layers` names their block format (models/gguf_convert.weights_from_gguf)."""
+    a GGUF's where `gguf_layers` names their block format (models/gguf_convert.weights_from_gguf).
+    `load_format` "dummy": random weights at the model's geometry in `declared_format` (models/dummy_weights.py)."""
+    if load_format == "dummy":
+        from inferplug.kernels import cpu as cpu_kernels
+        from inferplug.models.dummy_weights import dummy_weights
+
+        on_kernels = device == "cpu" and cpu_kernels.ops() is not None
+        return dummy_weights(read_config(path), declared_format or "none", dtype, device, on_kernels)
     gguf_path = gguf_file_of(path)
     if gguf_path is not None:
         from inferplug.models.gguf import read_gguf

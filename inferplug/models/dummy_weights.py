@@ -1,0 +1,90 @@
+"""Random weights at a model's geometry, in the format the profile runs: vLLM's `--load-format dummy`, so that
+benchmarks and memory tests run a 7B model without its download ([model] load_format = "dummy").
+
+Each weight is made as its format stores it and goes through the same layer constructors as a real file:
+- "gguf": a Q4_K_M file's types (models/gguf_random.q4_k_m_type) as random blocks, converted as loaded ones are;
+- "awq" / "gptq": random 4-bit groups of 128 (GPTQ with act-order's shuffled groups), through checkpoint_layer;
+- "int4" / "int8": random Q4_1 / Q8_0 blocks; the embedding and the head float, as a float model's (quantize_model
+  then gives the head its format);
+- anything else: random float weights in the engine dtype.
+Matrices have spread 1 / sqrt(inputs) so activations stay near unit size; norms are ones.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import torch
+
+from inferplug.models.config import ModelConfig
+from inferplug.models.gguf_random import q4_k_m_type, random_blocks
+
+GROUP_SIZE = 128
+
+
+def dummy_weights(config: ModelConfig, fmt: str, dtype: torch.dtype, device: str, layers_on_kernels: bool,
+                  seed: int = 0) -> dict[str, Any]:
+    """HF-named random weights; `layers_on_kernels`: the CPU kernels run (block layers can be built)."""
+    generator = torch.Generator().manual_seed(seed)
+    weights: dict[str, Any] = {"model.norm.weight": torch.ones(config.hidden_size, dtype=dtype, device=device)}
+    for name, (rows, cols) in _matrices(config):
+        weights[name] = _matrix(name, rows, cols, config, fmt, dtype, device, layers_on_kernels, generator)
+    for i in range(config.num_hidden_layers):
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            weights[f"model.layers.{i}.{norm}.weight"] = torch.ones(config.hidden_size, dtype=dtype, device=device)
+    return weights
+
+
+def _matrices(config: ModelConfig):
+    hidden, q, kv = config.hidden_size, config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
+    yield "model.embed_tokens.weight", (config.vocab_size, hidden)
+    if not config.tie_word_embeddings:
+        yield "lm_head.weight", (config.vocab_size, hidden)
+    shapes = {"self_attn.q_proj": (q, hidden), "self_attn.k_proj": (kv, hidden), "self_attn.v_proj": (kv, hidden),
+              "self_attn.o_proj": (hidden, q), "mlp.gate_proj": (config.intermediate_size, hidden),
+              "mlp.up_proj": (config.intermediate_size, hidden), "mlp.down_proj": (hidden, config.intermediate_size)}
+    for i in range(config.num_hidden_layers):
+        for part, shape in shapes.items():
+            yield f"model.layers.{i}.{part}.weight", shape
+
+
+def _matrix(name: str, rows: int, cols: int, config: ModelConfig, fmt: str, dtype, device, on_kernels: bool,
+            generator: torch.Generator):
+    from inferplug.models.gguf_convert import gguf_name
+    from inferplug.models.gguf_layers import gguf_layer
+
+    std = cols**-0.5
+    outer = name in ("model.embed_tokens.weight", "lm_head.weight")
+    head = name == "lm_head.weight" or (outer and config.tie_word_embeddings)
+    if fmt == "gguf" and on_kernels:
+        type_name = q4_k_m_type(gguf_name(name), _layer(name, config), config.num_hidden_layers)
+        return gguf_layer(random_blocks(type_name, (rows, cols), std, generator), type_name, (rows, cols), "gguf", head)
+    if fmt in ("int4", "int8") and on_kernels and not outer:
+        type_name = {"int4": "Q4_1", "int8": "Q8_0"}[fmt]
+        return gguf_layer(random_blocks(type_name, (rows, cols), std, generator), type_name, (rows, cols), fmt)
+    if fmt in ("awq", "gptq") and not outer:
+        from inferplug.quant.checkpoint_layers import checkpoint_layer
+
+        return checkpoint_layer(_random_groups(rows, cols, std, fmt == "gptq", name, generator), device)
+    return (torch.randn(rows, cols, generator=generator) * std).to(device=device, dtype=dtype)
+
+
+def _random_groups(rows: int, cols: int, std: float, act_order: bool, name: str, generator: torch.Generator):
+    """4-bit groups whose values (q - z) * s have about spread `std` (uniform codes: spread 4.6 steps). Act-order
+    shuffles the groups' inputs alike for the projections that share an input (q/k/v, gate/up), as GPTQ does."""
+    from inferplug.quant.group_int4 import GroupQuant
+
+    groups = cols // GROUP_SIZE
+    g_idx = torch.arange(cols) // GROUP_SIZE
+    if act_order:
+        shared_input = name.replace("k_proj", "q_proj").replace("v_proj", "q_proj").replace("up_proj", "gate_proj")
+        order_seed = torch.Generator().manual_seed(zlib.crc32(shared_input.encode()))
+        g_idx = g_idx[torch.randperm(cols, generator=order_seed)]
+    return GroupQuant(codes=torch.randint(0, 16, (rows, cols), dtype=torch.uint8, generator=generator),
+                      scales=torch.full((rows, groups), std / 4.6, dtype=torch.float16),
+                      zeros=torch.full((rows, groups), 8, dtype=torch.int16), g_idx=g_idx)
+
+
+def _layer(name: str, config: ModelConfig) -> int:
+    return int(name.split(".")[2]) if name.startswith("model.layers.") else config.num_hidden_layers - 1
