@@ -176,16 +176,22 @@ def test_resolve_an_hf_model_dir_with_no_toml_and_the_context_asked(capsys, monk
     assert code == 0 and (plan["max_model_len"], plan["num_kv_blocks"]) == (200, 13)  # 200 tokens in whole blocks
 
 
-def test_profile_show_of_a_model_is_toml_that_loads_back(capsys, tmp_path, tiny_llama_dir):
+@pytest.mark.parametrize("kind", ["hf dir", "gguf"])
+def test_profile_show_of_a_model_is_toml_that_loads_back(capsys, tmp_path, tiny_llama_dir, kind):
     from inferplug.profile import load_profile
 
-    code, out, _ = run(capsys, "profile", "show", str(tiny_llama_dir))
-    assert code == 0 and f'name = "{tiny_llama_dir.name}"' in out and f'path = "{tiny_llama_dir}"' in out
-    saved = tmp_path / "tiny.toml"
+    model = tiny_llama_dir if kind == "hf dir" else tmp_path / "tiny.Q4_0.gguf"
+    if kind == "gguf":
+        model.write_bytes(b"GGUF\x03\x00\x00\x00")
+    code, out, _ = run(capsys, "profile", "show", str(model))
+    name = model.stem if kind == "gguf" else model.name
+    assert code == 0 and f'name = "{name}"' in out and f'path = "{model}"' in out
+    assert ('format = "gguf"' in out) == (kind == "gguf")  # "none", the default, is left out
+    saved = tmp_path / "saved.toml"
     saved.write_text(out)
     loaded = load_profile(saved)
-    assert loaded.model_dump() == load_profile(str(tiny_llama_dir)).model_dump()
-    assert (loaded.source_file, loaded.quantization.format) == (saved, "none")
+    assert loaded.model_dump() == load_profile(str(model)).model_dump()
+    assert (loaded.source_file, loaded.quantization.format) == (saved, "gguf" if kind == "gguf" else "none")
     code, out, _ = run(capsys, "profile", "show", "zephyr-awq", "--toml")  # any profile, defaults left out
     (tmp_path / "z.toml").write_text(out)
     assert code == 0 and "[model.hints]" in out and "[cache]" not in out
