@@ -85,7 +85,7 @@ def profile_status(hw: Hardware) -> list[dict[str, Any]]:
                            max_model_len=plan.max_model_len, max_num_seqs=plan.max_num_seqs,
                            seqs_at_full_context=plan.memory.seqs_at_full_context if plan.memory else None,
                            weights_bytes=plan.memory.weights_bytes if plan.memory else None,
-                           why=_fit_summary(plan))
+                           why=_fit_summary(plan, profile.cache.memory))
         except InferPlugError as exc:
             rejected = getattr(exc, "rejected", None)
             row["why"] = next(f"{b}: {why}" for b, why in rejected.items()) if rejected else str(exc)
@@ -94,11 +94,18 @@ def profile_status(hw: Hardware) -> list[dict[str, Any]]:
     return rows
 
 
-def _fit_summary(plan: Any) -> str:
+def _fit_summary(plan: Any, cache_memory: str | float) -> str:
+    """The plan's memory in a line, with the rule that sized its KV cache (memory_plan.plan_memory)."""
     if plan.memory is None:
         return plan.reasons[-1]
     m = plan.memory
-    return f"weights {gib(m.weights_bytes)} + KV cache {gib(m.kv_budget_bytes)} ({m.cache_tokens} tokens)"
+    if cache_memory != "auto":
+        rule = f"cache.memory = {cache_memory!r}"
+    elif plan.device == "cpu":
+        rule = "auto: one full context"
+    else:
+        rule = "auto: up to 90% of what the weights leave"
+    return f"weights {gib(m.weights_bytes)} + KV cache {gib(m.kv_budget_bytes)} ({m.cache_tokens} tokens, {rule})"
 
 
 def collect(hw: Hardware | None = None) -> dict[str, Any]:

@@ -208,11 +208,15 @@ def _native_quantized_bits(fmt: str, dtype: str, facts: ModelFacts | None, head_
 
 
 def plan_memory(profile: Profile, facts: ModelFacts, *, device: str, kind: str, available: int, bits: float,
-                kv_dtype_bytes: float, useful_tokens: int, draft: ModelFacts | None = None) -> MemoryBreakdown:
+                kv_dtype_bytes: float, context_tokens: int, useful_tokens: int,
+                draft: ModelFacts | None = None) -> MemoryBreakdown:
     """Size the KV cache from what the weights leave; DoesNotFit when nothing useful remains.
 
-    `useful_tokens` (max_num_seqs x max_model_len) caps an "auto" cache: more would never be filled. `draft`: a
-    draft model's weights (quantized alike) and its KV pool, which holds as many blocks as the target's, count too."""
+    An "auto" cache holds, on the CPU, `context_tokens` (max_model_len) in whole blocks, as llama.cpp's -c sizes
+    its cache: the context asked, not what RAM could hold; on CUDA at most 90% of what is left, capped by
+    `useful_tokens` (max_num_seqs x max_model_len): more would never be filled. Either way no more than is left.
+    `draft`: a draft model's weights (quantized alike) and its KV pool, which holds as many blocks as the
+    target's, count too."""
     models = [facts, *([draft] if draft else [])]
     weights = sum(int(m.num_parameters * bits / 8) for m in models)
     reserve = int(RESERVE_FIXED[kind] + RESERVE_SHARE * weights)
@@ -223,16 +227,18 @@ def plan_memory(profile: Profile, facts: ModelFacts, *, device: str, kind: str, 
             f"bits{', draft model included' if draft else ''}) + "
             f"{gib(reserve)} reserve, but only {gib(available)} is available on {device}"
         )
-    budget = profile.cache.memory_bytes(left, kind)
     per_token = sum(m.kv_bytes_per_token(kv_dtype_bytes) for m in models)
-    if profile.cache.memory == "auto":
-        budget = min(budget, useful_tokens * per_token)
+    block = profile.cache.block_size
+    budget = profile.cache.memory_bytes(left)
+    if budget is None and kind == "cuda":
+        budget = min(int(0.9 * left), useful_tokens * per_token)
+    elif budget is None:
+        budget = min(-(-context_tokens // block) * block * per_token, left)
     if budget > left:
         raise DoesNotFit(
             f"cache.memory = {profile.cache.memory!r} asks for {gib(budget)}, but only {gib(left)} is left on "
             f"{device} after the weights ({gib(weights)}); lower cache.memory or give a fraction such as 0.5"
         )
-    block = profile.cache.block_size
     tokens = budget // per_token // block * block
     if tokens < block:
         raise DoesNotFit(

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+from pydantic_settings import (
+    BaseSettings, EnvSettingsSource, InitSettingsSource, SettingsConfigDict, TomlConfigSettingsSource,
+)
 
 from inferplug.errors import ProfileError
 
@@ -24,7 +26,9 @@ SHIPPED_PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 BackendName = Literal["native", "ctranslate2", "exllamav2", "openai"]
 DType = Literal["float32", "bfloat16", "float16"]
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)\s*$", re.IGNORECASE)
-CPU_AUTO_CACHE = 4 << 30
+# The context a profile gets unless it asks for one (limits.max_model_len, model.context_length, `--ctx-size`):
+# llama-server's -c default. The model's own maximum is a ceiling, not the default.
+DEFAULT_CONTEXT_LENGTH = 4096
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -106,8 +110,9 @@ class Quantization(Table):
 class Cache(Table):
     block_size: int = Field(default=16, ge=1, le=1024)
     kv_dtype: Literal["auto", "float32", "bfloat16", "float16", "float8_e4m3"] = "auto"  # float8_e4m3: native, CUDA
-    # "auto", a size such as "2GiB", or a fraction of the memory the weights leave free. "auto": enough for
-    # max_num_seqs sequences at full context, at most 90% of that memory on CUDA, 4 GiB on the CPU.
+    # "auto", a size such as "2GiB", or a fraction of the memory the weights leave free. "auto" (memory_plan): on
+    # the CPU a pool of max_model_len tokens, as llama.cpp's -c; on CUDA max_num_seqs full-context sequences, at
+    # most 90% of that memory.
     memory: str | float = "auto"
     prefix_caching: bool = True
     rag_document_cache: bool = True
@@ -126,10 +131,11 @@ class Cache(Table):
             raise ValueError("a fraction of free memory must be in (0, 1]; use a string such as \"2GiB\" for a size")
         return v
 
-    def memory_bytes(self, free_bytes: int, device_kind: str = "cpu") -> int:
-        """The KV budget given the bytes left after the weights ("auto" is further capped by the resolver)."""
+    def memory_bytes(self, free_bytes: int) -> int | None:
+        """The KV budget a size or fraction sets, given the bytes left after the weights; None: "auto", which
+        memory_plan sizes from the context and the device."""
         if self.memory == "auto":
-            return int(0.9 * free_bytes) if device_kind == "cuda" else min(CPU_AUTO_CACHE, free_bytes // 2)
+            return None
         if isinstance(self.memory, float):
             return int(self.memory * free_bytes)
         number, unit = _SIZE.match(self.memory).groups()  # type: ignore[union-attr]
@@ -222,7 +228,8 @@ class OpenAIOptions(Table):
     max_retries: int = Field(default=2, ge=0)
 
 
-_toml_file: ContextVar[Path | None] = ContextVar("inferplug_profile_toml", default=None)
+# What a profile is loading from, below the environment: a TOML file, or the values a model file implies.
+_file_source: ContextVar[Path | dict[str, Any] | None] = ContextVar("inferplug_profile_file", default=None)
 
 
 class Profile(BaseSettings):
@@ -250,14 +257,19 @@ class Profile(BaseSettings):
     openai: OpenAIOptions = Field(default_factory=OpenAIOptions)
 
     _source_file: Path | None = PrivateAttr(default=None)
+    _file_data: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
                                    file_secret_settings):  # noqa: ANN001 - pydantic-settings' signature
-        # Highest priority first: constructor arguments, then the environment, then the TOML file.
-        path = _toml_file.get()
-        toml = (TomlConfigSettingsSource(settings_cls, toml_file=path),) if path else ()
-        return (init_settings, env_settings, *toml)
+        # Highest priority first: constructor arguments, then the environment, then the TOML file (or the values
+        # a model file implies, so INFERPLUG_* variables override those too).
+        source = _file_source.get()
+        if isinstance(source, Path):
+            return init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=source)
+        if source is not None:
+            return init_settings, env_settings, InitSettingsSource(settings_cls, init_kwargs=source)
+        return init_settings, env_settings
 
     @model_validator(mode="after")
     def _needs_model(self) -> Profile:
@@ -267,8 +279,13 @@ class Profile(BaseSettings):
 
     @property
     def source_file(self) -> Path | None:
-        """The TOML file this profile came from (None when built in code)."""
+        """The TOML file this profile came from (None when built in code or implied by a model file)."""
         return self._source_file
+
+    @property
+    def file_data(self) -> dict[str, Any]:
+        """The values the TOML file, or the model file of an implicit profile, gave (before env overrides)."""
+        return self._file_data
 
     @property
     def served_name(self) -> str:
@@ -300,7 +317,7 @@ def find_profile(name_or_path: str | Path) -> Path:
     """A profile name or a path to a .toml file -> the file. ProfileError lists the available names."""
     text = str(name_or_path)
     candidate = Path(text).expanduser()
-    if text.endswith(".toml") or os.sep in text or candidate.is_file():
+    if text.endswith(".toml"):
         if not candidate.is_file():
             raise ProfileError(f"profile file {candidate} does not exist: check the path, or give a profile name")
         return candidate
@@ -310,29 +327,72 @@ def find_profile(name_or_path: str | Path) -> Path:
     dirs = ", ".join(str(d) for d in profile_dirs())
     raise ProfileError(
         f"unknown profile {text!r}; available: {', '.join(available) or 'none'} (searched {dirs}). "
-        "Fix: use one of those names, a path to a .toml file, or add your dir to INFERPLUG_PROFILE_PATH"
+        "Fix: use one of those names, a path to a .toml file or a model (a .gguf file, an HF model dir, "
+        "hf:OWNER/REPO, pypi:REQ#member), or add your dir to INFERPLUG_PROFILE_PATH"
     )
 
 
-def load_profile(name_or_path: str | Path | Profile | None = None) -> Profile:
-    """Load a profile by name, path or pass one through; None loads the default profile."""
-    from inferplug.profile_errors import explain_validation_error, read_toml
+def names_a_model(text: str) -> bool:
+    """Whether `text` names a model, not a profile: a pypi:/hf: source, or a path that is no .toml file. A
+    profile name wins over a file of that name in the working directory."""
+    if text.startswith(("pypi:", "hf:")):
+        return True
+    if text.endswith(".toml") or (os.sep not in text and text in list_profiles()):
+        return False
+    return os.sep in text or text.endswith(".gguf") or Path(text).expanduser().exists()
 
+
+def load_profile(name_or_path: str | Path | Profile | None = None, *, context_length: int | None = None) -> Profile:
+    """A profile by name or TOML path, or a Profile passed through; None loads the default profile. A model named
+    directly (a GGUF file, an HF model dir, hf:OWNER/REPO[@REV][#FILE], pypi:REQ#member) is its implicit profile.
+
+    `context_length`: the context asked (limits.max_model_len), as `--ctx-size`; the resolver caps it at the
+    model's maximum. A Profile passed in is copied, not changed."""
     if isinstance(name_or_path, Profile):
-        return name_or_path
-    path = find_profile(name_or_path or DEFAULT_PROFILE).resolve()
+        profile = name_or_path
+    else:
+        text = str(name_or_path or DEFAULT_PROFILE)
+        profile = _load_model_file(text) if names_a_model(text) else _load_toml(find_profile(text).resolve())
+    if context_length is not None and context_length != profile.limits.max_model_len:
+        if context_length < 1:
+            raise ProfileError(f"a context of {context_length} tokens cannot hold a prompt. Fix: ask for at least 1 "
+                               f"(e.g. --ctx-size {DEFAULT_CONTEXT_LENGTH}), or leave it unset for the default")
+        profile = profile.model_copy(deep=True)
+        profile.limits.max_model_len = context_length
+    return profile
+
+
+def _load_toml(path: Path) -> Profile:
+    from inferplug.profile_errors import read_toml
+
     data = read_toml(path)
-    token = _toml_file.set(path)
-    try:
-        profile = Profile()
-    except ValidationError as exc:
-        raise ProfileError(explain_validation_error(exc, path, env_values())) from None
-    finally:
-        _toml_file.reset(token)
+    profile = _build(path, data, str(path))
     profile._source_file = path
     if "name" not in profile.model_fields_set:
         profile.name = path.stem
     _resolve_model_paths(profile, path, data)
+    return profile
+
+
+def _load_model_file(text: str) -> Profile:
+    from inferplug.model_file import implicit_profile_data  # it reads sources, which build on this module
+
+    data = implicit_profile_data(text)
+    return _build(data, data, text)
+
+
+def _build(source: Path | dict[str, Any], data: dict[str, Any], where: str) -> Profile:
+    """The Profile from `source` under the environment; a validation error names `where` and the key."""
+    from inferplug.profile_errors import explain_validation_error
+
+    token = _file_source.set(source)
+    try:
+        profile = Profile()
+    except ValidationError as exc:
+        raise ProfileError(explain_validation_error(exc, where, env_values())) from None
+    finally:
+        _file_source.reset(token)
+    profile._file_data = data
     return profile
 
 

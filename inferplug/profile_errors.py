@@ -23,8 +23,9 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ProfileError(f"{path}: cannot read the profile ({exc.strerror}). Fix: check the path and its permissions") from None
 
 
-def explain_validation_error(exc: ValidationError, path: Path, env_data: dict) -> str:
-    """The first validation error as one line; the count of any others is appended."""
+def explain_validation_error(exc: ValidationError, path: str | Path, env_data: dict) -> str:
+    """The first validation error as one line (`path`: the file, or the model an implicit profile comes from);
+    the count of any others is appended."""
     from inferplug.profile import Profile
 
     errors = exc.errors()

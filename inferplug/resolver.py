@@ -20,7 +20,7 @@ from inferplug.memory_plan import (
     DTYPE_BYTES, RESERVE_FIXED, RESERVE_SHARE, DoesNotFit, MemoryBreakdown, ModelFacts, draft_facts, gib, model_facts,
     plan_memory, weight_bits,
 )
-from inferplug.profile import Profile
+from inferplug.profile import DEFAULT_CONTEXT_LENGTH, Profile
 from inferplug.weight_format_plan import native_weight_format
 
 BACKENDS = ("native", "ctranslate2", "exllamav2", "openai")
@@ -327,18 +327,16 @@ def _local_plan(backend: str, profile: Profile, hw: Hardware, facts: ModelFacts 
     device, kind, available, device_why = _device(gpus, hw)
     kv_dtype = dtype if profile.cache.kv_dtype == "auto" else profile.cache.kv_dtype
     reasons = [device_why, *reasons]
-    model_ctx = profile.model.context_length or facts.max_position_embeddings
-    max_len = profile.limits.max_model_len or model_ctx
-    if max_len > model_ctx:
-        reasons.append(f"max_model_len {model_ctx}: limits.max_model_len = {max_len} exceeds the model's context")
-        max_len = model_ctx
+    max_len, context_why = _context(profile, facts)
+    reasons.append(context_why)
     seqs = profile.limits.max_num_seqs or DEFAULT_MAX_NUM_SEQS[kind]
     memory = plan_memory(profile, facts, device=device, kind=kind, available=available, bits=bits,
-                         kv_dtype_bytes=kv_bytes or DTYPE_BYTES[kv_dtype], useful_tokens=seqs * max_len,
-                         draft=draft)
+                         kv_dtype_bytes=kv_bytes or DTYPE_BYTES[kv_dtype], context_tokens=max_len,
+                         useful_tokens=seqs * max_len, draft=draft)
     if memory.cache_tokens < max_len:
+        fix = "free memory" if profile.cache.memory == "auto" else "raise cache.memory"
         reasons.append(f"max_model_len {memory.cache_tokens}: the KV cache holds only that many tokens "
-                       f"(raise cache.memory for the full {max_len})")
+                       f"({fix} for the full {max_len})")
         max_len = memory.cache_tokens
     memory.seqs_at_full_context = memory.cache_tokens // max_len
     batched = max(profile.limits.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS[kind], seqs)
@@ -357,6 +355,21 @@ def _local_plan(backend: str, profile: Profile, hw: Hardware, facts: ModelFacts 
     )
 
 
+def _context(profile: Profile, facts: ModelFacts) -> tuple[int, str]:
+    """max_model_len and why: the context asked (limits.max_model_len, else model.context_length, else the
+    default, as llama-server's -c), at most the model's maximum (model.context_length overrides the file's)."""
+    ceiling = profile.model.context_length or facts.max_position_embeddings
+    asked = profile.limits.max_model_len or profile.model.context_length
+    if asked is None:
+        if DEFAULT_CONTEXT_LENGTH > ceiling:
+            return ceiling, f"max_model_len {ceiling}: the model's maximum, below the default {DEFAULT_CONTEXT_LENGTH}"
+        return DEFAULT_CONTEXT_LENGTH, (f"max_model_len {DEFAULT_CONTEXT_LENGTH}: the default context (the model "
+                                        f"takes up to {ceiling}: set limits.max_model_len or --ctx-size for more)")
+    if asked > ceiling:
+        return ceiling, f"max_model_len {ceiling}: {asked} tokens were asked, more than the model's maximum"
+    return asked, f"max_model_len {asked}: the context asked (the model takes up to {ceiling})"
+
+
 def _prefill_while_decoding(limits, kind: str) -> int:
     """The profile's limits.max_prefill_tokens_while_decoding, or the device kind's default (0: no cap)."""
     if limits.max_prefill_tokens_while_decoding is not None:
@@ -370,7 +383,7 @@ def _gpu_need(profile: Profile, facts: ModelFacts | None, kv_bytes: float) -> st
         return ""
     bits, _ = weight_bits(profile, "exllamav2", "float16")
     weights = facts.num_parameters * bits / 8
-    ctx = profile.model.context_length or facts.max_position_embeddings
+    ctx, _ = _context(profile, facts)
     kv = facts.kv_bytes_per_token(kv_bytes) * ctx
     need = weights * (1 + RESERVE_SHARE) + RESERVE_FIXED["cuda"] + kv
     return (f" (it would need one with about {gib(need)} free: {profile.quantization.format.upper()} weights "

@@ -177,6 +177,11 @@ def _ensure_hf(model: ModelSource) -> Path:
             ) from None
 
 
+def hf_repo_file(model: ModelSource, filename: str) -> Path:
+    """One file of an HF repo (its config.json, say): from the cache, else downloaded alone."""
+    return _ensure_hf(model.model_copy(update={"file": filename}))
+
+
 def _one_line(error: Exception, limit: int = 200) -> str:
     text = " ".join(str(error).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -151,3 +151,57 @@ def test_a_tensor_parallel_size_that_does_not_divide_the_heads_exits_2_with_the_
     report = " ".join(out.split())
     assert code == 2 and "native: tensor_parallel_size = 3 does not divide the model's 4 attention heads" in report
     assert "use one of [1, 2]" in report
+
+
+# --- a model named directly, and the context asked ------------------------------------------------------
+@pytest.mark.parametrize("command", ["serve", "chat", "generate", "resolve"])
+def test_ctx_size_is_a_whole_number_of_tokens(command, capsys):
+    argv = [command, "./model.gguf", *(["prompt"] if command == "generate" else [])]
+    assert build_parser().parse_args([*argv, "-c", "8192"]).ctx_size == 8192
+    assert build_parser().parse_args([*argv, "--ctx-size", "512"]).ctx_size == 512
+    assert build_parser().parse_args(argv).ctx_size is None
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args([*argv, "-c", "0"])
+    assert info.value.code == 2 and "'0' is not a whole number >= 1" in capsys.readouterr().err
+
+
+def test_resolve_an_hf_model_dir_with_no_toml_and_the_context_asked(capsys, monkeypatch, tiny_llama_dir):
+    monkeypatch.setattr(hardware, "probe", lambda: CPU_ONLY)
+    code, out, _ = run(capsys, "resolve", str(tiny_llama_dir), "--json")
+    plan = json.loads(out)
+    assert code == 0 and plan["profile"] == tiny_llama_dir.name
+    assert (plan["backend"], plan["max_model_len"], plan["num_kv_blocks"]) == ("native", 512, 32)  # its maximum
+    code, out, _ = run(capsys, "resolve", str(tiny_llama_dir), "-c", "200", "--json")
+    plan = json.loads(out)
+    assert code == 0 and (plan["max_model_len"], plan["num_kv_blocks"]) == (200, 13)  # 200 tokens in whole blocks
+
+
+@pytest.mark.parametrize("kind", ["hf dir", "gguf"])
+def test_profile_show_of_a_model_is_toml_that_loads_back(capsys, tmp_path, tiny_llama_dir, kind):
+    from inferplug.profile import load_profile
+
+    model = tiny_llama_dir if kind == "hf dir" else tmp_path / "tiny.Q4_0.gguf"
+    if kind == "gguf":
+        model.write_bytes(b"GGUF\x03\x00\x00\x00")
+    code, out, _ = run(capsys, "profile", "show", str(model))
+    name = model.stem if kind == "gguf" else model.name
+    assert code == 0 and f'name = "{name}"' in out and f'path = "{model}"' in out
+    assert ('format = "gguf"' in out) == (kind == "gguf")  # "none", the default, is left out
+    saved = tmp_path / "saved.toml"
+    saved.write_text(out)
+    loaded = load_profile(saved)
+    assert loaded.model_dump() == load_profile(str(model)).model_dump()
+    assert (loaded.source_file, loaded.quantization.format) == (saved, "gguf" if kind == "gguf" else "none")
+    code, out, _ = run(capsys, "profile", "show", "zephyr-awq", "--toml")  # any profile, defaults left out
+    (tmp_path / "z.toml").write_text(out)
+    assert code == 0 and "[model.hints]" in out and "[cache]" not in out
+    assert load_profile(tmp_path / "z.toml").model_dump() == load_profile("zephyr-awq").model_dump()
+
+
+@pytest.mark.parametrize("command", [["resolve"], ["serve"], ["chat"], ["profile", "show"]])
+def test_a_bad_model_path_is_one_line_exit_2(capsys, tmp_path, command):
+    (tmp_path / "notes.md").write_text("# not a model\n")
+    for target, expected in [(tmp_path / "absent.gguf", "no such file or directory. Fix: check the path"),
+                             (tmp_path / "notes.md", "is not a model file")]:
+        code, out, err = run(capsys, *command, str(target))
+        assert code == 2 and out == "" and err.count("\n") == 1 and expected in err and "give a .gguf file" in err

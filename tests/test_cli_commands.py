@@ -46,6 +46,17 @@ def test_generate_streams_the_answer(smollm2_gguf):
 
 
 @pytest.mark.smollm2
+def test_generate_runs_a_gguf_file_with_no_toml_in_the_context_asked(smollm2_gguf):
+    answer = cli("generate", str(smollm2_gguf), "What is the capital of France?", "--chat", "--temperature", "0",
+                 "--max-tokens", "16", "-c", "512")
+    assert answer.returncode == 0, answer.stderr
+    assert "Paris" in answer.stdout
+    short = cli("generate", str(smollm2_gguf), "What is the capital of France?", "--chat", "--ctx-size", "16")
+    assert short.returncode == 2 and short.stderr.count("\n") == 1
+    assert re.search(r"the prompt has \d+ tokens but the context holds 16", short.stderr), short.stderr
+
+
+@pytest.mark.smollm2
 def test_chat_answers_each_scripted_line(smollm2_gguf, capsys, monkeypatch):
     """Two turns from stdin, then the empty line that ends the chat; the second turn sees the first."""
     monkeypatch.setattr(sys, "stdin", io.StringIO("What is the capital of France?\nAnd of Italy?\n\n"))

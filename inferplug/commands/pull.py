@@ -17,12 +17,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from inferplug.profile import list_profiles, load_profile
+    from inferplug.profile import load_profile, names_a_model
     from inferplug.sources import ensure_local, parse_source, read_record, sha256_of
 
     target = args.target
-    is_source = target is not None and target.startswith(("pypi:", "hf:"))
-    if is_source or (target and target not in list_profiles() and not target.endswith(".toml")):
+    if target and names_a_model(target):
         models = [parse_source(target)]
     else:
         profile = load_profile(target)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
-from inferplug.commands import add_json_flag, add_profile_argument
+from inferplug.commands import add_context_flag, add_json_flag, add_profile_argument, load_with_context
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("resolve", help="show which backend, device, dtype and cache a profile gets here")
     add_profile_argument(p)
+    add_context_flag(p)
     add_json_flag(p, "the plan")
     p.set_defaults(func=run)
 
@@ -18,10 +19,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from inferplug.errors import ResolveError
     from inferplug.hardware import probe
-    from inferplug.profile import load_profile
     from inferplug.resolver import resolve
 
-    profile = load_profile(args.profile)
+    profile = load_with_context(args)
     try:
         plan = resolve(profile, probe())
     except ResolveError as exc:

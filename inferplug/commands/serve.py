@@ -5,30 +5,25 @@ from __future__ import annotations
 import argparse
 import os
 
-from inferplug.commands import add_profile_argument
+from inferplug.commands import add_context_flag, add_profile_argument, load_with_context, whole_number
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("serve", help="serve a profile over an OpenAI-compatible HTTP API")
     add_profile_argument(p)
+    add_context_flag(p)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1, this machine only; 0.0.0.0 exposes it)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: $INFERPLUG_API_KEY, else none)")
     p.add_argument("--max-body-bytes", type=int, default=None, help="largest request body accepted (default 8 MiB)")
-    p.add_argument("--replicas", type=_positive, default=None,
+    p.add_argument("--replicas", type=whole_number, default=None,
                    help="engines behind the server, on Ray Serve (default: the profile's [parallel] replicas)")
     p.add_argument("--ray-address", default=None,
                    help="the Ray cluster for the replicas (default: $RAY_ADDRESS, else a local Ray started here)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=run)
-
-
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
-    return int(text)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,9 +35,7 @@ def run(args: argparse.Namespace) -> int:
         from inferplug.server.app import DEFAULT_MAX_BODY_BYTES, create_app
     except ImportError as exc:
         raise BackendUnavailable(f"serving needs FastAPI and uvicorn ({exc}); pip install 'inferplug[serve]'") from exc
-    from inferplug.profile import load_profile
-
-    profile = load_profile(args.profile)
+    profile = load_with_context(args)
     if args.replicas is not None:
         profile.parallel.replicas = args.replicas
     max_body = args.max_body_bytes or DEFAULT_MAX_BODY_BYTES

@@ -9,15 +9,16 @@ if TYPE_CHECKING:
     from inferplug.types import Usage
 
 
-def bind_profile(profile: Any, model: str | None) -> tuple[Profile, str]:
+def bind_profile(profile: Any, model: str | None, context_length: int | None = None) -> tuple[Profile, str]:
     """(the loaded profile, the model name to report) for a front end's `profile` and `model` arguments.
 
-    `profile` is a Profile, a name or a TOML path; given alone, `model` names the profile (None, None:
-    the default profile). A `model` given with a profile only renames what is reported.
+    `profile` is a Profile, a name, a TOML path or a model (a GGUF file, an HF dir, hf:..., pypi:...); given alone,
+    `model` names the profile (None, None: the default profile). A `model` given with a profile only renames what
+    is reported. `context_length`: the context asked (None: the profile's, else the default), as --ctx-size.
     """
     from inferplug.profile import load_profile
 
-    loaded = load_profile(profile if profile is not None else model)
+    loaded = load_profile(profile if profile is not None else model, context_length=context_length)
     return loaded, model or loaded.served_name
 
 

@@ -19,8 +19,11 @@ class InferPlugFields(BaseModel):
     model_config = ConfigDict(arbitrary_types_allowed=True, protected_namespaces=())
 
     inferplug_profile: Any = None
-    """Our Profile. Pass it as `profile=`: a profile name, a path to a TOML profile, or a Profile object
-    (None: the default profile). On ChatInferPlug, `.profile` is LangChain's ModelProfile of capabilities."""
+    """Our Profile. Pass it as `profile=`: a profile name, a path to a TOML profile, a model (a .gguf file, an HF
+    model dir, "hf:OWNER/REPO#file.gguf", "pypi:REQ#member": its implicit profile), or a Profile object (None: the
+    default profile). On ChatInferPlug, `.profile` is LangChain's ModelProfile of capabilities."""
+    context_length: int | None = None
+    """The context in tokens (None: the profile's, else 4096), at most the model's maximum, as llama-server's -c."""
     model: str | None = None
     """The served model name; filled from the backend. As a constructor argument alone it names the profile."""
     temperature: float | None = None
@@ -65,7 +68,7 @@ class InferPlugFields(BaseModel):
         """Check the profile now (a bad name fails at construction); load the model on first use."""
         from inferplug.frontend.binding import bind_profile
 
-        self.inferplug_profile, self.model = bind_profile(self.inferplug_profile, self.model)
+        self.inferplug_profile, self.model = bind_profile(self.inferplug_profile, self.model, self.context_length)
         return self
 
     @property
@@ -77,7 +80,7 @@ class InferPlugFields(BaseModel):
     @property
     def _identifying_params(self) -> dict[str, Any]:
         """Every setting that changes an answer, so an LLM cache never mixes two configurations."""
-        return {"profile": self.inferplug_profile.name, "model": self.model,
+        return {"profile": self.inferplug_profile.name, "model": self.model, "context_length": self.context_length,
                 **{k: getattr(self, k) for k in (*_FIELD_KEYS, "stop", "logprobs", "top_logprobs")}}
 
     def _options(self, stop: list[str] | None, kwargs: dict[str, Any]) -> dict[str, Any]:

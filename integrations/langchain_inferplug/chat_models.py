@@ -39,7 +39,7 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
         return "inferplug"
 
     def _resolve_model_profile(self) -> ModelProfile | None:
-        return model_profile(self.inferplug_profile)
+        return model_profile(self.inferplug_profile, self.context_length)
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = super()._get_ls_params(stop=stop, **kwargs)

