@@ -1,0 +1,36 @@
+"""Run in a fresh process by test_gguf_real_size.py: load a profile through the offline API, serve one request, and
+print the peak RSS beside what `resolve` promised, as JSON on the last line."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def peak_rss_bytes() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM"))
+
+
+def main(profile_path: str) -> None:
+    import torch
+
+    from inferplug.hardware import probe
+    from inferplug.llm import LLM
+    from inferplug.profile import load_profile
+    from inferplug.quant.base import WeightOnlyLinear
+    from inferplug.resolver import resolve
+    from inferplug.types import SamplingParams
+
+    memory = resolve(load_profile(profile_path), probe()).memory
+    llm = LLM(profile_path)
+    llm.generate("The weights of a large model " * 8, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+    model = llm.engine.runner.model
+    matrices = [model.embed, model.lm_head, *(w for layer in model.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down))]
+    print(json.dumps({"peak_rss": peak_rss_bytes(), "planned": memory.weights_bytes + memory.reserve_bytes + memory.kv_budget_bytes,
+                      "float_matrices": sum(isinstance(m, torch.Tensor) for m in matrices),
+                      "layers": sum(isinstance(m, WeightOnlyLinear) for m in matrices)}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

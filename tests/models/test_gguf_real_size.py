@@ -1,0 +1,44 @@
+"""Two layers at Llama-7B width, written as a Q4_K_M-style GGUF of random weights: they load in the file's bits, no
+matrix as float, and the process's peak RSS after load and a first request is what `resolve` promised."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from inferplug.kernels import cpu as cpu_kernels
+
+pytestmark = [pytest.mark.slow, pytest.mark.smollm2,  # the vocabulary: SmolLM2's tokenizer
+              pytest.mark.skipif(cpu_kernels.ops() is None, reason="the CPU kernels do not run here (no AVX2/FMA/F16C)")]
+
+GEOMETRY = dict(architecture="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=2,
+                num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=4096,
+                rms_norm_eps=1e-5, rope_theta=1e6)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def wide_gguf(smollm2_gguf, tmp_path_factory) -> Path:
+    from inferplug.models.config import ModelConfig
+    from inferplug.models.gguf import read_gguf
+    from inferplug.models.gguf_random import write_random_gguf
+
+    tokenizer = {k: v for k, v in read_gguf(smollm2_gguf).metadata.items() if k.startswith("tokenizer.")}
+    out = tmp_path_factory.mktemp("wide") / "wide-q4_k_m.gguf"
+    write_random_gguf(out, ModelConfig(vocab_size=len(tokenizer["tokenizer.ggml.tokens"]), **GEOMETRY), tokenizer)
+    return out
+
+
+def test_a_7b_wide_q4_k_m_gguf_loads_in_its_bits_within_the_plans_memory(wide_gguf, tmp_path):
+    profile = tmp_path / "wide.toml"
+    profile.write_text(f'backend = "native"\n[model]\npath = "{wide_gguf}"\n[quantization]\nformat = "gguf"\n'
+                       '[cache]\nmemory = "128MiB"\n[limits]\nmax_model_len = 1024\nmax_num_seqs = 4\n')
+    probe = Path(__file__).with_name("rss_probe.py")
+    done = subprocess.run([sys.executable, str(probe), str(profile)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["float_matrices"] == 0 and result["layers"] == 10
+    assert abs(result["peak_rss"] - result["planned"]) <= 0.10 * result["planned"], result
