@@ -48,10 +48,9 @@ def q4_layer(quant: GroupQuant, bias: torch.Tensor | None = None) -> Q4Linear:
     block_group = _block_groups(quant)
     scale = quant.scales[:, block_group].half()
     low = (-(quant.scales.float() * quant.zeros.float()))[:, block_group].half()
-    codes = quant.codes.reshape(quant.codes.shape[0], -1, BLOCK)
-    nibbles = codes[..., :16] | (codes[..., 16:] << 4)  # Q4Linear's byte j: input j low, input j + 16 high
+    # quant.packed is already Q4Linear's nibble order (byte j: input j low, input j + 16 high)
     return Q4Linear.from_fields(scale.unsqueeze(-1).view(torch.uint8), low.unsqueeze(-1).view(torch.uint8),
-                                nibbles, bias=bias)
+                                quant.packed, bias=bias)
 
 
 def q8_layer(quant: GroupQuant, bias: torch.Tensor | None = None) -> Q8Linear:
@@ -61,8 +60,8 @@ def q8_layer(quant: GroupQuant, bias: torch.Tensor | None = None) -> Q8Linear:
                            "blocks (a scale, no min) cannot hold; use one quantized with sym = true (GPTQModel's "
                            "default) or a 4-bit checkpoint")
     scale = quant.scales[:, _block_groups(quant)].half()
-    q = (quant.codes.short() - 128).to(torch.int8).reshape(quant.codes.shape[0], -1, BLOCK)
-    return Q8Linear.from_fields(scale.unsqueeze(-1).view(torch.uint8), q.view(torch.uint8), bias=bias)
+    q = (quant.codes ^ 0x80).reshape(quant.codes.shape[0], -1, BLOCK)  # the bytes of int8 q - 128
+    return Q8Linear.from_fields(scale.unsqueeze(-1).view(torch.uint8), q, bias=bias)
 
 
 def _block_groups(quant: GroupQuant) -> torch.Tensor:
@@ -70,7 +69,7 @@ def _block_groups(quant: GroupQuant) -> torch.Tensor:
     if quant.group_size % BLOCK:
         raise ProfileError(f"group_size {quant.group_size} is not a multiple of 32, so the CPU's 32-input blocks "
                            "cannot hold it; use a checkpoint quantized with group_size 32, 64 or 128")
-    return torch.arange(quant.codes.shape[1] // BLOCK) * BLOCK // quant.group_size
+    return torch.arange(quant.in_features // BLOCK) * BLOCK // quant.group_size
 
 
 class GroupInt4Linear(WeightOnlyLinear):

@@ -7,8 +7,11 @@ Both store w = (q - z) * s per group of `group_size` inputs, q and z 4-bit, s fp
 - GPTQ: qweight [in / 8, out] packs 8 consecutive input rows; qzeros [groups, out / 8] packs 8 consecutive output
   columns; scales [groups, out]; g_idx [in] names each input's group (act-order / desc_act: not i // G). The v1
   format (GPTQ's, the default) stores z - 1, v2 stores z.
-`GroupQuant` holds the unpacked codes in a torch Linear's orientation ([out, in]); the loader repacks it for the
-device (models/quant_checkpoint.py).
+`GroupQuant` holds the codes in a torch Linear's orientation ([out, in]); the loader repacks it for the device
+(models/quant_checkpoint.py). 4-bit codes stay two to a byte, in the CPU kernels' Q4 block order (`block_nibbles`):
+each 32 inputs' byte j holds input j in its low nibble and input j + 16 in its high one. AWQ's and GPTQ's words
+turn into those bytes with a few whole-tensor bit operations and one transpose (`_nibble_bytes`), with no byte per
+weight in between: at 7B that is most of a first load's time.
 """
 
 from __future__ import annotations
@@ -21,21 +24,35 @@ from inferplug.errors import ProfileError
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of an AWQ word holds column AWQ_ORDER[i] of its 8
 NIBBLES = 8
+BLOCK, HALF = 32, 16  # `packed`'s byte j of each 32 inputs: input j (low nibble) and input j + 16 (high)
+LOW_NIBBLES = 0x0F0F0F0F
+HIGH_NIBBLES = 0xF0F0F0F0 - (1 << 32)  # as a signed int32
 
 
 @dataclass
 class GroupQuant:
     """One linear layer's int4 (int8) codes and per-group scale and zero, [out, in] like its float weight."""
 
-    codes: torch.Tensor  # uint8 [out, in], 0..15 (0..255)
+    packed: torch.Tensor  # 4 bits: uint8 [out, in / 32, 16] (block_nibbles); 8 bits: the codes, uint8 [out, in]
     scales: torch.Tensor  # fp16 [out, groups]
     zeros: torch.Tensor  # int16 [out, groups] (GPTQ v1's stored 255 reads as 256)
     g_idx: torch.Tensor  # int64 [in]: the group of each input
     bits: int = 4
 
     @property
+    def codes(self) -> torch.Tensor:
+        """uint8 [out, in], 0..15 (0..255): one byte a weight, for the slow paths (act-order, CUDA, tests)."""
+        if self.bits == 8:
+            return self.packed
+        return torch.cat([self.packed & 15, self.packed >> 4], dim=-1).reshape(self.packed.shape[0], -1)
+
+    @property
+    def in_features(self) -> int:
+        return self.packed.shape[1] * (BLOCK if self.bits == 4 else 1)
+
+    @property
     def group_size(self) -> int:
-        return self.codes.shape[1] // self.scales.shape[1]
+        return self.in_features // self.scales.shape[1]
 
     def dequantized(self) -> torch.Tensor:
         """The float weight [out, in]: (q - z) * s, exact in fp32."""
@@ -45,7 +62,7 @@ class GroupQuant:
     def input_order(self) -> torch.Tensor | None:
         """The input permutation that makes each group's inputs contiguous (act-order), None when they already are.
         ProfileError when g_idx does not give every group exactly group_size inputs."""
-        n_in, groups = self.codes.shape[1], self.scales.shape[1]
+        n_in, groups = self.in_features, self.scales.shape[1]
         expected = torch.arange(n_in) // (n_in // groups)
         if torch.equal(self.g_idx, expected):
             return None
@@ -60,9 +77,15 @@ class GroupQuant:
 
     def permuted(self, order: torch.Tensor) -> GroupQuant:
         """The same layer with its inputs in `order` (then g_idx is i // group_size)."""
-        n_in = self.codes.shape[1]
-        return GroupQuant(self.codes[:, order].contiguous(), self.scales, self.zeros,
-                          torch.arange(n_in) // (n_in // self.scales.shape[1]), self.bits)
+        codes = self.codes[:, order]
+        return GroupQuant(codes.contiguous() if self.bits == 8 else block_nibbles(codes), self.scales, self.zeros,
+                          torch.arange(self.in_features) // self.group_size, self.bits)
+
+
+def block_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 codes 0..15 [out, in] -> GroupQuant.packed [out, in / 32, 16]."""
+    blocks = codes.reshape(codes.shape[0], -1, BLOCK)
+    return blocks[..., :HALF] | (blocks[..., HALF:] << 4)
 
 
 def unpack_words(words: torch.Tensor, bits: int = 4) -> torch.Tensor:
@@ -78,12 +101,14 @@ def unpack_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor
                           "qzeros": (qzeros, (n_in // group_size, n_out // NIBBLES)),
                           "scales": (scales, (n_in // group_size, n_out))}, n_in, group_size)
     columns = (torch.arange(n_out).view(-1, NIBBLES) // NIBBLES * NIBBLES + torch.tensor(AWQ_ORDER)).flatten()
-    codes = torch.empty(n_in, n_out, dtype=torch.uint8)
-    codes[:, columns] = unpack_words(qweight)
     zeros = torch.empty(n_in // group_size, n_out, dtype=torch.int16)
     zeros[:, columns] = unpack_words(qzeros).short()
-    return GroupQuant(codes.t().contiguous(), scales.t().contiguous(), zeros.t().contiguous(),
-                      torch.arange(n_in) // group_size)
+    # inputs b*32 + h*16 + j; of a word's nibbles k, the even ones land in `even`'s bytes, the odd in `odd`'s
+    even, odd = _nibble_bytes(qweight.view(-1, 2, HALF, n_out // NIBBLES))  # [blocks, 16, out / 8, 4 bytes, 2]
+    # byte 2a + b of `even` (odd: p = 1) holds nibble k = 4a + 2b + p, which is column AWQ_ORDER[k] = 4b + 2p + a
+    fields = torch.stack([even, odd], dim=-1).unflatten(3, (2, 2))  # [blocks, 16, out / 8, a, b, p]
+    packed = fields.permute(2, 4, 5, 3, 0, 1).reshape(n_out, n_in // BLOCK, HALF)
+    return GroupQuant(packed, scales.t().contiguous(), zeros.t().contiguous(), torch.arange(n_in) // group_size)
 
 
 def unpack_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor | None,
@@ -97,13 +122,26 @@ def unpack_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tenso
     if g_idx is not None:
         shapes["g_idx"] = (g_idx, (n_in,))
     _check_shapes("GPTQ", shapes, n_in, group_size)
-    codes = unpack_words(qweight.t(), bits).contiguous()  # [out, in]
+    if bits == 8:  # a word's 4 bytes are 4 consecutive inputs
+        packed = qweight.view(torch.uint8).view(n_in // 4, n_out, 4).permute(1, 0, 2).reshape(n_out, n_in)
+    else:  # inputs b*32 + h*16 + w*8 + k: word w of each half; nibble k = 2 * (its byte) + p
+        even, odd = _nibble_bytes(qweight.view(-1, 2, 2, n_out))  # [blocks, w, out, 4 bytes, 2]
+        packed = torch.stack([even, odd], dim=-1).permute(2, 0, 1, 3, 4).reshape(n_out, n_in // BLOCK, HALF)
     # v1 stores z - 1 (GPTQ's symmetric zero 8 as 7); a stored 15 reads as 16, as GPTQ's own kernels read it
     zeros = (unpack_words(qzeros, bits).short() + zero_offset).t().contiguous()
     g_idx = torch.arange(n_in) // group_size if g_idx is None else g_idx.long()
     if g_idx.min() < 0 or g_idx.max() >= groups:
         raise ProfileError(f"g_idx names groups outside 0..{groups - 1}; the checkpoint is damaged: re-download it")
-    return GroupQuant(codes, scales.t().contiguous(), zeros, g_idx, bits)
+    return GroupQuant(packed, scales.t().contiguous(), zeros, g_idx, bits)
+
+
+def _nibble_bytes(words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int32 words [blocks, 2 halves, ...] -> (even, odd) uint8 [blocks, ..., 4]: byte i of `even` pairs nibble 2i
+    of the first half's word (low) with nibble 2i of the second's (high); `odd` does the same for nibbles 2i + 1."""
+    low, high = words[:, 0], words[:, 1]
+    even = (low & LOW_NIBBLES) | ((high & LOW_NIBBLES) << 4)
+    odd = ((low >> 4) & LOW_NIBBLES) | (high & HIGH_NIBBLES)
+    return even.contiguous().view(torch.uint8).unflatten(-1, (-1, 4)), odd.contiguous().view(torch.uint8).unflatten(-1, (-1, 4))
 
 
 def _check_shapes(fmt: str, tensors: dict, n_in: int, group_size: int) -> None:
