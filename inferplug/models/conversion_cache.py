@@ -56,8 +56,9 @@ DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16"
 
 
 def cached_weights(key_parts: Sequence[object], build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    limit, folder = limit_bytes(), cache_dir()
-    if not limit or folder is None:
+    limit = limit_bytes()
+    folder = cache_dir() if limit else None
+    if folder is None:
         return build()
     key = [str(part) for part in key_parts]
     path = folder / (hashlib.sha256(json.dumps(key).encode()).hexdigest() + ".entry")

@@ -83,14 +83,15 @@ def quantized_layers(tensors: "MutableMapping[str, torch.Tensor]", spec: QuantSp
         if missing:
             raise ProfileError(f"{module} has qweight but no {', '.join(missing)}; the {spec.label} checkpoint is "
                                "damaged or incomplete: re-download it")
-        qweight, qzeros, scales = (tensors.pop(f"{module}.{p}") for p in PACKED)
         g_idx = tensors.pop(f"{module}.g_idx", None)
+        # popped into the call, so the packed words go as soon as they are unpacked (one module's at a time)
         if spec.method == "awq":
-            quant = unpack_awq(qweight, qzeros, scales, spec.group_size)
+            quant = unpack_awq(*(tensors.pop(f"{module}.{p}") for p in PACKED), spec.group_size)
         else:
-            quant = unpack_gptq(qweight, qzeros, scales, g_idx, spec.group_size, spec.zero_offset, spec.bits)
+            quant = unpack_gptq(*(tensors.pop(f"{module}.{p}") for p in PACKED), g_idx, spec.group_size,
+                                spec.zero_offset, spec.bits)
         layers[f"{module}.weight"] = checkpoint_layer(quant, device, tensors.pop(f"{module}.bias", None))
-        del qweight, qzeros, scales, g_idx, quant  # before the next module is read: one module's packing at a time
+        del quant
     if not layers:
         raise ProfileError(f"the {spec.label} checkpoint has no qweight tensors; it is not quantized as its "
                            "config says: re-download it")

@@ -23,6 +23,7 @@ import torch
 from inferplug.errors import ProfileError
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of an AWQ word holds column AWQ_ORDER[i] of its 8
+AWQ_NIBBLE_OF_COLUMN = tuple(AWQ_ORDER.index(c) for c in range(8))
 NIBBLES = 8
 BLOCK, HALF = 32, 16  # `packed`'s byte j of each 32 inputs: input j (low nibble) and input j + 16 (high)
 LOW_NIBBLES = 0x0F0F0F0F
@@ -88,9 +89,12 @@ def block_nibbles(codes: torch.Tensor) -> torch.Tensor:
     return blocks[..., :HALF] | (blocks[..., HALF:] << 4)
 
 
-def unpack_words(words: torch.Tensor, bits: int = 4) -> torch.Tensor:
-    """int32 [..., n] -> uint8 [..., n * 32 / bits], field i of each word (`bits` wide, lowest first) at position i."""
+def unpack_words(words: torch.Tensor, bits: int = 4, fields: tuple[int, ...] | None = None) -> torch.Tensor:
+    """int32 [..., n] -> uint8 [..., n * 32 / bits], field i of each word (`bits` wide, lowest first) at position i,
+    or field fields[i] there."""
     shifts = torch.arange(0, 32, bits, dtype=torch.int32)
+    if fields is not None:
+        shifts = shifts[list(fields)]
     return ((words.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)).to(torch.uint8).flatten(-2)
 
 
@@ -100,14 +104,14 @@ def unpack_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor
     _check_shapes("AWQ", {"qweight": (qweight, (n_in, n_out // NIBBLES)),
                           "qzeros": (qzeros, (n_in // group_size, n_out // NIBBLES)),
                           "scales": (scales, (n_in // group_size, n_out))}, n_in, group_size)
-    columns = (torch.arange(n_out).view(-1, NIBBLES) // NIBBLES * NIBBLES + torch.tensor(AWQ_ORDER)).flatten()
-    zeros = torch.empty(n_in // group_size, n_out, dtype=torch.int16)
-    zeros[:, columns] = unpack_words(qzeros).short()
-    # inputs b*32 + h*16 + j; of a word's nibbles k, the even ones land in `even`'s bytes, the odd in `odd`'s
-    even, odd = _nibble_bytes(qweight.view(-1, 2, HALF, n_out // NIBBLES))  # [blocks, 16, out / 8, 4 bytes, 2]
-    # byte 2a + b of `even` (odd: p = 1) holds nibble k = 4a + 2b + p, which is column AWQ_ORDER[k] = 4b + 2p + a
-    fields = torch.stack([even, odd], dim=-1).unflatten(3, (2, 2))  # [blocks, 16, out / 8, a, b, p]
-    packed = fields.permute(2, 4, 5, 3, 0, 1).reshape(n_out, n_in // BLOCK, HALF)
+    zeros = unpack_words(qzeros, fields=AWQ_NIBBLE_OF_COLUMN).short()
+    packed = torch.empty(n_out, n_in // BLOCK, HALF, dtype=torch.uint8)
+    # inputs b*32 + h*16 + j. Byte 2a + b of the nibble bytes of parity p holds nibble k = 4a + 2b + p of its word,
+    # which is column AWQ_ORDER[k] = 4b + 2p + a of its 8
+    by_column = packed.view(n_out // NIBBLES, 2, 2, 2, n_in // BLOCK, HALF)  # [out / 8, b, p, a, blocks, j]
+    for parity in (0, 1):
+        part = _nibble_bytes(qweight.view(-1, 2, HALF, n_out // NIBBLES), parity)  # [blocks, j, out / 8, 4 bytes]
+        by_column[:, :, parity].copy_(part.unflatten(3, (2, 2)).permute(2, 4, 3, 0, 1))
     return GroupQuant(packed, scales.t().contiguous(), zeros.t().contiguous(), torch.arange(n_in) // group_size)
 
 
@@ -124,9 +128,12 @@ def unpack_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tenso
     _check_shapes("GPTQ", shapes, n_in, group_size)
     if bits == 8:  # a word's 4 bytes are 4 consecutive inputs
         packed = qweight.view(torch.uint8).view(n_in // 4, n_out, 4).permute(1, 0, 2).reshape(n_out, n_in)
-    else:  # inputs b*32 + h*16 + w*8 + k: word w of each half; nibble k = 2 * (its byte) + p
-        even, odd = _nibble_bytes(qweight.view(-1, 2, 2, n_out))  # [blocks, w, out, 4 bytes, 2]
-        packed = torch.stack([even, odd], dim=-1).permute(2, 0, 1, 3, 4).reshape(n_out, n_in // BLOCK, HALF)
+    else:  # inputs b*32 + h*16 + w*8 + k: word w of each half; nibble k = 2 * (its byte) + parity
+        packed = torch.empty(n_out, n_in // BLOCK, HALF, dtype=torch.uint8)
+        inputs = packed.view(n_out, n_in // BLOCK, 2, 4, 2)  # [out, blocks, w, byte, parity]
+        for parity in (0, 1):
+            part = _nibble_bytes(qweight.view(-1, 2, 2, n_out), parity)  # [blocks, w, out, 4 bytes]
+            inputs[..., parity].copy_(part.permute(2, 0, 1, 3))
     # v1 stores z - 1 (GPTQ's symmetric zero 8 as 7); a stored 15 reads as 16, as GPTQ's own kernels read it
     zeros = (unpack_words(qzeros, bits).short() + zero_offset).t().contiguous()
     g_idx = torch.arange(n_in) // group_size if g_idx is None else g_idx.long()
@@ -135,13 +142,17 @@ def unpack_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tenso
     return GroupQuant(packed, scales.t().contiguous(), zeros, g_idx, bits)
 
 
-def _nibble_bytes(words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """int32 words [blocks, 2 halves, ...] -> (even, odd) uint8 [blocks, ..., 4]: byte i of `even` pairs nibble 2i
-    of the first half's word (low) with nibble 2i of the second's (high); `odd` does the same for nibbles 2i + 1."""
+def _nibble_bytes(words: torch.Tensor, parity: int) -> torch.Tensor:
+    """int32 words [blocks, 2 halves, ...] -> uint8 [blocks, ..., 4]: byte i pairs nibble 2i + parity of the first
+    half's word (low) with the same nibble of the second half's (high). Two whole-tensor bit operations a parity."""
     low, high = words[:, 0], words[:, 1]
-    even = (low & LOW_NIBBLES) | ((high & LOW_NIBBLES) << 4)
-    odd = ((low >> 4) & LOW_NIBBLES) | (high & HIGH_NIBBLES)
-    return even.contiguous().view(torch.uint8).unflatten(-1, (-1, 4)), odd.contiguous().view(torch.uint8).unflatten(-1, (-1, 4))
+    if parity:
+        nibbles = (low >> 4) & LOW_NIBBLES
+        nibbles |= high & HIGH_NIBBLES
+    else:
+        nibbles = low & LOW_NIBBLES
+        nibbles |= (high & LOW_NIBBLES) << 4
+    return nibbles.contiguous().view(torch.uint8).unflatten(-1, (-1, 4))
 
 
 def _check_shapes(fmt: str, tensors: dict, n_in: int, group_size: int) -> None:
