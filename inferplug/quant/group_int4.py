@@ -16,6 +16,7 @@ weight in between: at 7B that is most of a first load's time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,7 @@ NIBBLES = 8
 BLOCK, HALF = 32, 16  # `packed`'s byte j of each 32 inputs: input j (low nibble) and input j + 16 (high)
 LOW_NIBBLES = 0x0F0F0F0F
 HIGH_NIBBLES = 0xF0F0F0F0 - (1 << 32)  # as a signed int32
+CHUNK_BLOCKS = 32  # 1024 inputs of a layer repacked at a time
 
 
 @dataclass
@@ -109,9 +111,8 @@ def unpack_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor
     # inputs b*32 + h*16 + j. Byte 2a + b of the nibble bytes of parity p holds nibble k = 4a + 2b + p of its word,
     # which is column AWQ_ORDER[k] = 4b + 2p + a of its 8
     by_column = packed.view(n_out // NIBBLES, 2, 2, 2, n_in // BLOCK, HALF)  # [out / 8, b, p, a, blocks, j]
-    for parity in (0, 1):
-        part = _nibble_bytes(qweight.view(-1, 2, HALF, n_out // NIBBLES), parity)  # [blocks, j, out / 8, 4 bytes]
-        by_column[:, :, parity].copy_(part.unflatten(3, (2, 2)).permute(2, 4, 3, 0, 1))
+    _fill(qweight.view(-1, 2, HALF, n_out // NIBBLES), lambda parity: by_column[:, :, parity], 3,
+          lambda part: part.unflatten(3, (2, 2)).permute(2, 4, 3, 0, 1))  # part: [blocks, j, out / 8, 4 bytes]
     return GroupQuant(packed, scales.t().contiguous(), zeros.t().contiguous(), torch.arange(n_in) // group_size)
 
 
@@ -131,15 +132,24 @@ def unpack_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tenso
     else:  # inputs b*32 + h*16 + w*8 + k: word w of each half; nibble k = 2 * (its byte) + parity
         packed = torch.empty(n_out, n_in // BLOCK, HALF, dtype=torch.uint8)
         inputs = packed.view(n_out, n_in // BLOCK, 2, 4, 2)  # [out, blocks, w, byte, parity]
-        for parity in (0, 1):
-            part = _nibble_bytes(qweight.view(-1, 2, 2, n_out), parity)  # [blocks, w, out, 4 bytes]
-            inputs[..., parity].copy_(part.permute(2, 0, 1, 3))
+        _fill(qweight.view(-1, 2, 2, n_out), lambda parity: inputs[..., parity], 1,
+              lambda part: part.permute(2, 0, 1, 3))  # part: [blocks, w, out, 4 bytes]
     # v1 stores z - 1 (GPTQ's symmetric zero 8 as 7); a stored 15 reads as 16, as GPTQ's own kernels read it
     zeros = (unpack_words(qzeros, bits).short() + zero_offset).t().contiguous()
     g_idx = torch.arange(n_in) // group_size if g_idx is None else g_idx.long()
     if g_idx.min() < 0 or g_idx.max() >= groups:
         raise ProfileError(f"g_idx names groups outside 0..{groups - 1}; the checkpoint is damaged: re-download it")
     return GroupQuant(packed, scales.t().contiguous(), zeros, g_idx, bits)
+
+
+def _fill(words: torch.Tensor, dest: Callable[[int], torch.Tensor], block_dim: int,
+          arrange: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """dest(parity) = arrange(_nibble_bytes(words, parity)), CHUNK_BLOCKS blocks at a time: the int32 temporaries
+    stay a few MB whatever the layer's size."""
+    for first in range(0, words.shape[0], CHUNK_BLOCKS):
+        chunk = words[first:first + CHUNK_BLOCKS]
+        for parity in (0, 1):
+            dest(parity).narrow(block_dim, first, chunk.shape[0]).copy_(arrange(_nibble_bytes(chunk, parity)))
 
 
 def _nibble_bytes(words: torch.Tensor, parity: int) -> torch.Tensor:
