@@ -8,8 +8,9 @@ INFERPLUG_HOME/conversions and mapped the next time instead of converted, as lla
 
 An entry is one file named by the sha256 of its key parts (so no key can name a path outside the directory): a
 header (magic, FORMAT_VERSION, the key parts, each item's layout from quant/layer_codec.py, each tensor's dtype,
-shape and offset) and the tensors' bytes, 64-byte aligned. A hit maps the file copy-on-write (a write into a weight
-never reaches the file) and builds every tensor over the mapping: no copy, no read until a weight is used. An entry
+shape and offset) and the tensors' bytes, page-aligned. A hit maps each tensor copy-on-write (a write into a weight
+never reaches the file) and builds it over its mapping: no copy, no read until a weight is used, and a tensor the
+model drops (q/k/v once fused into one) unmaps its pages, which would otherwise stay in the resident set. An entry
 whose header does not parse or disagrees with the file's size, the key or FORMAT_VERSION is rebuilt, never trusted;
 the bytes themselves are not hashed (that would read them all, the cost the mapping saves). The key parts carry the
 caller's own conversion version, so changing a conversion misses its old entries, which then age out.
@@ -45,8 +46,8 @@ from inferplug.errors import ProfileError
 log = logging.getLogger(__name__)
 
 MAGIC = b"IPCONV\x00\x00"
-FORMAT_VERSION = 1
-ALIGN = 64
+FORMAT_VERSION = 2
+ALIGN = 4096  # a page: each tensor is mapped on its own
 SIZE_ENV = "INFERPLUG_CONVERSION_CACHE_GIB"
 DEFAULT_GIB = 16.0
 ENTRY_NAME = re.compile(r"^[0-9a-f]{64}\.entry$")
@@ -123,8 +124,7 @@ def read_entry(path: Path, key: list[str]) -> dict[str, Any] | None:
         size = os.fstat(fd).st_size
         if not stat.S_ISREG(os.fstat(fd).st_mode) or size < len(MAGIC) + 8:
             raise ValueError(f"not a regular file of at least a header ({size} bytes)")
-        mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
-        weights = _decode(mapped, key, size)
+        weights = _decode(fd, key, size)
         os.utime(fd)  # the LRU order: a hit is a use
         return weights
     except (ValueError, KeyError, TypeError, IndexError, AttributeError, struct.error, RuntimeError) as exc:
@@ -134,18 +134,19 @@ def read_entry(path: Path, key: list[str]) -> dict[str, Any] | None:
         os.close(fd)
 
 
-def _decode(mapped: mmap.mmap, key: list[str], size: int) -> dict[str, Any]:
+def _decode(fd: int, key: list[str], size: int) -> dict[str, Any]:
     import torch
 
     from inferplug.quant.layer_codec import rebuild
 
-    if mapped[: len(MAGIC)] != MAGIC:
-        raise ValueError("not a conversion cache entry (bad magic)")
-    (length,) = struct.unpack_from("<Q", mapped, len(MAGIC))
     start = len(MAGIC) + 8
+    head = os.pread(fd, start, 0)
+    if head[: len(MAGIC)] != MAGIC:
+        raise ValueError("not a conversion cache entry (bad magic)")
+    (length,) = struct.unpack_from("<Q", head, len(MAGIC))
     if length > size - start:
         raise ValueError(f"header length {length} past the file's end")
-    header = json.loads(bytes(mapped[start:start + length]))
+    header = json.loads(os.pread(fd, length, start))
     if header.get("format") != FORMAT_VERSION or header.get("key") != key:
         raise ValueError(f"written by format {header.get('format')} for another key")
     data = _aligned(start + length)
@@ -161,11 +162,12 @@ def _decode(mapped: mmap.mmap, key: list[str], size: int) -> dict[str, Any]:
             raise ValueError(f"a tensor at {offset} (+{nbytes} bytes) outside the data")
         layout.append((getattr(torch, dtype), shape, data + offset, nbytes))
 
-    def tensor(index: int) -> torch.Tensor:
+    def tensor(index: int) -> torch.Tensor:  # a mapping of its own: it goes (and its pages with it) when the tensor does
         dtype, shape, offset, nbytes = layout[index]
         if not nbytes:
             return torch.empty(shape, dtype=dtype)
-        return torch.frombuffer(mapped, dtype=torch.uint8, count=nbytes, offset=offset).view(dtype).view(shape)
+        mapped = mmap.mmap(fd, nbytes, access=mmap.ACCESS_COPY, offset=offset)
+        return torch.frombuffer(mapped, dtype=torch.uint8).view(dtype).view(shape)
 
     return {name: rebuild(item, tensor) for name, item in header["items"].items()}
 

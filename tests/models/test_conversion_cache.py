@@ -164,12 +164,13 @@ def test_a_symlinked_cache_dir_is_not_used(home, tmp_path):
 
 
 def test_eviction_keeps_the_bound_and_the_recently_used(home, monkeypatch):
-    weights = {"w": torch.zeros(64 << 10, dtype=torch.uint8)}  # 64 KiB: an entry is a little more
-    monkeypatch.setenv(conversion_cache.SIZE_ENV, str(200 / (1 << 20)))  # 200 KiB
-    limit = conversion_cache.limit_bytes()
-    assert 3 * (64 << 10) < limit < 4 * (64 << 10)
+    weights = {"w": torch.zeros(64 << 10, dtype=torch.uint8)}
     build, calls = counting(weights)
-    for key in ("a", "b", "c"):
+    cached_weights(["a"], build)
+    [first] = entries(home)
+    monkeypatch.setenv(conversion_cache.SIZE_ENV, str(3.5 * first.stat().st_size / (1 << 30)))  # room for 3
+    limit = conversion_cache.limit_bytes()
+    for key in ("b", "c"):
         cached_weights([key], build)
     for age, entry in enumerate(entries(home)):  # a definite LRU order, whatever the clock's resolution
         os.utime(entry, ns=(age, age))
