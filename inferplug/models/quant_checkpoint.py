@@ -3,6 +3,9 @@ quantized linear's qweight / qzeros / scales (/ g_idx) turned into a layer (quan
 
     read_quant_spec(model_dir)  -> QuantSpec | None (config.json's quantization_config, or quantize_config.json)
     quantized_layers(tensors, spec, device) -> {"<module>.weight": layer}, the module's packed tensors consumed
+
+`tensors` is a dict or the loader's lazy SafetensorsTensors (models/safetensors_reader.py), whose `pop` reads one
+tensor from the file: modules are converted one at a time, each one's packed tensors dropped once it is a layer.
 """
 
 from __future__ import annotations
@@ -15,11 +18,14 @@ from typing import TYPE_CHECKING, Any
 from inferplug.errors import ProfileError
 
 if TYPE_CHECKING:
+    from collections.abc import MutableMapping
+
     import torch
 
 GROUP_SIZES = (32, 64, 128)
 BITS = {"awq": (4,), "gptq": (4, 8)}  # GPTQ's 8 bits: symmetric, on the CPU kernels (quant/checkpoint_layers.py)
 PACKED = ("qweight", "qzeros", "scales")
+CONVERSION_VERSION = 2  # a key part of the conversion cache's entries: bump it when a layer's conversion changes
 
 
 @dataclass(frozen=True)
@@ -66,7 +72,7 @@ def check_profile_format(declared: str, spec: QuantSpec | None, model_dir: Path)
                            f"quantization.format = {found!r} or point the profile at the right model")
 
 
-def quantized_layers(tensors: dict[str, "torch.Tensor"], spec: QuantSpec, device: str) -> dict[str, Any]:
+def quantized_layers(tensors: "MutableMapping[str, torch.Tensor]", spec: QuantSpec, device: str) -> dict[str, Any]:
     """Pop every quantized module's packed tensors from `tensors`; return its layer under "<module>.weight"."""
     from inferplug.quant.checkpoint_layers import checkpoint_layer
     from inferplug.quant.group_int4 import unpack_awq, unpack_gptq
@@ -77,13 +83,15 @@ def quantized_layers(tensors: dict[str, "torch.Tensor"], spec: QuantSpec, device
         if missing:
             raise ProfileError(f"{module} has qweight but no {', '.join(missing)}; the {spec.label} checkpoint is "
                                "damaged or incomplete: re-download it")
-        qweight, qzeros, scales = (tensors.pop(f"{module}.{p}") for p in PACKED)
         g_idx = tensors.pop(f"{module}.g_idx", None)
+        # popped into the call, so the packed words go as soon as they are unpacked (one module's at a time)
         if spec.method == "awq":
-            quant = unpack_awq(qweight, qzeros, scales, spec.group_size)
+            quant = unpack_awq(*(tensors.pop(f"{module}.{p}") for p in PACKED), spec.group_size)
         else:
-            quant = unpack_gptq(qweight, qzeros, scales, g_idx, spec.group_size, spec.zero_offset, spec.bits)
+            quant = unpack_gptq(*(tensors.pop(f"{module}.{p}") for p in PACKED), g_idx, spec.group_size,
+                                spec.zero_offset, spec.bits)
         layers[f"{module}.weight"] = checkpoint_layer(quant, device, tensors.pop(f"{module}.bias", None))
+        del quant
     if not layers:
         raise ProfileError(f"the {spec.label} checkpoint has no qweight tensors; it is not quantized as its "
                            "config says: re-download it")

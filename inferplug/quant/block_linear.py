@@ -59,11 +59,20 @@ class BlockLinear(WeightOnlyLinear):
     @classmethod
     def from_fields(cls, *fields: torch.Tensor, bias: torch.Tensor | None = None) -> "BlockLinear":
         """The layer from its blocks' fields, each uint8 [out, blocks, bytes] in `fields` order, quants last (as
-        _pack gives them; quant/checkpoint_layers.py packs AWQ / GPTQ groups so)."""
-        *fields, quants = fields
-        quants = _interleave(quants) if cls.interleaved else quants
-        out_features = quants.shape[0]
-        return cls(torch.cat([f.reshape(out_features, -1) for f in (*fields, quants)], dim=1).contiguous(), bias)
+        _pack gives them; quant/checkpoint_layers.py packs AWQ / GPTQ groups so). Each field is copied once, straight
+        into its place in the rows: a 7B checkpoint's load holds no second copy of a layer."""
+        out_features, blocks = fields[-1].shape[:2]
+        rows = torch.empty(out_features, blocks * sum(cls.fields), dtype=torch.uint8)
+        start = 0
+        for index, (field, size) in enumerate(zip(fields, cls.fields)):
+            dest = rows[:, start:start + blocks * size]
+            field = field.reshape(out_features, blocks, size)
+            if index == len(fields) - 1 and cls.interleaved:
+                _interleave_into(dest, field)
+            else:
+                dest.view(out_features, blocks, size).copy_(field)
+            start += blocks * size
+        return cls(rows, bias)
 
     @classmethod
     def requantized(cls, layer: "BlockLinear", rows_at_once: int = 256) -> "BlockLinear":
@@ -105,14 +114,20 @@ class BlockLinear(WeightOnlyLinear):
         raise NotImplementedError
 
 
-def _interleave(quants: torch.Tensor) -> torch.Tensor:
-    """[out, blocks, bytes] -> the same shape, each run of 16 blocks (fewer in the last) as its blocks' word 0, word 1, ..."""
-    runs = quants.split(RUN, dim=1)
-    return torch.cat([r.unflatten(2, (-1, WORD)).transpose(1, 2).reshape(r.shape) for r in runs], dim=1)
+def _interleave_into(dest: torch.Tensor, quants: torch.Tensor) -> None:
+    """dest [out, blocks * bytes] (a view into the rows) = quants [out, blocks, bytes] with each run of 16 blocks
+    (fewer in the last) as its blocks' word 0, word 1, ..."""
+    out, blocks, size = quants.shape
+    full = blocks - blocks % RUN
+    for first, last, run in ((0, full, RUN), (full, blocks, blocks - full)):  # the whole runs, then a short one
+        if last > first:
+            runs = (last - first) // run
+            source = quants[:, first:last].reshape(out, runs, run, size // WORD, WORD).transpose(2, 3)
+            dest[:, first * size:last * size].view(out, runs, size // WORD, run, WORD).copy_(source)
 
 
 def _deinterleave(quants: torch.Tensor) -> torch.Tensor:
-    """The inverse of _interleave."""
+    """The inverse of _interleave_into: [out, blocks, bytes] from the rows' quants, viewed so."""
     runs = quants.split(RUN, dim=1)
     return torch.cat([r.reshape(r.shape[0], -1, r.shape[1], WORD).transpose(1, 2).reshape(r.shape) for r in runs], dim=1)
 

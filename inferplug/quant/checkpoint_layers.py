@@ -45,13 +45,11 @@ def checkpoint_layer(quant: GroupQuant, device: str, bias: torch.Tensor | None =
 
 def q4_layer(quant: GroupQuant, bias: torch.Tensor | None = None) -> Q4Linear:
     """Q4_1 blocks holding `quant` (its groups contiguous)."""
-    block_group = _block_groups(quant)
-    scale = quant.scales[:, block_group].half()
-    low = (-(quant.scales.float() * quant.zeros.float()))[:, block_group].half()
-    codes = quant.codes.reshape(quant.codes.shape[0], -1, BLOCK)
-    nibbles = codes[..., :16] | (codes[..., 16:] << 4)  # Q4Linear's byte j: input j low, input j + 16 high
+    scale = _per_block(quant.scales.half(), quant)
+    low = _per_block((-(quant.scales.float() * quant.zeros.float())).half(), quant)
+    # quant.packed is already Q4Linear's nibble order (byte j: input j low, input j + 16 high)
     return Q4Linear.from_fields(scale.unsqueeze(-1).view(torch.uint8), low.unsqueeze(-1).view(torch.uint8),
-                                nibbles, bias=bias)
+                                quant.packed, bias=bias)
 
 
 def q8_layer(quant: GroupQuant, bias: torch.Tensor | None = None) -> Q8Linear:
@@ -60,17 +58,18 @@ def q8_layer(quant: GroupQuant, bias: torch.Tensor | None = None) -> Q8Linear:
         raise ProfileError("this 8-bit GPTQ checkpoint is asymmetric (zeros other than 128), which the CPU's Q8_0 "
                            "blocks (a scale, no min) cannot hold; use one quantized with sym = true (GPTQModel's "
                            "default) or a 4-bit checkpoint")
-    scale = quant.scales[:, _block_groups(quant)].half()
-    q = (quant.codes.short() - 128).to(torch.int8).reshape(quant.codes.shape[0], -1, BLOCK)
-    return Q8Linear.from_fields(scale.unsqueeze(-1).view(torch.uint8), q.view(torch.uint8), bias=bias)
+    scale = _per_block(quant.scales.half(), quant)
+    q = (quant.codes ^ 0x80).reshape(quant.codes.shape[0], -1, BLOCK)  # the bytes of int8 q - 128
+    return Q8Linear.from_fields(scale.unsqueeze(-1).view(torch.uint8), q, bias=bias)
 
 
-def _block_groups(quant: GroupQuant) -> torch.Tensor:
-    """The group of each 32-input block of `quant` (its groups contiguous)."""
+def _per_block(group_values: torch.Tensor, quant: GroupQuant) -> torch.Tensor:
+    """[out, groups] -> [out, 32-input blocks]: each group's value for each of its blocks (its groups contiguous)."""
     if quant.group_size % BLOCK:
         raise ProfileError(f"group_size {quant.group_size} is not a multiple of 32, so the CPU's 32-input blocks "
                            "cannot hold it; use a checkpoint quantized with group_size 32, 64 or 128")
-    return torch.arange(quant.codes.shape[1] // BLOCK) * BLOCK // quant.group_size
+    rows, groups = group_values.shape
+    return group_values.unsqueeze(-1).expand(rows, groups, quant.group_size // BLOCK).reshape(rows, -1)
 
 
 class GroupInt4Linear(WeightOnlyLinear):

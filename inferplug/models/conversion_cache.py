@@ -1,0 +1,236 @@
+"""Slow weight conversions (an AWQ / GPTQ checkpoint's Q4_1 blocks; a GGUF's repacks) saved once under
+INFERPLUG_HOME/conversions and mapped the next time instead of converted, as llama.cpp maps a GGUF.
+
+    cached_weights(key_parts, build) -> build()'s {name: tensor or layer}, from the entry of key_parts when there is a
+                                        sound one, else built, saved and returned
+    file_identity(path)              -> a key part naming a source file: the sha256 `inferplug pull` recorded for it
+                                        (while its size and mtime still match), else its path, size and mtime_ns
+
+An entry is one file named by the sha256 of its key parts (so no key can name a path outside the directory): a
+header (magic, FORMAT_VERSION, the key parts, each item's layout from quant/layer_codec.py, each tensor's dtype,
+shape and offset) and the tensors' bytes, page-aligned. A hit maps each tensor copy-on-write (a write into a weight
+never reaches the file) and builds it over its mapping: no copy, no read until a weight is used, and a tensor the
+model drops (q/k/v once fused into one) unmaps its pages, which would otherwise stay in the resident set. An entry
+whose header does not parse or disagrees with the file's size, the key or FORMAT_VERSION is rebuilt, never trusted;
+the bytes themselves are not hashed (that would read them all, the cost the mapping saves). The key parts carry the
+caller's own conversion version, so changing a conversion misses its old entries, which then age out.
+
+Bound: INFERPLUG_CONVERSION_CACHE_GIB (default 16: a 7B AWQ model converts to ~5.4 GB, so two or three models).
+After a write the least recently used entries (by mtime, which a hit touches) are deleted until the rest fit; an
+entry larger than the bound is not written at all. 0 turns the cache off.
+Symlinks: entries are opened with O_NOFOLLOW and the directory is checked with lstat. A symlink where an entry
+belongs is never read (the rebuilt entry replaces the link), and a symlinked cache directory is not used.
+Writes go to a temp file in the directory, then os.replace: no reader ever sees half an entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import mmap
+import os
+import re
+import stat
+import struct
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from inferplug import sources
+from inferplug.errors import ProfileError
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"IPCONV\x00\x00"
+FORMAT_VERSION = 2
+ALIGN = 4096  # a page: each tensor is mapped on its own
+SIZE_ENV = "INFERPLUG_CONVERSION_CACHE_GIB"
+DEFAULT_GIB = 16.0
+ENTRY_NAME = re.compile(r"^[0-9a-f]{64}\.entry$")
+TEMP_PREFIX = ".part-"
+STALE_TEMP_S = 3600  # a live write of a 7B entry takes well under a minute
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
+
+
+def cached_weights(key_parts: Sequence[object], build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    limit = limit_bytes()
+    folder = cache_dir() if limit else None
+    if folder is None:
+        return build()
+    key = [str(part) for part in key_parts]
+    path = folder / (hashlib.sha256(json.dumps(key).encode()).hexdigest() + ".entry")
+    found = read_entry(path, key)
+    if found is not None:
+        return found
+    weights = build()
+    try:
+        if write_entry(path, key, weights, limit):
+            evict(folder, limit, keep=path)
+    except OSError as exc:  # a full disk or a read-only home: the load still succeeds, just uncached
+        log.warning("conversion cache: cannot save %s (%s); the next load converts again", path, exc)
+    return weights
+
+
+def file_identity(path: Path) -> str:
+    path = Path(path)
+    st = path.stat()
+    record = sources.read_record(path)
+    if record and record.get("sha256") and (record.get("size"), record.get("mtime_ns")) == (st.st_size, st.st_mtime_ns):
+        return f"sha256:{record['sha256']}"
+    return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def limit_bytes() -> int:
+    raw = os.environ.get(SIZE_ENV, "").strip()
+    try:
+        gib = float(raw) if raw else DEFAULT_GIB
+        if not gib >= 0 or math.isinf(gib):
+            raise ValueError(raw)
+    except ValueError:
+        raise ProfileError(f"{SIZE_ENV}={raw!r} is not a size in GiB; set it to a number such as 16, or 0 to turn "
+                           "the conversion cache off") from None
+    return int(gib * (1 << 30))
+
+
+def cache_dir() -> Path | None:
+    """INFERPLUG_HOME/conversions, made if missing; None (with a warning) where it is not a real directory."""
+    folder = sources.home() / "conversions"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        st = os.lstat(folder)
+    except OSError as exc:
+        log.warning("conversion cache off: cannot make %s (%s)", folder, exc)
+        return None
+    if not stat.S_ISDIR(st.st_mode):  # lstat: a symlink is not a directory here
+        log.warning("conversion cache off: %s is a symlink or not a directory; make it a plain directory", folder)
+        return None
+    return folder
+
+
+def read_entry(path: Path, key: list[str]) -> dict[str, Any] | None:
+    """The entry's weights over a private mapping of it, or None when there is no sound entry (then it is rebuilt)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # ELOOP: a symlink stands where the entry belongs
+        log.warning("conversion cache: not reading %s (%s); converting again", path, exc)
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or size < len(MAGIC) + 8:
+            raise ValueError(f"not a regular file of at least a header ({size} bytes)")
+        weights = _decode(fd, key, size)
+        os.utime(fd)  # the LRU order: a hit is a use
+        return weights
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, struct.error, RuntimeError) as exc:
+        log.warning("conversion cache: %s is damaged or stale (%s); converting again", path, exc)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _decode(fd: int, key: list[str], size: int) -> dict[str, Any]:
+    import torch
+
+    from inferplug.quant.layer_codec import rebuild
+
+    start = len(MAGIC) + 8
+    head = os.pread(fd, start, 0)
+    if head[: len(MAGIC)] != MAGIC:
+        raise ValueError("not a conversion cache entry (bad magic)")
+    (length,) = struct.unpack_from("<Q", head, len(MAGIC))
+    if length > size - start:
+        raise ValueError(f"header length {length} past the file's end")
+    header = json.loads(os.pread(fd, length, start))
+    if header.get("format") != FORMAT_VERSION or header.get("key") != key:
+        raise ValueError(f"written by format {header.get('format')} for another key")
+    data = _aligned(start + length)
+    if data + header["data_bytes"] != size:
+        raise ValueError(f"{size} bytes where the header promises {data + header['data_bytes']}")
+    layout = []
+    for t in header["tensors"]:
+        dtype, shape, offset = t["dtype"], [int(n) for n in t["shape"]], int(t["offset"])
+        if dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}")
+        nbytes = math.prod(shape) * getattr(torch, dtype).itemsize
+        if offset % ALIGN or offset < 0 or offset + nbytes > header["data_bytes"]:
+            raise ValueError(f"a tensor at {offset} (+{nbytes} bytes) outside the data")
+        layout.append((getattr(torch, dtype), shape, data + offset, nbytes))
+
+    def tensor(index: int) -> torch.Tensor:  # a mapping of its own: it goes (and its pages with it) when the tensor does
+        dtype, shape, offset, nbytes = layout[index]
+        if not nbytes:
+            return torch.empty(shape, dtype=dtype)
+        mapped = mmap.mmap(fd, nbytes, access=mmap.ACCESS_COPY, offset=offset)
+        return torch.frombuffer(mapped, dtype=torch.uint8).view(dtype).view(shape)
+
+    return {name: rebuild(item, tensor) for name, item in header["items"].items()}
+
+
+def write_entry(path: Path, key: list[str], weights: dict[str, Any], limit: int) -> bool:
+    """Writes the entry atomically; False (nothing written) when it alone would exceed the bound."""
+    import torch
+
+    from inferplug.quant.layer_codec import flatten
+
+    tensors: list[torch.Tensor] = []
+    items = {name: flatten(obj, tensors) for name, obj in weights.items()}
+    layout, offset = [], 0
+    for t in tensors:
+        layout.append({"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "offset": offset})
+        offset = _aligned(offset + t.nbytes)
+    header = json.dumps({"format": FORMAT_VERSION, "key": key, "items": items, "tensors": layout,
+                         "data_bytes": offset}).encode()
+    data = _aligned(len(MAGIC) + 8 + len(header))
+    if data + offset > limit:
+        log.info("conversion cache: %s's %.1f GiB exceed %s; not saved", path.name, (data + offset) / 2**30, SIZE_ENV)
+        return False
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=TEMP_PREFIX)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(MAGIC + struct.pack("<Q", len(header)) + header)
+            for t, entry in zip(tensors, layout):
+                f.seek(data + entry["offset"])
+                if t.nbytes:
+                    f.write(memoryview(t.view(-1).view(torch.uint8).numpy()))
+            f.truncate(data + offset)
+        os.replace(temp, path)  # replaces a symlink itself, never its target
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+    return True
+
+
+def evict(folder: Path, limit: int, keep: Path) -> None:
+    """Deletes the least recently used entries until the rest fit in `limit` (`keep`, the newest, stays), and the
+    temp files of writes that died more than STALE_TEMP_S ago."""
+    entries = []
+    for path in folder.iterdir():
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:  # another process's eviction got there first
+            continue
+        if path.name.startswith(TEMP_PREFIX) and time.time() - st.st_mtime > STALE_TEMP_S:
+            path.unlink(missing_ok=True)
+        if not ENTRY_NAME.match(path.name):
+            continue
+        if stat.S_ISLNK(st.st_mode):  # never followed: a link where an entry belongs goes
+            path.unlink(missing_ok=True)
+        elif stat.S_ISREG(st.st_mode):
+            entries.append((st.st_mtime_ns, st.st_size, path))
+    total = sum(size for _, size, _ in entries)
+    for _, size, path in sorted(entries):
+        if total <= limit:
+            break
+        if path != keep:
+            path.unlink(missing_ok=True)
+            total -= size
+
+
+def _aligned(offset: int) -> int:
+    return -(-offset // ALIGN) * ALIGN

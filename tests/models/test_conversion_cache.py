@@ -1,0 +1,204 @@
+"""The conversion cache (models/conversion_cache.py): a second load maps the entry and gives the same weights; a
+damaged, stale or symlinked entry is rebuilt, never trusted or followed; eviction keeps the size bound."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from inferplug.models import conversion_cache
+from inferplug.models.conversion_cache import cached_weights
+from inferplug.models.loader import load_weights
+from inferplug.quant.block_linear import BlockLinear
+from inferplug.quant.checkpoint_layers import GroupInt4Linear, PermutedLinear
+from quant_fixtures import NAMES, fixture_dir
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("INFERPLUG_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv(conversion_cache.SIZE_ENV, raising=False)
+    return tmp_path / "home"
+
+
+def entries(home: Path) -> list[Path]:
+    return sorted((home / "conversions").glob("*.entry"))
+
+
+def counting(weights: dict):
+    """A build that counts its calls: the cache's hits are the calls it does not make."""
+    calls = []
+
+    def build():
+        calls.append(1)
+        return dict(weights)
+    return build, calls
+
+
+def assert_same(ours: dict, theirs: dict):
+    assert set(ours) == set(theirs)
+    for name, value in theirs.items():
+        assert type(ours[name]) is type(value), name
+        if isinstance(value, torch.Tensor):
+            assert ours[name].dtype == value.dtype and torch.equal(ours[name], value), name
+        else:
+            assert torch.equal(ours[name].dequantized(), value.dequantized()), name
+            assert [b.dtype for b in ours[name].buffers()] == [b.dtype for b in value.buffers()], name
+
+
+def mapped_files() -> set[str]:
+    return {line.split(maxsplit=5)[5].strip() for line in Path("/proc/self/maps").read_text().splitlines()
+            if len(line.split(maxsplit=5)) == 6}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_second_load_maps_the_entry_and_gives_the_same_weights(cpu_kernel_ops, home, name):
+    first = load_weights(fixture_dir(name), torch.float32, "cpu")
+    [entry] = entries(home)
+    second = load_weights(fixture_dir(name), torch.float32, "cpu")
+    assert str(entry) in mapped_files()  # read through a mapping of the entry, not converted again
+    assert_same(second, first)
+    layer = second["model.layers.0.mlp.down_proj.weight"]
+    inner = layer.inner if isinstance(layer, PermutedLinear) else layer
+    assert isinstance(inner, BlockLinear)
+    x = torch.randn(2, inner.in_features, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(layer(x), first["model.layers.0.mlp.down_proj.weight"](x))
+    assert len(entries(home)) == 1
+
+
+def test_every_layer_kind_and_dtype_round_trips(cpu_kernel_ops, home, monkeypatch):
+    from inferplug.kernels import cpu as cpu_kernels
+    from inferplug.quant.block_linear import Q4Linear, Q8HeadLinear, Q8Linear
+
+    weight = torch.randn(64, 96, generator=torch.Generator().manual_seed(1))
+    weights = {"bf16": weight.bfloat16(), "empty": torch.empty(0, 4), "int": torch.arange(5),
+               "q4": Q4Linear.from_float(weight, bias=torch.ones(64)), "q8": Q8Linear.from_float(weight),
+               "head": Q8HeadLinear.from_float(weight),
+               "permuted": load_weights(fixture_dir("gptq-actorder-g32"), torch.float32, "cpu")[
+                   "model.layers.0.self_attn.o_proj.weight"]}
+    monkeypatch.setattr(cpu_kernels, "ops", lambda: None)  # the checkpoint's own groups, as on CUDA
+    weights["groups"] = load_weights(fixture_dir("awq-g64"), torch.float32, "cpu")["model.layers.1.mlp.up_proj.weight"]
+    assert isinstance(weights["permuted"], PermutedLinear) and isinstance(weights["groups"], GroupInt4Linear)
+    build, calls = counting(weights)
+    cached_weights(["kinds"], build)
+    assert_same(cached_weights(["kinds"], build), weights)
+    assert calls == [1]
+
+
+def damage_magic(path: Path):
+    path.write_bytes(b"NOTCACHE" + path.read_bytes()[8:])
+
+
+def damage_header(path: Path):
+    data = bytearray(path.read_bytes())
+    data[20:40] = b"\xff" * 20  # inside the JSON header
+    path.write_bytes(bytes(data))
+
+
+def truncate(path: Path):
+    path.write_bytes(path.read_bytes()[:-64])
+
+
+def grow(path: Path):
+    path.write_bytes(path.read_bytes() + b"\x00" * 64)
+
+
+@pytest.mark.parametrize("damage", [damage_magic, damage_header, truncate, grow, lambda p: p.write_bytes(b"")])
+def test_a_damaged_entry_is_rebuilt(home, damage):
+    weights = {"w": torch.arange(1000, dtype=torch.float32)}
+    build, calls = counting(weights)
+    cached_weights(["damaged"], build)
+    [entry] = entries(home)
+    damage(entry)
+    assert_same(cached_weights(["damaged"], build), weights)
+    assert calls == [1, 1]
+    assert_same(cached_weights(["damaged"], build), weights)  # the rebuilt entry is sound again
+    assert calls == [1, 1]
+
+
+def test_an_entry_of_another_format_version_is_rebuilt(home, monkeypatch):
+    weights = {"w": torch.ones(3, 3)}
+    build, calls = counting(weights)
+    cached_weights(["versioned"], build)
+    monkeypatch.setattr(conversion_cache, "FORMAT_VERSION", conversion_cache.FORMAT_VERSION + 1)
+    assert_same(cached_weights(["versioned"], build), weights)
+    assert calls == [1, 1] and len(entries(home)) == 1  # rewritten in place
+
+
+def test_a_new_conversion_version_converts_again(cpu_kernel_ops, home, monkeypatch):
+    from inferplug.models import quant_checkpoint
+
+    load_weights(fixture_dir("awq-g64"), torch.float32, "cpu")
+    monkeypatch.setattr(quant_checkpoint, "CONVERSION_VERSION", quant_checkpoint.CONVERSION_VERSION + 1)
+    load_weights(fixture_dir("awq-g64"), torch.float32, "cpu")
+    assert len(entries(home)) == 2
+
+
+def test_a_symlinked_entry_is_not_followed(home, tmp_path):
+    weights = {"w": torch.arange(16, dtype=torch.float32)}
+    build, calls = counting(weights)
+    cached_weights(["linked"], build)
+    [entry] = entries(home)
+    target = tmp_path / "elsewhere.entry"  # a sound entry, but outside the cache
+    os.replace(entry, target)
+    entry.symlink_to(target)
+    before = target.read_bytes()
+    assert_same(cached_weights(["linked"], build), weights)
+    assert calls == [1, 1]
+    assert entry.is_file() and not entry.is_symlink()  # the rebuilt entry replaced the link
+    assert target.read_bytes() == before
+
+
+def test_a_symlinked_cache_dir_is_not_used(home, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    home.mkdir()
+    (home / "conversions").symlink_to(outside)
+    build, calls = counting({"w": torch.ones(2)})
+    cached_weights(["dir"], build)
+    cached_weights(["dir"], build)
+    assert calls == [1, 1] and not list(outside.iterdir())
+
+
+def test_eviction_keeps_the_bound_and_the_recently_used(home, monkeypatch):
+    weights = {"w": torch.zeros(64 << 10, dtype=torch.uint8)}
+    build, calls = counting(weights)
+    cached_weights(["a"], build)
+    [first] = entries(home)
+    monkeypatch.setenv(conversion_cache.SIZE_ENV, str(3.5 * first.stat().st_size / (1 << 30)))  # room for 3
+    limit = conversion_cache.limit_bytes()
+    for key in ("b", "c"):
+        cached_weights([key], build)
+    for age, entry in enumerate(entries(home)):  # a definite LRU order, whatever the clock's resolution
+        os.utime(entry, ns=(age, age))
+    cached_weights(["a"], build)  # a hit: now the most recently used
+    assert calls == [1, 1, 1]
+    cached_weights(["d"], build)
+    kept = entries(home)
+    assert len(kept) == 3 and sum(p.stat().st_size for p in kept) <= limit
+    build_again, calls_again = counting(weights)
+    cached_weights(["a"], build_again)
+    cached_weights(["d"], build_again)
+    assert calls_again == []  # "a" (just used) and "d" (just written) stayed
+
+
+def test_an_entry_larger_than_the_bound_is_not_written(home, monkeypatch):
+    monkeypatch.setenv(conversion_cache.SIZE_ENV, str(16 / (1 << 20)))  # 16 KiB
+    build, calls = counting({"w": torch.zeros(1 << 20, dtype=torch.uint8)})
+    cached_weights(["big"], build)
+    assert not entries(home)
+
+
+def test_the_bound_setting_is_checked(home, monkeypatch):
+    from inferplug.errors import ProfileError
+
+    monkeypatch.setenv(conversion_cache.SIZE_ENV, "lots")
+    with pytest.raises(ProfileError, match="INFERPLUG_CONVERSION_CACHE_GIB='lots' is not a size in GiB.*0 to turn"):
+        cached_weights(["x"], dict)
+    monkeypatch.setenv(conversion_cache.SIZE_ENV, "0")
+    build, calls = counting({"w": torch.ones(1)})
+    cached_weights(["off"], build)
+    assert not (home / "conversions").exists()
