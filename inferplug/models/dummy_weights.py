@@ -81,7 +81,8 @@ def _random_groups(rows: int, cols: int, std: float, act_order: bool, name: str,
         shared_input = name.replace("k_proj", "q_proj").replace("v_proj", "q_proj").replace("up_proj", "gate_proj")
         order_seed = torch.Generator().manual_seed(zlib.crc32(shared_input.encode()))
         g_idx = g_idx[torch.randperm(cols, generator=order_seed)]
-    return GroupQuant(codes=torch.randint(0, 16, (rows, cols), dtype=torch.uint8, generator=generator),
+    nibbles = torch.randint(0, 256, (rows, cols // 32, 16), dtype=torch.uint8, generator=generator)  # GroupQuant.packed
+    return GroupQuant(packed=nibbles,
                       scales=torch.full((rows, groups), std / 4.6, dtype=torch.float16),
                       zeros=torch.full((rows, groups), 8, dtype=torch.int16), g_idx=g_idx)
 

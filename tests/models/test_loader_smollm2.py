@@ -101,3 +101,18 @@ def test_layers_loaded_in_the_files_bits_equal_the_dequantize_then_quantize_path
             assert torch.equal(value.rows(ids), floats[name][ids])
         else:
             assert isinstance(value, Q4Linear) and torch.equal(value.blocks, Q4Linear.from_float(floats[name]).blocks), name
+
+
+def test_a_second_layer_load_maps_the_conversion_cache(smollm2_gguf, tmp_path, monkeypatch):
+    """The converted layers are saved once (models/conversion_cache.py) and mapped, not converted, the next time."""
+    from inferplug.kernels import cpu as cpu_kernels
+
+    if cpu_kernels.ops() is None:
+        pytest.skip("the CPU kernels do not run here (no AVX2/FMA/F16C)")
+    monkeypatch.setenv("INFERPLUG_HOME", str(tmp_path))
+    first = load_weights(smollm2_gguf, torch.float32, gguf_layers="gguf")
+    [entry] = (tmp_path / "conversions").glob("*.entry")
+    second = load_weights(smollm2_gguf, torch.float32, gguf_layers="gguf")
+    assert str(entry) in open("/proc/self/maps").read()
+    for name, value in first.items():
+        assert torch.equal(getattr(value, "blocks", value), getattr(second[name], "blocks", second[name])), name
