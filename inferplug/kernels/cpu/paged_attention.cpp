@@ -92,14 +92,15 @@ at::Tensor attention(const char* op, const at::Tensor& q, const at::Tensor& k_ca
         }
     });
   };
-  if (half)
-    run(inferplug_isa::Pool<inferplug_isa::Half>{reinterpret_cast<const inferplug_isa::Half*>(k_cache.data_ptr<at::Half>()),
-                                                 reinterpret_cast<const inferplug_isa::Half*>(v_cache.data_ptr<at::Half>()),
-                                                 num_blocks, block_size, d},
-        isa.attend_half);
-  else
+  if (half) {
+    using inferplug_isa::Half;  // at::Half's bits
+    const auto *k = reinterpret_cast<const Half*>(k_cache.data_ptr<at::Half>()),
+               *v = reinterpret_cast<const Half*>(v_cache.data_ptr<at::Half>());
+    run(inferplug_isa::Pool<Half>{k, v, num_blocks, block_size, d}, isa.attend_half);
+  } else {
     run(inferplug_isa::Pool<float>{k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), num_blocks, block_size, d},
         isa.attend);
+  }
   return out;
 }
 
