@@ -231,19 +231,34 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
     attention, attention_why = _attention(profile, gpus, hw)
     if profile.cache.kv_dtype == "float8_e4m3" and not gpus:
         raise _Rejected("kv_dtype = 'float8_e4m3' needs a CUDA GPU; none found (use auto, float16 or bfloat16)")
-    kv_fp32 = profile.cache.kv_dtype in ("auto", "float32")
-    if not gpus and dtype == "float32" and kv_fp32 and not cpu_kernels.unavailable_reason(hw):  # engine/ops.select_ops
+    kernels = not gpus and dtype == "float32" and not cpu_kernels.unavailable_reason(hw)  # engine/ops.select_ops
+    kv_dtype, kv_why = _native_kv_dtype(profile, dtype, kernels)
+    if kernels and kv_dtype in cpu_kernels.KV_DTYPES:
         attention_why += ("; on this CPU inferplug's C++ kernel takes every attention row instead, prefill too (flash "
                           "tiles over the paged K/V, each row at its own length: batch-invariant; "
                           "INFERPLUG_NO_CPU_KERNELS=1 keeps torch)")
     weight_format, format_why = native_weight_format(profile, gpus, hw, dtype)
     bits, bits_why = weight_bits(profile, "native", dtype, facts, weight_format, "cuda" if gpus else "cpu")
     plan = _local_plan("native", profile, hw, facts, gpus, dtype, attention, bits, None,
-                       [dtype_why, attention_why, *format_why, f"weights: {bits_why}",
-                        *([parallel.reason] if parallel.reason else [])], draft=draft_facts(profile))
+                       [dtype_why, attention_why, kv_why, *format_why, f"weights: {bits_why}",
+                        *([parallel.reason] if parallel.reason else [])], draft=draft_facts(profile), kv_dtype=kv_dtype)
     plan.weight_format = weight_format
     plan.threads_per_rank = parallel.threads_per_rank
     return plan
+
+
+def _native_kv_dtype(profile: Profile, dtype: str, cpu_kernels_run: bool) -> tuple[str, str]:
+    """The native engine's K/V pool dtype and why. auto: float16 where the C++ CPU kernels run (they store K/V
+    rounded to fp16 and widen it back to fp32 as attention reads it: half the bytes a token, llama.cpp's default
+    cache type), else the compute dtype (the torch path's prefill attends to the unrounded K/V of its own chunk)."""
+    pinned = profile.cache.kv_dtype
+    if pinned != "auto":
+        return pinned, f"kv_dtype {pinned}: pinned by the profile"
+    if cpu_kernels_run:
+        return "float16", ("kv_dtype float16: inferplug's CPU kernels store K/V rounded to fp16 and read it back to "
+                           "fp32 (accumulation stays fp32): half the cache bytes a token; [cache] kv_dtype = "
+                           "\"float32\" keeps fp32")
+    return dtype, f"kv_dtype {dtype}: the compute dtype"
 
 
 def _plan_ctranslate2(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Plan:
@@ -321,11 +336,11 @@ _PLANNERS = {"native": _plan_native, "ctranslate2": _plan_ctranslate2, "exllamav
 
 def _local_plan(backend: str, profile: Profile, hw: Hardware, facts: ModelFacts | None, gpus: list[GPU],
                 dtype: str, attention: str, bits: float, compute_type: str | None, reasons: list[str],
-                kv_bytes: float | None = None, draft: ModelFacts | None = None) -> Plan:
+                kv_bytes: float | None = None, draft: ModelFacts | None = None, kv_dtype: str | None = None) -> Plan:
     if facts is None:
         raise _Rejected("the profile has no model source to plan memory for")
     device, kind, available, device_why = _device(gpus, hw)
-    kv_dtype = dtype if profile.cache.kv_dtype == "auto" else profile.cache.kv_dtype
+    kv_dtype = kv_dtype or (dtype if profile.cache.kv_dtype == "auto" else profile.cache.kv_dtype)
     reasons = [device_why, *reasons]
     max_len, context_why = _context(profile, facts)
     reasons.append(context_why)

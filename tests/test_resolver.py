@@ -84,12 +84,14 @@ def test_fp32_on_an_x86_cpu_with_f16c_stores_float_linear_weights_fp16():
     assert resolve(profile, cpu(flags=("avx2", "fma", "f16c")), facts).weight_format is None
 
 
-def test_cpu_with_avx512_bf16_or_amx_still_computes_fp32_with_fp16_weights():
-    """bf16 activations changed SmolLM2's greedy answers on an AVX512_BF16 host, so no ISA makes them the default."""
+def test_cpu_with_avx512_bf16_or_amx_still_computes_fp32_on_the_files_blocks(monkeypatch):
+    """bf16 activations changed SmolLM2's greedy answers on an AVX512_BF16 host, so no ISA makes them the default.
+    (The CPU kernels run there, so the K/V pools are fp16: tests/test_resolver_kv_dtype.py.)"""
+    monkeypatch.delenv("INFERPLUG_NO_CPU_KERNELS", raising=False)
     for flags in (("avx2", "fma", "f16c", "avx512f", "avx512_bf16"), ("avx2", "fma", "f16c", "amx_tile", "amx_bf16")):
         plan = resolve(load_profile("smollm2-135m"), cpu(flags=flags), SMOLLM2)
-        assert (plan.dtype, plan.kv_dtype, plan.weight_format) == ("float32", "float32", "gguf")
-        assert plan.memory.kv_bytes_per_token == 2 * 30 * 3 * 64 * 4
+        assert (plan.dtype, plan.kv_dtype, plan.weight_format) == ("float32", "float16", "gguf")
+        assert plan.memory.kv_bytes_per_token == 2 * 30 * 3 * 64 * 2
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

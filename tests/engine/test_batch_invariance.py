@@ -45,18 +45,20 @@ def _others(vocab: int) -> list[Request]:
 
 # Not fp32-stored weights (a pinned dtype = "float32"): oneDNN's fp32 GEMM rounds 1-, 2-, 3-, 5-, 7- and 9-row
 # calls differently from larger ones, and padding every call to 16 rows cost 3.2x at one row (docs/profiles.md).
-@pytest.mark.parametrize("fmt", ["fp16", "int8", "int4"])
-def test_tiny_greedy_request_is_the_same_alone_in_a_batch_and_after_a_prefix_hit(tiny_model_dir, fmt):
+# fp16 K/V pools (the resolver's kv_dtype on the kernel path): the store rounds each row alone, attention widens it.
+@pytest.mark.parametrize("fmt,kv_dtype", [("fp16", "float32"), ("int8", "float32"), ("int4", "float32"),
+                                          ("fp16", "float16"), ("int4", "float16")])
+def test_tiny_greedy_request_is_the_same_alone_in_a_batch_and_after_a_prefix_hit(tiny_model_dir, fmt, kv_dtype):
     vocab = 300
     prompt = prompts_of([53], vocab=vocab, seed=4)[0]
-    alone = _trace(run_all(_engine(tiny_model_dir, fmt), [_target(prompt)])["target"])
+    alone = _trace(run_all(_engine(tiny_model_dir, fmt, kv_dtype=kv_dtype), [_target(prompt)])["target"])
 
-    engine = _engine(tiny_model_dir, fmt)
+    engine = _engine(tiny_model_dir, fmt, kv_dtype=kv_dtype)
     others = _others(vocab)
     batched = run_all(engine, others[:5] + [_target(prompt)], {1: others[5:10], 3: others[10:]})
     assert _trace(batched["target"]) == alone, "inside a batch of 16"
 
-    engine = _engine(tiny_model_dir, fmt, max_num_batched_tokens=256)  # another chunking: the prompt in one step
+    engine = _engine(tiny_model_dir, fmt, kv_dtype=kv_dtype, max_num_batched_tokens=256)  # the prompt in one step
     run_all(engine, [_target(prompt[:40] + [5], "warm")])
     hit = run_all(engine, [_target(prompt)])["target"]
     assert hit[-1].usage.cached_tokens == 32
@@ -65,24 +67,25 @@ def test_tiny_greedy_request_is_the_same_alone_in_a_batch_and_after_a_prefix_hit
 
 @pytest.mark.smollm2
 def test_smollm2_default_path_answer_is_the_same_alone_batched_cached_and_on_one_thread(smollm2_gguf):
-    """The default profile's path (fp16 weights, the Q8_0 head, the kernels) on the real model."""
+    """The default profile's path (fp16 weights, the Q8_0 head, fp16 K/V pools, the kernels) on the real model."""
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     target = Request(messages=messages, request_id="target",
                      params=SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=1))
-    engine = _engine(smollm2_gguf, "fp16", max_num_batched_tokens=32)
+    engine = _engine(smollm2_gguf, "fp16", kv_dtype="float16", max_num_batched_tokens=32)
     alone = _trace(run_all(engine, [target])["target"])
     assert run_all(engine, [target])["target"][-1].usage.cached_tokens > 0
     assert _trace(run_all(engine, [target])["target"]) == alone, "after a prefix-cache hit"
 
     others = _others(vocab=49152)
-    batched = run_all(_engine(smollm2_gguf, "fp16", max_num_batched_tokens=32), others[:5] + [target],
+    batched = run_all(_engine(smollm2_gguf, "fp16", kv_dtype="float16", max_num_batched_tokens=32), others[:5] + [target],
                       {1: others[5:10], 2: others[10:]})
     assert _trace(batched["target"]) == alone, "inside a batch of 16"
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        single = _trace(run_all(_engine(smollm2_gguf, "fp16", max_num_batched_tokens=32), [target])["target"])
+        single = _trace(run_all(_engine(smollm2_gguf, "fp16", kv_dtype="float16", max_num_batched_tokens=32),
+                                [target])["target"])
     finally:
         torch.set_num_threads(threads)
     assert single == alone, f"one thread against {threads}"

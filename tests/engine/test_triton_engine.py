@@ -48,7 +48,10 @@ def test_triton_on_the_cpu_needs_the_interpreter(tiny_llama_dir, monkeypatch):
 def test_pools_take_the_plans_kv_dtype(tiny_llama_dir, kv_dtype):
     engine = make_engine(tiny_llama_dir, kv_dtype=kv_dtype)
     assert all(k.dtype == v.dtype == getattr(torch, kv_dtype) for k, v in engine.runner.kv_caches)
-    assert engine.runner.model.ops.name == "torch"  # the C++ kernels read fp32 pools only
+    from inferplug.kernels import cpu as cpu_kernels
+
+    kernels = cpu_kernels.ops() is not None and kv_dtype in cpu_kernels.KV_DTYPES  # they read fp32 and fp16 pools
+    assert engine.runner.model.ops.name == ("cpu-kernels" if kernels else "torch")
     prompt = prompts_of([20], seed=3)[0]
     out = run_all(engine, [Request(prompt=prompt, params=greedy(4), request_id="a")])["a"]
     assert len(tokens_of(out)) == 4

@@ -2,7 +2,7 @@
 model is built by `select_ops`; nothing else decides which kernels run.
 
 - `TorchOps` (torch_ops.py): torch everywhere; the base the others override method by method.
-- `CpuKernelOps` (cpu_ops.py): inferplug's C++ kernels, fp32 on an AVX2/AVX-512 CPU.
+- `CpuKernelOps` (cpu_ops.py): inferplug's C++ kernels, fp32 on an AVX2/AVX-512 CPU (K/V pools fp32 or fp16).
 - `TritonOps` (triton_ops.py): the Triton kernels in inferplug/kernels on CUDA (or in Triton's interpreter on
   CPU tensors, for tests); `FlashOps` runs prefill in flash-attn instead.
 """
@@ -29,9 +29,9 @@ def select_ops(attention: str, device: torch.device, dtype: torch.dtype, kv_dtyp
                            f"{', '.join(ATTENTION_CHOICES)}")
     if attention in ("triton", "flash") or (attention == "auto" and device.type == "cuda" and _has_triton()):
         return _triton_ops(attention, device, dtype)
-    if device.type == "cpu" and dtype == kv_dtype == torch.float32:
-        from inferplug.kernels import cpu as cpu_kernels
+    from inferplug.kernels import cpu as cpu_kernels
 
+    if device.type == "cpu" and dtype == torch.float32 and str(kv_dtype).removeprefix("torch.") in cpu_kernels.KV_DTYPES:
         kernels = cpu_kernels.ops()  # None where the CPU or the compiler cannot run them
         if kernels is not None:
             from inferplug.engine.ops.cpu_ops import CpuKernelOps

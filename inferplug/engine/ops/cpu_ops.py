@@ -1,4 +1,5 @@
-"""inferplug's C++ CPU kernels (inferplug/kernels/cpu) as the ops set: fp32 on an AVX2 (or AVX-512) CPU.
+"""inferplug's C++ CPU kernels (inferplug/kernels/cpu) as the ops set: fp32 on an AVX2 (or AVX-512) CPU, the K/V
+pools fp32 or fp16 (the store rounds to fp16, attention widens each tile back to fp32 as it reads it).
 
 Attention takes every row of a step, prefill rows too, in the paged attention kernel (flash tiles over the paged
 K/V; a decode row is its one-row case): each query reads the K/V of its own position and those before it in one fixed order, so a token's attention does not depend on the step's other

@@ -30,6 +30,9 @@ SOURCES = ("dispatch.cpp", "isa_avx2.cpp", "isa_avx512.cpp", "quant_matmul.cpp",
 REQUIRED_FLAGS = frozenset({"avx2", "fma", "f16c"})
 DISABLE_ENV = "INFERPLUG_NO_CPU_KERNELS"  # set to 1 to force the torch paths (comparisons, debugging)
 ISA_ENV = "INFERPLUG_CPU_ISA"  # avx2 or avx512: the kernel set to run instead of the best the CPU has
+# The K/V pool dtypes the kernels read and write (fp16: stored rounded, read back to fp32; q and the arithmetic
+# stay fp32). The resolver's kv_dtype = "auto" picks float16 where the kernels run: half the bytes a token.
+KV_DTYPES = ("float32", "float16")
 KERNEL_SETS = {"avx2": REQUIRED_FLAGS,  # each set the kernels build, with the CPU flags it needs, lowest first
                "avx512": REQUIRED_FLAGS | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"}}
 

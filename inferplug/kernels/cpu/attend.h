@@ -7,9 +7,12 @@
 // same code, and a row's arithmetic (its dot products, its tiles, its softmax updates) depends only on its
 // own length: so a token's attention is bit for bit the same in a decode step, a prefill chunk of any
 // length, or after a prefix-cache hit (batch invariance).
+// fp16 pools: each tile's K and V rows are widened to fp32 once (exact) into scratch, and the same fp32 loops
+// read them there; only the pool's memory traffic halves. fp32 pools are read in place.
 #pragma once
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "kernels.h"
 #include "simd.h"
@@ -69,30 +72,53 @@ void tile_scores(const float* q, const float* k, const int64_t* keys, int64_t d,
   }
 }
 
+// The tile's `rows` K and V rows (at `keys` in k and v) widened to fp32 as [rows, d] in k_out and v_out;
+// keys becomes their offsets there.
+template <typename V>
+void widen_tile(const inferplug_isa::Half* k, const inferplug_isa::Half* v, int64_t* keys, int64_t rows, int64_t d,
+                float* k_out, float* v_out) {
+  for (int64_t i = 0; i < rows; i++) {
+    for (int64_t x = 0; x < d; x += V::LANES) {
+      V::store(k_out + i * d + x, V::load_half(k + keys[i] + x));
+      V::store(v_out + i * d + x, V::load_half(v + keys[i] + x));
+    }
+    keys[i] = i * d;
+  }
+}
+
 // Rows r of `w` (each with `group` query heads, head_dim apart) attend to keys [0, first_length + r).
 // scratch: attend_scratch(w.rows, group, head_dim) floats.
-template <typename V>
-void attend(const inferplug_isa::Pool& pool, int64_t kv_head, const int64_t* blocks, const inferplug_isa::QueryRows& w,
-            int64_t group, float scale, float* scratch) {
+template <typename V, typename T>
+void attend(const inferplug_isa::Pool<T>& pool, int64_t kv_head, const int64_t* blocks,
+            const inferplug_isa::QueryRows& w, int64_t group, float scale, float* scratch) {
   constexpr int64_t TILE = inferplug_isa::KEY_TILE;
+  constexpr bool half = std::is_same_v<T, inferplug_isa::Half>;
   const int64_t d = pool.head_dim, bs = pool.block_size, queries = w.rows * group;
   float* scores = scratch;             // [queries, TILE]
   float* acc = scores + queries * TILE;  // [queries, d]: the unnormalized output
   float* max = acc + queries * d;      // [queries]: the running max score
   float* sum = max + queries;          // [queries]: the running softmax denominator
+  float* k_tile = sum + queries;       // [TILE, d] each: an fp16 pool's tile, widened
+  float* v_tile = k_tile + TILE * d;
   std::fill(acc, acc + queries * d, 0.f);
   std::fill(max, max + queries, -INFINITY);
   std::fill(sum, sum + queries, 0.f);
   const int64_t head = kv_head * pool.num_blocks * bs * d;
-  const float *k = pool.k + head, *v = pool.v + head;
+  const T *k_pool = pool.k + head, *v_pool = pool.v + head;
+  const float *k, *v;  // where the loops read the tile's rows: the fp32 pools, or the widened tile
+  if constexpr (half)
+    k = k_tile, v = v_tile;
+  else
+    k = k_pool, v = v_pool;
   const int64_t longest = w.first_length + w.rows - 1;
-  int64_t keys[TILE];  // the tile's K/V row offsets in the pools
+  int64_t keys[TILE];  // the tile's K/V row offsets in k and v
   for (int64_t t0 = 0; t0 < longest; t0 += TILE) {
     const int64_t in_tile = std::min(TILE, longest - t0);
     for (int64_t i = 0, b = t0 / bs, o = t0 % bs; i < in_tile; i++) {
       keys[i] = (blocks[b] * bs + o) * d;
       if (++o == bs) o = 0, b++;
     }
+    if constexpr (half) widen_tile<V>(k_pool, v_pool, keys, in_tile, d, k_tile, v_tile);
     std::fill(keys + in_tile, keys + TILE, keys[in_tile - 1]);  // past the end: scored, then masked
     // Rows are by ascending length: those that end before the tile are done.
     for (int64_t r = std::max<int64_t>(0, t0 + 1 - w.first_length); r < w.rows; r++) {

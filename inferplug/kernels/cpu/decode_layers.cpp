@@ -23,7 +23,8 @@ using Matmul = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optio
 // x: the step's hidden states [T, hidden], one row per sequence, updated in place to the last layer's
 // residual stream. Per layer i: norms[2i], norms[2i+1] (input and post-attention RMSNorm weights);
 // weights[4i..4i+3] (qkv, o, gate_up, down blocks) with kinds[4i..4i+3] (4: Q4_1, 8: Q8_0) and orders[4i..4i+3]
-// (an act-order weight's input permutation, empty for a weight whose inputs are in order); its K/V pools.
+// (an act-order weight's input permutation, empty for a weight whose inputs are in order); its K/V pools
+// (float32 or float16: rope_write_kv_ and paged_decode take either).
 // Ends with x plus the last layer's MLP output in x (LlamaModel.forward's result).
 void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, at::IntArrayRef kinds,
                    at::TensorList orders, at::TensorList k_caches, at::TensorList v_caches, const at::Tensor& positions,

@@ -6,7 +6,7 @@ namespace inferplug_isa {
 
 const Isa& avx2() {
   static const Isa isa{"avx2", F256::LANES, &quant_matmul_rows<DotAvx2, Q4_1>, &quant_matmul_rows<DotAvx2, Q8_0>,
-                       &float_matmul_rows<F256>, &attend<F256>};
+                       &float_matmul_rows<F256>, &attend<F256, float>, &attend<F256, Half>};
   return isa;
 }
 

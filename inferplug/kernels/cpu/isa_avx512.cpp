@@ -24,7 +24,8 @@ namespace inferplug_isa {
 // and paged decode at 512 bits; the float head at 256, as 512 bits measured 3-11% slower from 4 rows on.
 const Isa& avx512() {
   static const Isa isa{"avx512-vnni", F512::LANES, &quant_matmul_rows<DotVnni<I512>, Q4_1>,
-                       &quant_matmul_rows<DotVnni<I512>, Q8_0>, &float_matmul_rows<F256>, &attend<F512>};
+                       &quant_matmul_rows<DotVnni<I512>, Q8_0>, &float_matmul_rows<F256>, &attend<F512, float>,
+                       &attend<F512, Half>};
   return isa;
 }
 

@@ -30,8 +30,12 @@ struct WeightRows {  // rows of Q4_1 / Q8_0 blocks, each row's fields regrouped 
   int64_t row_bytes, blocks;
 };
 
-struct Pool {  // one layer's K and V pools, [kv_heads, num_blocks, block_size, head_dim]
-  const float *k, *v;
+using Half = uint16_t;  // an IEEE fp16 value's bits (at::Half's layout; the kernels convert with F16C / AVX-512)
+
+// One layer's K and V pools, [kv_heads, num_blocks, block_size, head_dim], of float32 or fp16 (Half) values.
+template <typename T>
+struct Pool {
+  const T *k, *v;
   int64_t num_blocks, block_size, head_dim;
 };
 
@@ -52,12 +56,15 @@ struct QueryRows {
   int64_t out_stride, rows, first_length;
 };
 
-inline int64_t attend_scratch(int64_t rows, int64_t group, int64_t head_dim) {  // floats Attend's scratch holds
-  return rows * group * (KEY_TILE + head_dim + 2);
+// Floats Attend's scratch holds: per query its scores, output, max and sum, then one K and one V tile in fp32
+// (an fp16 pool's tile is widened there once, for every row and head of the item).
+inline int64_t attend_scratch(int64_t rows, int64_t group, int64_t head_dim) {
+  return rows * group * (KEY_TILE + head_dim + 2) + 2 * KEY_TILE * head_dim;
 }
 
 // The `group` query heads of each row on one kv head, keys read through `blocks` (attend.h).
-using Attend = void (*)(const Pool& pool, int64_t kv_head, const int64_t* blocks, const QueryRows& rows,
+template <typename T>
+using Attend = void (*)(const Pool<T>& pool, int64_t kv_head, const int64_t* blocks, const QueryRows& rows,
                         int64_t group, float scale, float* scratch);
 
 struct Isa {
@@ -65,7 +72,8 @@ struct Isa {
   int64_t attend_lanes;  // Attend needs head_dim to be a multiple of this
   QuantMatmul q4, q8;
   FloatMatmul q8_float;
-  Attend attend;
+  Attend<float> attend;
+  Attend<Half> attend_half;  // fp16 pools
 };
 
 const Isa& avx2();

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "checks.h"
 #include "simd.h"
@@ -26,13 +27,17 @@ void rotate(float* x, const float* cos, const float* signed_sin, int64_t d) {
 
 // qkv: one step's fused projections [T, (heads + 2 kv_heads) * head_dim], changed in place: RoPE on its q and
 // k heads (cos and signed_sin rows per position, see models/llama.py's rope_tables), then its k and v heads
-// stored in the pools ([kv_heads, num_blocks, block_size, head_dim]) at their flat slots.
+// stored in the pools ([kv_heads, num_blocks, block_size, head_dim]) at their flat slots. The pools may be
+// float32 (a copy) or float16 (rounded as torch's .half() rounds: the torch path's write_kv stores the same bits).
 void rope_write_kv_(at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& signed_sin,
                     at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slots, int64_t num_heads) {
   const char* op = "rope_write_kv_";
   checks::float_cpu(qkv, op, "qkv"), checks::float_cpu(cos, op, "cos");
   checks::float_cpu(signed_sin, op, "signed_sin");
-  checks::float_cpu(k_cache, op, "k_cache"), checks::float_cpu(v_cache, op, "v_cache");
+  const bool half = k_cache.scalar_type() == at::kHalf;
+  TORCH_CHECK((half || k_cache.scalar_type() == at::kFloat) && v_cache.scalar_type() == k_cache.scalar_type() &&
+              k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.device().is_cpu() && v_cache.device().is_cpu(),
+              "rope_write_kv_: the K and V pools must be contiguous CPU tensors, both float32 or both float16");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(),
               "rope_write_kv_: the K and V pools must both be [kv_heads, num_blocks, block_size, head_dim]");
   const int64_t kv_heads = k_cache.size(0), d = k_cache.size(3), pool_slots = k_cache.size(1) * k_cache.size(2);
@@ -53,18 +58,27 @@ void rope_write_kv_(at::Tensor& qkv, const at::Tensor& positions, const at::Tens
   }
   float* rows = qkv.data_ptr<float>();
   const float *c = cos.data_ptr<float>(), *s = signed_sin.data_ptr<float>();
-  float *k = k_cache.data_ptr<float>(), *v = v_cache.data_ptr<float>();
-  at::parallel_for(0, tokens, 16, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; t++) {
-      float* row = rows + t * width;
-      for (int64_t h = 0; h < num_heads + kv_heads; h++) rotate(row + h * d, c + pos[t] * d, s + pos[t] * d, d);
-      for (int64_t h = 0; h < kv_heads; h++) {
-        const int64_t at = (h * pool_slots + slot[t]) * d;
-        std::memcpy(k + at, row + (num_heads + h) * d, d * sizeof(float));
-        std::memcpy(v + at, row + (num_heads + kv_heads + h) * d, d * sizeof(float));
+  auto store = [&](auto* k, auto* v) {
+    at::parallel_for(0, tokens, 16, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; t++) {
+        float* row = rows + t * width;
+        for (int64_t h = 0; h < num_heads + kv_heads; h++) rotate(row + h * d, c + pos[t] * d, s + pos[t] * d, d);
+        for (int64_t h = 0; h < kv_heads; h++) {
+          const int64_t at = (h * pool_slots + slot[t]) * d;
+          const float *k_row = row + (num_heads + h) * d, *v_row = row + (num_heads + kv_heads + h) * d;
+          if constexpr (std::is_same_v<decltype(k), uint16_t*>) {
+            store_halves<F256>(k + at, k_row, d), store_halves<F256>(v + at, v_row, d);
+          } else {
+            std::memcpy(k + at, k_row, d * sizeof(float)), std::memcpy(v + at, v_row, d * sizeof(float));
+          }
+        }
       }
-    }
-  });
+    });
+  };
+  if (half)
+    store(reinterpret_cast<uint16_t*>(k_cache.data_ptr<at::Half>()), reinterpret_cast<uint16_t*>(v_cache.data_ptr<at::Half>()));
+  else
+    store(k_cache.data_ptr<float>(), v_cache.data_ptr<float>());
 }
 
 // gate_up: [T, 2 * I], gate then up -> silu(gate) * up: [T, I].

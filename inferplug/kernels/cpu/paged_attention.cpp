@@ -3,7 +3,8 @@
 // paged_attention takes sequences of any number of new query rows (prefill chunks, decode rows, both in one
 // step); paged_decode is its one-row-per-sequence case. Each (sequence, QUERY_TILE rows, kv head) is one
 // work item, its query heads and rows sharing every K/V tile read. This file checks and splits the items
-// over threads; attend.h, in the chosen ISA's table, does each.
+// over threads; attend.h, in the chosen ISA's table, does each. The pools may be float32 or float16 (read back
+// to fp32 tile by tile); q, the output and all arithmetic stay float32.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -27,8 +28,10 @@ at::Tensor attention(const char* op, const at::Tensor& q, const at::Tensor& k_ca
               "[kv_heads, num_blocks, block_size, head_dim]");
   const int64_t tokens = q.size(0), heads = q.size(1), d = q.size(2);
   const int64_t kv_heads = k_cache.size(0), block_size = k_cache.size(2);
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
-              v_cache.scalar_type() == at::kFloat, op, ": q and the K/V pools must be float32");
+  const bool half = k_cache.scalar_type() == at::kHalf;
+  TORCH_CHECK(q.scalar_type() == at::kFloat && (half || k_cache.scalar_type() == at::kFloat) &&
+              v_cache.scalar_type() == k_cache.scalar_type(), op,
+              ": q must be float32 and the K/V pools both float32 or both float16");
   TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu(), op, " runs on the CPU");
   TORCH_CHECK(d % 8 == 0, op, ": head_dim must be a multiple of 8 (AVX2 lanes), got ", d);
   TORCH_CHECK(k_cache.sizes() == v_cache.sizes() && k_cache.size(3) == d, op,
@@ -45,7 +48,7 @@ at::Tensor attention(const char* op, const at::Tensor& q, const at::Tensor& k_ca
   TORCH_CHECK(starts[0] == 0 && starts[seqs] == tokens, op, ": the sequences' query rows must cover q's ", tokens,
               " rows");
 
-  const inferplug_isa::Pool pool{k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), k_cache.size(1), block_size, d};
+  const int64_t num_blocks = k_cache.size(1);
   const int64_t max_blocks = block_tables.size(1);
   const int64_t* tables = block_tables.data_ptr<int64_t>();
   const int64_t* lens = context_lens.data_ptr<int64_t>();
@@ -57,7 +60,7 @@ at::Tensor attention(const char* op, const at::Tensor& q, const at::Tensor& k_ca
     TORCH_CHECK(lens[s] <= max_blocks * block_size, op, ": context length ", lens[s], " of sequence ", s,
                 " is not covered by its ", max_blocks, " blocks");
     for (int64_t i = 0; i < (lens[s] + block_size - 1) / block_size; i++)
-      TORCH_CHECK(tables[s * max_blocks + i] >= 0 && tables[s * max_blocks + i] < pool.num_blocks, op, ": block id ",
+      TORCH_CHECK(tables[s * max_blocks + i] >= 0 && tables[s * max_blocks + i] < num_blocks, op, ": block id ",
                   tables[s * max_blocks + i], " is outside the pool");
     for (int64_t row = 0; row < rows; row += inferplug_isa::QUERY_TILE)
       for (int64_t h = 0; h < kv_heads; h++)
@@ -74,20 +77,30 @@ at::Tensor attention(const char* op, const at::Tensor& q, const at::Tensor& k_ca
   // positions, and contiguous runs would give one thread all the long ones.
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), count));
   // A head_dim the chosen ISA's vectors do not divide (8 of 16 floats) takes the 8-lane kernel.
-  const auto& isa = inferplug_isa::active();
-  const auto attend = d % isa.attend_lanes == 0 ? isa.attend : inferplug_isa::avx2().attend;
-  at::parallel_for(0, threads, 1, [&](int64_t first, int64_t last) {
-    std::vector<float> scratch(inferplug_isa::attend_scratch(inferplug_isa::QUERY_TILE, group, d));
-    for (int64_t thread = first; thread < last; thread++)
-      for (int64_t i = thread; i < count; i += threads) {
-        const Item& it = items[i];
-        const int64_t row = starts[it.seq] + it.row, rows = starts[it.seq + 1] - starts[it.seq];
-        const inferplug_isa::QueryRows w{q_data + row * q.stride(0) + it.kv_head * group * d, q.stride(0),
-                                         out_data + row * heads * d + it.kv_head * group * d, heads * d, it.rows,
-                                         lens[it.seq] - rows + it.row + 1};
-        attend(pool, it.kv_head, tables + it.seq * max_blocks, w, group, static_cast<float>(scale), scratch.data());
-      }
-  });
+  const auto& isa = d % inferplug_isa::active().attend_lanes == 0 ? inferplug_isa::active() : inferplug_isa::avx2();
+  auto run = [&](const auto& pool, auto attend) {
+    at::parallel_for(0, threads, 1, [&](int64_t first, int64_t last) {
+      std::vector<float> scratch(inferplug_isa::attend_scratch(inferplug_isa::QUERY_TILE, group, d));
+      for (int64_t thread = first; thread < last; thread++)
+        for (int64_t i = thread; i < count; i += threads) {
+          const Item& it = items[i];
+          const int64_t row = starts[it.seq] + it.row, rows = starts[it.seq + 1] - starts[it.seq];
+          const inferplug_isa::QueryRows w{q_data + row * q.stride(0) + it.kv_head * group * d, q.stride(0),
+                                           out_data + row * heads * d + it.kv_head * group * d, heads * d, it.rows,
+                                           lens[it.seq] - rows + it.row + 1};
+          attend(pool, it.kv_head, tables + it.seq * max_blocks, w, group, static_cast<float>(scale), scratch.data());
+        }
+    });
+  };
+  if (half) {
+    using inferplug_isa::Half;  // at::Half's bits
+    const auto *k = reinterpret_cast<const Half*>(k_cache.data_ptr<at::Half>()),
+               *v = reinterpret_cast<const Half*>(v_cache.data_ptr<at::Half>());
+    run(inferplug_isa::Pool<Half>{k, v, num_blocks, block_size, d}, isa.attend_half);
+  } else {
+    run(inferplug_isa::Pool<float>{k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), num_blocks, block_size, d},
+        isa.attend);
+  }
   return out;
 }
 

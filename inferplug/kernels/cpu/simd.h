@@ -20,6 +20,12 @@ struct F256 {
   static F load_i8(const int8_t* p) {  // LANES int8 as floats
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
+  static F load_half(const uint16_t* p) {  // LANES fp16 values (their bits) as floats: exact
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static void store_half(uint16_t* p, F v) {  // rounded to the nearest fp16, ties to even (as torch's .half())
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
   static F add(F a, F b) { return _mm256_add_ps(a, b); }
   static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
@@ -58,6 +64,9 @@ struct F512 {
   static F load_i8(const int8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }
+  static F load_half(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
   static F add(F a, F b) { return _mm512_add_ps(a, b); }
   static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
@@ -80,6 +89,14 @@ struct F512 {
   }
 };
 #endif
+
+// n floats to fp16 (nearest, ties to even, as torch's .half()): LANES at a time, the tail one by one.
+template <typename V>
+void store_halves(uint16_t* out, const float* in, int64_t n) {
+  int64_t i = 0;
+  for (; i + V::LANES <= n; i += V::LANES) V::store_half(out + i, V::load(in + i));
+  for (; i < n; i++) out[i] = _cvtss_sh(in[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
 
 // exp(x) for x <= 0 (max-subtracted scores): 2^n * p(r), x = n ln2 + r, p Cephes' expf polynomial (~1 ulp).
 // Below ln(FLT_MIN), -inf included, it gives 0; NaN stays NaN.

@@ -1,5 +1,6 @@
 """decode_layers (kernels/cpu/decode_layers.cpp) with GPTQ act-order weights: inputs gathered in the call, bit for
-bit what the layer-by-layer path computes with index_select before each matmul (PermutedLinear)."""
+bit what the layer-by-layer path computes with index_select before each matmul (PermutedLinear), on fp32 and fp16
+K/V pools."""
 
 from __future__ import annotations
 
@@ -60,22 +61,24 @@ def step_inputs(tokens: int):
     return positions, cos, signed_sin, tables[:, 0] * BLOCK_SIZE + positions, tables, positions + 1
 
 
-def pools(seed: int, tokens: int):
+def pools(seed: int, tokens: int, dtype=torch.float32):
     """Every layer's K/V pools, holding random keys and values before each sequence's new token."""
     gen = torch.Generator().manual_seed(seed)
     shape = (KV_HEADS, 2 * tokens, BLOCK_SIZE, HEAD_DIM)
-    return [torch.randn(shape, generator=gen) for _ in range(LAYERS)], [torch.randn(shape, generator=gen) for _ in range(LAYERS)]
+    return ([torch.randn(shape, generator=gen).to(dtype) for _ in range(LAYERS)],
+            [torch.randn(shape, generator=gen).to(dtype) for _ in range(LAYERS)])
 
 
 @pytest.mark.parametrize("tokens", [1, 3])
 @pytest.mark.parametrize("act_order", [True, False])
-def test_decode_layers_gathers_act_order_inputs_like_index_select(ops, tokens, act_order):
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.float16])
+def test_decode_layers_gathers_act_order_inputs_like_index_select(ops, tokens, act_order, pool_dtype):
     norms, weights = model(tokens, act_order)
     args = step_inputs(tokens)
     x = torch.randn(tokens, HIDDEN, generator=torch.Generator().manual_seed(7))
-    k_ref, v_ref = pools(1, tokens)
+    k_ref, v_ref = pools(1, tokens, pool_dtype)
     expected = layer_by_layer(ops, x.clone(), norms, weights, k_ref, v_ref, args)
-    k_caches, v_caches = pools(1, tokens)
+    k_caches, v_caches = pools(1, tokens, pool_dtype)
     blocks, kinds, orders = (list(field) for field in zip(*weights))
     ops.decode_layers(x, norms, blocks, kinds, orders, k_caches, v_caches, *args, HEADS, HEAD_DIM**-0.5, EPS)
     assert torch.equal(x, expected)

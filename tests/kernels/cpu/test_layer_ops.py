@@ -14,9 +14,9 @@ from inferplug.models.llama import rope_tables
 HEADS, KV_HEADS, HEAD_DIM, BLOCKS, BLOCK_SIZE = 9, 3, 64, 12, 16
 
 
-def pools():
+def pools(dtype=torch.float32):
     shape = (KV_HEADS, BLOCKS, BLOCK_SIZE, HEAD_DIM)
-    return torch.zeros(shape), torch.zeros(shape)
+    return torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
 
 
 def tables():
@@ -27,9 +27,10 @@ def tables():
 
 
 @pytest.mark.parametrize("tokens", [1, 3, 40])
-def test_rope_write_kv_equals_the_torch_path_bit_for_bit(ops, tokens):
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.float16])
+def test_rope_write_kv_equals_the_torch_path_bit_for_bit(ops, tokens, pool_dtype):
     """HF's rounding: x * cos + rotate_half(x) * sin as two products and a sum (torch's addcmul in apply_rope
-    fuses one product into the sum, so it can differ in the last bit)."""
+    fuses one product into the sum, so it can differ in the last bit). fp16 pools store what write_kv's cast does."""
     cos, signed_sin = tables()
     gen = torch.Generator().manual_seed(tokens)
     qkv = torch.randn(tokens, (HEADS + 2 * KV_HEADS) * HEAD_DIM, generator=gen)
@@ -40,10 +41,10 @@ def test_rope_write_kv_equals_the_torch_path_bit_for_bit(ops, tokens):
     x = heads[:, : HEADS + KV_HEADS]
     rotated = x * cos[positions, None] + x.roll(HEAD_DIM // 2, dims=-1) * signed_sin[positions, None]  # HF's ops
     torch.testing.assert_close(rotated, apply_rope(x, cos[positions, None], signed_sin[positions, None]))
-    k_ref, v_ref = pools()
+    k_ref, v_ref = pools(pool_dtype)
     write_kv(k_ref, v_ref, rotated[:, HEADS:], heads[:, HEADS + KV_HEADS:], slots)
 
-    k_cache, v_cache = pools()
+    k_cache, v_cache = pools(pool_dtype)
     ops.rope_write_kv_(qkv, positions, cos, signed_sin, k_cache, v_cache, slots, HEADS)
     assert torch.equal(qkv.view(tokens, -1, HEAD_DIM)[:, : HEADS + KV_HEADS], rotated)
     assert torch.equal(qkv.view(tokens, -1, HEAD_DIM)[:, HEADS + KV_HEADS:], heads[:, HEADS + KV_HEADS:])

@@ -1,6 +1,6 @@
 """The C++ paged attention kernel on prefill chunks (flash style: key tiles read through the block table, online
 softmax) against the pure-torch reference in fp64, and its batch invariance: a row's output is bit for bit the same
-as a decode row, alone, or in another chunking."""
+as a decode row, alone, or in another chunking, on fp32 and on fp16 pools (fp16 pools: test_fp16_pools.py)."""
 
 from __future__ import annotations
 
@@ -64,8 +64,10 @@ def test_sharp_scores_and_strided_query_rows(ops):
     assert out.isfinite().all() and rel_err(out, exact) < 1e-5
 
 
-def test_a_row_is_the_same_bits_as_a_decode_row_alone_or_in_another_chunking(ops):
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.float16])
+def test_a_row_is_the_same_bits_as_a_decode_row_alone_or_in_another_chunking(ops, pool_dtype):
     q, k_cache, v_cache, tables, starts, lens = chunked_inputs(heads=9, kv_heads=3, head_dim=64)
+    k_cache, v_cache = k_cache.to(pool_dtype), v_cache.to(pool_dtype)
     out = ops.paged_attention(q, k_cache, v_cache, tables, starts, lens, 0.125)
     for s in range(len(lens)):
         first, end, length = int(starts[s]), int(starts[s + 1]), int(lens[s])
