@@ -95,12 +95,15 @@ class BlockLinear(WeightOnlyLinear):
         raise NotImplementedError
 
 
-def set_prefill_gemm(model: torch.nn.Module, path: str) -> None:
-    """Every block layer of `model` multiplies its prefill rows by `path` (one of PREFILL_GEMMS), from now on:
-    once per model, never per step, so a prompt's K/V do not depend on when it ran."""
+def set_prefill_gemm(model, path: str) -> None:
+    """Every block layer of `model` (inferplug's LlamaModel, or any nn.Module) multiplies its prefill rows by `path`
+    (one of PREFILL_GEMMS), from now on: once per model, never per step, so a prompt's K/V do not depend on when
+    it ran."""
     if path not in PREFILL_GEMMS:
         raise ProfileError(f"prefill_gemm = {path!r} is not a prefill path: use one of {', '.join(PREFILL_GEMMS)} (or auto).")
-    for module in model.modules():
+    modules = [model] if isinstance(model, torch.nn.Module) else \
+        [value for layer in model.layers for value in vars(layer).values() if isinstance(value, torch.nn.Module)]
+    for module in (m for top in modules for m in top.modules()):  # an AWQ / GPTQ layer's inner block layer too
         if isinstance(module, BlockLinear):
             module.prefill_gemm = path
 
