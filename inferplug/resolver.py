@@ -245,6 +245,9 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
     plan.weight_format = weight_format
     plan.threads_per_rank = parallel.threads_per_rank
     plan.prefill_gemm = "float32" if profile.native.prefill_gemm == "auto" else profile.native.prefill_gemm
+    if weight_format in ("int4", "int8") and not gpus:  # the block layers (quant/block_linear.py)
+        plan.reasons.append(f"prefill: {weight_format} layers multiply prompt rows in {plan.prefill_gemm} "
+                            f"([native] prefill_gemm = {profile.native.prefill_gemm!r})")
     return plan
 
 

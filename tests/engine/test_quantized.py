@@ -109,7 +109,7 @@ def test_the_profiles_prefill_gemm_reaches_every_block_layer(cpu_kernel_ops, tin
                     f'[quantization]\nformat = "int4"\n[native]\nprefill_gemm = "{setting}"\n')
     profile = load_profile(str(toml))
     plan = resolve(profile, probe())
-    assert plan.prefill_gemm == path
+    assert plan.prefill_gemm == path and f"prefill: int4 layers multiply prompt rows in {path}" in plan.reasons[-1]
     engine = build_engine(profile, plan)
     layers = [getattr(layer, name) for layer in engine.runner.model.layers for name in ("qkv", "o", "gate_up", "down")]
     assert all(isinstance(layer, BlockLinear) and layer.prefill_gemm == path for layer in layers)

@@ -6,8 +6,10 @@
 // then all its quants, by runs of 16 blocks with their 4-byte words interleaved (kernels.h). Blocks go 8
 // (or 16) at a time: one instruction converts 8 scales, each block's integer dot product lands in its own
 // lane, and the 8 blocks take a single float multiply-add.
-// This file checks, quantizes x and splits the work over threads; the inner loops are quant_dot.h's, in
-// the chosen ISA's table (kernels.h).
+// Prefill rows (q4_prefill_matmul / q8_prefill_matmul) keep x float32 or bf16 against panels of dequantized
+// weights instead (prefill_gemm.h).
+// This file checks, quantizes x and splits the work over threads; the inner loops are quant_dot.h's and
+// prefill_gemm.h's, in the chosen ISA's table (kernels.h).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
