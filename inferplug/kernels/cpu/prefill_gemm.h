@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <vector>
 
 #include "kernels.h"
 #include "quant_dot.h"
@@ -143,7 +142,10 @@ void prefill_matmul_cols(const inferplug_isa::WeightRows& w, int64_t n0, int64_t
   constexpr int64_t NR = Panel::NR;
   constexpr int MR = Panel::MR;
   const int64_t K = w.blocks * QK, cols = n1 - n0, panels = (cols + NR - 1) / NR;
-  std::vector<W> panel(panels * NR * PREFILL_K);  // micro-panel p (NR columns) at p * NR * kc
+  // Micro-panel p (NR columns) at p * NR * kc; on the stack (128 KiB at most): a std::vector's exception paths
+  // would give this file a weak symbol (tests/kernels/cpu/test_isa.py).
+  static_assert(inferplug_isa::PREFILL_COLS % NR == 0, "a panel holds whole micro-panels");
+  alignas(64) W panel[inferplug_isa::PREFILL_COLS * PREFILL_K];
   const auto* x = static_cast<const typename Panel::X*>(input);
   alignas(64) float edge[MR * NR];  // the last micro-panel's tile where fewer than NR columns remain
   alignas(32) float values[QK];
@@ -151,7 +153,7 @@ void prefill_matmul_cols(const inferplug_isa::WeightRows& w, int64_t n0, int64_t
   for (int64_t k0 = 0; k0 < K; k0 += PREFILL_K) {
     const int64_t kc = std::min(PREFILL_K, K - k0);
     for (int64_t j = 0; j < panels * NR; j++) {  // column j of the panel: weight row n0 + j, zeros past n1
-      W* micro = panel.data() + j / NR * NR * kc;
+      W* micro = panel + j / NR * NR * kc;
       const RowLayout<Format> row(w.data + std::min(n0 + j, n1 - 1) * w.row_bytes, w.blocks);
       for (int64_t b = k0 / QK; b < (k0 + kc) / QK; b++) {
         if (j < cols) unpack_block<Format, true>(row, b, w.blocks, values);
@@ -165,7 +167,7 @@ void prefill_matmul_cols(const inferplug_isa::WeightRows& w, int64_t n0, int64_t
         constexpr int ROWS = decltype(r)::value;
         for (int64_t p = 0; p < panels; p++) {
           float* c = y + m * y_stride + p * NR;
-          const W* micro = panel.data() + p * NR * kc;
+          const W* micro = panel + p * NR * kc;
           const int64_t width = std::min(NR, cols - p * NR);
           if (width == NR) {
             Panel::template tile<ROWS>(xs, K, kc, micro, c, y_stride, k0 == 0);
