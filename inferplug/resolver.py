@@ -73,6 +73,7 @@ class Plan:
     weight_format: str | None = None  # native: linears stored fp16/int8/int4 (quant/linear.py); None: in dtype
     tensor_parallel_size: int = 1
     threads_per_rank: int = 0  # native tensor parallel on a CPU: each rank's torch threads (parallel_plan.py)
+    prefill_gemm: str = "float32"  # native: how int4/int8 block layers multiply prompt rows (quant/block_linear.py)
     prefix_caching: bool = True
     rag_document_cache: bool = True
     model_path: Path | None = None  # the local model, when it is already on disk
@@ -244,6 +245,10 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
                         *([parallel.reason] if parallel.reason else [])], draft=draft_facts(profile), kv_dtype=kv_dtype)
     plan.weight_format = weight_format
     plan.threads_per_rank = parallel.threads_per_rank
+    plan.prefill_gemm = "float32" if profile.native.prefill_gemm == "auto" else profile.native.prefill_gemm
+    if weight_format in ("int4", "int8") and not gpus:  # the block layers (quant/block_linear.py)
+        plan.reasons.append(f"prefill: {weight_format} layers multiply prompt rows in {plan.prefill_gemm} "
+                            f"([native] prefill_gemm = {profile.native.prefill_gemm!r})")
     return plan
 
 

@@ -48,6 +48,8 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
         engine.runner.quantize(plan.weight_format)  # on every rank under tensor parallel
         for runner in engine.runners[1:]:  # a draft model's, float whatever the target's checkpoint holds
             runner.quantize(float_model_format(plan.weight_format))
+    for runner in engine.runners:  # block layers' prefill rows: one path per model, every rank's
+        runner.set_prefill_gemm(plan.prefill_gemm)
     return engine
 
 

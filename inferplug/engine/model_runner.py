@@ -115,6 +115,12 @@ class ModelRunner:
 
         quantize_model(self.model, fmt)
 
+    def set_prefill_gemm(self, path: str) -> None:
+        """How the model's int4/int8 block layers multiply prompt rows (quant/block_linear.py), on every rank."""
+        from inferplug.quant.block_linear import set_prefill_gemm
+
+        set_prefill_gemm(self.model, path)
+
     def close(self) -> None:
         """Nothing to release on one device (engine/parallel's runner stops its workers)."""
 

@@ -10,23 +10,24 @@ The layers' kernels quantize the activations to int8 per block and multiply-add 
 does (the head's keeps them float): at one row a step they stream 5 or 8.5 bits a weight instead of
 fbgemm's 16. Re-quantizing a GGUF Q4_1 / Q8_0 model's dequantized weights gives back its blocks bit
 for bit, so these layers run the file's own weights.
-Prefill rows keep float activations: the weight is unpacked for one float matmul (int8 activations over a
-whole prompt turned SmolLM2's "The capital of France is Paris." into "L'Étoile, ..."). The engine says which
-rows decode (`decode_rows`), so a row takes the same path whatever shares its step, and the float matmul gets
-at least FLOAT_MIN_ROWS rows, since oneDNN rounds differently below (batch invariance).
+Prefill rows take `prefill_gemm`, fixed per model (the profile's [native] prefill_gemm; set_prefill_gemm):
+"float32" (the default: int8 activations over a whole prompt turned SmolLM2's "The capital of France is Paris."
+into "L'Étoile, ..."), "bfloat16" or "int8" (the decode kernel). The float paths dequantize a panel of weight rows
+at a time and pass every prompt row over it (kernels/cpu/prefill_gemm.h): no float copy of the weight. The engine
+says which rows decode (`decode_rows`), so a row takes the same path whatever shares its step, and every path
+sums each output in one order whatever the row count (batch invariance).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from inferplug.errors import ProfileError
 from inferplug.quant.base import WeightOnlyLinear
 
 BLOCK = 32
 KERNEL_MAX_ROWS = 64  # the longest step decode_layers fuses (models/llama.py)
-FLOAT_MIN_ROWS = 16  # oneDNN's fp32 GEMM gives rows of 1, 2, 3, 5, 7 or 9-row calls other roundings than 16+
+PREFILL_GEMMS = ("float32", "bfloat16", "int8")  # how prefill rows multiply: x and weights in this precision
 RUN, WORD = 16, 4  # the quants' interleaving: runs of 16 blocks, 4-byte words
 
 
@@ -37,7 +38,9 @@ class BlockLinear(WeightOnlyLinear):
     fields: tuple[int, ...]  # a block's fields' bytes, in the order a row stores them
     interleaved = True  # the quants by runs of words (the integer kernels' layout)
     kernel: str  # torch.ops.inferplug.<kernel>(x, blocks): the matmul of decode rows
-    unpack: str  # torch.ops.inferplug.<unpack>(blocks): the float weight, for prefill rows
+    prefill: str  # torch.ops.inferplug.<prefill>(x, blocks, precision): float32 / bfloat16 prefill rows
+    unpack: str  # torch.ops.inferplug.<unpack>(blocks): the float weight (the kernels' tests compare with it)
+    prefill_gemm = "float32"  # one of PREFILL_GEMMS, set for the whole model by set_prefill_gemm
 
     def __init__(self, blocks: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
@@ -46,7 +49,7 @@ class BlockLinear(WeightOnlyLinear):
         self.register_buffer("bias", None if bias is None else bias.float())
         # The ops' overloads, not their packets: a decode step calls the kernel ~120 times, ~0.5 us saved each.
         self._kernel = getattr(torch.ops.inferplug, self.kernel).default
-        self._dequantize = getattr(torch.ops.inferplug, self.unpack).default
+        self._prefill = getattr(torch.ops.inferplug, self.prefill).default if self.interleaved else None
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "BlockLinear":
@@ -95,11 +98,10 @@ class BlockLinear(WeightOnlyLinear):
         return self._dequantize(self.blocks.index_select(0, ids))
 
     def forward(self, x: torch.Tensor, decode_rows: int | None = None) -> torch.Tensor:
-        if decode_rows is None or decode_rows >= x.shape[0]:
-            return super().forward(x)
-        prefill = x[decode_rows:]
-        padding = max(FLOAT_MIN_ROWS - prefill.shape[0], 0)
-        out = F.linear(F.pad(prefill, (0, 0, 0, padding)), self._dequantize(self.blocks), self.bias)[: prefill.shape[0]]
+        if decode_rows is None or decode_rows >= x.shape[0] or self._prefill is None or self.prefill_gemm == "int8":
+            return super().forward(x)  # the head's float kernel takes any rows as they are
+        out = self._prefill(x[decode_rows:].contiguous(), self.blocks, self.prefill_gemm)
+        out = out if self.bias is None else out + self.bias
         return out if decode_rows == 0 else torch.cat([super().forward(x[:decode_rows]), out])
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
@@ -112,6 +114,19 @@ class BlockLinear(WeightOnlyLinear):
     @staticmethod
     def _unpack(*fields: torch.Tensor) -> torch.Tensor:  # the inverse: [out, blocks, 32] float
         raise NotImplementedError
+
+
+def set_prefill_gemm(model, path: str) -> None:
+    """Every block layer of `model` (inferplug's LlamaModel, or any nn.Module) multiplies its prefill rows by `path`
+    (one of PREFILL_GEMMS), from now on: once per model, never per step, so a prompt's K/V do not depend on when
+    it ran."""
+    if path not in PREFILL_GEMMS:
+        raise ProfileError(f"prefill_gemm = {path!r} is not a prefill path: use one of {', '.join(PREFILL_GEMMS)} (or auto).")
+    modules = [model] if isinstance(model, torch.nn.Module) else \
+        [value for layer in model.layers for value in vars(layer).values() if isinstance(value, torch.nn.Module)]
+    for module in (m for top in modules for m in top.modules()):  # an AWQ / GPTQ layer's inner block layer too
+        if isinstance(module, BlockLinear):
+            module.prefill_gemm = path
 
 
 def _interleave_into(dest: torch.Tensor, quants: torch.Tensor) -> None:
@@ -138,7 +153,7 @@ def _floats(halves: torch.Tensor) -> torch.Tensor:
 
 
 class Q4Linear(BlockLinear):
-    fields, kernel, unpack = (2, 2, 16), "q4_matmul", "q4_dequantize"  # scale, min, nibbles
+    fields, kernel, prefill, unpack = (2, 2, 16), "q4_matmul", "q4_prefill_matmul", "q4_dequantize"  # scale, min, nibbles
 
     @staticmethod
     def _pack(groups):
@@ -154,7 +169,7 @@ class Q4Linear(BlockLinear):
 
 
 class Q8Linear(BlockLinear):
-    fields, kernel, unpack = (2, 32), "q8_matmul", "q8_dequantize"  # scale, int8 quants
+    fields, kernel, prefill, unpack = (2, 32), "q8_matmul", "q8_prefill_matmul", "q8_dequantize"  # scale, int8 quants
 
     @staticmethod
     def _pack(groups):

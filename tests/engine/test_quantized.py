@@ -11,16 +11,16 @@ from engine_helpers import (greedy, hf_generate, hf_model, make_engine, prompts_
 from quant_reference import weights_reference
 
 from inferplug.models.loader import read_config
-from inferplug.quant.linear import quantize_model
 from inferplug.types import Request, SamplingParams
 
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers.",
              "Explain gravity to a child in two sentences."]
 
 
-def quantized_engine(model_dir, fmt, **overrides):
+def quantized_engine(model_dir, fmt, prefill_gemm="float32", **overrides):
     engine = make_engine(model_dir, **overrides)
-    quantize_model(engine.runner.model, fmt)  # what NativeBackend does for quantization.format = fmt
+    engine.runner.quantize(fmt)  # what NativeBackend does for quantization.format = fmt, [native] prefill_gemm
+    engine.runner.set_prefill_gemm(prefill_gemm)
     return engine
 
 
@@ -68,10 +68,12 @@ def test_decode_steps_in_one_kernel_call_equal_the_layer_by_layer_path(cpu_kerne
 
 
 @pytest.mark.smollm2
-@pytest.mark.parametrize("fmt", ["int8", "int4"])  # fp16: test_smollm2.py checks it against HF
-def test_quantized_smollm2_answers_like_the_float_engine(smollm2_gguf, fmt):
+# fp16: test_smollm2.py checks it against HF. Prompt rows by the [native] prefill_gemm paths that keep the
+# answers (int8 prompt rows answer "L'Étoile, la Cité, ..." to the capital question)
+@pytest.mark.parametrize("fmt,prefill_gemm", [("int8", "float32"), ("int4", "float32"), ("int4", "bfloat16")])
+def test_quantized_smollm2_answers_like_the_float_engine(smollm2_gguf, fmt, prefill_gemm):
     float_engine = make_engine(smollm2_gguf, max_num_batched_tokens=256)
-    engine = quantized_engine(smollm2_gguf, fmt, max_num_batched_tokens=256)
+    engine = quantized_engine(smollm2_gguf, fmt, prefill_gemm, max_num_batched_tokens=256)
     prompts = [float_engine.encode(Request(messages=[{"role": "user", "content": q}]))[0] for q in QUESTIONS]
     params = SamplingParams(temperature=0.0, max_tokens=24, logprobs=5)
 
@@ -91,3 +93,25 @@ def test_quantized_smollm2_answers_like_the_float_engine(smollm2_gguf, fmt):
     common = [next((k for k, (a, b) in enumerate(zip(r, g)) if a != b), min(len(r), len(g))) for r, g in zip(reference, quantized)]
     assert sum(common) >= 0.5 * sum(len(r) for r in reference), f"{fmt}: common prefixes {common}"
     assert "capital of France" in capital, f"{fmt}: {capital!r} (float: {float_capital!r})"
+
+
+@pytest.mark.parametrize("setting,path", [("auto", "float32"), ("bfloat16", "bfloat16"), ("int8", "int8")])
+def test_the_profiles_prefill_gemm_reaches_every_block_layer(cpu_kernel_ops, tiny_llama_dir, tmp_path, setting, path):
+    """[native] prefill_gemm -> the plan (auto: float32) -> build_engine -> each int4 layer's prompt rows."""
+    from inferplug.backends.native import build_engine
+    from inferplug.hardware import probe
+    from inferplug.profile import load_profile
+    from inferplug.quant.block_linear import BlockLinear
+    from inferplug.resolver import resolve
+
+    toml = tmp_path / "prefill.toml"
+    toml.write_text(f'backend = "native"\ndtype = "float32"\n[model]\npath = "{tiny_llama_dir}"\n'
+                    f'[quantization]\nformat = "int4"\n[native]\nprefill_gemm = "{setting}"\n')
+    profile = load_profile(str(toml))
+    plan = resolve(profile, probe())
+    assert plan.prefill_gemm == path and f"prefill: int4 layers multiply prompt rows in {path}" in plan.reasons[-1]
+    engine = build_engine(profile, plan)
+    layers = [getattr(layer, name) for layer in engine.runner.model.layers for name in ("qkv", "o", "gate_up", "down")]
+    assert all(isinstance(layer, BlockLinear) and layer.prefill_gemm == path for layer in layers)
+    events = run_all(engine, [Request(prompt=prompts_of([30])[0], params=greedy(4), request_id="a")])
+    assert len(tokens_of(events["a"])) == 4

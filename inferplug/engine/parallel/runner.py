@@ -80,6 +80,10 @@ class ParallelRunner(ModelRunner):
         self._send("quantize", fmt)
         super().quantize(fmt)
 
+    def set_prefill_gemm(self, path: str) -> None:
+        self._send("set_prefill_gemm", path)
+        super().set_prefill_gemm(path)
+
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         if pairs:
             self._send("copy_blocks", pairs)

@@ -16,16 +16,31 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
 #define INFERPLUG_AVX512  // the headers' AVX-512 parts (GCC defines no __AVX512F__ for a pragma)
 #include "attend.h"
+#include "prefill_gemm.h"
 #include "quant_dot.h"
 
 namespace inferplug_isa {
 
+// vdpbf16ps for the bf16 prefill where the CPU has AVX512_BF16 (Zen 4, Sapphire Rapids; not Ice Lake), else FMAs on
+// bf16-rounded values.
+static bool has_bf16() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16");
+}
+
 // Per kernel the width that measured faster here (bench/cpu_kernels_isa.py, Zen 4): the integer matmuls
 // and paged decode at 512 bits; the float head at 256, as 512 bits measured 3-11% slower from 4 rows on.
 const Isa& avx512() {
+  using Float = FloatPanel<F512, false>;
+  using Rounded = FloatPanel<F512, true>;
+  const bool dot = has_bf16();
   static const Isa isa{"avx512-vnni", F512::LANES, &quant_matmul_rows<DotVnni<I512>, Q4_1>,
                        &quant_matmul_rows<DotVnni<I512>, Q8_0>, &float_matmul_rows<F256>, &attend<F512, float>,
-                       &attend<F512, Half>};
+                       &attend<F512, Half>,
+                       {&prefill_matmul_cols<Float, Q4_1>, &prefill_matmul_cols<Float, Q8_0>, PrefillInput::FLOAT32},
+                       {dot ? &prefill_matmul_cols<Bf16Panel, Q4_1> : &prefill_matmul_cols<Rounded, Q4_1>,
+                        dot ? &prefill_matmul_cols<Bf16Panel, Q8_0> : &prefill_matmul_cols<Rounded, Q8_0>,
+                        dot ? PrefillInput::BFLOAT16 : PrefillInput::ROUNDED_BFLOAT16}};
   return isa;
 }
 

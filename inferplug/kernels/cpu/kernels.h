@@ -44,6 +44,18 @@ using QuantMatmul = void (*)(const WeightRows& w, int64_t n0, int64_t n1, const 
                              int64_t rows, float* y, int64_t y_stride);
 using FloatMatmul = void (*)(const WeightRows& w, int64_t n0, int64_t n1, const float* x, int64_t k, int64_t rows,
                              float* y, int64_t y_stride);
+// Prefill rows (prefill_gemm.h): y[m * y_stride + n - n0] for weight rows [n0, n1), n1 - n0 <= PREFILL_COLS, and
+// all M rows of x [M, K], in the kernels' PrefillInput. Sums go over K in blocks of PREFILL_K, whatever M.
+constexpr int64_t PREFILL_K = 256;
+constexpr int64_t PREFILL_COLS = 128;
+using PrefillMatmul = void (*)(const WeightRows& w, int64_t n0, int64_t n1, const void* x, int64_t rows, float* y,
+                               int64_t y_stride);
+// x as the kernels take it (the op converts it once a call): float32, float32 rounded to bf16, or bf16 (vdpbf16ps).
+enum class PrefillInput { FLOAT32, ROUNDED_BFLOAT16, BFLOAT16 };
+struct PrefillKernels {  // one precision's, per format
+  PrefillMatmul q4, q8;
+  PrefillInput input;
+};
 constexpr int64_t KEY_TILE = 32;    // attention: keys a tile, at absolute positions (attend.h)
 constexpr int64_t QUERY_TILE = 16;  // attention: query rows of one sequence in one work item
 
@@ -74,6 +86,7 @@ struct Isa {
   FloatMatmul q8_float;
   Attend<float> attend;
   Attend<Half> attend_half;  // fp16 pools
+  PrefillKernels prefill_float32, prefill_bfloat16;
 };
 
 const Isa& avx2();

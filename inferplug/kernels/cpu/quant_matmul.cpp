@@ -6,8 +6,10 @@
 // then all its quants, by runs of 16 blocks with their 4-byte words interleaved (kernels.h). Blocks go 8
 // (or 16) at a time: one instruction converts 8 scales, each block's integer dot product lands in its own
 // lane, and the 8 blocks take a single float multiply-add.
-// This file checks, quantizes x and splits the work over threads; the inner loops are quant_dot.h's, in
-// the chosen ISA's table (kernels.h).
+// Prefill rows (q4_prefill_matmul / q8_prefill_matmul) keep x float32 or bf16 against panels of dequantized
+// weights instead (prefill_gemm.h).
+// This file checks, quantizes x and splits the work over threads; the inner loops are quant_dot.h's and
+// prefill_gemm.h's, in the chosen ISA's table (kernels.h).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -16,9 +18,11 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "kernels.h"
+#include "prefill_gemm.h"
 #include "quant_dot.h"
 
 namespace {
@@ -144,24 +148,38 @@ at::Tensor q8_matmul_float(const at::Tensor& x, const at::Tensor& weight) {
   return y;
 }
 
-// One block's 32 weights as floats, 8 at a time: q * scale + min, a multiply then an add, as torch's reference
-// rounds (BlockLinear._unpack; the build has no implicit FMAs).
+// Prefill rows: float x against the weights dequantized a panel at a time (prefill_gemm.h), in float32 or bf16.
 template <typename Format>
-inline void dequantize_block(const uint8_t* quants, float scale, float min, float* out) {
-  const __m256 scales = _mm256_set1_ps(scale), mins = _mm256_set1_ps(min);
-  for (int j = 0; j < QK; j += 8) {
-    __m256i q;
-    if constexpr (Format::HAS_MIN) {  // byte i: weight i in its low nibble, weight i + 16 in its high one
-      const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(quants + j % 16));
-      q = _mm256_cvtepu8_epi32(_mm_and_si128(j < 16 ? bytes : _mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F)));
-    } else {
-      q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(quants + j)));
-    }
-    _mm256_storeu_ps(out + j, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), scales), mins));
-  }
+at::Tensor prefill_matmul(const at::Tensor& x, const at::Tensor& weight, const std::string& precision) {
+  TORCH_CHECK(precision == "float32" || precision == "bfloat16", "prefill matmul: precision must be float32 or bfloat16, got '",
+              precision, "'");
+  check_operands<Format>(x, weight);
+  const int64_t M = x.size(0), N = weight.size(0);
+  at::Tensor y = at::empty({M, N}, x.options());
+  const inferplug_isa::WeightRows w{weight.data_ptr<uint8_t>(), weight.size(1), weight.size(1) / RowLayout<Format>::bytes(1)};
+  const auto& isa = inferplug_isa::active();
+  const auto& kernels = precision == "bfloat16" ? isa.prefill_bfloat16 : isa.prefill_float32;
+  const auto kernel = Format::HAS_MIN ? kernels.q4 : kernels.q8;
+  // Narrower panels where wide ones would leave a thread idle; the width changes no result (prefill_gemm.h).
+  const int64_t cols = N >= 4 * at::get_num_threads() * inferplug_isa::PREFILL_COLS ? inferplug_isa::PREFILL_COLS : 64;
+  using inferplug_isa::PrefillInput;
+  const at::Tensor input = kernels.input == PrefillInput::FLOAT32            ? x
+                           : kernels.input == PrefillInput::ROUNDED_BFLOAT16 ? x.to(at::kBFloat16).to(at::kFloat)
+                                                                             : x.to(at::kBFloat16);
+  const void* xs = input.data_ptr();
+  float* out = y.data_ptr<float>();
+  at::parallel_for(0, (N + cols - 1) / cols, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; t++) kernel(w, t * cols, std::min(N, (t + 1) * cols), xs, M, out + t * cols, N);
+  });
+  return y;
 }
 
-// The float32 weight [N, K]: prefill's many rows run faster as one float matmul than through dot_rows.
+// How the bf16 prefill multiplies here: "vdpbf16ps" (AVX512_BF16), or "fma" on bf16-rounded floats.
+std::string bfloat16_dot() {
+  return inferplug_isa::active().prefill_bfloat16.input == inferplug_isa::PrefillInput::BFLOAT16 ? "vdpbf16ps" : "fma";
+}
+
+// The float32 weight [N, K]: the reference the prefill kernels are tested against.
 // INTERLEAVED: the layers' quants by runs (kernels.h); else each block's bytes in a row (the float head's).
 template <typename Format, bool INTERLEAVED>
 at::Tensor dequantize(const at::Tensor& weight) {
@@ -175,14 +193,7 @@ at::Tensor dequantize(const at::Tensor& weight) {
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; n++) {
       const RowLayout<Format> row(w + n * weight.size(1), blocks);
-      for (int64_t b = 0; b < blocks; b++) {
-        const float scale = _cvtsh_ss(reinterpret_cast<const uint16_t*>(row.scales)[b]);
-        const float min = Format::HAS_MIN ? _cvtsh_ss(reinterpret_cast<const uint16_t*>(row.mins)[b]) : 0.f;
-        uint8_t interleaved[Format::QUANT_BYTES];
-        if (INTERLEAVED) row.block_quants(b, blocks, interleaved);
-        const uint8_t* quants = INTERLEAVED ? interleaved : row.quants + b * Format::QUANT_BYTES;
-        dequantize_block<Format>(quants, scale, min, o + (n * blocks + b) * QK);
-      }
+      for (int64_t b = 0; b < blocks; b++) unpack_block<Format, INTERLEAVED>(row, b, blocks, o + (n * blocks + b) * QK);
     }
   });
   return out;
@@ -197,6 +208,9 @@ TORCH_LIBRARY_FRAGMENT(inferplug, m) {
   m.def("q4_dequantize(Tensor weight) -> Tensor");
   m.def("q8_dequantize(Tensor weight) -> Tensor");
   m.def("q8_dequantize_plain(Tensor weight) -> Tensor");
+  m.def("q4_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
+  m.def("q8_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
+  m.def("bfloat16_dot() -> str", &bfloat16_dot);
 }
 TORCH_LIBRARY_IMPL(inferplug, CPU, m) {
   m.impl("q4_matmul", &quant_matmul<Q4_1>);
@@ -205,4 +219,6 @@ TORCH_LIBRARY_IMPL(inferplug, CPU, m) {
   m.impl("q4_dequantize", &dequantize<Q4_1, true>);
   m.impl("q8_dequantize", &dequantize<Q8_0, true>);
   m.impl("q8_dequantize_plain", &dequantize<Q8_0, false>);
+  m.impl("q4_prefill_matmul", &prefill_matmul<Q4_1>);
+  m.impl("q8_prefill_matmul", &prefill_matmul<Q8_0>);
 }

@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from inferplug.quant.block_linear import KERNEL_MAX_ROWS, Q4Linear, Q8HeadLinear, Q8Linear
+from inferplug.errors import ProfileError
+from inferplug.quant.block_linear import KERNEL_MAX_ROWS, PREFILL_GEMMS, Q4Linear, Q8HeadLinear, Q8Linear, set_prefill_gemm
 from inferplug.quant.linear import Fp16Linear, head_layer
 
 
@@ -101,27 +102,47 @@ def test_the_kernels_unpacked_weight_is_the_torch_references_bit_for_bit(ops, la
     assert torch.equal(getattr(ops, layer.unpack)(layer.blocks), layer.dequantized())
 
 
+def prefill_reference(layer, x: torch.Tensor, path: str) -> torch.Tensor:
+    """Prefill rows by torch: dequantize, then matmul in the path's precision (float32 sums)."""
+    if path == "int8":
+        return layer(x)  # the decode kernel, rows as they are
+    weight, rounded = layer.dequantized(), path == "bfloat16"
+    return F.linear(x.bfloat16().float() if rounded else x, weight.bfloat16().float() if rounded else weight, layer.bias)
+
+
 @pytest.mark.parametrize("layer_cls", [Q4Linear, Q8Linear])
+@pytest.mark.parametrize("path", PREFILL_GEMMS)
 @pytest.mark.parametrize("decode_rows", [0, 1, 7])
-def test_prefill_rows_use_the_dequantized_weight(ops, layer_cls, weight, decode_rows):
-    """The rows after `decode_rows` keep float activations; the decode rows take the int8 kernel, as alone."""
-    layer = layer_cls.from_float(weight)
+def test_prefill_rows_take_the_models_prefill_path(ops, layer_cls, path, weight, decode_rows):
+    """The rows after `decode_rows` take the prefill path (torch's dequantize-then-matmul in its precision); the
+    decode rows take the int8 kernel, as alone."""
+    layer = layer_cls.from_float(weight, bias=torch.randn(200))
+    set_prefill_gemm(layer, path)
     x = torch.randn(KERNEL_MAX_ROWS + 1, 576)
     out = layer(x, decode_rows)
-    torch.testing.assert_close(out[decode_rows:], F.linear(x[decode_rows:], layer.dequantized()))
+    torch.testing.assert_close(out[decode_rows:], prefill_reference(layer, x[decode_rows:], path), rtol=1e-5, atol=1e-5)
     assert torch.equal(out[:decode_rows], layer(x[:decode_rows]))
 
 
 @pytest.mark.parametrize("layer_cls", [Q4Linear, Q8Linear])
-def test_a_rows_result_does_not_depend_on_how_many_rows_share_the_call(ops, layer_cls, weight):
-    """Batch invariance: each row alone equals that row inside calls of 2 to 300 rows, bit for bit, both for
-    decode rows (the int8 kernel) and prefill rows (the float matmul, padded past oneDNN's small-M kernels)."""
+@pytest.mark.parametrize("path", PREFILL_GEMMS)
+def test_a_rows_result_does_not_depend_on_how_many_rows_share_the_call(ops, layer_cls, path, weight):
+    """Batch invariance: each row alone equals that row inside calls of 2 to 512 rows, bit for bit, both for
+    decode rows (the int8 kernel) and prefill rows (the model's prefill path), on 1 thread and on 2."""
     layer = layer_cls.from_float(weight)
-    x = torch.randn(300, 576)
+    set_prefill_gemm(layer, path)
+    x = torch.randn(512, 576)
     for decode_rows in (None, 0):  # None: every row decodes; 0: every row is a prefill row
-        alone = torch.cat([layer(x[i : i + 1], decode_rows) for i in range(9)])
-        for rows in (2, 3, 4, 5, 7, 8, 9, 16, 17, 64, 65, 300):
-            assert torch.equal(layer(x[:rows], decode_rows)[:9], alone[: min(rows, 9)]), (decode_rows, rows)
+        alone = torch.cat([layer(x[i : i + 1], decode_rows) for i in range(13)])
+        for rows in (2, 3, 4, 5, 7, 8, 9, 12, 13, 16, 17, 64, 65, 300, 512):
+            for threads in (1, 2):
+                got = on_threads(threads, layer, x[:rows], decode_rows)
+                assert torch.equal(got[:13], alone[: min(rows, 13)]), (decode_rows, rows, threads)
+
+
+def test_an_unknown_prefill_path_is_a_profile_error(ops, weight):
+    with pytest.raises(ProfileError, match="not a prefill path: use one of float32, bfloat16, int8"):
+        set_prefill_gemm(Q4Linear.from_float(weight), "fp8")
 
 
 def test_kernel_rejects_bad_shapes_with_a_clear_error(ops, weight):

@@ -1,0 +1,185 @@
+// Prefill's many-row matmul over Q4_1 / Q8_0 weight rows (quant_matmul.cpp has the torch op): a panel of up to
+// PREFILL_COLS weight rows is dequantized one K block at a time into an L2-sized buffer laid out for the
+// micro-kernel, and every x row passes over it. No float copy of the whole weight, and each weight is unpacked
+// once per call, whatever M. Two precisions: float32 x against float32 weights (FMAs), or both rounded to
+// bf16 (AVX512_BF16's vdpbf16ps where the CPU has it; elsewhere the float kernel on bf16-rounded values).
+// Sums are float32 either way.
+//
+// Batch invariance: an output's sum runs over K in one fixed order (k by k, or bf16 pairs, carried between K
+// blocks through y exactly), whatever M, the panel width, the row's place in a tile or the thread.
+// Torch-free: compiled per ISA (isa_avx2.cpp, isa_avx512.cpp).
+#pragma once
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels.h"
+#include "quant_dot.h"
+
+namespace {
+
+using inferplug_isa::PREFILL_K;
+
+// One block's 32 weights as floats, 8 at a time: q * scale + min, a multiply then an add, as torch's reference
+// rounds (BlockLinear._unpack; the build has no implicit FMAs).
+template <typename Format>
+inline void dequantize_block(const uint8_t* quants, float scale, float min, float* out) {
+  const __m256 scales = _mm256_set1_ps(scale), mins = _mm256_set1_ps(min);
+  for (int j = 0; j < QK; j += 8) {
+    __m256i q;
+    if constexpr (Format::HAS_MIN) {  // byte i: weight i in its low nibble, weight i + 16 in its high one
+      const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(quants + j % 16));
+      q = _mm256_cvtepu8_epi32(_mm_and_si128(j < 16 ? bytes : _mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F)));
+    } else {
+      q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(quants + j)));
+    }
+    _mm256_storeu_ps(out + j, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), scales), mins));
+  }
+}
+
+// Block b of a row as 32 floats. INTERLEAVED: the quants by runs (kernels.h); else each block's bytes in a row.
+template <typename Format, bool INTERLEAVED>
+inline void unpack_block(const RowLayout<Format>& row, int64_t b, int64_t blocks, float* out) {
+  const float scale = _cvtsh_ss(reinterpret_cast<const uint16_t*>(row.scales)[b]);
+  const float min = Format::HAS_MIN ? _cvtsh_ss(reinterpret_cast<const uint16_t*>(row.mins)[b]) : 0.f;
+  uint8_t interleaved[Format::QUANT_BYTES];
+  if (INTERLEAVED) row.block_quants(b, blocks, interleaved);
+  dequantize_block<Format>(INTERLEAVED ? interleaved : row.quants + b * Format::QUANT_BYTES, scale, min, out);
+}
+
+// float32 to bf16 bits, rounding to the nearest even as torch's .to(torch.bfloat16) does (NaN stays NaN).
+inline uint16_t bf16_bits(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
+inline float bf16_round(float v) {
+  const uint32_t bits = static_cast<uint32_t>(bf16_bits(v)) << 16;
+  std::memcpy(&v, &bits, 4);
+  return v;
+}
+
+// The float kernel: a panel holds weight (k, column j) at k * NR + j; an MR x NR tile of y is MR * NV vector
+// sums, each k one weight vector load per NV, one broadcast of x per row, MR * NV FMAs. ROUND_BF16: the weights
+// rounded to bf16 (the bf16 path on a CPU without vdpbf16ps; the op rounds x).
+template <typename V, bool ROUND_BF16>
+struct FloatPanel {
+  static constexpr int NV = 2;
+  static constexpr int64_t NR = NV * V::LANES;
+  static constexpr int MR = V::LANES == 16 ? 12 : 6;  // MR * NV sums + NV weights + a broadcast: the registers
+  using W = float;
+  using X = float;
+  // A block's 32 weights of column j, from row k of the micro-panel on.
+  static void pack(const float* values, int64_t k, int64_t j, W* micro) {
+    for (int64_t t = 0; t < QK; t++) micro[(k + t) * NR + j] = ROUND_BF16 ? bf16_round(values[t]) : values[t];
+  }
+
+  // y's tile (c, rows ldc apart) += x's ROWS rows (ldx apart) times the panel's kc rows; first: y starts at 0.
+  template <int ROWS>
+  static void tile(const X* x, int64_t ldx, int64_t kc, const W* panel, float* c, int64_t ldc, bool first) {
+    typename V::F acc[ROWS][NV];
+    for (int i = 0; i < ROWS; i++)
+      for (int v = 0; v < NV; v++) acc[i][v] = first ? V::zero() : V::load(c + i * ldc + v * V::LANES);
+    for (int64_t k = 0; k < kc; k++) {
+      typename V::F w[NV];
+      for (int v = 0; v < NV; v++) w[v] = V::load(panel + k * NR + v * V::LANES);
+      for (int i = 0; i < ROWS; i++) {
+        const auto a = V::set1(x[i * ldx + k]);
+        for (int v = 0; v < NV; v++) acc[i][v] = V::fmadd(a, w[v], acc[i][v]);
+      }
+    }
+    for (int i = 0; i < ROWS; i++)
+      for (int v = 0; v < NV; v++) V::store(c + i * ldc + v * V::LANES, acc[i][v]);
+  }
+};
+
+#ifdef INFERPLUG_AVX512  // isa_avx512.cpp; called only where the CPU has AVX512_BF16 (its table checks)
+// vdpbf16ps: each 32-bit lane holds a bf16 pair (k, k + 1) of one column, so a panel holds weight (k, j) at
+// (k / 2 * NR + j) * 2 + k % 2, and x's pair (k, k + 1) is one 32-bit broadcast. kc is even (blocks of 32).
+struct Bf16Panel {
+  static constexpr int NV = 2;
+  static constexpr int64_t NR = NV * 16;
+  static constexpr int MR = 12;
+  using W = uint16_t;
+  using X = uint16_t;
+  __attribute__((target("avx512bf16"))) static void pack(const float* values, int64_t k, int64_t j, W* micro) {
+    alignas(64) uint32_t pairs[QK / 2];  // vcvtne2ps2bf16 rounds to the nearest even, as bf16_bits
+    _mm512_store_si512(pairs, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(values + 16), _mm512_loadu_ps(values)));
+    for (int64_t t = 0; t < QK / 2; t++) std::memcpy(micro + ((k / 2 + t) * NR + j) * 2, &pairs[t], 4);
+  }
+
+  template <int ROWS>
+  __attribute__((target("avx512bf16"))) static void tile(const X* x, int64_t ldx, int64_t kc, const W* panel,
+                                                         float* c, int64_t ldc, bool first) {
+    __m512 acc[ROWS][NV];
+    for (int i = 0; i < ROWS; i++)
+      for (int v = 0; v < NV; v++) acc[i][v] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + i * ldc + v * 16);
+    for (int64_t p = 0; p < kc / 2; p++) {
+      __m512bh w[NV];
+      for (int v = 0; v < NV; v++) w[v] = (__m512bh)_mm512_loadu_si512(panel + (p * NR + v * 16) * 2);
+      for (int i = 0; i < ROWS; i++) {
+        int32_t pair;
+        std::memcpy(&pair, x + i * ldx + 2 * p, 4);
+        const __m512bh a = (__m512bh)_mm512_set1_epi32(pair);
+        for (int v = 0; v < NV; v++) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], a, w[v]);
+      }
+    }
+    for (int i = 0; i < ROWS; i++)
+      for (int v = 0; v < NV; v++) _mm512_storeu_ps(c + i * ldc + v * 16, acc[i][v]);
+  }
+};
+#endif
+
+// y[m * y_stride + n - n0] = x[m] . w[n] for weight rows [n0, n1), n1 - n0 <= PREFILL_COLS, and all M rows of x
+// ([M, K] of Panel::X); y points at column n0 of row 0.
+template <typename Panel, typename Format>
+void prefill_matmul_cols(const inferplug_isa::WeightRows& w, int64_t n0, int64_t n1, const void* input, int64_t M,
+                         float* y, int64_t y_stride) {
+  using W = typename Panel::W;
+  constexpr int64_t NR = Panel::NR;
+  constexpr int MR = Panel::MR;
+  const int64_t K = w.blocks * QK, cols = n1 - n0, panels = (cols + NR - 1) / NR;
+  // Micro-panel p (NR columns) at p * NR * kc; on the stack (128 KiB at most): a std::vector's exception paths
+  // would give this file a weak symbol (tests/kernels/cpu/test_isa.py).
+  static_assert(inferplug_isa::PREFILL_COLS % NR == 0, "a panel holds whole micro-panels");
+  alignas(64) W panel[inferplug_isa::PREFILL_COLS * PREFILL_K];
+  const auto* x = static_cast<const typename Panel::X*>(input);
+  alignas(64) float edge[MR * NR];  // the last micro-panel's tile where fewer than NR columns remain
+  alignas(32) float values[QK];
+  alignas(32) const float zeros[QK] = {};
+  for (int64_t k0 = 0; k0 < K; k0 += PREFILL_K) {
+    const int64_t kc = std::min(PREFILL_K, K - k0);
+    for (int64_t j = 0; j < panels * NR; j++) {  // column j of the panel: weight row n0 + j, zeros past n1
+      W* micro = panel + j / NR * NR * kc;
+      const RowLayout<Format> row(w.data + std::min(n0 + j, n1 - 1) * w.row_bytes, w.blocks);
+      for (int64_t b = k0 / QK; b < (k0 + kc) / QK; b++) {
+        if (j < cols) unpack_block<Format, true>(row, b, w.blocks, values);
+        Panel::pack(j < cols ? values : zeros, b * QK - k0, j % NR, micro);
+      }
+    }
+    for (int64_t m = 0; m < M; m += MR) {
+      const int64_t rows = std::min<int64_t>(MR, M - m);
+      const auto* xs = x + m * K + k0;
+      with_rows<MR>(rows, [&](auto r) {
+        constexpr int ROWS = decltype(r)::value;
+        for (int64_t p = 0; p < panels; p++) {
+          float* c = y + m * y_stride + p * NR;
+          const W* micro = panel + p * NR * kc;
+          const int64_t width = std::min(NR, cols - p * NR);
+          if (width == NR) {
+            Panel::template tile<ROWS>(xs, K, kc, micro, c, y_stride, k0 == 0);
+            continue;
+          }
+          for (int i = 0; i < ROWS && k0 > 0; i++) std::memcpy(edge + i * NR, c + i * y_stride, width * 4);
+          Panel::template tile<ROWS>(xs, K, kc, micro, edge, NR, k0 == 0);
+          for (int i = 0; i < ROWS; i++) std::memcpy(c + i * y_stride, edge + i * NR, width * 4);
+        }
+      });
+    }
+  }
+}
+
+}  // namespace

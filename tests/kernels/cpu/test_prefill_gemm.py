@@ -1,0 +1,61 @@
+"""The prefill kernels (kernels/cpu/prefill_gemm.h: q4_prefill_matmul / q8_prefill_matmul) on each kernel set, against
+torch's reference: the dequantized weight (BlockLinear.dequantized) times x in the same precision, in float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inferplug.hardware import probe
+from inferplug.quant.block_linear import Q4Linear, Q8Linear
+
+PRECISIONS = ("float32", "bfloat16")
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor, precision: str) -> torch.Tensor:
+    if precision == "bfloat16":  # both operands rounded to bf16; the products and sums exact here
+        x, weight = x.bfloat16(), weight.bfloat16()
+    return x.double() @ weight.double().T
+
+
+@pytest.mark.parametrize("layer_cls", [Q4Linear, Q8Linear])
+@pytest.mark.parametrize("precision", PRECISIONS)
+# N: whole and partial 16/32-column micro-panels, several panels; K: a partial last K block (288, 576), several (1088)
+@pytest.mark.parametrize("out_features,in_features", [(1, 32), (40, 288), (200, 576), (300, 1088)])
+@pytest.mark.parametrize("rows", [1, 5, 13, 77])
+def test_kernel_equals_the_dequantized_matmul_in_its_precision(ops, layer_cls, precision, out_features, in_features,
+                                                               rows):
+    gen = torch.Generator().manual_seed(out_features + rows)
+    layer = layer_cls.from_float(torch.randn(out_features, in_features, generator=gen) * 0.05)
+    x = torch.randn(rows, in_features, generator=gen)
+    out = getattr(ops, layer.prefill)(x, layer.blocks, precision)
+    expected = reference(x, layer.dequantized(), precision)
+    # float32 sums of in_features products, in another order than float64's
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=2e-6 * in_features ** 0.5)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_threads_and_panel_widths_change_no_bit(ops, precision):
+    """2 threads split the weight rows into other panels than 1 does: the same bits (a row's sums go in one order)."""
+    layer = Q4Linear.from_float(torch.randn(1100, 576, generator=torch.Generator().manual_seed(1)) * 0.05)
+    x = torch.randn(29, 576)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = ops.q4_prefill_matmul(x, layer.blocks, precision)
+        torch.set_num_threads(2)
+        two = ops.q4_prefill_matmul(x, layer.blocks, precision)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+
+
+def test_bf16_takes_vdpbf16ps_where_the_avx512_set_runs_on_a_cpu_with_it(ops):
+    has_dot = ops.isa().startswith("avx512") and "avx512_bf16" in probe().cpu_flags
+    assert ops.bfloat16_dot() == ("vdpbf16ps" if has_dot else "fma")
+
+
+def test_an_unknown_precision_is_rejected(ops):
+    layer = Q8Linear.from_float(torch.randn(8, 64))
+    with pytest.raises(RuntimeError, match="precision must be float32 or bfloat16"):
+        ops.q8_prefill_matmul(torch.randn(2, 64), layer.blocks, "int8")
