@@ -39,7 +39,7 @@ class BlockLinear(WeightOnlyLinear):
     interleaved = True  # the quants by runs of words (the integer kernels' layout)
     kernel: str  # torch.ops.inferplug.<kernel>(x, blocks): the matmul of decode rows
     prefill: str  # torch.ops.inferplug.<prefill>(x, blocks, precision): float32 / bfloat16 prefill rows
-    unpack: str  # torch.ops.inferplug.<unpack>(blocks): the float weight (the kernels' tests compare with it)
+    unpack: str  # torch.ops.inferplug.<unpack>(blocks): the float rows of these blocks (embedding lookups, repacks)
     prefill_gemm = "float32"  # one of PREFILL_GEMMS, set for the whole model by set_prefill_gemm
 
     def __init__(self, blocks: torch.Tensor, bias: torch.Tensor | None = None):
@@ -50,6 +50,7 @@ class BlockLinear(WeightOnlyLinear):
         # The ops' overloads, not their packets: a decode step calls the kernel ~120 times, ~0.5 us saved each.
         self._kernel = getattr(torch.ops.inferplug, self.kernel).default
         self._prefill = getattr(torch.ops.inferplug, self.prefill).default if self.interleaved else None
+        self._dequantize = getattr(torch.ops.inferplug, self.unpack).default  # rows(), requantized(): a few rows each
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "BlockLinear":
