@@ -194,6 +194,9 @@ class Speculative(Table):
 
 class NativeOptions(Table):
     num_threads: int | None = Field(default=None, ge=1)  # torch intra-op threads on CPU
+    # "int8": prefill rows take the int8 / int4 layers' decode kernels (int8 activations) too; its KL divergence
+    # is in docs/profiles.md ("Quality"). "float": they unpack the weight for one float matmul.
+    prefill_activations: Literal["float", "int8"] = "float"
 
 
 class CTranslate2Options(Table):

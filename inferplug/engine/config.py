@@ -26,6 +26,7 @@ class EngineConfig:
     cuda_graphs: bool = True  # decode steps replay captured CUDA graphs (Triton attention on CUDA only)
     tensor_parallel_size: int = 1  # >1: engine/parallel, one process per rank (gloo on CPU, NCCL on CUDA)
     threads_per_rank: int = 0  # tensor parallel on CPU: torch threads of each rank (0: torch's default)
+    prefill_activations: str = "float"  # "int8": prefill rows take the block layers' int8-activation kernels too
 
     @property
     def torch_dtype(self):

@@ -34,12 +34,15 @@ class LayerWeights:
 
 class LlamaModel:
     def __init__(self, config: ModelConfig, state_dict: dict[str, torch.Tensor], *, dtype: torch.dtype, device: str = "cpu",
-                 attention: str = "auto", kv_dtype: torch.dtype | None = None, parallel: SingleDevice = SINGLE):
+                 attention: str = "auto", kv_dtype: torch.dtype | None = None, parallel: SingleDevice = SINGLE,
+                 prefill_activations: str = "float"):
         """`parallel`: this rank's group under tensor parallelism (engine/parallel): `config` and `state_dict` are
-        then the rank's share of the heads and its slices of the weights."""
+        then the rank's share of the heads and its slices of the weights. `prefill_activations` "int8": prefill
+        rows take decode's arithmetic in the block layers (int8 activations, quant/block_linear.py) too."""
         self.config = config
         self.parallel = parallel
         self.dtype, self.device = dtype, torch.device(device)
+        self.int8_prefill = prefill_activations == "int8"
         self.kv_dtype = kv_dtype or dtype  # the pools' dtype (the plan's kv_dtype)
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -105,7 +108,8 @@ class LlamaModel:
         if self.parallel.size == 1 and ops.run_layers(self, x, positions, ctx, kv_caches):
             return x
         delta = None  # each residual branch is added inside the next norm: one fused op
-        rows = ctx.decode_rows + ctx.verify_rows  # the rows that take decode arithmetic (quant/block_linear.py)
+        # the rows that take decode arithmetic (quant/block_linear.py); None: all of them
+        rows = None if self.int8_prefill else ctx.decode_rows + ctx.verify_rows
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             h = ops.add_rms_norm(x, delta, layer.input_norm, eps)
             qkv = linear(h, layer.qkv, layer.qkv_bias, rows)

@@ -57,7 +57,8 @@ def rank_model(spec: WorkerSpec, shard: dict, group, device: str):
 
     config = spec.engine_config
     return LlamaModel(rank_config(spec.model_config, spec.size), shard, dtype=config.torch_dtype, device=device,
-                      attention=config.attention, kv_dtype=config.torch_kv_dtype, parallel=group)
+                      attention=config.attention, kv_dtype=config.torch_kv_dtype, parallel=group,
+                      prefill_activations=config.prefill_activations)
 
 
 def worker_main(spec: WorkerSpec, shard: dict, conn) -> None:
