@@ -233,3 +233,4 @@ class Capabilities:
     json_schema: bool = False  # constrained decoding to a JSON schema; else a RequestError or free-text parsing
     rag_cache: bool = False  # a document KV cache; else documents run as plain, uncached prompt text
     beam_search: bool = False  # SamplingParams.use_beam_search; else the request builder refuses it
+    prompt_logprobs: bool = False  # SamplingParams.prompt_logprobs (the server's echo with logprobs); else refused
