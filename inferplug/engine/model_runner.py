@@ -60,7 +60,7 @@ class ModelRunner:
             return [], []
         logits, prompt_logits = logits.split([len(inputs.sample_rows), len(inputs.prompt_rows)])
         scores = [PromptScores(seq, start, rows)
-                  for (seq, start, count), rows in zip(spans, prompt_logits.split([n for *_, n in spans]))]
+                  for (seq, start, _), rows in zip(spans, prompt_logits.split([n for *_, n in spans]))]
         if not seqs:
             return [], scores
         samples = self.sampler(logits, seqs, [s.spec_token_ids for s in seqs], [s.spec_probs for s in seqs])

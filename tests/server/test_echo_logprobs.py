@@ -77,3 +77,9 @@ def test_vllm_prompt_logprobs_field(client, native, tiny_llama_dir):
 def test_max_tokens_0_without_echo_is_a_400(client):
     with pytest.raises(openai.BadRequestError, match="max_tokens=0"):
         client.completions.create(model="tiny", prompt="hello", max_tokens=0)
+
+
+def test_a_backend_that_cannot_score_prompts_answers_400(live_server):
+    with pytest.raises(openai.BadRequestError, match="prompt_logprobs"):  # CTranslate2: no prompt logits
+        live_server.client().completions.create(model="tiny-llama", prompt="hello", echo=True, logprobs=1,
+                                                max_tokens=0)
