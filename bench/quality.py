@@ -1,9 +1,10 @@
 """Every compute path's quality against the fp32 reference, as llama.cpp measures quantization: mean KL divergence
 (± its standard error), its 99th percentile, top-1 agreement and perplexity on the shipped text
-(inferplug/data/quality/, 512-token chunks, the second half of each scored: inferplug/quality.py), plus whether
-the path still answers "What is the capital of France?" with Paris. The product rule (docs/profiles.md,
-"Quality"): a path may be a default only if its mean KLD is no larger than Q8_0 weights' (int8 weights, fp32
-activations) and the factual answers hold.
+(inferplug/data/quality/, 512-token chunks, the second half of each scored: inferplug/quality.py), plus the
+factual checks of tests/engine/test_precision_paths.py: "What is the capital of France?" answered with Paris, and
+the answer to a Chinese question token for token as fp32's (12 greedy tokens each). The product rule
+(docs/profiles.md, "Quality"): a path may be a default only if its mean KLD is no larger than Q8_0 weights'
+(int8 weights, fp32 activations) and the factual answers hold.
 
 A path is a set of profile overrides (INFERPLUG_* environment variables, read by the profile as a user's would
 be): the engine is built as `inferplug serve` builds it (resolve, then the native backend's build_engine), so
@@ -51,7 +52,8 @@ NOT_MEASURED = {
     "AWQ / GPTQ": "bench/make_smollm2_awq_gptq.py needs GPTQModel's own venv, which this host lacks",
 }
 BASE_ENV = {"INFERPLUG_CACHE__MEMORY": "64MiB"}  # a 512-token chunk needs ~24 MiB of SmolLM2's KV
-QUESTION = "What is the capital of France?"
+FACTS = {"paris": "What is the capital of France?", "zh": "中国的首都是哪里？"}  # as test_precision_paths asks
+FACT_TOKENS = 12
 
 
 @contextlib.contextmanager
@@ -78,15 +80,19 @@ def build(profile_name: str, overrides: dict[str, str]):
         return build_engine(profile, plan), plan
 
 
-def answer(engine, question: str) -> str:
+def answers(engine) -> dict[str, tuple[list[int], str]]:
+    """Each FACTS question's greedy answer: (token ids, text)."""
     from inferplug.types import Request, SamplingParams
 
-    engine.add_request(Request(messages=[{"role": "user", "content": question}],
-                               params=SamplingParams(temperature=0.0, max_tokens=16), request_id="fact"))
-    text = ""
+    params = SamplingParams(temperature=0.0, max_tokens=FACT_TOKENS)
+    for rid, question in FACTS.items():
+        engine.add_request(Request(messages=[{"role": "user", "content": question}], params=params, request_id=rid))
+    out: dict[str, tuple[list[int], str]] = {rid: ([], "") for rid in FACTS}
     while engine.has_unfinished():
-        text += "".join(event.text for event in engine.step())
-    return text
+        for event in engine.step():
+            tokens, text = out[event.request_id]
+            out[event.request_id] = (tokens + event.token_ids, text + event.text)
+    return out
 
 
 def tiny_profile(out: Path) -> str:
@@ -101,9 +107,10 @@ def tiny_profile(out: Path) -> str:
 
 
 def run(profile_name: str, chunk_size: int, chunk_limit: int | None, only: list[str] | None) -> dict:
-    from inferplug.quality import chunks, measure, quality_text, text_logprobs
+    from inferplug.quality import chunks, compare, measure, quality_text, text_logprobs
 
     reference_engine, reference_plan = build(profile_name, PATHS[REFERENCE])
+    reference_zh = answers(reference_engine)["zh"]
     token_ids = reference_engine.tokenizer.encode(quality_text(), add_special_tokens=False)
     chunk_list = chunks(token_ids, chunk_size, chunk_limit)
     started = time.perf_counter()
@@ -117,13 +124,16 @@ def run(profile_name: str, chunk_size: int, chunk_limit: int | None, only: list[
         started = time.perf_counter()
         try:
             engine, plan = (reference_engine, reference_plan) if name == REFERENCE else build(profile_name, overrides)
-            quality = measure(engine, chunk_list, reference)
-            reply = answer(engine, QUESTION)
+            # the reference against itself, as a row of the table (its perplexity), without running it again
+            quality = compare(reference, reference) if name == REFERENCE else measure(engine, chunk_list, reference)
+            replies = answers(engine)
         except Exception as exc:  # noqa: BLE001 - a path that cannot run here is reported, the others still run
             results[name] = {"overrides": overrides, "error": f"{type(exc).__name__}: {exc}"}
             print(f"{name}: not run ({exc})", file=sys.stderr)
             continue
-        results[name] = {"overrides": overrides, **quality.to_dict(), "answer": reply, "paris": "Paris" in reply,
+        facts = "Paris" in replies["paris"][1] and replies["zh"][0] == reference_zh[0]
+        results[name] = {"overrides": overrides, **quality.to_dict(), "facts": facts,
+                         "answers": {rid: text for rid, (_, text) in replies.items()},
                          "seconds": time.perf_counter() - started,
                          "plan": {k: getattr(plan, k) for k in ("dtype", "weight_format", "kv_dtype", "attention")}}
         print(f"{name}: KLD {quality.mean_kld:.3e}, {results[name]['seconds']:.0f} s", file=sys.stderr)
@@ -139,7 +149,7 @@ def table(report: dict) -> str:
     lines = [f"{report['chunks']} chunks of {report['chunk_size']} tokens, {paths[REFERENCE]['positions']} scored positions; "
              f"fp32 perplexity {paths[REFERENCE]['ppl_ref']:.3f}",
              "",
-             "| path | overrides | mean KLD | KLD p99 | top-1 agree | PPL | Paris | KLD <= Q8_0's |",
+             "| path | overrides | mean KLD | KLD p99 | top-1 agree | PPL | facts hold | KLD <= Q8_0's |",
              "|---|---|---|---|---|---|---|---|"]
     for name, r in paths.items():
         overrides = ", ".join(f"`{k.removeprefix('INFERPLUG_')}={v}`" for k, v in r["overrides"].items()) or "(none)"
@@ -149,7 +159,7 @@ def table(report: dict) -> str:
         passes = "" if bound is None else ("yes" if r["mean_kld"] <= bound else "no")
         lines.append(f"| {name} | {overrides} | {r['mean_kld']:.3e} ± {r['kld_se']:.1e} | {r['kld_p99']:.2e} | "
                      f"{r['top1']:.2f} ± {r['top1_se']:.2f} % | {r['ppl']:.3f} ± {r['ppl_se']:.3f} | "
-                     f"{'yes' if r['paris'] else 'no'} | {passes} |")
+                     f"{'yes' if r['facts'] else 'no'} | {passes} |")
     for name, why in report["not_measured"].items():
         lines.append(f"| {name} | | not measured: {why} | | | | | |")
     return "\n".join(lines)

@@ -15,7 +15,7 @@ it comes from).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from importlib.resources import files
 from typing import TYPE_CHECKING, Any
@@ -121,8 +121,14 @@ def _se(values: torch.Tensor) -> float:
     return float(values.std(correction=1) / math.sqrt(n)) if n > 1 else 0.0
 
 
+def compare(reference: list[tuple[torch.Tensor, torch.Tensor]],
+            test: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> Quality:
+    """A path's scored rows against the reference's, chunk by chunk (both from text_logprobs on the same chunks)."""
+    return summarize(PositionStats.cat([compare_rows(ref, rows, targets)
+                                        for (ref, targets), (rows, _) in zip(reference, test, strict=True)]))
+
+
 def measure(engine: LLMEngine, chunk_list: list[list[int]],
             reference: list[tuple[torch.Tensor, torch.Tensor]]) -> Quality:
     """The engine's path against the reference's scored rows (text_logprobs of the fp32 engine, same chunks)."""
-    parts = [compare_rows(ref, test, targets) for (ref, targets), (test, _) in zip(reference, text_logprobs(engine, chunk_list))]
-    return summarize(PositionStats.cat(parts))
+    return compare(reference, text_logprobs(engine, chunk_list))
