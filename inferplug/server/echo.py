@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from inferplug.errors import RequestError
 from inferplug.types import Event, TokenLogprob
 
 
@@ -40,6 +41,9 @@ class Echo:
 
 def make_echo(tokenizer, prompts: list[str | list[int]], per_prompt: int, prompt_only: bool) -> Echo:
     """The echo of a completions call's prompts, tokenized as the engine tokenizes them (engine.encode)."""
+    if tokenizer is None:
+        raise RequestError("echo needs the model's tokenizer, which a remote backend does not have here; drop echo",
+                           param="echo")
     ids = [p if isinstance(p, list) else tokenizer.encode(p) for p in prompts]
     return Echo(texts=[p if isinstance(p, str) else tokenizer.decode(p) for p in prompts],
                 first_tokens=[(i[0], tokenizer.decode(i[:1])) for i in ids], per_prompt=per_prompt,
