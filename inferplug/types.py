@@ -163,7 +163,7 @@ class Request:
 class TokenLogprob:
     token_id: int
     token: str
-    logprob: float
+    logprob: float | None  # None only for a prompt's first token, echoed (it has no prefix)
     top: list[tuple[int, str, float]] = field(default_factory=list)  # (id, text, logprob)
 
 

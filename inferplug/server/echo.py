@@ -34,7 +34,7 @@ class Echo:
         logprobs = event.logprobs
         if logprobs is not None and prompt in self.prompt_entries:
             token_id, text = self.first_tokens[prompt]
-            first = TokenLogprob(token_id, text, None)  # type: ignore[arg-type]  # OpenAI's null for the first
+            first = TokenLogprob(token_id, text, None)  # OpenAI's null for the first
             logprobs = [first, *self.prompt_entries[prompt][1:], *logprobs]
         return dataclasses.replace(event, text=self.texts[prompt] + event.text, logprobs=logprobs)
 
