@@ -32,6 +32,9 @@ class SamplingParams:
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     logprobs: int | None = None  # None: off; k >= 0: the sampled token plus the top k
+    # vLLM's: each prompt token's logprob given its prefix, plus the top k, on the choice's first event (the first
+    # token has no prefix: None). Its prompt is computed, not taken from the prefix cache.
+    prompt_logprobs: int | None = None
     json_schema: dict[str, Any] | None = None  # constrained decoding to this JSON schema
     # Beam search as transformers' generate(num_beams=beam_width, do_sample=False): it ranks by the model's
     # log-probs, so temperature, top_p, top_k, min_p and seed do not apply. The best beam is the one choice.
@@ -78,8 +81,10 @@ class SamplingParams:
             raise bad("min_tokens", "use an integer >= 0")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise bad("min_tokens", f"it must not exceed max_tokens={self.max_tokens}")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
-            raise bad("logprobs", "use an integer in [0, 20]")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or not 0 <= value <= 20):
+                raise bad(name, "use an integer in [0, 20]")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise bad("stop", "use non-empty strings")
         if self.use_beam_search:
@@ -158,7 +163,7 @@ class Request:
 class TokenLogprob:
     token_id: int
     token: str
-    logprob: float
+    logprob: float | None  # None only for a prompt's first token, echoed (it has no prefix)
     top: list[tuple[int, str, float]] = field(default_factory=list)  # (id, text, logprob)
 
 
@@ -206,6 +211,8 @@ class Event:
     text: str = ""  # new text since the previous event of this choice
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
+    # SamplingParams.prompt_logprobs, on choice 0's first event: one entry per prompt token, None for the first
+    prompt_logprobs: list[TokenLogprob | None] | None = None
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None  # the stop string or token id that matched
     usage: Usage | None = None
@@ -226,3 +233,4 @@ class Capabilities:
     json_schema: bool = False  # constrained decoding to a JSON schema; else a RequestError or free-text parsing
     rag_cache: bool = False  # a document KV cache; else documents run as plain, uncached prompt text
     beam_search: bool = False  # SamplingParams.use_beam_search; else the request builder refuses it
+    prompt_logprobs: bool = False  # SamplingParams.prompt_logprobs (the server's echo with logprobs); else refused

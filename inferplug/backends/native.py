@@ -105,7 +105,7 @@ class NativeBackend(Backend):
         import importlib.util
 
         return Capabilities(
-            n=True, tools=True, beam_search=True, rag_cache=self.engine.engine.doc_cache is not None,  # doc_cache: engine/doc_cache.py
+            n=True, tools=True, beam_search=True, prompt_logprobs=True, rag_cache=self.engine.engine.doc_cache is not None,  # doc_cache: engine/doc_cache.py
             json_schema=importlib.util.find_spec("xgrammar") is not None,  # engine/guided.py needs it
         )
 

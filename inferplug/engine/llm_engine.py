@@ -17,9 +17,9 @@ from inferplug.engine.sampler import SampleResult, Sampler
 from inferplug.engine.scheduler import Scheduler
 from inferplug.engine.sequence import Sequence
 from inferplug.engine.spec_decode import make_proposer, spec_stats
-from inferplug.errors import RequestError
+from inferplug.errors import GenerationError, RequestError
 from inferplug.models.config import ModelConfig
-from inferplug.types import Event, FinishReason, Request
+from inferplug.types import Event, FinishReason, Request, SamplingParams
 
 
 class LLMEngine:
@@ -105,7 +105,8 @@ class LLMEngine:
         state = RequestState.create(request, prompt_ids, self.max_model_len, self.tokenizer, self.config.device,
                                     self.eos_token_ids, self.reasoning_parser)
         first, *rest = state.seqs
-        if self.doc_cache is not None:  # map the request's document spans to token segments
+        if self.doc_cache is not None and request.params.prompt_logprobs is None:  # map document spans to tokens
+            # (not with prompt logprobs: a document's KV from the cache has no logits)
             self.doc_cache.plan(first, text, request.documents)
         self.scheduler.add(first, siblings=[] if state.beams else rest)  # beams join by forking from the first
         self.requests[request.request_id] = state  # only now: a request that failed above must not linger
@@ -127,9 +128,11 @@ class LLMEngine:
                 return self._fail(set(self.requests), "the engine lost track of this request (a bug); send it again")
             return []
         try:
-            samples = self.runner.run(scheduled)
+            samples, prompt_scores = self.runner.run(scheduled)
         except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the engine
             return self._fail({s.request_id for s, _ in scheduled}, f"the model step failed: {exc!r}")
+        for score in prompt_scores:  # before the samples: a prompt's last chunk also samples its first token
+            score.seq.output.prompt.add(score.start, score.logits)
         self.scheduler.update_after_step(scheduled, {s: len(kept) - 1 for s, kept in samples if s.spec_token_ids})
         events: list[Event] = []
         beam_rows: dict[str, dict[Sequence, torch.Tensor]] = {}
@@ -206,6 +209,23 @@ class LLMEngine:
                 if not seq.is_finished:
                     events.append(self._finish(seq, state, "error", message))
         return events
+
+    def prompt_logprob_rows(self, prompt_ids: list[int]) -> torch.Tensor:
+        """Teacher forcing through this engine's own prefill: fp32 log-softmax rows [len(prompt_ids) - 1, vocab],
+        row p the distribution of token p + 1 given tokens 0..p (inferplug/quality.py). It steps the engine until
+        the prompt is done, so the engine must be idle."""
+        if self.requests:
+            raise RequestError("prompt_logprob_rows steps the engine itself: finish or abort its requests first")
+        request = Request(prompt=list(prompt_ids), params=SamplingParams(temperature=0.0, max_tokens=1,
+                                                                         prompt_logprobs=0))
+        self.add_request(request)
+        collector = self.requests[request.request_id].seqs[0].output.prompt
+        collector.keep_rows()
+        while self.requests:
+            for event in self.step():
+                if event.error:
+                    raise GenerationError(f"scoring a {len(prompt_ids)}-token prompt failed: {event.error}")
+        return collector.stacked_rows()
 
     def close(self) -> None:
         """Release what outlives the object: a tensor-parallel engine's worker processes."""

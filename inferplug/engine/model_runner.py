@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from inferplug.engine.ops import StepRows
+from inferplug.engine.prompt_logprobs import PromptScores, scored_rows
 from inferplug.engine.sampler import SampleResult, Sampler
 from inferplug.engine.sequence import Sequence
 
@@ -31,6 +32,7 @@ class StepInputs:
     positions: list[int] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)
     sample_rows: list[int] = field(default_factory=list)
+    prompt_rows: list[int] = field(default_factory=list)  # rows scoring the next prompt token (prompt_logprobs)
 
 
 class ModelRunner:
@@ -47,23 +49,33 @@ class ModelRunner:
         self._graph_sizes = dict(max_num_seqs=max_num_seqs, max_blocks=-(-max_model_len // block_size)) \
             if max_num_seqs and max_model_len else None
 
-    def run(self, scheduled: list[tuple[Sequence, int]]) -> list[tuple[Sequence, list[SampleResult]]]:
-        """Compute the scheduled tokens; return the samples of each sequence whose tokens are now all computed:
-        one, or for a speculating sequence its accepted proposals and one more (engine/spec_decode.py)."""
-        seqs, logits = self.forward(scheduled)
+    def run(self, scheduled: list[tuple[Sequence, int]]
+            ) -> tuple[list[tuple[Sequence, list[SampleResult]]], list[PromptScores]]:
+        """Compute the scheduled tokens; return the samples of each sequence whose tokens are now all computed
+        (one, or for a speculating sequence its accepted proposals and one more: engine/spec_decode.py), and the
+        logits of the prompt rows that sequences asking for prompt_logprobs computed."""
+        inputs, seqs, spans = self.layout(scheduled, score_prompts=True)
+        logits = self.execute(inputs)
+        if logits is None:
+            return [], []
+        logits, prompt_logits = logits.split([len(inputs.sample_rows), len(inputs.prompt_rows)])
+        scores = [PromptScores(seq, start, rows)
+                  for (seq, start, _), rows in zip(spans, prompt_logits.split([n for *_, n in spans]))]
         if not seqs:
-            return []
+            return [], scores
         samples = self.sampler(logits, seqs, [s.spec_token_ids for s in seqs], [s.spec_probs for s in seqs])
-        return list(zip(seqs, samples))
+        return list(zip(seqs, samples)), scores
 
     def forward(self, scheduled: list[tuple[Sequence, int]]) -> tuple[list[Sequence], torch.Tensor | None]:
         """Compute the scheduled tokens; return the sequences whose tokens are now all computed and their logits
         rows: one each, or for a speculating sequence one per proposal and one more."""
-        inputs, seqs = self.layout(scheduled)
+        inputs, seqs, _ = self.layout(scheduled)
         return seqs, self.execute(inputs)
 
-    def layout(self, scheduled: list[tuple[Sequence, int]]) -> tuple[StepInputs, list[Sequence]]:
-        """The step's flat rows, and the sequences that sample (in sample-row order).
+    def layout(self, scheduled: list[tuple[Sequence, int]], score_prompts: bool = False
+               ) -> tuple[StepInputs, list[Sequence], list[tuple[Sequence, int, int]]]:
+        """The step's flat rows, the sequences that sample (in sample-row order) and, with score_prompts, the
+        (sequence, first position, rows) of the prompt rows scored for prompt_logprobs (in prompt-row order).
         Verification rows (a decode token and its proposals) follow the decode rows and take their arithmetic
         (verify_rows), so a token comes out as plain decoding would compute it."""
         decodes = [(s, n) for s, n in scheduled if is_decode(s, n)]
@@ -72,18 +84,23 @@ class ModelRunner:
         prefills = [(s, n) for s, n in scheduled if not is_decode(s, n) and not s.spec_token_ids]
         inputs = StepInputs(decodes, verifies + prefills, sum(n for _, n in verifies))
         sample_seqs: list[Sequence] = []
+        spans: list[tuple[Sequence, int, int]] = []
         for seq, n in decodes + verifies + prefills:
             start, tokens = seq.num_computed_tokens, seq.token_ids + seq.spec_token_ids
+            if score_prompts and (scored := scored_rows(seq, start, n)):
+                inputs.prompt_rows += range(len(inputs.input_ids), len(inputs.input_ids) + scored)
+                spans.append((seq, start, scored))
             inputs.input_ids += tokens[start:start + n]
             inputs.positions += range(start, start + n)
             inputs.slots += [self._slot(seq, p) for p in range(start, start + n)]
             if start + n == len(tokens):
                 inputs.sample_rows += range(len(inputs.input_ids) - 1 - len(seq.spec_token_ids), len(inputs.input_ids))
                 sample_seqs.append(seq)
-        return inputs, sample_seqs
+        return inputs, sample_seqs, spans
 
     def execute(self, inputs: StepInputs) -> torch.Tensor | None:
-        """Run the model over the step's rows; the fp32 logits of its sample rows (None: no row samples)."""
+        """Run the model over the step's rows; the fp32 logits of its sample rows, then of its prompt rows (None:
+        neither)."""
         ctx = self.model.ops.context(StepRows(inputs.decodes, inputs.prefills, self._tensor(inputs.slots),
                                               self.block_size, self.device))
         ctx.verify_rows = inputs.verify_rows
@@ -95,9 +112,10 @@ class ModelRunner:
             hidden = self.graphs.replay(ids, pos, ctx)
         else:
             hidden = self.model.forward(ids, pos, ctx, self.kv_caches)
-        if not inputs.sample_rows:
+        rows = inputs.sample_rows + inputs.prompt_rows
+        if not rows:
             return None
-        return self.model.compute_logits(hidden[self._tensor(inputs.sample_rows)])
+        return self.model.compute_logits(hidden[self._tensor(rows)])
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy whole KV blocks, (source, destination) pairs: a beam's copy on write of a shared partial block."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferplug.engine.detokenizer import IncrementalDetokenizer
+from inferplug.engine.prompt_logprobs import PromptLogprobs
 from inferplug.types import Event, FinishReason, SamplingParams, Timings, TokenLogprob, Usage
 
 
@@ -34,6 +35,9 @@ class ChoiceOutput:
         self.stop_reason: str | int | None = None
         self.first_token_time: float | None = None
         self.finished_time: float | None = None
+        # the request's prompt logprobs (the first choice's), filled by the engine and put on the first event
+        self.prompt = PromptLogprobs(prompt_ids, params.prompt_logprobs) \
+            if params.prompt_logprobs is not None and index == 0 else None
 
     @property
     def done(self) -> bool:
@@ -45,6 +49,8 @@ class ChoiceOutput:
         self.num_tokens += 1
         self.first_token_time = self.first_token_time or time.perf_counter()
         event = Event(self.request_id, self.index, token_ids=[token_id])
+        if self.prompt is not None and self.num_tokens == 1:
+            event.prompt_logprobs = self.prompt.entries(self.tokenizer)
         if self.params.logprobs is not None and logprob is not None:
             text = self.tokenizer.decode
             event.logprobs = [TokenLogprob(token_id, text([token_id]), logprob,

@@ -21,6 +21,7 @@ from collections import deque
 from typing import Any, Protocol
 
 from inferplug.engine.block_manager import BlockManager
+from inferplug.engine.prompt_logprobs import wants_prompt_logprobs
 from inferplug.engine.sequence import Sequence, SequenceStatus
 
 
@@ -251,6 +252,8 @@ class Scheduler:
 
     def _prefix_hits(self, seq: Sequence) -> list[int]:
         """Cached blocks of seq's longest cached prefix, exact first, then blocks filled from the prefix source."""
+        if wants_prompt_logprobs(seq):  # its prompt rows' logits are asked for: a cached block has none
+            return []
         hits = self.blocks.lookup_prefix(seq)
         if self.prefix_source is not None and self.prefix_source.has_spans(seq):
             # a request with the same documents would fill these blocks with the same KV: take them instead

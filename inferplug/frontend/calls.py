@@ -34,6 +34,7 @@ class Result:
     timings: Timings | None = None
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None  # when the request asked for them
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # SamplingParams.prompt_logprobs, when asked for
     tool_calls: list[ToolCall] = field(default_factory=list)  # calls the backend parsed itself (a remote server)
 
     def calls(self, tools: list[dict[str, Any]]) -> list[ToolCall]:
@@ -61,6 +62,7 @@ class ResultBuilder:
                 self.result.logprobs = self.result.logprobs or []
                 self.result.logprobs.extend(event.logprobs)
             self.result.token_ids += event.token_ids
+            self.result.prompt_logprobs = event.prompt_logprobs or self.result.prompt_logprobs
             if event.finish_reason is not None:
                 self.result.finish_reason, self.result.stop_reason = event.finish_reason, event.stop_reason
         if event.usage is not None:

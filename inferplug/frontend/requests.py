@@ -128,6 +128,9 @@ def _check_capabilities(backend: Any, params: SamplingParams, offered: list[dict
     if params.use_beam_search and not caps.beam_search:
         raise RequestError(f"the {backend.name} backend does not run beam search; drop use_beam_search or use a "
                            "profile on the native engine", param="use_beam_search")
+    if params.prompt_logprobs is not None and not caps.prompt_logprobs:
+        raise RequestError(f"the {backend.name} backend does not score prompt tokens; drop prompt_logprobs (or echo "
+                           "with logprobs) or use a profile on the native engine", param="prompt_logprobs")
 
 
 def _document_hints(backend: Any, messages: list[dict[str, Any]] | None, prompt: Any,

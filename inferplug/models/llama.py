@@ -107,7 +107,8 @@ class LlamaModel:
         if self.parallel.size == 1 and ops.run_layers(self, x, positions, ctx, kv_caches):
             return x
         delta = None  # each residual branch is added inside the next norm: one fused op
-        rows = ctx.decode_rows + ctx.verify_rows  # the rows that take decode arithmetic (quant/block_linear.py)
+        # the rows that take decode arithmetic (quant/block_linear.py); None: all of them
+        rows = ctx.decode_rows + ctx.verify_rows
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             h = ops.add_rms_norm(x, delta, layer.input_norm, eps)
             qkv = linear(h, layer.qkv, layer.qkv_bias, rows)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from inferplug.frontend.tool_calls import calls_from_deltas
+from inferplug.server.echo import Echo
 from inferplug.server.tool_output import ToolCallText, tool_calls_json
 from inferplug.types import Event, TokenLogprob, ToolCallDelta, Usage
 
@@ -50,9 +52,16 @@ def completion_logprobs(entries: list[TokenLogprob], text_offset: int) -> dict[s
     return {
         "tokens": [e.token for e in entries],
         "token_logprobs": [e.logprob for e in entries],
-        "top_logprobs": [{t: lp for _, t, lp in e.top} for e in entries],
+        "top_logprobs": [None if e.logprob is None else {t: lp for _, t, lp in e.top} for e in entries],
         "text_offset": offsets,
     }
+
+
+def vllm_prompt_logprobs(entries: list[TokenLogprob | None]) -> list[dict[str, Any] | None]:
+    """vLLM's `prompt_logprobs` of a completion choice: per prompt token, None for the first, else
+    {token id: {logprob, decoded_token}} for the token and its top alternatives."""
+    return [None if e is None else {str(i): {"logprob": lp, "decoded_token": t} for i, t, lp in [(e.token_id, e.token,
+            e.logprob), *e.top]} for e in entries]
 
 
 @dataclass
@@ -60,6 +69,7 @@ class ChoiceState:
     text: str = ""
     reasoning: str = ""  # a reasoning model's think text: `reasoning_content`, as vLLM's reasoning parsers send it
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # SamplingParams.prompt_logprobs (vLLM's field)
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     started: bool = False  # a chat stream sends the role once, in the first chunk
@@ -71,10 +81,13 @@ class ResponseBuilder:
     """Builds one call's responses from its events, for /v1/chat/completions or /v1/completions."""
 
     def __init__(self, kind: Kind, model: str, num_choices: int, want_logprobs: bool,
-                 tools: list[dict[str, Any]] | None = None, parallel_tool_calls: bool = True):
+                 tools: list[dict[str, Any]] | None = None, parallel_tool_calls: bool = True, *,
+                 echo: Echo | None = None, want_prompt_logprobs: bool = False):
+        """`echo`: completions' echo (server/echo.py); `want_prompt_logprobs`: vLLM's prompt_logprobs per choice."""
         self.kind = kind
         self.model = model
         self.want_logprobs = want_logprobs
+        self.echo, self.want_prompt_logprobs = echo, want_prompt_logprobs
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.choices = [ChoiceState(tool_text=ToolCallText(tools, parallel_tool_calls) if tools else None)
@@ -82,7 +95,15 @@ class ResponseBuilder:
         self.aborted = False  # some choice was aborted by the backend, not finished
 
     def add(self, event: Event) -> ChoiceState:
+        return self._add(self._as_sent(event))
+
+    def _as_sent(self, event: Event) -> Event:
+        return self.echo.apply(event) if self.echo is not None else event
+
+    def _add(self, event: Event) -> ChoiceState:
         choice = self.choices[event.index]
+        if event.prompt_logprobs is not None:
+            choice.prompt_logprobs = event.prompt_logprobs
         choice.text += event.text
         choice.reasoning += event.reasoning
         choice.logprobs.extend(event.logprobs or [])
@@ -101,8 +122,12 @@ class ResponseBuilder:
             "created": self.created,
             "model": self.model,
             "choices": [self._choice(i, c) for i, c in enumerate(self.choices)],
-            "usage": usage_json(usage),
+            "usage": usage_json(self._usage(usage)),
         }
+
+    def _usage(self, usage: Usage) -> Usage:
+        """max_tokens 0 generated one token to score the prompt, and dropped it: none to count."""
+        return dataclasses.replace(usage, completion_tokens=0) if self.echo and self.echo.prompt_only else usage
 
     def _choice(self, index: int, c: ChoiceState) -> dict[str, Any]:
         if self.kind == "chat":
@@ -117,16 +142,20 @@ class ResponseBuilder:
             return {"index": index, "message": message, "logprobs": logprobs,
                     "finish_reason": _finish_with_calls(c.finish_reason, bool(calls)), "stop_reason": c.stop_reason}
         logprobs = completion_logprobs(c.logprobs, 0) if self.want_logprobs else None
-        return {"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish_reason,
+        body = {"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish_reason,
                 "stop_reason": c.stop_reason}
+        if self.want_prompt_logprobs:
+            body["prompt_logprobs"] = vllm_prompt_logprobs(c.prompt_logprobs or [])
+        return body
 
     # --- stream chunks ------------------------------------------------------------
     def chunk(self, event: Event, include_usage: bool) -> dict[str, Any] | None:
         """The chunk for one event, or None when it carries nothing to send."""
+        event = self._as_sent(event)
         choice = self.choices[event.index]
         offset = len(choice.text)
         first = not choice.started
-        self.add(event)
+        self._add(event)
         choice.started = True
         if not (event.text or event.reasoning or event.tool_calls or event.finish_reason or first
                 or (self.want_logprobs and event.logprobs)):
@@ -162,7 +191,7 @@ class ResponseBuilder:
         return {"content": None, "tool_calls": tool_calls_json(calls, True)} if calls else {"content": content + held}
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
-        return self._chunk_envelope([], usage_json(usage), True)
+        return self._chunk_envelope([], usage_json(self._usage(usage)), True)
 
     def _chunk_envelope(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None,
                         include_usage: bool) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from inferplug.errors import RequestError
 from inferplug.frontend.requests import Prepared, build_request
 from inferplug.server.app import check_api_key, error_body
+from inferplug.server.echo import make_echo
 from inferplug.server.generation import Generation
 from inferplug.server.responses import ResponseBuilder
 from inferplug.server.schemas import ChatCompletionRequest, CompletionRequest
@@ -51,7 +52,9 @@ async def models(request: Request) -> dict[str, Any]:
 async def completions(body: CompletionRequest, request: Request) -> Response:
     backend = _served(body, request)
     prepared = [build_request(backend, prompt=p, options=body.to_options()) for p in body.prompts()]
-    return await _generate("completion", body, prepared, request, body.logprobs is not None)
+    echo = make_echo(backend.tokenizer, body.prompts(), body.n, body.prompt_only) if body.echo else None
+    return await _generate("completion", body, prepared, request, body.logprobs is not None, echo=echo,
+                           want_prompt_logprobs=body.prompt_logprobs is not None)
 
 
 @router.post("/v1/chat/completions", dependencies=v1)
@@ -81,12 +84,12 @@ def _served(body: CompletionRequest | ChatCompletionRequest, request: Request) -
 
 
 async def _generate(kind: str, body: CompletionRequest | ChatCompletionRequest, prepared: list[Prepared],
-                    request: Request, want_logprobs: bool) -> Response:
+                    request: Request, want_logprobs: bool, **builder_kw: Any) -> Response:
     backend = request.app.state.backend
     generation = Generation(backend, [p.request for p in prepared])
     n = prepared[0].request.params.n
     builder = ResponseBuilder(kind, body.model, len(prepared) * n, want_logprobs, prepared[0].tools or None,
-                              prepared[0].parallel_tool_calls)
+                              prepared[0].parallel_tool_calls, **builder_kw)
     try:
         await generation.start()
     except BaseException:

@@ -62,14 +62,16 @@ class _Common(BaseModel):
 class CompletionRequest(_Common):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(default=None, ge=0, le=20)
-    echo: bool = False
+    echo: bool = False  # the prompt before the completion; with logprobs, its tokens' logprobs too (the first: null)
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=20)  # vLLM's: the choice's prompt_logprobs list
     suffix: str | None = None
     best_of: int | None = None
 
     @model_validator(mode="after")
     def _supported(self) -> CompletionRequest:
-        if self.echo:
-            raise ValueError("echo=true is not supported; prepend the prompt to the completion yourself")
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens=0 generates nothing: use it with echo=true to score the prompt (as "
+                             "lm-evaluation-harness does), or give max_tokens >= 1")
         if self.suffix:
             raise ValueError("suffix (insertion) is not supported; send the whole prompt instead")
         if self.use_beam_search and self.best_of is not None:  # vLLM's beam search reads best_of as the width
@@ -87,8 +89,15 @@ class CompletionRequest(_Common):
             return [p]  # type: ignore[list-item]
         return list(p)  # type: ignore[arg-type]
 
+    @property
+    def prompt_only(self) -> bool:
+        """max_tokens=0 with echo: the prompt scored, nothing generated (one token is, then dropped)."""
+        return self.max_tokens == 0
+
     def to_options(self) -> dict[str, Any]:
-        return self.sampling_options(self.logprobs, self.max_tokens)
+        scored = self.prompt_logprobs if self.prompt_logprobs is not None else self.logprobs if self.echo else None
+        return {**self.sampling_options(self.logprobs, 1 if self.prompt_only else self.max_tokens),
+                "prompt_logprobs": scored}
 
 
 class FunctionDefinition(BaseModel):

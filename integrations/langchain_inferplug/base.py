@@ -120,4 +120,4 @@ def _logprobs_option(logprobs: bool | int | None, top_logprobs: int | None) -> i
 _FIELD_KEYS = ("temperature", "max_tokens", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
                "frequency_penalty", "seed")
 _SAMPLING_KEYS = {*_FIELD_KEYS, "json_schema", "ignore_eos", "min_tokens", "use_beam_search", "beam_width",
-                  "length_penalty", "early_stopping"}
+                  "length_penalty", "early_stopping", "prompt_logprobs"}

@@ -12,6 +12,7 @@ from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 from inferplug.frontend.binding import usage_counts
 from inferplug.frontend.calls import Result, aiter_events, generate_all
 from inferplug.frontend.requests import build_request
+from inferplug.server.responses import vllm_prompt_logprobs
 from langchain_inferplug.base import InferPlugFields
 
 
@@ -34,8 +35,10 @@ class InferPlugLLM(InferPlugFields, BaseLLM):
                              memory=self.document_memory).request
 
     def _generation(self, result: Result) -> list[Generation]:
-        return [Generation(text=result.text, generation_info={
-            "finish_reason": result.finish_reason, "model_name": self.model, "usage": usage_counts(result.usage)})]
+        info = {"finish_reason": result.finish_reason, "model_name": self.model, "usage": usage_counts(result.usage)}
+        if result.prompt_logprobs is not None:  # the call's prompt_logprobs=k, in vLLM's shape
+            info["prompt_logprobs"] = vllm_prompt_logprobs(result.prompt_logprobs)
+        return [Generation(text=result.text, generation_info=info)]
 
     def _generate(self, prompts: list[str], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> LLMResult:

@@ -1,0 +1,82 @@
+"""Prompt logprobs (vLLM's SamplingParams.prompt_logprobs): each prompt token's log-prob given its prefix.
+
+A prefill chunk's row at position p predicts prompt token p + 1, so the runner takes the logits of those rows
+along with the sampled rows' (ModelRunner.layout) and the engine hands each chunk's rows here. The request's
+first choice collects them by position (a preempted prompt computes its rows again and overwrites them) and puts
+them on its first event. Such a prompt is computed, not read from the prefix cache (Scheduler._prefix_hits),
+since a cached block has no logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from inferplug.types import TokenLogprob
+
+if TYPE_CHECKING:
+    from inferplug.engine.sequence import Sequence
+
+
+def wants_prompt_logprobs(seq: Sequence) -> bool:
+    """seq scores its prompt: asked for, the request's first choice, and nothing generated yet (then it is done)."""
+    return seq.params.prompt_logprobs is not None and seq.index == 0 and seq.num_output_tokens == 0
+
+
+def scored_rows(seq: Sequence, start: int, n: int) -> int:
+    """How many rows of seq's chunk [start, start + n) predict a prompt token (the last prompt row samples)."""
+    if not wants_prompt_logprobs(seq):
+        return 0
+    return max(0, min(start + n, seq.num_prompt_tokens - 1) - start)
+
+
+@dataclass
+class PromptScores:
+    """One chunk's scored rows: fp32 logits [count, vocab] of positions start .. start + count - 1."""
+
+    seq: Sequence
+    start: int
+    logits: torch.Tensor
+
+
+class PromptLogprobs:
+    """A request's prompt logprobs, filled chunk by chunk."""
+
+    def __init__(self, prompt_ids: list[int], top: int):
+        self.prompt_ids, self.top = prompt_ids, top
+        self.chosen: dict[int, float] = {}  # position p -> logprob of prompt token p + 1
+        self.alternatives: dict[int, list[tuple[int, float]]] = {}
+        self.rows: dict[int, torch.Tensor] | None = None  # position -> [vocab] log-softmax, once keep_rows()
+
+    def keep_rows(self) -> None:
+        """Keep every row's whole log-softmax too (LLMEngine.prompt_logprob_rows: the quality measurement)."""
+        self.rows = {}
+
+    def add(self, start: int, logits: torch.Tensor) -> None:
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        targets = torch.tensor(self.prompt_ids[start + 1:start + 1 + len(logprobs)], device=logprobs.device)
+        chosen = logprobs.gather(1, targets[:, None])[:, 0].tolist()
+        values, ids = logprobs.topk(self.top, dim=-1) if self.top else (logprobs[:, :0], logprobs[:, :0].long())
+        for i, (lp, tops, top_ids) in enumerate(zip(chosen, values.tolist(), ids.tolist())):
+            self.chosen[start + i] = lp
+            self.alternatives[start + i] = list(zip(top_ids, tops))
+            if self.rows is not None:
+                self.rows[start + i] = logprobs[i]
+
+    @property
+    def complete(self) -> bool:
+        return len(self.chosen) == len(self.prompt_ids) - 1
+
+    def entries(self, tokenizer: Any) -> list[TokenLogprob | None]:
+        """vLLM's shape: None for the first prompt token, then each token's logprob and the top alternatives."""
+        text = tokenizer.decode
+        return [None] + [
+            TokenLogprob(token, text([token]), self.chosen[p], [(t, text([t]), lp) for t, lp in self.alternatives[p]])
+            for p, token in enumerate(self.prompt_ids[1:])
+        ]
+
+    def stacked_rows(self) -> torch.Tensor:
+        """Every kept row in position order: [len(prompt) - 1, vocab]."""
+        return torch.stack([self.rows[p] for p in sorted(self.rows)])
