@@ -2,7 +2,8 @@
 
 Writes random models at Llama/Mistral-7B geometry (bench/real_size_files.py: 32 layers, width 4096, 32 heads, 8 KV
 heads, MLP 14336; SmolLM2's tokenizer, so vocab 49152): a Q4_K_M-style GGUF, an AutoAWQ GEMM and a GPTQ act-order
-checkpoint (4-bit, group 128). Each engine runs in its own subprocess (bench/real_size_engines.py) twice:
+checkpoint (4-bit, group 128). llama.cpp runs the GGUF; --formats picks inferplug's rows. Each engine runs in its
+own subprocess (bench/real_size_engines.py) twice:
   cold   the model's files (and inferplug's INFERPLUG_HOME) dropped from the page cache first; load only
   warm   the files read into the page cache first; load, then 512-token prefill, one-stream decode, 8 streams
 and its peak RSS (VmHWM) is sampled from outside, so an out-of-memory kill still leaves a row. inferplug loads
@@ -84,7 +85,8 @@ def read_into_page_cache(paths: list[Path]) -> None:
                 pass
 
 
-def run_child(engine: str, model: Path, w: Workload, load_only: bool, env: dict, log: Path, timeout: float) -> dict:
+def run_child(engine: str, model: Path, w: Workload, load_only: bool, env: dict, log: Path, timeout: float,
+              max_rss: float) -> dict:
     """The engine's stages as it reported them, plus its peak RSS sampled from outside and how it ended."""
     cmd = [sys.executable, str(BENCH / "real_size_engines.py"), engine, str(model), "--workload",
            json.dumps(asdict(w))] + (["--load-only"] if load_only else [])
@@ -92,15 +94,21 @@ def run_child(engine: str, model: Path, w: Workload, load_only: bool, env: dict,
         err.write(f"\n$ {' '.join(cmd)}\n")
         err.flush()
         child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
-        status, peak, start = Path(f"/proc/{child.pid}/status"), 0, time.monotonic()
+        status, peak, start, stopped = Path(f"/proc/{child.pid}/status"), 0, time.monotonic(), None
         while child.poll() is None:
             try:
-                line = next(x for x in status.read_text().splitlines() if x.startswith("VmHWM"))
-                peak = max(peak, int(line.split()[1]) * 1024)
-            except (OSError, StopIteration):
-                pass
-            if time.monotonic() - start > timeout:
+                fields = dict(x.split(":", 1) for x in status.read_text().splitlines() if ":" in x)
+                peak, rss = max(peak, int(fields["VmHWM"].split()[0]) * 1024), int(fields["VmRSS"].split()[0]) * 1024
+            except (OSError, KeyError):
+                rss = 0
+            if rss > max_rss:  # the bench stops it first: an OOM kill on a shared machine may hit another process
+                stopped = f"stopped by the bench at RSS {rss / GIB:.1f} GiB (--max-rss-gib {max_rss / GIB:.1f})"
+            elif time.monotonic() - start > timeout:
+                stopped = f"stopped by the bench after --timeout {timeout:.0f} s"
+            if stopped:
                 child.kill()
+                child.wait()
+                break
             time.sleep(0.2)
         out = child.stdout.read()
     stages = {}
@@ -108,15 +116,20 @@ def run_child(engine: str, model: Path, w: Workload, load_only: bool, env: dict,
         if line.startswith("RESULT "):
             data = json.loads(line[len("RESULT "):])
             stages[data.pop("stage")] = data
-    if child.returncode < 0 and "error" not in stages:
-        why = "SIGKILL: out of memory (the kernel's OOM killer) or --timeout" if child.returncode == -9 else ""
-        stages["error"] = {"error": f"killed by signal {-child.returncode} {why}".strip()}
+    if stopped:
+        stages["error"] = {"error": stopped}
+    elif child.returncode < 0 and "error" not in stages:
+        why = " (SIGKILL: the kernel's OOM killer)" if child.returncode == -9 else ""
+        stages["error"] = {"error": f"killed by signal {-child.returncode}{why}"}
     elif child.returncode and "error" not in stages:
         stages["error"] = {"error": f"exit code {child.returncode}; see {log}"}
     return {"stages": stages, "peak_rss_sampled": peak, "returncode": child.returncode}
 
 
-def measure(engine: str, fmt: str, model: Path, w: Workload, args, bandwidth: float) -> dict:
+def measure(engine: str, fmt: str, model: Path, w: Workload, args) -> dict:
+    """One engine's row: a cold load, then the warm run, with the memory bandwidth measured around it."""
+    from inferplug.selftest import memory_bandwidth
+
     env = dict(os.environ)
     row: dict = {"format": fmt, "engine": engine, "model": str(model)}
     target, files = model, files_of(model)
@@ -133,10 +146,12 @@ def measure(engine: str, fmt: str, model: Path, w: Workload, args, bandwidth: fl
     log = args.dir / f"{model.name}.{engine}.log"
     print(f"{fmt} / {engine}: cold load ...", flush=True)
     row["resident_before_cold"] = drop_page_cache(files)
-    row["cold"] = run_child(engine, target, w, True, env, log, args.timeout)
+    row["cold"] = run_child(engine, target, w, True, env, log, args.timeout, args.max_rss_gib * GIB)
     print(f"{fmt} / {engine}: warm run ...", flush=True)
     read_into_page_cache(files_of(model))
-    row["warm"] = run_child(engine, target, w, False, env, log, args.timeout)
+    bandwidth = memory_bandwidth("cpu", 2.0)  # just before: the machine is shared, its bandwidth varies
+    row["warm"] = run_child(engine, target, w, False, env, log, args.timeout, args.max_rss_gib * GIB)
+    row["memory_bandwidth_bytes_per_s"] = bandwidth = (bandwidth + memory_bandwidth("cpu", 2.0)) / 2
     row["loadavg_after"] = os.getloadavg()  # the machine is shared: how busy it was
     facts = row["warm"]["stages"].get("load") or row["cold"]["stages"].get("load") or {}
     step_bytes = facts.get("decode_weight_bytes") or decode_bytes(model)
@@ -158,6 +173,7 @@ COLUMNS = [  # (title, figure of a row, format)
     ("decode tok/s", lambda r: _stage(r, "warm", "decode", "decode_tok_s"), "{:.2f}"),
     ("8-stream tok/s", lambda r: _stage(r, "warm", "streams", "throughput_tok_s"), "{:.2f}"),
     ("step GiB", lambda r: r.get("decode_step_bytes", 0) / GIB or None, "{:.2f}"),
+    ("bw GB/s", lambda r: r.get("memory_bandwidth_bytes_per_s", 0) / 1e9 or None, "{:.1f}"),
     ("decode / bw", lambda r: r.get("bandwidth_fraction"), "{:.0%}"),
 ]
 
@@ -185,6 +201,11 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _available_gib() -> float:
+    line = next(x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemAvailable"))
+    return int(line.split()[1]) * 1024 / GIB
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", type=Path, default=Path("/work/tmp-realsize"))
@@ -198,6 +219,8 @@ def main() -> None:
     parser.add_argument("--decode-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3, help="prefill runs (their median)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per engine subprocess")
+    parser.add_argument("--max-rss-gib", type=float, default=_available_gib() * 0.85,
+                        help="stop an engine whose RSS passes this (default: 85%% of the memory available now)")
     parser.add_argument("--json", default="real-size-result.json")
     args = parser.parse_args()
 
@@ -205,28 +228,26 @@ def main() -> None:
 
     from inferplug.kernels.cpu import ops
     from inferplug.profile import load_profile
-    from inferplug.selftest import memory_bandwidth
     from inferplug.sources import ensure_local
 
     tokenizer_gguf = ensure_local(load_profile("smollm2-135m").model)
     geometry = Geometry(layers=args.layers)
     w = Workload(context=args.context, threads=args.threads, vocab=geometry.vocab, prefill_tokens=args.prefill_tokens,
                  decode_tokens=args.decode_tokens, streams=args.streams, repeats=args.repeats)
-    formats = [f for f in args.formats.split(",") if f]
-    models = {fmt: ensure_model(args.dir, fmt, geometry, tokenizer_gguf) for fmt in formats}
-    torch.set_num_threads(args.threads)
-    bandwidth = memory_bandwidth("cpu", 2.0)  # what `inferplug doctor --bench` measures
-    print(f"memory bandwidth ({args.threads} threads): {bandwidth / 1e9:.1f} GB/s", flush=True)
-    if "inferplug" in args.engines:
+    engines = args.engines.split(",")
+    runs = [("llama.cpp", "gguf")] * ("llama.cpp" in engines) + [("inferplug", f) for f in args.formats.split(",")
+                                                                  if f and "inferplug" in engines]
+    models = {fmt: ensure_model(args.dir, fmt, geometry, tokenizer_gguf) for fmt in dict.fromkeys(f for _, f in runs)}
+    torch.set_num_threads(args.threads)  # memory_bandwidth (what `inferplug doctor --bench` measures) reads with these
+    if "inferplug" in engines:
         ops()  # the C++ kernels are built now, not inside the first load
-    rows = [measure(engine, fmt, models[fmt], w, args, bandwidth) for fmt in formats
-            for engine in args.engines.split(",") if engine == "inferplug" or fmt == "gguf"]
+    rows = [measure(engine, fmt, models[fmt], w, args) for engine, fmt in runs]
     text = table(rows)
     print(f"\n{geometry.layers} layers, {args.threads} threads, context {args.context} x {args.streams} streams\n")
     print(text)
     Path(args.json).write_text(json.dumps({"machine": machine(), "args": {k: str(v) for k, v in vars(args).items()},
                                            "geometry": asdict(geometry), "workload": asdict(w),
-                                           "memory_bandwidth_bytes_per_s": bandwidth, "rows": rows}, indent=2))
+                                           "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import numpy as np
 QK_K = 256
 Q4_K_BYTES, Q6_K_BYTES = 144, 210  # per 256-weight block: d, dmin, 12 scale bytes, 128 nibble bytes / ql, qh, sc, d
 GROUP = 128  # AWQ / GPTQ group size
+WRITER = 2  # bump when the files written change: a stamp of another version rewrites them
 
 
 @dataclass(frozen=True)
@@ -90,16 +91,12 @@ def write_gguf(path: Path, g: Geometry, tokenizer_gguf: Path, seed: int = 0) -> 
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name(f"random-llama-{g.layers}L-Q4_K_M")
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
-    writer.add_context_length(g.context)
-    writer.add_embedding_length(g.hidden)
-    writer.add_block_count(g.layers)
-    writer.add_feed_forward_length(g.ffn)
-    writer.add_head_count(g.heads)
-    writer.add_head_count_kv(g.kv_heads)
-    writer.add_rope_dimension_count(g.head_dim)
-    writer.add_rope_freq_base(g.rope_theta)
-    writer.add_layer_norm_rms_eps(g.rms_eps)
-    writer.add_vocab_size(g.vocab)
+    hparams = {"context_length": g.context, "embedding_length": g.hidden, "block_count": g.layers,
+               "feed_forward_length": g.ffn, "head_count": g.heads, "head_count_kv": g.kv_heads,
+               "rope_dimension_count": g.head_dim, "rope_freq_base": g.rope_theta, "layer_norm_rms_eps": g.rms_eps,
+               "vocab_size": g.vocab}
+    for key, value in hparams.items():
+        getattr(writer, f"add_{key}")(value)
     for field in gguf.GGUFReader(tokenizer_gguf).fields.values():
         if field.name.startswith("tokenizer."):
             sub = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
@@ -148,7 +145,7 @@ def _int32(rng: np.random.Generator, *shape: int):
     return torch.frombuffer(bytearray(rng.bytes(int(np.prod(shape)) * 4)), dtype=torch.int32).reshape(shape)
 
 
-def packed_linear(rng: np.random.Generator, method: str, rows: int, cols: int) -> dict:
+def packed_linear(rng: np.random.Generator, method: str, rows: int, cols: int, g_idx=None) -> dict:
     """One linear's qweight / qzeros / scales (/ g_idx), packed as AutoAWQ GEMM or GPTQ (v1, act-order) pack them.
     Codes and zeros are random nibbles, so (q - z) has variance 42.5; the fp16 scales make E[w^2] = 1 / fan_in."""
     import torch
@@ -160,8 +157,16 @@ def packed_linear(rng: np.random.Generator, method: str, rows: int, cols: int) -
         tensors["qweight"], tensors["qzeros"] = _int32(rng, cols, rows // 8), _int32(rng, groups, rows // 8)
     else:
         tensors["qweight"], tensors["qzeros"] = _int32(rng, cols // 8, rows), _int32(rng, groups, rows // 8)
-        tensors["g_idx"] = torch.from_numpy(rng.permutation(np.arange(cols, dtype=np.int32) // GROUP))
+        tensors["g_idx"] = g_idx.clone()  # safetensors stores no shared storage
     return tensors
+
+
+def act_order_g_idx(rng: np.random.Generator, cols: int):
+    """A random act-order group map: GPTQ orders inputs by the input's Hessian, so layers that read the same
+    input (q/k/v, gate/up) share it."""
+    import torch
+
+    return torch.from_numpy(rng.permutation(np.arange(cols, dtype=np.int32) // GROUP))
 
 
 def quant_config(method: str) -> dict:
@@ -204,8 +209,13 @@ def write_checkpoint(out: Path, g: Geometry, method: str, tokenizer_gguf: Path, 
             prefix = f"model.layers.{i}"
             for norm in ("input_layernorm", "post_attention_layernorm"):
                 tensors[f"{prefix}.{norm}.weight"] = torch.ones(g.hidden, dtype=torch.float16)
-            for _, module, rows, cols in g.linears():
-                for part, tensor in packed_linear(rng, method, rows, cols).items():
+            shared_input = {"attn_k": "attn_q", "attn_v": "attn_q", "ffn_up": "ffn_gate"}
+            g_idx: dict = {}
+            for name, module, rows, cols in g.linears():
+                key = shared_input.get(name, name)
+                if method == "gptq" and key not in g_idx:
+                    g_idx[key] = act_order_g_idx(rng, cols)
+                for part, tensor in packed_linear(rng, method, rows, cols, g_idx.get(key)).items():
                     tensors[f"{prefix}.{module}.{part}"] = tensor
         if n == len(shards) - 1:
             tensors["model.norm.weight"] = torch.ones(g.hidden, dtype=torch.float16)
@@ -229,7 +239,7 @@ def ensure_model(root: Path, fmt: str, g: Geometry, tokenizer_gguf: Path) -> Pat
     """The model file (dir) for `fmt`, written unless a finished one with the same geometry is there."""
     path = model_path(root, fmt, g)
     stamp = path.with_name(path.name + ".done.json")
-    if stamp.is_file() and json.loads(stamp.read_text()) == asdict(g):
+    if stamp.is_file() and json.loads(stamp.read_text()) == asdict(g) | {"writer": WRITER}:
         return path
     root.mkdir(parents=True, exist_ok=True)
     print(f"writing {path} ...", flush=True)
@@ -238,7 +248,7 @@ def ensure_model(root: Path, fmt: str, g: Geometry, tokenizer_gguf: Path) -> Pat
         print(f"  gguf-py dequantization, E[w^2] * fan_in: {check_gguf(path)}", flush=True)
     else:
         write_checkpoint(path, g, fmt, tokenizer_gguf)
-    stamp.write_text(json.dumps(asdict(g)))
+    stamp.write_text(json.dumps(asdict(g) | {"writer": WRITER}))
     return path
 
 
