@@ -86,8 +86,9 @@ def read_into_page_cache(paths: list[Path]) -> None:
 
 
 def run_child(engine: str, model: Path, w: Workload, load_only: bool, env: dict, log: Path, timeout: float,
-              max_rss: float) -> dict:
+              max_rss_gib: float | None) -> dict:
     """The engine's stages as it reported them, plus its peak RSS sampled from outside and how it ended."""
+    max_rss = (max_rss_gib or 0.85 * _available_gib()) * GIB
     cmd = [sys.executable, str(BENCH / "real_size_engines.py"), engine, str(model), "--workload",
            json.dumps(asdict(w))] + (["--load-only"] if load_only else [])
     with open(log, "a") as err:
@@ -102,7 +103,7 @@ def run_child(engine: str, model: Path, w: Workload, load_only: bool, env: dict,
             except (OSError, KeyError):
                 rss = 0
             if rss > max_rss:  # the bench stops it first: an OOM kill on a shared machine may hit another process
-                stopped = f"stopped by the bench at RSS {rss / GIB:.1f} GiB (--max-rss-gib {max_rss / GIB:.1f})"
+                stopped = f"stopped by the bench at RSS {rss / GIB:.1f} GiB (max RSS {max_rss / GIB:.1f} GiB)"
             elif time.monotonic() - start > timeout:
                 stopped = f"stopped by the bench after --timeout {timeout:.0f} s"
             if stopped:
@@ -111,6 +112,7 @@ def run_child(engine: str, model: Path, w: Workload, load_only: bool, env: dict,
                 break
             time.sleep(0.2)
         out = child.stdout.read()
+        err.write(out)  # the stages' lines too, so the log holds everything the engine reported
     stages = {}
     for line in out.splitlines():
         if line.startswith("RESULT "):
@@ -146,24 +148,24 @@ def measure(engine: str, fmt: str, model: Path, w: Workload, args) -> dict:
     log = args.dir / f"{model.name}.{engine}.log"
     print(f"{fmt} / {engine}: cold load ...", flush=True)
     row["resident_before_cold"] = drop_page_cache(files)
-    row["cold"] = run_child(engine, target, w, True, env, log, args.timeout, args.max_rss_gib * GIB)
+    row["cold"] = run_child(engine, target, w, True, env, log, args.timeout, args.max_rss_gib)
     print(f"{fmt} / {engine}: warm run ...", flush=True)
     read_into_page_cache(files_of(model))
     bandwidth = memory_bandwidth("cpu", 2.0)  # just before: the machine is shared, its bandwidth varies
-    row["warm"] = run_child(engine, target, w, False, env, log, args.timeout, args.max_rss_gib * GIB)
+    row["warm"] = run_child(engine, target, w, False, env, log, args.timeout, args.max_rss_gib)
     row["memory_bandwidth_bytes_per_s"] = bandwidth = (bandwidth + memory_bandwidth("cpu", 2.0)) / 2
     row["loadavg_after"] = os.getloadavg()  # the machine is shared: how busy it was
     facts = row["warm"]["stages"].get("load") or row["cold"]["stages"].get("load") or {}
-    step_bytes = facts.get("decode_weight_bytes") or decode_bytes(model)
+    step_bytes = decode_bytes(model) if engine == "llama.cpp" else facts.get("decode_weight_bytes")
     decode = row["warm"]["stages"].get("decode")
     row["decode_step_bytes"] = step_bytes
-    row["bandwidth_fraction"] = decode["decode_tok_s"] * step_bytes / bandwidth if decode else None
+    row["bandwidth_fraction"] = decode["decode_tok_s"] * step_bytes / bandwidth if decode and step_bytes else None
     errors = [r["stages"]["error"]["error"] for r in (row["cold"], row["warm"]) if "error" in r["stages"]]
     row["error"] = "; ".join(dict.fromkeys(errors)) or None
     return row
 
 
-COLUMNS = [  # (title, figure of a row, format)
+COLUMNS = [  # (title, figure of a row, format); the ratio rows are inferplug's figure / llama.cpp's
     ("load cold s", lambda r: _stage(r, "cold", "load", "load_s"), "{:.1f}"),
     ("1st token cold s", lambda r: _stage(r, "cold", "load", "first_token_s"), "{:.1f}"),
     ("load warm s", lambda r: _stage(r, "warm", "load", "load_s"), "{:.1f}"),
@@ -172,8 +174,8 @@ COLUMNS = [  # (title, figure of a row, format)
     ("prefill tok/s", lambda r: _stage(r, "warm", "prefill", "prefill_tok_s"), "{:.1f}"),
     ("decode tok/s", lambda r: _stage(r, "warm", "decode", "decode_tok_s"), "{:.2f}"),
     ("8-stream tok/s", lambda r: _stage(r, "warm", "streams", "throughput_tok_s"), "{:.2f}"),
-    ("step GiB", lambda r: r.get("decode_step_bytes", 0) / GIB or None, "{:.2f}"),
-    ("bw GB/s", lambda r: r.get("memory_bandwidth_bytes_per_s", 0) / 1e9 or None, "{:.1f}"),
+    ("step GiB", lambda r: (r.get("decode_step_bytes") or 0) / GIB or None, "{:.2f}"),
+    ("bw GB/s", lambda r: (r.get("memory_bandwidth_bytes_per_s") or 0) / 1e9 or None, "{:.1f}"),
     ("decode / bw", lambda r: r.get("bandwidth_fraction"), "{:.0%}"),
 ]
 
@@ -196,7 +198,8 @@ def table(rows: list[dict]) -> str:
         cells = [("n/a" if (v := get(r)) is None else fmt.format(v)) for _, get, fmt in COLUMNS]
         lines.append(f"| {r['format']} | {r['engine']} | " + " | ".join(cells) + f" | {r.get('error') or ''} |")
         if r["engine"] != "llama.cpp" and peer:
-            ratios = [(f"{a / b:.2f}x" if (a := get(r)) and (b := get(peer)) else "") for _, get, _ in COLUMNS]
+            ratios = [(f"{a / b:.2f}x" if (a := get(r)) and (b := get(peer)) and title != "bw GB/s" else "")
+                      for title, get, _ in COLUMNS]
             lines.append(f"| {r['format']} | / llama.cpp gguf | " + " | ".join(ratios) + " | |")
     return "\n".join(lines)
 
@@ -219,8 +222,8 @@ def main() -> None:
     parser.add_argument("--decode-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3, help="prefill runs (their median)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per engine subprocess")
-    parser.add_argument("--max-rss-gib", type=float, default=_available_gib() * 0.85,
-                        help="stop an engine whose RSS passes this (default: 85%% of the memory available now)")
+    parser.add_argument("--max-rss-gib", type=float, default=None,
+                        help="stop an engine whose RSS passes this (default: 85%% of the memory available as it starts)")
     parser.add_argument("--json", default="real-size-result.json")
     args = parser.parse_args()
 
@@ -241,13 +244,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)  # memory_bandwidth (what `inferplug doctor --bench` measures) reads with these
     if "inferplug" in engines:
         ops()  # the C++ kernels are built now, not inside the first load
-    rows = [measure(engine, fmt, models[fmt], w, args) for engine, fmt in runs]
-    text = table(rows)
+    rows: list[dict] = []
+    for engine, fmt in runs:  # the JSON is rewritten after each row: a stopped run keeps what it measured
+        rows.append(measure(engine, fmt, models[fmt], w, args))
+        Path(args.json).write_text(json.dumps({"machine": machine(), "args": {k: str(v) for k, v in vars(args).items()},
+                                               "geometry": asdict(geometry), "workload": asdict(w), "rows": rows,
+                                               "table": table(rows)}, indent=2))
     print(f"\n{geometry.layers} layers, {args.threads} threads, context {args.context} x {args.streams} streams\n")
-    print(text)
-    Path(args.json).write_text(json.dumps({"machine": machine(), "args": {k: str(v) for k, v in vars(args).items()},
-                                           "geometry": asdict(geometry), "workload": asdict(w),
-                                           "rows": rows}, indent=2))
+    print(table(rows))
 
 
 if __name__ == "__main__":
