@@ -3,10 +3,11 @@ cache's mapping), each in a fresh process, so VmHWM is that load's own peak.
 
 Peak memory is VmHWM minus the RSS just before load_weights (Python, torch and the CPU kernels already loaded),
 next to the size of what the load returns: their gap is the load's own overhead. CPU seconds (user + sys) are
-quoted beside wall seconds because the host may be shared. A random 7B-geometry AWQ checkpoint to run it on:
+quoted beside wall seconds because the host may be shared. A random 7B-geometry AWQ checkpoint to run it on is the
+one bench/real_size.py writes (inferplug/benchmark/random_models.py; ~3.9 GB):
 
-    .venv/bin/python tests/random_awq_checkpoint.py /work/tmp-awq7b        # ~3.9 GB; delete it afterwards
-    .venv/bin/python bench/awq_load_memory.py /work/tmp-awq7b --json awq-load.json
+    .venv/bin/python bench/real_size.py --formats awq --engines inferplug      # writes /work/tmp-realsize/...
+    .venv/bin/python bench/awq_load_memory.py /work/tmp-realsize/random-llama-32L-awq-g128 --json awq-load.json
 """
 
 from __future__ import annotations

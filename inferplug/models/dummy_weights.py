@@ -37,16 +37,12 @@ def dummy_weights(config: ModelConfig, fmt: str, dtype: torch.dtype, device: str
 
 
 def _matrices(config: ModelConfig):
-    hidden, q, kv = config.hidden_size, config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
-    yield "model.embed_tokens.weight", (config.vocab_size, hidden)
+    yield "model.embed_tokens.weight", (config.vocab_size, config.hidden_size)
     if not config.tie_word_embeddings:
-        yield "lm_head.weight", (config.vocab_size, hidden)
-    shapes = {"self_attn.q_proj": (q, hidden), "self_attn.k_proj": (kv, hidden), "self_attn.v_proj": (kv, hidden),
-              "self_attn.o_proj": (hidden, q), "mlp.gate_proj": (config.intermediate_size, hidden),
-              "mlp.up_proj": (config.intermediate_size, hidden), "mlp.down_proj": (hidden, config.intermediate_size)}
+        yield "lm_head.weight", (config.vocab_size, config.hidden_size)
     for i in range(config.num_hidden_layers):
-        for part, shape in shapes.items():
-            yield f"model.layers.{i}.{part}.weight", shape
+        for module, shape in config.linear_shapes().items():
+            yield f"model.layers.{i}.{module}.weight", shape
 
 
 def _matrix(name: str, rows: int, cols: int, config: ModelConfig, fmt: str, dtype, device, on_kernels: bool,

@@ -25,7 +25,7 @@ GEOMETRY = dict(architecture="llama", hidden_size=4096, intermediate_size=14336,
 def wide_gguf(smollm2_gguf, tmp_path_factory) -> Path:
     from inferplug.models.config import ModelConfig
     from inferplug.models.gguf import read_gguf
-    from inferplug.models.gguf_random import write_random_gguf
+    from inferplug.benchmark.random_models import write_random_gguf
 
     tokenizer = {k: v for k, v in read_gguf(smollm2_gguf).metadata.items() if k.startswith("tokenizer.")}
     out = tmp_path_factory.mktemp("wide") / "wide-q4_k_m.gguf"

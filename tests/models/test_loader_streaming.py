@@ -12,16 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from random_awq_checkpoint import write_random_awq
+from inferplug.benchmark.random_models import write_random_checkpoint
+from inferplug.models.config import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
-GEOMETRY = dict(layers=2, hidden=4096, heads=32, kv_heads=8, intermediate=14336, vocab=1024)
+GEOMETRY = ModelConfig(architecture="llama", vocab_size=1024, hidden_size=4096, intermediate_size=14336,
+                       num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                       max_position_embeddings=4096)
 
 
 @pytest.fixture(scope="module")
 def awq_7b_width(tmp_path_factory) -> Path:
-    return write_random_awq(tmp_path_factory.mktemp("awq-7b-width"), **GEOMETRY)
+    return write_random_checkpoint(tmp_path_factory.mktemp("awq-7b-width"), GEOMETRY, "awq")
 
 
 def load_in_child(model_dir: Path, home: Path) -> dict:

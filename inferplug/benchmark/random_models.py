@@ -1,0 +1,141 @@
+"""Real-size model files of random weights, written a tensor at a time: a Q4_K_M-style GGUF (gguf-py) and AutoAWQ
+GEMM / GPTQ act-order checkpoints (4-bit, group 128), for bench/real_size.py and the tests that load a few layers at
+7B width. The weights have spread 1 / sqrt(inputs), so activations stay near unit size through every layer.
+
+    write_random_gguf(out, config, tokenizer_metadata, type_of=q4_k_m_type)
+    write_random_checkpoint(out, config, "awq" | "gptq", tokenizer=None)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from inferplug.models.config import ModelConfig
+from inferplug.models.gguf_random import q4_k_m_type, random_blocks
+
+GROUP = 128  # the checkpoints' group size
+SHARED_INPUT = {"self_attn.k_proj": "self_attn.q_proj", "self_attn.v_proj": "self_attn.q_proj",
+                "mlp.up_proj": "mlp.gate_proj"}  # the projections that read another's input
+
+
+def write_random_gguf(out, config: ModelConfig, tokenizer_metadata: dict, type_of=q4_k_m_type, seed: int = 0) -> None:
+    """A llama-architecture GGUF at `config`'s geometry: each matrix of `type_of(name, layer, layers)`, F32 norms of
+    ones, and `tokenizer_metadata` (a GGUF's "tokenizer.*" keys, as models/gguf.read_gguf gives them)."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(out, "llama")
+    for add, value in ((writer.add_block_count, config.num_hidden_layers),
+                       (writer.add_context_length, config.max_position_embeddings),
+                       (writer.add_embedding_length, config.hidden_size),
+                       (writer.add_feed_forward_length, config.intermediate_size),
+                       (writer.add_head_count, config.num_attention_heads),
+                       (writer.add_head_count_kv, config.num_key_value_heads),
+                       (writer.add_rope_dimension_count, config.head_dim),
+                       (writer.add_rope_freq_base, config.rope_theta),
+                       (writer.add_layer_norm_rms_eps, config.rms_norm_eps),
+                       (writer.add_vocab_size, config.vocab_size)):  # fmt: skip
+        add(value)
+    for key, value in tokenizer_metadata.items():
+        if isinstance(value, list):
+            writer.add_array(key, value)
+        elif isinstance(value, bool):
+            writer.add_bool(key, value)
+        elif isinstance(value, int):
+            writer.add_uint32(key, value)
+        else:
+            writer.add_string(key, value)
+    layers, hidden = config.num_hidden_layers, config.hidden_size
+    parts = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+             "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+             "ffn_down": "mlp.down_proj"}  # fmt: skip
+    shapes = config.linear_shapes()
+    matrices = [("token_embd.weight", 0, (config.vocab_size, hidden)), ("output.weight", layers - 1,
+                (config.vocab_size, hidden))]
+    matrices += [(f"blk.{i}.{part}.weight", i, shapes[module]) for i in range(layers) for part, module in parts.items()]
+    norms = ["output_norm.weight", *(f"blk.{i}.{n}.weight" for i in range(layers) for n in ("attn_norm", "ffn_norm"))]
+    # the writer holds what it is given until it writes, so tensors go in as infos first: one in memory at a time
+    for name in norms:
+        writer.add_tensor_info(name, (hidden,), np.dtype(np.float32), hidden * 4)
+    for name, layer, (rows, cols) in matrices:
+        qtype = gguf.GGMLQuantizationType[type_of(name, layer, layers)]
+        block_elems, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+        nbytes = rows * cols // block_elems * block_bytes
+        writer.add_tensor_info(name, (rows, nbytes // rows), np.dtype(np.uint8), nbytes, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    generator = torch.Generator().manual_seed(seed)
+    for _ in norms:
+        writer.write_tensor_data(np.ones(hidden, dtype=np.float32))
+    for name, layer, (rows, cols) in matrices:
+        blocks = random_blocks(type_of(name, layer, layers), (rows, cols), cols**-0.5, generator)
+        writer.write_tensor_data(blocks.numpy())
+    writer.close()
+
+
+def write_random_checkpoint(out: Path, config: ModelConfig, method: str, tokenizer=None, seed: int = 0) -> Path:
+    """An AutoAWQ GEMM ("awq") or GPTQ v1 act-order ("gptq") checkpoint, one decoder layer a shard (a 7B one never
+    sits in memory whole), with config.json and `tokenizer` (saved with save_pretrained) when given. Random int32
+    words are valid codes and zeros; the fp16 scales give (q - z) * s spread 1 / sqrt(inputs)."""
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(seed)
+    weight_map: dict[str, str] = {}
+
+    def save(tensors: dict, name: str) -> None:
+        save_file(tensors, str(out / name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(tensors, name))
+
+    vocab, hidden = config.vocab_size, config.hidden_size
+    save({"model.embed_tokens.weight": torch.randn(vocab, hidden, generator=generator).half(),
+          "model.norm.weight": torch.ones(hidden, dtype=torch.float16),
+          "lm_head.weight": (torch.randn(vocab, hidden, generator=generator) * hidden**-0.5).half()},
+         "model-floats.safetensors")
+    for i in range(config.num_hidden_layers):
+        shard = {f"model.layers.{i}.{norm}.weight": torch.ones(hidden, dtype=torch.float16)
+                 for norm in ("input_layernorm", "post_attention_layernorm")}
+        orders: dict[str, torch.Tensor] = {}  # GPTQ orders inputs by their Hessian: q/k/v (gate/up) share one
+        for module, (rows, cols) in config.linear_shapes().items():
+            shared = SHARED_INPUT.get(module, module)
+            if method == "gptq" and shared not in orders:
+                orders[shared] = (torch.arange(cols) // GROUP)[torch.randperm(cols, generator=generator)]
+            for part, tensor in _packed_linear(method, rows, cols, orders.get(shared), generator).items():
+                shard[f"model.layers.{i}.{module}.{part}"] = tensor
+        save(shard, f"model-layer{i:03d}.safetensors")
+    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    quant = ({"quant_method": "awq", "bits": 4, "group_size": GROUP, "zero_point": True, "version": "gemm"}
+             if method == "awq" else
+             {"quant_method": "gptq", "bits": 4, "group_size": GROUP, "desc_act": True, "sym": False,
+              "checkpoint_format": "gptq"})
+    hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab, "hidden_size": hidden,
+          "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_hidden_layers,
+          "num_attention_heads": config.num_attention_heads, "num_key_value_heads": config.num_key_value_heads,
+          "head_dim": config.head_dim, "max_position_embeddings": config.max_position_embeddings,
+          "rms_norm_eps": config.rms_norm_eps, "rope_theta": config.rope_theta, "tie_word_embeddings": False,
+          "torch_dtype": "float16", "quantization_config": quant}
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+        hf.update(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    (out / "config.json").write_text(json.dumps(hf, indent=1))
+    return out
+
+
+def _packed_linear(method: str, rows: int, cols: int, g_idx, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """One linear's qweight / qzeros / scales (/ g_idx) as AutoAWQ GEMM or GPTQ pack them (quant/group_int4.py).
+    Uniform random nibbles: (q - z) has variance 42.5."""
+    groups = cols // GROUP
+
+    def words(*shape):
+        return torch.randint(-(1 << 31), 1 << 31, shape, dtype=torch.int32, generator=generator)
+
+    scales = ((42.5 * cols) ** -0.5 * torch.empty(groups, rows).uniform_(0.75, 1.25, generator=generator)).half()
+    if method == "awq":
+        return {"qweight": words(cols, rows // 8), "qzeros": words(groups, rows // 8), "scales": scales}
+    return {"qweight": words(cols // 8, rows), "qzeros": words(groups, rows // 8), "scales": scales,
+            "g_idx": g_idx.to(torch.int32).clone()}
