@@ -31,11 +31,13 @@ import torch
 
 REFERENCE = "fp32 (reference)"
 RULE = "Q8_0 weights"  # the path whose KLD bounds a default's
-# path -> profile overrides. The reference pins fp32 weights and compute; "fp16 weights" is the default CPU
-# profile's own choice (dtype auto on an x86 CPU: fbgemm fp16 linears, fp32 compute).
+# path -> profile overrides. The reference pins fp32 weights and compute; the default CPU profile runs the GGUF's own
+# blocks (Q4_1 here) with float32 prompt rows, fp16 KV; "fp16 weights" dequantizes the file to fbgemm fp16 linears.
 PATHS: dict[str, dict[str, str]] = {
-    REFERENCE: {"INFERPLUG_DTYPE": "float32"},
-    "fp16 weights (default CPU)": {},
+    REFERENCE: {"INFERPLUG_DTYPE": "float32", "INFERPLUG_CACHE__KV_DTYPE": "float32"},
+    "GGUF blocks as stored (default CPU)": {},
+    "GGUF blocks, bf16 prompt GEMMs": {"INFERPLUG_NATIVE__PREFILL_GEMM": "bfloat16"},
+    "fp16 weights": {"INFERPLUG_QUANTIZATION__FORMAT": "none"},
     "bf16 everywhere": {"INFERPLUG_DTYPE": "bfloat16"},
     RULE: {"INFERPLUG_QUANTIZATION__FORMAT": "int8"},
     "Q4_1 weights": {"INFERPLUG_QUANTIZATION__FORMAT": "int4"},
