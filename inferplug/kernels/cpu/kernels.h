@@ -23,6 +23,7 @@ struct QuantizedRows {
   int64_t blocks;  // per row, padded
   const int8_t* q;
   const float *scale, *sum;
+  const int32_t* qsum;  // each block's sum of q (VNNI's Q8_0 dot: sum((q_w + 128) q_x) - 128 sum(q_x))
 };
 
 struct WeightRows {  // rows of Q4_1 / Q8_0 blocks, each row's fields regrouped (quant_matmul.cpp), quants by runs

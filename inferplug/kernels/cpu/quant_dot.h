@@ -95,7 +95,7 @@ struct DotAvx2 {  // 8 blocks a step: u8 x s8 pairs to int16, then int32
     return w;
   }
   template <typename Format>
-  static R dot(const Weights<Format>& w, const int8_t* x) {
+  static R dot(const Weights<Format>& w, const int8_t* x, const int32_t*) {
     const R ones = _mm256_set1_epi16(1);
     auto xk = [&](int k) { return _mm256_loadu_si256(reinterpret_cast<const R*>(x + k * RUN_WORDS_BYTES)); };
     if constexpr (Format::HAS_MIN) {  // 8 pairs of |15 * 127| products fit int16: sum them there
@@ -121,24 +121,26 @@ struct I512 {  // AVX-512 + VNNI: 16 blocks a step, two groups of 8
     return n == BLOCKS ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi32(static_cast<__mmask16>((1u << n) - 1), p);
   }
   static R load(const int8_t* p) { return _mm512_loadu_si512(p); }
+  static R load_sums(const int32_t* p) { return _mm512_loadu_si512(p); }
+  static R flip_sign_bits(R v) { return _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80))); }
+  static R minus_128_times(R sums, R q_sums) { return _mm512_sub_epi32(sums, _mm512_slli_epi32(q_sums, 7)); }
   static R low_nibbles(R v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
   static R high_nibbles(R v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
-  static R abs8(R v) { return _mm512_abs_epi8(v); }
-  static ByteMask negative8(R v) { return _mm512_movepi8_mask(v); }
-  static R negate_where(ByteMask m, R v) { return _mm512_mask_sub_epi8(v, m, _mm512_setzero_si512(), v); }
   static R dpbusd(R acc, R u, R s) { return _mm512_dpbusd_epi32(acc, u, s); }
   static R zero() { return _mm512_setzero_si512(); }
   static __m256i group_sums(R sums, int g) { return g == 0 ? _mm512_castsi512_si256(sums) : _mm512_extracti64x4_epi64(sums, 1); }
 };
 
 // VNNI: u8 x s8 quads straight into each block's int32 lane, at the width of I (a 256-bit I measured no
-// faster than I512 here).
+// faster than I512 here). Q8_0's signed weights go in as q + 128 (their sign bit flipped), and 128 times the
+// block's sum of x's codes comes off after: the same exact integers as |q| against sign-flipped x, one op a vector
+// instead of three (int32 sums cannot overflow: 32 x 255 x 127 per block).
 template <typename I>
 struct DotVnni {
   using R = typename I::R;
   static constexpr int64_t BLOCKS = I::BLOCKS;
   template <typename Format>
-  struct Weights { R bytes[8]; typename I::ByteMask negative[Format::HAS_MIN ? 1 : 8]; };
+  struct Weights { R bytes[8]; };
 
   template <typename Format>
   static Weights<Format> load(const uint8_t* words, int64_t stride, int64_t n) {
@@ -150,22 +152,15 @@ struct DotVnni {
         w.bytes[k + 4] = I::high_nibbles(packed);
       }
     } else {
-      for (int k = 0; k < 8; k++) {
-        const R q = I::load_words(words + k * stride, n);
-        w.bytes[k] = I::abs8(q);
-        w.negative[k] = I::negative8(q);
-      }
+      for (int k = 0; k < 8; k++) w.bytes[k] = I::flip_sign_bits(I::load_words(words + k * stride, n));
     }
     return w;
   }
   template <typename Format>
-  static R dot(const Weights<Format>& w, const int8_t* x) {
+  static R dot(const Weights<Format>& w, const int8_t* x, const int32_t* q_sums) {
     R sums = I::zero();
-    for (int k = 0; k < 8; k++) {
-      R xk = I::load(x + k * RUN_WORDS_BYTES);
-      if constexpr (!Format::HAS_MIN) xk = I::negate_where(w.negative[k], xk);
-      sums = I::dpbusd(sums, w.bytes[k], xk);
-    }
+    for (int k = 0; k < 8; k++) sums = I::dpbusd(sums, w.bytes[k], I::load(x + k * RUN_WORDS_BYTES));
+    if constexpr (!Format::HAS_MIN) sums = I::minus_128_times(sums, I::load_sums(q_sums));
     return sums;
   }
   static __m256i group_sums(R sums, int g) { return I::group_sums(sums, g); }
@@ -196,7 +191,7 @@ void dot_rows(const uint8_t* row, const inferplug_isa::QuantizedRows& x, int64_t
       }
       for (int i = 0; i < MT; i++) {
         const int64_t at = (m + i) * x.blocks + run + h;
-        const auto sums = Dot::template dot<Format>(q, x.q + (at - h) * QK + WORD * h);
+        const auto sums = Dot::template dot<Format>(q, x.q + (at - h) * QK + WORD * h, x.qsum + at);
         for (int g = 0; g < groups; g++) {
           const __m256 scales = _mm256_mul_ps(scale[g], _mm256_loadu_ps(x.scale + at + g * GROUP));
           acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Dot::group_sums(sums, g)), scales, acc[i]);

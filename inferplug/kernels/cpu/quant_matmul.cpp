@@ -42,7 +42,8 @@ struct QuantizedX {
   int64_t blocks;
   std::vector<int8_t> q;
   std::vector<float> scale, sum;
-  inferplug_isa::QuantizedRows view() const { return {blocks, q.data(), scale.data(), sum.data()}; }
+  std::vector<int32_t> qsum;
+  inferplug_isa::QuantizedRows view() const { return {blocks, q.data(), scale.data(), sum.data(), qsum.data()}; }
 };
 
 // One block of 32 floats to int8: q = round-half-even(x * 127 / amax), its words RUN_WORDS_BYTES apart at q
@@ -65,7 +66,8 @@ inline int quantize_block(const float* src, float amax, int8_t* q) {
 // GPTQ act-order weight's inputs, permuted at load), so no permuted copy of x is made.
 QuantizedX quantize_rows(const float* x, int64_t rows, int64_t k, const int64_t* order) {
   const int64_t blocks = k / QK, width = padded(blocks);
-  QuantizedX out{width, std::vector<int8_t>(rows * width * QK), std::vector<float>(rows * width), std::vector<float>(rows * width)};
+  QuantizedX out{width, std::vector<int8_t>(rows * width * QK), std::vector<float>(rows * width), std::vector<float>(rows * width),
+                 std::vector<int32_t>(rows * width)};
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   at::parallel_for(0, rows, 8, [&](int64_t m0, int64_t m1) {
     alignas(32) float gathered[QK];
@@ -83,6 +85,7 @@ QuantizedX quantize_rows(const float* x, int64_t rows, int64_t k, const int64_t*
         const int sum = quantize_block(src, max, out.q.data() + (m * width + run) * QK + (b - run) * inferplug_isa::WORD);
         out.scale[m * width + b] = max / 127.f;
         out.sum[m * width + b] = max / 127.f * static_cast<float>(sum);
+        out.qsum[m * width + b] = sum;
       }
     }
   });
