@@ -36,7 +36,7 @@ RULE = "Q8_0 weights"  # the path whose KLD bounds a default's
 PATHS: dict[str, dict[str, str]] = {
     REFERENCE: {"INFERPLUG_DTYPE": "float32", "INFERPLUG_CACHE__KV_DTYPE": "float32"},
     "GGUF blocks as stored (default CPU)": {},
-    "GGUF blocks, bf16 prompt GEMMs": {"INFERPLUG_NATIVE__PREFILL_GEMM": "bfloat16"},
+    "GGUF blocks with bf16 prompt GEMMs": {"INFERPLUG_NATIVE__PREFILL_GEMM": "bfloat16"},
     "fp16 weights": {"INFERPLUG_QUANTIZATION__FORMAT": "none"},
     "bf16 everywhere": {"INFERPLUG_DTYPE": "bfloat16"},
     RULE: {"INFERPLUG_QUANTIZATION__FORMAT": "int8"},

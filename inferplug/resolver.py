@@ -245,11 +245,22 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
                         *([parallel.reason] if parallel.reason else [])], draft=draft_facts(profile), kv_dtype=kv_dtype)
     plan.weight_format = weight_format
     plan.threads_per_rank = parallel.threads_per_rank
-    plan.prefill_gemm = "float32" if profile.native.prefill_gemm == "auto" else profile.native.prefill_gemm
-    if weight_format in ("int4", "int8") and not gpus:  # the block layers (quant/block_linear.py)
-        plan.reasons.append(f"prefill: {weight_format} layers multiply prompt rows in {plan.prefill_gemm} "
-                            f"([native] prefill_gemm = {profile.native.prefill_gemm!r})")
+    plan.prefill_gemm, prefill_why = _prefill_gemm(profile, hw)
+    if weight_format in ("int4", "int8", "gguf", "awq", "gptq") and not gpus:  # block layers (quant/block_linear.py)
+        plan.reasons.append(f"prefill: the block layers multiply prompt rows in {plan.prefill_gemm} ({prefill_why})")
     return plan
+
+
+def _prefill_gemm(profile: Profile, hw: Hardware) -> tuple[str, str]:
+    """How block layers multiply prompt rows on the CPU, and why. auto: bfloat16 where the CPU has AVX512_BF16 (the
+    kernel's vdpbf16ps, ~1.8x float32's rate; elsewhere bf16 is no faster): it passes the quality rule, KLD 1.1e-4
+    against Q8_0 weights' 1.3e-3 on SmolLM2 with its answers kept (docs/profiles.md, "Quality")."""
+    pinned = profile.native.prefill_gemm
+    if pinned != "auto":
+        return pinned, f"[native] prefill_gemm = {pinned!r}"
+    if "avx512_bf16" in hw.cpu_flags:
+        return "bfloat16", "auto: AVX512_BF16's vdpbf16ps, float32 sums; KLD 1.1e-4 on SmolLM2, inside the quality rule"
+    return "float32", "auto: this CPU has no AVX512_BF16, so bf16 would be no faster"
 
 
 def _native_kv_dtype(profile: Profile, dtype: str, cpu_kernels_run: bool) -> tuple[str, str]:

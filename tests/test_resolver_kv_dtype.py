@@ -58,3 +58,14 @@ def test_pinned_bfloat16_pools_take_the_torch_path():
     plan = resolve(profile("bfloat16"), cpu(flags=KERNEL_CPU), SMOLLM2)
     assert plan.kv_dtype == "bfloat16" and plan.memory.kv_bytes_per_token == kv_bytes_per_token(2)
     assert KERNEL not in plan.reasons[3]
+
+
+def test_auto_prefill_gemm_is_bf16_where_the_cpu_has_avx512_bf16():
+    """The quality rule admits bf16 prompt GEMMs (KLD 1.1e-4 < Q8_0's 1.3e-3); only vdpbf16ps makes them faster."""
+    base = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni")
+    with_bf16 = resolve(load_profile("smollm2-135m"), cpu(flags=(*base, "avx512_bf16")), SMOLLM2)
+    assert with_bf16.prefill_gemm == "bfloat16" and any("AVX512_BF16" in r for r in with_bf16.reasons)
+    assert resolve(load_profile("smollm2-135m"), cpu(flags=base), SMOLLM2).prefill_gemm == "float32"
+    pinned = load_profile("smollm2-135m")
+    pinned.native.prefill_gemm = "float32"
+    assert resolve(pinned, cpu(flags=(*base, "avx512_bf16")), SMOLLM2).prefill_gemm == "float32"
