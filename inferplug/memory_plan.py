@@ -179,18 +179,18 @@ def weight_bits(profile: Profile, backend: str, dtype: str, facts: ModelFacts | 
 
 
 def _gguf_layer_bits(fmt: str, facts: ModelFacts) -> tuple[float, str]:
-    """A GGUF loaded as layers (models/gguf_layers.py): each matrix in the block format it loads as; float matrices
-    (an F16 file's) as fp16 under "gguf", else in `fmt`."""
+    """A GGUF loaded as layers (models/gguf_layers.py): each matrix in the block format it loads as. Float matrices
+    (an F16 file's) stay float: layers fp16 under "gguf" (else `fmt`), a head fp16, an embedding in fp32."""
     total, counts = 0.0, {}
     for role, type_name, params in facts.gguf_matrices:
-        if type_name in GGUF_FLOAT_TYPES and role == "layer":
-            stored = "fp16" if fmt == "gguf" else fmt
+        if type_name in GGUF_FLOAT_TYPES:
+            stored = {"layer": "fp16" if fmt == "gguf" else fmt, "head": "fp16", "embed": "fp32"}[role]
         else:
             stored = gguf_layer_format(type_name, "gguf" if role == "embed" else fmt, head=role == "head")
-        total += params * LAYER_BITS[stored]
+        total += params * {**LAYER_BITS, "fp32": 32.0}[stored]
         counts[stored] = counts.get(stored, 0) + params
     bits = total / facts.num_parameters
-    label = {"int4": "Q4_1", "int8": "Q8_0", "fp16": "fp16"}
+    label = {"int4": "Q4_1", "int8": "Q8_0", "fp16": "fp16", "fp32": "fp32"}
     parts = ", ".join(f"{label[k]} {v / facts.num_parameters:.0%}" for k, v in sorted(counts.items()))
     return bits, f"{bits:.2f} bits/param on average: the GGUF's matrices load as {parts} of the parameters"
 

@@ -64,9 +64,11 @@ class TestChatInferPlugIntegration(_Flags, ChatModelIntegrationTests):
     def test_agent_loop(self, model: BaseChatModel) -> None:
         super().test_agent_loop(model)
 
-    @pytest.mark.xfail(reason="model limit: SmolLM2-135M's forced call keeps customer_name='你好啊集团', then its "
-                              "greedy 'description' loops ('This company is a Chinese technology company that "
-                              "specializes in creating a customer with Unicode name.' repeated) to max_tokens "
-                              "(still at 400), so the JSON never closes and no call is parsed")
+    @pytest.mark.xfail(strict=False,  # the default path's greedy tokens depend on the host's kernel set
+                       reason="model limit: SmolLM2-135M's forced call keeps customer_name='你好啊集团', then on some "
+                              "hosts its greedy 'description' loops ('This company is a Chinese technology company "
+                              "that specializes in creating a customer with Unicode name.' repeated) to max_tokens "
+                              "(still at 400), so the JSON never closes and no call is parsed; with the GGUF's own "
+                              "blocks and bf16 prompt GEMMs (an AVX512_BF16 host) the call closes and parses")
     def test_unicode_tool_call_integration(self, model: BaseChatModel, **kwargs) -> None:
         super().test_unicode_tool_call_integration(model, **kwargs)

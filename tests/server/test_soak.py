@@ -35,7 +35,7 @@ def small_pool_server(tiny_llama_dir, tmp_path_factory):
 
     path = tmp_path_factory.mktemp("soak") / "soak.toml"
     path.write_text(f'name = "soak"\nbackend = "native"\ndtype = "float32"\n[model]\npath = "{tiny_llama_dir}"\n'
-                    'served_name = "tiny"\n[cache]\nmemory = "0.5MiB"\n')  # 64 blocks of 16 tokens: ~3 tool prompts
+                    'served_name = "tiny"\n[cache]\nmemory = "0.25MiB"\n')  # 64 blocks of 16 fp16 tokens: ~3 tool prompts
     backend = get_backend(str(path))
     server = start_server(backend)
     yield server
