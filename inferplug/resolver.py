@@ -21,6 +21,7 @@ from inferplug.memory_plan import (
     plan_memory, weight_bits,
 )
 from inferplug.profile import DEFAULT_CONTEXT_LENGTH, Profile
+from inferplug.compute_path_plan import native_kv_dtype, prefill_gemm
 from inferplug.weight_format_plan import native_weight_format
 
 BACKENDS = ("native", "ctranslate2", "exllamav2", "openai")
@@ -233,7 +234,7 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
     if profile.cache.kv_dtype == "float8_e4m3" and not gpus:
         raise _Rejected("kv_dtype = 'float8_e4m3' needs a CUDA GPU; none found (use auto, float16 or bfloat16)")
     kernels = not gpus and dtype == "float32" and not cpu_kernels.unavailable_reason(hw)  # engine/ops.select_ops
-    kv_dtype, kv_why = _native_kv_dtype(profile, dtype, kernels)
+    kv_dtype, kv_why = native_kv_dtype(profile, dtype, kernels)
     if kernels and kv_dtype in cpu_kernels.KV_DTYPES:
         attention_why += ("; on this CPU inferplug's C++ kernel takes every attention row instead, prefill too (flash "
                           "tiles over the paged K/V, each row at its own length: batch-invariant; "
@@ -245,36 +246,10 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
                         *([parallel.reason] if parallel.reason else [])], draft=draft_facts(profile), kv_dtype=kv_dtype)
     plan.weight_format = weight_format
     plan.threads_per_rank = parallel.threads_per_rank
-    plan.prefill_gemm, prefill_why = _prefill_gemm(profile, hw)
+    plan.prefill_gemm, prefill_why = prefill_gemm(profile, hw)
     if weight_format in ("int4", "int8", "gguf", "awq", "gptq") and not gpus:  # block layers (quant/block_linear.py)
         plan.reasons.append(f"prefill: the block layers multiply prompt rows in {plan.prefill_gemm} ({prefill_why})")
     return plan
-
-
-def _prefill_gemm(profile: Profile, hw: Hardware) -> tuple[str, str]:
-    """How block layers multiply prompt rows on the CPU, and why. auto: bfloat16 where the CPU has AVX512_BF16 (the
-    kernel's vdpbf16ps, ~1.8x float32's rate; elsewhere bf16 is no faster): it passes the quality rule, KLD 1.1e-4
-    against Q8_0 weights' 1.3e-3 on SmolLM2 with its answers kept (docs/profiles.md, "Quality")."""
-    pinned = profile.native.prefill_gemm
-    if pinned != "auto":
-        return pinned, f"[native] prefill_gemm = {pinned!r}"
-    if "avx512_bf16" in hw.cpu_flags:
-        return "bfloat16", "auto: AVX512_BF16's vdpbf16ps, float32 sums; KLD 1.1e-4 on SmolLM2, inside the quality rule"
-    return "float32", "auto: this CPU has no AVX512_BF16, so bf16 would be no faster"
-
-
-def _native_kv_dtype(profile: Profile, dtype: str, cpu_kernels_run: bool) -> tuple[str, str]:
-    """The native engine's K/V pool dtype and why. auto: float16 where the C++ CPU kernels run (they store K/V
-    rounded to fp16 and widen it back to fp32 as attention reads it: half the bytes a token, llama.cpp's default
-    cache type), else the compute dtype (the torch path's prefill attends to the unrounded K/V of its own chunk)."""
-    pinned = profile.cache.kv_dtype
-    if pinned != "auto":
-        return pinned, f"kv_dtype {pinned}: pinned by the profile"
-    if cpu_kernels_run:
-        return "float16", ("kv_dtype float16: inferplug's CPU kernels store K/V rounded to fp16 and read it back to "
-                           "fp32 (accumulation stays fp32): half the cache bytes a token; [cache] kv_dtype = "
-                           "\"float32\" keeps fp32")
-    return dtype, f"kv_dtype {dtype}: the compute dtype"
 
 
 def _plan_ctranslate2(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Plan:

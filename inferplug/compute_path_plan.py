@@ -1,0 +1,33 @@
+"""Two compute-path choices of the native engine on the CPU, and why: the K/V pools' dtype and how block layers
+multiply prompt rows. Each is a default only where the quality rule admits it (docs/profiles.md, "Quality")."""
+
+from __future__ import annotations
+
+from inferplug.hardware import Hardware
+from inferplug.profile import Profile
+
+
+def prefill_gemm(profile: Profile, hw: Hardware) -> tuple[str, str]:
+    """How block layers multiply prompt rows on the CPU, and why. auto: bfloat16 where the CPU has AVX512_BF16 (the
+    kernel's vdpbf16ps, ~1.8x float32's rate; elsewhere bf16 is no faster): it passes the quality rule, KLD 1.1e-4
+    against Q8_0 weights' 1.3e-3 on SmolLM2 with its answers kept (docs/profiles.md, "Quality")."""
+    pinned = profile.native.prefill_gemm
+    if pinned != "auto":
+        return pinned, f"[native] prefill_gemm = {pinned!r}"
+    if "avx512_bf16" in hw.cpu_flags:
+        return "bfloat16", "auto: AVX512_BF16's vdpbf16ps, float32 sums; KLD 1.1e-4 on SmolLM2, inside the quality rule"
+    return "float32", "auto: this CPU has no AVX512_BF16, so bf16 would be no faster"
+
+
+def native_kv_dtype(profile: Profile, dtype: str, cpu_kernels_run: bool) -> tuple[str, str]:
+    """The native engine's K/V pool dtype and why. auto: float16 where the C++ CPU kernels run (they store K/V
+    rounded to fp16 and widen it back to fp32 as attention reads it: half the bytes a token, llama.cpp's default
+    cache type), else the compute dtype (the torch path's prefill attends to the unrounded K/V of its own chunk)."""
+    pinned = profile.cache.kv_dtype
+    if pinned != "auto":
+        return pinned, f"kv_dtype {pinned}: pinned by the profile"
+    if cpu_kernels_run:
+        return "float16", ("kv_dtype float16: inferplug's CPU kernels store K/V rounded to fp16 and read it back to "
+                           "fp32 (accumulation stays fp32): half the cache bytes a token; [cache] kv_dtype = "
+                           "\"float32\" keeps fp32")
+    return dtype, f"kv_dtype {dtype}: the compute dtype"
