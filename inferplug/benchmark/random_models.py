@@ -17,8 +17,6 @@ from inferplug.models.config import ModelConfig
 from inferplug.models.gguf_random import q4_k_m_type, random_blocks
 
 GROUP = 128  # the checkpoints' group size
-SHARED_INPUT = {"self_attn.k_proj": "self_attn.q_proj", "self_attn.v_proj": "self_attn.q_proj",
-                "mlp.up_proj": "mlp.gate_proj"}  # the projections that read another's input
 
 
 def write_random_gguf(out, config: ModelConfig, tokenizer_metadata: dict, type_of=q4_k_m_type, seed: int = 0) -> None:
@@ -102,7 +100,7 @@ def write_random_checkpoint(out: Path, config: ModelConfig, method: str, tokeniz
                  for norm in ("input_layernorm", "post_attention_layernorm")}
         orders: dict[str, torch.Tensor] = {}  # GPTQ orders inputs by their Hessian: q/k/v (gate/up) share one
         for module, (rows, cols) in config.linear_shapes().items():
-            shared = SHARED_INPUT.get(module, module)
+            shared = config.shared_input(module)
             if method == "gptq" and shared not in orders:
                 orders[shared] = (torch.arange(cols) // GROUP)[torch.randperm(cols, generator=generator)]
             for part, tensor in _packed_linear(method, rows, cols, orders.get(shared), generator).items():

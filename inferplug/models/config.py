@@ -37,6 +37,13 @@ class ModelConfig:
         head = 0 if self.tie_word_embeddings else v * h
         return v * h + self.num_hidden_layers * per_layer + h + head
 
+    @staticmethod
+    def shared_input(module: str) -> str:
+        """The projection whose input `module` reads too (q/k/v read one, gate/up one): what GPTQ's act-order
+        permutes alike."""
+        return {"self_attn.k_proj": "self_attn.q_proj", "self_attn.v_proj": "self_attn.q_proj",
+                "mlp.up_proj": "mlp.gate_proj"}.get(module, module)
+
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """Each decoder layer's linears as (out, in), by HF module name."""
         h, q, kv = self.hidden_size, self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim

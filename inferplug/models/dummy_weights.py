@@ -74,7 +74,8 @@ def _random_groups(rows: int, cols: int, std: float, act_order: bool, name: str,
     groups = cols // GROUP_SIZE
     g_idx = torch.arange(cols) // GROUP_SIZE
     if act_order:
-        shared_input = name.replace("k_proj", "q_proj").replace("v_proj", "q_proj").replace("up_proj", "gate_proj")
+        _, _, layer, module = name.removesuffix(".weight").split(".", 3)  # model.layers.<i>.<module>.weight
+        shared_input = f"{layer}.{ModelConfig.shared_input(module)}"
         order_seed = torch.Generator().manual_seed(zlib.crc32(shared_input.encode()))
         g_idx = g_idx[torch.randperm(cols, generator=order_seed)]
     nibbles = torch.randint(0, 256, (rows, cols // 32, 16), dtype=torch.uint8, generator=generator)  # GroupQuant.packed
