@@ -13,20 +13,22 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from inferplug.errors import RequestError
 from inferplug.frontend.requests import Prepared, build_request
-from inferplug.server.app import check_api_key, error_body
+from inferplug.server.admission import until_disconnect
+from inferplug.server.error_json import error_body
 from inferplug.server.echo import make_echo
 from inferplug.server.generation import Generation
+from inferplug.server.limits import check_chat, check_completion, check_prompt_tokens
 from inferplug.server.responses import ResponseBuilder
 from inferplug.server.schemas import ChatCompletionRequest, CompletionRequest
+from inferplug.server.tenants import cache_salt
 
-router = APIRouter()
-v1 = [Depends(check_api_key)]
+router = APIRouter()  # every path but /health needs the API key (server/guard.py), checked before the body is read
 
 
 @router.get("/health")
@@ -39,7 +41,12 @@ async def metrics(request: Request) -> Response:
     return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/v1/models", dependencies=v1)
+@router.get("/openapi.json", include_in_schema=False)
+async def openapi(request: Request) -> JSONResponse:
+    return JSONResponse(request.app.openapi())
+
+
+@router.get("/v1/models")
 async def models(request: Request) -> dict[str, Any]:
     backend = request.app.state.backend
     return {"object": "list", "data": [
@@ -48,18 +55,20 @@ async def models(request: Request) -> dict[str, Any]:
     ]}
 
 
-@router.post("/v1/completions", dependencies=v1)
+@router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request) -> Response:
     backend = _served(body, request)
+    check_completion(body, request.app.state.options, _default_max_tokens(backend))
     prepared = [build_request(backend, prompt=p, options=body.to_options()) for p in body.prompts()]
     echo = make_echo(backend.tokenizer, body.prompts(), body.n, body.prompt_only) if body.echo else None
     return await _generate("completion", body, prepared, request, body.logprobs is not None, echo=echo,
                            want_prompt_logprobs=body.prompt_logprobs is not None)
 
 
-@router.post("/v1/chat/completions", dependencies=v1)
+@router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     backend = _served(body, request)
+    check_chat(body, request.app.state.options, _default_max_tokens(backend))
     tools = [t.model_dump(exclude_none=True) for t in body.tools or []]
     choice = body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump") else body.tool_choice
     prepared = build_request(backend, messages=[m.as_dict() for m in body.messages], options=body.to_options(),
@@ -71,6 +80,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
 def served_names(backend: Any) -> list[str]:
     """The model names this server answers to: the served name first, then the profile's name."""
     return list(dict.fromkeys([backend.model_name, backend.profile.name]))
+
+
+def _default_max_tokens(backend: Any) -> int:
+    return backend.profile.sampling.max_tokens or backend.context_length
 
 
 def _served(body: CompletionRequest | ChatCompletionRequest, request: Request) -> Any:
@@ -86,15 +99,22 @@ def _served(body: CompletionRequest | ChatCompletionRequest, request: Request) -
 async def _generate(kind: str, body: CompletionRequest | ChatCompletionRequest, prepared: list[Prepared],
                     request: Request, want_logprobs: bool, **builder_kw: Any) -> Response:
     backend = request.app.state.backend
+    await check_prompt_tokens(backend, prepared, request.app.state.options)
+    salt = cache_salt(request.headers, request.app.state.options)
+    for p in prepared:
+        p.request.cache_salt = salt
     generation = Generation(backend, [p.request for p in prepared])
     n = prepared[0].request.params.n
     builder = ResponseBuilder(kind, body.model, len(prepared) * n, want_logprobs, prepared[0].tools or None,
                               prepared[0].parallel_tool_calls, **builder_kw)
     try:
-        await generation.start()
+        started = await request.app.state.admission.start(generation, request)
     except BaseException:
         await generation.aclose()
         raise
+    if not started:  # the client left while it waited: aborted before its first token
+        request.app.state.metrics.failed(request.url.path, 499)
+        return Response(status_code=499)
     if body.stream:
         return _AbortingStream(_sse(generation, builder, body.include_usage, request),
                                media_type="text/event-stream")
@@ -112,7 +132,7 @@ async def _whole(generation: Generation, builder: ResponseBuilder, request: Requ
                 errors.append(event.error)
 
     collecting = asyncio.create_task(collect())
-    leaving = asyncio.create_task(_until_disconnect(request))
+    leaving = asyncio.create_task(until_disconnect(request))
     try:
         await asyncio.wait({collecting, leaving}, return_when=asyncio.FIRST_COMPLETED)
         if not collecting.done():  # the client left: nobody to answer
@@ -163,11 +183,6 @@ def _observe(request: Request, generation: Generation, builder: ResponseBuilder)
 
 def _data(obj: dict[str, Any]) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-
-async def _until_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 class _AbortingStream(StreamingResponse):
