@@ -101,6 +101,10 @@ class Backend(ABC):
         """Engine-wide metrics: running, waiting, kv blocks used/free, prefix hit rate..."""
         return {}
 
+    def health(self) -> str | None:
+        """Why this backend cannot serve any more (its engine thread died), or None while it can."""
+        return None
+
     def close(self) -> None:
         """Free the model. Idempotent."""
         loop, self._loop = self._loop, None

@@ -132,6 +132,9 @@ class NativeBackend(Backend):
     def stats(self) -> dict[str, Any]:
         return self.engine.stats()
 
+    def health(self) -> str | None:
+        return self.engine.failure
+
     def close(self) -> None:
         self.engine.close()
         super().close()

@@ -32,8 +32,11 @@ router = APIRouter()  # every path but /health needs the API key (server/guard.p
 
 
 @router.get("/health")
-async def health() -> dict[str, str]:
-    return {"status": "ok"}
+async def health(request: Request) -> JSONResponse:
+    failure = request.app.state.backend.health()  # e.g. the engine's step thread died: a probe should restart us
+    if failure is not None:
+        return JSONResponse({"status": "unhealthy", "reason": failure}, status_code=503)
+    return JSONResponse({"status": "ok"})
 
 
 @router.get("/metrics")
