@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -28,6 +29,7 @@ from inferplug.server.responses import ResponseBuilder
 from inferplug.server.schemas import ChatCompletionRequest, CompletionRequest
 from inferplug.server.tenants import cache_salt
 
+log = logging.getLogger(__name__)
 router = APIRouter()  # every path but /health needs the API key (server/guard.py), checked before the body is read
 
 
@@ -148,7 +150,7 @@ async def _whole(generation: Generation, builder: ResponseBuilder, request: Requ
         await generation.aclose()
     if errors:
         metrics.failed(request.url.path, 500)
-        return JSONResponse(error_body(f"generation failed: {errors[0]}", 500), status_code=500)
+        return JSONResponse(_failure(request, errors[0]), status_code=500)
     _observe(request, generation, builder)
     return JSONResponse(builder.response(generation.usage))
 
@@ -160,7 +162,7 @@ async def _sse(generation: Generation, builder: ResponseBuilder, include_usage: 
         async for event in generation.events():
             if event.error:  # the error, then the choice's last chunk (finish_reason "error")
                 failed = True
-                yield _data(error_body(f"generation failed: {event.error}", 500))
+                yield _data(_failure(request, event.error))
             chunk = builder.chunk(event, include_usage)
             if chunk is not None:
                 yield _data(chunk)
@@ -176,6 +178,12 @@ async def _sse(generation: Generation, builder: ResponseBuilder, include_usage: 
         if not finished:  # the client left mid-stream (nginx's 499: client closed request)
             request.app.state.metrics.failed(request.url.path, 499)
         await generation.aclose()
+
+
+def _failure(request: Request, error: str) -> dict[str, Any]:
+    """The error body of a generation that failed: its details (paths, device errors) go to the log only."""
+    log.error("generation failed on %s: %s", request.url.path, error)
+    return error_body("generation failed (an internal error); the server log has the details", 500)
 
 
 def _observe(request: Request, generation: Generation, builder: ResponseBuilder) -> None:
