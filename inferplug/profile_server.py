@@ -22,6 +22,8 @@ class ServerOptions(BaseModel):
     max_prompt_tokens: int | None = Field(default=None, ge=1)  # None: the model's context length
     max_total_tokens: int = Field(default=131072, ge=1)  # prompts x n x max_tokens of one request
     max_waiting: int = Field(default=256, ge=1)  # requests waiting for their first token; more get 429
+    # the same, per client (its tenant_header value, else its address): one client's flood leaves room for others
+    max_waiting_per_client: int = Field(default=64, ge=1)
     queue_timeout_s: float = Field(default=300.0, gt=0)  # a request still without its first token then gets 503
     body_read_timeout_s: float = Field(default=30.0, gt=0)  # a body that trickles in longer gets 408
     shutdown_grace_s: float = Field(default=10.0, ge=0)  # SIGTERM: in-flight requests get this long, then abort

@@ -42,6 +42,7 @@ _LIMIT_FLAGS = [
     ("max_prompt_tokens", whole_number, "tokens of one prompt (default: the context length)"),
     ("max_total_tokens", whole_number, "prompts x n x max_tokens of one request"),
     ("max_waiting", whole_number, "requests waiting for their first token; more get 429"),
+    ("max_waiting_per_client", whole_number, "the same for one client (its tenant header, else its address)"),
     ("queue_timeout_s", float, "seconds a request may wait for its first token; then 503"),
     ("shutdown_grace_s", float, "seconds in-flight requests get after SIGTERM before they are aborted"),
     ("tenant_header", str, "the header naming a request's tenant: tenants never share cached prompts"),

@@ -1,5 +1,5 @@
-"""Requests waiting for their first token: how many may wait ([server] max_waiting; more get 429 with Retry-After),
-how long each may wait (queue_timeout_s; then 503), and a client that leaves while it waits is aborted at once,
+"""Requests waiting for their first token: how many may wait ([server] max_waiting, and max_waiting_per_client for
+one client; more get 429 with Retry-After), how long each may wait (queue_timeout_s; then 503), and a client that leaves while it waits is aborted at once,
 its blocks back in the pool, rather than prefilled for nobody."""
 
 from __future__ import annotations
@@ -25,30 +25,41 @@ async def until_disconnect(request: Request) -> None:
         pass
 
 
+def _check_room(waiting: int, limit: int, key: str, what: str) -> None:
+    if waiting >= limit:
+        flag = key.replace("_", "-")
+        raise LimitExceeded(f"{waiting} {what} are already waiting for their first token, this server's limit "
+                            f"([server] {key}, inferplug serve --{flag}): retry after {RETRY_AFTER_S} s",
+                            limit=key, status=429, retry_after=RETRY_AFTER_S)
+
+
 class Admission:
     def __init__(self, options: ServerOptions):
         self.options = options
-        self.waiting = 0  # the event loop's own count: no lock
+        self.waiting = 0  # the event loop's own counts: no lock
+        self.by_client: dict[str, int] = {}
 
     @contextlib.contextmanager
-    def slot(self) -> Iterator[None]:
+    def slot(self, client: str) -> Iterator[None]:
         """A place in the waiting line, held until the first token (or the failure) arrives."""
-        limit = self.options.max_waiting
-        if self.waiting >= limit:
-            raise LimitExceeded(f"{self.waiting} requests are already waiting for their first token, this server's "
-                                f"limit ([server] max_waiting, inferplug serve --max-waiting is {limit}): retry after "
-                                f"{RETRY_AFTER_S} s", limit="max_waiting", status=429, retry_after=RETRY_AFTER_S)
+        _check_room(self.waiting, self.options.max_waiting, "max_waiting", "requests")
+        _check_room(self.by_client.get(client, 0), self.options.max_waiting_per_client, "max_waiting_per_client",
+                    "requests of this client")
         self.waiting += 1
+        self.by_client[client] = self.by_client.get(client, 0) + 1
         try:
             yield
         finally:
             self.waiting -= 1
+            self.by_client[client] -= 1
+            if not self.by_client[client]:
+                del self.by_client[client]
 
-    async def start(self, generation: Generation, request: Request) -> bool:
+    async def start(self, generation: Generation, request: Request, client: str) -> bool:
         """Start the generation (its first events in); False when the client left first (then it is aborted).
         A RequestError of the backend's is raised; past queue_timeout_s, a 503 LimitExceeded."""
         timeout = self.options.queue_timeout_s
-        with self.slot():
+        with self.slot(client):
             starting = asyncio.create_task(generation.start())
             leaving = asyncio.create_task(until_disconnect(request))
             try:

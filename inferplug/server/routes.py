@@ -113,7 +113,7 @@ async def _generate(kind: str, body: CompletionRequest | ChatCompletionRequest, 
     builder = ResponseBuilder(kind, body.model, len(prepared) * n, want_logprobs, prepared[0].tools or None,
                               prepared[0].parallel_tool_calls, **builder_kw)
     try:
-        started = await request.app.state.admission.start(generation, request)
+        started = await request.app.state.admission.start(generation, request, _client(request))
     except BaseException:
         await generation.aclose()
         raise
@@ -178,6 +178,13 @@ async def _sse(generation: Generation, builder: ResponseBuilder, include_usage: 
         if not finished:  # the client left mid-stream (nginx's 499: client closed request)
             request.app.state.metrics.failed(request.url.path, 499)
         await generation.aclose()
+
+
+def _client(request: Request) -> str:
+    """Who a request's waiting counts against: its tenant (the [server] tenant_header), else its remote address."""
+    header = request.app.state.options.tenant_header
+    tenant = request.headers.get(header) if header else None
+    return f"tenant:{tenant}" if tenant else f"address:{request.client.host if request.client else '?'}"
 
 
 def _failure(request: Request, error: str) -> dict[str, Any]:

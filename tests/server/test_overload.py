@@ -144,3 +144,22 @@ def test_when_the_step_thread_dies_requests_fail_clearly_and_health_says_unhealt
         assert backend.stats()["kv_blocks_used"] == 0
     finally:
         close_backend(str(path))
+
+
+def test_one_clients_flood_leaves_room_for_another(native, server_factory):
+    server = server_factory(native, options=ServerOptions(max_waiting=8, max_waiting_per_client=1,
+                                                          tenant_header="X-Tenant"))
+
+    def chat(tenant: str):
+        return httpx.post(server.url + "/chat/completions", json=CHAT, headers={"X-Tenant": tenant}, timeout=60)
+
+    with frozen(native):
+        first = in_background(lambda: chat("flood"))
+        until(lambda: len(native.engine._inbox) == 1, what="the first request queues")
+        again = chat("flood")
+        assert again.status_code == 429 and again.json()["error"]["code"] == "max_waiting_per_client"
+        other = in_background(lambda: chat("other"))
+        until(lambda: len(native.engine._inbox) == 2, what="the other client's request queues")
+    for box in (first, other):
+        box["thread"].join(timeout=60)
+        assert box["out"].status_code == 200
