@@ -1,7 +1,8 @@
 """AsyncEngine: the LLMEngine step loop in a background thread, its events handed out through EventChannels.
 
-Callers never wait for the engine: `submit` queues the request and its channel and returns; the
-step thread adds queued requests between steps (a bad one ends its channel with the RequestError)
+Callers never wait for the engine: `submit` hands the request to the prompt stage (engine/prompt_stage.py: render,
+tokenize, compile its schema, on workers of its own) and returns; once prepared it is queued, and the step thread
+adds queued requests between steps (a bad one ends its channel with the RequestError)
 and sends each step's events to their channels, one send per channel per step. One lock guards the
 engine: the step thread holds it for a step, `abort_now` takes it between steps. `stats` never waits: it reads
 the snapshot the step thread publishes after each step. If the step thread dies, every request still open and
@@ -21,6 +22,7 @@ from typing import Any
 
 from inferplug.backends.bridge import EventChannel, consume_async
 from inferplug.engine.llm_engine import LLMEngine
+from inferplug.engine.prompt_stage import PromptIds, PromptStage
 from inferplug.errors import BackendUnavailable
 from inferplug.types import Event, Request, Usage
 
@@ -32,13 +34,15 @@ class AsyncEngine:
         self.engine = engine
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._inbox: deque[tuple[Request, EventChannel]] = deque()
+        self._inbox: deque[tuple[Request, EventChannel, PromptIds]] = deque()
+        self._preparing: dict[str, tuple[Request, EventChannel]] = {}  # in the prompt stage (under _inbox_lock)
         self._inbox_lock = threading.Lock()  # never held for a step: submit does not wait for the engine
         self._streams: dict[str, EventChannel] = {}
         self._open: set[str] = set()  # submitted, not yet ended (under _inbox_lock): what an abort must wait for
         self._closed = False
         self.failure: str | None = None  # why the step thread stopped, when it died
         self._snapshot = engine.stats()
+        self._stage = PromptStage(engine.encode, engine.tokenizer)
         self._thread = threading.Thread(target=self._loop, name="inferplug-engine", daemon=True)
         self._thread.start()
 
@@ -46,11 +50,26 @@ class AsyncEngine:
         """Queue the request; its events, or the RequestError that refuses it, go to channel."""
         with self._inbox_lock:
             if not self._closed:
-                self._inbox.append((request, channel))
                 self._open.add(request.request_id)
-                self._wake.set()
+                self._preparing[request.request_id] = (request, channel)
+                self._stage.put(request, self._prepared)
                 return
         channel.send([BackendUnavailable(self.failure or "the backend is closed; create a new backend")], last=True)
+
+    def _prepared(self, request: Request, result: PromptIds | Exception) -> None:
+        """On a prompt worker: queue the prepared request for the step thread, or end its stream with the error."""
+        rid = request.request_id
+        with self._inbox_lock:
+            entry = self._preparing.pop(rid, None)
+            if entry is None:
+                return  # aborted (or failed by close) while it was prepared
+            if not isinstance(result, Exception) and not self._closed:
+                self._inbox.append((request, entry[1], result))
+                self._wake.set()
+                return
+            self._open.discard(rid)
+        entry[1].send([result if isinstance(result, Exception) else BackendUnavailable(
+            self.failure or "the backend is closed; create a new backend")], last=True)
 
     def generate(self, request: Request) -> AsyncIterator[Event]:
         """Stream the request's events; the last one carries usage. RequestError comes before any event."""
@@ -67,9 +86,12 @@ class AsyncEngine:
         with self._inbox_lock:
             if request_id not in self._open:
                 return
-            queued = [item for item in self._inbox if item[0].request_id == request_id]
+            queued = [item[:2] for item in self._inbox if item[0].request_id == request_id]
             if queued:
                 self._inbox = deque(item for item in self._inbox if item[0].request_id != request_id)
+            elif request_id in self._preparing:
+                queued = [self._preparing.pop(request_id)]
+            if queued:
                 self._open.discard(request_id)
         if queued:
             request, channel = queued[0]
@@ -93,14 +115,15 @@ class AsyncEngine:
             self._fail_all(BackendUnavailable("the backend was closed while this request ran; create a new backend"))
         self._wake.set()
         self._thread.join(timeout=30)
+        self._stage.close()  # what it still prepares ends with BackendUnavailable (closed)
         self.engine.close()  # after the step thread: a tensor-parallel engine's workers stop
 
     # --- the engine thread's side (the lock held) ------------------------------------
     def _admit(self) -> None:
         while self._inbox:
-            request, channel = self._inbox.popleft()
+            request, channel, prompt = self._inbox.popleft()
             try:
-                self.engine.add_request(request)
+                self.engine.add_request(request, prompt.ids, prompt.text)
             except Exception as exc:  # noqa: BLE001 - a bad request (RequestError) fails alone, before any event
                 self._ended(request.request_id)
                 channel.send([exc], last=True)
@@ -121,8 +144,8 @@ class AsyncEngine:
             with self._inbox_lock:
                 self.failure, self._closed = str(error), True
                 queued, self._inbox = list(self._inbox), deque()
-                self._open.difference_update(r.request_id for r, _ in queued)
-            for _, channel in queued:
+                self._open.difference_update(item[0].request_id for item in queued)
+            for _, channel, _ in queued:
                 channel.send([error], last=True)
             self._fail_all(error)
 

@@ -90,10 +90,11 @@ class LLMEngine:
             return self.tokenizer.encode(request.prompt), request.prompt
         return list(request.prompt), None
 
-    def add_request(self, request: Request, prompt_ids: list[int] | None = None) -> None:
+    def add_request(self, request: Request, prompt_ids: list[int] | None = None, text: str | None = None) -> None:
+        """`prompt_ids` (and the `text` they encode): the prompt as encode() gave it (the prompt stage's), else
+        encoded here."""
         if request.request_id in self.requests:
             raise RequestError(f"request id {request.request_id!r} is already running; use a new id", param="request_id")
-        text = None
         if prompt_ids is None:
             prompt_ids, text = self.encode(request)
         validate_prompt(prompt_ids, request.params, self.model_config.vocab_size, self.max_model_len)

@@ -46,7 +46,8 @@ def until(condition, bound: float = 20.0, what: str = "") -> None:
 
 def settled(backend) -> dict:
     """The engine's stats once it holds no request and its queue is empty; its block accounting checked."""
-    until(lambda: not backend.engine.engine.requests and not backend.engine._inbox, what="the engine settles")
+    until(lambda: not (backend.engine.engine.requests or backend.engine._inbox or backend.engine._preparing),
+          what="the engine settles")
     backend.engine.engine.blocks.check_invariants()
     return backend.stats()
 
@@ -163,3 +164,18 @@ def test_one_clients_flood_leaves_room_for_another(native, server_factory):
     for box in (first, other):
         box["thread"].join(timeout=60)
         assert box["out"].status_code == 200
+
+
+def test_prompts_are_rendered_tokenized_and_compiled_while_a_step_holds_the_engine(native, server_factory):
+    server = server_factory(native)
+    schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/nope"}}}
+    with frozen(native):  # the prompt stage needs no engine: its errors come back while a step runs
+        bad = httpx.post(server.url + "/chat/completions", json=CHAT | {"response_format": schema}, timeout=30)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "json_schema"
+        good = in_background(lambda: httpx.post(server.url + "/chat/completions", json=CHAT, timeout=60))
+        until(lambda: len(native.engine._inbox) == 1, what="the request is prepared")
+        prompt = native.engine._inbox[0][2]
+        rendered = native.apply_chat_template(CHAT["messages"])
+        assert prompt.text == rendered and prompt.ids == native.tokenizer.encode(rendered, add_special_tokens=False)
+    good["thread"].join(timeout=60)
+    assert good["out"].status_code == 200 and good["out"].json()["usage"]["prompt_tokens"] == len(prompt.ids)
