@@ -19,7 +19,7 @@ class ServerOptions(BaseModel):
     max_schema_bytes: int = Field(default=64 * 1024, ge=0)  # a response_format schema's (or all tools') JSON
     max_stop: int = Field(default=16, ge=0)  # stop strings, and stop_token_ids, per request
     max_stop_chars: int = Field(default=256, ge=1)  # the longest stop string
-    max_prompt_tokens: int | None = Field(default=None, ge=1)  # None: the model's context length
+    max_prompt_tokens: int | None = Field(default=None, ge=1)  # None: the context length (the backend checks it)
     max_total_tokens: int = Field(default=131072, ge=1)  # prompts x n x max_tokens of one request
     max_waiting: int = Field(default=256, ge=1)  # requests waiting for their first token; more get 429
     # the same, per client (its tenant_header value, else its address): one client's flood leaves room for others

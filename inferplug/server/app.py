@@ -36,13 +36,15 @@ DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 
 def create_app(backend: Backend, *, api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                options: ServerOptions | None = None) -> FastAPI:
-    """The app for one loaded backend. `api_key` (or INFERPLUG_API_KEY) makes every path but /health require it;
+    """The app for one loaded backend. `api_key` (or INFERPLUG_API_KEY) makes every path but /health require it
+    (several keys, comma-separated: one per tenant, whose cached prompts are kept apart, server/tenants.py);
     `options`: the limits (default: the backend's profile's [server] table)."""
     from inferplug.server.routes import router
 
     app = FastAPI(title="inferplug", version="1", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.backend = backend
-    app.state.api_key = api_key or os.environ.get(API_KEY_ENV) or None
+    keys = [k.strip() for k in (api_key or os.environ.get(API_KEY_ENV) or "").split(",") if k.strip()]
+    app.state.api_keys = tuple(keys) or None
     app.state.options = options or getattr(getattr(backend, "profile", None), "server", None) or ServerOptions()
     app.state.metrics = ServerMetrics(backend)
     app.state.admission = Admission(app.state.options)
@@ -86,7 +88,7 @@ def create_app(backend: Backend, *, api_key: str | None = None, max_body_bytes: 
 
     opts = app.state.options
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes, read_timeout=opts.body_read_timeout_s)
-    app.add_middleware(RequestGuard, api_key=app.state.api_key, allowed_hosts=opts.allowed_hosts)  # runs first
+    app.add_middleware(RequestGuard, api_keys=app.state.api_keys, allowed_hosts=opts.allowed_hosts)  # runs first
     return app
 
 

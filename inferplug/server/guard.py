@@ -32,11 +32,13 @@ def _host_name(header: str) -> str:
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
-def key_problem(authorization: str, expected: str | None) -> str | None:
-    """Why the Authorization header does not carry the server's key (None: it does, or there is no key)."""
+def key_problem(authorization: str, expected: tuple[str, ...] | None) -> str | None:
+    """Why the Authorization header carries none of the server's keys (None: it does, or there are none)."""
     if expected is None:
         return None
-    if authorization.startswith("Bearer ") and secrets.compare_digest(authorization[7:].encode(), expected.encode()):
+    given = authorization.removeprefix("Bearer ").encode() if authorization.startswith("Bearer ") else None
+    # every key compared, in constant time each: which one matched is not told by the time taken
+    if given is not None and sum(secrets.compare_digest(given, key.encode()) for key in expected):
         return None
     what = "wrong" if authorization else "missing"
     return f"the API key is {what}: send the server's key as 'Authorization: Bearer <key>'"
@@ -46,8 +48,8 @@ class RequestGuard:
     """403 for a foreign Host header on a loopback server without a key (DNS rebinding: a web page's script
     reaching 127.0.0.1 through a name it controls), 401 for a missing or wrong key; /health stays open."""
 
-    def __init__(self, app: ASGIApp, api_key: str | None, allowed_hosts: list[str]):
-        self.app, self.api_key = app, api_key
+    def __init__(self, app: ASGIApp, api_keys: tuple[str, ...] | None, allowed_hosts: list[str]):
+        self.app, self.api_keys = app, api_keys
         self.allowed_hosts = {h.lower() for h in allowed_hosts}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -56,13 +58,13 @@ class RequestGuard:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         problem, status = self._host_problem(scope, headers.get("host")), 403
         if problem is None and scope.get("path") not in OPEN_PATHS:
-            problem, status = key_problem(headers.get("authorization", ""), self.api_key), 401
+            problem, status = key_problem(headers.get("authorization", ""), self.api_keys), 401
         if problem is not None:
             return await error_response(problem, status)(scope, receive, send)
         await self.app(scope, receive, send)
 
     def _host_problem(self, scope: Scope, host_header: str | None) -> str | None:
-        if self.api_key is not None or "*" in self.allowed_hosts or host_header is None:
+        if self.api_keys is not None or "*" in self.allowed_hosts or host_header is None:
             return None
         bound = (scope.get("server") or ("", 0))[0]
         if not _is_loopback(str(bound)):

@@ -1,7 +1,7 @@
 """The [server] limits (profile_server.py) applied to one parsed request, before any work is queued for it.
 
-Each check is cheap (counts and sizes) except the prompt's token count: a prompt is tokenized only when its
-bytes could exceed the limit, and then in a worker thread, never on the event loop or the engine thread.
+Each check is cheap (counts and sizes) except the prompt's token count under an explicit max_prompt_tokens: a
+prompt is tokenized only when its bytes could exceed it, and then in a worker thread, never on the event loop.
 """
 
 from __future__ import annotations
@@ -72,8 +72,11 @@ def check_chat(body: ChatCompletionRequest, opts: ServerOptions, default_max_tok
 
 
 async def check_prompt_tokens(backend: Any, prepared: list[Prepared], opts: ServerOptions) -> None:
-    """Every prompt within [server] max_prompt_tokens (default: the context length)."""
-    limit = opts.max_prompt_tokens or backend.context_length
+    """Every prompt within [server] max_prompt_tokens. Unset, the backend's own context check bounds a prompt (the
+    native engine tokenizes in its prompt stage, off the step thread), and nothing is tokenized here."""
+    limit = opts.max_prompt_tokens
+    if limit is None:
+        return
     tokenizer = getattr(backend, "tokenizer", None)
     for p in prepared:
         request = p.request

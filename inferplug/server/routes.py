@@ -105,7 +105,7 @@ async def _generate(kind: str, body: CompletionRequest | ChatCompletionRequest, 
                     request: Request, want_logprobs: bool, **builder_kw: Any) -> Response:
     backend = request.app.state.backend
     await check_prompt_tokens(backend, prepared, request.app.state.options)
-    salt = cache_salt(request.headers, request.app.state.options)
+    salt = cache_salt(request.headers, request.app.state.options, request.app.state.api_keys is not None)
     for p in prepared:
         p.request.cache_salt = salt
     generation = Generation(backend, [p.request for p in prepared])

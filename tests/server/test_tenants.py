@@ -36,7 +36,8 @@ def test_a_tenant_header_keeps_tenants_caches_apart(native, server_factory):
 
 
 def test_requests_with_different_api_keys_share_no_cache(native, server_factory):
-    server = server_factory(native)  # no server key: each client's bearer token still names its tenant
+    server = server_factory(native, api_key="key-a,key-b")  # one key per tenant
+    assert httpx.get(server.url + "/models", headers={"Authorization": "Bearer key-c"}).status_code == 401
     cached(server, {"Authorization": "Bearer key-a"}, "one?")
     assert cached(server, {"Authorization": "Bearer key-a"}, "two?") >= 64
     assert cached(server, {"Authorization": "Bearer key-b"}, "one?") == 0
