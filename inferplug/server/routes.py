@@ -1,8 +1,8 @@
-"""The endpoints: /v1/models, /v1/completions, /v1/chat/completions, /health and /metrics.
+"""The endpoints: /v1/models, /v1/completions, /v1/chat/completions, /health, /metrics and /openapi.json.
 
-A generation is started (and bad input rejected with a 4xx) before any response byte is sent.
-When the client disconnects, streaming or not, the generation is aborted and its KV blocks
-are freed at once.
+A request is checked against the [server] limits (server/limits.py), then its generation is started (and bad
+input rejected with a 4xx) before any response byte is sent. When the client disconnects, streaming or not, even
+before its first token, the generation is aborted and its KV blocks are freed at once.
 """
 
 from __future__ import annotations
