@@ -26,6 +26,7 @@ class ServerOptions(BaseModel):
     max_waiting_per_client: int = Field(default=64, ge=1)
     queue_timeout_s: float = Field(default=300.0, gt=0)  # a request still without its first token then gets 503
     body_read_timeout_s: float = Field(default=30.0, gt=0)  # a body that trickles in longer gets 408
+    stream_send_timeout_s: float = Field(default=30.0, gt=0)  # a stream its client stops reading is then cut off
     shutdown_grace_s: float = Field(default=10.0, ge=0)  # SIGTERM: in-flight requests get this long, then abort
     # The request header that names a client's tenant (set by a trusted proxy), e.g. "X-Tenant". Prefix-cache
     # entries are salted by the API key and this header's value, so tenants never share cached prompts.

@@ -121,8 +121,8 @@ async def _generate(kind: str, body: CompletionRequest | ChatCompletionRequest, 
         request.app.state.metrics.failed(request.url.path, 499)
         return Response(status_code=499)
     if body.stream:
-        return _AbortingStream(_sse(generation, builder, body.include_usage, request),
-                               media_type="text/event-stream")
+        return _AbortingStream(_sse(generation, builder, body.include_usage, request), media_type="text/event-stream",
+                               send_timeout=request.app.state.options.stream_send_timeout_s)
     return await _whole(generation, builder, request)
 
 
@@ -205,13 +205,25 @@ def _data(obj: dict[str, Any]) -> str:
 
 class _AbortingStream(StreamingResponse):
     """Closes its event stream however the response ends, so a vanished client's generation
-    is aborted now rather than whenever the garbage collector finalizes the generator."""
+    is aborted now rather than whenever the garbage collector finalizes the generator. A client that stops
+    reading (its socket full) for `send_timeout` seconds is cut off, and its generation aborted, the same way."""
+
+    def __init__(self, content: AsyncIterator[str], *, media_type: str, send_timeout: float):
+        super().__init__(content, media_type=media_type)
+        self.send_timeout = send_timeout
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         import anyio
 
+        async def bounded_send(message: Any) -> None:
+            with anyio.fail_after(self.send_timeout):
+                await send(message)
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, bounded_send)
+        except TimeoutError:
+            log.info("a client read nothing of its stream for %g s ([server] stream_send_timeout_s): cut off",
+                     self.send_timeout)
         finally:
             with anyio.CancelScope(shield=True):
                 await self.body_iterator.aclose()  # type: ignore[union-attr]
