@@ -77,3 +77,24 @@ def test_the_official_client_sees_the_limit_as_a_bad_request(live_server):
     with pytest.raises(openai.BadRequestError) as caught:
         live_server.client().completions.create(model="tiny-llama", prompt="hi", n=17)
     assert caught.value.body["code"] == "max_n"
+
+
+def test_the_limits_come_from_the_profile_the_environment_and_the_flags(tmp_path, monkeypatch):
+    from inferplug.cli import build_parser
+    from inferplug.commands.serve import apply_server_flags
+    from inferplug.errors import ProfileError
+    from inferplug.profile import load_profile
+
+    path = tmp_path / "p.toml"
+    path.write_text('backend = "openai"\n[server]\nmax_n = 4\ntenant_header = "X-Tenant"\n')
+    monkeypatch.setenv("INFERPLUG_SERVER__MAX_PROMPTS", "7")
+    profile = load_profile(str(path))
+    assert (profile.server.max_n, profile.server.max_prompts, profile.server.tenant_header) == (4, 7, "X-Tenant")
+    args = build_parser().parse_args(["serve", str(path), "--max-n", "8", "--queue-timeout-s", "2.5",
+                                      "--allowed-host", "a.lan", "--allowed-host", "b.lan"])
+    apply_server_flags(profile, args)
+    assert (profile.server.max_n, profile.server.queue_timeout_s, profile.server.max_prompts) == (8, 2.5, 7)
+    assert profile.server.allowed_hosts == ["a.lan", "b.lan"]
+    path.write_text('backend = "openai"\n[server]\nmax_nn = 4\n')
+    with pytest.raises(ProfileError, match="max_n"):
+        load_profile(str(path))
