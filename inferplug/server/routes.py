@@ -65,7 +65,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     backend = _served(body, request)
     check_completion(body, request.app.state.options, _default_max_tokens(backend))
     prepared = [build_request(backend, prompt=p, options=body.to_options()) for p in body.prompts()]
-    echo = make_echo(backend.tokenizer, body.prompts(), body.n, body.prompt_only) if body.echo else None
+    echo = await asyncio.to_thread(make_echo, backend.tokenizer, body.prompts(), body.n, body.prompt_only) \
+        if body.echo else None  # it tokenizes: off the event loop
     return await _generate("completion", body, prepared, request, body.logprobs is not None, echo=echo,
                            want_prompt_logprobs=body.prompt_logprobs is not None)
 

@@ -98,3 +98,10 @@ def test_the_limits_come_from_the_profile_the_environment_and_the_flags(tmp_path
     path.write_text('backend = "openai"\n[server]\nmax_nn = 4\n')
     with pytest.raises(ProfileError, match="max_n"):
         load_profile(str(path))
+
+
+@pytest.mark.parametrize("ids", [[-1], [2**32 + 5], [1, 99999]])
+def test_echo_of_token_ids_outside_the_vocabulary_is_a_400(live_server, ids):
+    """Found by the schemathesis test: echo decoded the ids before any check, and the tokenizer overflowed (a 500)."""
+    error = refused(live_server, "/completions", {"prompt": ids, "echo": True, "max_tokens": 1})
+    assert error["param"] == "prompt" and "outside the vocabulary" in error["message"]
