@@ -66,13 +66,13 @@ class RequestGuard:
     def _host_problem(self, scope: Scope, host_header: str | None) -> str | None:
         if self.api_keys is not None or "*" in self.allowed_hosts or host_header is None:
             return None
-        bound = (scope.get("server") or ("", 0))[0]
-        if not _is_loopback(str(bound)):
-            return None  # bound to a public address: the operator chose to expose it
+        local = (scope.get("server") or ("", 0))[0]  # the address the connection arrived on
+        if not _is_loopback(str(local)):
+            return None  # it arrived on an address the operator chose to expose
         name = _host_name(host_header).lower()
         if _is_loopback(name) or name in self.allowed_hosts:
             return None
-        return (f"the Host header {name!r} does not name this machine: a server on loopback without an API key "
+        return (f"the Host header {name!r} does not name this machine: over loopback, a server without an API key "
                 "answers only loopback names (a guard against DNS rebinding). Add the name to [server] "
                 "allowed_hosts (or --allowed-host), or set an API key")
 
