@@ -85,6 +85,11 @@ class ModelSource(Table):
             raise ValueError(f"give only one of path, hf_repo or pypi (got {', '.join(given)})")
         if self.pypi is not None and not self.file:
             raise ValueError("a pypi source needs `file`, the member path of the model inside the wheel")
+        if self.pypi is not None:
+            from inferplug.source_rules import check_member, check_requirement
+
+            check_requirement(self.pypi)
+            check_member(self.file)
         return self
 
     @property

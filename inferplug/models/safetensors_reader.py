@@ -105,7 +105,7 @@ def _tensor_ref(file: Path, name: str, entry: Any, start: int, size: int) -> Ten
         return ModelSourceError(f"{file} is not a readable safetensors file (tensor {name!r}: {problem}); "
                                 "re-download it.")
 
-    if not isinstance(entry, dict) or entry.get("dtype") not in DTYPES:
+    if not isinstance(entry, dict) or not isinstance(entry.get("dtype"), str) or entry["dtype"] not in DTYPES:
         raise bad(f"no known dtype in {str(entry)[:80]}; known: {', '.join(DTYPES)}")
     shape, offsets = entry.get("shape"), entry.get("data_offsets")
     if not isinstance(shape, list) or len(shape) > MAX_RANK or not all(_is_count(n) for n in shape):
