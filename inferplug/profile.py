@@ -235,6 +235,15 @@ class OpenAIOptions(Table):
     timeout: float = Field(default=60.0, gt=0)
     max_retries: int = Field(default=2, ge=0)
 
+    @field_validator("api_key_env")
+    @classmethod
+    def _a_key_variable(cls, value: str) -> str:
+        """Only a variable named for the purpose: a profile must not send, say, AWS_SECRET_ACCESS_KEY to its URL."""
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*_API_KEY", value):
+            raise ValueError(f"api_key_env = {value!r} must name an environment variable ending in _API_KEY (such as "
+                             "INFERPLUG_OPENAI_API_KEY); put the key in one and name that")
+        return value
+
 
 # What a profile is loading from, below the environment: a TOML file, or the values a model file implies.
 _file_source: ContextVar[Path | dict[str, Any] | None] = ContextVar("inferplug_profile_file", default=None)

@@ -49,9 +49,10 @@ class OpenAIBackend(Backend):
         self._clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}  # httpx clients are per loop
         self._active: dict[str, httpx.Response | None] = {}
         self._aborted: set[str] = set()
+        # what the profile leaves out is asked of the server with the first request, never at load: a profile that
+        # is only loaded (resolve, doctor, a front end's construction) sends nothing, the key least of all
         self._model, self._context = opts.model or profile.model.served_name, profile.model.context_length
-        if self._model is None or self._context is None:
-            self._read_model_list(httpx)
+        self._listed = self._model is not None and self._context is not None
 
     # --- protocol -------------------------------------------------------------------
     @property
@@ -60,7 +61,8 @@ class OpenAIBackend(Backend):
 
     @property
     def model_name(self) -> str:
-        return self._model
+        """The remote model; until the first request has listed the server's models, the profile's name."""
+        return self._model or self.profile.name
 
     @property
     def context_length(self) -> int:
@@ -71,6 +73,8 @@ class OpenAIBackend(Backend):
 
     async def generate(self, request: Request) -> AsyncIterator[Event]:
         request.params.validate()
+        if not self._listed:
+            await self._read_model_list()
         path, body = self._body(request)
         started = time.perf_counter()
         first_token: float | None = None
@@ -170,10 +174,12 @@ class OpenAIBackend(Backend):
             await asyncio.sleep(wait)
         raise AssertionError("unreachable")
 
-    def _read_model_list(self, httpx: Any) -> None:
+    async def _read_model_list(self) -> None:
         """The first served model and its context, from GET /models, for what the profile leaves out."""
+        import httpx
+
         try:
-            reply = httpx.get(f"{self.base_url}/models", headers=self._headers(), timeout=self._timeout)
+            reply = await self._client().get("/models")
         except httpx.HTTPError as exc:
             raise BackendUnavailable(f"cannot reach {self.base_url}/models ({type(exc).__name__}); start the server "
                                      "or set [openai] model and [model] context_length in the profile") from None
@@ -187,6 +193,7 @@ class OpenAIBackend(Backend):
         chosen = next((m for m in models if m.get("id") == self._model), models[0])
         self._model = self._model or chosen["id"]
         self._context = self._context or chosen.get("max_model_len")
+        self._listed = True
 
     def _body(self, request: Request) -> tuple[str, dict[str, Any]]:
         p = request.params
