@@ -178,3 +178,14 @@ def test_a_hugging_face_snapshot_links_into_its_own_blobs(tmp_path):
     (snapshot / "model-1.safetensors").symlink_to("../../blobs/abc")
     (snapshot / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model-1.safetensors"}}))
     assert safetensors_files(snapshot) == [snapshot / "model-1.safetensors"]
+
+
+def test_inferplug_resolve_of_a_hostile_gguf_exits_2_with_the_problem(tmp_path, monkeypatch, capsys):
+    from inferplug.cli import main
+
+    monkeypatch.setenv("INFERPLUG_HOME", str(tmp_path / "home"))
+    path = tmp_path / "hostile.gguf"
+    path.write_bytes(HOSTILE_GGUF["alignment 0"][0])
+    clear_header_cache()
+    assert main(["resolve", str(path)]) == 2
+    assert "general.alignment is 0; it must be a power of two" in capsys.readouterr().err
