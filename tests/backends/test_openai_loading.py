@@ -65,7 +65,7 @@ def test_loading_sends_nothing_and_the_first_request_lists_the_models(server, mo
     profile = Profile(name="remote", backend="openai", openai=OpenAIOptions(base_url=server,
                                                                             api_key_env="LOOPBACK_API_KEY"))
     backend = OpenAIBackend(profile, resolve(profile, probe()))
-    assert Recorder.seen == [] and backend.model_name == "remote"  # no request, no key sent, at load
+    assert Recorder.seen == []  # no request, no key sent, at load
     events = backend.generate_sync(Request(messages=[{"role": "user", "content": "hi"}], params=SamplingParams()))
     assert "".join(e.text for e in events) == "hello" and events[-1].usage.completion_tokens == 1
     assert Recorder.seen == [("GET", "/v1/models", f"Bearer {KEY}"), ("POST", "/v1/chat/completions", f"Bearer {KEY}")]
@@ -73,6 +73,18 @@ def test_loading_sends_nothing_and_the_first_request_lists_the_models(server, mo
     backend.generate_sync(Request(prompt="hi"))
     assert [s[:2] for s in Recorder.seen[2:]] == [("POST", "/v1/completions")]  # listed once
     backend.close()
+
+
+def test_the_first_look_at_the_model_name_lists_the_models_once(server):
+    from inferplug.backends.openai import OpenAIBackend
+    from inferplug.hardware import probe
+    from inferplug.resolver import resolve
+
+    profile = Profile(name="remote", backend="openai", openai=OpenAIOptions(base_url=server))
+    backend = OpenAIBackend(profile, resolve(profile, probe()))
+    assert Recorder.seen == []
+    assert (backend.model_name, backend.context_length, backend.model_name) == ("remote-model", 4096, "remote-model")
+    assert Recorder.seen == [("GET", "/v1/models", None)]  # no key set: no Authorization header
 
 
 @pytest.mark.parametrize("name", ["AWS_SECRET_ACCESS_KEY", "HOME", "GITHUB_TOKEN", "MY_API_KEY_X", "_API_KEY "])
