@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,7 +125,7 @@ def facts_from_file(path: Path) -> ModelFacts:
     """Read once per file version and remember it under INFERPLUG_HOME: parsing a GGUF header with a
     large vocabulary takes about a second, too slow for `inferplug doctor` to repeat on every run."""
     from inferplug.models.loader import gguf_matrices, read_config
-    from inferplug.sources import home
+    from inferplug.sources import home, write_atomically
 
     st = path.stat()
     version = f"v4|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"  # v4: facts gained a GGUF's matrix types
@@ -138,9 +137,7 @@ def facts_from_file(path: Path) -> ModelFacts:
                                     gguf_matrices=gguf_matrices(path))
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)
-        partial = memo.with_name(f"{memo.name}.{os.getpid()}.part")  # concurrent writers never mix
-        partial.write_text(json.dumps(dataclasses.asdict(facts)))
-        os.replace(partial, memo)
+        write_atomically(memo, json.dumps(dataclasses.asdict(facts)).encode())  # no link followed, no half read
     except OSError:
         pass  # a read-only cache only costs the re-read next time
     return facts
