@@ -36,6 +36,7 @@ class BlockLinear(WeightOnlyLinear):
 
     compute_dtype = torch.float32
     fields: tuple[int, ...]  # a block's fields' bytes, in the order a row stores them
+    spans: tuple[int, ...] = ()  # blocks one entry of each field covers (Q4_K's d and dmin: 8 each); () for 1 each
     interleaved = True  # the quants by runs of words (the integer kernels' layout)
     kernel: str  # torch.ops.inferplug.<kernel>(x, blocks): the matmul of decode rows
     prefill: str  # torch.ops.inferplug.<prefill>(x, blocks, precision): float32 / bfloat16 prefill rows
@@ -44,7 +45,7 @@ class BlockLinear(WeightOnlyLinear):
 
     def __init__(self, blocks: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
-        self.out_features, self.in_features = blocks.shape[0], blocks.shape[1] // sum(self.fields) * BLOCK
+        self.out_features, self.in_features = blocks.shape[0], self.blocks_in(blocks.shape[1]) * BLOCK
         self.register_buffer("blocks", blocks)  # uint8 [out, in / 32 * block bytes]
         self.register_buffer("bias", None if bias is None else bias.float())
         # The ops' overloads, not their packets: a decode step calls the kernel ~120 times, ~0.5 us saved each.
@@ -57,6 +58,7 @@ class BlockLinear(WeightOnlyLinear):
         out_features, in_features = weight.shape
         if in_features % BLOCK:
             raise ProfileError(f"{cls.__name__} needs in_features divisible by 32; this layer has {in_features}.")
+        cls.field_bytes(in_features // BLOCK)  # whole super-blocks, where the format has them
         groups = weight.detach().float().reshape(out_features, in_features // BLOCK, BLOCK)
         return cls.from_fields(*cls._pack(groups), bias=bias)
 
@@ -66,17 +68,36 @@ class BlockLinear(WeightOnlyLinear):
         _pack gives them; quant/checkpoint_layers.py packs AWQ / GPTQ groups so). Each field is copied once, straight
         into its place in the rows: a 7B checkpoint's load holds no second copy of a layer."""
         out_features, blocks = fields[-1].shape[:2]
-        rows = torch.empty(out_features, blocks * sum(cls.fields), dtype=torch.uint8)
+        sizes = cls.field_bytes(blocks)
+        rows = torch.empty(out_features, sum(sizes), dtype=torch.uint8)
         start = 0
-        for index, (field, size) in enumerate(zip(fields, cls.fields)):
-            dest = rows[:, start:start + blocks * size]
-            field = field.reshape(out_features, blocks, size)
+        for index, (field, size, nbytes) in enumerate(zip(fields, cls.fields, sizes)):
+            dest = rows[:, start:start + nbytes]
+            field = field.reshape(out_features, nbytes // size, size)
             if index == len(fields) - 1 and cls.interleaved:
                 _interleave_into(dest, field)
             else:
-                dest.view(out_features, blocks, size).copy_(field)
-            start += blocks * size
+                dest.view(out_features, nbytes // size, size).copy_(field)
+            start += nbytes
         return cls(rows, bias)
+
+    @classmethod
+    def field_bytes(cls, blocks: int) -> list[int]:
+        """Each field's bytes in a row of `blocks` blocks."""
+        spans = cls.spans or (1,) * len(cls.fields)
+        if any(blocks % span for span in spans):
+            raise ProfileError(f"{cls.__name__} needs whole groups of {max(spans)} blocks ({max(spans) * BLOCK} inputs); "
+                               f"this row has {blocks * BLOCK}.")
+        return [blocks // span * size for size, span in zip(cls.fields, spans)]
+
+    @classmethod
+    def blocks_in(cls, row_bytes: int) -> int:
+        """The blocks a row of `row_bytes` holds."""
+        largest = max(cls.spans or (1,))  # the smallest whole row
+        blocks = row_bytes // sum(cls.field_bytes(largest)) * largest
+        if sum(cls.field_bytes(blocks)) != row_bytes:
+            raise ProfileError(f"{row_bytes} bytes are not a whole row of {cls.__name__} blocks.")
+        return blocks
 
     @classmethod
     def requantized(cls, layer: "BlockLinear", rows_at_once: int = 256) -> "BlockLinear":
@@ -88,9 +109,8 @@ class BlockLinear(WeightOnlyLinear):
 
     def dequantized(self) -> torch.Tensor:
         """The float weight, unpacked by torch ops (the reference the kernels are tested against)."""
-        blocks = self.in_features // BLOCK
-        fields = self.blocks.split([blocks * size for size in self.fields], dim=1)
-        *fields, quants = (f.reshape(self.out_features, blocks, -1) for f in fields)
+        fields = self.blocks.split(self.field_bytes(self.in_features // BLOCK), dim=1)
+        *fields, quants = (f.reshape(self.out_features, f.shape[1] // size, size) for f, size in zip(fields, self.fields))
         weight = self._unpack(*fields, _deinterleave(quants) if self.interleaved else quants)
         return weight.reshape(self.out_features, self.in_features)
 
@@ -167,6 +187,41 @@ class Q4Linear(BlockLinear):
     @staticmethod
     def _unpack(scale, low, nibbles):
         return torch.cat([nibbles & 15, nibbles >> 4], dim=-1).float() * _floats(scale) + _floats(low)
+
+
+class Q4KLinear(BlockLinear):
+    """Q4Linear's nibbles under llama.cpp's Q4_K scales, so a Q4_K weight runs as stored: per 8 blocks (a super-block
+    of 256 inputs) fp16 d and dmin, per block 6-bit codes sc and m (a byte each); w = d * sc * q - dmin * m.
+    4.625 bits a weight (Q4_K's own 4.5 packs the codes 6 bits each), against Q4_1's 5."""
+
+    fields, spans = (2, 2, 1, 1, 16), (8, 8, 1, 1, 1)  # d, dmin, sc, m, nibbles
+    kernel, prefill, unpack = "q4_k_matmul", "q4_k_prefill_matmul", "q4_k_dequantize"
+
+    @staticmethod
+    def _pack(groups):
+        """Q4_K's own rounding, simplified: each block's Q4_1 range, its scale and min (a min above zero is zero)
+        as 6-bit codes of its super-block's largest."""
+        out, blocks = groups.shape[:2]
+        low = groups.amin(dim=-1, keepdim=True).clamp(max=0)  # [out, blocks, 1]
+        step, offset, fields = [], [], []
+        for value in ((groups.amax(dim=-1, keepdim=True) - low) / 15, -low):  # the scales, then the mins
+            top = (value.reshape(out, blocks // 8, 8).amax(dim=-1, keepdim=True) / 63).half()  # d, dmin
+            code = torch.round(value / _per_block(top).clamp(min=1e-10)).clamp(0, 63)
+            (step if not fields else offset).append(_per_block(top) * code)
+            fields += [top.view(torch.uint8), code.to(torch.uint8)]
+        q = torch.round((groups + offset[0]) / step[0].clamp(min=1e-10)).clamp(0, 15).to(torch.uint8)
+        return fields[0], fields[2], fields[1], fields[3], q[..., :16] | (q[..., 16:] << 4)
+
+    @staticmethod
+    def _unpack(d, dmin, sc, m, nibbles):
+        q = torch.cat([nibbles & 15, nibbles >> 4], dim=-1).float()
+        return q * (_per_block(d) * sc.float()) + -(_per_block(dmin) * m.float())
+
+
+def _per_block(halves: torch.Tensor) -> torch.Tensor:
+    """A super-block field (fp16 bytes [out, blocks / 8, 2], or floats [out, blocks / 8, 1]) as floats per block."""
+    values = halves.float() if halves.dtype == torch.float16 else _floats(halves)
+    return values.repeat_interleave(8, dim=1)
 
 
 class Q8Linear(BlockLinear):

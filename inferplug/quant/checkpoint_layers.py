@@ -19,7 +19,7 @@ import torch
 
 from inferplug.errors import ProfileError
 from inferplug.quant.base import WeightOnlyLinear
-from inferplug.quant.block_linear import BLOCK, BlockLinear, Q4Linear, Q8Linear
+from inferplug.quant.block_linear import BLOCK, BlockLinear, Q4KLinear, Q4Linear, Q8Linear
 from inferplug.quant.group_int4 import GroupQuant
 
 
@@ -138,7 +138,8 @@ def fuse_rows(parts: list) -> torch.Tensor | WeightOnlyLinear:
     if all(isinstance(p, torch.Tensor) for p in parts):
         return torch.cat(parts).contiguous()
     kinds = {type(p) for p in parts}
-    if kinds == {Q4Linear, Q8Linear}:  # a Q4_K_M GGUF's Q6_K attn_v beside Q4_K q/k: all as Q8_0, the wider blocks
+    if len(kinds) > 1 and Q8Linear in kinds and kinds <= {Q4Linear, Q4KLinear, Q8Linear}:
+        # a Q4_K_M GGUF's Q6_K attn_v beside Q4_K q/k: all as Q8_0, the wider blocks
         parts, kinds = [p if isinstance(p, Q8Linear) else Q8Linear.requantized(p) for p in parts], {Q8Linear}
     if len(kinds) != 1 or any(getattr(p, "bias", None) is not None for p in parts):
         raise ProfileError("a fused projection mixes quantized and float (or biased) parts; quantize all of "

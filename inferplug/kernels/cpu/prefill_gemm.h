@@ -1,4 +1,4 @@
-// Prefill's many-row matmul over Q4_1 / Q8_0 weight rows (quant_matmul.cpp has the torch op): a panel of up to
+// Prefill's many-row matmul over Q4_1 / Q4_K / Q8_0 weight rows (quant_matmul.cpp has the torch op): a panel of up to
 // PREFILL_COLS weight rows is dequantized one K block at a time into an L2-sized buffer laid out for the
 // micro-kernel, and every x row passes over it. No float copy of the whole weight, and each weight is unpacked
 // once per call, whatever M. Two precisions: float32 x against float32 weights (FMAs), or both rounded to
@@ -41,11 +41,9 @@ inline void dequantize_block(const uint8_t* quants, float scale, float min, floa
 // Block b of a row as 32 floats. INTERLEAVED: the quants by runs (kernels.h); else each block's bytes in a row.
 template <typename Format, bool INTERLEAVED>
 inline void unpack_block(const RowLayout<Format>& row, int64_t b, int64_t blocks, float* out) {
-  const float scale = _cvtsh_ss(reinterpret_cast<const uint16_t*>(row.scales)[b]);
-  const float min = Format::HAS_MIN ? _cvtsh_ss(reinterpret_cast<const uint16_t*>(row.mins)[b]) : 0.f;
   uint8_t interleaved[Format::QUANT_BYTES];
-  if (INTERLEAVED) row.block_quants(b, blocks, interleaved);
-  dequantize_block<Format>(INTERLEAVED ? interleaved : row.quants + b * Format::QUANT_BYTES, scale, min, out);
+  if (INTERLEAVED) block_quants<Format>(row.quants, b, blocks, interleaved);
+  dequantize_block<Format>(INTERLEAVED ? interleaved : row.quants + b * Format::QUANT_BYTES, row.scale(b), row.min(b), out);
 }
 
 // float32 to bf16 bits, rounding to the nearest even as torch's .to(torch.bfloat16) does (NaN stays NaN).

@@ -3,7 +3,7 @@
 // compiled per ISA.
 //
 // Every policy gives the same exact integer sums, and the float part (scales, mins, the running sum) is
-// 8 lanes wide in every ISA, so Q4_1 / Q8_0 results are bit-identical across ISAs.
+// 8 lanes wide in every ISA, so Q4_1 / Q4_K / Q8_0 results are bit-identical across ISAs.
 #pragma once
 #include <immintrin.h>
 
@@ -30,24 +30,16 @@ struct Q4_1 {  // w = q * scale + min, q in 0..15; 16 bytes of nibbles (byte j: 
   static constexpr bool HAS_MIN = true;
 };
 
+struct Q4_K {  // Q4_1's nibbles under llama.cpp's Q4_K scales: w = d * sc * q - dmin * m, with fp16 d and dmin per 8 blocks
+               // (a super-block) and 6-bit codes sc and m per block, a byte each (4.625 bits a weight against Q4_1's 5)
+  static constexpr int64_t QUANT_BYTES = 16;
+  static constexpr bool HAS_MIN = true;
+  static constexpr int64_t SUPER = 8;  // blocks per super-block: a row holds whole ones
+};
+
 struct Q8_0 {  // w = q * scale, 32 int8
   static constexpr int64_t QUANT_BYTES = 32;
   static constexpr bool HAS_MIN = false;
-};
-
-// Where a row's fields start: scales, mins (Q4_1), quants.
-template <typename Format>
-struct RowLayout {
-  const uint8_t *scales, *mins, *quants;
-  RowLayout(const uint8_t* row, int64_t blocks)
-      : scales(row), mins(row + 2 * blocks), quants(row + (Format::HAS_MIN ? 4 : 2) * blocks) {}
-  static int64_t bytes(int64_t blocks) { return blocks * ((Format::HAS_MIN ? 4 : 2) + Format::QUANT_BYTES); }
-  // Block b's quant bytes in their plain order, from the runs' interleaved words (kernels.h).
-  void block_quants(int64_t b, int64_t blocks, uint8_t* out) const {
-    const int64_t run = b / RUN * RUN, in_run = std::min(RUN, blocks - run);
-    for (int64_t k = 0; k < Format::QUANT_BYTES / WORD; k++)
-      std::memcpy(out + k * WORD, quants + run * Format::QUANT_BYTES + k * WORD * in_run + (b - run) * WORD, WORD);
-  }
 };
 
 // The n <= 8 fp16 values at p as floats, zeros past n.
@@ -57,6 +49,54 @@ inline __m256 load_halves(const uint8_t* p, int64_t n) {
   std::memcpy(bits, p, n * 2);
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bits)));
 }
+
+inline float load_half(const uint8_t* p, int64_t i) { return _cvtsh_ss(reinterpret_cast<const uint16_t*>(p)[i]); }
+
+// Block b's quant bytes in their plain order, from the runs' interleaved words (kernels.h).
+template <typename Format>
+void block_quants(const uint8_t* quants, int64_t b, int64_t blocks, uint8_t* out) {
+  const int64_t run = b / RUN * RUN, in_run = std::min(RUN, blocks - run);
+  for (int64_t k = 0; k < Format::QUANT_BYTES / WORD; k++)
+    std::memcpy(out + k * WORD, quants + run * Format::QUANT_BYTES + k * WORD * in_run + (b - run) * WORD, WORD);
+}
+
+// Where a row's fields start (all fp16 scales, then all mins for Q4_1, then the quants), its bytes for a number of
+// blocks (and the blocks a row of some bytes holds at most), and its blocks' scales and mins as floats: one at a
+// time, or the n <= GROUP from block b (b a multiple of GROUP) as one vector.
+template <typename Format>
+struct RowLayout {
+  const uint8_t *scales, *mins, *quants;
+  RowLayout(const uint8_t* row, int64_t blocks)
+      : scales(row), mins(row + 2 * blocks), quants(row + (Format::HAS_MIN ? 4 : 2) * blocks) {}
+  static int64_t bytes(int64_t blocks) { return blocks * ((Format::HAS_MIN ? 4 : 2) + Format::QUANT_BYTES); }
+  static int64_t blocks_in(int64_t row_bytes) { return row_bytes / bytes(1); }
+  float scale(int64_t b) const { return load_half(scales, b); }
+  float min(int64_t b) const { return Format::HAS_MIN ? load_half(mins, b) : 0.f; }
+  __m256 group_scales(int64_t b, int64_t n) const { return load_halves(scales + 2 * b, n); }
+  __m256 group_mins(int64_t b, int64_t n) const { return load_halves(mins + 2 * b, n); }
+};
+
+// Q4_K's row: all d, all dmin (a half each per super-block), all sc codes, all m codes, then the quants. A product
+// d * sc (11 by 6 significant bits) is exact in float32, so each block's scale and min are the file's.
+template <>
+struct RowLayout<Q4_K> {
+  const uint8_t *d, *dmin, *sc, *m, *quants;
+  RowLayout(const uint8_t* row, int64_t blocks)
+      : d(row), dmin(row + blocks / 4), sc(row + blocks / 2), m(sc + blocks), quants(m + blocks) {}
+  static int64_t bytes(int64_t blocks) { return blocks / 2 + 2 * blocks + blocks * Q4_K::QUANT_BYTES; }
+  static int64_t blocks_in(int64_t row_bytes) { return row_bytes / bytes(Q4_K::SUPER) * Q4_K::SUPER; }
+  float scale(int64_t b) const { return load_half(d, b / Q4_K::SUPER) * static_cast<float>(sc[b]); }
+  float min(int64_t b) const { return -load_half(dmin, b / Q4_K::SUPER) * static_cast<float>(m[b]); }
+  __m256 group_scales(int64_t b, int64_t) const { return codes_times(sc + b, load_half(d, b / Q4_K::SUPER)); }
+  __m256 group_mins(int64_t b, int64_t) const { return codes_times(m + b, -load_half(dmin, b / Q4_K::SUPER)); }
+
+ private:
+  static_assert(Q4_K::SUPER == GROUP, "a float step takes one super-block's 8 scales");
+  static __m256 codes_times(const uint8_t* codes, float factor) {
+    const __m256 values = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes))));
+    return _mm256_mul_ps(values, _mm256_set1_ps(factor));
+  }
+};
 
 // The hardware prefetcher alone leaves the cores waiting on DRAM: ask for the lines PREFETCH bytes past a row.
 inline void prefetch_ahead(const uint8_t* row, int64_t bytes) {
@@ -186,8 +226,8 @@ void dot_rows(const uint8_t* row, const inferplug_isa::QuantizedRows& x, int64_t
       __m256 scale[GROUPS], min[GROUPS];
       for (int g = 0; g < groups; g++) {
         const int64_t b = run + h + g * GROUP, count = std::min(GROUP, blocks - b);
-        scale[g] = load_halves(w.scales + 2 * b, count);
-        min[g] = Format::HAS_MIN ? load_halves(w.mins + 2 * b, count) : _mm256_setzero_ps();
+        scale[g] = w.group_scales(b, count);
+        min[g] = Format::HAS_MIN ? w.group_mins(b, count) : _mm256_setzero_ps();
       }
       for (int i = 0; i < MT; i++) {
         const int64_t at = (m + i) * x.blocks + run + h;

@@ -1,8 +1,9 @@
-// y = x @ w.T with w in GGUF's Q4_1 or Q8_0 blocks and x quantized per 32 inputs to int8 (llama.cpp's
+// y = x @ w.T with w in GGUF's Q4_1, Q4_K or Q8_0 blocks and x quantized per 32 inputs to int8 (llama.cpp's
 // Q4_1 x Q8_1 and Q8_0 x Q8_0 dot products): integer multiply-adds on 32 weights at a time instead of
 // unpacking them to floats.
 //
-// A weight row keeps GGUF's bytes but regroups them: all its fp16 scales, then (Q4_1) all its fp16 mins,
+// A weight row keeps GGUF's bytes but regroups them: all its fp16 scales, then (Q4_1) all its fp16 mins (Q4_K: its
+// super-blocks' d and dmin, then its blocks' 6-bit codes a byte each; quant_dot.h),
 // then all its quants, by runs of 16 blocks with their 4-byte words interleaved (kernels.h). Blocks go 8
 // (or 16) at a time: one instruction converts 8 scales, each block's integer dot product lands in its own
 // lane, and the 8 blocks take a single float multiply-add.
@@ -19,6 +20,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels.h"
@@ -105,12 +107,22 @@ void over_tiles(int64_t M, int64_t N, const Tile& tile) {
   });
 }
 
+// The entry of a kernel table for Format.
+template <typename Format, typename Entry>
+Entry for_format(Entry q4_1, Entry q4_k, Entry q8_0) {
+  if constexpr (std::is_same_v<Format, Q4_1>) return q4_1;
+  else if constexpr (std::is_same_v<Format, Q4_K>) return q4_k;
+  else return q8_0;
+}
+
 template <typename Format>
 int64_t check_operands(const at::Tensor& x, const at::Tensor& weight) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "quantized matmul: x must be a contiguous float32 [M, K] matrix");
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kByte && weight.is_contiguous(), "quantized matmul: weight must be contiguous uint8 rows of blocks [N, K / 32 * block bytes]");
   const int64_t blocks = x.size(1) / QK;
-  TORCH_CHECK(x.size(1) % QK == 0 && weight.size(1) == RowLayout<Format>::bytes(blocks), "quantized matmul: K must be a multiple of 32 and match the weight's blocks");
+  TORCH_CHECK(x.size(1) % QK == 0 && blocks == RowLayout<Format>::blocks_in(weight.size(1)) &&
+                  weight.size(1) == RowLayout<Format>::bytes(blocks),
+              "quantized matmul: K must be a multiple of 32 (of 256 for Q4_K) and match the weight's blocks");
   return blocks;
 }
 
@@ -133,7 +145,7 @@ at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& weight, const std
   at::Tensor y = at::empty({M, N}, x.options());
   const inferplug_isa::WeightRows w{weight.data_ptr<uint8_t>(), weight.size(1), blocks};
   const auto& isa = inferplug_isa::active();
-  const auto kernel = Format::HAS_MIN ? isa.q4 : isa.q8;
+  const auto kernel = for_format<Format>(isa.q4, isa.q4_k, isa.q8);
   float* out = y.data_ptr<float>();
   over_tiles(M, N, [&](int64_t n0, int64_t n1, int64_t m, int64_t rows) { kernel(w, n0, n1, xq.view(), m, rows, out + m * N + n0, N); });
   return y;
@@ -159,10 +171,10 @@ at::Tensor prefill_matmul(const at::Tensor& x, const at::Tensor& weight, const s
   check_operands<Format>(x, weight);
   const int64_t M = x.size(0), N = weight.size(0);
   at::Tensor y = at::empty({M, N}, x.options());
-  const inferplug_isa::WeightRows w{weight.data_ptr<uint8_t>(), weight.size(1), weight.size(1) / RowLayout<Format>::bytes(1)};
+  const inferplug_isa::WeightRows w{weight.data_ptr<uint8_t>(), weight.size(1), RowLayout<Format>::blocks_in(weight.size(1))};
   const auto& isa = inferplug_isa::active();
   const auto& kernels = precision == "bfloat16" ? isa.prefill_bfloat16 : isa.prefill_float32;
-  const auto kernel = Format::HAS_MIN ? kernels.q4 : kernels.q8;
+  const auto kernel = for_format<Format>(kernels.q4, kernels.q4_k, kernels.q8);
   // Narrower panels where wide ones would leave a thread idle; the width changes no result (prefill_gemm.h).
   const int64_t cols = N >= 4 * at::get_num_threads() * inferplug_isa::PREFILL_COLS ? inferplug_isa::PREFILL_COLS : 64;
   using inferplug_isa::PrefillInput;
@@ -188,7 +200,7 @@ template <typename Format, bool INTERLEAVED>
 at::Tensor dequantize(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kByte && weight.is_contiguous(),
               "dequantize: weight must be contiguous uint8 rows of blocks [N, K / 32 * block bytes]");
-  const int64_t N = weight.size(0), blocks = weight.size(1) / RowLayout<Format>::bytes(1);
+  const int64_t N = weight.size(0), blocks = RowLayout<Format>::blocks_in(weight.size(1));
   TORCH_CHECK(weight.size(1) == RowLayout<Format>::bytes(blocks), "dequantize: a row's bytes must be whole blocks");
   at::Tensor out = at::empty({N, blocks * QK}, weight.options().dtype(at::kFloat));
   const uint8_t* w = weight.data_ptr<uint8_t>();
@@ -206,22 +218,28 @@ at::Tensor dequantize(const at::Tensor& weight) {
 
 TORCH_LIBRARY_FRAGMENT(inferplug, m) {
   m.def("q4_matmul(Tensor x, Tensor weight, Tensor? order=None) -> Tensor");
+  m.def("q4_k_matmul(Tensor x, Tensor weight, Tensor? order=None) -> Tensor");
   m.def("q8_matmul(Tensor x, Tensor weight, Tensor? order=None) -> Tensor");
   m.def("q8_matmul_float(Tensor x, Tensor weight) -> Tensor");
   m.def("q4_dequantize(Tensor weight) -> Tensor");
+  m.def("q4_k_dequantize(Tensor weight) -> Tensor");
   m.def("q8_dequantize(Tensor weight) -> Tensor");
   m.def("q8_dequantize_plain(Tensor weight) -> Tensor");
   m.def("q4_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
+  m.def("q4_k_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
   m.def("q8_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
   m.def("bfloat16_dot() -> str", &bfloat16_dot);
 }
 TORCH_LIBRARY_IMPL(inferplug, CPU, m) {
   m.impl("q4_matmul", &quant_matmul<Q4_1>);
+  m.impl("q4_k_matmul", &quant_matmul<Q4_K>);
   m.impl("q8_matmul", &quant_matmul<Q8_0>);
   m.impl("q8_matmul_float", &q8_matmul_float);
   m.impl("q4_dequantize", &dequantize<Q4_1, true>);
+  m.impl("q4_k_dequantize", &dequantize<Q4_K, true>);
   m.impl("q8_dequantize", &dequantize<Q8_0, true>);
   m.impl("q8_dequantize_plain", &dequantize<Q8_0, false>);
   m.impl("q4_prefill_matmul", &prefill_matmul<Q4_1>);
+  m.impl("q4_k_prefill_matmul", &prefill_matmul<Q4_K>);
   m.impl("q8_prefill_matmul", &prefill_matmul<Q8_0>);
 }
