@@ -115,10 +115,11 @@ def test_cpu_only_zephyr_awq_runs_native_repacked_into_q4_blocks():
     plan = resolve(load_profile("zephyr-awq"), cpu(flags=("avx2", "fma", "f16c")))  # from [model.hints]
     assert (plan.backend, plan.device, plan.dtype, plan.weight_format) == ("native", "cpu", "float32", "awq")
     assert any(r.startswith("AWQ int4 groups repacked at load into Q4_1 blocks") for r in plan.reasons)
-    # layers at Q4_1's 5 bits, the float32 embedding and an int8 (8.5-bit) copy of it as the lm_head
+    # layers at 4.25 bits (Q4_1 blocks, one scale and min per group of 128), the float32 embedding and an int8
+    # (8.5-bit) copy of it as the lm_head
     embed = 32000 * 4096
-    expected = (7.24e9 - 2 * embed) * 5 + embed * 32 + embed * 8.5
-    assert plan.memory.weights_bytes == int(expected / 8)  # ~4.7 GiB
+    expected = (7.24e9 - 2 * embed) * 4.25 + embed * 32 + embed * 8.5
+    assert plan.memory.weights_bytes == int(expected / 8)  # ~4.1 GiB
     assert plan.rejected["ctranslate2"].startswith("cannot load AWQ weights")
 
 
@@ -130,7 +131,7 @@ def test_cpu_only_gptq_runs_native_with_exllamav2_the_cuda_alternative():
 
 
 def test_awq_on_a_cpu_too_small_says_what_it_needs():
-    with pytest.raises(ResolveError, match=r"native: weights need 4.68 GiB \(7.24B params x 5.55217 bits\)"):
+    with pytest.raises(ResolveError, match=r"native: weights need 4.07 GiB \(7.24B params x 4.82932 bits\)"):
         resolve(load_profile("zephyr-awq"), cpu(ram_free=4 * GiB))
 
 

@@ -1,7 +1,8 @@
 """Layers that run an AWQ / GPTQ checkpoint's int4 groups (quant/group_int4.py) without dequantizing the model.
 
-- CPU with inferplug's kernels: repacked at load into the engine's Q4_1 blocks (Q4Linear). A group of G inputs
-  with scale s and zero z is G / 32 blocks of 32 with scale s and min -s*z: w = q*s - s*z. The scale is the
+- CPU with inferplug's kernels: repacked at load into the engine's Q4_1 blocks (Q4Linear; Q4G128Linear for groups
+  of 128, which stores each group's scale and min once: 4.25 bits a weight). A group of G inputs with scale s and
+  zero z is G / 32 blocks of 32 with scale s and min -s*z: w = q*s - s*z. The scale is the
   checkpoint's fp16 exactly; the min is rounded to fp16 (at most 2^-12 * 15 * s off, under 0.4% of one
   quantization step), the one inexact part. GPTQ at 8 bits, symmetric (z = 128), is Q8_0 blocks (Q8Linear) of
   int8 q - 128 with scale s: exact.
@@ -19,7 +20,7 @@ import torch
 
 from inferplug.errors import ProfileError
 from inferplug.quant.base import WeightOnlyLinear
-from inferplug.quant.block_linear import BLOCK, BlockLinear, Q4KLinear, Q4Linear, Q8Linear
+from inferplug.quant.block_linear import BLOCK, BlockLinear, Q4G128Linear, Q4KLinear, Q4Linear, Q8Linear
 from inferplug.quant.group_int4 import GroupQuant
 
 
@@ -44,12 +45,16 @@ def checkpoint_layer(quant: GroupQuant, device: str, bias: torch.Tensor | None =
 
 
 def q4_layer(quant: GroupQuant, bias: torch.Tensor | None = None) -> Q4Linear:
-    """Q4_1 blocks holding `quant` (its groups contiguous)."""
-    scale = _per_block(quant.scales.half(), quant)
-    low = _per_block((-(quant.scales.float() * quant.zeros.float())).half(), quant)
+    """Q4_1 blocks holding `quant` (its groups contiguous): groups of 128 keep one scale and min a group
+    (Q4G128Linear), other sizes repeat them in each block."""
+    scale, low = quant.scales.half(), (-(quant.scales.float() * quant.zeros.float())).half()
+    if quant.group_size == 4 * BLOCK:
+        cls = Q4G128Linear
+    else:
+        cls, scale, low = Q4Linear, _per_block(scale, quant), _per_block(low, quant)
     # quant.packed is already Q4Linear's nibble order (byte j: input j low, input j + 16 high)
-    return Q4Linear.from_fields(scale.unsqueeze(-1).view(torch.uint8), low.unsqueeze(-1).view(torch.uint8),
-                                quant.packed, bias=bias)
+    return cls.from_fields(scale.unsqueeze(-1).view(torch.uint8), low.unsqueeze(-1).view(torch.uint8), quant.packed,
+                           bias=bias)
 
 
 def q8_layer(quant: GroupQuant, bias: torch.Tensor | None = None) -> Q8Linear:

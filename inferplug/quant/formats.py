@@ -10,13 +10,15 @@ flipped SmolLM2's "Paris" to "L'Étoile", as an int4 head does).
 
 LAYER_BITS = {"fp16": 16.0, "int8": 8.5, "int4": 5.0}
 # AWQ / GPTQ int4 checkpoints load as layers (quant/checkpoint_layers.py): repacked into Q4_1 blocks where the CPU
-# kernels run (5 bits), else kept in groups: 4 bits + an fp16 scale and a uint8 zero per group (4.19 at group 128).
+# kernels run (4.25 bits for groups of 128, a scale and min a group; else 5), else kept in groups: 4 bits + an fp16 scale and a uint8 zero per group (4.19 at group 128).
 CHECKPOINT_FORMATS = ("awq", "gptq")
 LOADED_AS_LAYERS = (*CHECKPOINT_FORMATS, "gguf")  # the loader builds their layers: quantize_model only adds the rest
 
 
 def checkpoint_layer_bits(q4_blocks: bool, group_size: int = 128) -> float:
-    return LAYER_BITS["int4"] if q4_blocks else 4 + 24 / group_size
+    if q4_blocks:  # groups of 128 keep one fp16 scale and min a group (Q4G128Linear); others repeat them per 32
+        return 4 + 32 / group_size if group_size == 128 else LAYER_BITS["int4"]
+    return 4 + 24 / group_size
 
 
 def float_model_format(fmt: str) -> str:

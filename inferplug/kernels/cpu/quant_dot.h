@@ -3,7 +3,7 @@
 // compiled per ISA.
 //
 // Every policy gives the same exact integer sums, and the float part (scales, mins, the running sum) is
-// 8 lanes wide in every ISA, so Q4_1 / Q4_K / Q8_0 results are bit-identical across ISAs.
+// 8 lanes wide in every ISA, so Q4_1 / Q4_G128 / Q4_K / Q8_0 results are bit-identical across ISAs.
 #pragma once
 #include <immintrin.h>
 
@@ -35,6 +35,13 @@ struct Q4_K {  // Q4_1's nibbles under llama.cpp's Q4_K scales: w = d * sc * q -
   static constexpr int64_t QUANT_BYTES = 16;
   static constexpr bool HAS_MIN = true;
   static constexpr int64_t SUPER = 8;  // blocks per super-block: a row holds whole ones
+};
+
+struct Q4_G128 {  // Q4_1 blocks of an AWQ / GPTQ group of 128 inputs: their fp16 scale and min stored once per 4 blocks
+                  // (4.25 bits a weight against Q4_1's 5, the same values)
+  static constexpr int64_t QUANT_BYTES = 16;
+  static constexpr bool HAS_MIN = true;
+  static constexpr int64_t SPAN = 4;  // blocks a scale covers: a row holds whole groups
 };
 
 struct Q8_0 {  // w = q * scale, 32 int8
@@ -74,6 +81,27 @@ struct RowLayout {
   float min(int64_t b) const { return Format::HAS_MIN ? load_half(mins, b) : 0.f; }
   __m256 group_scales(int64_t b, int64_t n) const { return load_halves(scales + 2 * b, n); }
   __m256 group_mins(int64_t b, int64_t n) const { return load_halves(mins + 2 * b, n); }
+};
+
+// Q4_G128's row: the groups' scales, their mins, then the quants. A float step's 8 blocks are two groups.
+template <>
+struct RowLayout<Q4_G128> {
+  const uint8_t *scales, *mins, *quants;
+  RowLayout(const uint8_t* row, int64_t blocks)
+      : scales(row), mins(row + blocks / 2), quants(row + blocks) {}
+  static int64_t bytes(int64_t blocks) { return blocks + blocks * Q4_G128::QUANT_BYTES; }
+  static int64_t blocks_in(int64_t row_bytes) { return row_bytes / bytes(Q4_G128::SPAN) * Q4_G128::SPAN; }
+  float scale(int64_t b) const { return load_half(scales, b / Q4_G128::SPAN); }
+  float min(int64_t b) const { return load_half(mins, b / Q4_G128::SPAN); }
+  __m256 group_scales(int64_t b, int64_t n) const { return each_four_times(scales, b, n); }
+  __m256 group_mins(int64_t b, int64_t n) const { return each_four_times(mins, b, n); }
+
+ private:
+  static_assert(GROUP == 2 * Q4_G128::SPAN, "a float step takes two groups' values");
+  static __m256 each_four_times(const uint8_t* halves, int64_t b, int64_t n) {  // zeros past the row's last group
+    const __m256 two = load_halves(halves + 2 * (b / Q4_G128::SPAN), (n + Q4_G128::SPAN - 1) / Q4_G128::SPAN);
+    return _mm256_permutevar8x32_ps(two, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+  }
 };
 
 // Q4_K's row: all d, all dmin (a half each per super-block), all sc codes, all m codes, then the quants. A product

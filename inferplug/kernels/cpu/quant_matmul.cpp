@@ -1,4 +1,4 @@
-// y = x @ w.T with w in GGUF's Q4_1, Q4_K or Q8_0 blocks and x quantized per 32 inputs to int8 (llama.cpp's
+// y = x @ w.T with w in GGUF's Q4_1, Q4_K or Q8_0 blocks (or Q4_1 blocks sharing a scale per 128 inputs, Q4_G128) and x quantized per 32 inputs to int8 (llama.cpp's
 // Q4_1 x Q8_1 and Q8_0 x Q8_0 dot products): integer multiply-adds on 32 weights at a time instead of
 // unpacking them to floats.
 //
@@ -108,11 +108,12 @@ void over_tiles(int64_t M, int64_t N, const Tile& tile) {
 }
 
 // The entry of a kernel table for Format.
-template <typename Format, typename Entry>
-Entry for_format(Entry q4_1, Entry q4_k, Entry q8_0) {
-  if constexpr (std::is_same_v<Format, Q4_1>) return q4_1;
-  else if constexpr (std::is_same_v<Format, Q4_K>) return q4_k;
-  else return q8_0;
+template <typename Format, typename Table>
+auto for_format(const Table& table) {
+  if constexpr (std::is_same_v<Format, Q4_1>) return table.q4;
+  else if constexpr (std::is_same_v<Format, Q4_G128>) return table.q4_g128;
+  else if constexpr (std::is_same_v<Format, Q4_K>) return table.q4_k;
+  else return table.q8;
 }
 
 template <typename Format>
@@ -122,7 +123,7 @@ int64_t check_operands(const at::Tensor& x, const at::Tensor& weight) {
   const int64_t blocks = x.size(1) / QK;
   TORCH_CHECK(x.size(1) % QK == 0 && blocks == RowLayout<Format>::blocks_in(weight.size(1)) &&
                   weight.size(1) == RowLayout<Format>::bytes(blocks),
-              "quantized matmul: K must be a multiple of 32 (of 256 for Q4_K) and match the weight's blocks");
+              "quantized matmul: K must be a multiple of 32 (of 128 for Q4_G128, 256 for Q4_K) and match the weight's blocks");
   return blocks;
 }
 
@@ -145,7 +146,7 @@ at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& weight, const std
   at::Tensor y = at::empty({M, N}, x.options());
   const inferplug_isa::WeightRows w{weight.data_ptr<uint8_t>(), weight.size(1), blocks};
   const auto& isa = inferplug_isa::active();
-  const auto kernel = for_format<Format>(isa.q4, isa.q4_k, isa.q8);
+  const auto kernel = for_format<Format>(isa);
   float* out = y.data_ptr<float>();
   over_tiles(M, N, [&](int64_t n0, int64_t n1, int64_t m, int64_t rows) { kernel(w, n0, n1, xq.view(), m, rows, out + m * N + n0, N); });
   return y;
@@ -174,7 +175,7 @@ at::Tensor prefill_matmul(const at::Tensor& x, const at::Tensor& weight, const s
   const inferplug_isa::WeightRows w{weight.data_ptr<uint8_t>(), weight.size(1), RowLayout<Format>::blocks_in(weight.size(1))};
   const auto& isa = inferplug_isa::active();
   const auto& kernels = precision == "bfloat16" ? isa.prefill_bfloat16 : isa.prefill_float32;
-  const auto kernel = for_format<Format>(kernels.q4, kernels.q4_k, kernels.q8);
+  const auto kernel = for_format<Format>(kernels);
   // Narrower panels where wide ones would leave a thread idle; the width changes no result (prefill_gemm.h).
   const int64_t cols = N >= 4 * at::get_num_threads() * inferplug_isa::PREFILL_COLS ? inferplug_isa::PREFILL_COLS : 64;
   using inferplug_isa::PrefillInput;
@@ -218,28 +219,34 @@ at::Tensor dequantize(const at::Tensor& weight) {
 
 TORCH_LIBRARY_FRAGMENT(inferplug, m) {
   m.def("q4_matmul(Tensor x, Tensor weight, Tensor? order=None) -> Tensor");
+  m.def("q4_g128_matmul(Tensor x, Tensor weight, Tensor? order=None) -> Tensor");
   m.def("q4_k_matmul(Tensor x, Tensor weight, Tensor? order=None) -> Tensor");
   m.def("q8_matmul(Tensor x, Tensor weight, Tensor? order=None) -> Tensor");
   m.def("q8_matmul_float(Tensor x, Tensor weight) -> Tensor");
   m.def("q4_dequantize(Tensor weight) -> Tensor");
+  m.def("q4_g128_dequantize(Tensor weight) -> Tensor");
   m.def("q4_k_dequantize(Tensor weight) -> Tensor");
   m.def("q8_dequantize(Tensor weight) -> Tensor");
   m.def("q8_dequantize_plain(Tensor weight) -> Tensor");
   m.def("q4_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
+  m.def("q4_g128_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
   m.def("q4_k_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
   m.def("q8_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
   m.def("bfloat16_dot() -> str", &bfloat16_dot);
 }
 TORCH_LIBRARY_IMPL(inferplug, CPU, m) {
   m.impl("q4_matmul", &quant_matmul<Q4_1>);
+  m.impl("q4_g128_matmul", &quant_matmul<Q4_G128>);
   m.impl("q4_k_matmul", &quant_matmul<Q4_K>);
   m.impl("q8_matmul", &quant_matmul<Q8_0>);
   m.impl("q8_matmul_float", &q8_matmul_float);
   m.impl("q4_dequantize", &dequantize<Q4_1, true>);
+  m.impl("q4_g128_dequantize", &dequantize<Q4_G128, true>);
   m.impl("q4_k_dequantize", &dequantize<Q4_K, true>);
   m.impl("q8_dequantize", &dequantize<Q8_0, true>);
   m.impl("q8_dequantize_plain", &dequantize<Q8_0, false>);
   m.impl("q4_prefill_matmul", &prefill_matmul<Q4_1>);
+  m.impl("q4_g128_prefill_matmul", &prefill_matmul<Q4_G128>);
   m.impl("q4_k_prefill_matmul", &prefill_matmul<Q4_K>);
   m.impl("q8_prefill_matmul", &prefill_matmul<Q8_0>);
 }

@@ -9,7 +9,7 @@ import torch
 
 from inferplug.models.config import ModelConfig
 from inferplug.models.llama import rope_tables
-from inferplug.quant.block_linear import Q4KLinear, Q4Linear, Q8Linear
+from inferplug.quant.block_linear import Q4G128Linear, Q4KLinear, Q4Linear, Q8Linear
 
 HEADS, KV_HEADS, HEAD_DIM, HIDDEN, INTER, LAYERS = 4, 2, 32, 256, 96, 2
 BLOCKS, BLOCK_SIZE, EPS = 8, 16, 1e-5
@@ -17,7 +17,7 @@ BLOCKS, BLOCK_SIZE, EPS = 8, 16, 1e-5
 
 def model(seed: int, act_order: bool):
     """Per layer: 2 norms, and (qkv, o, gate_up, down) as (blocks, kind, input order): Q8_0, Q4_K (where the inputs
-    are whole super-blocks of 256) and Q4_1 in turn."""
+    are whole super-blocks of 256), Q4_G128 (whole groups of 128) and Q4_1 in turn."""
     gen = torch.Generator().manual_seed(seed)
     shapes = [((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN), (HIDDEN, HEADS * HEAD_DIM), (2 * INTER, HIDDEN), (HIDDEN, INTER)]
     norms, weights = [], []
@@ -25,7 +25,7 @@ def model(seed: int, act_order: bool):
         norms += [1 + 0.1 * torch.randn(HIDDEN, generator=gen) for _ in range(2)]
         for i, (n, k) in enumerate(shapes):
             cls, kind = ((Q8Linear, 8) if (layer + i) % 4 == 3 else (Q4KLinear, 5) if k % 256 == 0 and (layer + i) % 2
-                         else (Q4Linear, 4))
+                         else (Q4G128Linear, 6) if k % 128 == 0 else (Q4Linear, 4))
             order = torch.randperm(k, generator=gen) if act_order else torch.empty(0, dtype=torch.long)
             weights.append((cls.from_float(0.1 * torch.randn(n, k, generator=gen)).blocks, kind, order))
     return norms, weights
@@ -38,7 +38,7 @@ def layer_by_layer(ops, x, norms, weights, k_caches, v_caches, args):
     def linear(h, w):
         blocks, kind, order = w
         h = h.index_select(1, order) if order.numel() else h
-        return {4: ops.q4_matmul, 5: ops.q4_k_matmul, 8: ops.q8_matmul}[kind](h, blocks)
+        return {4: ops.q4_matmul, 5: ops.q4_k_matmul, 6: ops.q4_g128_matmul, 8: ops.q8_matmul}[kind](h, blocks)
 
     delta = None
     for i in range(LAYERS):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from inferplug.hardware import probe
-from inferplug.quant.block_linear import Q4KLinear, Q4Linear, Q8Linear
+from inferplug.quant.block_linear import Q4G128Linear, Q4KLinear, Q4Linear, Q8Linear
 
 PRECISIONS = ("float32", "bfloat16")
 
@@ -19,12 +19,13 @@ def reference(x: torch.Tensor, weight: torch.Tensor, precision: str) -> torch.Te
 
 
 SHAPES = [(1, 32), (40, 288), (200, 576), (300, 1088)]
-Q4_K_SHAPES = [(1, 256), (40, 768), (300, 1280)]  # whole super-blocks of 256 inputs
+Q4_K_SHAPES = [(1, 256), (40, 768), (300, 1280)]  # whole super-blocks of 256 inputs (and groups of 128)
 
 
 @pytest.mark.parametrize("layer_cls,out_features,in_features", [(cls, *shape) for cls in (Q4Linear, Q8Linear)
                                                                 for shape in SHAPES]
-                         + [(Q4KLinear, *shape) for shape in Q4_K_SHAPES])
+                         + [(Q4KLinear, *shape) for shape in Q4_K_SHAPES]
+                         + [(Q4G128Linear, *shape) for shape in Q4_K_SHAPES])
 @pytest.mark.parametrize("precision", PRECISIONS)
 # N: whole and partial 16/32-column micro-panels, several panels; K: a partial last K block (288, 576), several (1088)
 @pytest.mark.parametrize("rows", [1, 5, 13, 77])
