@@ -98,9 +98,12 @@ struct RowLayout<Q4_G128> {
 
  private:
   static_assert(GROUP == 2 * Q4_G128::SPAN, "a float step takes two groups' values");
-  static __m256 each_four_times(const uint8_t* halves, int64_t b, int64_t n) {  // zeros past the row's last group
-    const __m256 two = load_halves(halves + 2 * (b / Q4_G128::SPAN), (n + Q4_G128::SPAN - 1) / Q4_G128::SPAN);
-    return _mm256_permutevar8x32_ps(two, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+  // The two groups' fp16 values at block b, each in 4 lanes; zeros past the row's last group. Two 16-bit loads, not
+  // load_halves' copy through the stack: that copy halved this kernel's speed.
+  static __m256 each_four_times(const uint8_t* halves, int64_t b, int64_t n) {
+    const uint16_t* at = reinterpret_cast<const uint16_t*>(halves) + b / Q4_G128::SPAN;
+    const __m128i two = _mm_cvtsi32_si128(static_cast<int>(at[0] | (n > Q4_G128::SPAN ? uint32_t{at[1]} << 16 : 0u)));
+    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_cvtph_ps(two)), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
   }
 };
 
