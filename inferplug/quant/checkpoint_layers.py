@@ -20,7 +20,7 @@ import torch
 
 from inferplug.errors import ProfileError
 from inferplug.quant.base import WeightOnlyLinear
-from inferplug.quant.block_linear import BLOCK, BlockLinear, Q4G128Linear, Q4KLinear, Q4Linear, Q8Linear
+from inferplug.quant.block_linear import BLOCK, BlockLinear, Q4G128Linear, Q4Linear, Q8Linear
 from inferplug.quant.group_int4 import GroupQuant
 
 
@@ -139,13 +139,20 @@ class PermutedLinear(WeightOnlyLinear):
 
 
 def fuse_rows(parts: list) -> torch.Tensor | WeightOnlyLinear:
-    """q/k/v or gate/up as one weight: float tensors concatenated, or the layers' output rows concatenated."""
+    """q/k/v or gate/up as one weight: float tensors concatenated, or the layers' output rows concatenated. Block
+    layers of different formats (a Q4_K_M GGUF's Q6_K attn_v, as Q8_0, beside Q4_K q/k) keep their own: each run
+    of one format fused, the runs side by side (RowPartsLinear)."""
     if all(isinstance(p, torch.Tensor) for p in parts):
         return torch.cat(parts).contiguous()
     kinds = {type(p) for p in parts}
-    if len(kinds) > 1 and Q8Linear in kinds and kinds <= {Q4Linear, Q4KLinear, Q8Linear}:
-        # a Q4_K_M GGUF's Q6_K attn_v beside Q4_K q/k: all as Q8_0, the wider blocks
-        parts, kinds = [p if isinstance(p, Q8Linear) else Q8Linear.requantized(p) for p in parts], {Q8Linear}
+    if len(kinds) > 1 and all(isinstance(p, BlockLinear) and p.bias is None for p in parts):
+        runs = [[parts[0]]]
+        for part in parts[1:]:
+            if type(part) is type(runs[-1][0]):
+                runs[-1].append(part)
+            else:
+                runs.append([part])
+        return RowPartsLinear([fuse_rows(run) for run in runs])
     if len(kinds) != 1 or any(getattr(p, "bias", None) is not None for p in parts):
         raise ProfileError("a fused projection mixes quantized and float (or biased) parts; quantize all of "
                            "q/k/v and gate/up alike (GPTQModel and AutoAWQ do by default)")
@@ -158,6 +165,22 @@ def fuse_rows(parts: list) -> torch.Tensor | WeightOnlyLinear:
     if isinstance(first, BlockLinear):
         return type(first)(torch.cat([p.blocks for p in parts]))
     return first.fused(parts[1:])
+
+
+class RowPartsLinear(WeightOnlyLinear):
+    """Output rows computed by layers of different formats from one input, side by side: y = [part(x) for each]."""
+
+    def __init__(self, parts: list[BlockLinear]):
+        super().__init__()
+        self.parts = torch.nn.ModuleList(parts)
+        self.in_features, self.out_features = parts[0].in_features, sum(p.out_features for p in parts)
+        self.compute_dtype, self.bias = parts[0].compute_dtype, None
+
+    def forward(self, x: torch.Tensor, decode_rows: int | None = None) -> torch.Tensor:
+        return torch.cat([part.forward(x, decode_rows) for part in self.parts], dim=-1)
+
+    def dequantized(self) -> torch.Tensor:
+        return torch.cat([part.dequantized() for part in self.parts])
 
 
 def fold_down_order(gate_up, down) -> tuple:
