@@ -61,8 +61,8 @@ def test_a_quantized_gguf_runs_its_own_blocks_on_the_cpu_kernels():
     plan = resolve(load_profile("smollm2-135m"), cpu(flags=("avx2", "fma", "f16c")), facts)
     assert (plan.dtype, plan.weight_format) == ("float32", "gguf")
     assert any("GGUF blocks run as stored" in r for r in plan.reasons)
-    q4, q8 = SMOLLM2.num_parameters - embed - 1000, 1000 + embed  # Q4_1 at 5 bits; Q6_K and the head at Q8_0's 8.5
-    assert plan.memory.weights_bytes == pytest.approx((q4 * 5 + q8 * 8.5) / 8, abs=1)
+    q4 = SMOLLM2.num_parameters - embed - 1000  # Q4_1 at 5 bits; Q6_K as its own 6.5625; the head at Q8_0's 8.5
+    assert plan.memory.weights_bytes == pytest.approx((q4 * 5 + 1000 * 6.5625 + embed * 8.5) / 8, abs=1)
     profile = load_profile("smollm2-135m")
     profile.dtype = "float32"
     assert resolve(profile, cpu(flags=("avx2", "fma", "f16c")), facts).weight_format is None

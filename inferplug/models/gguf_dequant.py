@@ -125,14 +125,20 @@ def dequant_q5_k(blocks: torch.Tensor) -> torch.Tensor:
     return (dl * q - ml).view(n, QK_K)
 
 
+def q6_k_parts(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Q6_K super-block's 16 sub-blocks of 16: their scales (int8 [n, 16]) and codes q (uint8 [n, 256], 0..63);
+    its values are d * scale * (q - 32), with d the fp16 at byte 208."""
+    n = blocks.shape[0]
+    low = _unpack(blocks[:, :128], 64, [0, 4], 0x0F).view(n, -1, 32)
+    high = _unpack(blocks[:, 128:192], 32, [0, 2, 4, 6], 0x03).view(n, -1, 32)
+    return blocks[:, 192:208].contiguous().view(torch.int8), (low | (high << 4)).view(n, QK_K)
+
+
 def dequant_q6_k(blocks: torch.Tensor) -> torch.Tensor:
     n = blocks.shape[0]
-    ql, qh, scales = blocks[:, :128], blocks[:, 128:192], blocks[:, 192:208]
-    d = _f16(blocks, 208)
-    dl = (d * scales.contiguous().view(torch.int8).to(torch.float32)).view(n, 16, 1)
-    low = _unpack(ql, 64, [0, 4], 0x0F).view(n, -1, 32)
-    high = _unpack(qh, 32, [0, 2, 4, 6], 0x03).view(n, -1, 32)
-    q = ((low | (high << 4)).to(torch.int8) - 32).view(n, 16, 16).to(torch.float32)
+    scales, codes = q6_k_parts(blocks)
+    dl = (_f16(blocks, 208) * scales.to(torch.float32)).view(n, 16, 1)
+    q = (codes.to(torch.int8) - 32).view(n, 16, 16).to(torch.float32)
     return (dl * q).view(n, QK_K)
 
 

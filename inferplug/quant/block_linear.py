@@ -240,6 +240,49 @@ class Q4G128Linear(Q4Linear):
         return Q4Linear._unpack(*(half.repeat_interleave(4, dim=1) for half in (scale, low)), nibbles)
 
 
+class Q6KLinear(BlockLinear):
+    """llama.cpp's Q6_K as stored, so a Q4_K_M's Q6_K tensors run in their own bits: per 8 blocks (a super-block of
+    256 inputs) an fp16 d, per 16 inputs an int8 scale sc, per input a 6-bit code q; w = d * sc * (q - 32). A block's
+    quants: Q4Linear's 16 bytes of low nibbles, then two words of high bit pairs (kernels/cpu/quant_dot.h's Q6_K).
+    6.5625 bits a weight, as the file's, against the Q8_0 requantization's 8.5."""
+
+    fields, spans = (2, 1, 1, 24), (8, 1, 1, 1)  # d, sc of inputs 0..15, sc of 16..31, quants
+    kernel, prefill, unpack = "q6_k_matmul", "q6_k_prefill_matmul", "q6_k_dequantize"
+
+    @staticmethod
+    def _pack(groups):
+        """Q6_K's rounding, simplified: each 16 inputs' scale max |w| / 31 as an int8 code of its super-block's d."""
+        out, blocks = groups.shape[:2]
+        scale = groups.reshape(out, blocks, 2, 16).abs().amax(dim=-1) / 31  # [out, blocks, 2]
+        d = (scale.reshape(out, blocks // 8, 16).amax(dim=-1, keepdim=True) / 127).half()  # [out, blocks / 8, 1]
+        sc = torch.round(scale / _per_block(d).clamp(min=1e-10)).clamp(-128, 127)
+        step = (_per_block(d) * sc).repeat_interleave(16, dim=-1)  # [out, blocks, 32]
+        codes = (torch.round(groups / step.clamp(min=1e-10)).clamp(-32, 31) + 32).to(torch.uint8)
+        sc = sc.to(torch.int8).view(torch.uint8)
+        return d.view(torch.uint8), sc[..., :1], sc[..., 1:], pack_six_bits(codes)
+
+    @staticmethod
+    def _unpack(d, sc_low, sc_high, quants):
+        sc = torch.cat([sc_low, sc_high], dim=-1).view(torch.int8).float().repeat_interleave(16, dim=-1)
+        return (six_bit_codes(quants).float() - 32) * (_per_block(d) * sc)
+
+
+def pack_six_bits(codes: torch.Tensor) -> torch.Tensor:
+    """Codes 0..63 [..., 32] -> Q6KLinear's 24 quant bytes: low nibbles as Q4Linear's (byte j: input j, j + 16), then
+    byte i of word h (h = 0, 1) holding input 16h + 4k + i's high bit pair in bits 2k, 2k + 1 (k = 0..3)."""
+    low, high = codes & 15, codes >> 4
+    pairs = high.reshape(*codes.shape[:-1], 2, 4, 4)  # [..., h, k, i]
+    words = sum(pairs[..., k, :] << (2 * k) for k in range(4)).reshape(*codes.shape[:-1], 8)
+    return torch.cat([low[..., :16] | (low[..., 16:] << 4), words], dim=-1)
+
+
+def six_bit_codes(quants: torch.Tensor) -> torch.Tensor:
+    """The inverse of pack_six_bits: [..., 24] -> codes [..., 32]."""
+    nibbles, words = quants[..., :16], quants[..., 16:].reshape(*quants.shape[:-1], 2, 1, 4)
+    high = torch.cat([(words >> (2 * k)) & 3 for k in range(4)], dim=-2).reshape(*quants.shape[:-1], 32)
+    return torch.cat([nibbles & 15, nibbles >> 4], dim=-1) | (high << 4)
+
+
 def _per_block(halves: torch.Tensor) -> torch.Tensor:
     """A super-block field (fp16 bytes [out, blocks / 8, 2], or floats [out, blocks / 8, 1]) as floats per block."""
     values = halves.float() if halves.dtype == torch.float16 else _floats(halves)

@@ -15,7 +15,7 @@ from inferplug.models.gguf_random import RANDOM_TYPES, random_blocks
 pytestmark = pytest.mark.skipif(cpu_kernels.ops() is None, reason="the CPU kernels do not run here (no AVX2/FMA/F16C)")
 
 SHAPE = (48, 512)  # 48 output rows, 512 inputs: two K-quant super-blocks a row
-EXACT = {("Q4_0", "gguf"), ("Q4_1", "gguf"), ("Q4_K", "gguf"), ("Q8_0", "gguf"), ("Q5_0", "gguf"), ("Q4_0", "int4"),
+EXACT = {("Q4_0", "gguf"), ("Q4_1", "gguf"), ("Q4_K", "gguf"), ("Q6_K", "gguf"), ("Q8_0", "gguf"), ("Q5_0", "gguf"), ("Q4_0", "int4"),
          ("Q4_1", "int4"), ("Q4_K", "int4"), ("Q8_0", "int8"), ("Q5_0", "int8")}
 
 
@@ -35,6 +35,8 @@ def test_each_type_runs_its_own_values(type_name, target):
         assert torch.equal(ours, expected)
         if type_name == "Q4_K":  # 4.625 bits a weight to the file's 4.5: its 6-bit codes a byte each
             assert layer.blocks.numel() == raw.numel() * 37 // 36
+        if type_name == "Q6_K":  # the file's own 6.5625 bits
+            assert layer.blocks.numel() == raw.numel()
     elif target == "int4":  # requantized to 4 bits: half a Q4_1 step, (max - min) / 30 per 32 weights, plus the
         # fp16 rounding of the min (2^-11 of it) and of the step (2^-11 of it, times a code of at most 15)
         blocks = expected.reshape(-1, 32)

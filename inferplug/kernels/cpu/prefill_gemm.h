@@ -1,4 +1,4 @@
-// Prefill's many-row matmul over Q4_1 / Q4_K / Q8_0 weight rows (quant_matmul.cpp has the torch op): a panel of up to
+// Prefill's many-row matmul over Q4_1 / Q4_K / Q6_K / Q8_0 weight rows (quant_matmul.cpp has the torch op): a panel of up to
 // PREFILL_COLS weight rows is dequantized one K block at a time into an L2-sized buffer laid out for the
 // micro-kernel, and every x row passes over it. No float copy of the whole weight, and each weight is unpacked
 // once per call, whatever M. Two precisions: float32 x against float32 weights (FMAs), or both rounded to
@@ -43,7 +43,15 @@ template <typename Format, bool INTERLEAVED>
 inline void unpack_block(const RowLayout<Format>& row, int64_t b, int64_t blocks, float* out) {
   uint8_t interleaved[Format::QUANT_BYTES];
   if (INTERLEAVED) block_quants<Format>(row.quants, b, blocks, interleaved);
-  dequantize_block<Format>(INTERLEAVED ? interleaved : row.quants + b * Format::QUANT_BYTES, row.scale(b), row.min(b), out);
+  const uint8_t* quants = INTERLEAVED ? interleaved : row.quants + b * Format::QUANT_BYTES;
+  if constexpr (Format::BITS == 6) {  // each half's scale d * sc is exact in float32 (11 by 8 significant bits)
+    uint8_t q[QK];
+    six_bit_codes(quants, q);
+    for (int j = 0; j < QK; j++)
+      out[j] = static_cast<float>(q[j] - 32) * (row.scale(b) * static_cast<float>(j < 16 ? row.sc_low[b] : row.sc_high[b]));
+  } else {
+    dequantize_block<Format>(quants, row.scale(b), row.min(b), out);
+  }
 }
 
 // float32 to bf16 bits, rounding to the nearest even as torch's .to(torch.bfloat16) does (NaN stays NaN).

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from inferplug.errors import ProfileError
-from inferplug.quant.block_linear import (KERNEL_MAX_ROWS, PREFILL_GEMMS, Q4G128Linear, Q4KLinear, Q4Linear, Q8HeadLinear, Q8Linear,
+from inferplug.quant.block_linear import (KERNEL_MAX_ROWS, PREFILL_GEMMS, Q4G128Linear, Q4KLinear, Q4Linear, Q6KLinear, Q8HeadLinear, Q8Linear,
                                          set_prefill_gemm)
 from inferplug.quant.linear import Fp16Linear, head_layer
 
@@ -26,7 +26,7 @@ def on_threads(threads: int, fn, *args):
 
 
 WIDTH = 768  # 24 blocks: a run of 16 and a short one, in whole Q4_K super-blocks of 8
-LAYERS = [Q4Linear, Q4G128Linear, Q4KLinear, Q8Linear]
+LAYERS = [Q4Linear, Q4G128Linear, Q4KLinear, Q6KLinear, Q8Linear]
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ def test_packing_round_trips(ops, layer_cls, weight):
     assert torch.equal(layer_cls.from_float(layer.dequantized()).blocks, layer.blocks)
 
 
-@pytest.mark.parametrize("layer_cls,bound", [(Q4Linear, 0.12), (Q4G128Linear, 0.15), (Q4KLinear, 0.12), (Q8Linear, 0.01)])
+@pytest.mark.parametrize("layer_cls,bound", [(Q4Linear, 0.12), (Q4G128Linear, 0.15), (Q4KLinear, 0.12), (Q6KLinear, 0.03), (Q8Linear, 0.01)])
 def test_quantization_error_against_the_float_weight(ops, layer_cls, bound, weight):
     layer = layer_cls.from_float(weight)
     assert relative_error(layer.dequantized(), weight) < bound  # 4 bits: ~7%; 8 bits: ~0.5%
@@ -84,6 +84,7 @@ def test_rows_of_any_block_count(ops, layer_cls, width):
 
 # Q4_K rows hold whole super-blocks of 256 inputs; Q4_G128 rows whole groups of 128 (3 of them: a short float step)
 @pytest.mark.parametrize("layer_cls,width,row_bytes", [(Q4KLinear, w, w // 256 * 148) for w in (256, 512, 768, 4352)]
+                         + [(Q6KLinear, w, w // 256 * 210) for w in (256, 768)]
                          + [(Q4G128Linear, w, w // 128 * 68) for w in (128, 384, 768)])
 def test_rows_of_whole_groups(ops, layer_cls, width, row_bytes):
     layer = layer_cls.from_float(torch.randn(24, width))
