@@ -140,7 +140,7 @@ class PermutedLinear(WeightOnlyLinear):
 
 def fuse_rows(parts: list) -> torch.Tensor | WeightOnlyLinear:
     """q/k/v or gate/up as one weight: float tensors concatenated, or the layers' output rows concatenated. Block
-    layers of different formats (a Q4_K_M GGUF's Q6_K attn_v, as Q8_0, beside Q4_K q/k) keep their own: each run
+    layers of different formats (a Q4_K_M GGUF's Q6_K attn_v beside Q4_K q/k) keep their own: each run
     of one format fused, the runs side by side (RowPartsLinear)."""
     if all(isinstance(p, torch.Tensor) for p in parts):
         return torch.cat(parts).contiguous()

@@ -35,8 +35,8 @@ def head_format(layer_format: str, device_kind: str) -> str:
 
 # GGUF block types our Q4_1 blocks hold exactly (Q4_0: its -8 d min is exact in fp16), and those Q8_0 holds exactly
 # (Q5_0: its codes q - 16 are int8 with the same scale). Q4_K runs in blocks of its own ("q4_k": its scales exact,
-# its 6-bit codes a byte each, 4.625 bits), Q6_K too ("q6_k", exactly, 6.5625 bits). Other quantized types run as Q8_0 blocks, requantized from their values
-# (models/gguf_layers.py states and tests each error).
+# its 6-bit codes a byte each, 4.625 bits), Q6_K too ("q6_k", exactly, 6.5625 bits). Other quantized types run as
+# Q8_0 blocks, requantized from their values (models/gguf_layers.py states and tests each error).
 GGUF_Q4_SOURCES = ("Q4_0", "Q4_1", "Q4_K")
 Q4_K_BITS = 4.625  # per 256 weights: fp16 d and dmin, 16 one-byte codes, 128 bytes of nibbles
 Q6_K_BITS = 6.5625  # per 256 weights: an fp16 d, 16 int8 scales, 192 bytes of 6-bit codes (the file's own)

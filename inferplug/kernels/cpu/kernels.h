@@ -54,6 +54,9 @@ using PrefillMatmul = void (*)(const WeightRows& w, int64_t n0, int64_t n1, cons
                                int64_t y_stride);
 // x as the kernels take it (the op converts it once a call): float32, float32 rounded to bf16, or bf16 (vdpbf16ps).
 enum class PrefillInput { FLOAT32, ROUNDED_BFLOAT16, BFLOAT16 };
+struct QuantKernels {  // the decode rows' integer matmuls, per format
+  QuantMatmul q4, q4_g128, q4_k, q6_k, q8;
+};
 struct PrefillKernels {  // one precision's, per format
   PrefillMatmul q4, q4_g128, q4_k, q6_k, q8;
   PrefillInput input;
@@ -84,7 +87,7 @@ using Attend = void (*)(const Pool<T>& pool, int64_t kv_head, const int64_t* blo
 struct Isa {
   const char* name;
   int64_t attend_lanes;  // Attend needs head_dim to be a multiple of this
-  QuantMatmul q4, q4_g128, q4_k, q6_k, q8;
+  QuantKernels quant;
   FloatMatmul q8_float;
   Attend<float> attend;
   Attend<Half> attend_half;  // fp16 pools

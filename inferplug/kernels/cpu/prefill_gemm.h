@@ -188,4 +188,11 @@ void prefill_matmul_cols(const inferplug_isa::WeightRows& w, int64_t n0, int64_t
   }
 }
 
+// One precision's prefill kernels, every format, for a Panel (an ISA's table entry).
+template <typename Panel>
+inferplug_isa::PrefillKernels prefill_kernels(inferplug_isa::PrefillInput input) {
+  return {&prefill_matmul_cols<Panel, Q4_1>, &prefill_matmul_cols<Panel, Q4_G128>, &prefill_matmul_cols<Panel, Q4_K>,
+          &prefill_matmul_cols<Panel, Q6_K>, &prefill_matmul_cols<Panel, Q8_0>, input};
+}
+
 }  // namespace

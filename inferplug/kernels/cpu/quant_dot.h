@@ -463,4 +463,11 @@ void float_matmul_rows(const inferplug_isa::WeightRows& w, int64_t n0, int64_t n
   });
 }
 
+// The decode rows' integer matmuls, every format, for a Dot policy (an ISA's table entry).
+template <typename Dot>
+inferplug_isa::QuantKernels quant_kernels() {
+  return {&quant_matmul_rows<Dot, Q4_1>, &quant_matmul_rows<Dot, Q4_G128>, &quant_matmul_rows<Dot, Q4_K>,
+          &quant_matmul_rows<Dot, Q6_K>, &quant_matmul_rows<Dot, Q8_0>};
+}
+
 }  // namespace

@@ -153,7 +153,7 @@ at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& weight, const std
   at::Tensor y = at::empty({M, N}, x.options());
   const inferplug_isa::WeightRows w{weight.data_ptr<uint8_t>(), weight.size(1), blocks};
   const auto& isa = inferplug_isa::active();
-  const auto kernel = for_format<Format>(isa);
+  const auto kernel = for_format<Format>(isa.quant);
   float* out = y.data_ptr<float>();
   over_tiles(M, N, [&](int64_t n0, int64_t n1, int64_t m, int64_t rows) { kernel(w, n0, n1, xq.view(), m, rows, out + m * N + n0, N); });
   return y;
