@@ -15,7 +15,7 @@ from pathlib import Path
 from inferplug.errors import ResolveError
 from inferplug.models.config import ModelConfig
 from inferplug.profile import ArchitectureHints, ModelSource, Profile
-from inferplug.quant.formats import (CHECKPOINT_FORMATS, GGUF_FLOAT_TYPES, GGUF_LAYER_FORMATS, LAYER_BITS,
+from inferplug.quant.formats import (CHECKPOINT_FORMATS, GGUF_FLOAT_TYPES, GGUF_LAYER_FORMATS, LAYER_BITS, Q4_K_BITS, Q6_K_BITS,
                                      checkpoint_layer_bits, gguf_layer_format, head_format)
 
 GiB = 1 << 30
@@ -24,11 +24,13 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3": 1}  # f
 # Usual bits per weight of each format, scales and zero points included (group size 128).
 FORMAT_BITS = {"int8": 8.0, "ct2-int8": 8.0, "int4": 4.25, "awq": 4.25, "gptq": 4.25, "exl2": 4.25}
 # Headroom for the process beside its weights and KV pool, fixed + a share of the weights. On the CPU the plan is the
-# peak RSS a user sees: Python with torch, transformers and the tokenizer, the engine's buffers and a prompt's
-# activations took 450 MiB beside a two-layer 7B-wide GGUF (tests/models/test_gguf_real_size.py). On CUDA: the
+# peak RSS a user sees after a first load (which converts) and a first request: Python with torch, transformers and
+# the tokenizer, the engine's buffers, a prompt's activations and the conversion's transients. Fit to two such
+# loads of Q4_K_M GGUFs at 7B width: 356 MiB beside two layers (tests/models/test_gguf_real_size.py) and ~750 MiB
+# beside 32 (bench/real_size.py); a later load maps the converted weights and peaks ~6% lower. On CUDA: the
 # context, activations and the allocator.
-RESERVE_FIXED = {"cpu": 448 * MiB, "cuda": 768 * MiB}
-RESERVE_SHARE = 0.05
+RESERVE_FIXED = {"cpu": 400 * MiB, "cuda": 768 * MiB}
+RESERVE_SHARE = {"cpu": 0.08, "cuda": 0.05}
 
 
 @dataclass(frozen=True)
@@ -184,10 +186,10 @@ def _gguf_layer_bits(fmt: str, facts: ModelFacts) -> tuple[float, str]:
             stored = {"layer": "fp16" if fmt == "gguf" else fmt, "head": "fp16", "embed": "fp32"}[role]
         else:
             stored = gguf_layer_format(type_name, "gguf" if role == "embed" else fmt, head=role == "head")
-        total += params * {**LAYER_BITS, "fp32": 32.0}[stored]
+        total += params * {**LAYER_BITS, "q4_k": Q4_K_BITS, "q6_k": Q6_K_BITS, "fp32": 32.0}[stored]
         counts[stored] = counts.get(stored, 0) + params
     bits = total / facts.num_parameters
-    label = {"int4": "Q4_1", "int8": "Q8_0", "fp16": "fp16", "fp32": "fp32"}
+    label = {"int4": "Q4_1", "q4_k": "Q4_K", "q6_k": "Q6_K", "int8": "Q8_0", "fp16": "fp16", "fp32": "fp32"}
     parts = ", ".join(f"{label[k]} {v / facts.num_parameters:.0%}" for k, v in sorted(counts.items()))
     return bits, f"{bits:.2f} bits/param on average: the GGUF's matrices load as {parts} of the parameters"
 
@@ -219,7 +221,7 @@ def plan_memory(profile: Profile, facts: ModelFacts, *, device: str, kind: str, 
     target's, count too."""
     models = [facts, *([draft] if draft else [])]
     weights = sum(int(m.num_parameters * bits / 8) for m in models)
-    reserve = int(RESERVE_FIXED[kind] + RESERVE_SHARE * weights)
+    reserve = int(RESERVE_FIXED[kind] + RESERVE_SHARE[kind] * weights)
     left = available - weights - reserve
     if left <= 0:
         raise DoesNotFit(

@@ -1,4 +1,4 @@
-// Prefill's many-row matmul over Q4_1 / Q8_0 weight rows (quant_matmul.cpp has the torch op): a panel of up to
+// Prefill's many-row matmul over Q4_1 / Q4_K / Q6_K / Q8_0 weight rows (quant_matmul.cpp has the torch op): a panel of up to
 // PREFILL_COLS weight rows is dequantized one K block at a time into an L2-sized buffer laid out for the
 // micro-kernel, and every x row passes over it. No float copy of the whole weight, and each weight is unpacked
 // once per call, whatever M. Two precisions: float32 x against float32 weights (FMAs), or both rounded to
@@ -41,11 +41,17 @@ inline void dequantize_block(const uint8_t* quants, float scale, float min, floa
 // Block b of a row as 32 floats. INTERLEAVED: the quants by runs (kernels.h); else each block's bytes in a row.
 template <typename Format, bool INTERLEAVED>
 inline void unpack_block(const RowLayout<Format>& row, int64_t b, int64_t blocks, float* out) {
-  const float scale = _cvtsh_ss(reinterpret_cast<const uint16_t*>(row.scales)[b]);
-  const float min = Format::HAS_MIN ? _cvtsh_ss(reinterpret_cast<const uint16_t*>(row.mins)[b]) : 0.f;
   uint8_t interleaved[Format::QUANT_BYTES];
-  if (INTERLEAVED) row.block_quants(b, blocks, interleaved);
-  dequantize_block<Format>(INTERLEAVED ? interleaved : row.quants + b * Format::QUANT_BYTES, scale, min, out);
+  if (INTERLEAVED) block_quants<Format>(row.quants, b, blocks, interleaved);
+  const uint8_t* quants = INTERLEAVED ? interleaved : row.quants + b * Format::QUANT_BYTES;
+  if constexpr (Format::BITS == 6) {  // each half's scale d * sc is exact in float32 (11 by 8 significant bits)
+    uint8_t q[QK];
+    six_bit_codes(quants, q);
+    for (int j = 0; j < QK; j++)
+      out[j] = static_cast<float>(q[j] - 32) * (row.scale(b) * static_cast<float>(j < 16 ? row.sc_low[b] : row.sc_high[b]));
+  } else {
+    dequantize_block<Format>(quants, row.scale(b), row.min(b), out);
+  }
 }
 
 // float32 to bf16 bits, rounding to the nearest even as torch's .to(torch.bfloat16) does (NaN stays NaN).
@@ -180,6 +186,13 @@ void prefill_matmul_cols(const inferplug_isa::WeightRows& w, int64_t n0, int64_t
       });
     }
   }
+}
+
+// One precision's prefill kernels, every format, for a Panel (an ISA's table entry).
+template <typename Panel>
+inferplug_isa::PrefillKernels prefill_kernels(inferplug_isa::PrefillInput input) {
+  return {&prefill_matmul_cols<Panel, Q4_1>, &prefill_matmul_cols<Panel, Q4_G128>, &prefill_matmul_cols<Panel, Q4_K>,
+          &prefill_matmul_cols<Panel, Q6_K>, &prefill_matmul_cols<Panel, Q8_0>, input};
 }
 
 }  // namespace
