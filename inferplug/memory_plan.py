@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from inferplug.errors import ResolveError
+from inferplug.errors import ProfileError, ResolveError
 from inferplug.models.config import ModelConfig
 from inferplug.profile import ArchitectureHints, ModelSource, Profile
 from inferplug.quant.formats import (CHECKPOINT_FORMATS, GGUF_FLOAT_TYPES, GGUF_LAYER_FORMATS, LAYER_BITS, Q4_K_BITS, Q6_K_BITS,
@@ -49,6 +49,9 @@ class ModelFacts:
     num_attention_heads: int = 0  # 0: unknown ([model.hints] need not give it); tensor parallel splits them
     # a GGUF's matrices as (role, ggml type, parameters), role "layer", "embed" or "head": what each loads as
     gguf_matrices: tuple[tuple[str, str, int], ...] = ()
+    # an AWQ / GPTQ checkpoint's quantization_config: bits and group size (0: not one, or unknown: 4 bits, 128)
+    quant_bits: int = 0
+    quant_group_size: int = 0
 
     def __post_init__(self) -> None:  # the memo's JSON gives lists
         object.__setattr__(self, "gguf_matrices", tuple(tuple(m) for m in self.gguf_matrices))
@@ -127,16 +130,22 @@ def facts_from_file(path: Path) -> ModelFacts:
     """Read once per file version and remember it under INFERPLUG_HOME: parsing a GGUF header with a
     large vocabulary takes about a second, too slow for `inferplug doctor` to repeat on every run."""
     from inferplug.models.loader import gguf_matrices, read_config
+    from inferplug.models.quant_checkpoint import read_quant_spec
     from inferplug.sources import home, write_atomically
 
     st = path.stat()
-    version = f"v4|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"  # v4: facts gained a GGUF's matrix types
+    version = f"v5|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"  # v5: facts gained a checkpoint's bits and groups
     memo = home() / "facts" / f"{hashlib.sha256(version.encode()).hexdigest()[:32]}.json"
     try:
         return ModelFacts(**json.loads(memo.read_text()))
     except (OSError, ValueError, TypeError):
+        try:
+            spec = read_quant_spec(path) if path.is_dir() else None
+        except ProfileError:  # a setting the loader refuses, with this message, when it loads
+            spec = None
         facts = dataclasses.replace(ModelFacts.from_config(read_config(path), origin=str(path)),
-                                    gguf_matrices=gguf_matrices(path))
+                                    gguf_matrices=gguf_matrices(path), quant_bits=spec.bits if spec else 0,
+                                    quant_group_size=spec.group_size if spec else 0)
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(memo, json.dumps(dataclasses.asdict(facts)).encode())  # no link followed, no half read
@@ -196,8 +205,14 @@ def _gguf_layer_bits(fmt: str, facts: ModelFacts) -> tuple[float, str]:
 
 def _native_quantized_bits(fmt: str, dtype: str, facts: ModelFacts | None, head_fmt: str,
                            device_kind: str) -> tuple[float, str]:
-    # AWQ / GPTQ: Q4_1 blocks on a CPU (counted so even where the kernels do not run: a little high there)
-    layer_bits = LAYER_BITS[fmt] if fmt in LAYER_BITS else checkpoint_layer_bits(device_kind == "cpu")
+    # AWQ / GPTQ: Q4_1 blocks on a CPU (counted so even where the kernels do not run: a little high there), in the
+    # checkpoint's group size where the files are read (else 128); 8-bit GPTQ as Q8_0 blocks
+    if fmt in LAYER_BITS:
+        layer_bits = LAYER_BITS[fmt]
+    elif facts is not None and facts.quant_bits == 8:
+        layer_bits = LAYER_BITS["int8"]
+    else:
+        layer_bits = checkpoint_layer_bits(device_kind == "cpu", (facts and facts.quant_group_size) or 128)
     if facts is None or not facts.embedding_parameters:
         return layer_bits, f"{fmt} weights ({layer_bits:g} bits; the embedding's size is unknown, counted alike)"
     embed = facts.embedding_parameters
