@@ -38,6 +38,21 @@ inline void dequantize_block(const uint8_t* quants, float scale, float min, floa
   }
 }
 
+// One Q6_K block's 32 weights as floats, 8 at a time: (q - 32) * scale, q its low nibble (as Q4_1's) with its high
+// bit pair above: weight w's pair is bits 2k, 2k + 1 of byte w % 4 of high word w / 16, k = w % 16 / 4 (quant_dot.h).
+inline void dequantize_six_bits(const uint8_t* quants, float scale_low, float scale_high, float* out) {
+  for (int j = 0; j < QK; j += 8) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(quants + j % 16));
+    const __m256i low = _mm256_cvtepu8_epi32(_mm_and_si128(j < 16 ? bytes : _mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F)));
+    int32_t word;
+    std::memcpy(&word, quants + 16 + 4 * (j / 16), 4);
+    const __m256i shifts = _mm256_add_epi32(_mm256_setr_epi32(0, 8, 16, 24, 2, 10, 18, 26), _mm256_set1_epi32(2 * (j % 16 / 4)));
+    const __m256i pairs = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(word), shifts), _mm256_set1_epi32(3));
+    const __m256i q = _mm256_sub_epi32(_mm256_or_si256(low, _mm256_slli_epi32(pairs, 4)), _mm256_set1_epi32(32));
+    _mm256_storeu_ps(out + j, _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(j < 16 ? scale_low : scale_high)));
+  }
+}
+
 // Block b of a row as 32 floats. INTERLEAVED: the quants by runs (kernels.h); else each block's bytes in a row.
 template <typename Format, bool INTERLEAVED>
 inline void unpack_block(const RowLayout<Format>& row, int64_t b, int64_t blocks, float* out) {
@@ -45,10 +60,8 @@ inline void unpack_block(const RowLayout<Format>& row, int64_t b, int64_t blocks
   if (INTERLEAVED) block_quants<Format>(row.quants, b, blocks, interleaved);
   const uint8_t* quants = INTERLEAVED ? interleaved : row.quants + b * Format::QUANT_BYTES;
   if constexpr (Format::BITS == 6) {  // each half's scale d * sc is exact in float32 (11 by 8 significant bits)
-    uint8_t q[QK];
-    six_bit_codes(quants, q);
-    for (int j = 0; j < QK; j++)
-      out[j] = static_cast<float>(q[j] - 32) * (row.scale(b) * static_cast<float>(j < 16 ? row.sc_low[b] : row.sc_high[b]));
+    dequantize_six_bits(quants, row.scale(b) * static_cast<float>(row.sc_low[b]),
+                        row.scale(b) * static_cast<float>(row.sc_high[b]), out);
   } else {
     dequantize_block<Format>(quants, row.scale(b), row.min(b), out);
   }

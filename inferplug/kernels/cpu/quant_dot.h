@@ -161,15 +161,6 @@ struct RowLayout<Q6_K> {
   static_assert(Q6_K::SUPER == GROUP, "a float step takes one super-block's 8 blocks");
 };
 
-// Q6_K's codes q (0..63) of 32 weights from a block's 24 quant bytes in plain order (the reference unpacking).
-inline void six_bit_codes(const uint8_t* quants, uint8_t* q) {
-  for (int j = 0; j < 16; j++) {
-    const int k = j / 4 % 4, i = j % 4;
-    q[j] = (quants[j] & 0x0F) | (((quants[16 + i] >> (2 * k)) & 3) << 4);
-    q[j + 16] = (quants[j] >> 4) | (((quants[20 + i] >> (2 * k)) & 3) << 4);
-  }
-}
-
 // The hardware prefetcher alone leaves the cores waiting on DRAM: ask for the lines PREFETCH bytes past a row.
 inline void prefetch_ahead(const uint8_t* row, int64_t bytes) {
   for (int64_t at = 0; at < bytes; at += 64) _mm_prefetch(reinterpret_cast<const char*>(row + PREFETCH + at), _MM_HINT_T0);
