@@ -140,6 +140,7 @@ class DocumentKVCache:
 
     def skip(self, seg: Segment) -> None:
         seg.done = True
+        self.computed_segments += 1
 
     def _slots(self, seq: Any, start: int, end: int) -> torch.Tensor:
         bs = self.block_size
@@ -148,10 +149,10 @@ class DocumentKVCache:
 
     def _store(self, seq: Any, seg: Segment) -> None:
         seg.done = True
-        self.computed_segments += 1
-        if seg.key in self.entries:
+        if seg.key in self.entries:  # its start came from the prefix cache, or a chunk ended inside it
             self.entries.move_to_end(seg.key)
             return
+        self.computed_segments += 1
         slots = self._slots(seq, seg.start, seg.end)
         k = torch.stack([read_kv(kc, slots) for kc, _ in self.kv_caches]).cpu()
         v = torch.stack([read_kv(vc, slots) for _, vc in self.kv_caches]).cpu()
@@ -232,6 +233,7 @@ class DocumentKVCache:
         return {"doc_cache_entries": len(self.entries), "doc_cache_bytes": self.nbytes,
                 "doc_cache_hit_tokens": self.hit_tokens, "doc_cache_injected": self.injected_segments,
                 "doc_cache_stored": self.stored_segments,
+                # of the segments this cache filled or saw computed (a prefix-cache hit is neither)
                 "doc_cache_hit_rate": self.injected_segments / looked_up if looked_up else 0.0,
                 "doc_cache_disk_bytes": disk.nbytes if disk else 0, "doc_cache_disk_loads": disk.loads if disk else 0,
                 "doc_cache_disk_writes": disk.writes if disk else 0,

@@ -76,15 +76,22 @@ class DocumentKVDisk:
             return False
         path = folder / self._name(key, doc_key)
         old = _size_of(path)
-        fd, temp = tempfile.mkstemp(dir=folder, prefix=TEMP_PREFIX)
+        try:
+            fd, temp = tempfile.mkstemp(dir=folder, prefix=TEMP_PREFIX)
+        except OSError as exc:
+            log.warning("document KV cache: cannot write in %s (%s); the segment stays in memory only", folder, exc)
+            return False
         try:
             with os.fdopen(fd, "wb") as f:
                 for part in (*payload, digest.digest()):
                     f.write(part)
             os.replace(temp, path)  # replaces a symlink itself, never its target
-        except BaseException:
+        except BaseException as exc:
             Path(temp).unlink(missing_ok=True)
-            raise
+            if not isinstance(exc, OSError):
+                raise
+            log.warning("document KV cache: cannot write %s (%s); the segment stays in memory only", path, exc)
+            return False
         self.nbytes += size - old
         self.writes += 1
         if self.nbytes > self.limit:
@@ -108,13 +115,15 @@ class DocumentKVDisk:
                 return self._reject(path, "not a regular file within the bound")
             with os.fdopen(os.dup(fd), "rb") as f:
                 data = f.read()
-            os.utime(fd)  # the LRU order: a load is a use
+        except OSError as exc:  # an I/O error: computed instead
+            return self._reject(path, str(exc))
         finally:
             os.close(fd)
         try:
             found = self._decode(data, key)
         except (ValueError, KeyError, TypeError, struct.error, RuntimeError) as exc:
             return self._reject(path, str(exc))
+        self.touch(key, salt, doc_key)  # the LRU order: a load is a use
         self.loads += 1
         return found
 

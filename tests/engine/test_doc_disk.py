@@ -190,3 +190,11 @@ def test_symlinks_are_never_followed(tiny_llama_dir, tmp_path):
     (tmp_path / "linked").symlink_to(tmp_path / "tier")
     with pytest.raises(ProfileError, match="symlink"):
         _disk_engine(tiny_llama_dir, tmp_path / "linked")
+
+
+def test_a_folder_it_cannot_write_leaves_the_requests_running_from_memory(tiny_llama_dir, tmp_path):
+    engine = _disk_engine(tiny_llama_dir, tmp_path)
+    (tmp_path / "unsalted").write_text("a file where the unsalted entries' folder belongs")
+    expected = _answer(make_engine(tiny_llama_dir), _request("q1", DOCS, "a"))
+    assert _answer(engine, _request("q1", DOCS, "a")) == expected
+    assert engine.stats()["doc_cache_disk_writes"] == 0 and engine.stats()["doc_cache_stored"] == len(DOCS)
