@@ -166,8 +166,13 @@ def test_evicting_a_document_or_a_salt(tiny_llama_dir, tmp_path):
     assert len(_entries(tmp_path)) == len(DOCS)
 
 
-def test_another_model_or_pool_never_reads_an_entry(tiny_llama_dir, tmp_path):
+def test_another_model_pool_or_version_never_reads_an_entry(tiny_llama_dir, tmp_path, monkeypatch):
     run_all(_disk_engine(tiny_llama_dir, tmp_path), [_request("q1", DOCS, "a")])
+    with monkeypatch.context() as patch:  # an upgrade that changes what a segment's entry means
+        patch.setattr("inferplug.engine.doc_disk_key.DOC_KV_VERSION", 2)
+        engine = _disk_engine(tiny_llama_dir, tmp_path)
+        run_all(engine, [_request("q1", DOCS, "a")])
+        assert engine.stats()["doc_cache_disk_loads"] == 0
     for overrides in ({"block_size": 32}, {"kv_dtype": "bfloat16"},
                       {"model_identity": model_identity(tiny_llama_dir, weight_format="int8")}):
         engine = make_engine(tiny_llama_dir, rag_disk_dir=str(tmp_path), rag_disk_bytes=64 << 20,
