@@ -120,6 +120,18 @@ class Cache(Table):
     memory: str | float = "auto"
     prefix_caching: bool = True
     rag_document_cache: bool = True
+    # the document cache's disk tier (engine/doc_disk.py): a size such as "4GiB" bounds it, "0" turns it off;
+    # rag_disk_dir: its folder (relative: under INFERPLUG_HOME); rag_shared_salt: a corpus every tenant shares
+    rag_disk_size: str = "0"
+    rag_disk_dir: Path = Path("doc-kv")
+    rag_shared_salt: str | None = Field(default=None, min_length=1)
+
+    @field_validator("rag_disk_size")
+    @classmethod
+    def _disk_size(cls, v: str) -> str:
+        if v.strip() != "0" and not _SIZE.match(v):
+            raise ValueError('use a size such as "4GiB", or "0" to turn the document KV disk tier off')
+        return v
 
     @field_validator("memory")
     @classmethod
@@ -142,8 +154,15 @@ class Cache(Table):
             return None
         if isinstance(self.memory, float):
             return int(self.memory * free_bytes)
-        number, unit = _SIZE.match(self.memory).groups()  # type: ignore[union-attr]
-        return int(float(number) * _UNITS[unit.lower()])
+        return _size_bytes(self.memory)
+
+    def rag_disk_bytes(self) -> int:
+        return 0 if self.rag_disk_size.strip() == "0" else _size_bytes(self.rag_disk_size)
+
+
+def _size_bytes(size: str) -> int:
+    number, unit = _SIZE.match(size).groups()  # type: ignore[union-attr]
+    return int(float(number) * _UNITS[unit.lower()])
 
 
 class Parallel(Table):
