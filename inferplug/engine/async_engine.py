@@ -106,6 +106,14 @@ class AsyncEngine:
         """The engine's stats as of its last step or abort; never waits for a step in flight."""
         return dict(self._snapshot)
 
+    def evict_documents(self, docs: list[Any] | None, salt: str | None) -> int:
+        """The document cache's evict (engine/doc_cache.py), between steps."""
+        with self._lock:
+            cache = self.engine.doc_cache
+            dropped = cache.evict(docs, salt) if cache is not None else 0
+            self._snapshot = self.engine.stats()
+            return dropped
+
     def close(self) -> None:
         """Stop the step thread; open streams end with BackendUnavailable and their blocks are freed."""
         with self._lock:

@@ -17,6 +17,10 @@ class EngineConfig:
     max_prefill_tokens_while_decoding: int = 0  # prefill tokens a step with decode rows may carry (0: no cap)
     enable_prefix_caching: bool = True  # False: no block hashing or prefix reuse (profile cache.prefix_caching)
     rag_document_cache: bool = True  # doc_cache: reuse RAG documents' KV given Request.documents
+    rag_disk_dir: str | None = None  # doc_disk: the document KV disk tier's folder (None: no disk tier)
+    rag_disk_bytes: int = 0  # its bound (0: no disk tier)
+    rag_shared_salt: str | None = None  # the salt a corpus shared by every tenant is stored under (doc_cache)
+    model_identity: str = ""  # the weights that make this engine's KV (doc_disk_key.model_identity): keys the disk tier
     speculative_method: str = "none"  # "ngram": prompt-lookup speculative decoding (engine/spec_decode.py)
     num_speculative_tokens: int = 4
     ngram_min: int = 1
