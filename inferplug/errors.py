@@ -40,3 +40,14 @@ class RequestError(InferPlugError):
         super().__init__(message)
         self.param = param
         self.status = status
+
+
+class LimitExceeded(RequestError):
+    """A request is over one of the server's limits; `limit` is its key in the profile's [server] table (OpenAI's
+    error.code), and `retry_after` the seconds a client should wait before trying again (a 429's Retry-After)."""
+
+    def __init__(self, message: str, *, limit: str, param: str | None = None, status: int = 400,
+                 retry_after: int | None = None):
+        super().__init__(message, param=param, status=status)
+        self.limit = limit
+        self.retry_after = retry_after

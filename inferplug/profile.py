@@ -19,6 +19,7 @@ from pydantic_settings import (
 )
 
 from inferplug.errors import ProfileError
+from inferplug.profile_server import ServerOptions
 
 DEFAULT_PROFILE = "smollm2-135m"
 SHIPPED_PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
@@ -288,6 +289,7 @@ class Profile(BaseSettings):
     ctranslate2: CTranslate2Options = Field(default_factory=CTranslate2Options)
     exllamav2: ExLlamaV2Options = Field(default_factory=ExLlamaV2Options)
     openai: OpenAIOptions = Field(default_factory=OpenAIOptions)
+    server: ServerOptions = Field(default_factory=ServerOptions)  # inferplug serve's limits (profile_server.py)
 
     _source_file: Path | None = PrivateAttr(default=None)
     _file_data: dict[str, Any] = PrivateAttr(default_factory=dict)

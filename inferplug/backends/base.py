@@ -101,6 +101,10 @@ class Backend(ABC):
         """Engine-wide metrics: running, waiting, kv blocks used/free, prefix hit rate..."""
         return {}
 
+    def health(self) -> str | None:
+        """Why this backend cannot serve any more (its engine thread died), or None while it can."""
+        return None
+
     def evict_documents(self, docs: list[Any] | None = None, salt: str | None = None) -> int:
         """Drop the stored KV (memory and disk) of these documents under `salt`, or of all of the salt's documents
         when docs is None; the entries dropped. A backend without a document cache holds none."""

@@ -146,6 +146,9 @@ class NativeBackend(Backend):
     def stats(self) -> dict[str, Any]:
         return self.engine.stats()
 
+    def health(self) -> str | None:
+        return self.engine.failure
+
     def evict_documents(self, docs: list[Any] | None = None, salt: str | None = None) -> int:
         return self.engine.evict_documents(docs, salt)
 

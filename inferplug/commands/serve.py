@@ -23,7 +23,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ray-address", default=None,
                    help="the Ray cluster for the replicas (default: $RAY_ADDRESS, else a local Ray started here)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    for key, kind, what in _LIMIT_FLAGS:
+        p.add_argument(f"--{key.replace('_', '-')}", type=kind, default=None, dest=f"server_{key}",
+                       help=f"{what} (default: the profile's [server] {key})")
+    p.add_argument("--allowed-host", action="append", default=None, dest="server_allowed_hosts", metavar="HOST",
+                   help="a Host header to accept on loopback without an API key (repeat; '*': any)")
     p.set_defaults(func=run)
+
+
+# the [server] keys (profile_server.py) with a flag of their own
+_LIMIT_FLAGS = [
+    ("max_prompts", whole_number, "prompts in one /v1/completions request"),
+    ("max_n", whole_number, "choices per prompt"),
+    ("max_messages", whole_number, "messages in one chat request"),
+    ("max_tools", int, "tools offered in one chat request"),
+    ("max_schema_bytes", int, "bytes of a response_format schema or of the tools' JSON"),
+    ("max_stop", int, "stop strings and stop_token_ids per request"),
+    ("max_prompt_tokens", whole_number, "tokens of one prompt (default: the context length)"),
+    ("max_total_tokens", whole_number, "prompts x n x max_tokens of one request"),
+    ("max_waiting", whole_number, "requests waiting for their first token; more get 429"),
+    ("max_waiting_per_client", whole_number, "the same for one client (its tenant header, else its address)"),
+    ("queue_timeout_s", float, "seconds a request may wait for its first token; then 503"),
+    ("shutdown_grace_s", float, "seconds in-flight requests get after SIGTERM before they are aborted"),
+    ("tenant_header", str, "the header naming a request's tenant: tenants never share cached prompts"),
+]
+
+
+def apply_server_flags(profile, args: argparse.Namespace) -> None:  # noqa: ANN001 - a Profile
+    """The [server] values the flags give, over the profile's."""
+    for key in [k for k, _, _ in _LIMIT_FLAGS] + ["allowed_hosts"]:
+        value = getattr(args, f"server_{key}", None)
+        if value is not None:
+            setattr(profile.server, key, value)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     profile = load_with_context(args)
     if args.replicas is not None:
         profile.parallel.replicas = args.replicas
+    apply_server_flags(profile, args)
     max_body = args.max_body_bytes or DEFAULT_MAX_BODY_BYTES
     if profile.parallel.replicas > 1 or args.ray_address:
         return _serve_replicas(profile, args, max_body)
@@ -47,7 +79,9 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(backend, api_key=args.api_key, max_body_bytes=max_body)
     print(f"inferplug: serving {backend.model_name} ({backend.name}) at http://{args.host}:{args.port}/v1", flush=True)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        # SIGTERM: in-flight requests get the grace, then are cancelled (and so aborted); close_all frees the rest
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                    timeout_graceful_shutdown=profile.server.shutdown_grace_s)
     finally:
         close_all()
     return 0

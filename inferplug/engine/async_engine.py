@@ -1,14 +1,18 @@
 """AsyncEngine: the LLMEngine step loop in a background thread, its events handed out through EventChannels.
 
-Callers never wait for the engine: `submit` queues the request and its channel and returns; the
-step thread adds queued requests between steps (a bad one ends its channel with the RequestError)
+Callers never wait for the engine: `submit` hands the request to the prompt stage (engine/prompt_stage.py: render,
+tokenize, compile its schema, on workers of its own) and returns; once prepared it is queued, and the step thread
+adds queued requests between steps (a bad one ends its channel with the RequestError)
 and sends each step's events to their channels, one send per channel per step. One lock guards the
-engine: the step thread holds it for a step, `abort_now` and `stats` take it between steps.
+engine: the step thread holds it for a step, `abort_now` takes it between steps. `stats` never waits: it reads
+the snapshot the step thread publishes after each step. If the step thread dies, every request still open and
+every later one fails with BackendUnavailable, and `failure` says why (the server's /health reports it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections import deque
@@ -18,8 +22,11 @@ from typing import Any
 
 from inferplug.backends.bridge import EventChannel, consume_async
 from inferplug.engine.llm_engine import LLMEngine
+from inferplug.engine.prompt_stage import PromptIds, PromptStage
 from inferplug.errors import BackendUnavailable
-from inferplug.types import Event, Request
+from inferplug.types import Event, Request, Usage
+
+log = logging.getLogger(__name__)
 
 
 class AsyncEngine:
@@ -27,10 +34,15 @@ class AsyncEngine:
         self.engine = engine
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._inbox: deque[tuple[Request, EventChannel]] = deque()
+        self._inbox: deque[tuple[Request, EventChannel, PromptIds]] = deque()
+        self._preparing: dict[str, tuple[Request, EventChannel]] = {}  # in the prompt stage (under _inbox_lock)
         self._inbox_lock = threading.Lock()  # never held for a step: submit does not wait for the engine
         self._streams: dict[str, EventChannel] = {}
+        self._open: set[str] = set()  # submitted, not yet ended (under _inbox_lock): what an abort must wait for
         self._closed = False
+        self.failure: str | None = None  # why the step thread stopped, when it died
+        self._snapshot = engine.stats()
+        self._stage = PromptStage(engine.encode, engine.tokenizer)
         self._thread = threading.Thread(target=self._loop, name="inferplug-engine", daemon=True)
         self._thread.start()
 
@@ -38,10 +50,26 @@ class AsyncEngine:
         """Queue the request; its events, or the RequestError that refuses it, go to channel."""
         with self._inbox_lock:
             if not self._closed:
-                self._inbox.append((request, channel))
+                self._open.add(request.request_id)
+                self._preparing[request.request_id] = (request, channel)
+                self._stage.put(request, self._prepared)
+                return
+        channel.send([BackendUnavailable(self.failure or "the backend is closed; create a new backend")], last=True)
+
+    def _prepared(self, request: Request, result: PromptIds | Exception) -> None:
+        """On a prompt worker: queue the prepared request for the step thread, or end its stream with the error."""
+        rid = request.request_id
+        with self._inbox_lock:
+            entry = self._preparing.pop(rid, None)
+            if entry is None:
+                return  # aborted (or failed by close) while it was prepared
+            if not isinstance(result, Exception) and not self._closed:
+                self._inbox.append((request, entry[1], result))
                 self._wake.set()
                 return
-        channel.send([BackendUnavailable("the backend is closed; create a new backend")], last=True)
+            self._open.discard(rid)
+        entry[1].send([result if isinstance(result, Exception) else BackendUnavailable(
+            self.failure or "the backend is closed; create a new backend")], last=True)
 
     def generate(self, request: Request) -> AsyncIterator[Event]:
         """Stream the request's events; the last one carries usage. RequestError comes before any event."""
@@ -49,24 +77,42 @@ class AsyncEngine:
 
     async def abort(self, request_id: str) -> None:
         """Cancel a request now: its blocks go back to the pool before this returns."""
-        await asyncio.to_thread(self.abort_now, request_id)
+        if request_id in self._open:  # one that ended needs no thread
+            await asyncio.to_thread(self.abort_now, request_id)
 
     def abort_now(self, request_id: str) -> None:
-        """abort() for a thread that may block (waits for the step in flight)."""
+        """abort() for a thread that may block: it waits for the step in flight, unless the request has ended or
+        is still queued (then it is dropped from the queue at once, and its stream ends with "abort")."""
+        with self._inbox_lock:
+            if request_id not in self._open:
+                return
+            queued = [item[:2] for item in self._inbox if item[0].request_id == request_id]
+            if queued:
+                self._inbox = deque(item for item in self._inbox if item[0].request_id != request_id)
+            elif request_id in self._preparing:
+                queued = [self._preparing.pop(request_id)]
+            if queued:
+                self._open.discard(request_id)
+        if queued:
+            request, channel = queued[0]
+            channel.send(_aborted_before_start(request), last=True)
+            return
         with self._lock:
-            self._admit()  # a request still queued is added first, so it is aborted, not started later
             events = self.engine.abort(request_id)
+            self._snapshot = self.engine.stats()
         self._dispatch(events)
 
     def stats(self) -> dict[str, Any]:
-        with self._lock:
-            return self.engine.stats()
+        """The engine's stats as of its last step or abort; never waits for a step in flight."""
+        return dict(self._snapshot)
 
     def evict_documents(self, docs: list[Any] | None, salt: str | None) -> int:
         """The document cache's evict (engine/doc_cache.py), between steps."""
         with self._lock:
             cache = self.engine.doc_cache
-            return cache.evict(docs, salt) if cache is not None else 0
+            dropped = cache.evict(docs, salt) if cache is not None else 0
+            self._snapshot = self.engine.stats()
+            return dropped
 
     def close(self) -> None:
         """Stop the step thread; open streams end with BackendUnavailable and their blocks are freed."""
@@ -77,26 +123,48 @@ class AsyncEngine:
             self._fail_all(BackendUnavailable("the backend was closed while this request ran; create a new backend"))
         self._wake.set()
         self._thread.join(timeout=30)
+        self._stage.close()  # what it still prepares ends with BackendUnavailable (closed)
         self.engine.close()  # after the step thread: a tensor-parallel engine's workers stop
 
     # --- the engine thread's side (the lock held) ------------------------------------
     def _admit(self) -> None:
         while self._inbox:
-            request, channel = self._inbox.popleft()
+            request, channel, prompt = self._inbox.popleft()
             try:
-                self.engine.add_request(request)
+                self.engine.add_request(request, prompt.ids, prompt.text)
             except Exception as exc:  # noqa: BLE001 - a bad request (RequestError) fails alone, before any event
+                self._ended(request.request_id)
                 channel.send([exc], last=True)
                 continue
             self._streams[request.request_id] = channel
 
     def _loop(self) -> None:
+        try:
+            self._steps()
+        except BaseException as exc:  # noqa: BLE001 - the step thread is dying: nobody may wait on it
+            log.critical("the engine's step thread stopped", exc_info=exc)
+            self._die(BackendUnavailable(f"the engine's step thread stopped ({type(exc).__name__}); restart the "
+                                         "server (its log has the details)"))
+
+    def _die(self, error: BackendUnavailable) -> None:
+        """Fail what is queued and running, and refuse what comes later, with `error`."""
+        with self._lock:
+            with self._inbox_lock:
+                self.failure, self._closed = str(error), True
+                queued, self._inbox = list(self._inbox), deque()
+                self._open.difference_update(item[0].request_id for item in queued)
+            for _, channel, _ in queued:
+                channel.send([error], last=True)
+            self._fail_all(error)
+
+    def _steps(self) -> None:
         while not self._closed:
             self._wake.clear()
             with self._lock:
                 self._admit()
                 busy = self.engine.has_unfinished()
                 events = self._safe_step() if busy else []
+                self._snapshot = self.engine.stats()
             if not busy:
                 self._wake.wait()
             elif not events:
@@ -111,12 +179,21 @@ class AsyncEngine:
             return []
 
     def _fail_all(self, exc: BaseException) -> None:
-        """Abort every request and end every open stream with exc."""
+        """Abort every request (its blocks back in the pool) and end every open stream with exc."""
         for rid in list(self.engine.requests):
-            self.engine.abort(rid)
-        for channel in self._streams.values():
+            try:
+                self.engine.abort(rid)
+            except Exception:  # noqa: BLE001 - one broken request must not keep the others' streams open
+                log.exception("aborting request %s failed", rid)
+        for rid, channel in self._streams.items():
+            self._ended(rid)
             channel.send([exc], last=True)
         self._streams.clear()
+        self._snapshot = self.engine.stats()
+
+    def _ended(self, request_id: str) -> None:
+        with self._inbox_lock:
+            self._open.discard(request_id)
 
     def _dispatch(self, events: list[Event]) -> None:
         """One send per channel: a consumer wakes once per step, whatever its number of events."""
@@ -126,5 +203,15 @@ class AsyncEngine:
         for rid, batch in batches.items():
             last = batch[-1].usage is not None
             channel = self._streams.pop(rid, None) if last else self._streams.get(rid)
+            if last:
+                self._ended(rid)
             if channel is not None:
                 channel.send(batch, last=last)
+
+
+def _aborted_before_start(request: Request) -> list[Event]:
+    """The events of a request aborted while still queued: each choice ends "abort", nothing computed."""
+    choices = 1 if request.params.use_beam_search else request.params.n
+    events = [Event(request.request_id, index=i, finish_reason="abort") for i in range(choices)]
+    events[-1].usage = Usage()
+    return events

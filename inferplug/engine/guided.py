@@ -19,6 +19,9 @@ from inferplug.errors import RequestError
 
 _compilers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # tokenizer -> GrammarCompiler
 _compilers_lock = threading.Lock()
+# Compiled grammars a compiler keeps, least recently used evicted past this (xgrammar's default keeps them all, so
+# a client sending a new schema per request would grow the server without bound)
+GRAMMAR_CACHE_BYTES = 64 * 1024 * 1024
 
 
 def _compiler_for(tokenizer: Any) -> Any:
@@ -29,7 +32,7 @@ def _compiler_for(tokenizer: Any) -> Any:
         compiler = _compilers.get(tokenizer)
         if compiler is None:
             info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer))
-            compiler = xgr.GrammarCompiler(info, max_threads=2)
+            compiler = xgr.GrammarCompiler(info, max_threads=2, cache_limit_bytes=GRAMMAR_CACHE_BYTES)
             _compilers[tokenizer] = compiler
         return compiler
 

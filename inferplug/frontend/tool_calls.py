@@ -69,13 +69,18 @@ def select_tools(tools: list[dict[str, Any]], tool_choice: Any) -> tuple[list[di
     return chosen, True
 
 
-_TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+_JSON_START = re.compile(r"[\[{]")
+_OPENS_RUN = re.compile(r"[\[{\s]*")
+# Failed JSON starts tried per text: each may scan to the end, so a bound keeps hostile or looping output (an
+# unclosed object, then megabytes of spaces or braces) linear in its length.
+MAX_FAILED_STARTS = 32
 
 
 def parse_tool_calls(text: str, tools: list[dict[str, Any]]) -> list[ToolCall]:
-    """The calls to known tools in the model's text; [] when it answered in prose."""
+    """The calls to known tools in the model's text; [] when it answered in prose. Linear in the text's length."""
     known = set(tool_names(tools))
-    candidates = _TAGGED.findall(text) or [text]
+    candidates = _tagged(text) or [text]
     calls = []
     for candidate in candidates:
         for value in _json_values(candidate):
@@ -84,6 +89,17 @@ def parse_tool_calls(text: str, tools: list[dict[str, Any]]) -> list[ToolCall]:
                 if call is not None:
                     calls.append(call)
     return calls
+
+
+def _tagged(text: str) -> list[str]:
+    """The text inside each <tool_call> tag, up to its </tool_call> (or the end of the text), stripped."""
+    found, i = [], text.find(_OPEN)
+    while i >= 0:
+        start = i + len(_OPEN)
+        end = text.find(_CLOSE, start)
+        found.append(text[start:end if end >= 0 else len(text)].strip())
+        i = text.find(_OPEN, end + len(_CLOSE)) if end >= 0 else -1
+    return found
 
 
 def calls_from_deltas(deltas: list[ToolCallDelta]) -> list[ToolCall]:
@@ -104,22 +120,20 @@ def calls_from_deltas(deltas: list[ToolCallDelta]) -> list[ToolCall]:
 
 
 def _json_values(text: str) -> list[Any]:
-    """Every top-level JSON object or array in the text (fenced or bare)."""
-    decoder, values, i = json.JSONDecoder(strict=False), [], 0
-    while (i := _next_json_start(text, i)) >= 0:
+    """Every top-level JSON object or array in the text (fenced or bare). A value nested too deep to decode
+    (`[[[[...`) is no value, as an unclosed one is."""
+    decoder, values, failed, i = json.JSONDecoder(strict=False), [], 0, 0
+    while failed < MAX_FAILED_STARTS and (start := _JSON_START.search(text, i)) is not None:
         try:
-            value, end = decoder.raw_decode(text, i)
+            value, i = decoder.raw_decode(text, start.start())
         except json.JSONDecodeError:
-            i += 1
+            failed, i = failed + 1, start.start() + 1
+            continue
+        except RecursionError:  # the starts in this run of brackets are as deep: try its innermost one next
+            failed, i = failed + 1, _OPENS_RUN.match(text, start.start()).end() - 1
             continue
         values.append(value)
-        i = end
     return values
-
-
-def _next_json_start(text: str, i: int) -> int:
-    starts = [p for p in (text.find("{", i), text.find("[", i)) if p >= 0]
-    return min(starts) if starts else -1
 
 
 def _as_call(item: Any, known: set[str]) -> ToolCall | None:
@@ -155,23 +169,44 @@ def _template_message(message: dict[str, Any], renders_tools: bool) -> dict[str,
         message = {**message, "content": ""}  # a template prints None as "None"
     if not calls:
         return message
-    functions = [{"name": c["function"]["name"], "arguments": _arguments(c["function"].get("arguments"))}
-                 for c in calls]
+    functions = [_history_call(c) for c in _call_list(calls)]
     if not renders_tools:  # the model sees its calls as the text it wrote (unless the turn already says so)
         written = json.dumps(functions[0] if len(functions) == 1 else functions)
         return {k: v for k, v in message.items() if k != "tool_calls"} | {"content": message["content"] or written}
     return {**message, "tool_calls": [{**c, "function": f} for c, f in zip(calls, functions)]}
 
 
-def _arguments(value: Any) -> Any:
+_CALL_SHAPE = ("send each as {'id': ..., 'type': 'function', 'function': {'name': <str>, 'arguments': <JSON "
+               "object as a string>}}, as the model returned it")
+
+
+def _call_list(calls: Any) -> list[dict[str, Any]]:
+    if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+        raise RequestError(f"an assistant message's tool_calls is not a list of calls: {_CALL_SHAPE}",
+                           param="messages")
+    return calls
+
+
+def _history_call(call: dict[str, Any]) -> dict[str, Any]:
+    """One call of an assistant turn in the history, checked: its name, and its arguments as an object."""
+    function = call.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise RequestError(f"a tool call in the history has no function name: {_CALL_SHAPE}", param="messages")
+    return {"name": function["name"], "arguments": _arguments(function.get("arguments"))}
+
+
+def _arguments(value: Any) -> dict[str, Any]:
     """OpenAI sends a call's arguments as a JSON string; templates expect the object."""
     if isinstance(value, str):
         try:
-            return json.loads(value)
-        except json.JSONDecodeError:
+            value = json.loads(value)
+        except (json.JSONDecodeError, RecursionError):
             raise RequestError(f"a tool call's arguments are not valid JSON: {value[:80]!r}; send the "
                                "arguments the model returned", param="messages") from None
-    return value or {}
+    value = value or {}
+    if not isinstance(value, dict):
+        raise RequestError(f"a tool call's arguments are not a JSON object: {_CALL_SHAPE}", param="messages")
+    return value
 
 
 def with_tool_instructions(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -9,17 +9,21 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from inferplug.errors import BackendUnavailable, InferPlugError, RequestError
+from inferplug.errors import BackendUnavailable, InferPlugError, LimitExceeded, RequestError
+from inferplug.profile_server import ServerOptions
+from inferplug.server.admission import Admission
+from inferplug.server.error_json import error_body, error_response
+from inferplug.server.guard import BodySizeLimit, RequestGuard
 from inferplug.server.metrics import ServerMetrics
+
+__all__ = ["BodySizeLimit", "create_app", "error_body", "error_response"]  # the replica front's imports too
 
 if TYPE_CHECKING:
     from inferplug.backends.base import Backend
@@ -28,32 +32,30 @@ log = logging.getLogger(__name__)
 
 API_KEY_ENV = "INFERPLUG_API_KEY"
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
-_CODES = {401: "invalid_api_key", 404: "model_not_found", 413: "request_too_large"}
 
 
-def error_body(message: str, status: int, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return {"error": {"message": message, "type": kind, "param": param, "code": code or _CODES.get(status)}}
-
-
-def error_response(message: str, status: int, param: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, status, param), status_code=status)
-
-
-def create_app(backend: Backend, *, api_key: str | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
-    """The app for one loaded backend. `api_key` (or INFERPLUG_API_KEY) makes /v1/* require it."""
+def create_app(backend: Backend, *, api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               options: ServerOptions | None = None) -> FastAPI:
+    """The app for one loaded backend. `api_key` (or INFERPLUG_API_KEY) makes every path but /health require it
+    (several keys, comma-separated: one per tenant, whose cached prompts are kept apart, server/tenants.py);
+    `options`: the limits (default: the backend's profile's [server] table)."""
     from inferplug.server.routes import router
 
-    app = FastAPI(title="inferplug", version="1", docs_url=None, redoc_url=None)
+    app = FastAPI(title="inferplug", version="1", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.backend = backend
-    app.state.api_key = api_key or os.environ.get(API_KEY_ENV) or None
+    keys = [k.strip() for k in (api_key or os.environ.get(API_KEY_ENV) or "").split(",") if k.strip()]
+    app.state.api_keys = tuple(keys) or None
+    app.state.options = options or getattr(getattr(backend, "profile", None), "server", None) or ServerOptions()
     app.state.metrics = ServerMetrics(backend)
+    app.state.admission = Admission(app.state.options)
     app.include_router(router)
 
     @app.exception_handler(RequestError)
     async def _request_error(request: Request, exc: RequestError) -> JSONResponse:
         app.state.metrics.failed(request.url.path, exc.status)
+        if isinstance(exc, LimitExceeded):
+            headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
+            return error_response(str(exc), exc.status, exc.param, exc.limit, headers)
         return error_response(str(exc), exc.status, exc.param)
 
     @app.exception_handler(RequestValidationError)
@@ -64,13 +66,18 @@ def create_app(backend: Backend, *, api_key: str | None = None,
 
     @app.exception_handler(InferPlugError)
     async def _backend_error(request: Request, exc: InferPlugError) -> JSONResponse:
-        status = 503 if isinstance(exc, BackendUnavailable) else 500  # not the request's fault
-        app.state.metrics.failed(request.url.path, status)
-        return error_response(str(exc), status)
+        if isinstance(exc, BackendUnavailable):  # our own message, naming the fix: not the request's fault
+            app.state.metrics.failed(request.url.path, 503)
+            return error_response(str(exc), 503)
+        return _internal(request, exc)
 
     @app.exception_handler(Exception)
     async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
-        # a bug, not bad input: the traceback goes to the log, never to the client
+        return _internal(request, exc)
+
+    def _internal(request: Request, exc: Exception) -> JSONResponse:
+        # a bug or a backend failure, not bad input: the details (paths, device errors) go to the log, never
+        # to the client
         log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
         app.state.metrics.failed(request.url.path, 500)
         return error_response(f"internal error: {type(exc).__name__}; see the server log", 500)
@@ -79,20 +86,10 @@ def create_app(backend: Backend, *, api_key: str | None = None,
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return error_response(str(exc.detail), exc.status_code)
 
-    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
+    opts = app.state.options
+    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes, read_timeout=opts.body_read_timeout_s)
+    app.add_middleware(RequestGuard, api_keys=app.state.api_keys, allowed_hosts=opts.allowed_hosts)  # runs first
     return app
-
-
-def check_api_key(request: Request) -> None:
-    """401 unless the request carries the server's key (when it has one). The key is never echoed."""
-    expected = request.app.state.api_key
-    if expected is None:
-        return
-    given = request.headers.get("authorization", "")
-    if not given.startswith("Bearer ") or not secrets.compare_digest(given[7:].encode(), expected.encode()):
-        what = "wrong" if given else "missing"
-        raise RequestError(f"the API key is {what}: send the server's key as 'Authorization: Bearer <key>'",
-                           status=401)
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
@@ -128,42 +125,3 @@ def _shown(value: Any) -> str:
     if isinstance(value, (int, float, str, bool, type(None))):
         return json.dumps(value)[:80]
     return type(value).__name__
-
-
-class BodySizeLimit:
-    """413 for bodies over `max_bytes`, whether declared in Content-Length or streamed in chunks."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int):
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        declared = dict(scope.get("headers", [])).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._reject(scope, receive, send)
-        body, more = b"", True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client left before sending its body
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            if len(body) > self.max_bytes:
-                return await self._reject(scope, receive, send)
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # later messages: the disconnect
-
-        await self.app(scope, replay, send)
-
-    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = error_response(f"the request body is over the {self.max_bytes}-byte limit; send a smaller "
-                                  "prompt", 413)
-        await response(scope, receive, send)

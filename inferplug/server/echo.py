@@ -44,6 +44,11 @@ def make_echo(tokenizer, prompts: list[str | list[int]], per_prompt: int, prompt
     if tokenizer is None:
         raise RequestError("echo needs the model's tokenizer, which a remote backend does not have here; drop echo",
                            param="echo")
+    vocab = len(tokenizer)
+    for p in prompts:  # checked before decoding: a tokenizer overflows on ids out of its range
+        if isinstance(p, list) and (bad := [t for t in p if not 0 <= t < vocab]):
+            raise RequestError(f"the prompt holds token ids outside the vocabulary [0, {vocab}): {bad[:5]}",
+                               param="prompt")
     ids = [p if isinstance(p, list) else tokenizer.encode(p) for p in prompts]
     return Echo(texts=[p if isinstance(p, str) else tokenizer.decode(p) for p in prompts],
                 first_tokens=[(i[0], tokenizer.decode(i[:1])) for i in ids], per_prompt=per_prompt,

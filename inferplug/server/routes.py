@@ -1,37 +1,44 @@
-"""The endpoints: /v1/models, /v1/completions, /v1/chat/completions, /health and /metrics.
+"""The endpoints: /v1/models, /v1/completions, /v1/chat/completions, /health, /metrics and /openapi.json.
 
-A generation is started (and bad input rejected with a 4xx) before any response byte is sent.
-When the client disconnects, streaming or not, the generation is aborted and its KV blocks
-are freed at once.
+A request is checked against the [server] limits (server/limits.py), then its generation is started (and bad
+input rejected with a 4xx) before any response byte is sent. When the client disconnects, streaming or not, even
+before its first token, the generation is aborted and its KV blocks are freed at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from inferplug.errors import RequestError
 from inferplug.frontend.requests import Prepared, build_request
-from inferplug.server.app import check_api_key, error_body
+from inferplug.server.admission import until_disconnect
+from inferplug.server.error_json import error_body
 from inferplug.server.echo import make_echo
 from inferplug.server.generation import Generation
+from inferplug.server.limits import check_chat, check_completion, check_prompt_tokens
 from inferplug.server.responses import ResponseBuilder
 from inferplug.server.schemas import ChatCompletionRequest, CompletionRequest
+from inferplug.server.tenants import cache_salt
 
-router = APIRouter()
-v1 = [Depends(check_api_key)]
+log = logging.getLogger(__name__)
+router = APIRouter()  # every path but /health needs the API key (server/guard.py), checked before the body is read
 
 
 @router.get("/health")
-async def health() -> dict[str, str]:
-    return {"status": "ok"}
+async def health(request: Request) -> JSONResponse:
+    failure = request.app.state.backend.health()  # e.g. the engine's step thread died: a probe should restart us
+    if failure is not None:
+        return JSONResponse({"status": "unhealthy", "reason": failure}, status_code=503)
+    return JSONResponse({"status": "ok"})
 
 
 @router.get("/metrics")
@@ -39,7 +46,12 @@ async def metrics(request: Request) -> Response:
     return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/v1/models", dependencies=v1)
+@router.get("/openapi.json", include_in_schema=False)
+async def openapi(request: Request) -> JSONResponse:
+    return JSONResponse(request.app.openapi())
+
+
+@router.get("/v1/models")
 async def models(request: Request) -> dict[str, Any]:
     backend = request.app.state.backend
     return {"object": "list", "data": [
@@ -48,18 +60,21 @@ async def models(request: Request) -> dict[str, Any]:
     ]}
 
 
-@router.post("/v1/completions", dependencies=v1)
+@router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request) -> Response:
     backend = _served(body, request)
+    check_completion(body, request.app.state.options, _default_max_tokens(backend))
     prepared = [build_request(backend, prompt=p, options=body.to_options()) for p in body.prompts()]
-    echo = make_echo(backend.tokenizer, body.prompts(), body.n, body.prompt_only) if body.echo else None
+    echo = await asyncio.to_thread(make_echo, backend.tokenizer, body.prompts(), body.n, body.prompt_only) \
+        if body.echo else None  # it tokenizes: off the event loop
     return await _generate("completion", body, prepared, request, body.logprobs is not None, echo=echo,
                            want_prompt_logprobs=body.prompt_logprobs is not None)
 
 
-@router.post("/v1/chat/completions", dependencies=v1)
+@router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     backend = _served(body, request)
+    check_chat(body, request.app.state.options, _default_max_tokens(backend))
     tools = [t.model_dump(exclude_none=True) for t in body.tools or []]
     choice = body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump") else body.tool_choice
     prepared = build_request(backend, messages=[m.as_dict() for m in body.messages], options=body.to_options(),
@@ -71,6 +86,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
 def served_names(backend: Any) -> list[str]:
     """The model names this server answers to: the served name first, then the profile's name."""
     return list(dict.fromkeys([backend.model_name, backend.profile.name]))
+
+
+def _default_max_tokens(backend: Any) -> int:
+    return backend.profile.sampling.max_tokens or backend.context_length
 
 
 def _served(body: CompletionRequest | ChatCompletionRequest, request: Request) -> Any:
@@ -86,18 +105,25 @@ def _served(body: CompletionRequest | ChatCompletionRequest, request: Request) -
 async def _generate(kind: str, body: CompletionRequest | ChatCompletionRequest, prepared: list[Prepared],
                     request: Request, want_logprobs: bool, **builder_kw: Any) -> Response:
     backend = request.app.state.backend
+    await check_prompt_tokens(backend, prepared, request.app.state.options)
+    salt = cache_salt(request.headers, request.app.state.options, request.app.state.api_keys is not None)
+    for p in prepared:
+        p.request.cache_salt = salt
     generation = Generation(backend, [p.request for p in prepared])
     n = prepared[0].request.params.n
     builder = ResponseBuilder(kind, body.model, len(prepared) * n, want_logprobs, prepared[0].tools or None,
                               prepared[0].parallel_tool_calls, **builder_kw)
     try:
-        await generation.start()
+        started = await request.app.state.admission.start(generation, request, _client(request))
     except BaseException:
         await generation.aclose()
         raise
+    if not started:  # the client left while it waited: aborted before its first token
+        request.app.state.metrics.failed(request.url.path, 499)
+        return Response(status_code=499)
     if body.stream:
-        return _AbortingStream(_sse(generation, builder, body.include_usage, request),
-                               media_type="text/event-stream")
+        return _AbortingStream(_sse(generation, builder, body.include_usage, request), media_type="text/event-stream",
+                               send_timeout=request.app.state.options.stream_send_timeout_s)
     return await _whole(generation, builder, request)
 
 
@@ -112,7 +138,7 @@ async def _whole(generation: Generation, builder: ResponseBuilder, request: Requ
                 errors.append(event.error)
 
     collecting = asyncio.create_task(collect())
-    leaving = asyncio.create_task(_until_disconnect(request))
+    leaving = asyncio.create_task(until_disconnect(request))
     try:
         await asyncio.wait({collecting, leaving}, return_when=asyncio.FIRST_COMPLETED)
         if not collecting.done():  # the client left: nobody to answer
@@ -125,7 +151,7 @@ async def _whole(generation: Generation, builder: ResponseBuilder, request: Requ
         await generation.aclose()
     if errors:
         metrics.failed(request.url.path, 500)
-        return JSONResponse(error_body(f"generation failed: {errors[0]}", 500), status_code=500)
+        return JSONResponse(_failure(request, errors[0]), status_code=500)
     _observe(request, generation, builder)
     return JSONResponse(builder.response(generation.usage))
 
@@ -137,7 +163,7 @@ async def _sse(generation: Generation, builder: ResponseBuilder, include_usage: 
         async for event in generation.events():
             if event.error:  # the error, then the choice's last chunk (finish_reason "error")
                 failed = True
-                yield _data(error_body(f"generation failed: {event.error}", 500))
+                yield _data(_failure(request, event.error))
             chunk = builder.chunk(event, include_usage)
             if chunk is not None:
                 yield _data(chunk)
@@ -155,6 +181,19 @@ async def _sse(generation: Generation, builder: ResponseBuilder, include_usage: 
         await generation.aclose()
 
 
+def _client(request: Request) -> str:
+    """Who a request's waiting counts against: its tenant (the [server] tenant_header), else its remote address."""
+    header = request.app.state.options.tenant_header
+    tenant = request.headers.get(header) if header else None
+    return f"tenant:{tenant}" if tenant else f"address:{request.client.host if request.client else '?'}"
+
+
+def _failure(request: Request, error: str) -> dict[str, Any]:
+    """The error body of a generation that failed: its details (paths, device errors) go to the log only."""
+    log.error("generation failed on %s: %s", request.url.path, error)
+    return error_body("generation failed (an internal error); the server log has the details", 500)
+
+
 def _observe(request: Request, generation: Generation, builder: ResponseBuilder) -> None:
     status = "aborted" if builder.aborted else "ok"
     request.app.state.metrics.observe(request.url.path, generation.usage, generation.started,
@@ -165,20 +204,27 @@ def _data(obj: dict[str, Any]) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-async def _until_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
 class _AbortingStream(StreamingResponse):
     """Closes its event stream however the response ends, so a vanished client's generation
-    is aborted now rather than whenever the garbage collector finalizes the generator."""
+    is aborted now rather than whenever the garbage collector finalizes the generator. A client that stops
+    reading (its socket full) for `send_timeout` seconds is cut off, and its generation aborted, the same way."""
+
+    def __init__(self, content: AsyncIterator[str], *, media_type: str, send_timeout: float):
+        super().__init__(content, media_type=media_type)
+        self.send_timeout = send_timeout
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         import anyio
 
+        async def bounded_send(message: Any) -> None:
+            with anyio.fail_after(self.send_timeout):
+                await send(message)
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, bounded_send)
+        except TimeoutError:
+            log.info("a client read nothing of its stream for %g s ([server] stream_send_timeout_s): cut off",
+                     self.send_timeout)
         finally:
             with anyio.CancelScope(shield=True):
                 await self.body_iterator.aclose()  # type: ignore[union-attr]

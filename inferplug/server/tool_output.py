@@ -13,10 +13,11 @@ from typing import Any
 from inferplug.frontend.tool_calls import ToolCall, parse_tool_calls
 
 _CALL_STARTS = ("{", "[", "<tool_call>", "```")
+_LONGEST_START = max(map(len, _CALL_STARTS))
 
 
-def _may_be_call(text: str) -> bool:
-    start = text.lstrip()
+def _may_be_call(start: str) -> bool:
+    """Whether an answer whose first characters (after whitespace) are `start` may be a call."""
     return any(start.startswith(m) or m.startswith(start) for m in _CALL_STARTS)
 
 
@@ -24,6 +25,7 @@ class ToolCallText:
     def __init__(self, tools: list[dict[str, Any]], parallel: bool) -> None:
         self.tools, self.parallel = tools, parallel
         self.held = ""
+        self.start = ""  # the held text's first characters after whitespace: all that decides (linear in the text)
         self.prose = False  # the answer started as text: nothing more is held
 
     def feed(self, text: str) -> str:
@@ -31,7 +33,9 @@ class ToolCallText:
         if self.prose:
             return text
         self.held += text
-        if _may_be_call(self.held):
+        if len(self.start) < _LONGEST_START:
+            self.start = (self.start + text).lstrip()[:_LONGEST_START]
+        if _may_be_call(self.start):
             return ""
         self.prose, released, self.held = True, self.held, ""
         return released

@@ -77,21 +77,36 @@ def test_an_unexpected_exception_is_a_json_500_without_internals(server_factory,
     assert metric(server, "/v1/chat/completions", "500") == 1
 
 
-def test_a_stream_error_ends_each_open_choice_and_counts_as_500(server_factory, tiny_backend):
-    server = server_factory(create_app(Faulty(tiny_backend, RuntimeError("device lost"), after=2)))
+INTERNAL = "device lost: CUDA error at /opt/secret/kernels.cu:42"
+
+
+def test_a_stream_error_ends_each_open_choice_and_counts_as_500(server_factory, tiny_backend, caplog):
+    server = server_factory(create_app(Faulty(tiny_backend, RuntimeError(INTERNAL), after=2)))
     body = {"model": "tiny-llama", "messages": MESSAGES, "n": 2, "max_tokens": 8, "temperature": 1.0,
             "stream": True, "ignore_eos": True}
-    with httpx.stream("POST", server.url + "/chat/completions", json=body, timeout=60) as reply:
-        lines = [line.removeprefix("data: ") for line in reply.iter_lines() if line.startswith("data: ")]
+    with caplog.at_level(logging.ERROR, logger="inferplug.server.routes"):
+        with httpx.stream("POST", server.url + "/chat/completions", json=body, timeout=60) as reply:
+            lines = [line.removeprefix("data: ") for line in reply.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "[DONE]"
     chunks = [json.loads(line) for line in lines[:-1]]
     errors = [c["error"] for c in chunks if "error" in c]
-    assert len(errors) == 2 and all(e["message"] == "generation failed: device lost" for e in errors)
+    # the details (a path, a device error) go to the log, not to the client
+    assert len(errors) == 2 and all(e["message"].startswith("generation failed") for e in errors)
+    assert "secret" not in json.dumps(chunks) and INTERNAL in caplog.text
     finishes = {c["choices"][0]["index"]: c["choices"][0]["finish_reason"]
                 for c in chunks if c.get("choices") and c["choices"][0]["finish_reason"]}
     assert finishes == {0: "error", 1: "error"}
     assert metric(server, "/v1/chat/completions", "500") == 1
     assert metric(server, "/v1/chat/completions", "ok") == 0
+
+
+def test_a_whole_response_that_fails_keeps_its_internals_in_the_log(server_factory, tiny_backend, caplog):
+    server = server_factory(create_app(Faulty(tiny_backend, RuntimeError(INTERNAL), after=2)))
+    body = {"model": "tiny-llama", "messages": MESSAGES, "max_tokens": 8, "ignore_eos": True}
+    with caplog.at_level(logging.ERROR, logger="inferplug.server.routes"):
+        reply = httpx.post(server.url + "/chat/completions", json=body, timeout=60)
+    assert reply.status_code == 500 and reply.json()["error"]["type"] == "server_error"
+    assert "secret" not in reply.text and INTERNAL in caplog.text
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -1,0 +1,36 @@
+"""The profile's [server] table: what one `inferplug serve` client may ask for, and how the server guards itself.
+
+Every limit has a default that serves ordinary clients and bounds what a hostile one costs; `inferplug serve`
+flags and INFERPLUG_SERVER__<KEY> override them. A request over a limit gets a 4xx naming the key.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ServerOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    max_prompts: int = Field(default=64, ge=1)  # prompts in one /v1/completions request
+    max_n: int = Field(default=16, ge=1, le=128)  # choices per prompt
+    max_messages: int = Field(default=512, ge=1)
+    max_tools: int = Field(default=128, ge=0)
+    max_schema_bytes: int = Field(default=64 * 1024, ge=0)  # a response_format schema's (or all tools') JSON
+    max_stop: int = Field(default=16, ge=0)  # stop strings, and stop_token_ids, per request
+    max_stop_chars: int = Field(default=256, ge=1)  # the longest stop string
+    max_prompt_tokens: int | None = Field(default=None, ge=1)  # None: the context length (the backend checks it)
+    max_total_tokens: int = Field(default=131072, ge=1)  # prompts x n x max_tokens of one request
+    max_waiting: int = Field(default=256, ge=1)  # requests waiting for their first token; more get 429
+    # the same, per client (its tenant_header value, else its address): one client's flood leaves room for others
+    max_waiting_per_client: int = Field(default=64, ge=1)
+    queue_timeout_s: float = Field(default=300.0, gt=0)  # a request still without its first token then gets 503
+    body_read_timeout_s: float = Field(default=30.0, gt=0)  # a body that trickles in longer gets 408
+    stream_send_timeout_s: float = Field(default=30.0, gt=0)  # a stream its client stops reading is then cut off
+    shutdown_grace_s: float = Field(default=10.0, ge=0)  # SIGTERM: in-flight requests get this long, then abort
+    # The request header that names a client's tenant (set by a trusted proxy), e.g. "X-Tenant". Prefix-cache
+    # entries are salted by the API key and this header's value, so tenants never share cached prompts.
+    tenant_header: str | None = None
+    # Host headers accepted when the server is bound to loopback without an API key (DNS rebinding guard);
+    # ["*"] accepts any host. Loopback names are always accepted.
+    allowed_hosts: list[str] = Field(default_factory=list)

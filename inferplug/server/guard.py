@@ -1,0 +1,120 @@
+"""What every HTTP request passes before the app sees it: the Host check, the API key, then the body under a size
+cap and a read deadline. Each check answers an OpenAI-shaped error without reading more than it must: a request
+with a wrong key or a foreign Host is refused before a byte of its body is read."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import secrets
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from inferplug.server.error_json import error_response
+
+OPEN_PATHS = ("/health",)  # a load balancer's probe needs no key
+_LOOPBACK_NAMES = {"localhost", "localhost.localdomain"}
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() in _LOOPBACK_NAMES or host.lower().endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_name(header: str) -> str:
+    """The name in a Host header, without its port ('[::1]:8000' -> '::1', 'a.b:80' -> 'a.b')."""
+    if header.startswith("["):
+        return header[1:].split("]", 1)[0]
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def key_problem(authorization: str, expected: tuple[str, ...] | None) -> str | None:
+    """Why the Authorization header carries none of the server's keys (None: it does, or there are none)."""
+    if expected is None:
+        return None
+    given = authorization.removeprefix("Bearer ").encode() if authorization.startswith("Bearer ") else None
+    # every key compared, in constant time each: which one matched is not told by the time taken
+    if given is not None and sum(secrets.compare_digest(given, key.encode()) for key in expected):
+        return None
+    what = "wrong" if authorization else "missing"
+    return f"the API key is {what}: send the server's key as 'Authorization: Bearer <key>'"
+
+
+class RequestGuard:
+    """403 for a foreign Host header on a loopback server without a key (DNS rebinding: a web page's script
+    reaching 127.0.0.1 through a name it controls), 401 for a missing or wrong key; /health stays open."""
+
+    def __init__(self, app: ASGIApp, api_keys: tuple[str, ...] | None, allowed_hosts: list[str]):
+        self.app, self.api_keys = app, api_keys
+        self.allowed_hosts = {h.lower() for h in allowed_hosts}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        problem, status = self._host_problem(scope, headers.get("host")), 403
+        if problem is None and scope.get("path") not in OPEN_PATHS:
+            problem, status = key_problem(headers.get("authorization", ""), self.api_keys), 401
+        if problem is not None:
+            return await error_response(problem, status)(scope, receive, send)
+        await self.app(scope, receive, send)
+
+    def _host_problem(self, scope: Scope, host_header: str | None) -> str | None:
+        if self.api_keys is not None or "*" in self.allowed_hosts or host_header is None:
+            return None
+        local = (scope.get("server") or ("", 0))[0]  # the address the connection arrived on
+        if not _is_loopback(str(local)):
+            return None  # it arrived on an address the operator chose to expose
+        name = _host_name(host_header).lower()
+        if _is_loopback(name) or name in self.allowed_hosts:
+            return None
+        return (f"the Host header {name!r} does not name this machine: over loopback, a server without an API key "
+                "answers only loopback names (a guard against DNS rebinding). Add the name to [server] "
+                "allowed_hosts (or --allowed-host), or set an API key")
+
+
+class BodySizeLimit:
+    """413 for a body over `max_bytes`, declared in Content-Length or streamed in chunks; 408 for a body that
+    takes longer than `read_timeout` to arrive (a slow client holding a connection open)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, read_timeout: float = 30.0):
+        self.app, self.max_bytes, self.read_timeout = app, max_bytes, read_timeout
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers", [])).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            return await self._too_large(scope, receive, send)
+        body, more = bytearray(), True
+        deadline = asyncio.get_running_loop().time() + self.read_timeout
+        while more:
+            try:
+                message = await asyncio.wait_for(receive(), deadline - asyncio.get_running_loop().time())
+            except TimeoutError:
+                message = f"the request body did not arrive within {self.read_timeout:g} s ([server] body_read_timeout_s)"
+                return await error_response(message, 408)(scope, receive, send)
+            if message["type"] != "http.request":
+                return  # the client left before sending its body
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_bytes:
+                return await self._too_large(scope, receive, send)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()  # later messages: the disconnect
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
+        message = f"the request body is over the {self.max_bytes}-byte limit; send a smaller prompt (--max-body-bytes)"
+        await error_response(message, 413)(scope, receive, send)

@@ -1,0 +1,69 @@
+"""What a request passes before the app reads it (server/guard.py): the API key before the body, the body under a
+read deadline, the Host header on a loopback server without a key (DNS rebinding), and the key on /metrics and
+/openapi.json. Raw sockets send what a client library would not."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+
+from inferplug.profile_server import ServerOptions
+
+
+def raw_exchange(url: str, head: str, body: bytes = b"", wait: float = 20) -> str:
+    """Send a request's head (and part of a body), then read what the server answers within `wait` seconds."""
+    host, port = url.removeprefix("http://").split("/")[0].split(":")
+    with socket.create_connection((host, int(port)), timeout=wait) as s:
+        s.sendall(head.encode() + b"\r\n" + body)
+        s.settimeout(wait)
+        try:
+            return s.recv(65536).decode(errors="replace")
+        except TimeoutError:
+            return ""
+
+
+def test_a_wrong_key_is_refused_before_the_body_arrives(server_factory, tiny_backend):
+    server = server_factory(tiny_backend, api_key="the-key")
+    head = ("POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer wrong\r\n"
+            "Content-Type: application/json\r\nContent-Length: 100000\r\n")
+    started = time.monotonic()
+    answer = raw_exchange(server.url, head)  # no body is ever sent
+    assert answer.startswith("HTTP/1.1 401") and "invalid_api_key" in answer
+    assert time.monotonic() - started < 15  # a bound for a hang: the server did not wait for the body
+
+
+def test_a_body_that_trickles_in_is_cut_off_with_a_408(server_factory, tiny_backend):
+    server = server_factory(tiny_backend, options=ServerOptions(body_read_timeout_s=1))
+    head = ("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            "Content-Length: 500\r\n")
+    answer = raw_exchange(server.url, head, b'{"model": "tiny-llama", ')
+    assert answer.startswith("HTTP/1.1 408") and "body_read_timeout_s" in answer
+    assert server.client().completions.create(model="tiny-llama", prompt="hi", max_tokens=2).choices
+
+
+def test_a_loopback_server_without_a_key_answers_only_loopback_host_names(server_factory, tiny_backend):
+    server = server_factory(tiny_backend)
+    models = server.url + "/models"
+    rebound = httpx.get(models, headers={"Host": "attacker.example:8000"})
+    assert rebound.status_code == 403 and rebound.json()["error"]["code"] == "host_not_allowed"
+    assert "allowed_hosts" in rebound.json()["error"]["message"]
+    for host in ("localhost:8000", "127.0.0.1", "[::1]:8000", "LOCALHOST"):
+        assert httpx.get(models, headers={"Host": host}).status_code == 200, host
+    allowed = server_factory(tiny_backend, options=ServerOptions(allowed_hosts=["box.lan"]))
+    assert httpx.get(allowed.url + "/models", headers={"Host": "box.lan:80"}).status_code == 200
+    assert httpx.get(allowed.url + "/models", headers={"Host": "other.lan"}).status_code == 403
+    keyed = server_factory(tiny_backend, api_key="k")  # the key guards it: any name may reach it
+    assert httpx.get(keyed.url + "/models", headers={"Host": "box.lan", "Authorization": "Bearer k"}).status_code == 200
+
+
+def test_metrics_and_the_openapi_schema_need_the_key_and_health_does_not(server_factory, tiny_backend):
+    server = server_factory(tiny_backend, api_key="k")
+    base = server.url.removesuffix("/v1")
+    for path in ("/metrics", "/openapi.json"):
+        assert httpx.get(base + path).status_code == 401, path
+        assert httpx.get(base + path, headers={"Authorization": "Bearer k"}).status_code == 200, path
+    assert "/v1/chat/completions" in httpx.get(base + "/openapi.json", headers={"Authorization": "Bearer k"}).json()[
+        "paths"]
+    assert httpx.get(base + "/health").status_code == 200

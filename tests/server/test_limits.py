@@ -1,0 +1,107 @@
+"""The [server] limits: each request over one gets a 400 in OpenAI's shape naming the limit's key (error.code) and
+the field, before any work is queued for it; the tiny CTranslate2 backend serves the rest."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+import pytest
+
+from inferplug.profile_server import ServerOptions
+
+MESSAGES = [{"role": "user", "content": "hello there"}]
+
+
+def refused(server, path: str, body: dict, timeout: float = 60) -> dict:
+    reply = httpx.post(server.url + path, json={"model": "tiny-llama", **body}, timeout=timeout)
+    assert reply.status_code == 400, reply.text
+    return reply.json()["error"]
+
+
+def assert_names(error: dict, key: str, param: str) -> None:
+    assert error["code"] == key and error["param"] == param and error["type"] == "invalid_request_error"
+    assert f"[server] {key}" in error["message"] and f"--{key.replace('_', '-')}" in error["message"]
+
+
+@pytest.mark.parametrize(("path", "body", "key", "param"), [
+    ("/completions", {"prompt": [[1]] * 65}, "max_prompts", "prompt"),
+    ("/completions", {"prompt": "hi", "n": 17}, "max_n", "n"),
+    ("/chat/completions", {"messages": MESSAGES * 513}, "max_messages", "messages"),
+    ("/chat/completions", {"messages": MESSAGES, "tools": [
+        {"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]}, "max_tools", "tools"),
+    ("/chat/completions", {"messages": MESSAGES, "stop": [f"s{i}" for i in range(17)]}, "max_stop", "stop"),
+    ("/chat/completions", {"messages": MESSAGES, "stop": ["x"] * 10, "stop_token_ids": [1] * 7}, "max_stop", "stop"),
+    ("/completions", {"prompt": "hi", "stop": ["y" * 257]}, "max_stop_chars", "stop"),
+    ("/completions", {"prompt": "hi", "n": 16, "max_tokens": 8193}, "max_total_tokens", "max_tokens"),
+    ("/completions", {"prompt": [[1]] * 64, "n": 2, "max_tokens": 1025}, "max_total_tokens", "max_tokens"),
+])
+def test_a_request_over_a_default_limit_is_a_400_naming_it(live_server, path, body, key, param):
+    assert_names(refused(live_server, path, body), key, param)
+
+
+def test_schema_bytes_and_prompt_tokens_follow_the_servers_options(server_factory, tiny_backend):
+    server = server_factory(tiny_backend, options=ServerOptions(max_schema_bytes=200, max_prompt_tokens=40))
+    schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {f"field{i}": {"type": "string"} for i in range(20)}}}}
+    assert_names(refused(server, "/chat/completions", {"messages": MESSAGES, "response_format": schema}),
+                 "max_schema_bytes", "response_format")
+    big_tool = {"type": "function", "function": {"name": "f", "description": "d" * 300}}
+    assert_names(refused(server, "/chat/completions", {"messages": MESSAGES, "tools": [big_tool]}),
+                 "max_schema_bytes", "tools")
+    assert_names(refused(server, "/completions", {"prompt": list(range(41))}), "max_prompt_tokens", "prompt")
+    assert_names(refused(server, "/completions", {"prompt": "a b c d e " * 20}), "max_prompt_tokens", "prompt")
+    assert_names(refused(server, "/chat/completions", {"messages": [{"role": "user", "content": "hello " * 40}]}),
+                 "max_prompt_tokens", "messages")
+    client = server.client()  # under the limits, the same server answers
+    ok = client.completions.create(model="tiny-llama", prompt=list(range(1, 30)), max_tokens=2)
+    assert ok.usage.prompt_tokens == 29
+    assert client.chat.completions.create(model="tiny-llama", messages=MESSAGES, max_tokens=2).choices
+
+
+def test_the_issues_8_mib_batch_of_one_token_prompts_is_refused_at_once(server_factory, tiny_backend):
+    """An 8 MiB body of [[1],[1],...] with n=128: 2M prompts x 128 slots, refused before one request is built."""
+    server = server_factory(tiny_backend)  # the default 8 MiB body limit
+    count = (8 * 1024 * 1024 - 100) // 4
+    body = b'{"model": "tiny-llama", "n": 128, "prompt": [' + b"[1]," * (count - 1) + b"[1]]}"
+    started = time.monotonic()
+    reply = httpx.post(server.url + "/completions", content=body, headers={"Content-Type": "application/json"},
+                       timeout=120)
+    assert reply.status_code == 400 and reply.json()["error"]["code"] == "max_prompts"
+    assert time.monotonic() - started < 60  # a bound for a hang, not a timing
+    assert server.client().completions.create(model="tiny-llama", prompt="hi", max_tokens=2).choices
+
+
+def test_the_official_client_sees_the_limit_as_a_bad_request(live_server):
+    with pytest.raises(openai.BadRequestError) as caught:
+        live_server.client().completions.create(model="tiny-llama", prompt="hi", n=17)
+    assert caught.value.body["code"] == "max_n"
+
+
+def test_the_limits_come_from_the_profile_the_environment_and_the_flags(tmp_path, monkeypatch):
+    from inferplug.cli import build_parser
+    from inferplug.commands.serve import apply_server_flags
+    from inferplug.errors import ProfileError
+    from inferplug.profile import load_profile
+
+    path = tmp_path / "p.toml"
+    path.write_text('backend = "openai"\n[server]\nmax_n = 4\ntenant_header = "X-Tenant"\n')
+    monkeypatch.setenv("INFERPLUG_SERVER__MAX_PROMPTS", "7")
+    profile = load_profile(str(path))
+    assert (profile.server.max_n, profile.server.max_prompts, profile.server.tenant_header) == (4, 7, "X-Tenant")
+    args = build_parser().parse_args(["serve", str(path), "--max-n", "8", "--queue-timeout-s", "2.5",
+                                      "--allowed-host", "a.lan", "--allowed-host", "b.lan"])
+    apply_server_flags(profile, args)
+    assert (profile.server.max_n, profile.server.queue_timeout_s, profile.server.max_prompts) == (8, 2.5, 7)
+    assert profile.server.allowed_hosts == ["a.lan", "b.lan"]
+    path.write_text('backend = "openai"\n[server]\nmax_nn = 4\n')
+    with pytest.raises(ProfileError, match="max_n"):
+        load_profile(str(path))
+
+
+@pytest.mark.parametrize("ids", [[-1], [2**32 + 5], [1, 99999]])
+def test_echo_of_token_ids_outside_the_vocabulary_is_a_400(live_server, ids):
+    """Found by the schemathesis test: echo decoded the ids before any check, and the tokenizer overflowed (a 500)."""
+    error = refused(live_server, "/completions", {"prompt": ids, "echo": True, "max_tokens": 1})
+    assert error["param"] == "prompt" and "outside the vocabulary" in error["message"]

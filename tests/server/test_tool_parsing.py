@@ -1,0 +1,62 @@
+"""Tool calls parsed out of hostile or looping model output in linear time, nested output that is no call, and a
+history with malformed tool calls: a 400 naming the shape to send, not a 500."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from inferplug.frontend.tool_calls import parse_tool_calls
+from inferplug.server.tool_output import ToolCallText
+
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+
+
+@pytest.mark.parametrize("text", [
+    '<tool_call>{"a":1' + " " * 20000 + "x",  # the issue's input: O(W^2) backtracking under the old pattern
+    '<tool_call>{"a":1' + " " * 20000 + "\n}",
+    "{" * 20000,
+    '{"a": ' * 5000,
+    "[" * 20000,  # nested past the decoder's recursion limit
+    "<tool_call>" * 5000,
+])
+def test_hostile_output_parses_to_no_call_within_a_bound(text):
+    started = time.monotonic()
+    assert parse_tool_calls(text, TOOLS) == []
+    assert time.monotonic() - started < 1.0  # a bound for a hang: 20k characters, not a timing
+
+
+def test_a_call_after_whitespace_and_junk_is_still_found():
+    text = "<tool_call>" + " " * 1000 + '{"name": "f", "arguments": {"x": 1}}' + " " * 1000 + "</tool_call>"
+    assert [(c.name, c.arguments) for c in parse_tool_calls(text, TOOLS)] == [("f", {"x": 1})]
+    nested = "[" * 3000 + ' {"name": "f", "arguments": {}}'
+    assert [c.name for c in parse_tool_calls(nested, TOOLS)] == ["f"]
+
+
+def test_a_held_answer_of_spaces_streams_in_linear_time():
+    held = ToolCallText(TOOLS, parallel=False)
+    started = time.monotonic()
+    for _ in range(50000):
+        assert held.feed(" ") == ""
+    assert held.finish() == (" " * 50000, [])
+    assert time.monotonic() - started < 2.0  # a bound for a hang
+
+
+@pytest.mark.parametrize("calls", [
+    [{"foo": 1}],
+    "not a list",
+    [1, 2],
+    [{"id": "c1", "type": "function", "function": {"arguments": "{}"}}],
+    [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "[1, 2]"}}],
+    [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "[" * 20000}}],
+])
+def test_malformed_tool_calls_in_the_history_are_a_400(live_server, calls):
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": calls},
+               {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+    reply = httpx.post(live_server.url + "/chat/completions", timeout=60,
+                       json={"model": "tiny-llama", "messages": history, "max_tokens": 2})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == "messages" and "tool_calls" in error["message"].replace("tool call", "tool_calls")
