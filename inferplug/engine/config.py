@@ -17,6 +17,8 @@ class EngineConfig:
     max_prefill_tokens_while_decoding: int = 0  # prefill tokens a step with decode rows may carry (0: no cap)
     enable_prefix_caching: bool = True  # False: no block hashing or prefix reuse (profile cache.prefix_caching)
     rag_document_cache: bool = True  # doc_cache: reuse RAG documents' KV given Request.documents
+    rag_recompute: str = "none"  # rag_recompute.py: "deviation" | "chunk_heads" | "none", what of a reused document
+    rag_recompute_fraction: float = 0.0  # is computed again: this fraction of each one's tokens
     speculative_method: str = "none"  # "ngram": prompt-lookup speculative decoding (engine/spec_decode.py)
     num_speculative_tokens: int = 4
     ngram_min: int = 1

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from inferplug.engine.block_manager import BlockManager
 from inferplug.engine.prompt_logprobs import wants_prompt_logprobs
+from inferplug.engine.rag_recompute import RecomputePolicy
 from inferplug.engine.sequence import Sequence, SequenceStatus
 
 
@@ -66,7 +67,7 @@ def _decoding(seq: Sequence) -> bool:
 class Scheduler:
     def __init__(self, blocks: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
                  max_prefill_tokens_while_decoding: int = 0, prefix_source: PrefixSource | None = None,
-                 proposer: Proposer | None = None):
+                 proposer: Proposer | None = None, recompute: RecomputePolicy = RecomputePolicy()):
         """max_prefill_tokens_while_decoding: prefill tokens a step may carry beside decode rows (0: the whole
         budget), so a long prompt's chunks stretch the running streams' steps by a bounded amount."""
         self.blocks = blocks
@@ -75,6 +76,8 @@ class Scheduler:
         self.max_prefill_tokens_while_decoding = max_prefill_tokens_while_decoding
         self.prefix_source = prefix_source
         self.proposer = proposer
+        self.recompute = recompute  # which tokens of a segment the prefix source filled are computed again
+        self.num_recomputed_tokens = 0
         self.num_draft_tokens = self.num_accepted_tokens = self.num_spec_steps = 0
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -94,6 +97,7 @@ class Scheduler:
         budget = prefill_budget = self.max_num_batched_tokens
         if self.max_prefill_tokens_while_decoding and any(map(_decoding, self.running)):
             prefill_budget = self.max_prefill_tokens_while_decoding
+        step_limit = prefill_budget  # the most prefill rows this step can hold
         scheduled: list[tuple[Sequence, int]] = []
         preempted = False
         self._propose(budget)
@@ -105,7 +109,12 @@ class Scheduler:
                 i += 1
                 continue
             self._trim_proposal(seq, budget - 1)  # those before it may have taken the budget it was proposed for
-            n = self._chunk(seq, seq.num_computed_tokens, budget if decoding else min(budget, prefill_budget))
+            limit = budget if decoding else min(budget, prefill_budget)
+            extra = self._recompute_rows(seq, step_limit, limit)
+            if extra is None:  # its recompute rows go with its next chunk, in one step: the next one
+                i += 1
+                continue
+            n = self._chunk(seq, seq.num_computed_tokens, limit - extra)
             if seq.spec_token_ids and not self.blocks.allocate(seq, seq.num_computed_tokens + n):
                 self._trim_proposal(seq, 0)  # no room to speculate: decode plainly rather than preempt another
                 n = self._chunk(seq, seq.num_computed_tokens, budget)
@@ -117,8 +126,8 @@ class Scheduler:
                     break
             else:
                 scheduled.append((seq, n))
-                budget -= n
-                prefill_budget -= 0 if decoding else n
+                budget -= n + extra
+                prefill_budget -= 0 if decoding else n + extra
                 i += 1
                 continue
             break
@@ -155,6 +164,8 @@ class Scheduler:
                 self.blocks.truncate(seq, seq.num_computed_tokens + 1)  # the next decode's slot stays
             else:
                 seq.num_computed_tokens += n
+            self.num_recomputed_tokens += sum(r.keep for r in seq.recompute)  # done in this step, with the chunk
+            seq.recompute = []
             self.blocks.commit(seq)
             if self.prefix_source is not None and self.prefix_source.has_spans(seq):
                 self._fill_from_source(seq)
@@ -284,7 +295,19 @@ class Scheduler:
             self.blocks.mark_approximate(seq, span.start // self.blocks.block_size)
             seq.num_computed_tokens = span.end
             seq.num_cached_tokens = (seq.num_cached_tokens or 0) + span.end - span.start
-            self.blocks.commit(seq)
+            if self.recompute.active:
+                seq.recompute.append(self.recompute.for_segment(span.start, span.end))
+            if not seq.recompute:  # else once recomputed: no other request may read the blocks before that
+                self.blocks.commit(seq)
+
+    def _recompute_rows(self, seq: Sequence, step_limit: int, limit: int) -> int | None:
+        """The rows seq's pending recompute adds to its next chunk, or None when they and one more token do not fit
+        in what is left of this step. Rows that no step could hold are dropped: the segment stays reused as is."""
+        extra = sum(r.rows for r in seq.recompute)
+        if extra and extra >= step_limit:
+            seq.recompute = []
+            return 0
+        return None if extra and extra >= limit else extra
 
     def _preempt(self, seq: Sequence) -> None:
         self._release(seq)
@@ -293,6 +316,7 @@ class Scheduler:
 
     def _release(self, seq: Sequence) -> None:
         self.blocks.release(seq)
+        seq.recompute = []
         if self.proposer is not None:
             self.proposer.release(seq)
         seq.num_computed_tokens = 0
