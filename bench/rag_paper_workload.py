@@ -2,8 +2,8 @@
 questions with short answers, planted facts to score. Written here, offline, from a seed (no download).
 
 The corpus has workshops and people. A workshop's chunk plants who founded it; a person's chunk plants the town
-they were born in. "In which town was the founder of X born?" needs both chunks (two hops), and its answer is one
-town name, scored by whether the answer names it. Each chunk pads its planted facts with neutral filler
+they were born in. "Who founded X, and in which town was that person born?" needs both chunks (two hops); its
+short answer is scored by the planted facts it names (the founder, the town). Each chunk pads its planted facts with neutral filler
 (weather, trade, buildings; never a town or a person) to ~300-400 words, which SmolLM2's tokenizer makes
 ~350-512 tokens. A query's six chunks are its two plus four others, shuffled: the retrieval order a plain app
 sends; the integrations put them in canonical order.
@@ -49,7 +49,7 @@ WORDS = {
 class PaperWorkload:
     chunks: list[str]
     questions: list[str]
-    answers: list[str]  # the planted town each question asks for
+    answers: list[tuple[str, str]]  # the planted facts each question asks for: the founder, their birthplace
     retrieved: list[list[int]]  # six chunk indices per question, in (random) retrieval order
 
 
@@ -84,7 +84,7 @@ def make_paper_workload(num_queries: int, num_entities: int = 12, top_k: int = 6
         others = rng.sample([c for c in range(len(chunks)) if c not in needed], top_k - 2)
         order = needed + others
         rng.shuffle(order)
-        questions.append(f"In which town was the founder of {workshops[j]} born? Answer with the town's name only.")
-        answers.append(towns[founders[j]])
+        questions.append(f"Who founded {workshops[j]}, and in which town was that person born?")
+        answers.append((people[founders[j]], towns[founders[j]]))
         retrieved.append(order)
     return PaperWorkload(chunks, questions, answers, retrieved)

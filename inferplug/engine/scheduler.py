@@ -301,9 +301,10 @@ class Scheduler:
                 self.blocks.commit(seq)
 
     def _recompute_rows(self, seq: Sequence, step_limit: int, limit: int) -> int | None:
-        """The rows seq's pending recompute adds to its next chunk, or None when they and one more token do not fit
-        in what is left of this step. Rows that no step could hold are dropped: the segment stays reused as is."""
-        extra = sum(r.rows for r in seq.recompute)
+        """The tokens seq's pending recompute adds to its next chunk, or None when they and one more token do not fit
+        in what is left of this step. Rows that no step could hold are dropped: the segment stays reused as is. The
+        rows of a deviation probe that stop after its early layer are not counted (2 of the model's layers each)."""
+        extra = sum(r.keep for r in seq.recompute)
         if extra and extra >= step_limit:
             seq.recompute = []
             return 0
