@@ -116,8 +116,7 @@ class Cache(Table):
     memory: str | float = "auto"
     prefix_caching: bool = True
     rag_document_cache: bool = True
-    # what of a reused RAG document is computed again (engine/rag_recompute.py; docs/profiles.md: the measured choice)
-    rag_recompute: Literal["deviation", "chunk_heads", "none"] = "none"
+    rag_recompute: Literal["deviation", "chunk_heads", "none"] = "none"  # engine/rag_recompute.py, docs/profiles.md
     rag_recompute_fraction: float = Field(default=0.15, ge=0.0, le=1.0)
 
     @field_validator("memory")

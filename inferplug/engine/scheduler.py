@@ -8,7 +8,9 @@ its full blocks usually stay cached, and it rejoins the front of the queue.
 The scheduler is the one writer of a sequence's token counts, tokens and blocks: it admits,
 advances (`update_after_step`, `append_token`), preempts and finishes. A prefix source (the RAG
 document cache) is asked, never given the pool: where a prefill chunk must stop, which cached
-blocks continue a prefix hit, and which spans it can fill once the scheduler has given them blocks.
+blocks continue a prefix hit, and which spans it can fill once the scheduler has given them blocks. A filled span may
+leave rows to recompute (engine/rag_recompute.py): they go with the sequence's next chunk, in the same step, and the
+span's blocks are committed to the prefix cache only after that step.
 A proposer (engine/spec_decode.py, engine/draft.py) is asked likewise, once a step for all decoding rows, for
 their speculative tokens: a row becomes a 1 + k token chunk, and after the step the scheduler keeps the
 accepted ones and returns the rejected slots; the proposer rolls its own state back when next asked.
