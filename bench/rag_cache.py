@@ -99,6 +99,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--paper", action="store_true",
                     help="the CacheBlend-shaped workload (bench/rag_paper_workload.py) with each recompute policy")
+    ap.add_argument("--fractions", default="0.05,0.15,0.30", help="--paper: the recompute fractions tried")
+    ap.add_argument("--no-prefix", action="store_true", help="--paper: skip the prefix-caching mode")
     args = ap.parse_args()
     if args.paper:
         from rag_paper_bench import run_paper
