@@ -112,11 +112,11 @@ class Scheduler:
                 continue
             self._trim_proposal(seq, budget - 1)  # those before it may have taken the budget it was proposed for
             limit = budget if decoding else min(budget, prefill_budget)
-            extra = self._recompute_rows(seq, step_limit, limit)
-            if extra is None:  # its recompute rows go with its next chunk, in one step: the next one
-                i += 1
+            extra = sum(r.keep for r in seq.recompute)  # a probe's rows that stop at its early layer do not count
+            if extra and extra >= limit and prefill_budget < step_limit:  # they go with its next chunk, in one
+                i += 1  # step: one with room for them, or else one no other prefill shares (over the budget)
                 continue
-            n = self._chunk(seq, seq.num_computed_tokens, limit - extra)
+            n = self._chunk(seq, seq.num_computed_tokens, max(limit - extra, 1))
             if seq.spec_token_ids and not self.blocks.allocate(seq, seq.num_computed_tokens + n):
                 self._trim_proposal(seq, 0)  # no room to speculate: decode plainly rather than preempt another
                 n = self._chunk(seq, seq.num_computed_tokens, budget)
@@ -302,15 +302,6 @@ class Scheduler:
             if not seq.recompute:  # else once recomputed: no other request may read the blocks before that
                 self.blocks.commit(seq)
 
-    def _recompute_rows(self, seq: Sequence, step_limit: int, limit: int) -> int | None:
-        """The tokens seq's pending recompute adds to its next chunk, or None when they and one more token do not fit
-        in what is left of this step. Rows that no step could hold are dropped: the segment stays reused as is. The
-        rows of a deviation probe that stop after its early layer are not counted (2 of the model's layers each)."""
-        extra = sum(r.keep for r in seq.recompute)
-        if extra and extra >= step_limit:
-            seq.recompute = []
-            return 0
-        return None if extra and extra >= limit else extra
 
     def _preempt(self, seq: Sequence) -> None:
         self._release(seq)
