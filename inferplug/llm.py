@@ -93,6 +93,28 @@ class LLM:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         return self._run([Request(messages=list(m), tools=tools) for m in conversations], sampling_params)
 
+    def precompute_documents(self, docs: list[Any], salt: str | None = None) -> int:
+        """Compute and store each document's KV now, at indexing time (TurboRAG; rag/precompute.py): in memory,
+        and on disk with a [cache] rag_disk_size, so later queries here or in a restarted process reuse it.
+        salt: the salt the corpus is served under (a tenant's, for its private corpus); None: the profile's
+        [cache] rag_shared_salt. Returns the documents computed."""
+        from inferplug.rag.precompute import precompute_request
+
+        salt = salt if salt is not None else self.profile.cache.rag_shared_salt
+        requests = [r for r in (precompute_request(d, salt, self.engine.render_chat) for d in docs) if r.documents]
+        self._run(requests, [r.params for r in requests])
+        return len(requests)
+
+    def evict_documents(self, docs: list[Any] | None = None, salt: str | None = None) -> int:
+        """Drop the documents' stored KV under `salt`, in memory and on disk; docs None: every document of that
+        salt. Returns the entries dropped."""
+        cache = self.engine.doc_cache
+        return cache.evict(docs, salt) if cache is not None else 0
+
+    def stats(self) -> dict[str, Any]:
+        """The engine's counters: KV blocks, prefix and document cache hits, bytes in memory and on disk."""
+        return self.engine.stats()
+
     def _run(self, requests: list[Request], sampling_params) -> list[RequestOutput]:
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(requests)
         if len(params) != len(requests):
@@ -105,7 +127,7 @@ class LLM:
                 request.request_id = f"llm-{self._counter}"
                 self._counter += 1
                 prompt_ids, text = self.engine.encode(request)
-                self.engine.add_request(request, prompt_ids)
+                self.engine.add_request(request, prompt_ids, text)
                 choices = [CompletionOutput(i) for i in range(request.params.n)]
                 outputs[request.request_id] = RequestOutput(request.request_id, text, prompt_ids, choices)
             while self.engine.has_unfinished():

@@ -85,6 +85,10 @@ class ModelSource(Table):
             raise ValueError(f"give only one of path, hf_repo or pypi (got {', '.join(given)})")
         if self.pypi is not None and not self.file:
             raise ValueError("a pypi source needs `file`, the member path of the model inside the wheel")
+        if self.pypi is not None:
+            from inferplug.source_rules import check_pypi
+
+            check_pypi(self.pypi, self.file)
         return self
 
     @property
@@ -118,6 +122,18 @@ class Cache(Table):
     rag_document_cache: bool = True
     rag_recompute: Literal["deviation", "chunk_heads", "none"] = "none"  # engine/rag_recompute.py, docs/profiles.md
     rag_recompute_fraction: float = Field(default=0.15, ge=0.0, le=1.0)
+    # the document cache's disk tier (engine/doc_disk.py): a size such as "4GiB" bounds it, "0" turns it off;
+    # rag_disk_dir: its folder (relative: under INFERPLUG_HOME); rag_shared_salt: a corpus every tenant shares
+    rag_disk_size: str = "0"
+    rag_disk_dir: Path = Path("doc-kv")
+    rag_shared_salt: str | None = Field(default=None, min_length=1)
+
+    @field_validator("rag_disk_size")
+    @classmethod
+    def _disk_size(cls, v: str) -> str:
+        if v.strip() != "0" and not _SIZE.match(v):
+            raise ValueError('use a size such as "4GiB", or "0" to turn the document KV disk tier off')
+        return v
 
     @field_validator("memory")
     @classmethod
@@ -140,8 +156,15 @@ class Cache(Table):
             return None
         if isinstance(self.memory, float):
             return int(self.memory * free_bytes)
-        number, unit = _SIZE.match(self.memory).groups()  # type: ignore[union-attr]
-        return int(float(number) * _UNITS[unit.lower()])
+        return _size_bytes(self.memory)
+
+    def rag_disk_bytes(self) -> int:
+        return 0 if self.rag_disk_size.strip() == "0" else _size_bytes(self.rag_disk_size)
+
+
+def _size_bytes(size: str) -> int:
+    number, unit = _SIZE.match(size).groups()  # type: ignore[union-attr]
+    return int(float(number) * _UNITS[unit.lower()])
 
 
 class Parallel(Table):
@@ -231,6 +254,13 @@ class OpenAIOptions(Table):
     model: str | None = None  # the remote model name; None: the server's first model
     timeout: float = Field(default=60.0, gt=0)
     max_retries: int = Field(default=2, ge=0)
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _a_key_variable(cls, value: str) -> str:
+        from inferplug.source_rules import check_key_variable
+
+        return check_key_variable(value)
 
 
 # What a profile is loading from, below the environment: a TOML file, or the values a model file implies.

@@ -101,6 +101,11 @@ class Backend(ABC):
         """Engine-wide metrics: running, waiting, kv blocks used/free, prefix hit rate..."""
         return {}
 
+    def evict_documents(self, docs: list[Any] | None = None, salt: str | None = None) -> int:
+        """Drop the stored KV (memory and disk) of these documents under `salt`, or of all of the salt's documents
+        when docs is None; the entries dropped. A backend without a document cache holds none."""
+        return 0
+
     def close(self) -> None:
         """Free the model. Idempotent."""
         loop, self._loop = self._loop, None

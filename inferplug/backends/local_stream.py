@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from inferplug.chat_template import encode_chat
 from inferplug.engine.output import ChoiceOutput, RequestOutput
 from inferplug.engine.request_state import check_prompt_ids
 from inferplug.errors import RequestError
@@ -24,8 +25,7 @@ def prompt_token_ids(backend: Backend, request: Request) -> list[int]:
     """The request's prompt as token ids, checked against the vocabulary and the context."""
     tokenizer = backend.tokenizer
     if request.messages is not None:
-        text = backend.apply_chat_template(request.messages, request.tools)
-        ids = tokenizer.encode(text, add_special_tokens=False)
+        ids, _ = encode_chat(tokenizer, backend.apply_chat_template, request.messages, request.tools)
     elif isinstance(request.prompt, str):
         ids = tokenizer.encode(request.prompt)
     else:

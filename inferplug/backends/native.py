@@ -36,6 +36,7 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
                                  rag_recompute=profile.cache.rag_recompute,  # engine/rag_recompute.py
                                  rag_recompute_fraction=profile.cache.rag_recompute_fraction)
     path = plan.model_path or ensure_local(profile.model)  # the plan's, when the model was already on disk
+    config = dataclasses.replace(config, **doc_disk_settings(profile, plan, path))
     tokenizer = load_tokenizer(path, profile.model.tokenizer)
     # under tensor parallel each rank moves its own shard to its device: loading there would put it all on cuda:0
     load_device = "cpu" if config.tensor_parallel_size > 1 else config.device
@@ -53,6 +54,19 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
     for runner in engine.runners:  # block layers' prefill rows: one path per model, every rank's
         runner.set_prefill_gemm(plan.prefill_gemm)
     return engine
+
+
+def doc_disk_settings(profile: Profile, plan: Plan, path) -> dict[str, Any]:
+    """The EngineConfig fields of the document KV disk tier, from [cache] (engine/doc_disk_key.py keys it)."""
+    from inferplug.engine.doc_disk_key import model_identity
+    from inferplug.sources import home
+
+    cache = profile.cache
+    if not cache.rag_disk_bytes():
+        return {"rag_shared_salt": cache.rag_shared_salt}
+    return {"rag_disk_dir": str(home() / cache.rag_disk_dir.expanduser()), "rag_disk_bytes": cache.rag_disk_bytes(),
+            "rag_shared_salt": cache.rag_shared_salt,
+            "model_identity": model_identity(path, profile.model.load_format, plan.weight_format, plan.prefill_gemm)}
 
 
 def gguf_layer_format(plan: Plan, tensor_parallel_size: int) -> str | None:
@@ -133,6 +147,9 @@ class NativeBackend(Backend):
 
     def stats(self) -> dict[str, Any]:
         return self.engine.stats()
+
+    def evict_documents(self, docs: list[Any] | None = None, salt: str | None = None) -> int:
+        return self.engine.evict_documents(docs, salt)
 
     def close(self) -> None:
         self.engine.close()

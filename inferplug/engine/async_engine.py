@@ -62,6 +62,12 @@ class AsyncEngine:
         with self._lock:
             return self.engine.stats()
 
+    def evict_documents(self, docs: list[Any] | None, salt: str | None) -> int:
+        """The document cache's evict (engine/doc_cache.py), between steps."""
+        with self._lock:
+            cache = self.engine.doc_cache
+            return cache.evict(docs, salt) if cache is not None else 0
+
     def close(self) -> None:
         """Stop the step thread; open streams end with BackendUnavailable and their blocks are freed."""
         with self._lock:

@@ -17,6 +17,10 @@ request's KV blocks instead of computing it, even if the neighbours or the posit
   hints never gets them and computes exact KV.
 - Memory: entries live in host memory (capacity_bytes of it), never on the KV device, whose
   memory the resolver's plan already gives to the block pool.
+- Disk (engine/doc_disk.py, when the profile gives it a size): every segment computed is written there too, and a
+  segment missing in memory is looked for there once, and loaded, so a restarted or second process reuses a
+  corpus's KV (precomputed at indexing time: rag/precompute.py). A shared corpus's salt (`shared_salt`) is looked
+  up after the request's own: every tenant reads that corpus, and writes only under its own salt.
 
 This cache is a prefix source the scheduler asks (scheduler.PrefixSource); it never allocates,
 commits or counts tokens. LLMEngine.add_request calls `plan`; the scheduler stops prefill chunks
@@ -36,7 +40,9 @@ import torch
 
 from inferplug.engine.attention import read_kv, write_kv
 from inferplug.engine.block_hash import hash_block
+from inferplug.engine.doc_disk import DocumentKVDisk
 from inferplug.engine.ops.torch_ops import apply_rope
+from inferplug.rag.documents import as_rag_document
 from inferplug.types import DocumentSpan
 
 
@@ -46,6 +52,11 @@ class Segment:
     end: int
     key: bytes  # hash of the segment's token ids and the request's cache salt
     done: bool = False  # stored or injected already
+    doc_key: str = ""  # the document's content key (DocumentSpan.key): what evict_document finds it by
+    salt: str | None = None  # the request's cache salt
+    shared_key: bytes | None = None  # its key under the shared corpus's salt, looked up after `key`
+    found: bytes | None = None  # the key its cached KV was found under
+    looked_on_disk: bool = False
 
 
 @dataclass
@@ -53,6 +64,8 @@ class _Entry:
     k: torch.Tensor  # [layers, tokens, kv_heads, head_dim] on the CPU, post-RoPE at `position`
     v: torch.Tensor
     position: int
+    doc_key: str = ""
+    salt: str | None = None
 
     @property
     def nbytes(self) -> int:
@@ -61,9 +74,12 @@ class _Entry:
 
 class DocumentKVCache:
     def __init__(self, model: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], block_size: int,
-                 tokenizer: Any, *, capacity_bytes: int = 512 << 20, min_tokens: int = 8):
+                 tokenizer: Any, *, capacity_bytes: int = 512 << 20, min_tokens: int = 8,
+                 disk: DocumentKVDisk | None = None, shared_salt: str | None = None):
         self.model, self.kv_caches, self.block_size, self.tokenizer = model, kv_caches, block_size, tokenizer
         self.capacity_bytes, self.min_tokens = capacity_bytes, min_tokens
+        self.disk, self.shared_salt = disk, shared_salt or None
+        self.computed_segments = 0
         self.entries: OrderedDict[bytes, _Entry] = OrderedDict()  # LRU order, newest last
         self.nbytes = 0
         self.plans: weakref.WeakKeyDictionary[Any, list[Segment]] = weakref.WeakKeyDictionary()
@@ -86,10 +102,14 @@ class DocumentKVCache:
         ends = [_first_token_at(offsets, s.end) for s in spans]
         last = len(seq.prompt_ids) - 1  # the last prompt token is always computed, for its logits
         segments = []
-        for start, end in zip(starts, ends):
+        salt = seq.cache_salt or None
+        shared = self.shared_salt if self.shared_salt != salt else None
+        for span, start, end in zip(spans, starts, ends):
             start, end = start + shift, min(end + shift, last)
             if end - start >= self.min_tokens:
-                segments.append(Segment(start, end, hash_block(None, seq.prompt_ids[start:end], seq.cache_salt)))
+                tokens = seq.prompt_ids[start:end]
+                segments.append(Segment(start, end, hash_block(None, tokens, salt), doc_key=span.key, salt=salt,
+                                        shared_key=hash_block(None, tokens, shared) if shared else None))
         if segments:
             self.plans[seq] = segments
 
@@ -100,7 +120,7 @@ class DocumentKVCache:
     def chunk_end(self, seq: Any, computed: int, n: int) -> int:
         """Shorten a prefill chunk so it ends where the next cached segment starts (it is filled there)."""
         for seg in self.plans.get(seq, ()):
-            if not seg.done and seg.start > computed and seg.key in self.entries:
+            if not seg.done and seg.start > computed and self._cached(seg):
                 return min(n, seg.start - computed)
         return n
 
@@ -114,12 +134,13 @@ class DocumentKVCache:
     def next_span(self, seq: Any) -> Segment | None:
         """The cached segment starting exactly where seq's computed tokens end."""
         for seg in self.plans.get(seq, ()):
-            if not seg.done and seg.start == seq.num_computed_tokens and seg.key in self.entries:
+            if not seg.done and seg.start == seq.num_computed_tokens and self._cached(seg):
                 return seg
         return None
 
     def skip(self, seg: Segment) -> None:
         seg.done = True
+        self.computed_segments += 1
 
     def _slots(self, seq: Any, start: int, end: int) -> torch.Tensor:
         bs = self.block_size
@@ -128,25 +149,56 @@ class DocumentKVCache:
 
     def _store(self, seq: Any, seg: Segment) -> None:
         seg.done = True
-        if seg.key in self.entries:
+        if seg.key in self.entries:  # its start came from the prefix cache, or a chunk ended inside it
             self.entries.move_to_end(seg.key)
             return
+        self.computed_segments += 1
         slots = self._slots(seq, seg.start, seg.end)
         k = torch.stack([read_kv(kc, slots) for kc, _ in self.kv_caches]).cpu()
         v = torch.stack([read_kv(vc, slots) for _, vc in self.kv_caches]).cpu()
-        entry = _Entry(k, v, seg.start)
+        entry = _Entry(k, v, seg.start, seg.doc_key, seg.salt)
+        if self.disk is not None:
+            self.disk.save(seg.key, seg.salt, seg.doc_key, k, v, seg.start)
+        if self._insert(seg.key, entry):
+            self.stored_segments += 1
+
+    def _insert(self, key: bytes, entry: _Entry) -> bool:
         if entry.nbytes > self.capacity_bytes:
-            return
-        while self.nbytes + entry.nbytes > self.capacity_bytes:
+            return False
+        while self.nbytes + entry.nbytes > self.capacity_bytes:  # on disk too, when there is a disk tier
             self.nbytes -= self.entries.popitem(last=False)[1].nbytes
-        self.entries[seg.key] = entry
+        self.entries[key] = entry
         self.nbytes += entry.nbytes
-        self.stored_segments += 1
+        return True
+
+    def _cached(self, seg: Segment) -> bool:
+        """Whether seg's KV is at hand (seg.found: under which key): in memory under the request's salt or the
+        shared one, else loaded from disk, where a segment is looked for once."""
+        candidates = [(seg.key, seg.salt), *([(seg.shared_key, self.shared_salt)] if seg.shared_key else [])]
+        seg.found = next((key for key, _ in candidates if key in self.entries), None)
+        if seg.found is None and self.disk is not None and not seg.looked_on_disk:
+            seg.looked_on_disk = True
+            for key, salt in candidates:
+                loaded = self.disk.load(key, salt, seg.doc_key)
+                if loaded is not None and self._fits(seg, loaded[0]) and \
+                        self._insert(key, _Entry(*loaded, seg.doc_key, salt)):
+                    seg.found = key
+                    break
+        return seg.found is not None
+
+    def _fits(self, seg: Segment, k: torch.Tensor) -> bool:
+        """A loaded entry holds seg's tokens in this pool's layout (its namespace says so; a mismatch is a bug)."""
+        pool = self.kv_caches[0][0]
+        return tuple(k.shape) == (len(self.kv_caches), seg.end - seg.start, pool.shape[0], pool.shape[-1]) and \
+            k.dtype == pool.dtype
 
     def fill(self, seq: Any, seg: Segment) -> None:
         """Copy a cached segment's KV (re-rotated to its new position) into the blocks the scheduler gave seq."""
-        entry = self.entries[seg.key]
-        self.entries.move_to_end(seg.key)
+        key = seg.found or seg.key
+        entry = self.entries[key]
+        self.entries.move_to_end(key)
+        if self.disk is not None:
+            self.disk.touch(key, entry.salt, entry.doc_key)  # a use: the disk's LRU order
         slots = self._slots(seq, seg.start, seg.end)
         k = rerotate(entry.k.to(slots.device), seg.start - entry.position, self.model.cos,
                      self.model.signed_sin)
@@ -157,10 +209,35 @@ class DocumentKVCache:
         self.hit_tokens += seg.end - seg.start
         self.injected_segments += 1
 
+    # --- eviction ---------------------------------------------------------------------------
+    def evict(self, docs: list[Any] | None, salt: str | None = None) -> int:
+        """Drop the KV stored under `salt` of each document (a str, LangChain Document or LlamaIndex node, found by
+        its content key), or of every document when docs is None, in memory and on disk. Returns the entries
+        dropped."""
+        salt = salt or None
+        if docs is None:
+            return self._evict(lambda e: e.salt == salt, lambda disk: disk.evict_salt(salt))
+        keys = {as_rag_document(d).key for d in docs}
+        return self._evict(lambda e: e.salt == salt and e.doc_key in keys,
+                           lambda disk: sum(disk.evict_document(key, salt) for key in keys))
+
+    def _evict(self, matches: Any, on_disk: Any) -> int:
+        gone = [key for key, entry in self.entries.items() if matches(entry)]
+        for key in gone:
+            self.nbytes -= self.entries.pop(key).nbytes
+        return len(gone) + (on_disk(self.disk) if self.disk is not None else 0)
+
     def stats(self) -> dict[str, Any]:
+        looked_up = self.injected_segments + self.computed_segments
+        disk = self.disk
         return {"doc_cache_entries": len(self.entries), "doc_cache_bytes": self.nbytes,
                 "doc_cache_hit_tokens": self.hit_tokens, "doc_cache_injected": self.injected_segments,
-                "doc_cache_stored": self.stored_segments}
+                "doc_cache_stored": self.stored_segments,
+                # of the segments this cache filled or saw computed (a prefix-cache hit is neither)
+                "doc_cache_hit_rate": self.injected_segments / looked_up if looked_up else 0.0,
+                "doc_cache_disk_bytes": disk.nbytes if disk else 0, "doc_cache_disk_loads": disk.loads if disk else 0,
+                "doc_cache_disk_writes": disk.writes if disk else 0,
+                "doc_cache_disk_rejected": disk.rejected if disk else 0}
 
 
 def rerotate(k: torch.Tensor, delta: int, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

@@ -7,9 +7,11 @@ from typing import Any
 
 import torch
 
+from inferplug.chat_template import encode_chat
 from inferplug.engine.block_manager import BlockManager
 from inferplug.engine.config import EngineConfig
 from inferplug.engine.doc_cache import DocumentKVCache
+from inferplug.engine.doc_disk_key import open_disk_tier
 from inferplug.engine.draft import DraftModel, check_draft
 from inferplug.engine.model_runner import ModelRunner
 from inferplug.engine.rag_recompute import DEVIATION_LAYER, RecomputePolicy
@@ -61,8 +63,11 @@ class LLMEngine:
                                       max_model_len=self.max_model_len)
         # RAG document KV reuse (engine/doc_cache.py), a prefix source the scheduler asks; inert without
         # Request.documents. Not under tensor parallel: it copies KV on rank 0 only, which holds a slice of the heads.
-        self.doc_cache = (DocumentKVCache(self.runner.model, self.runner.kv_caches, config.block_size, tokenizer)
-                          if config.rag_document_cache and config.tensor_parallel_size == 1 else None)
+        self.doc_cache = None
+        if config.rag_document_cache and config.tensor_parallel_size == 1:
+            disk = open_disk_tier(config, model_config, self.runner.kv_caches[0][0].dtype)  # None: memory only
+            self.doc_cache = DocumentKVCache(self.runner.model, self.runner.kv_caches, config.block_size, tokenizer,
+                                             disk=disk, shared_salt=config.rag_shared_salt)
         self.proposer = make_proposer(config, draft, sorted(self.eos_token_ids))  # a draft runs on rank 0 whole
         self.kv_pools = (self.blocks, *(self.proposer.pools if self.proposer else ()))  # a draft model's too
         self.scheduler = Scheduler(
@@ -87,16 +92,15 @@ class LLMEngine:
         if request.messages is not None:
             if self.render_chat is None:
                 raise RequestError("this engine has no chat template; send a prompt instead", param="messages")
-            text = self.render_chat(request.messages, request.tools)
-            return self.tokenizer.encode(text, add_special_tokens=False), text
+            return encode_chat(self.tokenizer, self.render_chat, request.messages, request.tools)
         if isinstance(request.prompt, str):
             return self.tokenizer.encode(request.prompt), request.prompt
         return list(request.prompt), None
 
-    def add_request(self, request: Request, prompt_ids: list[int] | None = None) -> None:
+    def add_request(self, request: Request, prompt_ids: list[int] | None = None, text: str | None = None) -> None:
+        """prompt_ids (and text, their prompt text, for document hints): encode(request)'s, when the caller has them."""
         if request.request_id in self.requests:
             raise RequestError(f"request id {request.request_id!r} is already running; use a new id", param="request_id")
-        text = None
         if prompt_ids is None:
             prompt_ids, text = self.encode(request)
         validate_prompt(prompt_ids, request.params, self.model_config.vocab_size, self.max_model_len)

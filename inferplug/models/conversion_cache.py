@@ -207,8 +207,21 @@ def write_entry(path: Path, key: list[str], weights: dict[str, Any], limit: int)
 
 
 def evict(folder: Path, limit: int, keep: Path) -> None:
-    """Deletes the least recently used entries until the rest fit in `limit` (`keep`, the newest, stays), and the
-    temp files of writes that died more than STALE_TEMP_S ago."""
+    """Deletes the least recently used entries until the rest fit in `limit` (`keep`, the newest, stays)."""
+    entries = scan_entries(folder, ENTRY_NAME)
+    total = sum(size for _, size, _ in entries)
+    for _, size, path in sorted(entries):
+        if total <= limit:
+            break
+        if path != keep:
+            path.unlink(missing_ok=True)
+            total -= size
+
+
+def scan_entries(folder: Path, entry_name: re.Pattern[str]) -> list[tuple[int, int, Path]]:
+    """(mtime_ns, size, path) of the entries in `folder` (the LRU order); deletes symlinks where entries belong
+    (never followed) and the temp files of writes that died more than STALE_TEMP_S ago. Shared by the document KV
+    disk tier (engine/doc_disk.py)."""
     entries = []
     for path in folder.iterdir():
         try:
@@ -217,19 +230,13 @@ def evict(folder: Path, limit: int, keep: Path) -> None:
             continue
         if path.name.startswith(TEMP_PREFIX) and time.time() - st.st_mtime > STALE_TEMP_S:
             path.unlink(missing_ok=True)
-        if not ENTRY_NAME.match(path.name):
+        if not entry_name.match(path.name):
             continue
-        if stat.S_ISLNK(st.st_mode):  # never followed: a link where an entry belongs goes
+        if stat.S_ISLNK(st.st_mode):
             path.unlink(missing_ok=True)
         elif stat.S_ISREG(st.st_mode):
             entries.append((st.st_mtime_ns, st.st_size, path))
-    total = sum(size for _, size, _ in entries)
-    for _, size, path in sorted(entries):
-        if total <= limit:
-            break
-        if path != keep:
-            path.unlink(missing_ok=True)
-            total -= size
+    return entries
 
 
 def _aligned(offset: int) -> int:

@@ -37,6 +37,8 @@ class ServerMetrics:
         self.waiting = Gauge("inferplug_num_requests_waiting", "Requests queued in the backend", registry=r)
         self.kv_usage = Gauge("inferplug_kv_cache_usage_ratio", "Fraction of KV cache blocks in use", registry=r)
         self.prefix_hit_rate = Gauge("inferplug_prefix_cache_hit_rate", "Prefix cache hit rate", registry=r)
+        self.doc_hit_rate = Gauge("inferplug_doc_cache_hit_rate", "RAG document cache: segments reused", registry=r)
+        self.doc_bytes = Gauge("inferplug_doc_cache_bytes", "RAG document KV held", ["tier"], registry=r)
         self.spec_acceptance = Gauge("inferplug_spec_decode_acceptance_rate",
                                      "Share of speculative tokens the model accepted", registry=r)
         self.spec_length = Gauge("inferplug_spec_decode_mean_accepted_length",
@@ -65,6 +67,9 @@ class ServerMetrics:
         total = stats.get("kv_blocks_total") or 0
         self.kv_usage.set(stats.get("kv_blocks_used", 0) / total if total else 0.0)
         self.prefix_hit_rate.set(stats.get("prefix_hit_rate", 0.0))
+        self.doc_hit_rate.set(stats.get("doc_cache_hit_rate", 0.0))
+        for tier, key in (("memory", "doc_cache_bytes"), ("disk", "doc_cache_disk_bytes")):
+            self.doc_bytes.labels(tier).set(stats.get(key, 0))
         self.spec_acceptance.set(stats.get("spec_acceptance_rate", 0.0))
         self.spec_length.set(stats.get("spec_mean_accepted_length", 0.0))
         return generate_latest(self.registry)

@@ -109,6 +109,22 @@ class InferPlugFields(BaseModel):
         self.document_memory.remember(docs)
         return format_documents(docs)
 
+    def precompute_documents(self, docs: list[Any], salt: str | None = None) -> int:
+        """At indexing time, compute and store the KV of each Document (TurboRAG), in memory and, with a [cache]
+        rag_disk_size, on disk for later processes: queries that retrieve them skip their prefill. salt: the salt
+        the corpus is served under (a tenant's for its private corpus; None: the profile's rag_shared_salt).
+        Returns the documents computed."""
+        from langchain_core.language_models import BaseChatModel
+
+        from inferplug.frontend.precompute import precompute_documents
+
+        return precompute_documents(self.backend, docs, salt, chat=isinstance(self, BaseChatModel))
+
+    def evict_documents(self, docs: list[Any] | None = None, salt: str | None = None) -> int:
+        """Drop these Documents' stored KV under `salt` (docs None: every document of the salt); the entries
+        dropped."""
+        return self.backend.evict_documents(docs, salt)
+
 
 def _logprobs_option(logprobs: bool | int | None, top_logprobs: int | None) -> int | None:
     """SamplingParams.logprobs (None: off, k: the top k too) from LangChain's logprobs/top_logprobs."""

@@ -34,6 +34,7 @@ from inferplug.rag.layout import DocumentMemory
 from inferplug.types import SamplingParams, TokenLogprob
 from llama_index.llms.inferplug.messages import to_chat_dicts
 from llama_index.llms.inferplug.postprocessor import DocumentCacheHints
+from llama_index.llms.inferplug.precompute import DocumentKVPrecompute
 from llama_index.llms.inferplug.structured import apartial_objects, constrained_kwargs, partial_objects
 
 
@@ -82,6 +83,14 @@ class InferPlug(FunctionCallingLLM):
     def document_hints(self) -> DocumentCacheHints:
         """A node postprocessor: canonical node order plus document cache hints for this LLM."""
         return DocumentCacheHints(memory=self._memory)
+
+    def precompute_transform(self, salt: str | None = None) -> DocumentKVPrecompute:
+        """An ingestion transform that computes and stores each node's KV at indexing time (TurboRAG)."""
+        return DocumentKVPrecompute(llm=self, salt=salt)
+
+    def evict_documents(self, nodes: list[Any] | None = None, salt: str | None = None) -> int:
+        """Drop these nodes' stored KV under `salt` (None nodes: every document of the salt); the entries dropped."""
+        return self.backend.evict_documents(nodes, salt)
 
     # --- requests ------------------------------------------------------------------
     def _prepare(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> Prepared:
