@@ -51,13 +51,15 @@ def build_request(backend, mode: str, question: str, docs: list[str], max_tokens
 
 def run_one(backend, request: Request) -> dict:
     start = time.perf_counter()
-    ttft, tokens, usage = None, [], None
+    ttft, tokens, text, usage = None, [], "", None
     for event in backend.stream_sync(request):
         if ttft is None and event.token_ids:
             ttft = time.perf_counter() - start
         tokens += event.token_ids
+        text += event.text
         usage = event.usage or usage
-    return {"ttft_s": ttft, "tokens": tokens, "prompt_tokens": usage.prompt_tokens, "cached_tokens": usage.cached_tokens}
+    return {"ttft_s": ttft, "tokens": tokens, "text": text, "prompt_tokens": usage.prompt_tokens,
+            "cached_tokens": usage.cached_tokens}
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -95,7 +97,16 @@ def main() -> None:
     ap.add_argument("--agreement-queries", type=int, default=40)
     ap.add_argument("--answer-tokens", type=int, default=24)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--paper", action="store_true",
+                    help="the CacheBlend-shaped workload (bench/rag_paper_workload.py) with each recompute policy")
+    ap.add_argument("--fractions", default="0.05,0.15,0.30", help="--paper: the recompute fractions tried")
+    ap.add_argument("--no-prefix", action="store_true", help="--paper: skip the prefix-caching mode")
     args = ap.parse_args()
+    if args.paper:
+        from rag_paper_bench import run_paper
+
+        run_paper(args, build_request, run_one, summarize)
+        return
 
     from inferplug.backends.registry import close_all, get_backend
 

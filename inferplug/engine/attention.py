@@ -13,6 +13,7 @@ depends only on the step, not the layer (masks, gather indices), is built once i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -69,6 +70,7 @@ class AttentionContext:
     prefills: list[PrefillChunk] = field(default_factory=list)  # torch path: one per prefill sequence
     packed_prefill: PackedPrefill | None = None  # Triton path: every prefill row in one call
     rope_rows: tuple[torch.Tensor, torch.Tensor] | None = None  # torch path: the step's cos and sin rows, made once
+    probe: Any = None  # engine/rag_recompute.DeviationProbe: rows that stop after an early layer
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:

@@ -17,6 +17,8 @@ class EngineConfig:
     max_prefill_tokens_while_decoding: int = 0  # prefill tokens a step with decode rows may carry (0: no cap)
     enable_prefix_caching: bool = True  # False: no block hashing or prefix reuse (profile cache.prefix_caching)
     rag_document_cache: bool = True  # doc_cache: reuse RAG documents' KV given Request.documents
+    rag_recompute: str = "none"  # rag_recompute.py: "deviation" | "chunk_heads" | "none", what of a reused document
+    rag_recompute_fraction: float = 0.0  # is computed again: this fraction of each one's tokens
     rag_disk_dir: str | None = None  # doc_disk: the document KV disk tier's folder (None: no disk tier)
     rag_disk_bytes: int = 0  # its bound (0: no disk tier)
     rag_shared_salt: str | None = None  # the salt a corpus shared by every tenant is stored under (doc_cache)

@@ -9,8 +9,8 @@ request's KV blocks instead of computing it, even if the neighbours or the posit
   CacheBlend, arXiv 2405.16444, do the same). V has no position and is copied as is.
 - Cross-attention: a reused segment attends to the neighbours it was first computed with, not
   to the current ones. The question and every non-cached token are computed in full and attend
-  to everything; bench/rag_cache.py measures what that costs (greedy-token agreement against
-  full recompute). Selective recompute (CacheBlend) is the next step if agreement drops.
+  to everything; selective recompute (engine/rag_recompute.py) computes some of a reused segment's tokens
+  again, and bench/rag_cache.py measures both (greedy answers against full recompute).
 - Isolation and exactness: segment keys include the request's cache_salt, so salted tenants
   never share document KV. Injected KV is approximate, so the scheduler keys the blocks from an
   injected segment onwards under `block_hash.doc_approx_key`: a later request without document

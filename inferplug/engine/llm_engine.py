@@ -14,6 +14,7 @@ from inferplug.engine.doc_cache import DocumentKVCache
 from inferplug.engine.doc_disk_key import open_disk_tier
 from inferplug.engine.draft import DraftModel, check_draft
 from inferplug.engine.model_runner import ModelRunner
+from inferplug.engine.rag_recompute import DEVIATION_LAYER, RecomputePolicy
 from inferplug.engine.request_state import RequestState, validate_beam_search, validate_prompt
 from inferplug.engine.sampler import SampleResult, Sampler
 from inferplug.engine.scheduler import Scheduler
@@ -74,6 +75,8 @@ class LLMEngine:
             max_num_batched_tokens=max(config.max_num_batched_tokens, config.block_size),
             max_prefill_tokens_while_decoding=config.max_prefill_tokens_while_decoding,
             prefix_source=self.doc_cache, proposer=self.proposer,
+            recompute=RecomputePolicy(config.rag_recompute, config.rag_recompute_fraction,
+                                      min(DEVIATION_LAYER, model_config.num_hidden_layers - 1)),
         )
         self.requests: dict[str, RequestState] = {}
 
@@ -248,4 +251,5 @@ class LLMEngine:
             "preemptions": self.scheduler.num_preemptions,
             **spec_stats(self.scheduler),
             **(self.doc_cache.stats() if self.doc_cache is not None else {}),
+            "doc_cache_recomputed_tokens": self.scheduler.num_recomputed_tokens,  # engine/rag_recompute.py
         }

@@ -5,11 +5,15 @@ The attention metadata comes from the model's ops set (engine/ops): the runner o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
+from inferplug.engine.attention import AttentionContext, read_kv
 from inferplug.engine.ops import StepRows
+from inferplug.engine.ops.step import SeqView
 from inferplug.engine.prompt_logprobs import PromptScores, scored_rows
+from inferplug.engine.rag_recompute import DeviationProbe, runs
 from inferplug.engine.sampler import SampleResult, Sampler
 from inferplug.engine.sequence import Sequence
 
@@ -26,13 +30,15 @@ class StepInputs:
     """One step's flat rows: what the model needs, and all a tensor-parallel worker receives (engine/parallel)."""
 
     decodes: list[tuple[Sequence, int]]  # (sequence, 1), longest context first
-    prefills: list[tuple[Sequence, int]]  # verification rows, then prefill chunks
+    prefills: list[tuple[Sequence | SeqView, int]]  # verification rows, then prefill chunks (and recompute rows)
     verify_rows: int
     input_ids: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)
     sample_rows: list[int] = field(default_factory=list)
     prompt_rows: list[int] = field(default_factory=list)  # rows scoring the next prompt token (prompt_logprobs)
+    probes: list[tuple[int, int, int]] = field(default_factory=list)  # rag_recompute.DeviationProbe.segments
+    probe_layer: int = 0
 
 
 class ModelRunner:
@@ -82,10 +88,14 @@ class ModelRunner:
         decodes.sort(key=lambda d: -d[0].num_computed_tokens)  # longest first: groups of similar lengths
         verifies = [(s, n) for s, n in scheduled if s.spec_token_ids]
         prefills = [(s, n) for s, n in scheduled if not is_decode(s, n) and not s.spec_token_ids]
-        inputs = StepInputs(decodes, verifies + prefills, sum(n for _, n in verifies))
+        inputs = StepInputs(decodes, [], sum(n for _, n in verifies))
         sample_seqs: list[Sequence] = []
         spans: list[tuple[Sequence, int, int]] = []
-        for seq, n in decodes + verifies + prefills:
+        for i, (seq, n) in enumerate(decodes + verifies + prefills):
+            if seq.recompute:  # reused document rows computed again, before the chunk that attends to them
+                self._recompute_rows(inputs, seq)
+            if i >= len(decodes):
+                inputs.prefills.append((seq, n))
             start, tokens = seq.num_computed_tokens, seq.token_ids + seq.spec_token_ids
             if score_prompts and (scored := scored_rows(seq, start, n)):
                 inputs.prompt_rows += range(len(inputs.input_ids), len(inputs.input_ids) + scored)
@@ -98,12 +108,28 @@ class ModelRunner:
                 sample_seqs.append(seq)
         return inputs, sample_seqs, spans
 
+    def _recompute_rows(self, inputs: StepInputs, seq: Sequence) -> None:
+        """The one place recompute rows join a step (engine/rag_recompute.py): each a span of prefill rows at its
+        own positions, attending to the pools up to its end, whose K/V overwrite the reused ones in seq's blocks."""
+        for r in seq.recompute:
+            first = len(inputs.input_ids)
+            inputs.prefills.append((SeqView(r.start, seq.block_table), r.rows))
+            inputs.input_ids += seq.token_ids[r.start:r.end]
+            inputs.positions += range(r.start, r.end)
+            inputs.slots += [self._slot(seq, p) for p in range(r.start, r.end)]
+            if r.probe_layer is not None:
+                inputs.probe_layer = r.probe_layer
+                inputs.probes.append((first, first + r.rows, r.keep))
+
     def execute(self, inputs: StepInputs) -> torch.Tensor | None:
         """Run the model over the step's rows; the fp32 logits of its sample rows, then of its prompt rows (None:
         neither)."""
-        ctx = self.model.ops.context(StepRows(inputs.decodes, inputs.prefills, self._tensor(inputs.slots),
-                                              self.block_size, self.device))
-        ctx.verify_rows = inputs.verify_rows
+        ctx = self._context(inputs, inputs.prefills, self._tensor(inputs.slots))
+        if inputs.probes:
+            probed = self._tensor([r for a, b, _ in inputs.probes for r in range(a, b)])
+            ctx.probe = DeviationProbe(inputs.probe_layer, inputs.probes,
+                                       read_kv(self.kv_caches[inputs.probe_layer][0], ctx.slot_mapping[probed]),
+                                       partial(self._narrowed, inputs, ctx.slot_mapping), len(inputs.input_ids))
         ids, pos = self._tensor(inputs.input_ids), self._tensor(inputs.positions)
         if self._graph_sizes is not None and not inputs.prefills:
             self.graphs = self.model.ops.decode_graphs(self.model, self.kv_caches, **self._graph_sizes)
@@ -112,10 +138,27 @@ class ModelRunner:
             hidden = self.graphs.replay(ids, pos, ctx)
         else:
             hidden = self.model.forward(ids, pos, ctx, self.kv_caches)
-        rows = inputs.sample_rows + inputs.prompt_rows
-        if not rows:
+        rows = self._tensor(inputs.sample_rows + inputs.prompt_rows)
+        if not len(rows):
             return None
-        return self.model.compute_logits(hidden[self._tensor(rows)])
+        if ctx.probe is not None:  # the probe dropped rows: the kept ones moved up
+            rows = torch.searchsorted(ctx.probe.kept, rows)
+        return self.model.compute_logits(hidden[rows])
+
+    def _context(self, inputs: StepInputs, prefills: list, slots: torch.Tensor) -> AttentionContext:
+        ctx = self.model.ops.context(StepRows(inputs.decodes, prefills, slots, self.block_size, self.device))
+        ctx.verify_rows = inputs.verify_rows
+        return ctx
+
+    def _narrowed(self, inputs: StepInputs, slots: torch.Tensor, kept: torch.Tensor) -> AttentionContext:
+        """The step's attention context for its `kept` rows only (a deviation probe dropped the others): each
+        prefill span becomes the runs of its kept positions."""
+        keep, prefills, row = set(kept.tolist()), [], len(inputs.decodes)
+        for seq, n in inputs.prefills:
+            positions = [inputs.positions[r] for r in range(row, row + n) if r in keep]
+            prefills += [(SeqView(a, seq.block_table), b - a) for a, b in runs(positions)]
+            row += n
+        return self._context(inputs, prefills, slots[kept])
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy whole KV blocks, (source, destination) pairs: a beam's copy on write of a shared partial block."""

@@ -8,7 +8,9 @@ its full blocks usually stay cached, and it rejoins the front of the queue.
 The scheduler is the one writer of a sequence's token counts, tokens and blocks: it admits,
 advances (`update_after_step`, `append_token`), preempts and finishes. A prefix source (the RAG
 document cache) is asked, never given the pool: where a prefill chunk must stop, which cached
-blocks continue a prefix hit, and which spans it can fill once the scheduler has given them blocks.
+blocks continue a prefix hit, and which spans it can fill once the scheduler has given them blocks. A filled span may
+leave rows to recompute (engine/rag_recompute.py): they go with the sequence's next chunk, in the same step, and the
+span's blocks are committed to the prefix cache only after that step.
 A proposer (engine/spec_decode.py, engine/draft.py) is asked likewise, once a step for all decoding rows, for
 their speculative tokens: a row becomes a 1 + k token chunk, and after the step the scheduler keeps the
 accepted ones and returns the rejected slots; the proposer rolls its own state back when next asked.
@@ -22,6 +24,7 @@ from typing import Any, Protocol
 
 from inferplug.engine.block_manager import BlockManager
 from inferplug.engine.prompt_logprobs import wants_prompt_logprobs
+from inferplug.engine.rag_recompute import RecomputePolicy
 from inferplug.engine.sequence import Sequence, SequenceStatus
 
 
@@ -66,7 +69,7 @@ def _decoding(seq: Sequence) -> bool:
 class Scheduler:
     def __init__(self, blocks: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
                  max_prefill_tokens_while_decoding: int = 0, prefix_source: PrefixSource | None = None,
-                 proposer: Proposer | None = None):
+                 proposer: Proposer | None = None, recompute: RecomputePolicy = RecomputePolicy()):
         """max_prefill_tokens_while_decoding: prefill tokens a step may carry beside decode rows (0: the whole
         budget), so a long prompt's chunks stretch the running streams' steps by a bounded amount."""
         self.blocks = blocks
@@ -75,6 +78,8 @@ class Scheduler:
         self.max_prefill_tokens_while_decoding = max_prefill_tokens_while_decoding
         self.prefix_source = prefix_source
         self.proposer = proposer
+        self.recompute = recompute  # which tokens of a segment the prefix source filled are computed again
+        self.num_recomputed_tokens = 0
         self.num_draft_tokens = self.num_accepted_tokens = self.num_spec_steps = 0
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -94,6 +99,7 @@ class Scheduler:
         budget = prefill_budget = self.max_num_batched_tokens
         if self.max_prefill_tokens_while_decoding and any(map(_decoding, self.running)):
             prefill_budget = self.max_prefill_tokens_while_decoding
+        step_limit = prefill_budget  # the most prefill rows this step can hold
         scheduled: list[tuple[Sequence, int]] = []
         preempted = False
         self._propose(budget)
@@ -105,7 +111,12 @@ class Scheduler:
                 i += 1
                 continue
             self._trim_proposal(seq, budget - 1)  # those before it may have taken the budget it was proposed for
-            n = self._chunk(seq, seq.num_computed_tokens, budget if decoding else min(budget, prefill_budget))
+            limit = budget if decoding else min(budget, prefill_budget)
+            extra = sum(r.keep for r in seq.recompute)  # a probe's rows that stop at its early layer do not count
+            if extra and extra >= limit and prefill_budget < step_limit:  # they go with its next chunk, in one
+                i += 1  # step: one with room for them, or else one no other prefill shares (over the budget)
+                continue
+            n = self._chunk(seq, seq.num_computed_tokens, max(limit - extra, 1))
             if seq.spec_token_ids and not self.blocks.allocate(seq, seq.num_computed_tokens + n):
                 self._trim_proposal(seq, 0)  # no room to speculate: decode plainly rather than preempt another
                 n = self._chunk(seq, seq.num_computed_tokens, budget)
@@ -117,8 +128,8 @@ class Scheduler:
                     break
             else:
                 scheduled.append((seq, n))
-                budget -= n
-                prefill_budget -= 0 if decoding else n
+                budget -= n + extra
+                prefill_budget -= 0 if decoding else n + extra
                 i += 1
                 continue
             break
@@ -155,6 +166,8 @@ class Scheduler:
                 self.blocks.truncate(seq, seq.num_computed_tokens + 1)  # the next decode's slot stays
             else:
                 seq.num_computed_tokens += n
+            self.num_recomputed_tokens += sum(r.keep for r in seq.recompute)  # done in this step, with the chunk
+            seq.recompute = []
             self.blocks.commit(seq)
             if self.prefix_source is not None and self.prefix_source.has_spans(seq):
                 self._fill_from_source(seq)
@@ -284,7 +297,11 @@ class Scheduler:
             self.blocks.mark_approximate(seq, span.start // self.blocks.block_size)
             seq.num_computed_tokens = span.end
             seq.num_cached_tokens = (seq.num_cached_tokens or 0) + span.end - span.start
-            self.blocks.commit(seq)
+            if self.recompute.active:
+                seq.recompute.append(self.recompute.for_segment(span.start, span.end))
+            if not seq.recompute:  # else once recomputed: no other request may read the blocks before that
+                self.blocks.commit(seq)
+
 
     def _preempt(self, seq: Sequence) -> None:
         self._release(seq)
@@ -293,6 +310,7 @@ class Scheduler:
 
     def _release(self, seq: Sequence) -> None:
         self.blocks.release(seq)
+        seq.recompute = []
         if self.proposer is not None:
             self.proposer.release(seq)
         seq.num_computed_tokens = 0

@@ -1,6 +1,6 @@
 """One generated choice of a request: its tokens, KV blocks and progress.
 
-The scheduler is the one writer of token_ids, spec_token_ids, num_computed_tokens, num_cached_tokens, the
+The scheduler is the one writer of token_ids, spec_token_ids, recompute, num_computed_tokens, num_cached_tokens, the
 block table and the block keys (through its BlockManager); everything else here is read by the runner and sampler.
 """
 
@@ -38,6 +38,7 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)  # keys of the full blocks of token_ids so far
     num_committed_blocks: int = 0  # leading blocks already offered to the prefix cache
     spec_token_ids: list[int] = field(default_factory=list)  # this step's proposed tokens, not yet accepted
+    recompute: list[Any] = field(default_factory=list)  # engine/rag_recompute.Recompute: reused rows the next step redoes
     spec_probs: Any = None  # their draft distributions q ([k, vocab] tensor), None for point masses
     num_draft_tokens: int = 0  # speculative decoding: tokens proposed and accepted over the sequence's life
     num_accepted_tokens: int = 0

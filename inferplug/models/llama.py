@@ -109,13 +109,16 @@ class LlamaModel:
         delta = None  # each residual branch is added inside the next norm: one fused op
         # the rows that take decode arithmetic (quant/block_linear.py); None: all of them
         rows = ctx.decode_rows + ctx.verify_rows
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             h = ops.add_rms_norm(x, delta, layer.input_norm, eps)
             qkv = linear(h, layer.qkv, layer.qkv_bias, rows)
             q, k, v = ops.rope_and_store(qkv, positions, self.cos, self.signed_sin, k_cache, v_cache, ctx, self.num_heads)
             attn = ops.attention(q, k, v, k_cache, v_cache, ctx, self.scale)
             h = ops.add_rms_norm(x, reduce(linear(attn, layer.o, None, rows)), layer.post_norm, eps)
             delta = reduce(linear(ops.silu_mul(linear(h, layer.gate_up, None, rows)), layer.down, None, rows))
+            if ctx.probe is not None and i == ctx.probe.layer:  # selective recompute: only the deviating rows go on
+                kept, ctx = ctx.probe.narrow(k)
+                x, delta, positions = x[kept], delta[kept], positions[kept]
         return x.add_(delta)
 
     @torch.inference_mode()

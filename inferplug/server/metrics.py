@@ -39,6 +39,8 @@ class ServerMetrics:
         self.prefix_hit_rate = Gauge("inferplug_prefix_cache_hit_rate", "Prefix cache hit rate", registry=r)
         self.doc_hit_rate = Gauge("inferplug_doc_cache_hit_rate", "RAG document cache: segments reused", registry=r)
         self.doc_bytes = Gauge("inferplug_doc_cache_bytes", "RAG document KV held", ["tier"], registry=r)
+        self.doc_recomputed = Gauge("inferplug_doc_cache_recomputed_tokens",
+                                    "RAG document tokens reused and then recomputed (cache.rag_recompute)", registry=r)
         self.spec_acceptance = Gauge("inferplug_spec_decode_acceptance_rate",
                                      "Share of speculative tokens the model accepted", registry=r)
         self.spec_length = Gauge("inferplug_spec_decode_mean_accepted_length",
@@ -70,6 +72,7 @@ class ServerMetrics:
         self.doc_hit_rate.set(stats.get("doc_cache_hit_rate", 0.0))
         for tier, key in (("memory", "doc_cache_bytes"), ("disk", "doc_cache_disk_bytes")):
             self.doc_bytes.labels(tier).set(stats.get(key, 0))
+        self.doc_recomputed.set(stats.get("doc_cache_recomputed_tokens", 0))
         self.spec_acceptance.set(stats.get("spec_acceptance_rate", 0.0))
         self.spec_length.set(stats.get("spec_mean_accepted_length", 0.0))
         return generate_latest(self.registry)

@@ -10,9 +10,18 @@ from inferplug.engine.sequence import Sequence
 
 
 @dataclass
+class SeqView:
+    """The two fields of a Sequence a step's attention layout reads: what a tensor-parallel worker gets of it, and
+    a span of rows recomputed at their own positions (engine/rag_recompute.py), rows [num_computed_tokens, + n)."""
+
+    num_computed_tokens: int
+    block_table: list[int]
+
+
+@dataclass
 class StepRows:
     decodes: list[tuple[Sequence, int]]  # (sequence, 1) each, longest context first
-    prefills: list[tuple[Sequence, int]]  # (sequence, new tokens), in row order after the decodes
+    prefills: list[tuple[Sequence | SeqView, int]]  # (sequence, new tokens), in row order after the decodes
     slot_mapping: torch.Tensor  # [T] flat pool slot of each new token
     block_size: int
     device: torch.device

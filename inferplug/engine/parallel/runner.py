@@ -10,7 +10,8 @@ import weakref
 
 from inferplug.engine.model_runner import ModelRunner, StepInputs
 from inferplug.engine.parallel.shard import check_tensor_parallel, shard_weights
-from inferplug.engine.parallel.worker import SeqView, WorkerSpec, init_rank, rank_model, worker_main
+from inferplug.engine.ops.step import SeqView
+from inferplug.engine.parallel.worker import WorkerSpec, init_rank, rank_model, worker_main
 from inferplug.errors import BackendUnavailable, ProfileError
 
 STOP_WAIT_S = 10  # a worker that has not exited by then is killed

@@ -24,14 +24,6 @@ class WorkerSpec:
     threads: int  # torch intra-op threads for this rank (0: torch's default)
 
 
-@dataclass
-class SeqView:
-    """The two fields of a Sequence a step's attention layout reads (engine/ops); what a worker gets of it."""
-
-    num_computed_tokens: int
-    block_table: list[int]
-
-
 def init_rank(spec: WorkerSpec):
     """Join the process group and build this rank's model: (LlamaModel, device)."""
     import torch
