@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from inferplug.errors import ModelSourceError
-from inferplug.profile import ModelSource
+from inferplug.profile_schema import ModelSource
 
 CHUNK = 1 << 20
 

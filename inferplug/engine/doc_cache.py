@@ -34,9 +34,9 @@ from typing import Any
 
 import torch
 
-from inferplug.engine.attention import read_kv, write_kv
 from inferplug.engine.block_hash import hash_block
-from inferplug.engine.ops.torch_ops import apply_rope
+from inferplug.ops.attention import read_kv, write_kv
+from inferplug.ops.torch_ops import apply_rope
 from inferplug.types import DocumentSpan
 
 

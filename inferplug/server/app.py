@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
@@ -19,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferplug.errors import BackendUnavailable, InferPlugError, RequestError
+from inferplug.server.http_errors import error_response
 from inferplug.server.metrics import ServerMetrics
 
 if TYPE_CHECKING:
@@ -28,16 +28,6 @@ log = logging.getLogger(__name__)
 
 API_KEY_ENV = "INFERPLUG_API_KEY"
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
-_CODES = {401: "invalid_api_key", 404: "model_not_found", 413: "request_too_large"}
-
-
-def error_body(message: str, status: int, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return {"error": {"message": message, "type": kind, "param": param, "code": code or _CODES.get(status)}}
-
-
-def error_response(message: str, status: int, param: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, status, param), status_code=status)
 
 
 def create_app(backend: Backend, *, api_key: str | None = None,
@@ -81,18 +71,6 @@ def create_app(backend: Backend, *, api_key: str | None = None,
 
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
     return app
-
-
-def check_api_key(request: Request) -> None:
-    """401 unless the request carries the server's key (when it has one). The key is never echoed."""
-    expected = request.app.state.api_key
-    if expected is None:
-        return
-    given = request.headers.get("authorization", "")
-    if not given.startswith("Bearer ") or not secrets.compare_digest(given[7:].encode(), expected.encode()):
-        what = "wrong" if given else "missing"
-        raise RequestError(f"the API key is {what}: send the server's key as 'Authorization: Bearer <key>'",
-                           status=401)
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}

@@ -19,9 +19,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from inferplug.errors import RequestError
 from inferplug.frontend.requests import Prepared, build_request
-from inferplug.server.app import check_api_key, error_body
 from inferplug.server.echo import make_echo
 from inferplug.server.generation import Generation
+from inferplug.server.http_errors import check_api_key, error_body
 from inferplug.server.responses import ResponseBuilder
 from inferplug.server.schemas import ChatCompletionRequest, CompletionRequest
 

@@ -9,9 +9,9 @@ import socket
 import weakref
 
 from inferplug.engine.model_runner import ModelRunner, StepInputs
-from inferplug.engine.parallel.shard import check_tensor_parallel, shard_weights
 from inferplug.engine.parallel.worker import SeqView, WorkerSpec, init_rank, rank_model, worker_main
 from inferplug.errors import BackendUnavailable, ProfileError
+from inferplug.models.shard import check_tensor_parallel, shard_weights
 
 STOP_WAIT_S = 10  # a worker that has not exited by then is killed
 

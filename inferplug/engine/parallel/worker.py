@@ -26,7 +26,7 @@ class WorkerSpec:
 
 @dataclass
 class SeqView:
-    """The two fields of a Sequence a step's attention layout reads (engine/ops); what a worker gets of it."""
+    """The two fields of a Sequence a step's attention layout reads (ops/); what a worker gets of it."""
 
     num_computed_tokens: int
     block_table: list[int]
@@ -37,7 +37,7 @@ def init_rank(spec: WorkerSpec):
     import torch
     import torch.distributed as dist
 
-    from inferplug.engine.parallel.group import TensorParallelGroup
+    from inferplug.ops.parallel_group import TensorParallelGroup
 
     config = spec.engine_config
     cuda = str(config.device).startswith("cuda")
@@ -52,8 +52,8 @@ def init_rank(spec: WorkerSpec):
 
 
 def rank_model(spec: WorkerSpec, shard: dict, group, device: str):
-    from inferplug.engine.parallel.shard import rank_config
     from inferplug.models.llama import LlamaModel
+    from inferplug.models.shard import rank_config
 
     config = spec.engine_config
     return LlamaModel(rank_config(spec.model_config, spec.size), shard, dtype=config.torch_dtype, device=device,
