@@ -8,12 +8,13 @@ profiles is inferplug/profile.py's job.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, InitSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 BackendName = Literal["native", "ctranslate2", "exllamav2", "openai"]
@@ -219,6 +220,8 @@ class ExLlamaV2Options(Table):
 class OpenAIOptions(Table):
     base_url: str = "http://127.0.0.1:8000/v1"
     api_key_env: str = "INFERPLUG_OPENAI_API_KEY"
+    # the key itself, where a front end is handed one (ChatInferPlug(api_key=...)); None: read api_key_env
+    api_key: SecretStr | None = None
     model: str | None = None  # the remote model name; None: the server's first model
     timeout: float = Field(default=60.0, gt=0)
     max_retries: int = Field(default=2, ge=0)
@@ -290,6 +293,9 @@ class Profile(BaseSettings):
 
     @property
     def identity(self) -> str:
-        """A stable key for caching one backend per profile: file + effective values."""
-        return f"{self._source_file}|{self.model_dump_json()}"
+        """A stable key for caching one backend per profile: file + effective values (an [openai] api_key by its
+        digest: two keys are two backends, and the key itself is in no key)."""
+        key = self.openai.api_key
+        digest = hashlib.sha256(key.get_secret_value().encode()).hexdigest() if key is not None else ""
+        return f"{self._source_file}|{self.model_dump_json()}|{digest}"
 

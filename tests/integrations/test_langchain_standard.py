@@ -35,12 +35,6 @@ class _Flags:
     def returns_usage_metadata(self) -> bool:
         return True
 
-    @property
-    def standard_chat_model_params(self) -> dict:
-        # A local engine takes no API key (a remote profile names its key's env var); every other standard
-        # parameter (temperature, max_tokens, timeout, stop, max_retries) is a real field
-        return {k: v for k, v in super().standard_chat_model_params.items() if k != "api_key"}
-
 
 class TestChatInferPlugUnit(_Flags, ChatModelUnitTests):
     pass
