@@ -179,6 +179,29 @@ def test_no_import_circles():
     assert not circles, "modules that import each other:\n" + "\n".join(" <-> ".join(c) for c in circles)
 
 
+def reachable(start: str) -> set[str]:
+    """Every module `start` imports, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        for target in GRAPH[todo.pop()] - seen:
+            seen.add(target)
+            todo.append(target)
+    return seen
+
+
+def test_models_never_reach_the_engine_and_plans_never_reach_a_server_or_an_engine():
+    def inside(modules: set[str], package: str) -> list[str]:
+        return sorted(m for m in modules if m == package or m.startswith(package + "."))
+
+    for module in MODULES:
+        if module.startswith("inferplug.models."):
+            assert not inside(reachable(module), "inferplug.engine"), module
+    for plan in LAYERS[3][2]:
+        assert LAYERS[3][0] == "plans"
+        for package in ("inferplug.server", "inferplug.engine", "inferplug.backends"):
+            assert not inside(reachable(plan), package), (plan, package)
+
+
 def test_the_walk_sees_lazy_and_relative_imports_and_skips_type_checking_ones():
     source = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from inferplug.engine import llm_engine\n"
               "def f():\n    from inferplug.errors import RequestError\n"
