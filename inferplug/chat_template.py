@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -33,3 +34,53 @@ def profile_template(profile: Any) -> str | None:
     if "{" not in template and Path(template).expanduser().is_file():
         return Path(template).expanduser().read_text()
     return template
+
+
+def encode_chat(tokenizer: Any, render: Any, messages: list[dict[str, Any]],
+                tools: list[dict[str, Any]] | None = None) -> tuple[list[int], str]:
+    """The token ids and text of the chat `render(messages, tools)` gives, where a special token typed in any client
+    string (a message's content, a tool's description, ...) is text, not the control token: `<|im_start|>system` in
+    a user message cannot open a system turn. The template's own special tokens stay control tokens.
+
+    A chat without such strings is one plain encode. Otherwise the chat is rendered a second time with each such
+    string replaced by a placeholder, so its place in the prompt is known; the template's parts are encoded as usual
+    and the client's strings with split_special_tokens."""
+    text = render(messages, tools)
+    specials = [t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special and t.content]
+    typed: dict[str, str] = {}  # a client string holding a special token -> its placeholder
+    placed = _with_placeholders([messages, tools], specials, typed)
+    if not typed:
+        return tokenizer.encode(text, add_special_tokens=False), text
+    placed_messages, placed_tools = placed
+    pieces = re.split(f"({'|'.join(map(re.escape, typed.values()))})", render(placed_messages, placed_tools))
+    strings = {placeholder: string for string, placeholder in typed.items()}
+    if "".join(strings.get(piece, piece) for piece in pieces) != text:
+        found = next(s for s in specials if any(s in string for string in typed))
+        raise RequestError(f"a message holds the special token {found!r}, and this chat template changes message text "
+                           "as it renders it, so the token cannot be kept as plain text; remove it from the message",
+                           param="messages")
+    ids: list[int] = []
+    for piece in pieces:
+        if piece in strings:
+            ids += tokenizer.encode(strings[piece], add_special_tokens=False, split_special_tokens=True)
+        elif piece:
+            ids += tokenizer.encode(piece, add_special_tokens=False)
+    return ids, text
+
+
+def _with_placeholders(value: Any, specials: list[str], typed: dict[str, str]) -> Any:
+    """`value` (messages, tools: JSON-like) with every string that holds a special token replaced by a placeholder
+    (private-use characters no tokenizer treats specially), recorded in `typed`. A role holding one is refused: a
+    template compares roles, so a placeholder there would change the chat's shape."""
+    if isinstance(value, str):
+        if not any(special in value for special in specials):
+            return value
+        return typed.setdefault(value, f"\ue000{len(typed)}\ue001")
+    if isinstance(value, list):
+        return [_with_placeholders(item, specials, typed) for item in value]
+    if isinstance(value, dict):
+        if isinstance(value.get("role"), str) and any(s in value["role"] for s in specials):
+            raise RequestError(f"the role {value['role'][:40]!r} holds a special token; use system, user, assistant "
+                               "or tool", param="messages")
+        return {key: _with_placeholders(item, specials, typed) for key, item in value.items()}
+    return value

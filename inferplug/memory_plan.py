@@ -9,14 +9,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from inferplug.errors import ResolveError
+from inferplug.errors import ProfileError, ResolveError
 from inferplug.models.config import ModelConfig
 from inferplug.profile import ArchitectureHints, ModelSource, Profile
-from inferplug.quant.formats import (CHECKPOINT_FORMATS, GGUF_FLOAT_TYPES, GGUF_LAYER_FORMATS, LAYER_BITS,
+from inferplug.quant.formats import (CHECKPOINT_FORMATS, GGUF_FLOAT_TYPES, GGUF_LAYER_FORMATS, LAYER_BITS, Q4_K_BITS, Q6_K_BITS,
                                      checkpoint_layer_bits, gguf_layer_format, head_format)
 
 GiB = 1 << 30
@@ -25,11 +24,13 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3": 1}  # f
 # Usual bits per weight of each format, scales and zero points included (group size 128).
 FORMAT_BITS = {"int8": 8.0, "ct2-int8": 8.0, "int4": 4.25, "awq": 4.25, "gptq": 4.25, "exl2": 4.25}
 # Headroom for the process beside its weights and KV pool, fixed + a share of the weights. On the CPU the plan is the
-# peak RSS a user sees: Python with torch, transformers and the tokenizer, the engine's buffers and a prompt's
-# activations took 450 MiB beside a two-layer 7B-wide GGUF (tests/models/test_gguf_real_size.py). On CUDA: the
+# peak RSS a user sees after a first load (which converts) and a first request: Python with torch, transformers and
+# the tokenizer, the engine's buffers, a prompt's activations and the conversion's transients. Fit to two such
+# loads of Q4_K_M GGUFs at 7B width: 356 MiB beside two layers (tests/models/test_gguf_real_size.py) and ~750 MiB
+# beside 32 (bench/real_size.py); a later load maps the converted weights and peaks ~6% lower. On CUDA: the
 # context, activations and the allocator.
-RESERVE_FIXED = {"cpu": 448 * MiB, "cuda": 768 * MiB}
-RESERVE_SHARE = 0.05
+RESERVE_FIXED = {"cpu": 400 * MiB, "cuda": 768 * MiB}
+RESERVE_SHARE = {"cpu": 0.08, "cuda": 0.05}
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,9 @@ class ModelFacts:
     num_attention_heads: int = 0  # 0: unknown ([model.hints] need not give it); tensor parallel splits them
     # a GGUF's matrices as (role, ggml type, parameters), role "layer", "embed" or "head": what each loads as
     gguf_matrices: tuple[tuple[str, str, int], ...] = ()
+    # an AWQ / GPTQ checkpoint's quantization_config: bits and group size (0: not one, or unknown: 4 bits, 128)
+    quant_bits: int = 0
+    quant_group_size: int = 0
 
     def __post_init__(self) -> None:  # the memo's JSON gives lists
         object.__setattr__(self, "gguf_matrices", tuple(tuple(m) for m in self.gguf_matrices))
@@ -126,21 +130,25 @@ def facts_from_file(path: Path) -> ModelFacts:
     """Read once per file version and remember it under INFERPLUG_HOME: parsing a GGUF header with a
     large vocabulary takes about a second, too slow for `inferplug doctor` to repeat on every run."""
     from inferplug.models.loader import gguf_matrices, read_config
-    from inferplug.sources import home
+    from inferplug.models.quant_checkpoint import read_quant_spec
+    from inferplug.sources import home, write_atomically
 
     st = path.stat()
-    version = f"v4|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"  # v4: facts gained a GGUF's matrix types
+    version = f"v5|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"  # v5: facts gained a checkpoint's bits and groups
     memo = home() / "facts" / f"{hashlib.sha256(version.encode()).hexdigest()[:32]}.json"
     try:
         return ModelFacts(**json.loads(memo.read_text()))
     except (OSError, ValueError, TypeError):
+        try:
+            spec = read_quant_spec(path) if path.is_dir() else None
+        except ProfileError:  # a setting the loader refuses, with this message, when it loads
+            spec = None
         facts = dataclasses.replace(ModelFacts.from_config(read_config(path), origin=str(path)),
-                                    gguf_matrices=gguf_matrices(path))
+                                    gguf_matrices=gguf_matrices(path), quant_bits=spec.bits if spec else 0,
+                                    quant_group_size=spec.group_size if spec else 0)
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)
-        partial = memo.with_name(f"{memo.name}.{os.getpid()}.part")  # concurrent writers never mix
-        partial.write_text(json.dumps(dataclasses.asdict(facts)))
-        os.replace(partial, memo)
+        write_atomically(memo, json.dumps(dataclasses.asdict(facts)).encode())  # no link followed, no half read
     except OSError:
         pass  # a read-only cache only costs the re-read next time
     return facts
@@ -187,18 +195,24 @@ def _gguf_layer_bits(fmt: str, facts: ModelFacts) -> tuple[float, str]:
             stored = {"layer": "fp16" if fmt == "gguf" else fmt, "head": "fp16", "embed": "fp32"}[role]
         else:
             stored = gguf_layer_format(type_name, "gguf" if role == "embed" else fmt, head=role == "head")
-        total += params * {**LAYER_BITS, "fp32": 32.0}[stored]
+        total += params * {**LAYER_BITS, "q4_k": Q4_K_BITS, "q6_k": Q6_K_BITS, "fp32": 32.0}[stored]
         counts[stored] = counts.get(stored, 0) + params
     bits = total / facts.num_parameters
-    label = {"int4": "Q4_1", "int8": "Q8_0", "fp16": "fp16", "fp32": "fp32"}
+    label = {"int4": "Q4_1", "q4_k": "Q4_K", "q6_k": "Q6_K", "int8": "Q8_0", "fp16": "fp16", "fp32": "fp32"}
     parts = ", ".join(f"{label[k]} {v / facts.num_parameters:.0%}" for k, v in sorted(counts.items()))
     return bits, f"{bits:.2f} bits/param on average: the GGUF's matrices load as {parts} of the parameters"
 
 
 def _native_quantized_bits(fmt: str, dtype: str, facts: ModelFacts | None, head_fmt: str,
                            device_kind: str) -> tuple[float, str]:
-    # AWQ / GPTQ: Q4_1 blocks on a CPU (counted so even where the kernels do not run: a little high there)
-    layer_bits = LAYER_BITS[fmt] if fmt in LAYER_BITS else checkpoint_layer_bits(device_kind == "cpu")
+    # AWQ / GPTQ: Q4_1 blocks on a CPU (counted so even where the kernels do not run: a little high there), in the
+    # checkpoint's group size where the files are read (else 128); 8-bit GPTQ as Q8_0 blocks
+    if fmt in LAYER_BITS:
+        layer_bits = LAYER_BITS[fmt]
+    elif facts is not None and facts.quant_bits == 8:
+        layer_bits = LAYER_BITS["int8"]
+    else:
+        layer_bits = checkpoint_layer_bits(device_kind == "cpu", (facts and facts.quant_group_size) or 128)
     if facts is None or not facts.embedding_parameters:
         return layer_bits, f"{fmt} weights ({layer_bits:g} bits; the embedding's size is unknown, counted alike)"
     embed = facts.embedding_parameters
@@ -222,7 +236,7 @@ def plan_memory(profile: Profile, facts: ModelFacts, *, device: str, kind: str, 
     target's, count too."""
     models = [facts, *([draft] if draft else [])]
     weights = sum(int(m.num_parameters * bits / 8) for m in models)
-    reserve = int(RESERVE_FIXED[kind] + RESERVE_SHARE * weights)
+    reserve = int(RESERVE_FIXED[kind] + RESERVE_SHARE[kind] * weights)
     left = available - weights - reserve
     if left <= 0:
         raise DoesNotFit(

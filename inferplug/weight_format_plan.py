@@ -23,7 +23,8 @@ def native_weight_format(profile: Profile, gpus: list[GPU], hw: Hardware,
     if fmt == "gguf" and not gpus and profile.dtype == "auto" and profile.parallel.tensor_parallel_size == 1 \
             and not cpu_kernels.unavailable_reason(hw):
         return "gguf", ["GGUF blocks run as stored, converted one tensor at a time at load (models/gguf_layers.py): "
-                        "Q4_0/Q4_1/Q4_K as Q4_1 blocks, Q8_0/Q5_0 as Q8_0 exactly, other types requantized to Q8_0; "
+                        "Q4_0/Q4_1 as Q4_1 blocks, Q4_K and Q6_K in their own, Q8_0/Q5_0 as Q8_0, exactly; other types "
+                        "requantized to Q8_0; "
                         "the head Q8_0 on float activations; int8 activations on the layers' kernels (as llama.cpp); "
                         "pin dtype = \"float32\" for dequantized fp32 weights"]
     if not gpus and dtype == "float32" and profile.dtype == "auto" and {"avx2", "f16c"} <= hw.cpu_flags:
@@ -38,5 +39,5 @@ def checkpoint_format_why(fmt: str, gpus: list[GPU], hw: Hardware) -> str:
         return f"{label} int4 groups run as stored: the Triton int4 group-wise dequant-GEMM (kernels/int4_gemm.py)"
     if cpu_kernels.unavailable_reason(hw):
         return f"{label} int4 groups run as stored by a torch dequant-matmul (slow: {cpu_kernels.unavailable_reason(hw)})"
-    return (f"{label} int4 groups repacked at load into Q4_1 blocks on inferplug's CPU kernel (int8 activations, as "
-            "llama.cpp); act-order layers permute their activations")
+    return (f"{label} int4 groups repacked at load into Q4_1 blocks on inferplug's CPU kernel (one scale and min per "
+            "group of 128: 4.25 bits; int8 activations, as llama.cpp); act-order layers permute their activations")

@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, bool, list[str]]] = [
     ("core data", False, ["inferplug.errors", "inferplug.types"]),
     ("configuration and facts", False, [
         "inferplug.profile_schema", "inferplug.profile_errors", "inferplug.profile", "inferplug.profile_toml",
-        "inferplug.hardware", "inferplug.sources", "inferplug.model_file"]),
+        "inferplug.hardware", "inferplug.sources", "inferplug.source_rules", "inferplug.model_file"]),
     ("kernels, weights, models and the ops they call", False, [
         "inferplug.kernels", "inferplug.quant", "inferplug.ops", "inferplug.models"]),
     ("plans", False, [

@@ -61,8 +61,8 @@ def test_a_quantized_gguf_runs_its_own_blocks_on_the_cpu_kernels():
     plan = resolve(load_profile("smollm2-135m"), cpu(flags=("avx2", "fma", "f16c")), facts)
     assert (plan.dtype, plan.weight_format) == ("float32", "gguf")
     assert any("GGUF blocks run as stored" in r for r in plan.reasons)
-    q4, q8 = SMOLLM2.num_parameters - embed - 1000, 1000 + embed  # Q4_1 at 5 bits; Q6_K and the head at Q8_0's 8.5
-    assert plan.memory.weights_bytes == pytest.approx((q4 * 5 + q8 * 8.5) / 8, abs=1)
+    q4 = SMOLLM2.num_parameters - embed - 1000  # Q4_1 at 5 bits; Q6_K as its own 6.5625; the head at Q8_0's 8.5
+    assert plan.memory.weights_bytes == pytest.approx((q4 * 5 + 1000 * 6.5625 + embed * 8.5) / 8, abs=1)
     profile = load_profile("smollm2-135m")
     profile.dtype = "float32"
     assert resolve(profile, cpu(flags=("avx2", "fma", "f16c")), facts).weight_format is None
@@ -115,10 +115,11 @@ def test_cpu_only_zephyr_awq_runs_native_repacked_into_q4_blocks():
     plan = resolve(load_profile("zephyr-awq"), cpu(flags=("avx2", "fma", "f16c")))  # from [model.hints]
     assert (plan.backend, plan.device, plan.dtype, plan.weight_format) == ("native", "cpu", "float32", "awq")
     assert any(r.startswith("AWQ int4 groups repacked at load into Q4_1 blocks") for r in plan.reasons)
-    # layers at Q4_1's 5 bits, the float32 embedding and an int8 (8.5-bit) copy of it as the lm_head
+    # layers at 4.25 bits (Q4_1 blocks, one scale and min per group of 128), the float32 embedding and an int8
+    # (8.5-bit) copy of it as the lm_head
     embed = 32000 * 4096
-    expected = (7.24e9 - 2 * embed) * 5 + embed * 32 + embed * 8.5
-    assert plan.memory.weights_bytes == int(expected / 8)  # ~4.7 GiB
+    expected = (7.24e9 - 2 * embed) * 4.25 + embed * 32 + embed * 8.5
+    assert plan.memory.weights_bytes == int(expected / 8)  # ~4.1 GiB
     assert plan.rejected["ctranslate2"].startswith("cannot load AWQ weights")
 
 
@@ -130,7 +131,7 @@ def test_cpu_only_gptq_runs_native_with_exllamav2_the_cuda_alternative():
 
 
 def test_awq_on_a_cpu_too_small_says_what_it_needs():
-    with pytest.raises(ResolveError, match=r"native: weights need 4.68 GiB \(7.24B params x 5.55217 bits\)"):
+    with pytest.raises(ResolveError, match=r"native: weights need 4.07 GiB \(7.24B params x 4.82932 bits\)"):
         resolve(load_profile("zephyr-awq"), cpu(ram_free=4 * GiB))
 
 

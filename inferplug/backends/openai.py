@@ -49,9 +49,11 @@ class OpenAIBackend(Backend):
         self._clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}  # httpx clients are per loop
         self._active: dict[str, httpx.Response | None] = {}
         self._aborted: set[str] = set()
+        # what the profile leaves out is asked of the server (GET /models) when first needed: by the first request,
+        # or the first look at model_name / context_length; never at load, so a profile that is only loaded
+        # (resolve, doctor, a front end's construction) sends nothing, the key least of all
         self._model, self._context = opts.model or profile.model.served_name, profile.model.context_length
-        if self._model is None or self._context is None:
-            self._read_model_list(httpx)
+        self._listed = self._model is not None and self._context is not None
 
     # --- protocol -------------------------------------------------------------------
     @property
@@ -60,10 +62,14 @@ class OpenAIBackend(Backend):
 
     @property
     def model_name(self) -> str:
+        if self._model is None:
+            self._read_model_list_now()
         return self._model
 
     @property
     def context_length(self) -> int:
+        if self._context is None and not self._listed:
+            self._read_model_list_now()
         return self._context or self.plan.max_model_len or 0
 
     def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
@@ -71,6 +77,8 @@ class OpenAIBackend(Backend):
 
     async def generate(self, request: Request) -> AsyncIterator[Event]:
         request.params.validate()
+        if not self._listed:
+            await self._read_model_list()
         path, body = self._body(request)
         started = time.perf_counter()
         first_token: float | None = None
@@ -170,13 +178,29 @@ class OpenAIBackend(Backend):
             await asyncio.sleep(wait)
         raise AssertionError("unreachable")
 
-    def _read_model_list(self, httpx: Any) -> None:
+    async def _read_model_list(self) -> None:
         """The first served model and its context, from GET /models, for what the profile leaves out."""
+        import httpx
+
         try:
-            reply = httpx.get(f"{self.base_url}/models", headers=self._headers(), timeout=self._timeout)
+            self._take_model_list(await self._client().get("/models"))
         except httpx.HTTPError as exc:
-            raise BackendUnavailable(f"cannot reach {self.base_url}/models ({type(exc).__name__}); start the server "
-                                     "or set [openai] model and [model] context_length in the profile") from None
+            raise self._unreachable(exc) from None
+
+    def _read_model_list_now(self) -> None:
+        """_read_model_list for a caller outside an event loop (a property)."""
+        import httpx
+
+        try:
+            self._take_model_list(httpx.get(f"{self.base_url}/models", headers=self._headers(), timeout=self._timeout))
+        except httpx.HTTPError as exc:
+            raise self._unreachable(exc) from None
+
+    def _unreachable(self, exc: Exception) -> BackendUnavailable:
+        return BackendUnavailable(f"cannot reach {self.base_url}/models ({type(exc).__name__}); start the server "
+                                  "or set [openai] model and [model] context_length in the profile")
+
+    def _take_model_list(self, reply: httpx.Response) -> None:
         if reply.status_code != 200:
             detail = _redact(reply.text[:200], self._key)
             key = "the api_key given" if self.profile.openai.api_key else self.profile.openai.api_key_env
@@ -188,6 +212,7 @@ class OpenAIBackend(Backend):
         chosen = next((m for m in models if m.get("id") == self._model), models[0])
         self._model = self._model or chosen["id"]
         self._context = self._context or chosen.get("max_model_len")
+        self._listed = True
 
     def _body(self, request: Request) -> tuple[str, dict[str, Any]]:
         p = request.params

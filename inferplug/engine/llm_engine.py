@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from inferplug.chat_template import encode_chat
 from inferplug.engine.block_manager import BlockManager
 from inferplug.engine.config import EngineConfig
 from inferplug.engine.doc_cache import DocumentKVCache
@@ -85,8 +86,7 @@ class LLMEngine:
         if request.messages is not None:
             if self.render_chat is None:
                 raise RequestError("this engine has no chat template; send a prompt instead", param="messages")
-            text = self.render_chat(request.messages, request.tools)
-            return self.tokenizer.encode(text, add_special_tokens=False), text
+            return encode_chat(self.tokenizer, self.render_chat, request.messages, request.tools)
         if isinstance(request.prompt, str):
             return self.tokenizer.encode(request.prompt), request.prompt
         return list(request.prompt), None

@@ -33,7 +33,7 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-CONVERSION_VERSION = 1  # bump when weights_from_gguf's layers change: cached conversions of the old ones then miss
+CONVERSION_VERSION = 4  # bump when weights_from_gguf's layers change: cached conversions of the old ones then miss
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # Precomputed RoPE factors (llama3 scaling); our RoPE derives them from config.rope_scaling instead.
 _DERIVED_TENSORS = ("rope_freqs.weight",)
@@ -50,40 +50,68 @@ def check_architecture(gguf: GGUFFile) -> None:
 def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
     check_architecture(gguf)
     meta = gguf.metadata
-    hidden = gguf.arch_key("embedding_length")
-    heads = gguf.arch_key("attention.head_count")
-    vocab = gguf.arch_key("vocab_size") or gguf.tensors["token_embd.weight"].shape[0]
-    head_dim = gguf.arch_key("attention.key_length") or gguf.arch_key("rope.dimension_count") or hidden // heads
-    eos = [meta[key] for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if key in meta]
+    count = lambda key, default=None: _arch_count(gguf, key, default)  # noqa: E731
+    hidden, heads = count("embedding_length"), count("attention.head_count")
+    embedding = gguf.tensors.get("token_embd.weight")
+    vocab = count("vocab_size", embedding.shape[0] if embedding is not None else None)
+    head_dim = count("attention.key_length", count("rope.dimension_count", hidden // heads))
+    eos = [_token_id(gguf, key) for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if key in meta]
+    window = gguf.arch_key("attention.sliding_window")
     return ModelConfig(
         architecture=gguf.architecture,
         vocab_size=vocab,
         hidden_size=hidden,
-        intermediate_size=gguf.arch_key("feed_forward_length"),
-        num_hidden_layers=gguf.arch_key("block_count"),
+        intermediate_size=count("feed_forward_length"),
+        num_hidden_layers=count("block_count"),
         num_attention_heads=heads,
-        num_key_value_heads=gguf.arch_key("attention.head_count_kv", heads),
+        num_key_value_heads=count("attention.head_count_kv", heads),
         head_dim=head_dim,
-        max_position_embeddings=gguf.arch_key("context_length", 2048),
-        rms_norm_eps=gguf.arch_key("attention.layer_norm_rms_epsilon", 1e-6),
-        rope_theta=gguf.arch_key("rope.freq_base", 10000.0),
+        max_position_embeddings=count("context_length", 2048),
+        rms_norm_eps=_arch_number(gguf, "attention.layer_norm_rms_epsilon", 1e-6),
+        rope_theta=_arch_number(gguf, "rope.freq_base", 10000.0),
         rope_scaling=_rope_scaling(gguf),
         tie_word_embeddings="output.weight" not in gguf.tensors,
         attention_bias="blk.0.attn_q.bias" in gguf.tensors,
-        sliding_window=gguf.arch_key("attention.sliding_window"),
-        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        sliding_window=None if window is None else count("attention.sliding_window"),
+        bos_token_id=_token_id(gguf, "tokenizer.ggml.bos_token_id") if "tokenizer.ggml.bos_token_id" in meta else None,
         eos_token_ids=list(dict.fromkeys(eos)),
     )
+
+
+def _arch_count(gguf: GGUFFile, key: str, default: int | None = None) -> int:
+    """An architecture size (layers, heads, widths): a positive integer, or a ModelSourceError naming the key."""
+    value = gguf.arch_key(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ModelSourceError(f"{gguf.path}: {gguf.architecture}.{key} is {str(value)[:40]}, not a positive integer; "
+                               "the file is damaged or not a Llama-family model. Re-download it.")
+    return value
+
+
+def _arch_number(gguf: GGUFFile, key: str, default: float) -> float:
+    value = gguf.arch_key(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ModelSourceError(f"{gguf.path}: {gguf.architecture}.{key} is {str(value)[:40]}, not a positive number; "
+                               "re-download the file.")
+    return float(value)
+
+
+def _token_id(gguf: GGUFFile, key: str) -> int:
+    value = gguf.metadata[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ModelSourceError(f"{gguf.path}: {key} is {str(value)[:40]}, not a token id; re-download the file.")
+    return value
 
 
 def _rope_scaling(gguf: GGUFFile) -> dict | None:
     kind = gguf.arch_key("rope.scaling.type")
     if kind in (None, "none"):
         return None
-    scaling = {"rope_type": kind, "factor": gguf.arch_key("rope.scaling.factor", 1.0)}
-    original = gguf.arch_key("rope.scaling.original_context_length")
-    if original:
-        scaling["original_max_position_embeddings"] = original
+    if not isinstance(kind, str):
+        raise ModelSourceError(f"{gguf.path}: {gguf.architecture}.rope.scaling.type is {str(kind)[:40]}, not a name; "
+                               "re-download the file.")
+    scaling = {"rope_type": kind, "factor": _arch_number(gguf, "rope.scaling.factor", 1.0)}
+    if gguf.arch_key("rope.scaling.original_context_length"):
+        scaling["original_max_position_embeddings"] = _arch_count(gguf, "rope.scaling.original_context_length")
     return scaling
 
 

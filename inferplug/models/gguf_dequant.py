@@ -93,26 +93,25 @@ def dequant_q3_k(blocks: torch.Tensor) -> torch.Tensor:
 
 
 def _k_scale_min(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The eight 6-bit scales and mins of a Q4_K/Q5_K super-block, from its 12 packed bytes."""
+    """The eight 6-bit scale and min codes (uint8 [n, 8]) of a Q4_K/Q5_K super-block, from its 12 packed bytes."""
     d, m, m_d = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]
     scale = torch.cat([d & 0x3F, (m_d & 0x0F) | ((d >> 2) & 0x30)], dim=1)
     minimum = torch.cat([m & 0x3F, (m_d >> 4) | ((m >> 2) & 0x30)], dim=1)
-    return scale.to(torch.float32), minimum.to(torch.float32)
+    return scale, minimum
 
 
 def q4_k_parts(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A Q4_K super-block as 8 sub-blocks of 32: float32 scales and mins [n, 8, 1] and uint8 codes [n, 8, 32];
-    its values are scale * code - min."""
-    n = blocks.shape[0]
-    d, dmin = _f16(blocks, 0), _f16(blocks, 2)
+    """A Q4_K super-block's 8 sub-blocks of 32: scale and min codes sc, m (uint8 [n, 8]) and weight codes q
+    (uint8 [n, 8, 32]); its values are d * sc * q - dmin * m, with d and dmin the fp16 at bytes 0 and 2."""
     scale, minimum = _k_scale_min(blocks[:, 4:16])
-    codes = _unpack(blocks[:, 16:], 32, [0, 4], 0x0F).view(n, 8, 32)
-    return (d * scale).view(n, 8, 1), (dmin * minimum).view(n, 8, 1), codes
+    return scale, minimum, _unpack(blocks[:, 16:], 32, [0, 4], 0x0F).view(blocks.shape[0], 8, 32)
 
 
 def dequant_q4_k(blocks: torch.Tensor) -> torch.Tensor:
-    dl, ml, q = q4_k_parts(blocks)
-    return (dl * q.to(torch.float32) - ml).view(blocks.shape[0], QK_K)
+    n = blocks.shape[0]
+    scale, minimum, q = q4_k_parts(blocks)
+    dl, ml = (_f16(blocks, 0) * scale).view(n, 8, 1), (_f16(blocks, 2) * minimum).view(n, 8, 1)
+    return (dl * q.to(torch.float32) - ml).view(n, QK_K)
 
 
 def dequant_q5_k(blocks: torch.Tensor) -> torch.Tensor:
@@ -126,14 +125,20 @@ def dequant_q5_k(blocks: torch.Tensor) -> torch.Tensor:
     return (dl * q - ml).view(n, QK_K)
 
 
+def q6_k_parts(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Q6_K super-block's 16 sub-blocks of 16: their scales (int8 [n, 16]) and codes q (uint8 [n, 256], 0..63);
+    its values are d * scale * (q - 32), with d the fp16 at byte 208."""
+    n = blocks.shape[0]
+    low = _unpack(blocks[:, :128], 64, [0, 4], 0x0F).view(n, -1, 32)
+    high = _unpack(blocks[:, 128:192], 32, [0, 2, 4, 6], 0x03).view(n, -1, 32)
+    return blocks[:, 192:208].contiguous().view(torch.int8), (low | (high << 4)).view(n, QK_K)
+
+
 def dequant_q6_k(blocks: torch.Tensor) -> torch.Tensor:
     n = blocks.shape[0]
-    ql, qh, scales = blocks[:, :128], blocks[:, 128:192], blocks[:, 192:208]
-    d = _f16(blocks, 208)
-    dl = (d * scales.contiguous().view(torch.int8).to(torch.float32)).view(n, 16, 1)
-    low = _unpack(ql, 64, [0, 4], 0x0F).view(n, -1, 32)
-    high = _unpack(qh, 32, [0, 2, 4, 6], 0x03).view(n, -1, 32)
-    q = ((low | (high << 4)).to(torch.int8) - 32).view(n, 16, 16).to(torch.float32)
+    scales, codes = q6_k_parts(blocks)
+    dl = (_f16(blocks, 208) * scales.to(torch.float32)).view(n, 16, 1)
+    q = (codes.to(torch.int8) - 32).view(n, 16, 16).to(torch.float32)
     return (dl * q).view(n, QK_K)
 
 

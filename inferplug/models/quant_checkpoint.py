@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 GROUP_SIZES = (32, 64, 128)
 BITS = {"awq": (4,), "gptq": (4, 8)}  # GPTQ's 8 bits: symmetric, on the CPU kernels (quant/checkpoint_layers.py)
 PACKED = ("qweight", "qzeros", "scales")
-CONVERSION_VERSION = 2  # a key part of the conversion cache's entries: bump it when a layer's conversion changes
+CONVERSION_VERSION = 3  # a key part of the conversion cache's entries: bump it when a layer's conversion changes
 
 
 @dataclass(frozen=True)

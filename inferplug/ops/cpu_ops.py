@@ -13,9 +13,9 @@ from inferplug.ops.attention import AttentionContext, DecodeGroup
 from inferplug.ops.step import StepRows
 from inferplug.ops.torch_ops import TorchOps
 from inferplug.quant.block_linear import KERNEL_MAX_ROWS, BlockLinear
-from inferplug.quant.checkpoint_layers import PermutedLinear
+from inferplug.quant.checkpoint_layers import PermutedLinear, RowPartsLinear
 
-BLOCK_KINDS = {"q4_matmul": 4, "q8_matmul": 8}  # BlockLinear.kernel -> decode_layers' weight kind
+BLOCK_KINDS = {"q4_matmul": 4, "q4_k_matmul": 5, "q4_g128_matmul": 6, "q6_k_matmul": 7, "q8_matmul": 8}  # BlockLinear.kernel -> decode_layers' weight kind
 
 
 class CpuKernelOps(TorchOps):
@@ -26,6 +26,7 @@ class CpuKernelOps(TorchOps):
         self.kernels = kernels  # torch.ops.inferplug, loaded (kernels.cpu.ops())
         self.paged_kernel = head_dim % 8 == 0  # the attention kernel's vectors; other widths take torch attention
         self.in_order = torch.empty(0, dtype=torch.long)  # decode_layers' order of a weight whose inputs are in order
+        self.no_weight = torch.empty(0, dtype=torch.uint8)  # decode_layers' absent second q/k/v part
 
     def context(self, step: StepRows) -> AttentionContext:
         if not self.paged_kernel:
@@ -67,7 +68,7 @@ class CpuKernelOps(TorchOps):
         return self.kernels.silu_mul(gate_up)
 
     def run_layers(self, model, x, positions, ctx: AttentionContext, kv_caches) -> bool:
-        """Decode steps whose every layer weight is Q4_1 / Q8_0 blocks (GPTQ act-order ones too, their inputs
+        """Decode steps whose every layer weight is blocks the kernels run (GPTQ act-order ones too, their inputs
         gathered in the call): every layer in one C++ call, the same kernels without Python between them."""
         blocks = self.block_layers(model, ctx, x.shape[0])
         if blocks is None:
@@ -80,8 +81,9 @@ class CpuKernelOps(TorchOps):
 
     def block_layers(self, model, ctx: AttentionContext, tokens: int):
         """(norms, weights, kinds, orders) for decode_layers, or None where the step cannot take it: it must be
-        decode rows only (prefill rows take float matmuls), and every layer weight Q4_1 / Q8_0 blocks without bias
-        (no qkv bias either), run by their kernels (at most KERNEL_MAX_ROWS rows). An act-order weight
+        decode rows only (prefill rows take float matmuls), and every layer weight blocks without bias (no qkv bias
+        either), run by their kernels (at most KERNEL_MAX_ROWS rows). Per layer five weights: q/k/v, a second part
+        of q/k/v in another format (RowPartsLinear) or none (kind 0), o, gate/up, down. An act-order weight
         (PermutedLinear) gives its blocks and its input order; the others an empty order."""
         if not self.paged_kernel or ctx.decode_rows != tokens or tokens > KERNEL_MAX_ROWS:
             return None
@@ -90,10 +92,18 @@ class CpuKernelOps(TorchOps):
             if layer.qkv_bias is not None:  # Qwen2's: the layer-by-layer path adds it
                 return None
             norms += [layer.input_norm, layer.post_norm]
-            for w in (layer.qkv, layer.o, layer.gate_up, layer.down):
+            qkv = list(layer.qkv.parts) if isinstance(layer.qkv, RowPartsLinear) else [layer.qkv, None]
+            if len(qkv) != 2:
+                return None
+            for w in (*qkv, layer.o, layer.gate_up, layer.down):
                 order = self.in_order
                 if isinstance(w, PermutedLinear):
                     order, w = w.order, w.inner
+                if w is None:  # no second q/k/v part
+                    weights.append(self.no_weight)
+                    kinds.append(0)
+                    orders.append(order)
+                    continue
                 if not isinstance(w, BlockLinear) or w.kernel not in BLOCK_KINDS or w.bias is not None:
                     return None
                 weights.append(w.blocks)

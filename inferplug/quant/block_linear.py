@@ -36,6 +36,7 @@ class BlockLinear(WeightOnlyLinear):
 
     compute_dtype = torch.float32
     fields: tuple[int, ...]  # a block's fields' bytes, in the order a row stores them
+    spans: tuple[int, ...] = ()  # blocks one entry of each field covers (Q4_K's d and dmin: 8 each); () for 1 each
     interleaved = True  # the quants by runs of words (the integer kernels' layout)
     kernel: str  # torch.ops.inferplug.<kernel>(x, blocks): the matmul of decode rows
     prefill: str  # torch.ops.inferplug.<prefill>(x, blocks, precision): float32 / bfloat16 prefill rows
@@ -44,7 +45,7 @@ class BlockLinear(WeightOnlyLinear):
 
     def __init__(self, blocks: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
-        self.out_features, self.in_features = blocks.shape[0], blocks.shape[1] // sum(self.fields) * BLOCK
+        self.out_features, self.in_features = blocks.shape[0], self.blocks_in(blocks.shape[1]) * BLOCK
         self.register_buffer("blocks", blocks)  # uint8 [out, in / 32 * block bytes]
         self.register_buffer("bias", None if bias is None else bias.float())
         # The ops' overloads, not their packets: a decode step calls the kernel ~120 times, ~0.5 us saved each.
@@ -57,6 +58,7 @@ class BlockLinear(WeightOnlyLinear):
         out_features, in_features = weight.shape
         if in_features % BLOCK:
             raise ProfileError(f"{cls.__name__} needs in_features divisible by 32; this layer has {in_features}.")
+        cls.field_bytes(in_features // BLOCK)  # whole super-blocks, where the format has them
         groups = weight.detach().float().reshape(out_features, in_features // BLOCK, BLOCK)
         return cls.from_fields(*cls._pack(groups), bias=bias)
 
@@ -66,17 +68,36 @@ class BlockLinear(WeightOnlyLinear):
         _pack gives them; quant/checkpoint_layers.py packs AWQ / GPTQ groups so). Each field is copied once, straight
         into its place in the rows: a 7B checkpoint's load holds no second copy of a layer."""
         out_features, blocks = fields[-1].shape[:2]
-        rows = torch.empty(out_features, blocks * sum(cls.fields), dtype=torch.uint8)
+        sizes = cls.field_bytes(blocks)
+        rows = torch.empty(out_features, sum(sizes), dtype=torch.uint8)
         start = 0
-        for index, (field, size) in enumerate(zip(fields, cls.fields)):
-            dest = rows[:, start:start + blocks * size]
-            field = field.reshape(out_features, blocks, size)
+        for index, (field, size, nbytes) in enumerate(zip(fields, cls.fields, sizes)):
+            dest = rows[:, start:start + nbytes]
+            field = field.reshape(out_features, nbytes // size, size)
             if index == len(fields) - 1 and cls.interleaved:
                 _interleave_into(dest, field)
             else:
-                dest.view(out_features, blocks, size).copy_(field)
-            start += blocks * size
+                dest.view(out_features, nbytes // size, size).copy_(field)
+            start += nbytes
         return cls(rows, bias)
+
+    @classmethod
+    def field_bytes(cls, blocks: int) -> list[int]:
+        """Each field's bytes in a row of `blocks` blocks."""
+        spans = cls.spans or (1,) * len(cls.fields)
+        if any(blocks % span for span in spans):
+            raise ProfileError(f"{cls.__name__} needs whole groups of {max(spans)} blocks ({max(spans) * BLOCK} inputs); "
+                               f"this row has {blocks * BLOCK}.")
+        return [blocks // span * size for size, span in zip(cls.fields, spans)]
+
+    @classmethod
+    def blocks_in(cls, row_bytes: int) -> int:
+        """The blocks a row of `row_bytes` holds."""
+        largest = max(cls.spans or (1,))  # the smallest whole row
+        blocks = row_bytes // sum(cls.field_bytes(largest)) * largest
+        if sum(cls.field_bytes(blocks)) != row_bytes:
+            raise ProfileError(f"{row_bytes} bytes are not a whole row of {cls.__name__} blocks.")
+        return blocks
 
     @classmethod
     def requantized(cls, layer: "BlockLinear", rows_at_once: int = 256) -> "BlockLinear":
@@ -88,9 +109,8 @@ class BlockLinear(WeightOnlyLinear):
 
     def dequantized(self) -> torch.Tensor:
         """The float weight, unpacked by torch ops (the reference the kernels are tested against)."""
-        blocks = self.in_features // BLOCK
-        fields = self.blocks.split([blocks * size for size in self.fields], dim=1)
-        *fields, quants = (f.reshape(self.out_features, blocks, -1) for f in fields)
+        fields = self.blocks.split(self.field_bytes(self.in_features // BLOCK), dim=1)
+        *fields, quants = (f.reshape(self.out_features, f.shape[1] // size, size) for f, size in zip(fields, self.fields))
         weight = self._unpack(*fields, _deinterleave(quants) if self.interleaved else quants)
         return weight.reshape(self.out_features, self.in_features)
 
@@ -167,6 +187,106 @@ class Q4Linear(BlockLinear):
     @staticmethod
     def _unpack(scale, low, nibbles):
         return torch.cat([nibbles & 15, nibbles >> 4], dim=-1).float() * _floats(scale) + _floats(low)
+
+
+class Q4KLinear(BlockLinear):
+    """Q4Linear's nibbles under llama.cpp's Q4_K scales, so a Q4_K weight runs as stored: per 8 blocks (a super-block
+    of 256 inputs) fp16 d and dmin, per block 6-bit codes sc and m (a byte each); w = d * sc * q - dmin * m.
+    4.625 bits a weight (Q4_K's own 4.5 packs the codes 6 bits each), against Q4_1's 5."""
+
+    fields, spans = (2, 2, 1, 1, 16), (8, 8, 1, 1, 1)  # d, dmin, sc, m, nibbles
+    kernel, prefill, unpack = "q4_k_matmul", "q4_k_prefill_matmul", "q4_k_dequantize"
+
+    @staticmethod
+    def _pack(groups):
+        """Q4_K's own rounding, simplified: each block's Q4_1 range, its scale and min (a min above zero is zero)
+        as 6-bit codes of its super-block's largest."""
+        out, blocks = groups.shape[:2]
+        low = groups.amin(dim=-1, keepdim=True).clamp(max=0)  # [out, blocks, 1]
+        step, offset, fields = [], [], []
+        for value in ((groups.amax(dim=-1, keepdim=True) - low) / 15, -low):  # the scales, then the mins
+            top = (value.reshape(out, blocks // 8, 8).amax(dim=-1, keepdim=True) / 63).half()  # d, dmin
+            code = torch.round(value / _per_block(top).clamp(min=1e-10)).clamp(0, 63)
+            (step if not fields else offset).append(_per_block(top) * code)
+            fields += [top.view(torch.uint8), code.to(torch.uint8)]
+        q = torch.round((groups + offset[0]) / step[0].clamp(min=1e-10)).clamp(0, 15).to(torch.uint8)
+        return fields[0], fields[2], fields[1], fields[3], q[..., :16] | (q[..., 16:] << 4)
+
+    @staticmethod
+    def _unpack(d, dmin, sc, m, nibbles):
+        q = torch.cat([nibbles & 15, nibbles >> 4], dim=-1).float()
+        return q * (_per_block(d) * sc.float()) + -(_per_block(dmin) * m.float())
+
+
+class Q4G128Linear(Q4Linear):
+    """Q4Linear's blocks for weights quantized in groups of 128 inputs (AWQ's and GPTQ's default): the 4 blocks of a
+    group share its fp16 scale and min, stored once. The same values as Q4_1, in 4.25 bits a weight instead of 5."""
+
+    spans = (4, 4, 1)  # scale, min, nibbles
+    kernel, prefill, unpack = "q4_g128_matmul", "q4_g128_prefill_matmul", "q4_g128_dequantize"
+
+    @staticmethod
+    def _pack(groups):
+        out, blocks = groups.shape[:2]
+        groups = groups.reshape(out, blocks // 4, 4 * BLOCK)
+        low = groups.amin(dim=-1, keepdim=True).half()
+        scale = ((groups.amax(dim=-1, keepdim=True) - low.float()) / 15).half()
+        q = torch.round((groups - low.float()) / scale.float().clamp(min=1e-10)).clamp(0, 15).to(torch.uint8)
+        q = q.reshape(out, blocks, BLOCK)
+        return scale.view(torch.uint8), low.view(torch.uint8), q[..., :16] | (q[..., 16:] << 4)
+
+    @staticmethod
+    def _unpack(scale, low, nibbles):
+        return Q4Linear._unpack(*(half.repeat_interleave(4, dim=1) for half in (scale, low)), nibbles)
+
+
+class Q6KLinear(BlockLinear):
+    """llama.cpp's Q6_K as stored, so a Q4_K_M's Q6_K tensors run in their own bits: per 8 blocks (a super-block of
+    256 inputs) an fp16 d, per 16 inputs an int8 scale sc, per input a 6-bit code q; w = d * sc * (q - 32). A block's
+    quants: Q4Linear's 16 bytes of low nibbles, then two words of high bit pairs (kernels/cpu/quant_dot.h's Q6_K).
+    6.5625 bits a weight, as the file's, against the Q8_0 requantization's 8.5."""
+
+    fields, spans = (2, 1, 1, 24), (8, 1, 1, 1)  # d, sc of inputs 0..15, sc of 16..31, quants
+    kernel, prefill, unpack = "q6_k_matmul", "q6_k_prefill_matmul", "q6_k_dequantize"
+
+    @staticmethod
+    def _pack(groups):
+        """Q6_K's rounding, simplified: each 16 inputs' scale max |w| / 31 as an int8 code of its super-block's d."""
+        out, blocks = groups.shape[:2]
+        scale = groups.reshape(out, blocks, 2, 16).abs().amax(dim=-1) / 31  # [out, blocks, 2]
+        d = (scale.reshape(out, blocks // 8, 16).amax(dim=-1, keepdim=True) / 127).half()  # [out, blocks / 8, 1]
+        sc = torch.round(scale / _per_block(d).clamp(min=1e-10)).clamp(-128, 127)
+        step = (_per_block(d) * sc).repeat_interleave(16, dim=-1)  # [out, blocks, 32]
+        codes = (torch.round(groups / step.clamp(min=1e-10)).clamp(-32, 31) + 32).to(torch.uint8)
+        sc = sc.to(torch.int8).view(torch.uint8)
+        return d.view(torch.uint8), sc[..., :1], sc[..., 1:], pack_six_bits(codes)
+
+    @staticmethod
+    def _unpack(d, sc_low, sc_high, quants):
+        sc = torch.cat([sc_low, sc_high], dim=-1).view(torch.int8).float().repeat_interleave(16, dim=-1)
+        return (six_bit_codes(quants).float() - 32) * (_per_block(d) * sc)
+
+
+def pack_six_bits(codes: torch.Tensor) -> torch.Tensor:
+    """Codes 0..63 [..., 32] -> Q6KLinear's 24 quant bytes: low nibbles as Q4Linear's (byte j: input j, j + 16), then
+    byte i of word h (h = 0, 1) holding input 16h + 4k + i's high bit pair in bits 2k, 2k + 1 (k = 0..3)."""
+    low, high = codes & 15, codes >> 4
+    pairs = high.reshape(*codes.shape[:-1], 2, 4, 4)  # [..., h, k, i]
+    words = sum(pairs[..., k, :] << (2 * k) for k in range(4)).reshape(*codes.shape[:-1], 8)
+    return torch.cat([low[..., :16] | (low[..., 16:] << 4), words], dim=-1)
+
+
+def six_bit_codes(quants: torch.Tensor) -> torch.Tensor:
+    """The inverse of pack_six_bits: [..., 24] -> codes [..., 32]."""
+    nibbles, words = quants[..., :16], quants[..., 16:].reshape(*quants.shape[:-1], 2, 1, 4)
+    high = torch.cat([(words >> (2 * k)) & 3 for k in range(4)], dim=-2).reshape(*quants.shape[:-1], 32)
+    return torch.cat([nibbles & 15, nibbles >> 4], dim=-1) | (high << 4)
+
+
+def _per_block(halves: torch.Tensor) -> torch.Tensor:
+    """A super-block field (fp16 bytes [out, blocks / 8, 2], or floats [out, blocks / 8, 1]) as floats per block."""
+    values = halves.float() if halves.dtype == torch.float16 else _floats(halves)
+    return values.repeat_interleave(8, dim=1)
 
 
 class Q8Linear(BlockLinear):

@@ -1,7 +1,8 @@
 """Layers that run an AWQ / GPTQ checkpoint's int4 groups (quant/group_int4.py) without dequantizing the model.
 
-- CPU with inferplug's kernels: repacked at load into the engine's Q4_1 blocks (Q4Linear). A group of G inputs
-  with scale s and zero z is G / 32 blocks of 32 with scale s and min -s*z: w = q*s - s*z. The scale is the
+- CPU with inferplug's kernels: repacked at load into the engine's Q4_1 blocks (Q4Linear; Q4G128Linear for groups
+  of 128, which stores each group's scale and min once: 4.25 bits a weight). A group of G inputs with scale s and
+  zero z is G / 32 blocks of 32 with scale s and min -s*z: w = q*s - s*z. The scale is the
   checkpoint's fp16 exactly; the min is rounded to fp16 (at most 2^-12 * 15 * s off, under 0.4% of one
   quantization step), the one inexact part. GPTQ at 8 bits, symmetric (z = 128), is Q8_0 blocks (Q8Linear) of
   int8 q - 128 with scale s: exact.
@@ -19,7 +20,7 @@ import torch
 
 from inferplug.errors import ProfileError
 from inferplug.quant.base import WeightOnlyLinear
-from inferplug.quant.block_linear import BLOCK, BlockLinear, Q4Linear, Q8Linear
+from inferplug.quant.block_linear import BLOCK, BlockLinear, Q4G128Linear, Q4Linear, Q8Linear
 from inferplug.quant.group_int4 import GroupQuant
 
 
@@ -44,12 +45,16 @@ def checkpoint_layer(quant: GroupQuant, device: str, bias: torch.Tensor | None =
 
 
 def q4_layer(quant: GroupQuant, bias: torch.Tensor | None = None) -> Q4Linear:
-    """Q4_1 blocks holding `quant` (its groups contiguous)."""
-    scale = _per_block(quant.scales.half(), quant)
-    low = _per_block((-(quant.scales.float() * quant.zeros.float())).half(), quant)
+    """Q4_1 blocks holding `quant` (its groups contiguous): groups of 128 keep one scale and min a group
+    (Q4G128Linear), other sizes repeat them in each block."""
+    scale, low = quant.scales.half(), (-(quant.scales.float() * quant.zeros.float())).half()
+    if quant.group_size == 4 * BLOCK:
+        cls = Q4G128Linear
+    else:
+        cls, scale, low = Q4Linear, _per_block(scale, quant), _per_block(low, quant)
     # quant.packed is already Q4Linear's nibble order (byte j: input j low, input j + 16 high)
-    return Q4Linear.from_fields(scale.unsqueeze(-1).view(torch.uint8), low.unsqueeze(-1).view(torch.uint8),
-                                quant.packed, bias=bias)
+    return cls.from_fields(scale.unsqueeze(-1).view(torch.uint8), low.unsqueeze(-1).view(torch.uint8), quant.packed,
+                           bias=bias)
 
 
 def q8_layer(quant: GroupQuant, bias: torch.Tensor | None = None) -> Q8Linear:
@@ -134,12 +139,20 @@ class PermutedLinear(WeightOnlyLinear):
 
 
 def fuse_rows(parts: list) -> torch.Tensor | WeightOnlyLinear:
-    """q/k/v or gate/up as one weight: float tensors concatenated, or the layers' output rows concatenated."""
+    """q/k/v or gate/up as one weight: float tensors concatenated, or the layers' output rows concatenated. Block
+    layers of different formats (a Q4_K_M GGUF's Q6_K attn_v beside Q4_K q/k) keep their own: each run
+    of one format fused, the runs side by side (RowPartsLinear)."""
     if all(isinstance(p, torch.Tensor) for p in parts):
         return torch.cat(parts).contiguous()
     kinds = {type(p) for p in parts}
-    if kinds == {Q4Linear, Q8Linear}:  # a Q4_K_M GGUF's Q6_K attn_v beside Q4_K q/k: all as Q8_0, the wider blocks
-        parts, kinds = [p if isinstance(p, Q8Linear) else Q8Linear.requantized(p) for p in parts], {Q8Linear}
+    if len(kinds) > 1 and all(isinstance(p, BlockLinear) and p.bias is None for p in parts):
+        runs = [[parts[0]]]
+        for part in parts[1:]:
+            if type(part) is type(runs[-1][0]):
+                runs[-1].append(part)
+            else:
+                runs.append([part])
+        return RowPartsLinear([fuse_rows(run) for run in runs])
     if len(kinds) != 1 or any(getattr(p, "bias", None) is not None for p in parts):
         raise ProfileError("a fused projection mixes quantized and float (or biased) parts; quantize all of "
                            "q/k/v and gate/up alike (GPTQModel and AutoAWQ do by default)")
@@ -152,6 +165,22 @@ def fuse_rows(parts: list) -> torch.Tensor | WeightOnlyLinear:
     if isinstance(first, BlockLinear):
         return type(first)(torch.cat([p.blocks for p in parts]))
     return first.fused(parts[1:])
+
+
+class RowPartsLinear(WeightOnlyLinear):
+    """Output rows computed by layers of different formats from one input, side by side: y = [part(x) for each]."""
+
+    def __init__(self, parts: list[BlockLinear]):
+        super().__init__()
+        self.parts = torch.nn.ModuleList(parts)
+        self.in_features, self.out_features = parts[0].in_features, sum(p.out_features for p in parts)
+        self.compute_dtype, self.bias = parts[0].compute_dtype, None
+
+    def forward(self, x: torch.Tensor, decode_rows: int | None = None) -> torch.Tensor:
+        return torch.cat([part.forward(x, decode_rows) for part in self.parts], dim=-1)
+
+    def dequantized(self) -> torch.Tensor:
+        return torch.cat([part.dequantized() for part in self.parts])
 
 
 def fold_down_order(gate_up, down) -> tuple:

@@ -10,13 +10,15 @@ flipped SmolLM2's "Paris" to "L'Étoile", as an int4 head does).
 
 LAYER_BITS = {"fp16": 16.0, "int8": 8.5, "int4": 5.0}
 # AWQ / GPTQ int4 checkpoints load as layers (quant/checkpoint_layers.py): repacked into Q4_1 blocks where the CPU
-# kernels run (5 bits), else kept in groups: 4 bits + an fp16 scale and a uint8 zero per group (4.19 at group 128).
+# kernels run (4.25 bits for groups of 128, a scale and min a group; else 5), else kept in groups: 4 bits + an fp16 scale and a uint8 zero per group (4.19 at group 128).
 CHECKPOINT_FORMATS = ("awq", "gptq")
 LOADED_AS_LAYERS = (*CHECKPOINT_FORMATS, "gguf")  # the loader builds their layers: quantize_model only adds the rest
 
 
 def checkpoint_layer_bits(q4_blocks: bool, group_size: int = 128) -> float:
-    return LAYER_BITS["int4"] if q4_blocks else 4 + 24 / group_size
+    if q4_blocks:  # groups of 128 keep one fp16 scale and min a group (Q4G128Linear); others repeat them per 32
+        return 4 + 32 / group_size if group_size == 128 else LAYER_BITS["int4"]
+    return 4 + 24 / group_size
 
 
 def float_model_format(fmt: str) -> str:
@@ -31,21 +33,30 @@ def head_format(layer_format: str, device_kind: str) -> str:
     return "fp16" if device_kind == "cpu" and layer_format == "fp16" else "int8"
 
 
-# GGUF block types our Q4_1 blocks hold up to fp16 rounding (Q4_K: of each sub-block's d*scale, dmin*min), and those
-# Q8_0 holds exactly (Q5_0: its codes q - 16 are int8 with the same scale). Other quantized types run as Q8_0 blocks,
-# requantized from their values (models/gguf_layers.py states and tests each error).
+# GGUF block types our Q4_1 blocks hold exactly (Q4_0: its -8 d min is exact in fp16), and those Q8_0 holds exactly
+# (Q5_0: its codes q - 16 are int8 with the same scale). Q4_K runs in blocks of its own ("q4_k": its scales exact,
+# its 6-bit codes a byte each, 4.625 bits), Q6_K too ("q6_k", exactly, 6.5625 bits). Other quantized types run as
+# Q8_0 blocks, requantized from their values (models/gguf_layers.py states and tests each error).
 GGUF_Q4_SOURCES = ("Q4_0", "Q4_1", "Q4_K")
+Q4_K_BITS = 4.625  # per 256 weights: fp16 d and dmin, 16 one-byte codes, 128 bytes of nibbles
+Q6_K_BITS = 6.5625  # per 256 weights: an fp16 d, 16 int8 scales, 192 bytes of 6-bit codes (the file's own)
 GGUF_Q8_EXACT = ("Q8_0", "Q5_0")
 GGUF_FLOAT_TYPES = ("F32", "F16", "BF16")
 GGUF_LAYER_FORMATS = ("gguf", "int4", "int8")  # the formats a GGUF loads straight into as layers, on the CPU kernels
 
 
 def gguf_layer_format(type_name: str, target: str, head: bool = False) -> str:
-    """The block format ("int4" Q4_1 / "int8" Q8_0) a GGUF tensor of `type_name` is stored in under quantization.format
-    `target` ("gguf": the file's own bits; "int4" / "int8": pinned). A head is Q8_0 on float activations whatever the
-    file holds (int4 heads and int8-activation heads flip SmolLM2's answers)."""
+    """The block format ("int4" Q4_1 / "q4_k" Q4_K / "q6_k" Q6_K / "int8" Q8_0) a GGUF tensor of `type_name` is stored
+    in under quantization.format `target` ("gguf": the file's own bits; "int4" / "int8": pinned; a Q4_K is 4-bit as
+    it is).
+    A head is Q8_0 on float activations whatever the file holds (int4 heads and int8-activation heads flip SmolLM2's
+    answers)."""
     if head or target == "int8":
         return "int8"
+    if type_name == "Q4_K":
+        return "q4_k"
+    if type_name == "Q6_K" and target == "gguf":
+        return "q6_k"
     if target == "int4":
         return "int4"
     return "int4" if type_name in GGUF_Q4_SOURCES else "int8"

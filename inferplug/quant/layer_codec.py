@@ -11,10 +11,10 @@ from collections.abc import Callable
 
 import torch
 
-from inferplug.quant.block_linear import Q4Linear, Q8HeadLinear, Q8Linear
-from inferplug.quant.checkpoint_layers import GroupInt4Linear, PermutedLinear
+from inferplug.quant.block_linear import Q4G128Linear, Q4KLinear, Q4Linear, Q6KLinear, Q8HeadLinear, Q8Linear
+from inferplug.quant.checkpoint_layers import GroupInt4Linear, PermutedLinear, RowPartsLinear
 
-BLOCK_KINDS = {cls.__name__: cls for cls in (Q4Linear, Q8Linear, Q8HeadLinear)}
+BLOCK_KINDS = {cls.__name__: cls for cls in (Q4Linear, Q4G128Linear, Q4KLinear, Q6KLinear, Q8Linear, Q8HeadLinear)}
 GROUP_FIELDS = ("qweight", "scales", "zeros", "bias")
 
 
@@ -33,6 +33,8 @@ def flatten(obj, tensors: list[torch.Tensor]) -> dict:
         return {"kind": type(obj).__name__, "blocks": add(obj.blocks), "bias": add(obj.bias)}
     if isinstance(obj, PermutedLinear):
         return {"kind": "PermutedLinear", "inner": flatten(obj.inner, tensors), "order": add(obj.order)}
+    if isinstance(obj, RowPartsLinear):
+        return {"kind": "RowPartsLinear", "parts": [flatten(part, tensors) for part in obj.parts]}
     if isinstance(obj, GroupInt4Linear):
         return {"kind": "GroupInt4Linear", "group_size": obj.group_size,
                 **{field: add(getattr(obj, field)) for field in GROUP_FIELDS}}
@@ -52,6 +54,8 @@ def rebuild(layout: dict, tensor: Callable[[int], torch.Tensor]):
         return BLOCK_KINDS[kind](tensor(layout["blocks"]), get(layout["bias"]))
     if kind == "PermutedLinear":
         return PermutedLinear(rebuild(layout["inner"], tensor), tensor(layout["order"]))
+    if kind == "RowPartsLinear":
+        return RowPartsLinear([rebuild(part, tensor) for part in layout["parts"]])
     if kind == "GroupInt4Linear":
         qweight, scales, zeros, bias = (get(layout[field]) for field in GROUP_FIELDS)
         return GroupInt4Linear(qweight, scales, zeros, int(layout["group_size"]), bias)

@@ -48,7 +48,7 @@ class MetricsBoard:
 
 
 class EngineReplica:
-    def __init__(self, profile: Any, api_key: str | None, max_body_bytes: int, board: Any) -> None:
+    def __init__(self, profile: Any, max_body_bytes: int, board: Any) -> None:
         from ray import serve
 
         from inferplug.backends.registry import get_backend
@@ -57,7 +57,8 @@ class EngineReplica:
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.board = board
         self.backend = get_backend(profile)
-        self.app = create_app(self.backend, api_key=api_key, max_body_bytes=max_body_bytes)
+        # the key comes from this process's environment (replicas.deployment_options), never as an argument
+        self.app = create_app(self.backend, api_key=None, max_body_bytes=max_body_bytes)
 
     async def handle(self, request: RoutedRequest):  # noqa: ANN201 - an async generator of ASGI messages
         sent: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()

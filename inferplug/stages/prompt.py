@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from inferplug.chat_template import encode_chat
 from inferplug.errors import RequestError
 from inferplug.types import Request, SamplingParams
 
@@ -32,8 +33,7 @@ def prompt_token_ids(backend: Backend, request: Request) -> list[int]:
     """The request's prompt as token ids, checked against the vocabulary and the context."""
     tokenizer = backend.tokenizer
     if request.messages is not None:
-        text = backend.apply_chat_template(request.messages, request.tools)
-        ids = tokenizer.encode(text, add_special_tokens=False)
+        ids, _ = encode_chat(tokenizer, backend.apply_chat_template, request.messages, request.tools)
     elif isinstance(request.prompt, str):
         ids = tokenizer.encode(request.prompt)
     else:

@@ -150,3 +150,22 @@ def test_act_order_decodes_in_one_kernel_call_like_the_layer_by_layer_path(cpu_k
     assert any(fused_steps) and not all(fused_steps), "decode-only steps run fused, steps with prefill do not"
     unfuse_steps(monkeypatch)
     assert generate() == fused
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_plan_counts_the_layers_bits_as_loaded(cpu_kernel_ops, name, tmp_path, monkeypatch):
+    """`resolve` reads the checkpoint's bits and group size: its layer bits are the loaded layers' (Q4_1 blocks at 5
+    bits for groups of 32 or 64, Q8_0 at 8.5 for 8-bit GPTQ; groups of 128 share a scale: bench/real_size.py's 7B)."""
+    from inferplug.hardware import probe
+    from inferplug.profile import load_profile
+    from inferplug.resolver import resolve
+
+    monkeypatch.setenv("INFERPLUG_HOME", str(tmp_path / "home"))  # no facts memo from another version
+    profile = tmp_path / "checkpoint.toml"
+    profile.write_text(f'backend = "native"\n[model]\npath = "{fixture_dir(name)}"\n'
+                       f'[quantization]\nformat = "{name.split("-")[0]}"\n[cache]\nmemory = "16MiB"\n')
+    reasons = " ".join(resolve(load_profile(str(profile)), probe()).reasons)
+    layers = [getattr(w, "inner", w) for layer in make_engine(fixture_dir(name)).runner.model.layers
+              for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]  # an act-order layer's blocks (its order aside)
+    loaded_bits = 8 * sum(w.nbytes() for w in layers) / sum(w.in_features * w.out_features for w in layers)
+    assert f"({loaded_bits:.3g} bits)" in reasons, (loaded_bits, reasons)

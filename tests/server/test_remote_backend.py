@@ -40,10 +40,10 @@ def text_of(events, index=0) -> str:
 
 def test_chat_and_completion_match_the_served_backend(live_server, plan_for_openai):
     backend = remote(plan_for_openai, live_server.url)
-    assert backend.model_name == "tiny-llama" and backend.context_length == live_server.backend.context_length
     for request in (dict(messages=MESSAGES), dict(prompt="the weather is")):
         got = backend.generate_sync(Request(params=SamplingParams(**GREEDY), **request))
         want = live_server.backend.generate_sync(Request(params=SamplingParams(**GREEDY), **request))
+        assert backend.model_name == "tiny-llama" and backend.context_length == live_server.backend.context_length
         assert text_of(got) == text_of(want)
         assert got[-1].finish_reason == "length" and got[-1].usage.completion_tokens == 10
         assert got[-1].usage.prompt_tokens == want[-1].usage.prompt_tokens
@@ -68,21 +68,21 @@ def test_request_errors_come_back_as_request_errors(live_server, plan_for_openai
     with pytest.raises(RequestError, match="temperature"):
         backend.generate_sync(Request(prompt="hi", params=SamplingParams(temperature=9)))
     with pytest.raises(RequestError, match="context") as info:
-        backend.generate_sync(Request(prompt=[5] * (backend.context_length + 1)))
+        backend.generate_sync(Request(prompt=[5] * (live_server.backend.context_length + 1)))
     assert info.value.status == 400 and info.value.param == "prompt"
 
 
 def test_api_key_from_the_named_env_var_and_never_in_errors(server_factory, tiny_backend, plan_for_openai,
                                                            monkeypatch):
     server = server_factory(tiny_backend, api_key="k-123-secret")
-    monkeypatch.setenv("REMOTE_KEY", "k-123-secret")
-    good = remote(plan_for_openai, server.url, api_key_env="REMOTE_KEY")
+    monkeypatch.setenv("REMOTE_API_KEY", "k-123-secret")
+    good = remote(plan_for_openai, server.url, api_key_env="REMOTE_API_KEY")
     assert good.generate_sync(Request(messages=MESSAGES, params=SamplingParams(max_tokens=2)))[-1].usage
-    monkeypatch.setenv("REMOTE_KEY", "k-999-wrong")
-    with pytest.raises(BackendUnavailable) as info:
-        remote(plan_for_openai, server.url, api_key_env="REMOTE_KEY")
-    assert "k-999" not in str(info.value) and "REMOTE_KEY" in str(info.value)
-    wrong = remote(plan_for_openai, server.url, 512, api_key_env="REMOTE_KEY", model="tiny-llama")
+    monkeypatch.setenv("REMOTE_API_KEY", "k-999-wrong")
+    with pytest.raises(BackendUnavailable) as info:  # the model list is read with the first request
+        remote(plan_for_openai, server.url, api_key_env="REMOTE_API_KEY").generate_sync(Request(messages=MESSAGES))
+    assert "k-999" not in str(info.value) and "REMOTE_API_KEY" in str(info.value)
+    wrong = remote(plan_for_openai, server.url, 512, api_key_env="REMOTE_API_KEY", model="tiny-llama")
     with pytest.raises(RequestError) as info:
         wrong.generate_sync(Request(messages=MESSAGES))
     assert info.value.status == 401 and "k-999" not in str(info.value)
@@ -156,7 +156,7 @@ def test_unreachable_server_is_a_clear_error(plan_for_openai):
         port = s.getsockname()[1]  # nothing listens here once the socket closes
     url = f"http://127.0.0.1:{port}/v1"
     with pytest.raises(BackendUnavailable, match="cannot reach"):
-        remote(plan_for_openai, url)
+        remote(plan_for_openai, url).generate_sync(Request(prompt="hi"))
     backend = remote(plan_for_openai, url, 512, model="m", max_retries=1)
     with pytest.raises(BackendUnavailable, match="after 2 tries"):
         backend.generate_sync(Request(prompt="hi"))

@@ -1,4 +1,4 @@
-// Every decoder layer of a decode step in one call, when the layers' weights are Q4_1 / Q8_0 blocks: the
+// Every decoder layer of a decode step in one call, when the layers' weights are Q4_1 / Q4_G128 / Q4_K / Q8_0 blocks: the
 // same kernels, in the same order, as LlamaModel.forward calls them one by one from Python, so the result
 // is bit for bit the same. At one token a step the Python between ~300 kernel calls cost about as much
 // as the layers' arithmetic.
@@ -22,8 +22,10 @@ using Matmul = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optio
 
 // x: the step's hidden states [T, hidden], one row per sequence, updated in place to the last layer's
 // residual stream. Per layer i: norms[2i], norms[2i+1] (input and post-attention RMSNorm weights);
-// weights[4i..4i+3] (qkv, o, gate_up, down blocks) with kinds[4i..4i+3] (4: Q4_1, 8: Q8_0) and orders[4i..4i+3]
-// (an act-order weight's input permutation, empty for a weight whose inputs are in order); its K/V pools
+// weights[5i..5i+4] (qkv, a second qkv part, o, gate_up, down blocks) with kinds[5i..5i+4] (4: Q4_1, 5: Q4_K,
+// 6: Q4_G128, 7: Q6_K, 8: Q8_0; 0 for no second qkv part: its weight is then unused) and orders[5i..5i+4] (an act-order
+// weight's input permutation, empty for a weight whose inputs are in order). A second qkv part is the next output
+// rows in another format (quant/checkpoint_layers.py RowPartsLinear: a Q4_K_M's Q6_K attn_v beside Q4_K q/k); its K/V pools
 // (float32 or float16: rope_write_kv_ and paged_decode take either).
 // Ends with x plus the last layer's MLP output in x (LlamaModel.forward's result).
 void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, at::IntArrayRef kinds,
@@ -32,9 +34,11 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
                    const at::Tensor& lengths, int64_t num_heads, double scale, double eps) {
   const int64_t layers = static_cast<int64_t>(k_caches.size());
   TORCH_CHECK(layers > 0 && v_caches.size() == k_caches.size() && norms.size() == 2 * k_caches.size() &&
-              weights.size() == 4 * k_caches.size() && kinds.size() == weights.size() && orders.size() == weights.size(),
-              "decode_layers: per layer, 2 norms, 4 weights with their kinds and input orders and a K and a V pool");
-  static const auto q4 = op<Matmul>("inferplug::q4_matmul"), q8 = op<Matmul>("inferplug::q8_matmul");
+              weights.size() == 5 * k_caches.size() && kinds.size() == weights.size() && orders.size() == weights.size(),
+              "decode_layers: per layer, 2 norms, 5 weights with their kinds and input orders and a K and a V pool");
+  static const auto q4 = op<Matmul>("inferplug::q4_matmul"), q4_k = op<Matmul>("inferplug::q4_k_matmul"),
+                    q4_g128 = op<Matmul>("inferplug::q4_g128_matmul"), q6_k = op<Matmul>("inferplug::q6_k_matmul"),
+                    q8 = op<Matmul>("inferplug::q8_matmul");
   static const auto rms_norm = op<at::Tensor(const at::Tensor&, const at::Tensor&, double)>("inferplug::rms_norm");
   static const auto add_rms_norm = op<at::Tensor(at::Tensor&, const at::Tensor&, const at::Tensor&, double)>("inferplug::add_rms_norm_");
   static const auto rope_write_kv = op<void(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&,
@@ -43,10 +47,12 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
                                                  const at::Tensor&, double)>("inferplug::paged_decode");
   static const auto silu_mul = op<at::Tensor(const at::Tensor&)>("inferplug::silu_mul");
   auto linear = [&](const at::Tensor& in, int64_t w) {
-    TORCH_CHECK(kinds[w] == 4 || kinds[w] == 8, "decode_layers: weight kind must be 4 (Q4_1) or 8 (Q8_0), got ", kinds[w]);
+    TORCH_CHECK(kinds[w] >= 4 && kinds[w] <= 8,
+                "decode_layers: weight kind must be 4 (Q4_1), 5 (Q4_K), 6 (Q4_G128), 7 (Q6_K) or 8 (Q8_0), got ", kinds[w]);
     // an act-order weight's inputs are gathered as the matmul quantizes them
     const std::optional<at::Tensor> order = orders[w].numel() ? std::optional<at::Tensor>(orders[w]) : std::nullopt;
-    return (kinds[w] == 4 ? q4 : q8).call(in, weights[w], order);
+    const auto& matmul = kinds[w] == 4 ? q4 : kinds[w] == 5 ? q4_k : kinds[w] == 6 ? q4_g128 : kinds[w] == 7 ? q6_k : q8;
+    return matmul.call(in, weights[w], order);
   };
 
   const int64_t tokens = x.size(0), head_dim = k_caches[0].size(3);
@@ -54,12 +60,12 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
   for (int64_t i = 0; i < layers; i++) {
     at::Tensor k_cache = k_caches[i], v_cache = v_caches[i];
     at::Tensor h = delta ? add_rms_norm.call(x, *delta, norms[2 * i], eps) : rms_norm.call(x, norms[2 * i], eps);
-    at::Tensor qkv = linear(h, 4 * i);
+    at::Tensor qkv = kinds[5 * i + 1] ? at::cat({linear(h, 5 * i), linear(h, 5 * i + 1)}, 1) : linear(h, 5 * i);
     rope_write_kv.call(qkv, positions, cos, signed_sin, k_cache, v_cache, slots, num_heads);
     const at::Tensor q = qkv.view({tokens, -1, head_dim}).narrow(1, 0, num_heads);
     const at::Tensor attn = paged_decode.call(q, k_cache, v_cache, block_tables, lengths, scale).view({tokens, -1});
-    h = add_rms_norm.call(x, linear(attn, 4 * i + 1), norms[2 * i + 1], eps);
-    delta = linear(silu_mul.call(linear(h, 4 * i + 2)), 4 * i + 3);
+    h = add_rms_norm.call(x, linear(attn, 5 * i + 2), norms[2 * i + 1], eps);
+    delta = linear(silu_mul.call(linear(h, 5 * i + 3)), 5 * i + 4);
   }
   if (delta) x.add_(*delta);
 }

@@ -34,13 +34,10 @@ const Isa& avx512() {
   using Float = FloatPanel<F512, false>;
   using Rounded = FloatPanel<F512, true>;
   const bool dot = has_bf16();
-  static const Isa isa{"avx512-vnni", F512::LANES, &quant_matmul_rows<DotVnni<I512>, Q4_1>,
-                       &quant_matmul_rows<DotVnni<I512>, Q8_0>, &float_matmul_rows<F256>, &attend<F512, float>,
-                       &attend<F512, Half>,
-                       {&prefill_matmul_cols<Float, Q4_1>, &prefill_matmul_cols<Float, Q8_0>, PrefillInput::FLOAT32},
-                       {dot ? &prefill_matmul_cols<Bf16Panel, Q4_1> : &prefill_matmul_cols<Rounded, Q4_1>,
-                        dot ? &prefill_matmul_cols<Bf16Panel, Q8_0> : &prefill_matmul_cols<Rounded, Q8_0>,
-                        dot ? PrefillInput::BFLOAT16 : PrefillInput::ROUNDED_BFLOAT16}};
+  static const Isa isa{"avx512-vnni", F512::LANES, quant_kernels<DotVnni<I512>>(), &float_matmul_rows<F256>,
+                       &attend<F512, float>, &attend<F512, Half>, prefill_kernels<Float>(PrefillInput::FLOAT32),
+                       dot ? prefill_kernels<Bf16Panel>(PrefillInput::BFLOAT16)
+                           : prefill_kernels<Rounded>(PrefillInput::ROUNDED_BFLOAT16)};
   return isa;
 }
 

@@ -24,9 +24,10 @@ struct QuantizedRows {
   const int8_t* q;
   const float *scale, *sum;
   const int32_t* qsum;  // each block's sum of q (VNNI's Q8_0 dot: sum((q_w + 128) q_x) - 128 sum(q_x))
+  const int32_t* qsum_low;  // the sum of its first 16 (Q6_K's sub-blocks of 16)
 };
 
-struct WeightRows {  // rows of Q4_1 / Q8_0 blocks, each row's fields regrouped (quant_matmul.cpp), quants by runs
+struct WeightRows {  // rows of Q4_1 / Q4_G128 / Q4_K / Q6_K / Q8_0 blocks, each row's fields regrouped (quant_matmul.cpp), quants by runs
   const uint8_t* data;
   int64_t row_bytes, blocks;
 };
@@ -53,8 +54,11 @@ using PrefillMatmul = void (*)(const WeightRows& w, int64_t n0, int64_t n1, cons
                                int64_t y_stride);
 // x as the kernels take it (the op converts it once a call): float32, float32 rounded to bf16, or bf16 (vdpbf16ps).
 enum class PrefillInput { FLOAT32, ROUNDED_BFLOAT16, BFLOAT16 };
+struct QuantKernels {  // the decode rows' integer matmuls, per format
+  QuantMatmul q4, q4_g128, q4_k, q6_k, q8;
+};
 struct PrefillKernels {  // one precision's, per format
-  PrefillMatmul q4, q8;
+  PrefillMatmul q4, q4_g128, q4_k, q6_k, q8;
   PrefillInput input;
 };
 constexpr int64_t KEY_TILE = 32;    // attention: keys a tile, at absolute positions (attend.h)
@@ -83,7 +87,7 @@ using Attend = void (*)(const Pool<T>& pool, int64_t kv_head, const int64_t* blo
 struct Isa {
   const char* name;
   int64_t attend_lanes;  // Attend needs head_dim to be a multiple of this
-  QuantMatmul q4, q8;
+  QuantKernels quant;
   FloatMatmul q8_float;
   Attend<float> attend;
   Attend<Half> attend_half;  // fp16 pools

@@ -1,4 +1,4 @@
-// Prefill's many-row matmul over Q4_1 / Q8_0 weight rows (quant_matmul.cpp has the torch op): a panel of up to
+// Prefill's many-row matmul over Q4_1 / Q4_K / Q6_K / Q8_0 weight rows (quant_matmul.cpp has the torch op): a panel of up to
 // PREFILL_COLS weight rows is dequantized one K block at a time into an L2-sized buffer laid out for the
 // micro-kernel, and every x row passes over it. No float copy of the whole weight, and each weight is unpacked
 // once per call, whatever M. Two precisions: float32 x against float32 weights (FMAs), or both rounded to
@@ -38,14 +38,33 @@ inline void dequantize_block(const uint8_t* quants, float scale, float min, floa
   }
 }
 
+// One Q6_K block's 32 weights as floats, 8 at a time: (q - 32) * scale, q its low nibble (as Q4_1's) with its high
+// bit pair above: weight w's pair is bits 2k, 2k + 1 of byte w % 4 of high word w / 16, k = w % 16 / 4 (quant_dot.h).
+inline void dequantize_six_bits(const uint8_t* quants, float scale_low, float scale_high, float* out) {
+  for (int j = 0; j < QK; j += 8) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(quants + j % 16));
+    const __m256i low = _mm256_cvtepu8_epi32(_mm_and_si128(j < 16 ? bytes : _mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F)));
+    int32_t word;
+    std::memcpy(&word, quants + 16 + 4 * (j / 16), 4);
+    const __m256i shifts = _mm256_add_epi32(_mm256_setr_epi32(0, 8, 16, 24, 2, 10, 18, 26), _mm256_set1_epi32(2 * (j % 16 / 4)));
+    const __m256i pairs = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(word), shifts), _mm256_set1_epi32(3));
+    const __m256i q = _mm256_sub_epi32(_mm256_or_si256(low, _mm256_slli_epi32(pairs, 4)), _mm256_set1_epi32(32));
+    _mm256_storeu_ps(out + j, _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(j < 16 ? scale_low : scale_high)));
+  }
+}
+
 // Block b of a row as 32 floats. INTERLEAVED: the quants by runs (kernels.h); else each block's bytes in a row.
 template <typename Format, bool INTERLEAVED>
 inline void unpack_block(const RowLayout<Format>& row, int64_t b, int64_t blocks, float* out) {
-  const float scale = _cvtsh_ss(reinterpret_cast<const uint16_t*>(row.scales)[b]);
-  const float min = Format::HAS_MIN ? _cvtsh_ss(reinterpret_cast<const uint16_t*>(row.mins)[b]) : 0.f;
   uint8_t interleaved[Format::QUANT_BYTES];
-  if (INTERLEAVED) row.block_quants(b, blocks, interleaved);
-  dequantize_block<Format>(INTERLEAVED ? interleaved : row.quants + b * Format::QUANT_BYTES, scale, min, out);
+  if (INTERLEAVED) block_quants<Format>(row.quants, b, blocks, interleaved);
+  const uint8_t* quants = INTERLEAVED ? interleaved : row.quants + b * Format::QUANT_BYTES;
+  if constexpr (Format::BITS == 6) {  // each half's scale d * sc is exact in float32 (11 by 8 significant bits)
+    dequantize_six_bits(quants, row.scale(b) * static_cast<float>(row.sc_low[b]),
+                        row.scale(b) * static_cast<float>(row.sc_high[b]), out);
+  } else {
+    dequantize_block<Format>(quants, row.scale(b), row.min(b), out);
+  }
 }
 
 // float32 to bf16 bits, rounding to the nearest even as torch's .to(torch.bfloat16) does (NaN stays NaN).
@@ -180,6 +199,13 @@ void prefill_matmul_cols(const inferplug_isa::WeightRows& w, int64_t n0, int64_t
       });
     }
   }
+}
+
+// One precision's prefill kernels, every format, for a Panel (an ISA's table entry).
+template <typename Panel>
+inferplug_isa::PrefillKernels prefill_kernels(inferplug_isa::PrefillInput input) {
+  return {&prefill_matmul_cols<Panel, Q4_1>, &prefill_matmul_cols<Panel, Q4_G128>, &prefill_matmul_cols<Panel, Q4_K>,
+          &prefill_matmul_cols<Panel, Q6_K>, &prefill_matmul_cols<Panel, Q8_0>, input};
 }
 
 }  // namespace

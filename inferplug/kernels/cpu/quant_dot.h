@@ -3,7 +3,7 @@
 // compiled per ISA.
 //
 // Every policy gives the same exact integer sums, and the float part (scales, mins, the running sum) is
-// 8 lanes wide in every ISA, so Q4_1 / Q8_0 results are bit-identical across ISAs.
+// 8 lanes wide in every ISA, so Q4_1 / Q4_G128 / Q4_K / Q8_0 results are bit-identical across ISAs.
 #pragma once
 #include <immintrin.h>
 
@@ -27,27 +27,41 @@ constexpr int64_t PREFETCH = 2048;  // bytes ahead
 // Per format: a block's quant bytes and whether it has mins.
 struct Q4_1 {  // w = q * scale + min, q in 0..15; 16 bytes of nibbles (byte j: weight j low, j + 16 high)
   static constexpr int64_t QUANT_BYTES = 16;
+  static constexpr int BITS = 4;
   static constexpr bool HAS_MIN = true;
+};
+
+struct Q4_K {  // Q4_1's nibbles under llama.cpp's Q4_K scales: w = d * sc * q - dmin * m, with fp16 d and dmin per 8 blocks
+               // (a super-block) and 6-bit codes sc and m per block, a byte each (4.625 bits a weight against Q4_1's 5)
+  static constexpr int64_t QUANT_BYTES = 16;
+  static constexpr int BITS = 4;
+  static constexpr bool HAS_MIN = true;
+  static constexpr int64_t SUPER = 8;  // blocks per super-block: a row holds whole ones
+};
+
+struct Q4_G128 {  // Q4_1 blocks of an AWQ / GPTQ group of 128 inputs: their fp16 scale and min stored once per 4 blocks
+                  // (4.25 bits a weight against Q4_1's 5, the same values)
+  static constexpr int64_t QUANT_BYTES = 16;
+  static constexpr int BITS = 4;
+  static constexpr bool HAS_MIN = true;
+  static constexpr int64_t SPAN = 4;  // blocks a scale covers: a row holds whole groups
 };
 
 struct Q8_0 {  // w = q * scale, 32 int8
   static constexpr int64_t QUANT_BYTES = 32;
+  static constexpr int BITS = 8;
   static constexpr bool HAS_MIN = false;
 };
 
-// Where a row's fields start: scales, mins (Q4_1), quants.
-template <typename Format>
-struct RowLayout {
-  const uint8_t *scales, *mins, *quants;
-  RowLayout(const uint8_t* row, int64_t blocks)
-      : scales(row), mins(row + 2 * blocks), quants(row + (Format::HAS_MIN ? 4 : 2) * blocks) {}
-  static int64_t bytes(int64_t blocks) { return blocks * ((Format::HAS_MIN ? 4 : 2) + Format::QUANT_BYTES); }
-  // Block b's quant bytes in their plain order, from the runs' interleaved words (kernels.h).
-  void block_quants(int64_t b, int64_t blocks, uint8_t* out) const {
-    const int64_t run = b / RUN * RUN, in_run = std::min(RUN, blocks - run);
-    for (int64_t k = 0; k < Format::QUANT_BYTES / WORD; k++)
-      std::memcpy(out + k * WORD, quants + run * Format::QUANT_BYTES + k * WORD * in_run + (b - run) * WORD, WORD);
-  }
+// llama.cpp's Q6_K: w = d * sc * (q - 32), q in 0..63, an int8 sc per 16 weights and an fp16 d per 8 blocks (a
+// super-block of 256). A block's 24 quant bytes: its 16 bytes of low nibbles as Q4_1's (byte j: weight j, j + 16),
+// then two words of high bit pairs, byte i of word h holding weight 16h + 4k + i's in bits 2k, 2k + 1 (k = 0..3):
+// so each word of nibbles takes its high bits with one shift and mask. 6.5625 bits a weight, as the file's.
+struct Q6_K {
+  static constexpr int64_t QUANT_BYTES = 24;
+  static constexpr int BITS = 6;
+  static constexpr bool HAS_MIN = false;
+  static constexpr int64_t SUPER = 8;
 };
 
 // The n <= 8 fp16 values at p as floats, zeros past n.
@@ -58,9 +72,118 @@ inline __m256 load_halves(const uint8_t* p, int64_t n) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bits)));
 }
 
+inline float load_half(const uint8_t* p, int64_t i) { return _cvtsh_ss(reinterpret_cast<const uint16_t*>(p)[i]); }
+
+// Block b's quant bytes in their plain order, from the runs' interleaved words (kernels.h).
+template <typename Format>
+void block_quants(const uint8_t* quants, int64_t b, int64_t blocks, uint8_t* out) {
+  const int64_t run = b / RUN * RUN, in_run = std::min(RUN, blocks - run);
+  for (int64_t k = 0; k < Format::QUANT_BYTES / WORD; k++)
+    std::memcpy(out + k * WORD, quants + run * Format::QUANT_BYTES + k * WORD * in_run + (b - run) * WORD, WORD);
+}
+
+// Where a row's fields start (all fp16 scales, then all mins for Q4_1, then the quants), its bytes for a number of
+// blocks (and the blocks a row of some bytes holds at most), and its blocks' scales and mins as floats: one at a
+// time, or the n <= GROUP from block b (b a multiple of GROUP) as one vector.
+template <typename Format>
+struct RowLayout {
+  const uint8_t *scales, *mins, *quants;
+  RowLayout(const uint8_t* row, int64_t blocks)
+      : scales(row), mins(row + 2 * blocks), quants(row + (Format::HAS_MIN ? 4 : 2) * blocks) {}
+  static int64_t bytes(int64_t blocks) { return blocks * ((Format::HAS_MIN ? 4 : 2) + Format::QUANT_BYTES); }
+  static int64_t blocks_in(int64_t row_bytes) { return row_bytes / bytes(1); }
+  float scale(int64_t b) const { return load_half(scales, b); }
+  float min(int64_t b) const { return Format::HAS_MIN ? load_half(mins, b) : 0.f; }
+  __m256 group_scales(int64_t b, int64_t n) const { return load_halves(scales + 2 * b, n); }
+  __m256 group_mins(int64_t b, int64_t n) const { return load_halves(mins + 2 * b, n); }
+};
+
+// Q4_G128's row: the groups' scales, their mins, then the quants. A float step's 8 blocks are two groups.
+template <>
+struct RowLayout<Q4_G128> {
+  const uint8_t *scales, *mins, *quants;
+  RowLayout(const uint8_t* row, int64_t blocks)
+      : scales(row), mins(row + blocks / 2), quants(row + blocks) {}
+  static int64_t bytes(int64_t blocks) { return blocks + blocks * Q4_G128::QUANT_BYTES; }
+  static int64_t blocks_in(int64_t row_bytes) { return row_bytes / bytes(Q4_G128::SPAN) * Q4_G128::SPAN; }
+  float scale(int64_t b) const { return load_half(scales, b / Q4_G128::SPAN); }
+  float min(int64_t b) const { return load_half(mins, b / Q4_G128::SPAN); }
+  __m256 group_scales(int64_t b, int64_t n) const { return each_four_times(scales, b, n); }
+  __m256 group_mins(int64_t b, int64_t n) const { return each_four_times(mins, b, n); }
+
+ private:
+  static_assert(GROUP == 2 * Q4_G128::SPAN, "a float step takes two groups' values");
+  // The two groups' fp16 values at block b, each in 4 lanes; zeros past the row's last group. Two 16-bit loads, not
+  // load_halves' copy through the stack: that copy halved this kernel's speed.
+  static __m256 each_four_times(const uint8_t* halves, int64_t b, int64_t n) {
+    const uint16_t* at = reinterpret_cast<const uint16_t*>(halves) + b / Q4_G128::SPAN;
+    const __m128i two = _mm_cvtsi32_si128(static_cast<int>(at[0] | (n > Q4_G128::SPAN ? uint32_t{at[1]} << 16 : 0u)));
+    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_cvtph_ps(two)), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+  }
+};
+
+// Q4_K's row: all d, all dmin (a half each per super-block), all sc codes, all m codes, then the quants. A product
+// d * sc (11 by 6 significant bits) is exact in float32, so each block's scale and min are the file's.
+template <>
+struct RowLayout<Q4_K> {
+  const uint8_t *d, *dmin, *sc, *m, *quants;
+  RowLayout(const uint8_t* row, int64_t blocks)
+      : d(row), dmin(row + blocks / 4), sc(row + blocks / 2), m(sc + blocks), quants(m + blocks) {}
+  static int64_t bytes(int64_t blocks) { return blocks / 2 + 2 * blocks + blocks * Q4_K::QUANT_BYTES; }
+  static int64_t blocks_in(int64_t row_bytes) { return row_bytes / bytes(Q4_K::SUPER) * Q4_K::SUPER; }
+  float scale(int64_t b) const { return load_half(d, b / Q4_K::SUPER) * static_cast<float>(sc[b]); }
+  float min(int64_t b) const { return -load_half(dmin, b / Q4_K::SUPER) * static_cast<float>(m[b]); }
+  __m256 group_scales(int64_t b, int64_t) const { return codes_times(sc + b, load_half(d, b / Q4_K::SUPER)); }
+  __m256 group_mins(int64_t b, int64_t) const { return codes_times(m + b, -load_half(dmin, b / Q4_K::SUPER)); }
+
+ private:
+  static_assert(Q4_K::SUPER == GROUP, "a float step takes one super-block's 8 scales");
+  static __m256 codes_times(const uint8_t* codes, float factor) {
+    const __m256 values = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes))));
+    return _mm256_mul_ps(values, _mm256_set1_ps(factor));
+  }
+};
+
+// Q6_K's row: all d (a half per super-block), all low-half scales, all high-half scales (int8), then the quants.
+template <>
+struct RowLayout<Q6_K> {
+  const uint8_t *d, *quants;
+  const int8_t *sc_low, *sc_high;
+  RowLayout(const uint8_t* row, int64_t blocks)
+      : d(row), quants(row + blocks / 4 + 2 * blocks), sc_low(reinterpret_cast<const int8_t*>(row + blocks / 4)),
+        sc_high(sc_low + blocks) {}
+  static int64_t bytes(int64_t blocks) { return blocks / 4 + 2 * blocks + blocks * Q6_K::QUANT_BYTES; }
+  static int64_t blocks_in(int64_t row_bytes) { return row_bytes / bytes(Q6_K::SUPER) * Q6_K::SUPER; }
+  float scale(int64_t b) const { return load_half(d, b / Q6_K::SUPER); }  // the sub-blocks' own scales apart
+  float min(int64_t) const { return 0.f; }
+  __m256 group_scales(int64_t b, int64_t) const { return _mm256_set1_ps(load_half(d, b / Q6_K::SUPER)); }
+  __m256 group_mins(int64_t, int64_t) const { return _mm256_setzero_ps(); }
+  static_assert(Q6_K::SUPER == GROUP, "a float step takes one super-block's 8 blocks");
+};
+
 // The hardware prefetcher alone leaves the cores waiting on DRAM: ask for the lines PREFETCH bytes past a row.
 inline void prefetch_ahead(const uint8_t* row, int64_t bytes) {
   for (int64_t at = 0; at < bytes; at += 64) _mm_prefetch(reinterpret_cast<const char*>(row + PREFETCH + at), _MM_HINT_T0);
+}
+
+// f(integral_constant<int, k>) for k = 0..3: a word's index as a compile-time constant (its shift count).
+template <typename F>
+void with_each_k(const F& f) {
+  f(std::integral_constant<int, 0>{});
+  f(std::integral_constant<int, 1>{});
+  f(std::integral_constant<int, 2>{});
+  f(std::integral_constant<int, 3>{});
+}
+
+// Q6_K's blocks: sc_low * (sum_low - 32 x_low) + sc_high * (sum_high - 32 x_high), each block's exact integer, from
+// its half sums over the codes q (0..63) and x's half sums of codes (q - 32 is the weight's code).
+template <typename Dot, typename Format>
+typename Dot::R dot_sub_scales(const typename Dot::template Weights<Format>& w, const int8_t* x, const int32_t* q_sums,
+                               const int32_t* q_sums_low, const int8_t* sc_low, const int8_t* sc_high) {
+  const auto s = Dot::dot_halves(w.bytes, x);
+  const auto x_low = Dot::load_sums(q_sums_low), x_high = Dot::sub(Dot::load_sums(q_sums), x_low);
+  return Dot::add(Dot::mul(Dot::widen_scales(sc_low), Dot::sub(s.low, Dot::times_32(x_low))),
+                  Dot::mul(Dot::widen_scales(sc_high), Dot::sub(s.high, Dot::times_32(x_high))));
 }
 
 // The weight bytes the integer policies multiply are unsigned: Q4_1's nibbles as they are, Q8_0's as |q|,
@@ -70,7 +193,8 @@ struct DotAvx2 {  // 8 blocks a step: u8 x s8 pairs to int16, then int32
   using R = __m256i;
   static constexpr int64_t BLOCKS = 8;
   template <typename Format>
-  struct Weights { R bytes[8], signs[Format::HAS_MIN ? 1 : 8]; };
+  struct Weights { R bytes[8], signs[Format::BITS == 8 ? 8 : 1]; };
+  struct Halves { R low, high; };  // each block's sums over its weights 0..15 and 16..31
 
   static R load_words(const uint8_t* p, int64_t n) {
     if (n == BLOCKS) return _mm256_loadu_si256(reinterpret_cast<const R*>(p));
@@ -80,12 +204,20 @@ struct DotAvx2 {  // 8 blocks a step: u8 x s8 pairs to int16, then int32
   template <typename Format>
   static Weights<Format> load(const uint8_t* words, int64_t stride, int64_t n) {
     Weights<Format> w;
-    if constexpr (Format::HAS_MIN) {
+    if constexpr (Format::BITS == 4) {
       for (int k = 0; k < 4; k++) {  // low nibbles: weights 4k..4k+3 of each block; high ones: 16 + 4k..
         const R packed = load_words(words + k * stride, n);
         w.bytes[k] = _mm256_and_si256(packed, _mm256_set1_epi8(0x0F));
         w.bytes[k + 4] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), _mm256_set1_epi8(0x0F));
       }
+    } else if constexpr (Format::BITS == 6) {
+      const R high[2] = {load_words(words + 4 * stride, n), load_words(words + 5 * stride, n)};
+      with_each_k([&](auto k) {
+        const R packed = load_words(words + k * stride, n);
+        w.bytes[k] = _mm256_or_si256(_mm256_and_si256(packed, _mm256_set1_epi8(0x0F)), high_bits<k>(high[0]));
+        w.bytes[k + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(packed, 4), _mm256_set1_epi8(0x0F)),
+                                         high_bits<k>(high[1]));
+      });
     } else {
       for (int k = 0; k < 8; k++) {
         w.signs[k] = load_words(words + k * stride, n);
@@ -94,11 +226,34 @@ struct DotAvx2 {  // 8 blocks a step: u8 x s8 pairs to int16, then int32
     }
     return w;
   }
+  // Q6_K's high bit pairs for word k, in bits 4 and 5 of each byte (a 16-bit shift keeps each byte's own bits there).
+  template <int K>
+  static R high_bits(R h) {
+    const R shifted = K == 0 ? _mm256_slli_epi16(h, 4) : K == 1 ? _mm256_slli_epi16(h, 2) : K == 2 ? h : _mm256_srli_epi16(h, 2);
+    return _mm256_and_si256(shifted, _mm256_set1_epi8(0x30));
+  }
+  static Halves dot_halves(const R* bytes, const int8_t* x) {  // |63 * 127| pairs: int32 after each
+    const R ones = _mm256_set1_epi16(1);
+    auto xk = [&](int k) { return _mm256_loadu_si256(reinterpret_cast<const R*>(x + k * RUN_WORDS_BYTES)); };
+    Halves s{_mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int k = 0; k < 4; k++) {
+      s.low = _mm256_add_epi32(s.low, _mm256_madd_epi16(_mm256_maddubs_epi16(bytes[k], xk(k)), ones));
+      s.high = _mm256_add_epi32(s.high, _mm256_madd_epi16(_mm256_maddubs_epi16(bytes[k + 4], xk(k + 4)), ones));
+    }
+    return s;
+  }
+  static R load_sums(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const R*>(p)); }
+  static R widen_scales(const int8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+  static R mul(R a, R b) { return _mm256_mullo_epi32(a, b); }
+  static R add(R a, R b) { return _mm256_add_epi32(a, b); }
+  static R sub(R a, R b) { return _mm256_sub_epi32(a, b); }
+  static R times_32(R a) { return _mm256_slli_epi32(a, 5); }
+
   template <typename Format>
   static R dot(const Weights<Format>& w, const int8_t* x, const int32_t*) {
     const R ones = _mm256_set1_epi16(1);
     auto xk = [&](int k) { return _mm256_loadu_si256(reinterpret_cast<const R*>(x + k * RUN_WORDS_BYTES)); };
-    if constexpr (Format::HAS_MIN) {  // 8 pairs of |15 * 127| products fit int16: sum them there
+    if constexpr (Format::BITS == 4) {  // 8 pairs of |15 * 127| products fit int16: sum them there
       R pairs = _mm256_maddubs_epi16(w.bytes[0], xk(0));
       for (int k = 1; k < 8; k++) pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(w.bytes[k], xk(k)));
       return _mm256_madd_epi16(pairs, ones);
@@ -128,6 +283,17 @@ struct I512 {  // AVX-512 + VNNI: 16 blocks a step, two groups of 8
   static R high_nibbles(R v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
   static R dpbusd(R acc, R u, R s) { return _mm512_dpbusd_epi32(acc, u, s); }
   static R zero() { return _mm512_setzero_si512(); }
+  static R either(R a, R b) { return _mm512_or_si512(a, b); }
+  template <int K>  // as DotAvx2::high_bits
+  static R high_bits(R h) {
+    const R shifted = K == 0 ? _mm512_slli_epi16(h, 4) : K == 1 ? _mm512_slli_epi16(h, 2) : K == 2 ? h : _mm512_srli_epi16(h, 2);
+    return _mm512_and_si512(shifted, _mm512_set1_epi8(0x30));
+  }
+  static R widen_scales(const int8_t* p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static R mul(R a, R b) { return _mm512_mullo_epi32(a, b); }
+  static R add(R a, R b) { return _mm512_add_epi32(a, b); }
+  static R sub(R a, R b) { return _mm512_sub_epi32(a, b); }
+  static R times_32(R a) { return _mm512_slli_epi32(a, 5); }
   static __m256i group_sums(R sums, int g) { return g == 0 ? _mm512_castsi512_si256(sums) : _mm512_extracti64x4_epi64(sums, 1); }
 };
 
@@ -141,16 +307,24 @@ struct DotVnni {
   static constexpr int64_t BLOCKS = I::BLOCKS;
   template <typename Format>
   struct Weights { R bytes[8]; };
+  struct Halves { R low, high; };
 
   template <typename Format>
   static Weights<Format> load(const uint8_t* words, int64_t stride, int64_t n) {
     Weights<Format> w;
-    if constexpr (Format::HAS_MIN) {
+    if constexpr (Format::BITS == 4) {
       for (int k = 0; k < 4; k++) {
         const R packed = I::load_words(words + k * stride, n);
         w.bytes[k] = I::low_nibbles(packed);
         w.bytes[k + 4] = I::high_nibbles(packed);
       }
+    } else if constexpr (Format::BITS == 6) {
+      const R high[2] = {I::load_words(words + 4 * stride, n), I::load_words(words + 5 * stride, n)};
+      with_each_k([&](auto k) {
+        const R packed = I::load_words(words + k * stride, n);
+        w.bytes[k] = I::either(I::low_nibbles(packed), I::template high_bits<k>(high[0]));
+        w.bytes[k + 4] = I::either(I::high_nibbles(packed), I::template high_bits<k>(high[1]));
+      });
     } else {
       for (int k = 0; k < 8; k++) w.bytes[k] = I::flip_sign_bits(I::load_words(words + k * stride, n));
     }
@@ -160,9 +334,23 @@ struct DotVnni {
   static R dot(const Weights<Format>& w, const int8_t* x, const int32_t* q_sums) {
     R sums = I::zero();
     for (int k = 0; k < 8; k++) sums = I::dpbusd(sums, w.bytes[k], I::load(x + k * RUN_WORDS_BYTES));
-    if constexpr (!Format::HAS_MIN) sums = I::minus_128_times(sums, I::load_sums(q_sums));
+    if constexpr (Format::BITS == 8) sums = I::minus_128_times(sums, I::load_sums(q_sums));
     return sums;
   }
+  static Halves dot_halves(const R* bytes, const int8_t* x) {
+    Halves s{I::zero(), I::zero()};
+    for (int k = 0; k < 4; k++) {
+      s.low = I::dpbusd(s.low, bytes[k], I::load(x + k * RUN_WORDS_BYTES));
+      s.high = I::dpbusd(s.high, bytes[k + 4], I::load(x + (k + 4) * RUN_WORDS_BYTES));
+    }
+    return s;
+  }
+  static R load_sums(const int32_t* p) { return I::load_sums(p); }
+  static R widen_scales(const int8_t* p) { return I::widen_scales(p); }
+  static R mul(R a, R b) { return I::mul(a, b); }
+  static R add(R a, R b) { return I::add(a, b); }
+  static R sub(R a, R b) { return I::sub(a, b); }
+  static R times_32(R a) { return I::times_32(a); }
   static __m256i group_sums(R sums, int g) { return I::group_sums(sums, g); }
 };
 #endif
@@ -186,12 +374,18 @@ void dot_rows(const uint8_t* row, const inferplug_isa::QuantizedRows& x, int64_t
       __m256 scale[GROUPS], min[GROUPS];
       for (int g = 0; g < groups; g++) {
         const int64_t b = run + h + g * GROUP, count = std::min(GROUP, blocks - b);
-        scale[g] = load_halves(w.scales + 2 * b, count);
-        min[g] = Format::HAS_MIN ? load_halves(w.mins + 2 * b, count) : _mm256_setzero_ps();
+        scale[g] = w.group_scales(b, count);
+        min[g] = Format::HAS_MIN ? w.group_mins(b, count) : _mm256_setzero_ps();
       }
       for (int i = 0; i < MT; i++) {
         const int64_t at = (m + i) * x.blocks + run + h;
-        const auto sums = Dot::template dot<Format>(q, x.q + (at - h) * QK + WORD * h, x.qsum + at);
+        const int8_t* xq = x.q + (at - h) * QK + WORD * h;
+        typename Dot::R sums;
+        if constexpr (Format::BITS == 6) {
+          sums = dot_sub_scales<Dot, Format>(q, xq, x.qsum + at, x.qsum_low + at, w.sc_low + run + h, w.sc_high + run + h);
+        } else {
+          sums = Dot::template dot<Format>(q, xq, x.qsum + at);
+        }
         for (int g = 0; g < groups; g++) {
           const __m256 scales = _mm256_mul_ps(scale[g], _mm256_loadu_ps(x.scale + at + g * GROUP));
           acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Dot::group_sums(sums, g)), scales, acc[i]);
@@ -258,6 +452,13 @@ void float_matmul_rows(const inferplug_isa::WeightRows& w, int64_t n0, int64_t n
     for (int64_t n = n0; n < n1; n++)
       dot_rows_float<V, decltype(mt)::value>(w.data + n * w.row_bytes, x, k, w.blocks, w.row_bytes, y + n - n0, y_stride);
   });
+}
+
+// The decode rows' integer matmuls, every format, for a Dot policy (an ISA's table entry).
+template <typename Dot>
+inferplug_isa::QuantKernels quant_kernels() {
+  return {&quant_matmul_rows<Dot, Q4_1>, &quant_matmul_rows<Dot, Q4_G128>, &quant_matmul_rows<Dot, Q4_K>,
+          &quant_matmul_rows<Dot, Q6_K>, &quant_matmul_rows<Dot, Q8_0>};
 }
 
 }  // namespace

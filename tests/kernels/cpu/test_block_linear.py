@@ -1,4 +1,4 @@
-"""Q4_1 / Q8_0 block layers (quant/block_linear.py) and their AVX2 kernels against float matmuls."""
+"""Q4_1 / Q4_K / Q8_0 block layers (quant/block_linear.py) and their kernels against float matmuls."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from inferplug.errors import ProfileError
-from inferplug.quant.block_linear import KERNEL_MAX_ROWS, PREFILL_GEMMS, Q4Linear, Q8HeadLinear, Q8Linear, set_prefill_gemm
+from inferplug.quant.block_linear import (KERNEL_MAX_ROWS, PREFILL_GEMMS, Q4G128Linear, Q4KLinear, Q4Linear, Q6KLinear, Q8HeadLinear, Q8Linear,
+                                         set_prefill_gemm)
 from inferplug.quant.linear import Fp16Linear, head_layer
 
 
@@ -24,12 +25,16 @@ def on_threads(threads: int, fn, *args):
         torch.set_num_threads(before)
 
 
+WIDTH = 768  # 24 blocks: a run of 16 and a short one, in whole Q4_K super-blocks of 8
+LAYERS = [Q4Linear, Q4G128Linear, Q4KLinear, Q6KLinear, Q8Linear]
+
+
 @pytest.fixture
 def weight():
-    return torch.randn(200, 576, generator=torch.Generator().manual_seed(0)) * 0.05
+    return torch.randn(200, WIDTH, generator=torch.Generator().manual_seed(0)) * 0.05
 
 
-@pytest.mark.parametrize("layer_cls", [Q4Linear, Q8Linear])
+@pytest.mark.parametrize("layer_cls", LAYERS)
 def test_packing_round_trips(ops, layer_cls, weight):
     """Re-quantizing a block layer's own dequantized weight gives its blocks back bit for bit (so a GGUF
     Q4_1 / Q8_0 model runs its file's weights: the SmolLM2 test below checks that)."""
@@ -37,26 +42,26 @@ def test_packing_round_trips(ops, layer_cls, weight):
     assert torch.equal(layer_cls.from_float(layer.dequantized()).blocks, layer.blocks)
 
 
-@pytest.mark.parametrize("layer_cls,bound", [(Q4Linear, 0.12), (Q8Linear, 0.01)])
+@pytest.mark.parametrize("layer_cls,bound", [(Q4Linear, 0.12), (Q4G128Linear, 0.15), (Q4KLinear, 0.12), (Q6KLinear, 0.03), (Q8Linear, 0.01)])
 def test_quantization_error_against_the_float_weight(ops, layer_cls, bound, weight):
     layer = layer_cls.from_float(weight)
     assert relative_error(layer.dequantized(), weight) < bound  # 4 bits: ~7%; 8 bits: ~0.5%
 
 
-@pytest.mark.parametrize("layer_cls", [Q4Linear, Q8Linear])
+@pytest.mark.parametrize("layer_cls", LAYERS)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, KERNEL_MAX_ROWS])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_kernel_equals_matmul_with_the_dequantized_weight(ops, layer_cls, rows, threads, weight):
     """The kernel rounds the activations to int8 per block of 32 (llama.cpp's Q8 activations): ~0.5% error."""
     layer = layer_cls.from_float(weight, bias=torch.randn(200))
-    x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(rows))
+    x = torch.randn(rows, WIDTH, generator=torch.Generator().manual_seed(rows))
     out = on_threads(threads, layer, x)
     expected = F.linear(x, layer.dequantized(), layer.bias)
     assert relative_error(out, expected) < 1e-2
     assert torch.equal(out[:1], layer(x[:1])), "a row's result must not depend on the rows beside it"
 
 
-@pytest.mark.parametrize("layer_cls", [Q4Linear, Q8Linear])
+@pytest.mark.parametrize("layer_cls", LAYERS)
 @pytest.mark.parametrize("rows", [1, 3, 17])
 def test_an_input_order_is_gathered_as_the_kernel_quantizes_x(ops, layer_cls, rows, weight):
     """A GPTQ act-order weight's inputs (quant/checkpoint_layers.py): x[:, order] without the copy, bit for bit."""
@@ -77,12 +82,23 @@ def test_rows_of_any_block_count(ops, layer_cls, width):
     assert relative_error(layer(x), F.linear(x, layer.dequantized())) < 1e-2
 
 
+# Q4_K rows hold whole super-blocks of 256 inputs; Q4_G128 rows whole groups of 128 (3 of them: a short float step)
+@pytest.mark.parametrize("layer_cls,width,row_bytes", [(Q4KLinear, w, w // 256 * 148) for w in (256, 512, 768, 4352)]
+                         + [(Q6KLinear, w, w // 256 * 210) for w in (256, 768)]
+                         + [(Q4G128Linear, w, w // 128 * 68) for w in (128, 384, 768)])
+def test_rows_of_whole_groups(ops, layer_cls, width, row_bytes):
+    layer = layer_cls.from_float(torch.randn(24, width))
+    assert layer.blocks.shape[1] == row_bytes
+    x = torch.randn(5, width)
+    assert relative_error(layer(x), F.linear(x, layer.dequantized())) < 1e-2
+
+
 @pytest.mark.parametrize("rows", [1, 3, KERNEL_MAX_ROWS])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_head_kernel_keeps_the_activations_float(ops, rows, threads, weight):
     """Q8HeadLinear: Q8_0 weights against float x, so only the summation order differs from F.linear."""
     layer = Q8HeadLinear.from_float(weight)
-    x = torch.randn(rows, 576)
+    x = torch.randn(rows, WIDTH)
     out = on_threads(threads, layer, x)
     torch.testing.assert_close(out, F.linear(x, layer.dequantized()), rtol=1e-5, atol=1e-5)
 
@@ -94,11 +110,11 @@ def test_head_layer_takes_q8_blocks_when_they_are_exact_or_the_layers_are_quanti
     assert isinstance(head_layer(weight, "int4"), Q8HeadLinear)
 
 
-@pytest.mark.parametrize("layer_cls", [Q4Linear, Q8Linear, Q8HeadLinear])
+@pytest.mark.parametrize("layer_cls", [*LAYERS, Q8HeadLinear])
 def test_the_kernels_unpacked_weight_is_the_torch_references_bit_for_bit(ops, layer_cls):
     """The prefill rows' float weight (the vector unpacking) against BlockLinear.dequantized, a run's worth of
     blocks and a short last run (K = 18 blocks)."""
-    layer = layer_cls.from_float(torch.randn(40, 576, generator=torch.Generator().manual_seed(3)) * 0.05)
+    layer = layer_cls.from_float(torch.randn(40, WIDTH, generator=torch.Generator().manual_seed(3)) * 0.05)
     assert torch.equal(getattr(ops, layer.unpack)(layer.blocks), layer.dequantized())
 
 
@@ -110,7 +126,7 @@ def prefill_reference(layer, x: torch.Tensor, path: str) -> torch.Tensor:
     return F.linear(x.bfloat16().float() if rounded else x, weight.bfloat16().float() if rounded else weight, layer.bias)
 
 
-@pytest.mark.parametrize("layer_cls", [Q4Linear, Q8Linear])
+@pytest.mark.parametrize("layer_cls", LAYERS)
 @pytest.mark.parametrize("path", PREFILL_GEMMS)
 @pytest.mark.parametrize("decode_rows", [0, 1, 7])
 def test_prefill_rows_take_the_models_prefill_path(ops, layer_cls, path, weight, decode_rows):
@@ -118,20 +134,20 @@ def test_prefill_rows_take_the_models_prefill_path(ops, layer_cls, path, weight,
     decode rows take the int8 kernel, as alone."""
     layer = layer_cls.from_float(weight, bias=torch.randn(200))
     set_prefill_gemm(layer, path)
-    x = torch.randn(KERNEL_MAX_ROWS + 1, 576)
+    x = torch.randn(KERNEL_MAX_ROWS + 1, WIDTH)
     out = layer(x, decode_rows)
     torch.testing.assert_close(out[decode_rows:], prefill_reference(layer, x[decode_rows:], path), rtol=1e-5, atol=1e-5)
     assert torch.equal(out[:decode_rows], layer(x[:decode_rows]))
 
 
-@pytest.mark.parametrize("layer_cls", [Q4Linear, Q8Linear])
+@pytest.mark.parametrize("layer_cls", LAYERS)
 @pytest.mark.parametrize("path", PREFILL_GEMMS)
 def test_a_rows_result_does_not_depend_on_how_many_rows_share_the_call(ops, layer_cls, path, weight):
     """Batch invariance: each row alone equals that row inside calls of 2 to 512 rows, bit for bit, both for
     decode rows (the int8 kernel) and prefill rows (the model's prefill path), on 1 thread and on 2."""
     layer = layer_cls.from_float(weight)
     set_prefill_gemm(layer, path)
-    x = torch.randn(512, 576)
+    x = torch.randn(512, WIDTH)
     for decode_rows in (None, 0):  # None: every row decodes; 0: every row is a prefill row
         alone = torch.cat([layer(x[i : i + 1], decode_rows) for i in range(13)])
         for rows in (2, 3, 4, 5, 7, 8, 9, 12, 13, 16, 17, 64, 65, 300, 512):
@@ -147,10 +163,12 @@ def test_an_unknown_prefill_path_is_a_profile_error(ops, weight):
 
 def test_kernel_rejects_bad_shapes_with_a_clear_error(ops, weight):
     layer = Q4Linear.from_float(weight)
-    with pytest.raises(RuntimeError, match="multiple of 32 and match"):
+    with pytest.raises(RuntimeError, match="multiple of 32 .* and match"):
         ops.q4_matmul(torch.randn(1, 544), layer.blocks)
+    with pytest.raises(RuntimeError, match="256 for Q4_K"):
+        ops.q4_k_matmul(torch.randn(1, 288), Q4KLinear.from_float(torch.randn(8, 256)).blocks)
     with pytest.raises(RuntimeError, match="float32"):
-        ops.q4_matmul(torch.randn(1, 576, dtype=torch.float64), layer.blocks)
+        ops.q4_matmul(torch.randn(1, WIDTH, dtype=torch.float64), layer.blocks)
 
 
 def test_widths_that_do_not_split_into_blocks_are_refused(ops):
@@ -158,6 +176,8 @@ def test_widths_that_do_not_split_into_blocks_are_refused(ops):
 
     with pytest.raises(ProfileError, match="divisible by 32"):
         Q4Linear.from_float(torch.randn(8, 40))
+    with pytest.raises(ProfileError, match="whole groups of 8 blocks"):
+        Q4KLinear.from_float(torch.randn(8, 288))
 
 
 @pytest.mark.smollm2

@@ -9,22 +9,32 @@ import torch
 
 from inferplug.models.config import ModelConfig
 from inferplug.models.llama import rope_tables
-from inferplug.quant.block_linear import Q4Linear, Q8Linear
+from inferplug.quant.block_linear import Q4G128Linear, Q4KLinear, Q6KLinear, Q4Linear, Q8Linear
 
-HEADS, KV_HEADS, HEAD_DIM, HIDDEN, INTER, LAYERS = 4, 2, 32, 128, 96, 2
+HEADS, KV_HEADS, HEAD_DIM, HIDDEN, INTER, LAYERS = 4, 2, 32, 256, 96, 2
 BLOCKS, BLOCK_SIZE, EPS = 8, 16, 1e-5
 
 
 def model(seed: int, act_order: bool):
-    """Per layer: 2 norms, and (qkv, o, gate_up, down) as (blocks, kind, input order); every other weight Q8_0."""
+    """Per layer: 2 norms, and (qkv, a second qkv part, o, gate_up, down) as (blocks, kind, input order): Q8_0, Q4_K
+    (where the inputs are whole super-blocks of 256), Q4_G128 (whole groups of 128) and Q4_1 in turn. Layer 0's qkv
+    is q/k rows in one format and the v rows in Q6_K (a Q4_K_M's layer); layer 1's has no second part (kind 0)."""
     gen = torch.Generator().manual_seed(seed)
-    shapes = [((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN), (HIDDEN, HEADS * HEAD_DIM), (2 * INTER, HIDDEN), (HIDDEN, INTER)]
+    qkv_rows = (HEADS + 2 * KV_HEADS) * HEAD_DIM
+    split = (HEADS + KV_HEADS) * HEAD_DIM
     norms, weights = [], []
     for layer in range(LAYERS):
+        shapes = [(split if layer == 0 else qkv_rows, HIDDEN), (qkv_rows - split if layer == 0 else 0, HIDDEN),
+                  (HIDDEN, HEADS * HEAD_DIM), (2 * INTER, HIDDEN), (HIDDEN, INTER)]
         norms += [1 + 0.1 * torch.randn(HIDDEN, generator=gen) for _ in range(2)]
+        qkv_order = torch.randperm(HIDDEN, generator=gen) if act_order else torch.empty(0, dtype=torch.long)
         for i, (n, k) in enumerate(shapes):
-            cls, kind = (Q8Linear, 8) if (layer + i) % 4 == 3 else (Q4Linear, 4)
-            order = torch.randperm(k, generator=gen) if act_order else torch.empty(0, dtype=torch.long)
+            cls, kind = ((Q6KLinear, 7) if i == 1 else (Q8Linear, 8) if (layer + i) % 4 == 3 else (Q4KLinear, 5) if k % 256 == 0 and (layer + i) % 2
+                         else (Q4G128Linear, 6) if k % 128 == 0 else (Q4Linear, 4))
+            order = qkv_order if i < 2 else torch.randperm(k, generator=gen) if act_order else torch.empty(0, dtype=torch.long)
+            if n == 0:
+                weights.append((torch.empty(0, dtype=torch.uint8), 0, order))
+                continue
             weights.append((cls.from_float(0.1 * torch.randn(n, k, generator=gen)).blocks, kind, order))
     return norms, weights
 
@@ -36,17 +46,19 @@ def layer_by_layer(ops, x, norms, weights, k_caches, v_caches, args):
     def linear(h, w):
         blocks, kind, order = w
         h = h.index_select(1, order) if order.numel() else h
-        return (ops.q4_matmul if kind == 4 else ops.q8_matmul)(h, blocks)
+        return {4: ops.q4_matmul, 5: ops.q4_k_matmul, 6: ops.q4_g128_matmul, 7: ops.q6_k_matmul, 8: ops.q8_matmul}[kind](h, blocks)
 
     delta = None
     for i in range(LAYERS):
         h = ops.rms_norm(x, norms[2 * i], EPS) if delta is None else ops.add_rms_norm_(x, delta, norms[2 * i], EPS)
-        qkv = linear(h, weights[4 * i])
+        qkv = linear(h, weights[5 * i])
+        if weights[5 * i + 1][1]:
+            qkv = torch.cat([qkv, linear(h, weights[5 * i + 1])], dim=1)
         ops.rope_write_kv_(qkv, positions, cos, signed_sin, k_caches[i], v_caches[i], slots, HEADS)
         q = qkv.view(len(x), -1, HEAD_DIM)[:, :HEADS]
         attn = ops.paged_decode(q, k_caches[i], v_caches[i], tables, lengths, HEAD_DIM**-0.5).view(len(x), -1)
-        h = ops.add_rms_norm_(x, linear(attn, weights[4 * i + 1]), norms[2 * i + 1], EPS)
-        delta = linear(ops.silu_mul(linear(h, weights[4 * i + 2])), weights[4 * i + 3])
+        h = ops.add_rms_norm_(x, linear(attn, weights[5 * i + 2]), norms[2 * i + 1], EPS)
+        delta = linear(ops.silu_mul(linear(h, weights[5 * i + 3])), weights[5 * i + 4])
     return x.add_(delta)
 
 
@@ -88,8 +100,8 @@ def test_decode_layers_gathers_act_order_inputs_like_index_select(ops, tokens, a
 def test_decode_layers_refuses_an_order_outside_the_inputs(ops):
     norms, weights = model(0, True)
     blocks, kinds, orders = (list(field) for field in zip(*weights))
-    orders[1] = orders[1].clone()
-    orders[1][5] = HEADS * HEAD_DIM
+    orders[2] = orders[2].clone()
+    orders[2][5] = HEADS * HEAD_DIM  # o_proj's
     k_caches, v_caches = pools(1, 1)
     with pytest.raises(RuntimeError, match="outside 0..127"):
         ops.decode_layers(torch.randn(1, HIDDEN), norms, blocks, kinds, orders, k_caches, v_caches, *step_inputs(1),

@@ -1,4 +1,4 @@
-"""The prefill kernels (kernels/cpu/prefill_gemm.h: q4_prefill_matmul / q8_prefill_matmul) on each kernel set, against
+"""The prefill kernels (kernels/cpu/prefill_gemm.h: q4_prefill_matmul, q4_k_prefill_matmul, q8_prefill_matmul) on each kernel set, against
 torch's reference: the dequantized weight (BlockLinear.dequantized) times x in the same precision, in float64."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from inferplug.hardware import probe
-from inferplug.quant.block_linear import Q4Linear, Q8Linear
+from inferplug.quant.block_linear import Q4G128Linear, Q4KLinear, Q4Linear, Q6KLinear, Q8Linear
 
 PRECISIONS = ("float32", "bfloat16")
 
@@ -18,10 +18,17 @@ def reference(x: torch.Tensor, weight: torch.Tensor, precision: str) -> torch.Te
     return x.double() @ weight.double().T
 
 
-@pytest.mark.parametrize("layer_cls", [Q4Linear, Q8Linear])
+SHAPES = [(1, 32), (40, 288), (200, 576), (300, 1088)]
+Q4_K_SHAPES = [(1, 256), (40, 768), (300, 1280)]  # whole super-blocks of 256 inputs (and groups of 128)
+
+
+@pytest.mark.parametrize("layer_cls,out_features,in_features", [(cls, *shape) for cls in (Q4Linear, Q8Linear)
+                                                                for shape in SHAPES]
+                         + [(Q4KLinear, *shape) for shape in Q4_K_SHAPES]
+                         + [(Q4G128Linear, *shape) for shape in Q4_K_SHAPES]
+                         + [(Q6KLinear, *shape) for shape in Q4_K_SHAPES])
 @pytest.mark.parametrize("precision", PRECISIONS)
 # N: whole and partial 16/32-column micro-panels, several panels; K: a partial last K block (288, 576), several (1088)
-@pytest.mark.parametrize("out_features,in_features", [(1, 32), (40, 288), (200, 576), (300, 1088)])
 @pytest.mark.parametrize("rows", [1, 5, 13, 77])
 def test_kernel_equals_the_dequantized_matmul_in_its_precision(ops, layer_cls, precision, out_features, in_features,
                                                                rows):
