@@ -47,8 +47,8 @@ def build(path: Path, tokenizer, fmt: str | None, kv_dtype: str, blocks: int):
 def teacher_forced_logprobs(engine, ids: list[int]) -> torch.Tensor:
     """Log-softmax of the next-token logits at every position but the last, window by window, through the engine's
     own ops (one sequence, blocks 0.. in order, prefill chunks of CHUNK rows): row i predicts ids[i + 1]."""
-    from inferplug.engine.ops import StepRows
     from inferplug.engine.sequence import Sequence
+    from inferplug.ops import StepRows
     from inferplug.types import SamplingParams
 
     model, runner = engine.runner.model, engine.runner

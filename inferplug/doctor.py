@@ -47,7 +47,7 @@ def ray_status(hw: Hardware) -> dict[str, Any]:
     import os
 
     from inferplug.errors import BackendUnavailable
-    from inferplug.server.replicas import INSTALL, check_reachable
+    from inferplug.replica_plan import INSTALL, check_reachable
 
     address = os.environ.get("RAY_ADDRESS") or None
     if not hw.has("ray"):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inferplug.engine.parallel.shard import check_tensor_parallel
 from inferplug.hardware import Hardware
 from inferplug.memory_plan import ModelFacts
+from inferplug.models.shard import check_tensor_parallel
 
 
 @dataclass

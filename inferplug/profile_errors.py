@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from inferplug.errors import ProfileError
+from inferplug.profile_schema import Profile
 
 
 def read_toml(path: Path) -> dict[str, Any]:
@@ -26,8 +27,6 @@ def read_toml(path: Path) -> dict[str, Any]:
 def explain_validation_error(exc: ValidationError, path: str | Path, env_data: dict) -> str:
     """The first validation error as one line (`path`: the file, or the model an implicit profile comes from);
     the count of any others is appended."""
-    from inferplug.profile import Profile
-
     errors = exc.errors()
     err = errors[0]
     loc = [str(p) for p in err["loc"] if not isinstance(p, int)]

@@ -49,7 +49,7 @@ _TORCH_PATH = ("the engine's torch paged attention runs (decode: batched matmuls
                "scaled_dot_product_attention)")
 _TRITON_OPS = ("paged decode (split-K), KV store, RoPE and RMSNorm + residual in Triton (inferplug/kernels), decode "
                "steps replayed from CUDA graphs")
-NATIVE_ATTENTION = {  # engine/ops.select_ops runs each
+NATIVE_ATTENTION = {  # ops.select_ops runs each
     "torch": _TORCH_PATH,
     "sdpa": _TORCH_PATH,  # the same path: prefill already goes through scaled_dot_product_attention
     "triton": f"Triton kernels on CUDA: prefill and chunked prefill through block tables, {_TRITON_OPS}",
@@ -124,7 +124,7 @@ def resolve(profile: Profile, hardware: Hardware, facts: ModelFacts | None = Non
     plan.reasons.insert(0, f"backend {chosen}: " + ("pinned by the profile" if profile.backend != "auto" else
                                                      f"first usable in the order {' > '.join(order)}"))
     if profile.parallel.replicas > 1:
-        from inferplug.server.replicas import describe
+        from inferplug.replica_plan import describe
 
         plan.reasons.append(describe(profile))
     return plan
@@ -233,7 +233,7 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
     attention, attention_why = _attention(profile, gpus, hw)
     if profile.cache.kv_dtype == "float8_e4m3" and not gpus:
         raise _Rejected("kv_dtype = 'float8_e4m3' needs a CUDA GPU; none found (use auto, float16 or bfloat16)")
-    kernels = not gpus and dtype == "float32" and not cpu_kernels.unavailable_reason(hw)  # engine/ops.select_ops
+    kernels = not gpus and dtype == "float32" and not cpu_kernels.unavailable_reason(hw)  # ops.select_ops
     kv_dtype, kv_why = native_kv_dtype(profile, dtype, kernels)
     if kernels and kv_dtype in cpu_kernels.KV_DTYPES:
         attention_why += ("; on this CPU inferplug's C++ kernel takes every attention row instead, prefill too (flash "

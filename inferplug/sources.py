@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from inferplug.errors import ModelSourceError
-from inferplug.profile import ModelSource
+from inferplug.profile_schema import ModelSource
 from inferplug.source_rules import check_pypi
 
 CHUNK = 1 << 20

@@ -68,7 +68,7 @@ def test_a_template_that_rewrites_text_or_a_role_with_a_special_token_is_refused
 
 
 def test_every_local_backend_path_encodes_typed_special_tokens_as_text(tiny_profile):
-    from inferplug.backends.local_stream import prompt_token_ids
+    from inferplug.stages.prompt import prompt_token_ids
     from inferplug.backends.registry import get_backend
 
     backend = get_backend(tiny_profile)

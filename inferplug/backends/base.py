@@ -78,7 +78,7 @@ class Backend(ABC):
         what the chat template implies; None for none (and for remote servers, which split it themselves)."""
         from inferplug.chat_template import profile_template
         from inferplug.errors import InferPlugError
-        from inferplug.frontend.reasoning import detect_parser
+        from inferplug.stages.reasoning import detect_parser
 
         named = self.profile.model.reasoning_parser
         if named is not None or self.tokenizer is None:

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 from inferplug.backends.base import Backend
 from inferplug.backends.ct2_batcher import Batcher, Job
 from inferplug.backends.local_stream import LocalRequest, engine_stop_ids
-from inferplug.engine.output import ChoiceOutput
 from inferplug.errors import BackendUnavailable, RequestError
+from inferplug.stages.output import ChoiceOutput
 from inferplug.types import Capabilities, Event, Request
 
 if TYPE_CHECKING:

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from inferplug.backends.base import Backend
 from inferplug.backends.exl2_worker import Entry, GeneratorWorker
 from inferplug.backends.local_stream import LocalRequest, engine_stop_ids
-from inferplug.engine.output import ChoiceOutput
 from inferplug.errors import BackendUnavailable
+from inferplug.stages.output import ChoiceOutput
 from inferplug.types import Capabilities, Event, Request, SamplingParams
 
 if TYPE_CHECKING:

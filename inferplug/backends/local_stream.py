@@ -2,7 +2,8 @@
 turning a Request into prompt ids and choices (LocalRequest).
 
 These engines hand back raw token ids; their detokenizing, stop strings, stop ids, usage and
-timings go through the output stage our own engine uses (engine/output.py).
+timings go through the output stage our own engine uses (stages/output.py), their prompts through
+the prompt stage (stages/prompt.py).
 """
 
 from __future__ import annotations
@@ -11,34 +12,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from inferplug.chat_template import encode_chat
-from inferplug.engine.output import ChoiceOutput, RequestOutput
-from inferplug.engine.request_state import check_prompt_ids
 from inferplug.errors import RequestError
+from inferplug.stages.output import ChoiceOutput, RequestOutput
+from inferplug.stages.prompt import max_new_tokens, prompt_token_ids
 from inferplug.types import Event, Request, SamplingParams
 
 if TYPE_CHECKING:
     from inferplug.backends.base import Backend
-
-
-def prompt_token_ids(backend: Backend, request: Request) -> list[int]:
-    """The request's prompt as token ids, checked against the vocabulary and the context."""
-    tokenizer = backend.tokenizer
-    if request.messages is not None:
-        ids, _ = encode_chat(tokenizer, backend.apply_chat_template, request.messages, request.tools)
-    elif isinstance(request.prompt, str):
-        ids = tokenizer.encode(request.prompt)
-    else:
-        ids = list(request.prompt or [])
-    check_prompt_ids(ids, len(tokenizer), backend.context_length,
-                     param="messages" if request.messages is not None else "prompt")
-    return ids
-
-
-def max_new_tokens(params: SamplingParams, prompt_len: int, context_length: int) -> int:
-    """max_tokens, capped at the room left in the context (None means all of it)."""
-    room = context_length - prompt_len
-    return room if params.max_tokens is None else min(params.max_tokens, room)
 
 
 def reject_unsupported(backend_name: str, params: SamplingParams, request: Request, **supported: bool) -> None:

@@ -110,7 +110,7 @@ class NativeBackend(Backend):
     name = "native"
 
     def __init__(self, profile: Profile, plan: Plan) -> None:
-        from inferplug.engine.async_engine import AsyncEngine
+        from inferplug.backends.async_engine import AsyncEngine
 
         super().__init__(profile, plan)
         self.engine = AsyncEngine(build_engine(profile, plan))

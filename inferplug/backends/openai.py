@@ -44,7 +44,7 @@ class OpenAIBackend(Backend):
             ) from exc
         opts = profile.openai
         self.base_url = opts.base_url.rstrip("/")
-        self._key = os.environ.get(opts.api_key_env) or None
+        self._key = opts.api_key.get_secret_value() if opts.api_key else os.environ.get(opts.api_key_env) or None
         self._timeout = httpx.Timeout(opts.timeout, connect=min(opts.timeout, 10.0))
         self._clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}  # httpx clients are per loop
         self._active: dict[str, httpx.Response | None] = {}
@@ -203,8 +203,9 @@ class OpenAIBackend(Backend):
     def _take_model_list(self, reply: httpx.Response) -> None:
         if reply.status_code != 200:
             detail = _redact(reply.text[:200], self._key)
+            key = "the api_key given" if self.profile.openai.api_key else self.profile.openai.api_key_env
             raise BackendUnavailable(f"{self.base_url}/models answered {reply.status_code}: {detail}. "
-                                     f"Check the URL and {self.profile.openai.api_key_env}")
+                                     f"Check the URL and {key}")
         models = reply.json().get("data") or []
         if not models:
             raise BackendUnavailable(f"{self.base_url}/models lists no model; set [openai] model in the profile")

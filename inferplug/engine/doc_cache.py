@@ -38,10 +38,10 @@ from typing import Any
 
 import torch
 
-from inferplug.engine.attention import read_kv, write_kv
 from inferplug.engine.block_hash import hash_block
 from inferplug.engine.doc_disk import DocumentKVDisk
-from inferplug.engine.ops.torch_ops import apply_rope
+from inferplug.ops.attention import read_kv, write_kv
+from inferplug.ops.torch_ops import apply_rope
 from inferplug.rag.documents import as_rag_document
 from inferplug.types import DocumentSpan
 

@@ -6,7 +6,7 @@ proposes for all decoding sequences together: one forward catches every shadow u
 rolling it back to the longest prefix its KV still agrees with: rejected proposals go), then one one-token
 forward per further proposal. A greedy sequence's draft takes the argmax (q is a point mass); a sampled one
 draws from the draft's distribution under the sequence's own penalties, temperature and top-k/p and keeps it
-as q for the rejection sampler (engine/spec_decode.py). A shadow is freed with its sequence (finish, abort,
+as q for the rejection sampler (engine/spec_verify.py). A shadow is freed with its sequence (finish, abort,
 preemption).
 """
 
@@ -22,7 +22,7 @@ from inferplug.engine.block_manager import BlockManager
 from inferplug.engine.model_runner import ModelRunner
 from inferplug.engine.sampler import processed_logits, sampling_probs
 from inferplug.engine.sequence import Sequence
-from inferplug.engine.spec_decode import Proposal, ahead
+from inferplug.engine.spec_verify import Proposal, ahead
 from inferplug.errors import ProfileError
 from inferplug.models.config import ModelConfig
 

@@ -19,7 +19,8 @@ from inferplug.engine.request_state import RequestState, validate_beam_search, v
 from inferplug.engine.sampler import SampleResult, Sampler
 from inferplug.engine.scheduler import Scheduler
 from inferplug.engine.sequence import Sequence
-from inferplug.engine.spec_decode import make_proposer, spec_stats
+from inferplug.engine.spec_decode import make_proposer
+from inferplug.engine.spec_verify import spec_stats
 from inferplug.errors import GenerationError, RequestError
 from inferplug.models.config import ModelConfig
 from inferplug.types import Event, FinishReason, Request, SamplingParams
@@ -37,7 +38,7 @@ class LLMEngine:
         self.config = config = config or EngineConfig()
         self.model_config, self.tokenizer = model_config, tokenizer
         self.render_chat = render_chat
-        self.reasoning_parser: str | None = None  # frontend/reasoning.py's parser for think text; the backend sets it
+        self.reasoning_parser: str | None = None  # stages/reasoning.py's parser for think text; the backend sets it
         limit = min(model_config.max_position_embeddings, config.num_kv_blocks * config.block_size)
         if model_config.sliding_window:  # we attend to the full context, which is exact only inside the window
             limit = min(limit, model_config.sliding_window)

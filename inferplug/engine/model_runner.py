@@ -1,6 +1,6 @@
 """Build one step's flat inputs from the schedule, run the model, sample the rows that finish their tokens.
 
-The attention metadata comes from the model's ops set (engine/ops): the runner only lays the rows out."""
+The attention metadata comes from the model's ops set (ops/): the runner only lays the rows out."""
 
 from __future__ import annotations
 
@@ -9,13 +9,12 @@ from functools import partial
 
 import torch
 
-from inferplug.engine.attention import AttentionContext, read_kv
-from inferplug.engine.ops import StepRows
-from inferplug.engine.ops.step import SeqView
-from inferplug.engine.prompt_logprobs import PromptScores, scored_rows
+from inferplug.engine.prompt_scores import PromptScores, scored_rows
 from inferplug.engine.rag_recompute import DeviationProbe, runs
 from inferplug.engine.sampler import SampleResult, Sampler
 from inferplug.engine.sequence import Sequence
+from inferplug.ops import StepRows
+from inferplug.ops.step import SeqView
 
 
 def is_decode(seq: Sequence, tokens: int) -> bool:
@@ -58,7 +57,7 @@ class ModelRunner:
     def run(self, scheduled: list[tuple[Sequence, int]]
             ) -> tuple[list[tuple[Sequence, list[SampleResult]]], list[PromptScores]]:
         """Compute the scheduled tokens; return the samples of each sequence whose tokens are now all computed
-        (one, or for a speculating sequence its accepted proposals and one more: engine/spec_decode.py), and the
+        (one, or for a speculating sequence its accepted proposals and one more: engine/spec_verify.py), and the
         logits of the prompt rows that sequences asking for prompt_logprobs computed."""
         inputs, seqs, spans = self.layout(scheduled, score_prompts=True)
         logits = self.execute(inputs)

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferplug.engine.beam_search import BeamSearch
-from inferplug.engine.output import RequestOutput
 from inferplug.engine.sequence import Sequence
 from inferplug.errors import RequestError
+from inferplug.stages.output import RequestOutput
+from inferplug.stages.prompt import check_prompt_ids
 from inferplug.types import Event, Request, SamplingParams
 
 
@@ -21,22 +22,6 @@ def validate_prompt(prompt_ids: list[int], params: SamplingParams, vocab_size: i
         raise RequestError("min_tokens cannot be combined with json_schema (the schema decides the length); "
                            "drop min_tokens", param="min_tokens")
     check_prompt_ids(prompt_ids, vocab_size, max_model_len)
-
-
-def check_prompt_ids(prompt_ids: list[int], vocab_size: int, context_length: int, param: str = "prompt") -> None:
-    """The checks every local backend makes on a tokenized prompt: not empty, in the vocabulary, room to generate."""
-    if not prompt_ids:
-        raise RequestError("the prompt is empty: give at least one token or character", param=param)
-    bad = [t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < vocab_size]
-    if bad:
-        raise RequestError(f"the prompt holds token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}",
-                           param=param)
-    if len(prompt_ids) >= context_length:
-        raise RequestError(
-            f"the prompt has {len(prompt_ids)} tokens but the context holds {context_length} "
-            "(including at least one generated token): shorten the prompt or raise max_model_len",
-            param=param,
-        )
 
 
 def validate_beam_search(params: SamplingParams, *, max_num_seqs: int, max_step_tokens: int, speculative: bool,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from inferplug.engine.sequence import Sequence
-from inferplug.engine.spec_decode import accept_or_resample, ahead, greedy_accept
+from inferplug.engine.spec_verify import accept_or_resample, ahead, greedy_accept
 from inferplug.types import SamplingParams
 
 
@@ -37,7 +37,7 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]] | None = None,
                  draft_probs: list[torch.Tensor | None] | None = None) -> list[list[SampleResult]]:
         """Each sequence's tokens. Without drafts: one logits row and one token each. With k drafts a sequence
-        has k + 1 rows and gets the accepted drafts plus one more token (engine/spec_decode.py); draft_probs
+        has k + 1 rows and gets the accepted drafts plus one more token (engine/spec_verify.py); draft_probs
         holds each sequence's q rows ([k, vocab]) where its drafts were sampled, None for point masses."""
         drafts = drafts or [[] for _ in seqs]
         draft_probs = draft_probs or [None] * len(seqs)

@@ -23,7 +23,7 @@ from collections import deque
 from typing import Any, Protocol
 
 from inferplug.engine.block_manager import BlockManager
-from inferplug.engine.prompt_logprobs import wants_prompt_logprobs
+from inferplug.engine.prompt_scores import wants_prompt_logprobs
 from inferplug.engine.rag_recompute import RecomputePolicy
 from inferplug.engine.sequence import Sequence, SequenceStatus
 
@@ -55,7 +55,7 @@ class Proposer(Protocol):
     pools: tuple[BlockManager, ...]  # KV pools of its own (a draft model's), checked like the target's
 
     def propose(self, seqs: list[Sequence], limits: list[int]) -> list[Any]:
-        """One spec_decode.Proposal per sequence, at most its limit tokens."""
+        """One spec_verify.Proposal per sequence, at most its limit tokens."""
 
     def release(self, seq: Sequence) -> None:
         """seq left the running set (finished, aborted, preempted): drop what is held for it."""

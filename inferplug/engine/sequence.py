@@ -29,7 +29,7 @@ class Sequence:
     cache_salt: str | None = None
     generator: Any = None  # torch.Generator when the request has a seed
     guide: Any = None  # constrained decoding (engine.guided); fill_mask / accept / is_terminated
-    output: Any = None  # engine.output.ChoiceOutput: text, stop checks, timings
+    output: Any = None  # stages.output.ChoiceOutput: text, stop checks, timings
     token_ids: list[int] = field(default_factory=list)  # prompt + output
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0

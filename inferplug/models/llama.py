@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from inferplug.engine.attention import AttentionContext
-from inferplug.engine.parallel.group import SINGLE, SingleDevice
-from inferplug.engine.ops import select_ops
 from inferplug.models.config import ModelConfig
+from inferplug.ops import select_ops
+from inferplug.ops.attention import AttentionContext
+from inferplug.ops.parallel_group import SINGLE, SingleDevice
 from inferplug.quant.checkpoint_layers import fold_down_order, fuse_rows  # torch.cat, or an AWQ / GPTQ checkpoint's layers
 from inferplug.quant.linear import linear  # F.linear, or a weight-only int8/int4 layer's kernel
 
@@ -80,11 +80,11 @@ class LlamaModel:
                 down=down,
             ))
         self.cos, self.signed_sin = rope_tables(config, self.device)
-        # The ops interface (engine/ops): C++ CPU kernels, Triton or torch, chosen here once.
+        # The ops interface (ops/): C++ CPU kernels, Triton or torch, chosen here once.
         self.ops = select_ops(attention, self.device, dtype, self.kv_dtype, self.head_dim)
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        shape = (self.num_kv_heads, num_blocks, block_size, self.head_dim)  # heads outermost: see engine/attention.py
+        shape = (self.num_kv_heads, num_blocks, block_size, self.head_dim)  # heads outermost: see ops/attention.py
         return [
             (torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
              torch.zeros(shape, dtype=self.kv_dtype, device=self.device))
@@ -130,7 +130,7 @@ class LlamaModel:
 
 
 def rope_tables(config: ModelConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 cos and signed sin (see engine/ops/torch_ops.apply_rope) for every position up to max_position_embeddings: [positions, head_dim]."""
+    """fp32 cos and signed sin (see ops/torch_ops.apply_rope) for every position up to max_position_embeddings: [positions, head_dim]."""
     dim = config.head_dim
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     inv_freq = scale_inv_freq(inv_freq, config.rope_scaling)

@@ -15,8 +15,7 @@ from typing import Any
 
 import ray
 
-from inferplug.server.replicas import HEALTH_CHECK_PERIOD_S
-
+HEALTH_CHECK_PERIOD_S = 1.0  # Serve's health check period, and the period replicas publish their metrics at
 REPLICA_HEADER = b"x-inferplug-replica"
 STALE_AFTER_S = 5 * HEALTH_CHECK_PERIOD_S
 

@@ -15,7 +15,8 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import Receive, Scope, Send
 
-from inferplug.server.app import BodySizeLimit, error_body, error_response
+from inferplug.server.guard import BodySizeLimit
+from inferplug.server.error_json import error_body, error_response
 from inferplug.server.metrics_merge import merge_replica_metrics
 from inferplug.server.replica_engine import RoutedRequest
 

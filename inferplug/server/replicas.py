@@ -14,98 +14,21 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
-from inferplug.errors import BackendUnavailable, ProfileError
+from inferplug.errors import BackendUnavailable
+from inferplug.replica_plan import LOOPBACK, check_reachable, prefix_router, require_ray, routing_choice
 
 if TYPE_CHECKING:
     from inferplug.profile import Profile
 
 APP_NAME = "inferplug"
-INSTALL = "pip install 'inferplug[ray]'"
-# Where Ray keeps its prefix-aware router: the public path needs ray[llm]'s extras (pyarrow), the other not
-_PREFIX_ROUTERS = ("ray.serve.llm.request_router",
-                   "ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router")
 # the engine queues and batches; Serve's default of 5 ongoing requests would starve its batches
 MAX_ONGOING_REQUESTS = 256
-HEALTH_CHECK_PERIOD_S = 1.0  # also the period replicas publish their metrics at (replica_engine.py)
-LOOPBACK = "127.0.0.1"
 # Ray's own switch for a single-node Ray on loopback (what it does on macOS and Windows): read when its processes
 # start, and by ray.init through ray_constants (set there too: this process imported Ray already)
 _RAY_CLUSTER_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-
-
-def require_ray(replicas: int) -> Any:
-    try:
-        import ray
-        from ray import serve  # noqa: F401
-    except ImportError as exc:
-        raise BackendUnavailable(f"replicas = {replicas} runs on Ray Serve, which is not installed ({exc}); "
-                                 f"{INSTALL}, or set replicas = 1") from None
-    return ray
-
-
-def prefix_router() -> type | None:
-    """Ray's prefix-cache-aware request router, or None where this Ray lacks it."""
-    import importlib
-
-    for path in _PREFIX_ROUTERS:
-        try:
-            return importlib.import_module(path).PrefixCacheAffinityRouter
-        except (ImportError, AttributeError):
-            continue
-    return None
-
-
-def routing_choice(choice: str) -> tuple[str, str]:
-    """("prefix" | "power_of_two", why) for `[parallel] routing`."""
-    if choice == "power_of_two":
-        return "power_of_two", "routing power of two: pinned by the profile (the shorter queue of two replicas)"
-    if prefix_router() is not None:
-        return "prefix", ("routing prefix-cache-aware (Ray Serve's PrefixCacheAffinityRouter): a prompt goes to "
-                          "the replica that served its prefix, so its KV blocks are cached there")
-    if choice == "prefix":
-        raise ProfileError("routing = \"prefix\" needs Ray Serve's PrefixCacheAffinityRouter, which this Ray "
-                           "lacks; install a Ray whose Serve has it (2.60 does), or set routing = \"power_of_two\"")
-    return "power_of_two", "routing power of two: this Ray has no prefix-aware router (Ray 2.60 has one)"
-
-
-def describe(profile: Profile) -> str:
-    """The resolver's line for replicas > 1 (without starting Ray)."""
-    n = profile.parallel.replicas
-    try:
-        require_ray(n)
-        _, why = routing_choice(profile.parallel.routing)
-    except (BackendUnavailable, ProfileError) as exc:
-        return f"replicas {n}: {exc}"
-    address = os.environ.get("RAY_ADDRESS")
-    ray_where = (f"on the Ray cluster at {address} (RAY_ADDRESS; its own network setup applies)"
-                 if address and address != "local" else
-                 f"on a local Ray bound to loopback ({LOOPBACK}) only, unless serve --ray-address names a cluster")
-    return (f"replicas {n}: one Ray Serve deployment {ray_where}, each replica its own engine and KV cache; the API "
-            f"key goes to the replicas in their environment, not in deployment arguments; {why}")
-
-
-def check_reachable(address: str, timeout: float = 3.0) -> None:
-    """A one-line error now, rather than ray.init retrying an address nobody answers."""
-    if address in ("auto", "local"):  # auto: ray.init finds this host's cluster or says there is none
-        return
-    parts = urlsplit(address if "://" in address else f"ray://{address}")
-    try:
-        host, port = parts.hostname, parts.port
-    except ValueError:
-        host = port = None
-    if not host or not port:
-        raise BackendUnavailable(f"the Ray address {address!r} is not host:port (or ray://host:port); give the head "
-                                 "node's address as `ray start --head` printed it")
-    try:
-        socket.create_connection((host, port), timeout=timeout).close()
-    except OSError as exc:
-        raise BackendUnavailable(f"cannot reach the Ray cluster at {address} ({exc.strerror or exc}); start it with "
-                                 "`ray start --head`, or fix --ray-address / RAY_ADDRESS") from None
 
 
 @dataclass
@@ -157,6 +80,8 @@ def local_init_options(cpus: int) -> dict[str, Any]:
 def deployment_options(connection: RayConnection, profile: Profile, api_key: str | None) -> tuple[dict[str, Any],
                                                                                                    Profile]:
     """Serve's options for the engine deployment, and the profile each replica runs (its thread share set)."""
+    from inferplug.server.replica_engine import HEALTH_CHECK_PERIOD_S
+
     n = profile.parallel.replicas
     options: dict[str, Any] = dict(name="engine", num_replicas=n, max_ongoing_requests=MAX_ONGOING_REQUESTS,
                                    health_check_period_s=HEALTH_CHECK_PERIOD_S, graceful_shutdown_timeout_s=5,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from inferplug.errors import GenerationError, RequestError
 from inferplug.frontend.requests import response_schema
@@ -26,6 +26,12 @@ class InferPlugFields(BaseModel):
     """The context in tokens (None: the profile's, else 4096), at most the model's maximum, as llama-server's -c."""
     model: str | None = None
     """The served model name; filled from the backend. As a constructor argument alone it names the profile."""
+    api_key: SecretStr | None = None
+    """As ChatOpenAI's: a remote (backend = "openai") profile sends it as its key, instead of the env var its
+    [openai] api_key_env names. A local profile needs no key: it accepts one and ignores it."""
+    base_url: str | None = None
+    """As ChatOpenAI's: the remote server a remote profile talks to, instead of its [openai] base_url. A local
+    profile needs none: it accepts one and ignores it."""
     temperature: float | None = None
     max_tokens: int | None = None
     top_p: float | None = None
@@ -68,7 +74,8 @@ class InferPlugFields(BaseModel):
         """Check the profile now (a bad name fails at construction); load the model on first use."""
         from inferplug.frontend.binding import bind_profile
 
-        self.inferplug_profile, self.model = bind_profile(self.inferplug_profile, self.model, self.context_length)
+        self.inferplug_profile, self.model = bind_profile(self.inferplug_profile, self.model, self.context_length,
+                                                          api_key=self.api_key, base_url=self.base_url)
         return self
 
     @property
@@ -81,6 +88,7 @@ class InferPlugFields(BaseModel):
     def _identifying_params(self) -> dict[str, Any]:
         """Every setting that changes an answer, so an LLM cache never mixes two configurations."""
         return {"profile": self.inferplug_profile.name, "model": self.model, "context_length": self.context_length,
+                "base_url": self.base_url,
                 **{k: getattr(self, k) for k in (*_FIELD_KEYS, "stop", "logprobs", "top_logprobs")}}
 
     def _options(self, stop: list[str] | None, kwargs: dict[str, Any]) -> dict[str, Any]:

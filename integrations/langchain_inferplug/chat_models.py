@@ -17,8 +17,8 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from inferplug.errors import RequestError
 from inferplug.frontend.calls import Result, ResultBuilder, aiter_events
+from inferplug.frontend.openai_logprobs import chat_logprobs
 from inferplug.frontend.requests import Prepared, build_request
-from inferplug.server.responses import chat_logprobs
 from inferplug.types import ToolCallDelta
 from langchain_inferplug.base import InferPlugFields
 from langchain_inferplug.messages import to_chat_dicts

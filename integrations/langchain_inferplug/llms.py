@@ -11,8 +11,8 @@ from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 
 from inferplug.frontend.binding import usage_counts
 from inferplug.frontend.calls import Result, aiter_events, generate_all
+from inferplug.frontend.openai_logprobs import vllm_prompt_logprobs
 from inferplug.frontend.requests import build_request
-from inferplug.server.responses import vllm_prompt_logprobs
 from langchain_inferplug.base import InferPlugFields
 
 

@@ -61,7 +61,7 @@ def tokens_and_logprobs(events: dict[str, list[Event]]) -> dict:
 
 def spy_fused_steps(monkeypatch) -> list[bool]:
     """Per engine step from now on, whether CpuKernelOps.run_layers took decode_layers' one-call path."""
-    from inferplug.engine.ops.cpu_ops import CpuKernelOps
+    from inferplug.ops.cpu_ops import CpuKernelOps
 
     fused_steps, block_layers = [], CpuKernelOps.block_layers
 
@@ -76,7 +76,7 @@ def spy_fused_steps(monkeypatch) -> list[bool]:
 
 def unfuse_steps(monkeypatch) -> None:
     """Every step from now on takes LlamaModel.forward's layer-by-layer path."""
-    from inferplug.engine.ops.cpu_ops import CpuKernelOps
+    from inferplug.ops.cpu_ops import CpuKernelOps
 
     monkeypatch.setattr(CpuKernelOps, "block_layers", lambda self, model, ctx, tokens: None)
 

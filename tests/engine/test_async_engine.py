@@ -8,7 +8,7 @@ import threading
 import pytest
 from engine_helpers import greedy, make_engine, prompts_of
 
-from inferplug.engine.async_engine import AsyncEngine
+from inferplug.backends.async_engine import AsyncEngine
 from inferplug.errors import BackendUnavailable, RequestError
 from inferplug.types import Request
 

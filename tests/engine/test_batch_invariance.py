@@ -1,6 +1,6 @@
 """Batch invariance (the hidden-prompt test): a greedy request's tokens, and its logprobs bit for bit, do not
 depend on what else shares its steps, on how much of its prompt came from the prefix cache or how it was
-chunked, nor on the thread count. It holds on the CPU kernel path (engine/ops/cpu_ops._kernel_rows: every attention
+chunked, nor on the thread count. It holds on the CPU kernel path (ops/cpu_ops._kernel_rows: every attention
 row reads its own length in one fixed order; fbgemm's fp16 GEMM and the block kernels are row-invariant; each
 [native] prefill_gemm path of the block layers sums a row in one order whatever the row count). Streamed against
 not streamed, through the server: tests/server/test_default_profile.py."""

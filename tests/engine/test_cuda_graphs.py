@@ -7,7 +7,7 @@ import pytest
 import torch
 from engine_helpers import greedy, make_engine, prompts_of, run_all, tokens_of
 
-from inferplug.engine.cuda_graphs import batch_buckets
+from inferplug.ops.cuda_graphs import batch_buckets
 from inferplug.types import Request
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from inferplug.engine.doc_cache import rerotate
-from inferplug.engine.ops.torch_ops import apply_rope
 from inferplug.models.llama import rope_tables
 from inferplug.models.loader import read_config
+from inferplug.ops.torch_ops import apply_rope
 from inferplug.rag import rag_prompt
 from inferplug.rag.layout import document_spans
 from inferplug.types import Request

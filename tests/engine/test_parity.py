@@ -6,7 +6,7 @@ import pytest
 
 import torch
 
-from inferplug.engine.ops import TorchOps
+from inferplug.ops import TorchOps
 from inferplug.types import Request, SamplingParams
 from engine_helpers import greedy, hf_greedy, hf_model, make_engine, prompts_of, run_all, tokens_of
 

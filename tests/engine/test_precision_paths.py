@@ -10,7 +10,7 @@ import pytest
 import torch
 from engine_helpers import greedy, hf_generate, hf_model, make_engine, prompts_of, run_all, text_of, tokens_of
 
-from inferplug.engine.ops import TorchOps
+from inferplug.ops import TorchOps
 from inferplug.quant.linear import quantize_model
 from inferplug.types import Request, SamplingParams
 

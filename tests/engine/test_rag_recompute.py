@@ -9,7 +9,7 @@ import math
 import pytest
 from engine_helpers import greedy, make_engine, run_all, tokens_and_logprobs
 
-from inferplug.engine.ops import TorchOps
+from inferplug.ops import TorchOps
 from inferplug.engine.rag_recompute import RecomputePolicy, runs
 from inferplug.rag import rag_prompt
 from inferplug.rag.layout import document_spans

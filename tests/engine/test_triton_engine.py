@@ -8,7 +8,7 @@ import pytest
 import torch
 from engine_helpers import greedy, hf_greedy, make_engine, prompts_of, run_all, tokens_of
 
-from inferplug.engine.ops import TorchOps
+from inferplug.ops import TorchOps
 from inferplug.types import Request
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from inferplug.errors import ProfileError
-from inferplug.frontend.reasoning import ReasoningSplitter, detect_parser, split_reasoning
+from inferplug.stages.reasoning import ReasoningSplitter, detect_parser, split_reasoning
 from inferplug.types import Request, SamplingParams
 
 # The tiny model writes "<think>letters</think>letters" as a JSON string: the pattern is the only freedom.

@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from inferplug.engine.async_engine import AsyncEngine
+from inferplug.backends.async_engine import AsyncEngine
 from inferplug.errors import RequestError
 from inferplug.frontend.requests import UncachedDocumentsWarning, build_request
 
@@ -132,8 +132,8 @@ def test_beam_search_options_reach_the_engine_from_langchain_llamaindex_and_the_
     from langchain_inferplug import ChatInferPlug
     from llama_index.core.base.llms.types import ChatMessage
 
-    from llama_index.llms.inferplug import InferPlug
     from inferplug.backends.registry import get_backend
+    from llama_index.llms.inferplug import InferPlug
     from tests.server.conftest import start_server
 
     beams = dict(use_beam_search=True, beam_width=3, length_penalty=0.5, early_stopping="never")

@@ -73,7 +73,7 @@ def test_a_sequence_gets_the_same_bits_alone_and_in_a_batch():
 
 
 def test_reference_matches_the_engine_cpu_decode_path():
-    from inferplug.engine.attention import DecodeGroup, _decode
+    from inferplug.ops.attention import DecodeGroup, _decode
 
     seq_lens = [3, 9]
     q, k_cache, v_cache, tables, lens = random_pool(batch=2, heads=4, kv_heads=2, head_dim=8, block_size=4, seq_lens=seq_lens)

@@ -17,7 +17,8 @@ pytest.importorskip("ray")
 
 from inferplug.profile import Profile  # noqa: E402
 from inferplug.server.app import API_KEY_ENV  # noqa: E402
-from inferplug.server.replicas import RayConnection, deployment_options, describe  # noqa: E402
+from inferplug.replica_plan import describe  # noqa: E402
+from inferplug.server.replicas import RayConnection, deployment_options  # noqa: E402
 
 KEY = "replica-secret-key"
 

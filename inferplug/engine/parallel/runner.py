@@ -9,10 +9,10 @@ import socket
 import weakref
 
 from inferplug.engine.model_runner import ModelRunner, StepInputs
-from inferplug.engine.parallel.shard import check_tensor_parallel, shard_weights
-from inferplug.engine.ops.step import SeqView
 from inferplug.engine.parallel.worker import WorkerSpec, init_rank, rank_model, worker_main
 from inferplug.errors import BackendUnavailable, ProfileError
+from inferplug.models.shard import check_tensor_parallel, shard_weights
+from inferplug.ops.step import SeqView
 
 STOP_WAIT_S = 10  # a worker that has not exited by then is killed
 

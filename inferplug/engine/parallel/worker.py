@@ -29,7 +29,7 @@ def init_rank(spec: WorkerSpec):
     import torch
     import torch.distributed as dist
 
-    from inferplug.engine.parallel.group import TensorParallelGroup
+    from inferplug.ops.parallel_group import TensorParallelGroup
 
     config = spec.engine_config
     cuda = str(config.device).startswith("cuda")
@@ -44,8 +44,8 @@ def init_rank(spec: WorkerSpec):
 
 
 def rank_model(spec: WorkerSpec, shard: dict, group, device: str):
-    from inferplug.engine.parallel.shard import rank_config
     from inferplug.models.llama import LlamaModel
+    from inferplug.models.shard import rank_config
 
     config = spec.engine_config
     return LlamaModel(rank_config(spec.model_config, spec.size), shard, dtype=config.torch_dtype, device=device,

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inferplug.engine.attention import write_kv
 from inferplug.kernels.paged_attention_ref import paged_attention_decode_ref, paged_attention_ref, random_pool
+from inferplug.ops.attention import write_kv
 from tests.kernels.cpu.test_layer_ops import BLOCK_SIZE, BLOCKS, HEADS, KV_HEADS, tables
 from tests.kernels.cpu.test_paged_prefill import chunked_inputs, rel_err
 

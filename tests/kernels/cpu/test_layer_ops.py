@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from inferplug.engine.attention import write_kv
 from inferplug.models.config import ModelConfig
-from inferplug.engine.ops.torch_ops import apply_rope
 from inferplug.models.llama import rope_tables
+from inferplug.ops.attention import write_kv
+from inferplug.ops.torch_ops import apply_rope
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCKS, BLOCK_SIZE = 9, 3, 64, 12, 16
 

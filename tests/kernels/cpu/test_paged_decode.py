@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inferplug.engine.attention import AttentionContext, DecodeGroup
-from inferplug.engine.ops.cpu_ops import CpuKernelOps
 from inferplug.kernels.paged_attention_ref import paged_attention_decode_ref, random_pool
+from inferplug.ops.attention import AttentionContext, DecodeGroup
+from inferplug.ops.cpu_ops import CpuKernelOps
 
 
 def kernel_decode(ops, q, k_cache, v_cache, tables, lens, scale):

@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from inferplug.profile_schema import REASONING_PARSERS as PARSERS
 
 START, END = "<think>", "</think>"
-PARSERS = ("deepseek_r1", "qwen3")
 
 
 class ReasoningSplitter:

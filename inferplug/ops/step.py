@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from inferplug.engine.sequence import Sequence
+if TYPE_CHECKING:  # the ops read a row's block table and computed count; they never import the engine
+    from inferplug.engine.sequence import Sequence
 
 
 @dataclass

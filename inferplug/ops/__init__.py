@@ -13,9 +13,9 @@ import os
 
 import torch
 
-from inferplug.engine.ops.step import StepRows
-from inferplug.engine.ops.torch_ops import TorchOps
 from inferplug.errors import ProfileError
+from inferplug.ops.step import StepRows
+from inferplug.ops.torch_ops import TorchOps
 
 ATTENTION_CHOICES = ("auto", "torch", "sdpa", "triton", "flash")
 
@@ -34,7 +34,7 @@ def select_ops(attention: str, device: torch.device, dtype: torch.dtype, kv_dtyp
     if device.type == "cpu" and dtype == torch.float32 and str(kv_dtype).removeprefix("torch.") in cpu_kernels.KV_DTYPES:
         kernels = cpu_kernels.ops()  # None where the CPU or the compiler cannot run them
         if kernels is not None:
-            from inferplug.engine.ops.cpu_ops import CpuKernelOps
+            from inferplug.ops.cpu_ops import CpuKernelOps
 
             return CpuKernelOps(kernels, dtype, head_dim=head_dim)
     return TorchOps(dtype)
@@ -48,10 +48,10 @@ def _triton_ops(attention: str, device: torch.device, dtype: torch.dtype) -> Tor
     if not _has_triton():
         raise ProfileError(f"attention {attention!r} needs the triton package; install it or use attention = 'torch'")
     if attention == "flash":
-        from inferplug.engine.ops.flash_ops import FlashOps
+        from inferplug.ops.flash_ops import FlashOps
 
         return FlashOps(dtype)
-    from inferplug.engine.ops.triton_ops import TritonOps
+    from inferplug.ops.triton_ops import TritonOps
 
     return TritonOps(dtype)
 

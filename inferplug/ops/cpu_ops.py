@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from inferplug.engine.attention import AttentionContext, DecodeGroup
-from inferplug.engine.ops.step import StepRows
-from inferplug.engine.ops.torch_ops import TorchOps
+from inferplug.ops.attention import AttentionContext, DecodeGroup
+from inferplug.ops.step import StepRows
+from inferplug.ops.torch_ops import TorchOps
 from inferplug.quant.block_linear import KERNEL_MAX_ROWS, BlockLinear
 from inferplug.quant.checkpoint_layers import PermutedLinear, RowPartsLinear
 

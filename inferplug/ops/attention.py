@@ -1,4 +1,4 @@
-"""Paged attention in torch ops, and the per-step attention metadata every ops set (engine/ops/) builds. K/V
+"""Paged attention in torch ops, and the per-step attention metadata every ops set (ops/) builds. K/V
 live in per-layer pools read through block tables.
 
 A pool is [kv_heads, num_blocks, block_size, head_dim]: heads outermost, so the blocks gathered for

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from inferplug.engine.attention import AttentionContext, DecodeGroup, PackedPrefill
-from inferplug.engine.ops.step import StepRows
-from inferplug.engine.ops.torch_ops import TorchOps
 from inferplug.kernels.layer_ops import add_rms_norm, rope_, store_kv
 from inferplug.kernels.paged_attention import paged_attention_decode
 from inferplug.kernels.prefill_attention import prefill_attention
+from inferplug.ops.attention import AttentionContext, DecodeGroup, PackedPrefill
+from inferplug.ops.step import StepRows
+from inferplug.ops.torch_ops import TorchOps
 
 
 class TritonOps(TorchOps):
@@ -35,7 +35,7 @@ class TritonOps(TorchOps):
         """On CUDA: decode steps never sync with the host on this path (lengths stay on the device), so they replay."""
         if model.device.type != "cuda":
             return None
-        from inferplug.engine.cuda_graphs import DecodeGraphs
+        from inferplug.ops.cuda_graphs import DecodeGraphs
 
         graphs = DecodeGraphs(model, kv_caches, max_num_seqs=max_num_seqs, max_blocks=max_blocks)
         graphs.capture()

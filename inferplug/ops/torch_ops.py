@@ -1,16 +1,20 @@
 """The torch ops: what any device runs, and the base the kernel sets (C++ CPU, Triton) override method by method.
 
 Decode rows are grouped by similar context lengths (one gather and two batched matmuls a group, padded to the
-group's longest); each prefill chunk runs scaled_dot_product_attention over its context (engine/attention.py)."""
+group's longest); each prefill chunk runs scaled_dot_product_attention over its context (ops/attention.py)."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from inferplug.engine.attention import AttentionContext, DecodeGroup, PrefillChunk, paged_attention, write_kv
-from inferplug.engine.ops.step import StepRows
-from inferplug.engine.sequence import Sequence
+from inferplug.ops.attention import AttentionContext, DecodeGroup, PrefillChunk, paged_attention, write_kv
+from inferplug.ops.step import StepRows
+
+if TYPE_CHECKING:  # the ops read a row's block table and computed count; they never import the engine
+    from inferplug.engine.sequence import Sequence
 
 # A row starts a new decode group when it needs at most 2/3 of the group's blocks and 8 fewer: past that,
 # reading the padding costs more than another gather and matmul pair (about 0.1 ms a layer).
@@ -36,7 +40,7 @@ class TorchOps:
         return ctx
 
     def decode_graphs(self, model, kv_caches, *, max_num_seqs: int, max_blocks: int):
-        """Captured CUDA graphs for decode steps (engine/cuda_graphs.py), or None where this set offers none."""
+        """Captured CUDA graphs for decode steps (ops/cuda_graphs.py), or None where this set offers none."""
         return None
 
     def run_layers(self, model, x: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext, kv_caches) -> bool:

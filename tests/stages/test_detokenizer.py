@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from inferplug.engine.detokenizer import IncrementalDetokenizer
 from inferplug.models.loader import load_tokenizer
+from inferplug.stages.detokenizer import IncrementalDetokenizer
 
 TEXT = "Hi 你好, world 🙂! naïve café 😀👍 the end"
 

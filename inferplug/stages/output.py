@@ -14,8 +14,9 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferplug.engine.detokenizer import IncrementalDetokenizer
-from inferplug.engine.prompt_logprobs import PromptLogprobs
+from inferplug.stages.detokenizer import IncrementalDetokenizer
+from inferplug.stages.prompt_logprobs import PromptLogprobs
+from inferplug.stages.reasoning import ReasoningSplitter
 from inferplug.types import Event, FinishReason, SamplingParams, Timings, TokenLogprob, Usage
 
 
@@ -24,8 +25,6 @@ class ChoiceOutput:
 
     def __init__(self, request_id: str, index: int, tokenizer: Any, prompt_ids: list[int], params: SamplingParams,
                  eos_ids: Collection[int], max_tokens: int, reasoning_parser: str | None = None):
-        from inferplug.frontend.reasoning import ReasoningSplitter
-
         self.request_id, self.index, self.tokenizer = request_id, index, tokenizer
         self.reasoning = ReasoningSplitter(reasoning_parser) if reasoning_parser else None
         self.params, self.eos_ids, self.max_tokens = params, eos_ids, max_tokens

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from inferplug.engine.attention import PackedPrefill
-from inferplug.engine.ops.triton_ops import TritonOps
 from inferplug.errors import ProfileError
+from inferplug.ops.attention import PackedPrefill
+from inferplug.ops.triton_ops import TritonOps
 
 
 class FlashOps(TritonOps):

@@ -4,14 +4,14 @@ A decode step launches a few kernels per layer for a handful of tokens; on a GPU
 bound it. Each bucket's graph is captured once over static input buffers (token ids, positions, slots, block
 tables, lengths); a step of `n` decode rows copies its inputs into the smallest bucket >= n and replays it.
 Padding rows store nothing (slot -1) and attend to nothing (length 0); their outputs are sliced away.
-The graphs capture the model's ops set (engine/ops), so only a set whose decode path never syncs with the host
+The graphs capture the model's ops set (ops/), so only a set whose decode path never syncs with the host
 offers them (TritonOps.decode_graphs)."""
 
 from __future__ import annotations
 
 import torch
 
-from inferplug.engine.attention import AttentionContext, DecodeGroup
+from inferplug.ops.attention import AttentionContext, DecodeGroup
 
 
 def batch_buckets(max_num_seqs: int) -> list[int]:
