@@ -14,6 +14,7 @@ from inferplug.engine.rag_recompute import DeviationProbe, runs
 from inferplug.engine.sampler import SampleResult, Sampler
 from inferplug.engine.sequence import Sequence
 from inferplug.ops import StepRows
+from inferplug.ops.attention import AttentionContext, read_kv
 from inferplug.ops.step import SeqView
 
 
