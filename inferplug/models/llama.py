@@ -11,7 +11,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from inferplug.models.config import ModelConfig
 from inferplug.ops import select_ops
