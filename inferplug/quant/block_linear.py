@@ -203,14 +203,18 @@ class Q4KLinear(BlockLinear):
         as 6-bit codes of its super-block's largest."""
         out, blocks = groups.shape[:2]
         low = groups.amin(dim=-1, keepdim=True).clamp(max=0)  # [out, blocks, 1]
-        step, offset, fields = [], [], []
-        for value in ((groups.amax(dim=-1, keepdim=True) - low) / 15, -low):  # the scales, then the mins
-            top = (value.reshape(out, blocks // 8, 8).amax(dim=-1, keepdim=True) / 63).half()  # d, dmin
-            code = torch.round(value / _per_block(top).clamp(min=1e-10)).clamp(0, 63)
-            (step if not fields else offset).append(_per_block(top) * code)
-            fields += [top.view(torch.uint8), code.to(torch.uint8)]
-        q = torch.round((groups + offset[0]) / step[0].clamp(min=1e-10)).clamp(0, 15).to(torch.uint8)
-        return fields[0], fields[2], fields[1], fields[3], q[..., :16] | (q[..., 16:] << 4)
+
+        def as_codes(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            """[out, blocks, 1] -> (the super-blocks' fp16 top [out, blocks / 8, 1], each block's 6-bit code)."""
+            top = (value.reshape(out, blocks // 8, 8).amax(dim=-1, keepdim=True) / 63).half()
+            return top, torch.round(value / _per_block(top).clamp(min=1e-10)).clamp(0, 63)
+
+        d, sc = as_codes((groups.amax(dim=-1, keepdim=True) - low) / 15)
+        dmin, m = as_codes(-low)
+        step, offset = _per_block(d) * sc, _per_block(dmin) * m
+        q = torch.round((groups + offset) / step.clamp(min=1e-10)).clamp(0, 15).to(torch.uint8)
+        return (d.view(torch.uint8), dmin.view(torch.uint8), sc.to(torch.uint8), m.to(torch.uint8),
+                q[..., :16] | (q[..., 16:] << 4))
 
     @staticmethod
     def _unpack(d, dmin, sc, m, nibbles):
