@@ -39,5 +39,6 @@ def checkpoint_format_why(fmt: str, gpus: list[GPU], hw: Hardware) -> str:
         return f"{label} int4 groups run as stored: the Triton int4 group-wise dequant-GEMM (kernels/int4_gemm.py)"
     if cpu_kernels.unavailable_reason(hw):
         return f"{label} int4 groups run as stored by a torch dequant-matmul (slow: {cpu_kernels.unavailable_reason(hw)})"
-    return (f"{label} int4 groups repacked at load into Q4_1 blocks on inferplug's CPU kernel (one scale and min per "
-            "group of 128: 4.25 bits; int8 activations, as llama.cpp); act-order layers permute their activations")
+    return (f"{label} int4 groups repacked at load into Q4_1 blocks on inferplug's CPU kernel (groups of 128 keep "
+            "one scale and min a group: 4.25 bits, other sizes 5; int8 activations, as llama.cpp); act-order layers "
+            "permute their activations")
