@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
@@ -22,14 +21,16 @@ from llama_index.core.base.llms.types import (
 )
 from llama_index.core.prompts import PromptTemplate
 from pydantic import BaseModel
-from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.bridge.pydantic import Field, PrivateAttr, SecretStr
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
+from llama_index.core.llms.utils import parse_partial_json
 
 from inferplug.frontend.binding import bind_profile, usage_counts
 from inferplug.frontend.calls import Result, ResultBuilder, acollect, aiter_events, collect
 from inferplug.frontend.requests import Prepared, build_request
+from inferplug.frontend.tool_calls import finish_with_calls
 from inferplug.rag.layout import DocumentMemory
 from inferplug.types import SamplingParams, TokenLogprob
 from llama_index.llms.inferplug.messages import to_chat_dicts
@@ -47,6 +48,13 @@ class InferPlug(FunctionCallingLLM):
     context_length: int | None = Field(default=None, description="The context in tokens the engine holds (None: the "
                                                                  "profile's, else 4096), at most the model's maximum.")
     model: str | None = Field(default=None, description="The served model name (filled from the profile).")
+    api_key: SecretStr | None = Field(default=None, description="As OpenAI's LLM takes it: a remote (backend = "
+                                                                "'openai') profile sends it as its key, instead of "
+                                                                "the env var its [openai] api_key_env names. A local "
+                                                                "profile needs none: it accepts one and ignores it.")
+    base_url: str | None = Field(default=None, description="The server a remote profile talks to, instead of its "
+                                                           "[openai] base_url. A local profile needs none: it "
+                                                           "accepts one and ignores it.")
     temperature: float | None = Field(default=None, description="None: the profile's default.")
     max_tokens: int | None = Field(default=None, description="None: the profile's default.")
     additional_kwargs: dict[str, Any] = Field(default_factory=dict,
@@ -58,7 +66,8 @@ class InferPlug(FunctionCallingLLM):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.profile, self.model = bind_profile(self.profile, self.model, self.context_length)
+        self.profile, self.model = bind_profile(self.profile, self.model, self.context_length, api_key=self.api_key,
+                                                base_url=self.base_url)
 
     @classmethod
     def class_name(cls) -> str:
@@ -104,16 +113,16 @@ class InferPlug(FunctionCallingLLM):
                                documents=kwargs.get("documents"), memory=self._memory)
 
     def _response(self, result: Result, prepared: Prepared, delta: str | None = None) -> ChatResponse:
-        calls = result.calls(prepared.tools)
+        calls = result.calls(prepared.tools, prepared.tool_required)
         extra = {"tool_calls": [{"id": c.id, "type": "function", "function": {
-            "name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]} if calls else {}
+            "name": c.name, "arguments": c.arguments_json()}} for c in calls]} if calls else {}
         return ChatResponse(
             message=ChatMessage(role=MessageRole.ASSISTANT, blocks=_blocks(result.text, result.reasoning),
                                 additional_kwargs=extra),
             delta=delta,
             logprobs=_logprobs(result.logprobs),
             raw={"usage": usage_counts(result.usage),
-                 "finish_reason": "tool_calls" if calls else result.finish_reason,
+                 "finish_reason": finish_with_calls(result.finish_reason, bool(calls)),
                  "ttft_s": result.timings.ttft if result.timings else None},
         )
 
@@ -232,7 +241,7 @@ class InferPlug(FunctionCallingLLM):
         if not calls and error_on_no_tool_call:
             raise ValueError(f"the model answered without a tool call: {response.message.content!r}")
         return [ToolSelection(tool_id=c["id"], tool_name=c["function"]["name"],
-                              tool_kwargs=json.loads(c["function"]["arguments"])) for c in calls]
+                              tool_kwargs=_arguments(c["function"]["arguments"])) for c in calls]
 
 
 class _ChatStream:
@@ -253,6 +262,16 @@ class _ChatStream:
         self.reasoning += event.reasoning
         return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, blocks=_blocks(self.text, self.reasoning)),
                             delta=delta, additional_kwargs={"thinking_delta": event.reasoning} if event.reasoning else {})
+
+
+def _arguments(text: str) -> dict[str, Any]:
+    """A call's arguments; those of a call cut short (max_tokens) as far as they go, as LlamaIndex's OpenAI LLM
+    reads them."""
+    try:
+        value = parse_partial_json(text)
+    except (ValueError, TypeError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _blocks(text: str, reasoning: str) -> list[Any]:
