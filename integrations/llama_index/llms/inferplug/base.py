@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
@@ -29,6 +30,7 @@ from llama_index.core.llms.utils import parse_partial_json
 
 from inferplug.frontend.binding import bind_profile, usage_counts
 from inferplug.frontend.calls import Result, ResultBuilder, acollect, aiter_events, collect
+from inferplug.frontend.forced_call import ForcedCallStream
 from inferplug.frontend.requests import Prepared, build_request
 from inferplug.frontend.tool_calls import finish_with_calls
 from inferplug.rag.layout import DocumentMemory
@@ -112,12 +114,17 @@ class InferPlug(FunctionCallingLLM):
                                tools=kwargs.get("tools"), tool_choice=kwargs.get("tool_choice"),
                                documents=kwargs.get("documents"), memory=self._memory)
 
-    def _response(self, result: Result, prepared: Prepared, delta: str | None = None) -> ChatResponse:
+    def _response(self, result: Result, prepared: Prepared, delta: str | None = None,
+                  call_id: str | None = None) -> ChatResponse:
+        """The whole answer; `call_id`: the id a stream already gave its required call."""
         calls = result.calls(prepared.tools, prepared.tool_required)
-        extra = {"tool_calls": [{"id": c.id, "type": "function", "function": {
-            "name": c.name, "arguments": c.arguments_json()}} for c in calls]} if calls else {}
+        if call_id is not None:
+            calls = [dataclasses.replace(c, id=call_id) for c in calls]
+        # an answer that is calls has no content (the call's text is no prose), as OpenAI's LLM gives it
+        extra = {"tool_calls": [_call_json(c.id, c.name, c.arguments_json()) for c in calls]} if calls else {}
         return ChatResponse(
-            message=ChatMessage(role=MessageRole.ASSISTANT, blocks=_blocks(result.text, result.reasoning),
+            message=ChatMessage(role=MessageRole.ASSISTANT, blocks=_blocks("" if calls else result.text,
+                                                                           result.reasoning),
                                 additional_kwargs=extra),
             delta=delta,
             logprobs=_logprobs(result.logprobs),
@@ -245,23 +252,40 @@ class InferPlug(FunctionCallingLLM):
 
 
 class _ChatStream:
-    """A stream's ChatResponses: the text so far at each delta; tool calls, usage and finish once, at the end
-    (parsing calls out of the whole text at every delta would cost O(n^2) per stream)."""
+    """A stream's ChatResponses: the text so far at each delta, or with a required tool choice, the call so far
+    (never content), as LlamaIndex's OpenAI LLM streams one; an "auto" answer's calls, usage and finish come once,
+    at the end (parsing calls out of the whole text at every delta would cost O(n^2) per stream)."""
 
     def __init__(self, llm: InferPlug, prepared: Prepared) -> None:
         self.llm, self.prepared, self.builder, self.text, self.reasoning = llm, prepared, ResultBuilder(), "", ""
+        self.forced = ForcedCallStream(prepared.tools) if prepared.tool_required else None
+        self.name, self.arguments = None, ""  # the required call so far
 
     def step(self, event: Any) -> ChatResponse | None:
         self.builder.add(event)
         delta = event.text if event.index == 0 else ""
         if event.usage is not None:  # the request's last event
-            return self.llm._response(self.builder.build(), self.prepared, delta=delta)
+            result = self.builder.build()
+            if self.forced is None or result.tool_calls:  # a remote backend's calls are whole
+                return self.llm._response(result, self.prepared, delta=delta)
+            return self.llm._response(result, self.prepared, delta="", call_id=self.forced.id)
         if not delta and not (event.index == 0 and event.reasoning):
             return None
-        self.text += delta
         self.reasoning += event.reasoning
+        thinking = {"thinking_delta": event.reasoning} if event.reasoning else {}
+        if self.forced is not None:
+            for piece in self.forced.feed(delta):
+                self.name, self.arguments = self.name or piece.name, self.arguments + piece.arguments
+            called = {"tool_calls": [_call_json(self.forced.id, self.name, self.arguments)]} if self.name else {}
+            return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, blocks=_blocks("", self.reasoning),
+                                                    additional_kwargs=called), delta="", additional_kwargs=thinking)
+        self.text += delta
         return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, blocks=_blocks(self.text, self.reasoning)),
-                            delta=delta, additional_kwargs={"thinking_delta": event.reasoning} if event.reasoning else {})
+                            delta=delta, additional_kwargs=thinking)
+
+
+def _call_json(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 def _arguments(text: str) -> dict[str, Any]:
