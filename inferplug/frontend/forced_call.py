@@ -79,6 +79,7 @@ class ForcedCallStream:
         self.id = f"call_{uuid.uuid4().hex[:24]}"
         self._arguments_from: int | None = None  # where the arguments start in `text`
         self._sent = 0  # how far into `text` the arguments were sent
+        self.cut = False  # known at finish: the call was cut short
 
     def feed(self, text: str) -> list[ToolCallDelta]:
         self.text += text
@@ -98,12 +99,12 @@ class ForcedCallStream:
     def finish(self) -> list[ToolCallDelta]:
         """The rest once the answer is complete: the call's end, or, cut short, all the text there is."""
         if self._arguments_from is None:  # cut before its arguments began
-            call = cut_call(self.text, self.tools)
-            return [self._first(call.name)]
+            self.cut = True
+            return [self._first(cut_call(self.text, self.tools).name)]
         try:
-            _, end = _DECODER.raw_decode(self.text, self._arguments_from)
+            _, end = _DECODER.raw_decode(self.text, self._arguments_from)  # whole arguments: a whole call
         except (json.JSONDecodeError, RecursionError):
-            end = len(self.text)
+            self.cut, end = True, len(self.text)
         return self._arguments_until(end)
 
     def _first(self, name: str) -> ToolCallDelta:

@@ -126,9 +126,14 @@ def calls_from_deltas(deltas: list[ToolCallDelta]) -> list[ToolCall]:
 
 
 def finish_with_calls(finish_reason: str | None, called: bool) -> str | None:
-    """A choice that ended by itself with tool calls finishes with "tool_calls", as OpenAI's do; one cut short
-    keeps "length"."""
+    """A choice that ended by itself with whole tool calls (`called`) finishes with "tool_calls", as OpenAI's do;
+    one whose call was cut short keeps its reason ("length" at max_tokens, "stop" at a stop string)."""
     return "tool_calls" if called and finish_reason == "stop" else finish_reason
+
+
+def all_whole(calls: list[ToolCall]) -> bool:
+    """Whether the answer is calls and none of them was cut short."""
+    return bool(calls) and all(c.partial is None for c in calls)
 
 
 def _json_values(text: str) -> list[Any]:

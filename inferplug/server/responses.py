@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from inferplug.frontend.openai_logprobs import chat_logprobs, completion_logprobs, vllm_prompt_logprobs
-from inferplug.frontend.tool_calls import calls_from_deltas, finish_with_calls
+from inferplug.frontend.tool_calls import all_whole, calls_from_deltas, finish_with_calls
 from inferplug.server.echo import Echo
 from inferplug.server.tool_output import ToolCallText, call_delta_json, tool_calls_json
 from inferplug.types import Event, TokenLogprob, ToolCallDelta, Usage
@@ -109,7 +109,7 @@ class ResponseBuilder:
                        else {"role": "assistant", "content": c.text})
             message.update(_reasoning(c.reasoning))
             return {"index": index, "message": message, "logprobs": logprobs,
-                    "finish_reason": finish_with_calls(c.finish_reason, bool(calls)), "stop_reason": c.stop_reason}
+                    "finish_reason": finish_with_calls(c.finish_reason, all_whole(calls)), "stop_reason": c.stop_reason}
         logprobs = completion_logprobs(c.logprobs, 0) if self.want_logprobs else None
         body = {"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish_reason,
                 "stop_reason": c.stop_reason}
@@ -135,7 +135,8 @@ class ResponseBuilder:
             if not (delta["content"] or event.reasoning or "tool_calls" in delta or finish or first
                     or (self.want_logprobs and event.logprobs)):
                 return None  # text held back: it may be a tool call
-            called = bool(choice.call_deltas) or (choice.tool_text is not None and choice.tool_text.called)
+            tool_text = choice.tool_text
+            called = bool(choice.call_deltas) or (tool_text is not None and tool_text.called and not tool_text.cut)
             finish = finish_with_calls(finish, called)
             if first:
                 delta = {"role": "assistant", **delta}

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from inferplug.frontend.forced_call import ForcedCallStream, forced_calls
-from inferplug.frontend.tool_calls import ToolCall, parse_tool_calls
+from inferplug.frontend.tool_calls import ToolCall, all_whole, parse_tool_calls
 from inferplug.types import ToolCallDelta
 
 _CALL_STARTS = ("{", "[", "<tool_call>", "```")
@@ -32,6 +32,7 @@ class ToolCallText:
         self.start = ""  # the held text's first characters after whitespace: all that decides (linear in the text)
         self.prose = False  # the answer started as text: nothing more is held
         self.called = False  # some call piece was sent
+        self.cut = False  # known at finish: a call was cut short
 
     def calls(self, text: str) -> list[ToolCall]:
         """A whole answer's calls ([]: it is content)."""
@@ -59,8 +60,11 @@ class ToolCallText:
     def finish(self) -> tuple[str, list[ToolCallDelta]]:
         """(content still held, the call pieces still to send) when the choice ends: calls or text, never both."""
         if self.forced is not None:
-            return "", self._sent(self.forced.finish())
+            pieces = self._sent(self.forced.finish())
+            self.cut = self.forced.cut
+            return "", pieces
         calls = [] if self.prose else self.calls(self.held)
+        self.cut = not all_whole(calls)
         if calls:
             return "", self._sent([ToolCallDelta(i, c.id, c.name, c.arguments_json()) for i, c in enumerate(calls)])
         released, self.held = self.held, ""

@@ -20,7 +20,7 @@ from inferplug.errors import RequestError
 from inferplug.frontend.calls import Result, ResultBuilder, aiter_events
 from inferplug.frontend.openai_logprobs import chat_logprobs
 from inferplug.frontend.requests import Prepared, build_request
-from inferplug.frontend.tool_calls import finish_with_calls
+from inferplug.frontend.tool_calls import all_whole, finish_with_calls
 from langchain_inferplug.base import InferPlugFields
 from langchain_inferplug.messages import to_chat_dicts
 from langchain_inferplug.model_profile import model_profile
@@ -71,7 +71,7 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
             invalid_tool_calls=[invalid_tool_call(name=c.name, args=c.partial, id=c.id, error=_CUT)
                                 for c in calls if c.partial is not None],
             usage_metadata=_usage(result),
-            response_metadata=self._response_metadata(result, bool(calls)),
+            response_metadata=self._response_metadata(result, all_whole(calls)),
         )
 
     def _response_metadata(self, result: Result, called: bool) -> dict[str, Any]:
@@ -201,8 +201,9 @@ class _ChunkStream:
 
     def _last(self) -> ChatGenerationChunk:
         result = self.builder.build()
-        content, calls = self.tools.finish() if self.tools and not result.tool_calls else ("", [])  # a remote's: whole
-        called = bool(calls or result.tool_calls) or (self.tools is not None and self.tools.mode == "call")
+        # a remote backend's calls came whole, as it parsed them
+        content, calls = self.tools.finish() if self.tools and not result.tool_calls else ("", [])
+        called = all_whole(result.tool_calls) or (self.tools is not None and self.tools.called)
         meta = self.model._response_metadata(result, called)
         return self._chunk(content, calls, "", usage_metadata=_usage(result), response_metadata=meta,
                            chunk_position="last")

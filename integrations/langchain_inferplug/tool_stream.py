@@ -19,9 +19,10 @@ _CALL_OPENERS = ("{", "[", "<", "`")
 class ToolCallStream:
     def __init__(self, tools: list[dict[str, Any]], required: bool) -> None:
         self.tools = tools
-        self.mode = "call" if required else "undecided"  # then "text" or "held"
+        self.mode = "undecided"  # with "auto": then "text" or "held"
         self.text = ""
         self.forced = ForcedCallStream(tools) if required else None
+        self.called = False  # known at finish: the answer is whole calls
 
     def feed(self, delta: str) -> tuple[str, list[dict[str, Any]]]:
         """(content to stream, tool-call chunks to stream) for one text delta."""
@@ -36,12 +37,15 @@ class ToolCallStream:
     def finish(self) -> tuple[str, list[dict[str, Any]]]:
         """What is still held once the text is complete."""
         if self.forced is not None:
-            return "", [call_chunk(d) for d in self.forced.finish()]
+            pieces = [call_chunk(d) for d in self.forced.finish()]
+            self.called = not self.forced.cut
+            return "", pieces
         if self.mode != "held":
             return "", []
         calls = parse_tool_calls(self.text, self.tools)
         if not calls:
             return self.text, []
+        self.called = True
         return "", [call_chunk(ToolCallDelta(i, c.id, c.name, c.arguments_json())) for i, c in enumerate(calls)]
 
 

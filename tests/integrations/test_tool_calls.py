@@ -113,3 +113,4 @@ def test_a_streamed_required_call_adds_up_to_the_whole_answers(text):
         assert [(p.id, p.name) for p in pieces[:1]] == [(stream.id, want.name)] and not any(p.name for p in pieces[1:])
         arguments = "".join(p.arguments for p in pieces)
         assert arguments == want.partial if want.partial is not None else json.loads(arguments) == want.arguments
+        assert stream.cut is (want.partial is not None)

@@ -99,6 +99,17 @@ def test_a_required_or_named_call_cut_by_max_tokens_is_still_its_call(client, na
     assert [(c["name"], c["arguments"]) for c in calls.values()] == [("weather", text[len(head):])]
 
 
+def test_a_required_call_cut_by_a_stop_string_is_still_its_call_and_finishes_with_stop(client):
+    """Not "tool_calls": that finish says the calls are whole; this one's arguments stop where the stop string was."""
+    kw = dict(messages=ASK, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False, stop=["Rome"],
+              **GREEDY)  # the tiny model's greedy call starts {"city": "Rome", ...
+    whole = client.chat.completions.create(**kw).choices[0]
+    [call] = whole.message.tool_calls
+    assert (whole.finish_reason, call.function.name, call.function.arguments) == ("stop", "weather", '{"city": "')
+    calls, finish, content = streamed(client, **kw)
+    assert (finish, content, [c["arguments"] for c in calls.values()]) == ("stop", "", ['{"city": "'])
+
+
 def test_a_named_tool_choice_calls_that_function(client):
     named = {"type": "function", "function": {"name": "add"}}
     choice = client.chat.completions.create(messages=ASK, tools=[WEATHER, ADD], tool_choice=named,

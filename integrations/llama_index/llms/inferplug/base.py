@@ -32,7 +32,7 @@ from inferplug.frontend.binding import bind_profile, usage_counts
 from inferplug.frontend.calls import Result, ResultBuilder, acollect, aiter_events, collect
 from inferplug.frontend.forced_call import ForcedCallStream
 from inferplug.frontend.requests import Prepared, build_request
-from inferplug.frontend.tool_calls import finish_with_calls
+from inferplug.frontend.tool_calls import all_whole, finish_with_calls
 from inferplug.rag.layout import DocumentMemory
 from inferplug.types import SamplingParams, TokenLogprob
 from llama_index.llms.inferplug.messages import to_chat_dicts
@@ -129,7 +129,7 @@ class InferPlug(FunctionCallingLLM):
             delta=delta,
             logprobs=_logprobs(result.logprobs),
             raw={"usage": usage_counts(result.usage),
-                 "finish_reason": finish_with_calls(result.finish_reason, bool(calls)),
+                 "finish_reason": finish_with_calls(result.finish_reason, all_whole(calls)),
                  "ttft_s": result.timings.ttft if result.timings else None},
         )
 
