@@ -21,7 +21,7 @@ from inferplug.memory_plan import (
     plan_memory, weight_bits,
 )
 from inferplug.profile import DEFAULT_CONTEXT_LENGTH, Profile
-from inferplug.compute_path_plan import native_kv_dtype, prefill_gemm
+from inferplug.compute_path_plan import native_kv_dtype, onednn_max_isa, prefill_gemm
 from inferplug.weight_format_plan import native_weight_format
 
 BACKENDS = ("native", "ctranslate2", "exllamav2", "openai")
@@ -75,6 +75,7 @@ class Plan:
     tensor_parallel_size: int = 1
     threads_per_rank: int = 0  # native tensor parallel on a CPU: each rank's torch threads (parallel_plan.py)
     prefill_gemm: str = "float32"  # native: how int4/int8 block layers multiply prompt rows (quant/block_linear.py)
+    onednn_max_isa: str | None = None  # native on a CPU: the ISA torch's oneDNN is held to (None: its own choice)
     prefix_caching: bool = True
     rag_document_cache: bool = True
     model_path: Path | None = None  # the local model, when it is already on disk
@@ -246,6 +247,9 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
                         *([parallel.reason] if parallel.reason else [])], draft=draft_facts(profile), kv_dtype=kv_dtype)
     plan.weight_format = weight_format
     plan.threads_per_rank = parallel.threads_per_rank
+    if not gpus:
+        plan.onednn_max_isa, amx_why = onednn_max_isa(hw)
+        plan.reasons += [amx_why] if amx_why else []
     plan.prefill_gemm, prefill_why = prefill_gemm(profile, hw)
     if weight_format in ("int4", "int8", "gguf", "awq", "gptq") and not gpus:  # block layers (quant/block_linear.py)
         plan.reasons.append(f"prefill: the block layers multiply prompt rows in {plan.prefill_gemm} ({prefill_why})")
