@@ -20,6 +20,7 @@ from inferplug.kernels import cpu as cpu_kernels
 KERNEL_SETS = ("cpu-kernels", "torch", "triton", "flash")
 ATTENTION_CHOICES = ("auto", *KERNEL_SETS)
 OLD_ATTENTION = ("sdpa",)  # before the rename it ran what `torch` did: the CPU kernels where they ran, else torch
+_BUILD_FAILED = "they failed to build"
 
 
 def kernel_set(attention: str, device_type: str, dtype: str, kv_dtype: str | None, hw=None) -> str:
@@ -39,6 +40,8 @@ def kernel_set(attention: str, device_type: str, dtype: str, kv_dtype: str | Non
         warnings.warn("attention = 'torch' now runs torch's own attention; until this release it ran inferplug's C++ "
                       "kernels on this CPU: set attention = 'cpu-kernels' (or 'auto') to keep them.",
                       InferPlugDeprecationWarning, stacklevel=2)
+    if attention == "cpu-kernels" and kernels_off and kernels_off.startswith(_BUILD_FAILED):
+        return "torch"  # the plan saw the ISA, the compiler failed here: keep serving (cpu_kernels.ops() logged it)
     if attention == "cpu-kernels" and kernels_off:
         raise ProfileError(f"attention = 'cpu-kernels' cannot run here: {kernels_off}; use attention = 'auto' or "
                            "'torch'")
@@ -60,7 +63,7 @@ def cpu_kernels_off(device_type: str, dtype: str, kv_dtype: str | None, hw) -> s
     if kv_dtype is not None and kv_dtype not in cpu_kernels.KV_DTYPES:
         return f"they read K/V pools in {' or '.join(cpu_kernels.KV_DTYPES)}, and kv_dtype is {kv_dtype}"
     if not cpu_kernels.runs_on("cpu", hw):
-        return cpu_kernels.unavailable_reason(hw) or cpu_kernels.build_error() or "they did not load"
+        return cpu_kernels.unavailable_reason(hw) or f"{_BUILD_FAILED}: {cpu_kernels.build_error()}"
     return None
 
 
