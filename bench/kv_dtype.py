@@ -23,7 +23,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from engine_throughput import _profile_model, single_stream, workload  # noqa: E402
+from engine_throughput import single_stream, workload  # noqa: E402
+
+from inferplug.benchmark.machine import default_model  # noqa: E402
 
 TEXT = Path(__file__).parent / "data" / "perplexity_text.md"
 WINDOW, CHUNK = 1024, 256
@@ -86,7 +88,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from inferplug.models.loader import load_tokenizer
 
-    path = _profile_model()
+    path = default_model()
     tokenizer = load_tokenizer(path)
     ids = tokenizer(TEXT.read_text())["input_ids"]
     text = ids[: args.windows * WINDOW + 1]

@@ -30,7 +30,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from peers import machine
+from inferplug.benchmark.machine import machine
 from real_size_engines import Workload
 from real_size_files import Geometry, decode_bytes, ensure_model, files_of
 
