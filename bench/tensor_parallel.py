@@ -45,11 +45,10 @@ def make_model(out: Path) -> Path:
 
 def smollm2_tokenizer():
     """SmolLM2's tokenizer (the model has its vocabulary size), from the default profile's pulled GGUF."""
+    from inferplug.benchmark.machine import default_model
     from inferplug.models.loader import load_tokenizer
-    from inferplug.profile import load_profile
-    from inferplug.sources import ensure_local
 
-    return load_tokenizer(ensure_local(load_profile("smollm2-135m").model))
+    return load_tokenizer(default_model())
 
 
 class Timer:
