@@ -50,7 +50,7 @@ def teacher_forced_logprobs(engine, ids: list[int]) -> torch.Tensor:
     """Log-softmax of the next-token logits at every position but the last, window by window, through the engine's
     own ops (one sequence, blocks 0.. in order, prefill chunks of CHUNK rows): row i predicts ids[i + 1]."""
     from inferplug.engine.sequence import Sequence
-    from inferplug.ops import StepRows
+    from inferplug.ops import StepLayout
     from inferplug.types import SamplingParams
 
     model, runner = engine.runner.model, engine.runner
@@ -63,7 +63,7 @@ def teacher_forced_logprobs(engine, ids: list[int]) -> torch.Tensor:
             rows = min(CHUNK, len(window) - first)
             seq.num_computed_tokens = first
             slots = torch.arange(first, first + rows)  # identity block table: slot = position
-            ctx = model.ops.context(StepRows([], [(seq, rows)], slots, runner.block_size, model.device))
+            ctx = model.ops.context(StepLayout([], [(seq, rows)], runner.block_size), slots.to(model.device))
             hidden = model.forward(torch.tensor(window[first:first + rows]), slots.clone(), ctx, runner.kv_caches)
             out.append(torch.log_softmax(model.compute_logits(hidden), dim=-1))
     return torch.cat(out)

@@ -24,10 +24,9 @@ from tp_wire import wire_costs
 
 # A decode step's rows for 8 sequences at ~300 tokens, as rank 0 sends them (engine/parallel/runner.py)
 def step_rows():
-    from inferplug.engine.model_runner import StepInputs
-    from inferplug.engine.parallel.worker import SeqView
+    from inferplug.ops.step import SeqView, StepLayout
 
-    return ("step", StepInputs([(SeqView(300 + i, list(range(20))), 1) for i in range(8)], [], 0, list(range(8)),
+    return ("step", StepLayout([(SeqView(300 + i, list(range(20))), 1) for i in range(8)], [], 16, 0, list(range(8)),
                                [300] * 8, list(range(8)), list(range(8))))
 
 

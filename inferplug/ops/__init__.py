@@ -13,10 +13,10 @@ from __future__ import annotations
 import torch
 
 from inferplug.ops.kernel_set import ATTENTION_CHOICES, kernel_set
-from inferplug.ops.step import StepRows
+from inferplug.ops.step import StepLayout
 from inferplug.ops.torch_ops import TorchOps
 
-__all__ = ["ATTENTION_CHOICES", "StepRows", "TorchOps", "select_ops"]
+__all__ = ["ATTENTION_CHOICES", "StepLayout", "TorchOps", "select_ops"]
 
 
 def select_ops(attention: str, device: torch.device, dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int) -> TorchOps:
