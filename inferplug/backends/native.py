@@ -79,7 +79,7 @@ def gguf_layer_format(plan: Plan, tensor_parallel_size: int) -> str | None:
     from inferplug.kernels import cpu as cpu_kernels
     from inferplug.quant.formats import GGUF_LAYER_FORMATS
 
-    on_kernels = plan.device == "cpu" and tensor_parallel_size == 1 and cpu_kernels.ops() is not None
+    on_kernels = tensor_parallel_size == 1 and cpu_kernels.runs_on(plan.device)
     return plan.weight_format if on_kernels and plan.weight_format in GGUF_LAYER_FORMATS else None
 
 
