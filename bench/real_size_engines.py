@@ -100,9 +100,7 @@ class LlamaCpp:
         return self.generate([ids], 1)[0][0] - start
 
     def facts(self) -> dict:
-        import importlib.metadata
-
-        return {"version": importlib.metadata.version("llama_cpp_python")}
+        return {"version": version_of("llama_cpp_python")}
 
 
 class InferPlug:

@@ -40,11 +40,13 @@ BELOW_AMX = "AVX512_CORE_BF16"
 
 def onednn_max_isa(hw: Hardware) -> tuple[str | None, str]:
     """The ISA torch's oneDNN is held to, or None (its own choice), and why. inferplug's kernels issue no AMX; oneDNN
-    does for bf16 matmuls where the CPU has it, so where the tiles are refused (hardware.amx_tiles) it is held to
-    AVX-512 BF16, the next set down, rather than left to find out at its first tile instruction."""
+    does for bf16 matmuls where the CPU has it. It asks for the tiles itself too; the bound makes the fallback
+    explicit and visible, and lets INFERPLUG_NO_AMX=1 keep it off tiles on a host where they misbehave although
+    granted."""
     if hw.amx_tiles is None:
         return None, ""
     if hw.amx_tiles == "granted":
         return None, "AMX: tile data granted; torch's oneDNN may use the tiles for bf16 matmuls"
     return BELOW_AMX, (f"AMX advertised but unusable ({hw.amx_tiles}): torch's oneDNN is held to {BELOW_AMX} "
-                       f"({ONEDNN_ISA_ENV}); inferplug's kernels use AVX-512, which needs no tiles")
+                       f"({ONEDNN_ISA_ENV}, unless set already: a bound of the user's stands); inferplug's kernels "
+                       "use AVX-512, which needs no tiles")

@@ -54,5 +54,5 @@ class LimitExceeded(RequestError):
 
 
 class InferPlugDeprecationWarning(FutureWarning):
-    """An old name (a profile value, a public type) that still works for one release; the message names the new
-    one. A FutureWarning, so that a user running a command sees it, not only a test run."""
+    """An old name (a profile value, a public type) that still works for one release, or a value whose meaning
+    changed (attention = "torch"); the message names the new one. A FutureWarning, so that a user running a command sees it, not only a test run."""

@@ -120,8 +120,8 @@ def amx_tiles(flags: frozenset[str]) -> str | None:
     instruction dies with SIGILL, as a native llama.cpp build does at tilezero on such a host."""
     if "amx_tile" not in flags:
         return None
-    if os.environ.get(AMX_OFF_ENV) == "1":
-        return f"refused: {AMX_OFF_ENV}=1"
+    if os.environ.get(AMX_OFF_ENV, "") not in ("", "0"):
+        return f"refused: {AMX_OFF_ENV}={os.environ[AMX_OFF_ENV]}"
     return _request_tile_data()
 
 

@@ -205,6 +205,9 @@ def _attention(profile: Profile, gpus: list[GPU], hw: Hardware, dtype: str) -> t
         return chosen, f"attention {chosen}: {NATIVE_ATTENTION[chosen]}"
     if choice not in KERNEL_SETS:  # an old name: kernel_set warned
         return chosen, f"attention {chosen}: attention = {choice!r} is the old name of {chosen!r} here; {NATIVE_ATTENTION[chosen]}"
+    if choice == "torch" and not cpu_kernels_off("cpu" if not gpus else "cuda", dtype, kv_dtype, hw):
+        return chosen, (f"attention torch: pinned by the profile (until this release 'torch' ran the C++ kernels on "
+                        f"this CPU: 'cpu-kernels' or 'auto' runs them); {NATIVE_ATTENTION['torch']}")
     return chosen, f"attention {chosen}: pinned by the profile; {NATIVE_ATTENTION[chosen]}"
 
 

@@ -360,6 +360,7 @@ def test_old_attention_names_still_run_and_warn_with_the_new_name(monkeypatch):
     with pytest.warns(InferPlugDeprecationWarning, match="set attention = 'cpu-kernels'"):
         plan = resolve(profile, kernels_cpu, SMOLLM2)
     assert (plan.attention, plan.kv_dtype) == ("torch", "float32")  # fp16 pools are the kernels' only
+    assert "until this release 'torch' ran the C++ kernels" in plan.reasons[3]
 
 
 def test_fp8_kv_pools_are_planned_on_cuda_only():

@@ -18,8 +18,8 @@ from inferplug.ops.step import SeqView, StepLayout
 
 
 def is_decode_row(seq: Sequence, tokens: int) -> bool:
-    """Whether seq's `tokens` scheduled rows are one decode row: one generated token, no proposals to check. A prompt's last token is a prefill row even when it is computed
-    alone (a 1-token final chunk, or everything before it from the prefix cache): it takes the prefill arithmetic
+    """Whether seq's `tokens` scheduled rows are one decode row: one generated token, no proposals to check. A
+    prompt's last token is a prefill row even when it is computed alone (a 1-token final chunk, or everything before it from the prefix cache): it takes the prefill arithmetic
     its chunk-mates take, so its logits do not depend on how the prompt was chunked or cached."""
     return tokens == 1 and not seq.spec_token_ids and seq.num_computed_tokens >= seq.num_prompt_tokens
 

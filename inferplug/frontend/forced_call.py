@@ -27,8 +27,11 @@ _LONGEST_HEAD = 256
 
 
 def forced_calls(text: str, tools: list[dict[str, Any]], parallel: bool) -> list[ToolCall]:
-    """The calls in a required choice's whole answer, never none: each whole call parsed, then the call the
-    generation cut short (if it was), with its partial arguments text."""
+    """The calls in a required choice's whole answer: each whole call parsed, then the call the generation cut
+    short (if it was), with its partial arguments text; a call even when the cut came before any text. None for
+    prose, which only a remote server that ignored the choice sends: that text stays content."""
+    if is_prose(text):
+        return []
     known, calls, i = set(tool_names(tools)), [], 0
     while not calls or parallel:
         i = _BETWEEN_CALLS.match(text, i).end()
@@ -37,11 +40,18 @@ def forced_calls(text: str, tools: list[dict[str, Any]], parallel: bool) -> list
         try:
             item, end = _DECODER.raw_decode(text, i)
         except (json.JSONDecodeError, RecursionError):  # cut short: the rest of the text is this call's start
-            calls.append(cut_call(text[i:], tools))
+            if not calls or _parts(text[i:])[0] is not None:  # a later call only once its name is whole
+                calls.append(cut_call(text[i:], tools))
             break
         calls.append(as_call(item, known) or cut_call(text[i:end], tools))
         i = end
     return calls or [cut_call("", tools)]
+
+
+def is_prose(text: str) -> bool:
+    """Text that no call's start can begin (the grammar makes an answer begin with `{` or `[`)."""
+    start = text.lstrip()[:1]
+    return start not in ("", "{", "[")
 
 
 def cut_call(text: str, tools: list[dict[str, Any]]) -> ToolCall:
@@ -80,6 +90,7 @@ class ForcedCallStream:
         self._arguments_from: int | None = None  # where the arguments start in `text`
         self._sent = 0  # how far into `text` the arguments were sent
         self.cut = False  # known at finish: the call was cut short
+        self.prose = False  # known at finish: the answer was text, not a call (a remote server's)
 
     def feed(self, text: str) -> list[ToolCallDelta]:
         self.text += text
@@ -98,9 +109,14 @@ class ForcedCallStream:
 
     def finish(self) -> list[ToolCallDelta]:
         """The rest once the answer is complete: the call's end, or, cut short, all the text there is."""
-        if self._arguments_from is None:  # cut before its arguments began
-            self.cut = True
-            return [self._first(cut_call(self.text, self.tools).name)]
+        if self._arguments_from is None:  # no head was streamed (cut before it, or after long whitespace): all now
+            calls = forced_calls(self.text, self.tools, parallel=False)
+            if not calls:
+                self.prose = True
+                return []
+            self.cut = calls[0].partial is not None
+            arguments = calls[0].arguments_json()
+            return [self._first(calls[0].name), *([ToolCallDelta(index=0, arguments=arguments)] if arguments else [])]
         try:
             _, end = _DECODER.raw_decode(self.text, self._arguments_from)  # whole arguments: a whole call
         except (json.JSONDecodeError, RecursionError):

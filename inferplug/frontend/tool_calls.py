@@ -206,21 +206,22 @@ def _call_list(calls: Any) -> list[dict[str, Any]]:
 
 
 def _history_call(call: dict[str, Any]) -> dict[str, Any]:
-    """One call of an assistant turn in the history, checked: its name, and its arguments as an object."""
+    """One call of an assistant turn in the history, checked: its name, and its arguments as an object (or the
+    text of a call cut short)."""
     function = call.get("function")
     if not isinstance(function, dict) or not isinstance(function.get("name"), str):
         raise RequestError(f"a tool call in the history has no function name: {_CALL_SHAPE}", param="messages")
     return {"name": function["name"], "arguments": _arguments(function.get("arguments"))}
 
 
-def _arguments(value: Any) -> dict[str, Any]:
-    """OpenAI sends a call's arguments as a JSON string; templates expect the object."""
+def _arguments(value: Any) -> dict[str, Any] | str:
+    """OpenAI sends a call's arguments as a JSON string; templates expect the object. A string that is not JSON
+    is a call cut short (as a required choice's answer returns one): the template gets that text as it is."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except (json.JSONDecodeError, RecursionError):
-            raise RequestError(f"a tool call's arguments are not valid JSON: {value[:80]!r}; send the "
-                               "arguments the model returned", param="messages") from None
+            return value
     value = value or {}
     if not isinstance(value, dict):
         raise RequestError(f"a tool call's arguments are not a JSON object: {_CALL_SHAPE}", param="messages")

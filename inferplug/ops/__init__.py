@@ -22,7 +22,7 @@ __all__ = ["ATTENTION_CHOICES", "StepLayout", "TorchOps", "select_ops"]
 def select_ops(attention: str, device: torch.device, dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int) -> TorchOps:
     """The ops set for `attention` (the plan's kernel set, or a choice kernel_set resolves) on `device`.
     ProfileError when it cannot run here."""
-    chosen = kernel_set(attention, device.type, _name(dtype), _name(kv_dtype))
+    chosen = kernel_set(attention, device.type, _name(dtype), _name(kv_dtype), warn=False)  # the resolver warned
     if chosen == "cpu-kernels":
         from inferplug.kernels import cpu as cpu_kernels
         from inferplug.ops.cpu_ops import CpuKernelOps

@@ -23,20 +23,23 @@ OLD_ATTENTION = ("sdpa",)  # before the rename it ran what `torch` did: the CPU 
 _BUILD_FAILED = "they failed to build"
 
 
-def kernel_set(attention: str, device_type: str, dtype: str, kv_dtype: str | None, hw=None) -> str:
+def kernel_set(attention: str, device_type: str, dtype: str, kv_dtype: str | None, hw=None, warn: bool = True) -> str:
     """The ops set (one of KERNEL_SETS) that `attention` runs on `device_type` in `dtype` with K/V pools in
     `kv_dtype` (None: not pinned, the pools follow the ops). `hw`: hardware.Hardware, the resolver's facts; without
-    it the packages are looked up and the CPU kernels built. ProfileError naming the fix where a pin cannot run."""
+    it the packages are looked up and the CPU kernels built. ProfileError naming the fix where a pin cannot run.
+    `warn`: say when an old name or meaning is used (the resolver does, once a load; select_ops, given its answer,
+    does not)."""
     if attention not in ATTENTION_CHOICES + OLD_ATTENTION:
         raise ProfileError(f"attention {attention!r} is not one the native engine runs; use one of "
                            f"{', '.join(ATTENTION_CHOICES)}")
     kernels_off = cpu_kernels_off(device_type, dtype, kv_dtype, hw)
     if attention == "sdpa":
         new = "torch" if kernels_off else "cpu-kernels"
-        warnings.warn(f"attention = 'sdpa' is renamed: here it runs {new!r}; set attention = {new!r} (or 'auto'). "
-                      "The old name goes in the next release.", InferPlugDeprecationWarning, stacklevel=2)
+        if warn:
+            warnings.warn(f"attention = 'sdpa' is renamed: here it runs {new!r}; set attention = {new!r} (or 'auto'). "
+                          "The old name goes in the next release.", InferPlugDeprecationWarning, stacklevel=2)
         return new
-    if attention == "torch" and not kernels_off:
+    if attention == "torch" and not kernels_off and warn:
         warnings.warn("attention = 'torch' now runs torch's own attention; until this release it ran inferplug's C++ "
                       "kernels on this CPU: set attention = 'cpu-kernels' (or 'auto') to keep them.",
                       InferPlugDeprecationWarning, stacklevel=2)

@@ -33,7 +33,7 @@ class TorchOps:
     def context(self, step: StepLayout, slot_mapping: torch.Tensor) -> AttentionContext:
         """What attention reads for `step`, whose rows store their K/V at `slot_mapping` (on the model's device)."""
         ctx = AttentionContext(slot_mapping, len(step.decodes), step.verify_rows)
-        ctx.paged_rows = self.decode_groups(step, [s for s, _ in step.decodes], slot_mapping.device)
+        ctx.paged_rows = self.paged_rows_of(step, [s for s, _ in step.decodes], slot_mapping.device)
         q_start = len(step.decodes)
         for seq, n in step.prefills:
             ctx.prefills.append(self._prefill_chunk(step, seq, n, q_start, slot_mapping.device))
@@ -81,7 +81,7 @@ class TorchOps:
         return F.silu(gate).mul_(up)
 
     # --- the step's attention metadata ---------------------------------------------------------------
-    def decode_groups(self, step: StepLayout, seqs: list[Sequence], device: torch.device) -> list[PagedRows]:
+    def paged_rows_of(self, step: StepLayout, seqs: list[Sequence], device: torch.device) -> list[PagedRows]:
         """Cut the decode rows (longest first) into groups of similar widths (GROUP_WIDTH_RATIO)."""
         blocks = [-(-(s.num_computed_tokens + 1) // step.block_size) for s in seqs]
         groups, start = [], 0

@@ -62,9 +62,9 @@ class ToolCallText:
         if self.forced is not None:
             pieces = self._sent(self.forced.finish())
             self.cut = self.forced.cut
-            return "", pieces
+            return (self.forced.text if self.forced.prose else ""), pieces
         calls = [] if self.prose else self.calls(self.held)
-        self.cut = not all_whole(calls)
+        self.cut = bool(calls) and not all_whole(calls)
         if calls:
             return "", self._sent([ToolCallDelta(i, c.id, c.name, c.arguments_json()) for i, c in enumerate(calls)])
         released, self.held = self.held, ""

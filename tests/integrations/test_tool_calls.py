@@ -10,7 +10,7 @@ import pytest
 
 from inferplug.errors import RequestError
 from inferplug.frontend.forced_call import ForcedCallStream, forced_calls
-from inferplug.frontend.tool_calls import call_schema, parse_tool_calls, select_tools, template_renders_tools
+from inferplug.frontend.tool_calls import call_schema, parse_tool_calls, select_tools, template_renders_tools, tool_history
 from inferplug.profile import Profile
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
@@ -114,3 +114,42 @@ def test_a_streamed_required_call_adds_up_to_the_whole_answers(text):
         arguments = "".join(p.arguments for p in pieces)
         assert arguments == want.partial if want.partial is not None else json.loads(arguments) == want.arguments
         assert stream.cut is (want.partial is not None)
+
+
+def test_prose_under_a_required_choice_stays_text_and_no_call_is_invented():
+    """A remote server may ignore tool_choice and answer in prose: that is no call, whole or streamed (the
+    stream says so at finish, and the server sends the text as content)."""
+    text = "Sure! The weather in Paris is sunny."
+    assert forced_calls(text, [WEATHER, ADD], parallel=False) == []
+    assert forced_calls(text, [WEATHER, ADD], parallel=True) == []
+    stream = ForcedCallStream([WEATHER, ADD])
+    assert stream.feed(text) == [] and stream.finish() == [] and stream.prose and not stream.cut
+
+
+def test_a_later_call_cut_before_its_name_is_whole_is_dropped():
+    """Parallel calls cut inside the second one's name: the whole first call only, not a guessed second."""
+    calls = forced_calls(f'[{WHOLE}, {{"na', [WEATHER, ADD], parallel=True)
+    assert [(c.name, c.partial) for c in calls] == [("add", None)]
+    calls = forced_calls(f'[{WHOLE}, {{"name": "get_weather", "arguments": {{"ci', [WEATHER, ADD], parallel=True)
+    assert [(c.name, c.partial) for c in calls] == [("add", None), ("get_weather", '{"ci')]
+
+
+def test_a_call_after_long_whitespace_still_streams_its_arguments():
+    """The head is looked for in the first characters only (a whitespace loop would make the stream quadratic);
+    a call that comes after more whitespace than that is sent whole at finish, arguments included."""
+    stream = ForcedCallStream([WEATHER, ADD])
+    text = " " * 300 + WHOLE
+    pieces = stream.feed(text) + stream.finish()
+    assert pieces[0].name == "add" and json.loads("".join(p.arguments for p in pieces)) == json.loads(WHOLE)["arguments"]
+    assert not stream.cut
+
+
+def test_a_cut_call_sent_back_in_the_history_is_accepted_as_its_text():
+    """The partial arguments a cut call returns (not JSON) come back in the next turn as the client got them."""
+    history = [{"role": "user", "content": "add"},
+               {"role": "assistant", "content": None,
+                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, '}}]}]
+    prepared = tool_history(history, [ADD], renders_tools=True)
+    assert prepared[1]["tool_calls"][0]["function"] == {"name": "add", "arguments": '{"a": 1, '}
+    with pytest.raises(RequestError, match="not a JSON object"):
+        tool_history([{**history[1], "tool_calls": [{"function": {"name": "add", "arguments": "[1]"}}]}], [ADD], True)

@@ -165,9 +165,10 @@ def test_killed_replica_fails_only_its_requests_and_is_replaced(replicated):
     before = replicated.replicas()
     client = replicated.client()
     streams = []
-    for letter in "stuvwxyz":  # long streams spread over both replicas
+    for letter in "stuvwxyz":  # streams spread over both replicas; the last (the victim's) long enough to be cut
         response = client.chat.completions.with_streaming_response.create(
-            model="tiny", messages=[{"role": "user", "content": f"{letter} runs long"}], max_tokens=LONG_TOKENS,
+            model="tiny", messages=[{"role": "user", "content": f"{letter} runs long"}],
+            max_tokens=LONG_TOKENS if letter == "z" else 480,
             stream=True, temperature=0, extra_body={"ignore_eos": True}).__enter__()
         chunks = iter(response.parse())
         next(chunks)  # in flight
