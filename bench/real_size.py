@@ -16,6 +16,7 @@ loaded; llama.cpp: the file's, the embedding aside), `decode / bw` one-stream de
 the memory bandwidth set (bandwidth as `doctor --bench` measures it). Medians throughout.
 
     .venv/bin/python bench/real_size.py --layers 4 --formats gguf,awq,gptq
+    .venv/bin/python bench/real_size.py --layers 4 --formats gguf --gguf-mix Q5_K_M
     .venv/bin/python bench/real_size.py --formats gguf,awq --json real-size-7b.json     # ~4 GB a file
 """
 
@@ -32,7 +33,7 @@ from pathlib import Path
 
 from inferplug.benchmark.machine import machine
 from real_size_engines import Workload
-from real_size_files import Geometry, decode_bytes, ensure_model, files_of
+from real_size_files import GGUF_MIXES, Geometry, decode_bytes, ensure_model, files_of
 
 BENCH = Path(__file__).resolve().parent
 GIB = 2**30
@@ -214,6 +215,7 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=Path("/work/tmp-realsize"))
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--formats", default="gguf,awq,gptq")
+    parser.add_argument("--gguf-mix", choices=GGUF_MIXES, default="Q4_K_M", help="the GGUF's llama.cpp mix")
     parser.add_argument("--engines", default="llama.cpp,inferplug")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--context", type=int, default=1024, help="tokens per sequence (max_model_len, n_ctx/seq)")
@@ -239,7 +241,7 @@ def main() -> None:
     engines = args.engines.split(",")
     runs = [("llama.cpp", "gguf")] * ("llama.cpp" in engines) + [("inferplug", f) for f in args.formats.split(",")
                                                                   if f and "inferplug" in engines]
-    models = {fmt: ensure_model(args.dir, fmt, geometry, tokenizer_gguf) for fmt in dict.fromkeys(f for _, f in runs)}
+    models = {fmt: ensure_model(args.dir, fmt, geometry, tokenizer_gguf, args.gguf_mix) for fmt in dict.fromkeys(f for _, f in runs)}
     torch.set_num_threads(args.threads)  # memory_bandwidth (what `inferplug doctor --bench` measures) reads with these
     if "inferplug" in engines:
         ops()  # the C++ kernels are built now, not inside the first load

@@ -1,4 +1,4 @@
-"""Real-size random model files for bench/real_size.py: a Q4_K_M-style GGUF, an AutoAWQ GEMM and a GPTQ act-order
+"""Real-size random model files for bench/real_size.py: a Q4_K_M-style (or Q5_K_M) GGUF, an AutoAWQ GEMM and a GPTQ act-order
 checkpoint at Llama/Mistral-7B geometry (or fewer layers), all with SmolLM2's tokenizer (so vocab 49152), written
 by inferplug/benchmark/random_models.py one tensor at a time (`check_gguf` confirms the activations' scale with
 gguf-py's dequantization).
@@ -60,14 +60,17 @@ def check_gguf(path: Path) -> dict[str, float]:
 
 # ---- what is on disk ----------------------------------------------------------------------------------------------
 
-def model_path(root: Path, fmt: str, g: Geometry) -> Path:
+GGUF_MIXES = ("Q4_K_M", "Q5_K_M")  # llama.cpp's mixes the GGUF can be written in (models/gguf_random.py)
+
+
+def model_path(root: Path, fmt: str, g: Geometry, mix: str = "Q4_K_M") -> Path:
     name = f"random-llama-{g.layers}L"
-    return root / (f"{name}-Q4_K_M.gguf" if fmt == "gguf" else f"{name}-{fmt}-g{GROUP}")
+    return root / (f"{name}-{mix}.gguf" if fmt == "gguf" else f"{name}-{fmt}-g{GROUP}")
 
 
-def ensure_model(root: Path, fmt: str, g: Geometry, tokenizer_gguf: Path) -> Path:
-    """The model file (dir) for `fmt`, written unless a finished one with the same geometry is there."""
-    path = model_path(root, fmt, g)
+def ensure_model(root: Path, fmt: str, g: Geometry, tokenizer_gguf: Path, mix: str = "Q4_K_M") -> Path:
+    """The model file (dir) for `fmt` (a GGUF in `mix`), written unless a finished one with the same geometry is there."""
+    path = model_path(root, fmt, g, mix)
     stamp = path.with_name(path.name + ".done.json")
     if stamp.is_file() and json.loads(stamp.read_text()) == asdict(g) | {"writer": WRITER}:
         return path
@@ -75,11 +78,12 @@ def ensure_model(root: Path, fmt: str, g: Geometry, tokenizer_gguf: Path) -> Pat
     print(f"writing {path} ...", flush=True)
     from inferplug.benchmark.random_models import write_random_checkpoint, write_random_gguf
     from inferplug.models.gguf import read_gguf
+    from inferplug.models.gguf_random import q4_k_m_type, q5_k_m_type
     from inferplug.models.loader import load_tokenizer
 
     if fmt == "gguf":
         tokenizer = {k: v for k, v in read_gguf(tokenizer_gguf).metadata.items() if k.startswith("tokenizer.")}
-        write_random_gguf(path, config(g), tokenizer)
+        write_random_gguf(path, config(g), tokenizer, {"Q4_K_M": q4_k_m_type, "Q5_K_M": q5_k_m_type}[mix])
         print(f"  gguf-py dequantization, E[w^2] * fan_in: {check_gguf(path)}", flush=True)
     else:
         write_random_checkpoint(path, config(g), fmt, load_tokenizer(tokenizer_gguf))

@@ -55,14 +55,16 @@ def test_native_int4_counts_the_float_embedding_and_the_int8_head():
 def test_a_quantized_gguf_runs_its_own_blocks_on_the_cpu_kernels():
     """The file's bits, each matrix in the block it loads as (models/gguf_layers.py); a pinned dtype keeps fp32."""
     embed = 49152 * 576
-    layers = (("layer", "Q4_1", SMOLLM2.num_parameters - embed - 1000), ("layer", "Q6_K", 1000))
+    layers = (("layer", "Q4_1", SMOLLM2.num_parameters - embed - 1512), ("layer", "Q6_K", 1000), ("layer", "Q5_K", 512))
     facts = dataclasses.replace(SMOLLM2, vocab_size=49152, hidden_size=576, tie_word_embeddings=True,
                                 gguf_matrices=(*layers, ("head", "Q8_0", embed)))
     plan = resolve(load_profile("smollm2-135m"), cpu(flags=("avx2", "fma", "f16c")), facts)
     assert (plan.dtype, plan.weight_format) == ("float32", "gguf")
     assert any("GGUF blocks run as stored" in r for r in plan.reasons)
-    q4 = SMOLLM2.num_parameters - embed - 1000  # Q4_1 at 5 bits; Q6_K as its own 6.5625; the head at Q8_0's 8.5
-    assert plan.memory.weights_bytes == pytest.approx((q4 * 5 + 1000 * 6.5625 + embed * 8.5) / 8, abs=1)
+    q4 = SMOLLM2.num_parameters - embed - 1512  # Q4_1 at 5 bits; Q6_K as its own 6.5625, Q5_K its 5.625; the head
+    # at Q8_0's 8.5
+    assert plan.memory.weights_bytes == pytest.approx((q4 * 5 + 1000 * 6.5625 + 512 * 5.625 + embed * 8.5) / 8, abs=1)
+    assert any("the GGUF's matrices load as" in r and "Q5_K" in r for r in plan.reasons)
     profile = load_profile("smollm2-135m")
     profile.dtype = "float32"
     assert resolve(profile, cpu(flags=("avx2", "fma", "f16c")), facts).weight_format is None

@@ -33,7 +33,7 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-CONVERSION_VERSION = 4  # bump when weights_from_gguf's layers change: cached conversions of the old ones then miss
+CONVERSION_VERSION = 5  # bump when weights_from_gguf's layers change: cached conversions of the old ones then miss
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # Precomputed RoPE factors (llama3 scaling); our RoPE derives them from config.rope_scaling instead.
 _DERIVED_TENSORS = ("rope_freqs.weight",)

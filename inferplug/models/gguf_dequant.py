@@ -107,22 +107,24 @@ def q4_k_parts(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
     return scale, minimum, _unpack(blocks[:, 16:], 32, [0, 4], 0x0F).view(blocks.shape[0], 8, 32)
 
 
-def dequant_q4_k(blocks: torch.Tensor) -> torch.Tensor:
+def q5_k_parts(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """As q4_k_parts for a Q5_K super-block: its weight codes q (uint8 [n, 8, 32]) are 0..31."""
     n = blocks.shape[0]
-    scale, minimum, q = q4_k_parts(blocks)
+    scale, minimum = _k_scale_min(blocks[:, 4:16])
+    low = _unpack(blocks[:, 48:], 32, [0, 4], 0x0F).view(n, 8, 32)
+    high = _unpack(blocks[:, 16:48], 32, list(range(8)), 0x01).view(n, 8, 32)
+    return scale, minimum, low | (high << 4)
+
+
+def dequant_q4_k(blocks: torch.Tensor, parts=q4_k_parts) -> torch.Tensor:
+    n = blocks.shape[0]
+    scale, minimum, q = parts(blocks)
     dl, ml = (_f16(blocks, 0) * scale).view(n, 8, 1), (_f16(blocks, 2) * minimum).view(n, 8, 1)
     return (dl * q.to(torch.float32) - ml).view(n, QK_K)
 
 
 def dequant_q5_k(blocks: torch.Tensor) -> torch.Tensor:
-    n = blocks.shape[0]
-    d, dmin = _f16(blocks, 0), _f16(blocks, 2)
-    scale, minimum = _k_scale_min(blocks[:, 4:16])
-    dl, ml = (d * scale).view(n, 8, 1), (dmin * minimum).view(n, 8, 1)
-    low = _unpack(blocks[:, 48:], 32, [0, 4], 0x0F).view(n, 8, 32)
-    high = _unpack(blocks[:, 16:48], 32, list(range(8)), 0x01).view(n, 8, 32)
-    q = (low | (high << 4)).to(torch.float32)
-    return (dl * q - ml).view(n, QK_K)
+    return dequant_q4_k(blocks, q5_k_parts)
 
 
 def q6_k_parts(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,8 +7,9 @@ gguf_layer_format picks the block):
 - Q4_0 as Q4_1 exactly: d * (q - 8) = d * q + (-8 d), and -8 d is exact in fp16.
 - Q5_0 as Q8_0 exactly: its codes q - 16 fit int8, with the same scale.
 - Q4_K as Q4_K blocks (Q4KLinear): its d, dmin, 6-bit codes and nibbles, exactly (the codes a byte each).
+- Q5_K as Q5_K blocks (Q5KLinear): its d, dmin, 6-bit codes (a byte each) and 5-bit codes, exactly.
 - Q6_K as Q6_K blocks (Q6KLinear): its d, int8 scales and 6-bit codes, exactly, in as many bytes.
-- Q5_1, Q5_K, Q2_K, Q3_K (and Q6_K pinned to int8) as Q8_0, requantized from their values: at most half a Q8_0 step (max |w| / 254
+- Q5_1, Q2_K, Q3_K (and Q5_K / Q6_K pinned to int8) as Q8_0, requantized from their values: at most half a Q8_0 step (max |w| / 254
   per 32 weights) off, a small fraction of the source's own step.
 Pinned "int4" / "int8" use the exact repacks where the source allows and requantize otherwise; a head is Q8_0 on
 float activations (Q8HeadLinear). tests/models/test_gguf_layers.py checks each case against gguf-py.
@@ -19,8 +20,9 @@ from __future__ import annotations
 import torch
 
 from inferplug.models.gguf import GGML_TYPES
-from inferplug.models.gguf_dequant import dequantize, q4_k_parts, q5_0_codes, q6_k_parts
-from inferplug.quant.block_linear import BlockLinear, Q4KLinear, Q4Linear, Q6KLinear, Q8HeadLinear, Q8Linear, pack_six_bits
+from inferplug.models.gguf_dequant import dequantize, q4_k_parts, q5_0_codes, q5_k_parts, q6_k_parts
+from inferplug.quant.block_linear import (BlockLinear, Q4KLinear, Q4Linear, Q5KLinear, Q6KLinear, Q8HeadLinear, Q8Linear,
+                                          pack_six_bits)
 from inferplug.quant.formats import GGUF_FLOAT_TYPES, gguf_layer_format
 
 CHUNK_ELEMENTS = 1 << 22  # weights converted at once: 16 MB of float at most for a requantized chunk
@@ -34,7 +36,8 @@ def gguf_layer(raw: torch.Tensor, type_name: str, shape: tuple[int, int], target
     """The layer for one quantized GGUF weight: `raw` its bytes (uint8, rows in the file's order), `shape` (out, in)."""
     rows, cols = shape
     fmt = gguf_layer_format(type_name, target, head)
-    cls = Q8HeadLinear if head else {"int4": Q4Linear, "q4_k": Q4KLinear, "q6_k": Q6KLinear, "int8": Q8Linear}[fmt]
+    cls = Q8HeadLinear if head else {"int4": Q4Linear, "q4_k": Q4KLinear, "q5_k": Q5KLinear, "q6_k": Q6KLinear,
+                                         "int8": Q8Linear}[fmt]
     raw = raw.reshape(rows, -1)
     step = max(1, CHUNK_ELEMENTS // cols)
     blocks = None
@@ -59,10 +62,9 @@ def _convert(raw: torch.Tensor, type_name: str, cols: int, cls: type[BlockLinear
     if cls is Q4Linear and type_name == "Q4_0":
         low = (-8 * blocks[:, 0:2].contiguous().view(torch.float16).float()).half()
         return fields(blocks[:, 0:2], low.view(torch.uint8), blocks[:, 2:18])
-    if cls is Q4KLinear:
-        sc, m, codes = q4_k_parts(blocks)
-        nibbles = codes[..., :16] | (codes[..., 16:] << 4)  # Q4Linear's byte j: input j low, input j + 16 high
-        return fields(blocks[:, 0:2], blocks[:, 2:4], sc.reshape(-1, 1), m.reshape(-1, 1), nibbles)
+    if cls in (Q4KLinear, Q5KLinear):
+        sc, m, codes = (q4_k_parts if cls is Q4KLinear else q5_k_parts)(blocks)
+        return fields(blocks[:, 0:2], blocks[:, 2:4], sc.reshape(-1, 1), m.reshape(-1, 1), cls.pack_codes(codes))
     if cls is Q6KLinear:
         scales, codes = q6_k_parts(blocks)
         scales = scales.view(torch.uint8).reshape(-1, 2)  # per block of 32: its two sub-blocks' scales

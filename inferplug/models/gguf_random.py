@@ -38,11 +38,16 @@ def random_blocks(type_name: str, shape: tuple[int, int], std: float, generator:
     return raw.reshape(rows, -1)
 
 
-def q4_k_m_type(gguf_name: str, layer: int, num_layers: int) -> str:
+def q4_k_m_type(gguf_name: str, layer: int, num_layers: int, base: str = "Q4_K") -> str:
     """The ggml type llama.cpp's Q4_K_M gives a tensor (llama-quant.cpp): Q6_K for the output, and for attn_v and
-    ffn_down in the layers `use_more_bits` picks (the first and last eighth, every third between); Q4_K elsewhere."""
+    ffn_down in the layers `use_more_bits` picks (the first and last eighth, every third between); `base` elsewhere."""
     more_bits = layer < num_layers // 8 or layer >= 7 * num_layers // 8 or (layer - num_layers // 8) % 3 == 2
     if gguf_name == "output.weight" or (more_bits and (".attn_v." in gguf_name or ".ffn_down." in gguf_name)):
         return "Q6_K"
-    return "Q4_K"
+    return base
+
+
+def q5_k_m_type(gguf_name: str, layer: int, num_layers: int) -> str:
+    """Q5_K_M's: Q4_K_M's mix with Q5_K where that has Q4_K (llama-quant.cpp gives both the same Q6_K tensors)."""
+    return q4_k_m_type(gguf_name, layer, num_layers, "Q5_K")
 

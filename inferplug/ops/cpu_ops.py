@@ -15,7 +15,8 @@ from inferplug.ops.torch_ops import TorchOps
 from inferplug.quant.block_linear import KERNEL_MAX_ROWS, BlockLinear
 from inferplug.quant.checkpoint_layers import PermutedLinear, RowPartsLinear
 
-BLOCK_KINDS = {"q4_matmul": 4, "q4_k_matmul": 5, "q4_g128_matmul": 6, "q6_k_matmul": 7, "q8_matmul": 8}  # BlockLinear.kernel -> decode_layers' weight kind
+BLOCK_KINDS = {"q4_matmul": 4, "q4_k_matmul": 5, "q4_g128_matmul": 6, "q6_k_matmul": 7, "q8_matmul": 8,
+               "q5_k_matmul": 9}  # BlockLinear.kernel -> decode_layers' weight kind
 
 
 class CpuKernelOps(TorchOps):

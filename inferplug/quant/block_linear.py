@@ -196,9 +196,10 @@ class Q4KLinear(BlockLinear):
 
     fields, spans = (2, 2, 1, 1, 16), (8, 8, 1, 1, 1)  # d, dmin, sc, m, nibbles
     kernel, prefill, unpack = "q4_k_matmul", "q4_k_prefill_matmul", "q4_k_dequantize"
+    levels = 15  # the largest weight code q
 
-    @staticmethod
-    def _pack(groups):
+    @classmethod
+    def _pack(cls, groups):
         """Q4_K's own rounding, simplified: each block's Q4_1 range, its scale and min (a min above zero is zero)
         as 6-bit codes of its super-block's largest."""
         out, blocks = groups.shape[:2]
@@ -209,17 +210,50 @@ class Q4KLinear(BlockLinear):
             top = (value.reshape(out, blocks // 8, 8).amax(dim=-1, keepdim=True) / 63).half()
             return top, torch.round(value / _per_block(top).clamp(min=1e-10)).clamp(0, 63)
 
-        d, sc = as_codes((groups.amax(dim=-1, keepdim=True) - low) / 15)
+        d, sc = as_codes((groups.amax(dim=-1, keepdim=True) - low) / cls.levels)
         dmin, m = as_codes(-low)
         step, offset = _per_block(d) * sc, _per_block(dmin) * m
-        q = torch.round((groups + offset) / step.clamp(min=1e-10)).clamp(0, 15).to(torch.uint8)
-        return (d.view(torch.uint8), dmin.view(torch.uint8), sc.to(torch.uint8), m.to(torch.uint8),
-                q[..., :16] | (q[..., 16:] << 4))
+        q = torch.round((groups + offset) / step.clamp(min=1e-10)).clamp(0, cls.levels).to(torch.uint8)
+        return d.view(torch.uint8), dmin.view(torch.uint8), sc.to(torch.uint8), m.to(torch.uint8), cls.pack_codes(q)
+
+    @classmethod
+    def _unpack(cls, d, dmin, sc, m, quants):
+        return cls.codes(quants).float() * (_per_block(d) * sc.float()) + -(_per_block(dmin) * m.float())
 
     @staticmethod
-    def _unpack(d, dmin, sc, m, nibbles):
-        q = torch.cat([nibbles & 15, nibbles >> 4], dim=-1).float()
-        return q * (_per_block(d) * sc.float()) + -(_per_block(dmin) * m.float())
+    def pack_codes(q: torch.Tensor) -> torch.Tensor:
+        """Codes [..., 32] -> a block's quant bytes: Q4Linear's nibbles (byte j: input j low, input j + 16 high)."""
+        return q[..., :16] | (q[..., 16:] << 4)
+
+    @staticmethod
+    def codes(quants: torch.Tensor) -> torch.Tensor:
+        """The inverse of pack_codes."""
+        return torch.cat([quants & 15, quants >> 4], dim=-1)
+
+
+class Q5KLinear(Q4KLinear):
+    """llama.cpp's Q5_K as stored, so a Q5_K_M file runs in its own bits: Q4KLinear's scales (fp16 d and dmin per
+    super-block, 6-bit sc and m per block) over 5-bit codes q (0..31); w = d * sc * q - dmin * m. A block's quants:
+    Q4Linear's 16 bytes of low nibbles, then a word of high bits (kernels/cpu/block_formats.h's Q5_K). 5.625 bits a
+    weight (the file's 5.5 packs the codes 6 bits each), against the Q8_0 requantization's 8.5."""
+
+    fields = (2, 2, 1, 1, 20)  # d, dmin, sc, m, quants
+    kernel, prefill, unpack = "q5_k_matmul", "q5_k_prefill_matmul", "q5_k_dequantize"
+    levels = 31
+
+    @staticmethod
+    def pack_codes(q):
+        """Codes 0..31 [..., 32] -> 20 bytes: low nibbles as Q4Linear's, then byte i of the high word holding input
+        4k + i's high bit in bit k and input 16 + 4k + i's in bit 4 + k (k = 0..3)."""
+        high = (q >> 4).reshape(*q.shape[:-1], 2, 4, 4)  # [..., half, k, i]
+        word = sum(high[..., h, k, :] << (4 * h + k) for h in range(2) for k in range(4))
+        return torch.cat([Q4KLinear.pack_codes(q & 15), word], dim=-1)
+
+    @staticmethod
+    def codes(quants):
+        word = quants[..., 16:].unsqueeze(-2)  # [..., 1, 4]: byte i
+        high = torch.cat([(word >> (4 * h + k)) & 1 for h in range(2) for k in range(4)], dim=-2)
+        return Q4KLinear.codes(quants[..., :16]) | (high.reshape(*quants.shape[:-1], 32) << 4)
 
 
 class Q4G128Linear(Q4Linear):

@@ -15,7 +15,7 @@ from inferplug.models.gguf_random import RANDOM_TYPES, random_blocks
 pytestmark = pytest.mark.skipif(cpu_kernels.ops() is None, reason="the CPU kernels do not run here (no AVX2/FMA/F16C)")
 
 SHAPE = (48, 512)  # 48 output rows, 512 inputs: two K-quant super-blocks a row
-EXACT = {("Q4_0", "gguf"), ("Q4_1", "gguf"), ("Q4_K", "gguf"), ("Q6_K", "gguf"), ("Q8_0", "gguf"), ("Q5_0", "gguf"), ("Q4_0", "int4"),
+EXACT = {("Q4_0", "gguf"), ("Q4_1", "gguf"), ("Q4_K", "gguf"), ("Q5_K", "gguf"), ("Q6_K", "gguf"), ("Q8_0", "gguf"), ("Q5_0", "gguf"), ("Q4_0", "int4"),
          ("Q4_1", "int4"), ("Q4_K", "int4"), ("Q8_0", "int8"), ("Q5_0", "int8")}
 
 
@@ -35,6 +35,8 @@ def test_each_type_runs_its_own_values(type_name, target):
         assert torch.equal(ours, expected)
         if type_name == "Q4_K":  # 4.625 bits a weight to the file's 4.5: its 6-bit codes a byte each
             assert layer.blocks.numel() == raw.numel() * 37 // 36
+        if type_name == "Q5_K":  # 5.625 bits a weight to the file's 5.5: its 6-bit codes a byte each
+            assert layer.blocks.numel() == raw.numel() * 45 // 44
         if type_name == "Q6_K":  # the file's own 6.5625 bits
             assert layer.blocks.numel() == raw.numel()
     elif target == "int4":  # requantized to 4 bits: half a Q4_1 step, (max - min) / 30 per 32 weights, plus the
@@ -47,6 +49,29 @@ def test_each_type_runs_its_own_values(type_name, target):
         blocks = expected.reshape(-1, 32)
         step = blocks.abs().amax(dim=1, keepdim=True) / 127
         assert ((ours.reshape(-1, 32) - blocks).abs() <= step * (0.5 + 2**-9)).all()
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K"])
+def test_k_quant_kernels_run_the_files_values_on_each_kernel_set(type_name):
+    """The kernels' own unpacking of a K-quant layer is gguf-py's dequantization exactly on every set, the decode
+    matmul the same bits on every set (exact integer sums), and both matmuls agree with x @ the reference."""
+    raw = random_blocks(type_name, SHAPE, 0.02, torch.Generator().manual_seed(4))
+    expected = _reference(raw, type_name)
+    layer = gguf_layer(raw, type_name, SHAPE, "gguf")
+    x = torch.randn(5, SHAPE[1], generator=torch.Generator().manual_seed(5))
+    reference = x @ expected.T
+    decoded = []
+    try:
+        for isa in cpu_kernels.supported_isas():
+            cpu_kernels.set_isa(isa)
+            assert torch.equal(getattr(torch.ops.inferplug, layer.unpack)(layer.blocks), expected), isa
+            decoded.append(layer(x))
+            assert ((decoded[-1] - reference).norm() / reference.norm()).item() < 1e-2  # x rounded to int8 per 32
+            prefill = getattr(torch.ops.inferplug, layer.prefill)(x, layer.blocks, "float32")
+            torch.testing.assert_close(prefill, reference, rtol=1e-5, atol=1e-5)
+    finally:
+        cpu_kernels.set_isa(cpu_kernels.chosen_isa())
+    assert all(torch.equal(out, decoded[0]) for out in decoded)
 
 
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q8_0"])

@@ -1,4 +1,4 @@
-// Prefill's many-row matmul over Q4_1 / Q4_K / Q6_K / Q8_0 weight rows (quant_matmul.cpp has the torch op): a panel of up to
+// Prefill's many-row matmul over Q4_1 / Q4_K / Q5_K / Q6_K / Q8_0 weight rows (quant_matmul.cpp has the torch op): a panel of up to
 // PREFILL_COLS weight rows is dequantized one K block at a time into an L2-sized buffer laid out for the
 // micro-kernel, and every x row passes over it. No float copy of the whole weight, and each weight is unpacked
 // once per call, whatever M. Two precisions: float32 x against float32 weights (FMAs), or both rounded to
@@ -21,6 +21,15 @@ namespace {
 
 using inferplug_isa::PREFILL_K;
 
+// Q5_K's high bits of weights j..j + 7 (j a multiple of 8) at bit 4 of 8 int32: weight w's is bit 4 * (w / 16) + w % 16 / 4
+// of byte w % 4 of the block's high word (block_formats.h).
+inline __m256i five_bits_high(const uint8_t* quants, int j) {
+  int32_t word;
+  std::memcpy(&word, quants + 16, 4);
+  const __m256i shifts = _mm256_add_epi32(_mm256_setr_epi32(0, 8, 16, 24, 1, 9, 17, 25), _mm256_set1_epi32(4 * (j / 16) + j % 16 / 4));
+  return _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(word), shifts), _mm256_set1_epi32(1)), 4);
+}
+
 // One block's 32 weights as floats, 8 at a time: q * scale + min, a multiply then an add, as torch's reference
 // rounds (BlockLinear._unpack; the build has no implicit FMAs).
 template <typename Format>
@@ -31,6 +40,7 @@ inline void dequantize_block(const uint8_t* quants, float scale, float min, floa
     if constexpr (Format::HAS_MIN) {  // byte i: weight i in its low nibble, weight i + 16 in its high one
       const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(quants + j % 16));
       q = _mm256_cvtepu8_epi32(_mm_and_si128(j < 16 ? bytes : _mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F)));
+      if constexpr (Format::BITS == 5) q = _mm256_or_si256(q, five_bits_high(quants, j));
     } else {
       q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(quants + j)));
     }
@@ -205,7 +215,7 @@ void prefill_matmul_cols(const inferplug_isa::WeightRows& w, int64_t n0, int64_t
 template <typename Panel>
 inferplug_isa::PrefillKernels prefill_kernels(inferplug_isa::PrefillInput input) {
   return {&prefill_matmul_cols<Panel, Q4_1>, &prefill_matmul_cols<Panel, Q4_G128>, &prefill_matmul_cols<Panel, Q4_K>,
-          &prefill_matmul_cols<Panel, Q6_K>, &prefill_matmul_cols<Panel, Q8_0>, input};
+          &prefill_matmul_cols<Panel, Q5_K>, &prefill_matmul_cols<Panel, Q6_K>, &prefill_matmul_cols<Panel, Q8_0>, input};
 }
 
 }  // namespace

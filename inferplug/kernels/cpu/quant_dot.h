@@ -3,7 +3,7 @@
 // compiled per ISA.
 //
 // Every policy gives the same exact integer sums, and the float part (scales, mins, the running sum) is
-// 8 lanes wide in every ISA, so Q4_1 / Q4_G128 / Q4_K / Q8_0 results are bit-identical across ISAs.
+// 8 lanes wide in every ISA, so Q4_1 / Q4_G128 / Q4_K / Q5_K / Q6_K / Q8_0 results are bit-identical across ISAs.
 #pragma once
 #include <immintrin.h>
 
@@ -11,155 +11,13 @@
 #include <cstring>
 #include <type_traits>
 
+#include "block_formats.h"
 #include "kernels.h"
 #include "simd.h"
 
 namespace {
 
-using inferplug_isa::GROUP;
-using inferplug_isa::QK;
-using inferplug_isa::RUN;
-using inferplug_isa::RUN_WORDS_BYTES;
-using inferplug_isa::WORD;
-
 constexpr int64_t PREFETCH = 2048;  // bytes ahead
-
-// Per format: a block's quant bytes and whether it has mins.
-struct Q4_1 {  // w = q * scale + min, q in 0..15; 16 bytes of nibbles (byte j: weight j low, j + 16 high)
-  static constexpr int64_t QUANT_BYTES = 16;
-  static constexpr int BITS = 4;
-  static constexpr bool HAS_MIN = true;
-};
-
-struct Q4_K {  // Q4_1's nibbles under llama.cpp's Q4_K scales: w = d * sc * q - dmin * m, with fp16 d and dmin per 8 blocks
-               // (a super-block) and 6-bit codes sc and m per block, a byte each (4.625 bits a weight against Q4_1's 5)
-  static constexpr int64_t QUANT_BYTES = 16;
-  static constexpr int BITS = 4;
-  static constexpr bool HAS_MIN = true;
-  static constexpr int64_t SUPER = 8;  // blocks per super-block: a row holds whole ones
-};
-
-struct Q4_G128 {  // Q4_1 blocks of an AWQ / GPTQ group of 128 inputs: their fp16 scale and min stored once per 4 blocks
-                  // (4.25 bits a weight against Q4_1's 5, the same values)
-  static constexpr int64_t QUANT_BYTES = 16;
-  static constexpr int BITS = 4;
-  static constexpr bool HAS_MIN = true;
-  static constexpr int64_t SPAN = 4;  // blocks a scale covers: a row holds whole groups
-};
-
-struct Q8_0 {  // w = q * scale, 32 int8
-  static constexpr int64_t QUANT_BYTES = 32;
-  static constexpr int BITS = 8;
-  static constexpr bool HAS_MIN = false;
-};
-
-// llama.cpp's Q6_K: w = d * sc * (q - 32), q in 0..63, an int8 sc per 16 weights and an fp16 d per 8 blocks (a
-// super-block of 256). A block's 24 quant bytes: its 16 bytes of low nibbles as Q4_1's (byte j: weight j, j + 16),
-// then two words of high bit pairs, byte i of word h holding weight 16h + 4k + i's in bits 2k, 2k + 1 (k = 0..3):
-// so each word of nibbles takes its high bits with one shift and mask. 6.5625 bits a weight, as the file's.
-struct Q6_K {
-  static constexpr int64_t QUANT_BYTES = 24;
-  static constexpr int BITS = 6;
-  static constexpr bool HAS_MIN = false;
-  static constexpr int64_t SUPER = 8;
-};
-
-// The n <= 8 fp16 values at p as floats, zeros past n.
-inline __m256 load_halves(const uint8_t* p, int64_t n) {
-  if (n == GROUP) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  uint16_t bits[GROUP] = {};
-  std::memcpy(bits, p, n * 2);
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bits)));
-}
-
-inline float load_half(const uint8_t* p, int64_t i) { return _cvtsh_ss(reinterpret_cast<const uint16_t*>(p)[i]); }
-
-// Block b's quant bytes in their plain order, from the runs' interleaved words (kernels.h).
-template <typename Format>
-void block_quants(const uint8_t* quants, int64_t b, int64_t blocks, uint8_t* out) {
-  const int64_t run = b / RUN * RUN, in_run = std::min(RUN, blocks - run);
-  for (int64_t k = 0; k < Format::QUANT_BYTES / WORD; k++)
-    std::memcpy(out + k * WORD, quants + run * Format::QUANT_BYTES + k * WORD * in_run + (b - run) * WORD, WORD);
-}
-
-// Where a row's fields start (all fp16 scales, then all mins for Q4_1, then the quants), its bytes for a number of
-// blocks (and the blocks a row of some bytes holds at most), and its blocks' scales and mins as floats: one at a
-// time, or the n <= GROUP from block b (b a multiple of GROUP) as one vector.
-template <typename Format>
-struct RowLayout {
-  const uint8_t *scales, *mins, *quants;
-  RowLayout(const uint8_t* row, int64_t blocks)
-      : scales(row), mins(row + 2 * blocks), quants(row + (Format::HAS_MIN ? 4 : 2) * blocks) {}
-  static int64_t bytes(int64_t blocks) { return blocks * ((Format::HAS_MIN ? 4 : 2) + Format::QUANT_BYTES); }
-  static int64_t blocks_in(int64_t row_bytes) { return row_bytes / bytes(1); }
-  float scale(int64_t b) const { return load_half(scales, b); }
-  float min(int64_t b) const { return Format::HAS_MIN ? load_half(mins, b) : 0.f; }
-  __m256 group_scales(int64_t b, int64_t n) const { return load_halves(scales + 2 * b, n); }
-  __m256 group_mins(int64_t b, int64_t n) const { return load_halves(mins + 2 * b, n); }
-};
-
-// Q4_G128's row: the groups' scales, their mins, then the quants. A float step's 8 blocks are two groups.
-template <>
-struct RowLayout<Q4_G128> {
-  const uint8_t *scales, *mins, *quants;
-  RowLayout(const uint8_t* row, int64_t blocks)
-      : scales(row), mins(row + blocks / 2), quants(row + blocks) {}
-  static int64_t bytes(int64_t blocks) { return blocks + blocks * Q4_G128::QUANT_BYTES; }
-  static int64_t blocks_in(int64_t row_bytes) { return row_bytes / bytes(Q4_G128::SPAN) * Q4_G128::SPAN; }
-  float scale(int64_t b) const { return load_half(scales, b / Q4_G128::SPAN); }
-  float min(int64_t b) const { return load_half(mins, b / Q4_G128::SPAN); }
-  __m256 group_scales(int64_t b, int64_t n) const { return each_four_times(scales, b, n); }
-  __m256 group_mins(int64_t b, int64_t n) const { return each_four_times(mins, b, n); }
-
- private:
-  static_assert(GROUP == 2 * Q4_G128::SPAN, "a float step takes two groups' values");
-  // The two groups' fp16 values at block b, each in 4 lanes; zeros past the row's last group. Two 16-bit loads, not
-  // load_halves' copy through the stack: that copy halved this kernel's speed.
-  static __m256 each_four_times(const uint8_t* halves, int64_t b, int64_t n) {
-    const uint16_t* at = reinterpret_cast<const uint16_t*>(halves) + b / Q4_G128::SPAN;
-    const __m128i two = _mm_cvtsi32_si128(static_cast<int>(at[0] | (n > Q4_G128::SPAN ? uint32_t{at[1]} << 16 : 0u)));
-    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_cvtph_ps(two)), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
-  }
-};
-
-// Q4_K's row: all d, all dmin (a half each per super-block), all sc codes, all m codes, then the quants. A product
-// d * sc (11 by 6 significant bits) is exact in float32, so each block's scale and min are the file's.
-template <>
-struct RowLayout<Q4_K> {
-  const uint8_t *d, *dmin, *sc, *m, *quants;
-  RowLayout(const uint8_t* row, int64_t blocks)
-      : d(row), dmin(row + blocks / 4), sc(row + blocks / 2), m(sc + blocks), quants(m + blocks) {}
-  static int64_t bytes(int64_t blocks) { return blocks / 2 + 2 * blocks + blocks * Q4_K::QUANT_BYTES; }
-  static int64_t blocks_in(int64_t row_bytes) { return row_bytes / bytes(Q4_K::SUPER) * Q4_K::SUPER; }
-  float scale(int64_t b) const { return load_half(d, b / Q4_K::SUPER) * static_cast<float>(sc[b]); }
-  float min(int64_t b) const { return -load_half(dmin, b / Q4_K::SUPER) * static_cast<float>(m[b]); }
-  __m256 group_scales(int64_t b, int64_t) const { return codes_times(sc + b, load_half(d, b / Q4_K::SUPER)); }
-  __m256 group_mins(int64_t b, int64_t) const { return codes_times(m + b, -load_half(dmin, b / Q4_K::SUPER)); }
-
- private:
-  static_assert(Q4_K::SUPER == GROUP, "a float step takes one super-block's 8 scales");
-  static __m256 codes_times(const uint8_t* codes, float factor) {
-    const __m256 values = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes))));
-    return _mm256_mul_ps(values, _mm256_set1_ps(factor));
-  }
-};
-
-// Q6_K's row: all d (a half per super-block), all low-half scales, all high-half scales (int8), then the quants.
-template <>
-struct RowLayout<Q6_K> {
-  const uint8_t *d, *quants;
-  const int8_t *sc_low, *sc_high;
-  RowLayout(const uint8_t* row, int64_t blocks)
-      : d(row), quants(row + blocks / 4 + 2 * blocks), sc_low(reinterpret_cast<const int8_t*>(row + blocks / 4)),
-        sc_high(sc_low + blocks) {}
-  static int64_t bytes(int64_t blocks) { return blocks / 4 + 2 * blocks + blocks * Q6_K::QUANT_BYTES; }
-  static int64_t blocks_in(int64_t row_bytes) { return row_bytes / bytes(Q6_K::SUPER) * Q6_K::SUPER; }
-  float scale(int64_t b) const { return load_half(d, b / Q6_K::SUPER); }  // the sub-blocks' own scales apart
-  float min(int64_t) const { return 0.f; }
-  __m256 group_scales(int64_t b, int64_t) const { return _mm256_set1_ps(load_half(d, b / Q6_K::SUPER)); }
-  __m256 group_mins(int64_t, int64_t) const { return _mm256_setzero_ps(); }
-  static_assert(Q6_K::SUPER == GROUP, "a float step takes one super-block's 8 blocks");
-};
 
 // The hardware prefetcher alone leaves the cores waiting on DRAM: ask for the lines PREFETCH bytes past a row.
 inline void prefetch_ahead(const uint8_t* row, int64_t bytes) {
@@ -174,6 +32,12 @@ void with_each_k(const F& f) {
   f(std::integral_constant<int, 2>{});
   f(std::integral_constant<int, 3>{});
 }
+
+// Where word k of nibbles (UPPER: its high nibbles, weights 16 + 4k + i) finds its weights' high bits in the high
+// word(s) of Q5_K / Q6_K (block_formats.h): a 16-bit shift (left if positive) takes them to bit 4 (Q6_K's pairs to
+// bits 4, 5) of each byte, and the mask drops the bits a shift carried across bytes.
+constexpr int high_shift(int bits, int k, bool upper) { return bits == 6 ? 4 - 2 * k : upper ? -k : 4 - k; }
+constexpr int high_mask(int bits) { return bits == 6 ? 0x30 : 0x10; }
 
 // Q6_K's blocks: sc_low * (sum_low - 32 x_low) + sc_high * (sum_high - 32 x_high), each block's exact integer, from
 // its half sums over the codes q (0..63) and x's half sums of codes (q - 32 is the weight's code).
@@ -210,13 +74,14 @@ struct DotAvx2 {  // 8 blocks a step: u8 x s8 pairs to int16, then int32
         w.bytes[k] = _mm256_and_si256(packed, _mm256_set1_epi8(0x0F));
         w.bytes[k + 4] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), _mm256_set1_epi8(0x0F));
       }
-    } else if constexpr (Format::BITS == 6) {
-      const R high[2] = {load_words(words + 4 * stride, n), load_words(words + 5 * stride, n)};
+    } else if constexpr (Format::BITS == 5 || Format::BITS == 6) {  // Q5_K: one high word for both halves
+      const R high[2] = {load_words(words + 4 * stride, n), load_words(words + (Format::BITS == 6 ? 5 : 4) * stride, n)};
       with_each_k([&](auto k) {
         const R packed = load_words(words + k * stride, n);
-        w.bytes[k] = _mm256_or_si256(_mm256_and_si256(packed, _mm256_set1_epi8(0x0F)), high_bits<k>(high[0]));
+        w.bytes[k] = _mm256_or_si256(_mm256_and_si256(packed, _mm256_set1_epi8(0x0F)),
+                                     high_bits<high_shift(Format::BITS, k, false), high_mask(Format::BITS)>(high[0]));
         w.bytes[k + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(packed, 4), _mm256_set1_epi8(0x0F)),
-                                         high_bits<k>(high[1]));
+                                         high_bits<high_shift(Format::BITS, k, true), high_mask(Format::BITS)>(high[1]));
       });
     } else {
       for (int k = 0; k < 8; k++) {
@@ -226,11 +91,11 @@ struct DotAvx2 {  // 8 blocks a step: u8 x s8 pairs to int16, then int32
     }
     return w;
   }
-  // Q6_K's high bit pairs for word k, in bits 4 and 5 of each byte (a 16-bit shift keeps each byte's own bits there).
-  template <int K>
+  template <int SHIFT, int MASK>  // high_shift's, high_mask's
   static R high_bits(R h) {
-    const R shifted = K == 0 ? _mm256_slli_epi16(h, 4) : K == 1 ? _mm256_slli_epi16(h, 2) : K == 2 ? h : _mm256_srli_epi16(h, 2);
-    return _mm256_and_si256(shifted, _mm256_set1_epi8(0x30));
+    if constexpr (SHIFT > 0) h = _mm256_slli_epi16(h, SHIFT);
+    if constexpr (SHIFT < 0) h = _mm256_srli_epi16(h, -SHIFT);
+    return _mm256_and_si256(h, _mm256_set1_epi8(MASK));
   }
   static Halves dot_halves(const R* bytes, const int8_t* x) {  // |63 * 127| pairs: int32 after each
     const R ones = _mm256_set1_epi16(1);
@@ -253,10 +118,15 @@ struct DotAvx2 {  // 8 blocks a step: u8 x s8 pairs to int16, then int32
   static R dot(const Weights<Format>& w, const int8_t* x, const int32_t*) {
     const R ones = _mm256_set1_epi16(1);
     auto xk = [&](int k) { return _mm256_loadu_si256(reinterpret_cast<const R*>(x + k * RUN_WORDS_BYTES)); };
-    if constexpr (Format::BITS == 4) {  // 8 pairs of |15 * 127| products fit int16: sum them there
-      R pairs = _mm256_maddubs_epi16(w.bytes[0], xk(0));
-      for (int k = 1; k < 8; k++) pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(w.bytes[k], xk(k)));
-      return _mm256_madd_epi16(pairs, ones);
+    if constexpr (Format::BITS <= 5) {  // int16 holds 8 maddubs of 4-bit codes (8 x 2 x 15 x 127), 4 of 5-bit ones
+      constexpr int IN_INT16 = Format::BITS == 4 ? 8 : 4;
+      R sums = _mm256_setzero_si256();
+      for (int k0 = 0; k0 < 8; k0 += IN_INT16) {
+        R pairs = _mm256_maddubs_epi16(w.bytes[k0], xk(k0));
+        for (int k = k0 + 1; k < k0 + IN_INT16; k++) pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(w.bytes[k], xk(k)));
+        sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, ones));
+      }
+      return sums;
     } else {  // |128 * 127| pairs: int32 after each
       R sums = _mm256_setzero_si256();
       for (int k = 0; k < 8; k++)
@@ -284,10 +154,11 @@ struct I512 {  // AVX-512 + VNNI: 16 blocks a step, two groups of 8
   static R dpbusd(R acc, R u, R s) { return _mm512_dpbusd_epi32(acc, u, s); }
   static R zero() { return _mm512_setzero_si512(); }
   static R either(R a, R b) { return _mm512_or_si512(a, b); }
-  template <int K>  // as DotAvx2::high_bits
+  template <int SHIFT, int MASK>  // as DotAvx2::high_bits
   static R high_bits(R h) {
-    const R shifted = K == 0 ? _mm512_slli_epi16(h, 4) : K == 1 ? _mm512_slli_epi16(h, 2) : K == 2 ? h : _mm512_srli_epi16(h, 2);
-    return _mm512_and_si512(shifted, _mm512_set1_epi8(0x30));
+    if constexpr (SHIFT > 0) h = _mm512_slli_epi16(h, SHIFT);
+    if constexpr (SHIFT < 0) h = _mm512_srli_epi16(h, -SHIFT);
+    return _mm512_and_si512(h, _mm512_set1_epi8(MASK));
   }
   static R widen_scales(const int8_t* p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
   static R mul(R a, R b) { return _mm512_mullo_epi32(a, b); }
@@ -318,12 +189,14 @@ struct DotVnni {
         w.bytes[k] = I::low_nibbles(packed);
         w.bytes[k + 4] = I::high_nibbles(packed);
       }
-    } else if constexpr (Format::BITS == 6) {
-      const R high[2] = {I::load_words(words + 4 * stride, n), I::load_words(words + 5 * stride, n)};
+    } else if constexpr (Format::BITS == 5 || Format::BITS == 6) {  // as DotAvx2's; dpbusd takes 0..31 as it is
+      const R high[2] = {I::load_words(words + 4 * stride, n), I::load_words(words + (Format::BITS == 6 ? 5 : 4) * stride, n)};
       with_each_k([&](auto k) {
         const R packed = I::load_words(words + k * stride, n);
-        w.bytes[k] = I::either(I::low_nibbles(packed), I::template high_bits<k>(high[0]));
-        w.bytes[k + 4] = I::either(I::high_nibbles(packed), I::template high_bits<k>(high[1]));
+        w.bytes[k] = I::either(I::low_nibbles(packed),
+                               I::template high_bits<high_shift(Format::BITS, k, false), high_mask(Format::BITS)>(high[0]));
+        w.bytes[k + 4] = I::either(I::high_nibbles(packed),
+                                   I::template high_bits<high_shift(Format::BITS, k, true), high_mask(Format::BITS)>(high[1]));
       });
     } else {
       for (int k = 0; k < 8; k++) w.bytes[k] = I::flip_sign_bits(I::load_words(words + k * stride, n));
@@ -458,7 +331,7 @@ void float_matmul_rows(const inferplug_isa::WeightRows& w, int64_t n0, int64_t n
 template <typename Dot>
 inferplug_isa::QuantKernels quant_kernels() {
   return {&quant_matmul_rows<Dot, Q4_1>, &quant_matmul_rows<Dot, Q4_G128>, &quant_matmul_rows<Dot, Q4_K>,
-          &quant_matmul_rows<Dot, Q6_K>, &quant_matmul_rows<Dot, Q8_0>};
+          &quant_matmul_rows<Dot, Q5_K>, &quant_matmul_rows<Dot, Q6_K>, &quant_matmul_rows<Dot, Q8_0>};
 }
 
 }  // namespace

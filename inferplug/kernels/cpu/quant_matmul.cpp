@@ -1,9 +1,9 @@
-// y = x @ w.T with w in GGUF's Q4_1, Q4_K, Q6_K or Q8_0 blocks (or Q4_1 blocks sharing a scale per 128 inputs, Q4_G128) and x quantized per 32 inputs to int8 (llama.cpp's
+// y = x @ w.T with w in GGUF's Q4_1, Q4_K, Q5_K, Q6_K or Q8_0 blocks (or Q4_1 blocks sharing a scale per 128 inputs, Q4_G128) and x quantized per 32 inputs to int8 (llama.cpp's
 // Q4_1 x Q8_1 and Q8_0 x Q8_0 dot products): integer multiply-adds on 32 weights at a time instead of
 // unpacking them to floats.
 //
-// A weight row keeps GGUF's bytes but regroups them: all its fp16 scales, then (Q4_1) all its fp16 mins (Q4_K: its
-// super-blocks' d and dmin, then its blocks' 6-bit codes a byte each; quant_dot.h),
+// A weight row keeps GGUF's bytes but regroups them: all its fp16 scales, then (Q4_1) all its fp16 mins (Q4_K, Q5_K: their
+// super-blocks' d and dmin, then their blocks' 6-bit codes a byte each; block_formats.h),
 // then all its quants, by runs of 16 blocks with their 4-byte words interleaved (kernels.h). Blocks go 8
 // (or 16) at a time: one instruction converts 8 scales, each block's integer dot product lands in its own
 // lane, and the 8 blocks take a single float multiply-add.
@@ -119,6 +119,7 @@ auto for_format(const Table& table) {
   if constexpr (std::is_same_v<Format, Q4_1>) return table.q4;
   else if constexpr (std::is_same_v<Format, Q4_G128>) return table.q4_g128;
   else if constexpr (std::is_same_v<Format, Q4_K>) return table.q4_k;
+  else if constexpr (std::is_same_v<Format, Q5_K>) return table.q5_k;
   else if constexpr (std::is_same_v<Format, Q6_K>) return table.q6_k;
   else return table.q8;
 }
@@ -130,7 +131,7 @@ int64_t check_operands(const at::Tensor& x, const at::Tensor& weight) {
   const int64_t blocks = x.size(1) / QK;
   TORCH_CHECK(x.size(1) % QK == 0 && blocks == RowLayout<Format>::blocks_in(weight.size(1)) &&
                   weight.size(1) == RowLayout<Format>::bytes(blocks),
-              "quantized matmul: K must be a multiple of 32 (of 128 for Q4_G128, 256 for Q4_K and Q6_K) and match the weight's blocks");
+              "quantized matmul: K must be a multiple of 32 (of 128 for Q4_G128, 256 for Q4_K, Q5_K and Q6_K) and match the weight's blocks");
   return blocks;
 }
 
@@ -228,18 +229,21 @@ TORCH_LIBRARY_FRAGMENT(inferplug, m) {
   m.def("q4_matmul(Tensor x, Tensor weight, Tensor? order=None) -> Tensor");
   m.def("q4_g128_matmul(Tensor x, Tensor weight, Tensor? order=None) -> Tensor");
   m.def("q4_k_matmul(Tensor x, Tensor weight, Tensor? order=None) -> Tensor");
+  m.def("q5_k_matmul(Tensor x, Tensor weight, Tensor? order=None) -> Tensor");
   m.def("q6_k_matmul(Tensor x, Tensor weight, Tensor? order=None) -> Tensor");
   m.def("q8_matmul(Tensor x, Tensor weight, Tensor? order=None) -> Tensor");
   m.def("q8_matmul_float(Tensor x, Tensor weight) -> Tensor");
   m.def("q4_dequantize(Tensor weight) -> Tensor");
   m.def("q4_g128_dequantize(Tensor weight) -> Tensor");
   m.def("q4_k_dequantize(Tensor weight) -> Tensor");
+  m.def("q5_k_dequantize(Tensor weight) -> Tensor");
   m.def("q6_k_dequantize(Tensor weight) -> Tensor");
   m.def("q8_dequantize(Tensor weight) -> Tensor");
   m.def("q8_dequantize_plain(Tensor weight) -> Tensor");
   m.def("q4_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
   m.def("q4_g128_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
   m.def("q4_k_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
+  m.def("q5_k_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
   m.def("q6_k_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
   m.def("q8_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
   m.def("bfloat16_dot() -> str", &bfloat16_dot);
@@ -248,18 +252,21 @@ TORCH_LIBRARY_IMPL(inferplug, CPU, m) {
   m.impl("q4_matmul", &quant_matmul<Q4_1>);
   m.impl("q4_g128_matmul", &quant_matmul<Q4_G128>);
   m.impl("q4_k_matmul", &quant_matmul<Q4_K>);
+  m.impl("q5_k_matmul", &quant_matmul<Q5_K>);
   m.impl("q6_k_matmul", &quant_matmul<Q6_K>);
   m.impl("q8_matmul", &quant_matmul<Q8_0>);
   m.impl("q8_matmul_float", &q8_matmul_float);
   m.impl("q4_dequantize", &dequantize<Q4_1, true>);
   m.impl("q4_g128_dequantize", &dequantize<Q4_G128, true>);
   m.impl("q4_k_dequantize", &dequantize<Q4_K, true>);
+  m.impl("q5_k_dequantize", &dequantize<Q5_K, true>);
   m.impl("q6_k_dequantize", &dequantize<Q6_K, true>);
   m.impl("q8_dequantize", &dequantize<Q8_0, true>);
   m.impl("q8_dequantize_plain", &dequantize<Q8_0, false>);
   m.impl("q4_prefill_matmul", &prefill_matmul<Q4_1>);
   m.impl("q4_g128_prefill_matmul", &prefill_matmul<Q4_G128>);
   m.impl("q4_k_prefill_matmul", &prefill_matmul<Q4_K>);
+  m.impl("q5_k_prefill_matmul", &prefill_matmul<Q5_K>);
   m.impl("q6_k_prefill_matmul", &prefill_matmul<Q6_K>);
   m.impl("q8_prefill_matmul", &prefill_matmul<Q8_0>);
 }

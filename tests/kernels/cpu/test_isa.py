@@ -14,7 +14,7 @@ import torch
 from inferplug.kernels import cpu as cpu_kernels
 from inferplug.errors import ProfileError
 from inferplug.hardware import Hardware
-from inferplug.quant.block_linear import Q4G128Linear, Q4KLinear, Q4Linear, Q6KLinear, Q8HeadLinear, Q8Linear
+from inferplug.quant.block_linear import Q4G128Linear, Q4KLinear, Q4Linear, Q5KLinear, Q6KLinear, Q8HeadLinear, Q8Linear
 from inferplug.kernels.paged_attention_ref import random_pool
 
 AVX2_ONLY = Hardware(cpu_flags=frozenset({"avx2", "fma", "f16c"}))
@@ -72,7 +72,7 @@ def test_isa_names_the_set_that_runs(both_isas):
 @pytest.mark.parametrize("layer_cls,width", [(cls, width) for cls in (Q4Linear, Q8Linear) for width in (32, 96, 288, 576, 1536)]
                          + [(Q4KLinear, width) for width in (256, 768, 1536)]
                          + [(Q4G128Linear, width) for width in (128, 384, 1536)]
-                         + [(Q6KLinear, width) for width in (256, 768, 1536)])  # 1 to 48 blocks: short groups, runs
+                         + [(cls, width) for cls in (Q5KLinear, Q6KLinear) for width in (256, 768, 1536)])  # 1 to 48 blocks: short groups, runs
 def test_integer_kernels_are_bit_identical_across_sets(both_isas, layer_cls, width):
     """Exact integer dot products and the same float order (8 lanes in every set): the same bits."""
     gen = torch.Generator().manual_seed(width)

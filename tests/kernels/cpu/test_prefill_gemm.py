@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from inferplug.hardware import probe
-from inferplug.quant.block_linear import Q4G128Linear, Q4KLinear, Q4Linear, Q6KLinear, Q8Linear
+from inferplug.quant.block_linear import Q4G128Linear, Q4KLinear, Q4Linear, Q5KLinear, Q6KLinear, Q8Linear
 
 PRECISIONS = ("float32", "bfloat16")
 
@@ -26,7 +26,7 @@ Q4_K_SHAPES = [(1, 256), (40, 768), (300, 1280)]  # whole super-blocks of 256 in
                                                                 for shape in SHAPES]
                          + [(Q4KLinear, *shape) for shape in Q4_K_SHAPES]
                          + [(Q4G128Linear, *shape) for shape in Q4_K_SHAPES]
-                         + [(Q6KLinear, *shape) for shape in Q4_K_SHAPES])
+                         + [(cls, *shape) for cls in (Q5KLinear, Q6KLinear) for shape in Q4_K_SHAPES])
 @pytest.mark.parametrize("precision", PRECISIONS)
 # N: whole and partial 16/32-column micro-panels, several panels; K: a partial last K block (288, 576), several (1088)
 @pytest.mark.parametrize("rows", [1, 5, 13, 77])
