@@ -95,6 +95,7 @@ def _serve_replicas(profile, args: argparse.Namespace, max_body: int) -> int:  #
 
     connection = replicas.connect(profile.parallel.replicas, args.ray_address)  # first: it checks Ray is there
     try:
+        from inferplug.server.guard import parse_api_keys
         from inferplug.server.replica_front import create_front
 
         api_key = args.api_key or os.environ.get(API_KEY_ENV) or None  # read here: a remote node has its own env
@@ -102,7 +103,8 @@ def _serve_replicas(profile, args: argparse.Namespace, max_body: int) -> int:  #
         where = connection.address or "a local Ray"
         print(f"inferplug: serving {profile.name} on {profile.parallel.replicas} replicas ({where}) at "
               f"http://{args.host}:{args.port}/v1", flush=True)
-        uvicorn.run(create_front(handle, board, max_body), host=args.host, port=args.port, log_level=args.log_level)
+        front = create_front(handle, board, max_body, parse_api_keys(api_key), profile.server)
+        uvicorn.run(front, host=args.host, port=args.port, log_level=args.log_level)
     finally:
         connection.close()
     return 0

@@ -20,7 +20,7 @@ from inferplug.errors import BackendUnavailable, InferPlugError, LimitExceeded, 
 from inferplug.profile_server import ServerOptions
 from inferplug.server.admission import Admission
 from inferplug.server.error_json import error_body, error_response
-from inferplug.server.guard import BodySizeLimit, RequestGuard
+from inferplug.server.guard import BodySizeLimit, RequestGuard, parse_api_keys
 from inferplug.server.metrics import ServerMetrics
 
 __all__ = ["BodySizeLimit", "create_app", "error_body", "error_response"]  # the replica front's imports too
@@ -43,8 +43,7 @@ def create_app(backend: Backend, *, api_key: str | None = None, max_body_bytes: 
 
     app = FastAPI(title="inferplug", version="1", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.backend = backend
-    keys = [k.strip() for k in (api_key or os.environ.get(API_KEY_ENV) or "").split(",") if k.strip()]
-    app.state.api_keys = tuple(keys) or None
+    app.state.api_keys = parse_api_keys(api_key or os.environ.get(API_KEY_ENV))
     app.state.options = options or getattr(getattr(backend, "profile", None), "server", None) or ServerOptions()
     app.state.metrics = ServerMetrics(backend)
     app.state.admission = Admission(app.state.options)

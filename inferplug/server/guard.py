@@ -10,6 +10,7 @@ import secrets
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from inferplug.profile_server import ServerOptions
 from inferplug.server.error_json import error_response
 
 OPEN_PATHS = ("/health",)  # a load balancer's probe needs no key
@@ -30,6 +31,18 @@ def _host_name(header: str) -> str:
     if header.startswith("["):
         return header[1:].split("]", 1)[0]
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def parse_api_keys(value: str | None) -> tuple[str, ...] | None:
+    """The server's keys from --api-key or INFERPLUG_API_KEY: comma-separated, one per tenant (None: no key)."""
+    return tuple(k.strip() for k in (value or "").split(",") if k.strip()) or None
+
+
+def guarded(app: ASGIApp, api_keys: tuple[str, ...] | None, options: ServerOptions, max_body_bytes: int) -> ASGIApp:
+    """`app` behind the Host and key checks, then the body limits: create_app's middleware, for a bare ASGI app (the
+    replica front, which must refuse a request before it reads the body it would route)."""
+    limited = BodySizeLimit(app, max_bytes=max_body_bytes, read_timeout=options.body_read_timeout_s)
+    return RequestGuard(limited, api_keys=api_keys, allowed_hosts=options.allowed_hosts)
 
 
 def key_problem(authorization: str, expected: tuple[str, ...] | None) -> str | None:
