@@ -21,6 +21,9 @@ class ServerOptions(BaseModel):
     max_stop_chars: int = Field(default=256, ge=1)  # the longest stop string
     max_prompt_tokens: int | None = Field(default=None, ge=1)  # None: the context length (the backend checks it)
     max_total_tokens: int = Field(default=131072, ge=1)  # prompts x n x max_tokens of one request
+    # JSON values in one body (counted as its commas, before parsing; 64 prompts of 4096 token ids): parsing millions
+    # holds the GIL for seconds, stalling every stream, even for a request that a limit then refuses
+    max_json_values: int = Field(default=262144, ge=1)
     max_waiting: int = Field(default=256, ge=1)  # requests waiting for their first token; more get 429
     # the same, per client (its tenant_header value, else its address): one client's flood leaves room for others
     max_waiting_per_client: int = Field(default=64, ge=1)

@@ -41,6 +41,7 @@ _LIMIT_FLAGS = [
     ("max_stop", int, "stop strings and stop_token_ids per request"),
     ("max_prompt_tokens", whole_number, "tokens of one prompt (default: the context length)"),
     ("max_total_tokens", whole_number, "prompts x n x max_tokens of one request"),
+    ("max_json_values", whole_number, "JSON values (commas) in one request body; more get 413 before parsing"),
     ("max_waiting", whole_number, "requests waiting for their first token; more get 429"),
     ("max_waiting_per_client", whole_number, "the same for one client (its tenant header, else its address)"),
     ("queue_timeout_s", float, "seconds a request may wait for its first token; then 503"),

@@ -86,7 +86,8 @@ def create_app(backend: Backend, *, api_key: str | None = None, max_body_bytes: 
         return error_response(str(exc.detail), exc.status_code)
 
     opts = app.state.options
-    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes, read_timeout=opts.body_read_timeout_s)
+    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes, read_timeout=opts.body_read_timeout_s,
+                       max_values=opts.max_json_values)
     app.add_middleware(RequestGuard, api_keys=app.state.api_keys, allowed_hosts=opts.allowed_hosts)  # runs first
     return app
 
