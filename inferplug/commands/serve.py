@@ -44,6 +44,7 @@ _LIMIT_FLAGS = [
     ("max_json_values", whole_number, "JSON values (commas) in one request body; more get 413 before parsing"),
     ("max_waiting", whole_number, "requests waiting for their first token; more get 429"),
     ("max_waiting_per_client", whole_number, "the same for one client (its tenant header, else its address)"),
+    ("max_in_flight_per_client", whole_number, "requests of one client in flight (waiting or streaming); more get 429"),
     ("queue_timeout_s", float, "seconds a request may wait for its first token; then 503"),
     ("shutdown_grace_s", float, "seconds in-flight requests get after SIGTERM before they are aborted"),
     ("tenant_header", str, "the header naming a request's tenant: tenants never share cached prompts"),

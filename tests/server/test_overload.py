@@ -179,3 +179,24 @@ def test_prompts_are_rendered_tokenized_and_compiled_while_a_step_holds_the_engi
         assert prompt.text == rendered and prompt.ids == native.tokenizer.encode(rendered, add_special_tokens=False)
     good["thread"].join(timeout=60)
     assert good["out"].status_code == 200 and good["out"].json()["usage"]["prompt_tokens"] == len(prompt.ids)
+
+
+def test_past_max_in_flight_per_client_a_client_gets_429_while_another_is_served(native, server_factory):
+    server = server_factory(native, options=ServerOptions(max_in_flight_per_client=1, tenant_header="X-Tenant"))
+
+    def chat(tenant: str):
+        return httpx.post(server.url + "/chat/completions", json=CHAT, headers={"X-Tenant": tenant}, timeout=60)
+
+    with frozen(native):
+        first = in_background(lambda: chat("busy"))
+        until(lambda: len(native.engine._inbox) == 1, what="the first request queues")
+        again = chat("busy")
+        assert again.status_code == 429 and again.headers["Retry-After"] == "1"
+        assert again.json()["error"]["code"] == "max_in_flight_per_client"
+        other = in_background(lambda: chat("other"))
+        until(lambda: len(native.engine._inbox) == 2, what="the other client's request queues")
+    for box in (first, other):
+        box["thread"].join(timeout=60)
+        assert box["out"].status_code == 200
+    assert chat("busy").status_code == 200  # the finished request gave its place back
+    assert settled(native)["kv_blocks_used"] == 0
