@@ -46,14 +46,15 @@ def _chat(content: str, **extra) -> dict:
 
 
 # --- the hostile requests (issue 29, "Found") ------------------------------------------------------------------
-_PROMPT_BATCH = b'{"model": "' + MODEL.encode() + b'", "n": 128, "max_tokens": 16, "prompt": [' + b"[1]," * 2_000_000 \
-    + b"[1]]}"  # ~8 MiB of one-token prompts
+_PROMPT_BATCH = (b'{"model": "' + MODEL.encode() + b'", "n": 128, "max_tokens": 16, "prompt": ['
+                 + b"[1]," * 2_000_000 + b"[1]]}")  # ~8 MiB of one-token prompts
 # ~7 MiB of text, over the context (encoded once: the attackers' own JSON work must not slow the measuring client)
 _BIG_PROMPT = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "lighthouse keeper " * 400_000}],
                           "max_tokens": 16}).encode()
-_SCHEMA = {"type": "object", "properties": {f"field_{i}": {"type": "string", "maxLength": 8} for i in range(1000)}}  # ~50 KB: under max_schema_bytes, so it is compiled
-_TOOLS = [{"type": "function", "function": {"name": f"tool_{i}", "description": "x " * 40,
-                                             "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}
+# ~50 KB: under max_schema_bytes, so it is compiled
+_SCHEMA = {"type": "object", "properties": {f"field_{i}": {"type": "string", "maxLength": 8} for i in range(1000)}}
+_INT_ARG = {"type": "object", "properties": {"a": {"type": "integer"}}}
+_TOOLS = [{"type": "function", "function": {"name": f"tool_{i}", "description": "x " * 40, "parameters": _INT_ARG}}
           for i in range(20)]
 _HISTORY_CALL = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
     "name": "tool_1", "arguments": '{"a":1' + " " * 50_000}}]}  # a malformed call, whitespace-padded
@@ -145,7 +146,8 @@ ALLOWED: list[Hostile] = [large_schema, tool_call_whitespace, long_stop_strings,
 MIXES = {"refused": REFUSED, "all": REFUSED + ALLOWED}
 
 
-def _open(base: str, key: str, path: str, body: bytes, declared: int | None = None, first: bytes = b"") -> socket.socket:
+def _open(base: str, key: str, path: str, body: bytes, declared: int | None = None,
+          first: bytes = b"") -> socket.socket:
     host, port = base.removeprefix("http://").split(":")
     s = socket.create_connection((host, int(port)), timeout=30)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a reader that stops fills its buffer soon
@@ -235,9 +237,12 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=2, help="alone-then-attacked rounds")
     parser.add_argument("--mix", choices=sorted(MIXES), default="all",
-                        help="refused: only what a limit refuses or a timeout cuts off; all: also what the limits allow")
+                        help="refused: what a limit refuses or a timeout cuts off; all: also what the limits allow")
+    parser.add_argument("--max-in-flight-per-client", type=int, help="the server's limit (default: the profile's)")
     args = parser.parse_args()
-    proc, base = start_serve(args.profile, "--api-key", ",".join((GOOD_KEY, *ATTACKER_KEYS)), "--log-level", "error")
+    limit = ["--max-in-flight-per-client", str(args.max_in_flight_per_client)] if args.max_in_flight_per_client else []
+    keys = ",".join((GOOD_KEY, *ATTACKER_KEYS))
+    proc, base = start_serve(args.profile, "--api-key", keys, "--log-level", "error", *limit)
     threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # drain its output
     try:
         good_tpot(base, 8)  # warm-up: kernels, caches
@@ -251,7 +256,8 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-    print(f"\nmix {args.mix}, {args.streams} streams of {args.max_tokens} tokens per phase (median TPOT)")
+    print(f"\nmix {args.mix}, max_in_flight_per_client {args.max_in_flight_per_client or 'default'}, "
+          f"{args.streams} streams of {args.max_tokens} tokens per phase (median TPOT)")
     print("| round | TPOT alone (ms) | TPOT attacked (ms) | ratio |\n|---|---|---|---|")
     for r, alone, attacked in rows:
         print(f"| {r} | {alone:.1f} | {attacked:.1f} | {attacked / alone:.2f}x |")
