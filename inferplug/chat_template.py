@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from inferplug.errors import RequestError
+from inferplug.stages.prompt_bound import check_text_fits
 
 
 def render_chat(tokenizer: Any, profile: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
@@ -37,15 +38,18 @@ def profile_template(profile: Any) -> str | None:
 
 
 def encode_chat(tokenizer: Any, render: Any, messages: list[dict[str, Any]],
-                tools: list[dict[str, Any]] | None = None) -> tuple[list[int], str]:
+                tools: list[dict[str, Any]] | None = None, context_length: int | None = None) -> tuple[list[int], str]:
     """The token ids and text of the chat `render(messages, tools)` gives, where a special token typed in any client
     string (a message's content, a tool's description, ...) is text, not the control token: `<|im_start|>system` in
     a user message cannot open a system turn. The template's own special tokens stay control tokens.
 
     A chat without such strings is one plain encode. Otherwise the chat is rendered a second time with each such
     string replaced by a placeholder, so its place in the prompt is known; the template's parts are encoded as usual
-    and the client's strings with split_special_tokens."""
+    and the client's strings with split_special_tokens. `context_length`: a chat surely longer is refused before
+    it is tokenized (RequestError)."""
     text = render(messages, tools)
+    if context_length is not None:
+        check_text_fits(tokenizer, text, context_length, "messages")
     specials = [t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special and t.content]
     typed: dict[str, str] = {}  # a client string holding a special token -> its placeholder
     placed = _with_placeholders([messages, tools], specials, typed)

@@ -21,9 +21,15 @@ class ServerOptions(BaseModel):
     max_stop_chars: int = Field(default=256, ge=1)  # the longest stop string
     max_prompt_tokens: int | None = Field(default=None, ge=1)  # None: the context length (the backend checks it)
     max_total_tokens: int = Field(default=131072, ge=1)  # prompts x n x max_tokens of one request
+    # JSON values in one body (counted as its commas, before parsing; 64 prompts of 4096 token ids): parsing millions
+    # holds the GIL for seconds, stalling every stream, even for a request that a limit then refuses
+    max_json_values: int = Field(default=262144, ge=1)
     max_waiting: int = Field(default=256, ge=1)  # requests waiting for their first token; more get 429
     # the same, per client (its tenant_header value, else its address): one client's flood leaves room for others
     max_waiting_per_client: int = Field(default=64, ge=1)
+    # requests of one client in flight, from admission to the response's end: a client that stops reading its streams
+    # (or a flood of long ones) holds at most this many of the engine's seats, and the others' streams keep their pace
+    max_in_flight_per_client: int = Field(default=64, ge=1)
     queue_timeout_s: float = Field(default=300.0, gt=0)  # a request still without its first token then gets 503
     body_read_timeout_s: float = Field(default=30.0, gt=0)  # a body that trickles in longer gets 408
     stream_send_timeout_s: float = Field(default=30.0, gt=0)  # a stream its client stops reading is then cut off

@@ -149,6 +149,7 @@ class Request:
     response_format: dict[str, Any] | None = None  # OpenAI's, as asked; params.json_schema holds its schema
     documents: list[DocumentSpan] | None = None  # RAG cache hints
     cache_salt: str | None = None  # isolates this request's prefix-cache entries
+    client: str | None = None  # who asked (the server's tenant or remote address): admission is shared out by client
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):

@@ -41,8 +41,10 @@ _LIMIT_FLAGS = [
     ("max_stop", int, "stop strings and stop_token_ids per request"),
     ("max_prompt_tokens", whole_number, "tokens of one prompt (default: the context length)"),
     ("max_total_tokens", whole_number, "prompts x n x max_tokens of one request"),
+    ("max_json_values", whole_number, "JSON values (commas) in one request body; more get 413 before parsing"),
     ("max_waiting", whole_number, "requests waiting for their first token; more get 429"),
     ("max_waiting_per_client", whole_number, "the same for one client (its tenant header, else its address)"),
+    ("max_in_flight_per_client", whole_number, "requests of one client in flight (waiting or streaming); more get 429"),
     ("queue_timeout_s", float, "seconds a request may wait for its first token; then 503"),
     ("shutdown_grace_s", float, "seconds in-flight requests get after SIGTERM before they are aborted"),
     ("tenant_header", str, "the header naming a request's tenant: tenants never share cached prompts"),
@@ -95,6 +97,7 @@ def _serve_replicas(profile, args: argparse.Namespace, max_body: int) -> int:  #
 
     connection = replicas.connect(profile.parallel.replicas, args.ray_address)  # first: it checks Ray is there
     try:
+        from inferplug.server.guard import parse_api_keys
         from inferplug.server.replica_front import create_front
 
         api_key = args.api_key or os.environ.get(API_KEY_ENV) or None  # read here: a remote node has its own env
@@ -102,7 +105,8 @@ def _serve_replicas(profile, args: argparse.Namespace, max_body: int) -> int:  #
         where = connection.address or "a local Ray"
         print(f"inferplug: serving {profile.name} on {profile.parallel.replicas} replicas ({where}) at "
               f"http://{args.host}:{args.port}/v1", flush=True)
-        uvicorn.run(create_front(handle, board, max_body), host=args.host, port=args.port, log_level=args.log_level)
+        front = create_front(handle, board, max_body, parse_api_keys(api_key), profile.server)
+        uvicorn.run(front, host=args.host, port=args.port, log_level=args.log_level)
     finally:
         connection.close()
     return 0

@@ -23,6 +23,7 @@ from inferplug.engine.spec_decode import make_proposer
 from inferplug.engine.spec_verify import spec_stats
 from inferplug.errors import GenerationError, RequestError
 from inferplug.models.config import ModelConfig
+from inferplug.stages.prompt_bound import check_text_fits
 from inferplug.types import Event, FinishReason, Request, SamplingParams
 
 
@@ -93,8 +94,9 @@ class LLMEngine:
         if request.messages is not None:
             if self.render_chat is None:
                 raise RequestError("this engine has no chat template; send a prompt instead", param="messages")
-            return encode_chat(self.tokenizer, self.render_chat, request.messages, request.tools)
+            return encode_chat(self.tokenizer, self.render_chat, request.messages, request.tools, self.max_model_len)
         if isinstance(request.prompt, str):
+            check_text_fits(self.tokenizer, request.prompt, self.max_model_len, "prompt")
             return self.tokenizer.encode(request.prompt), request.prompt
         return list(request.prompt), None
 

@@ -82,8 +82,8 @@ class RequestState:
                 generator = torch.Generator(device=device).manual_seed(p.seed + index)
             guide = _make_guide(tokenizer, p.json_schema) if p.json_schema is not None else None
             seqs.append(Sequence(request.request_id, index, list(prompt_ids), p, max_tokens,
-                                 cache_salt=request.cache_salt, generator=generator, guide=guide,
-                                 output=output.choices[0 if p.use_beam_search else index]))
+                                 cache_salt=request.cache_salt, client=request.client, generator=generator,
+                                 guide=guide, output=output.choices[0 if p.use_beam_search else index]))
         stop_ids = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_ids))
         beams = BeamSearch(p.beam_width, p.length_penalty, p.early_stopping, max_tokens, stop_ids) \
             if p.use_beam_search else None

@@ -1,7 +1,8 @@
 """Iteration-level scheduling with no prefill/decode phases (vLLM v1's idea).
 
 Each step hands out a token budget: running sequences first (a decode is one token, an
-unfinished prefill gets the next chunk), then waiting ones in arrival order. When the pool runs
+unfinished prefill gets the next chunk), then waiting ones in arrival order, shared out between clients (each
+admission goes to a client with the fewest running sequences). When the pool runs
 short, the newest running sequence is preempted by recompute: its blocks go back to the pool,
 its full blocks usually stay cached, and it rejoins the front of the queue.
 
@@ -19,7 +20,7 @@ accepted ones and returns the rejected slots; the proposer rolls its own state b
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from typing import Any, Protocol
 
 from inferplug.engine.block_manager import BlockManager
@@ -140,14 +141,13 @@ class Scheduler:
             return scheduled
         seats = sum(_seats(seq) for seq in self.running)
         while (self.waiting and min(budget, prefill_budget) > 0
-               and seats + _seats(self.waiting[0]) <= self.max_num_seqs):
-            seq = self.waiting[0]
+               and seats + _seats(seq := self._next_waiting()) <= self.max_num_seqs):
             hits = self._prefix_hits(seq)
             computed = len(hits) * self.blocks.block_size
             n = self._chunk(seq, computed, min(budget, prefill_budget))
             if not self.blocks.allocate(seq, computed + n, hits):
                 break
-            self.waiting.popleft()
+            self.waiting.remove(seq)
             self._admit(seq, computed)
             seats += _seats(seq)
             scheduled.append((seq, n))
@@ -263,6 +263,19 @@ class Scheduler:
         self.num_spec_steps += 1
         self._trim_proposal(seq, 0)
         return proposed - accepted
+
+    def _next_waiting(self) -> Sequence:
+        """The waiting sequence to admit next: the first, in queue order, of a client with the fewest running seats.
+        So one client's flood (its n > 1 siblings and preempted sequences queue first) holds another's request
+        back for one freed seat at most, not for the whole flood. With one client (or none named): the queue's head."""
+        running = Counter(seq.client for seq in self.running)
+        best = self.waiting[0]
+        for seq in self.waiting:
+            if not running[seq.client]:
+                return seq
+            if running[seq.client] < running[best.client]:
+                best = seq
+        return best
 
     def _prefix_hits(self, seq: Sequence) -> list[int]:
         """Cached blocks of seq's longest cached prefix, exact first, then blocks filled from the prefix source."""

@@ -27,6 +27,7 @@ class Sequence:
     params: SamplingParams
     max_tokens: int  # resolved against the context length
     cache_salt: str | None = None
+    client: str | None = None  # the request's client: the scheduler shares admission out between clients
     generator: Any = None  # torch.Generator when the request has a seed
     guide: Any = None  # constrained decoding (engine.guided); fill_mask / accept / is_terminated
     output: Any = None  # stages.output.ChoiceOutput: text, stop checks, timings

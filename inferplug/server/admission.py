@@ -25,12 +25,11 @@ async def until_disconnect(request: Request) -> None:
         pass
 
 
-def _check_room(waiting: int, limit: int, key: str, what: str) -> None:
-    if waiting >= limit:
+def _check_room(count: int, limit: int, key: str, what: str) -> None:
+    if count >= limit:
         flag = key.replace("_", "-")
-        raise LimitExceeded(f"{waiting} {what} are already waiting for their first token, this server's limit "
-                            f"([server] {key}, inferplug serve --{flag}): retry after {RETRY_AFTER_S} s",
-                            limit=key, status=429, retry_after=RETRY_AFTER_S)
+        raise LimitExceeded(f"{count} {what}, this server's limit ([server] {key}, inferplug serve --{flag}): retry "
+                            f"after {RETRY_AFTER_S} s", limit=key, status=429, retry_after=RETRY_AFTER_S)
 
 
 class Admission:
@@ -38,13 +37,15 @@ class Admission:
         self.options = options
         self.waiting = 0  # the event loop's own counts: no lock
         self.by_client: dict[str, int] = {}
+        self.in_flight: dict[str, int] = {}  # a client's requests from admission until their generation closes
 
     @contextlib.contextmanager
     def slot(self, client: str) -> Iterator[None]:
         """A place in the waiting line, held until the first token (or the failure) arrives."""
-        _check_room(self.waiting, self.options.max_waiting, "max_waiting", "requests")
+        _check_room(self.waiting, self.options.max_waiting, "max_waiting",
+                    "requests are already waiting for their first token")
         _check_room(self.by_client.get(client, 0), self.options.max_waiting_per_client, "max_waiting_per_client",
-                    "requests of this client")
+                    "requests of this client are already waiting for their first token")
         self.waiting += 1
         self.by_client[client] = self.by_client.get(client, 0) + 1
         try:
@@ -55,10 +56,24 @@ class Admission:
             if not self.by_client[client]:
                 del self.by_client[client]
 
+    def _hold(self, generation: Generation, client: str) -> None:
+        """A place among the client's requests in flight, given back when its generation closes (however it ends)."""
+        _check_room(self.in_flight.get(client, 0), self.options.max_in_flight_per_client,
+                    "max_in_flight_per_client", "requests of this client are in flight")
+        self.in_flight[client] = self.in_flight.get(client, 0) + 1
+
+        def release() -> None:
+            self.in_flight[client] -= 1
+            if not self.in_flight[client]:
+                del self.in_flight[client]
+
+        generation.on_close(release)
+
     async def start(self, generation: Generation, request: Request, client: str) -> bool:
         """Start the generation (its first events in); False when the client left first (then it is aborted).
         A RequestError of the backend's is raised; past queue_timeout_s, a 503 LimitExceeded."""
         timeout = self.options.queue_timeout_s
+        self._hold(generation, client)
         with self.slot(client):
             starting = asyncio.create_task(generation.start())
             leaving = asyncio.create_task(until_disconnect(request))

@@ -20,7 +20,7 @@ from inferplug.errors import BackendUnavailable, InferPlugError, LimitExceeded, 
 from inferplug.profile_server import ServerOptions
 from inferplug.server.admission import Admission
 from inferplug.server.error_json import error_body, error_response
-from inferplug.server.guard import BodySizeLimit, RequestGuard
+from inferplug.server.guard import BodySizeLimit, RequestGuard, parse_api_keys
 from inferplug.server.metrics import ServerMetrics
 
 __all__ = ["BodySizeLimit", "create_app", "error_body", "error_response"]  # the replica front's imports too
@@ -43,8 +43,7 @@ def create_app(backend: Backend, *, api_key: str | None = None, max_body_bytes: 
 
     app = FastAPI(title="inferplug", version="1", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.backend = backend
-    keys = [k.strip() for k in (api_key or os.environ.get(API_KEY_ENV) or "").split(",") if k.strip()]
-    app.state.api_keys = tuple(keys) or None
+    app.state.api_keys = parse_api_keys(api_key or os.environ.get(API_KEY_ENV))
     app.state.options = options or getattr(getattr(backend, "profile", None), "server", None) or ServerOptions()
     app.state.metrics = ServerMetrics(backend)
     app.state.admission = Admission(app.state.options)
@@ -87,7 +86,8 @@ def create_app(backend: Backend, *, api_key: str | None = None, max_body_bytes: 
         return error_response(str(exc.detail), exc.status_code)
 
     opts = app.state.options
-    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes, read_timeout=opts.body_read_timeout_s)
+    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes, read_timeout=opts.body_read_timeout_s,
+                       max_values=opts.max_json_values)
     app.add_middleware(RequestGuard, api_keys=app.state.api_keys, allowed_hosts=opts.allowed_hosts)  # runs first
     return app
 

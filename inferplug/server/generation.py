@@ -11,7 +11,7 @@ import asyncio
 import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from inferplug.backends.base import Backend
@@ -53,6 +53,10 @@ class Generation:
                                          i * n + j, j == 0))
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._tasks: list[asyncio.Task] = []
+        self._on_close: list[Callable[[], None]] = []  # run once, by the first aclose
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        self._on_close.append(callback)
 
     @property
     def request_ids(self) -> list[str]:
@@ -114,6 +118,9 @@ class Generation:
         and that scope would cancel these awaits too."""
         import anyio
 
+        callbacks, self._on_close = self._on_close, []
+        for callback in callbacks:
+            callback()
         with anyio.CancelScope(shield=True):
             for task in self._tasks:
                 task.cancel()

@@ -10,6 +10,7 @@ import secrets
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from inferplug.profile_server import ServerOptions
 from inferplug.server.error_json import error_response
 
 OPEN_PATHS = ("/health",)  # a load balancer's probe needs no key
@@ -30,6 +31,19 @@ def _host_name(header: str) -> str:
     if header.startswith("["):
         return header[1:].split("]", 1)[0]
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def parse_api_keys(value: str | None) -> tuple[str, ...] | None:
+    """The server's keys from --api-key or INFERPLUG_API_KEY: comma-separated, one per tenant (None: no key)."""
+    return tuple(k.strip() for k in (value or "").split(",") if k.strip()) or None
+
+
+def guarded(app: ASGIApp, api_keys: tuple[str, ...] | None, options: ServerOptions, max_body_bytes: int) -> ASGIApp:
+    """`app` behind the Host and key checks, then the body limits: create_app's middleware, for a bare ASGI app (the
+    replica front, which must refuse a request before it reads the body it would route)."""
+    limited = BodySizeLimit(app, max_bytes=max_body_bytes, read_timeout=options.body_read_timeout_s,
+                            max_values=options.max_json_values)
+    return RequestGuard(limited, api_keys=api_keys, allowed_hosts=options.allowed_hosts)
 
 
 def key_problem(authorization: str, expected: tuple[str, ...] | None) -> str | None:
@@ -78,11 +92,13 @@ class RequestGuard:
 
 
 class BodySizeLimit:
-    """413 for a body over `max_bytes`, declared in Content-Length or streamed in chunks; 408 for a body that
-    takes longer than `read_timeout` to arrive (a slow client holding a connection open)."""
+    """413 for a body over `max_bytes`, declared in Content-Length or streamed in chunks, or with more than
+    `max_values` commas (an upper bound on its JSON values, counted at C speed without parsing: json.loads and
+    validation of millions of values hold the GIL for seconds, and every stream with it); 408 for a body that takes
+    longer than `read_timeout` to arrive (a slow client holding a connection open)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, read_timeout: float = 30.0):
-        self.app, self.max_bytes, self.read_timeout = app, max_bytes, read_timeout
+    def __init__(self, app: ASGIApp, max_bytes: int, read_timeout: float = 30.0, max_values: int | None = None):
+        self.app, self.max_bytes, self.read_timeout, self.max_values = app, max_bytes, read_timeout, max_values
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -104,6 +120,10 @@ class BodySizeLimit:
             more = message.get("more_body", False)
             if len(body) > self.max_bytes:
                 return await self._too_large(scope, receive, send)
+        if self.max_values is not None and len(body) > self.max_values and body.count(b",") > self.max_values:
+            message = (f"the request body holds over {self.max_values} JSON values, this server's limit ([server] "
+                       "max_json_values, --max-json-values): send fewer prompts or shorter token-id lists")
+            return await error_response(message, 413, code="max_json_values")(scope, receive, send)
         replayed = False
 
         async def replay() -> Message:

@@ -1,6 +1,7 @@
 """The HTTP side of `inferplug serve` with replicas: an ASGI app that hands each request to a replica.
 
-It reads the body (under the size limit), names the prompt for the router, and relays what the replica's
+It checks the Host and the API key first (server/guard.py), then reads the body (under the size limit and read
+deadline), names the prompt for the router, and relays what the replica's
 app sends. A client that leaves cancels the call, so the replica aborts its generation. A replica that dies
 mid-request fails that request with a clear error (a 503 before the response began, an error event in a
 stream); requests on the other replicas go on, and Serve routes new ones around it while Ray replaces it.
@@ -15,8 +16,9 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import Receive, Scope, Send
 
-from inferplug.server.guard import BodySizeLimit
+from inferplug.profile_server import ServerOptions
 from inferplug.server.error_json import error_body, error_response
+from inferplug.server.guard import guarded
 from inferplug.server.metrics_merge import merge_replica_metrics
 from inferplug.server.replica_engine import RoutedRequest
 
@@ -142,5 +144,8 @@ async def _until_disconnect(receive: Receive) -> None:
         pass
 
 
-def create_front(handle: Any, board: Any, max_body_bytes: int) -> Any:
-    return BodySizeLimit(ReplicaFront(handle, board), max_bytes=max_body_bytes)
+def create_front(handle: Any, board: Any, max_body_bytes: int, api_keys: tuple[str, ...] | None,
+                 options: ServerOptions) -> Any:
+    """The front behind the same guard as create_app's: a wrong key or a foreign Host is refused before a byte of the
+    body is read or routed (each replica's app checks the key again)."""
+    return guarded(ReplicaFront(handle, board), api_keys, options, max_body_bytes)

@@ -107,14 +107,15 @@ async def _generate(kind: str, body: CompletionRequest | ChatCompletionRequest, 
     backend = request.app.state.backend
     await check_prompt_tokens(backend, prepared, request.app.state.options)
     salt = cache_salt(request.headers, request.app.state.options, request.app.state.api_keys is not None)
+    client = _client(request, salt)
     for p in prepared:
-        p.request.cache_salt = salt
+        p.request.cache_salt, p.request.client = salt, client
     generation = Generation(backend, [p.request for p in prepared])
     n = prepared[0].request.params.n
     builder = ResponseBuilder(kind, body.model, len(prepared) * n, want_logprobs, prepared[0].tools or None,
                               prepared[0].parallel_tool_calls, prepared[0].tool_required, **builder_kw)
     try:
-        started = await request.app.state.admission.start(generation, request, _client(request))
+        started = await request.app.state.admission.start(generation, request, client)
     except BaseException:
         await generation.aclose()
         raise
@@ -181,11 +182,10 @@ async def _sse(generation: Generation, builder: ResponseBuilder, include_usage: 
         await generation.aclose()
 
 
-def _client(request: Request) -> str:
-    """Who a request's waiting counts against: its tenant (the [server] tenant_header), else its remote address."""
-    header = request.app.state.options.tenant_header
-    tenant = request.headers.get(header) if header else None
-    return f"tenant:{tenant}" if tenant else f"address:{request.client.host if request.client else '?'}"
+def _client(request: Request, salt: str | None) -> str:
+    """Who a request's waiting and its share of the engine's seats count for: its tenant (API key and [server]
+    tenant_header, as its cache salt names it), else its remote address."""
+    return f"tenant:{salt}" if salt else f"address:{request.client.host if request.client else '?'}"
 
 
 def _failure(request: Request, error: str) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from inferplug.chat_template import encode_chat
 from inferplug.errors import RequestError
+from inferplug.stages.prompt_bound import check_text_fits
 from inferplug.types import Request, SamplingParams
 
 if TYPE_CHECKING:
@@ -33,8 +34,10 @@ def prompt_token_ids(backend: Backend, request: Request) -> list[int]:
     """The request's prompt as token ids, checked against the vocabulary and the context."""
     tokenizer = backend.tokenizer
     if request.messages is not None:
-        ids, _ = encode_chat(tokenizer, backend.apply_chat_template, request.messages, request.tools)
+        ids, _ = encode_chat(tokenizer, backend.apply_chat_template, request.messages, request.tools,
+                             backend.context_length)
     elif isinstance(request.prompt, str):
+        check_text_fits(tokenizer, request.prompt, backend.context_length, "prompt")
         ids = tokenizer.encode(request.prompt)
     else:
         ids = list(request.prompt or [])

@@ -67,3 +67,13 @@ def test_metrics_and_the_openapi_schema_need_the_key_and_health_does_not(server_
     assert "/v1/chat/completions" in httpx.get(base + "/openapi.json", headers={"Authorization": "Bearer k"}).json()[
         "paths"]
     assert httpx.get(base + "/health").status_code == 200
+
+
+def test_a_body_of_too_many_json_values_is_refused_before_it_is_parsed(server_factory, tiny_backend):
+    server = server_factory(tiny_backend, options=ServerOptions(max_json_values=1000))
+    many = {"model": "tiny", "max_tokens": 1, "prompt": [[1]] * 2000}
+    reply = httpx.post(server.url + "/completions", json=many, timeout=30)
+    assert reply.status_code == 413 and reply.json()["error"]["code"] == "max_json_values"
+    assert "max_json_values" in reply.json()["error"]["message"]
+    few = {**many, "prompt": [[1]] * 4}  # under the count: parsed and served
+    assert httpx.post(server.url + "/completions", json=few, timeout=30).status_code == 200

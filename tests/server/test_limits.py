@@ -68,8 +68,12 @@ def test_the_issues_8_mib_batch_of_one_token_prompts_is_refused_at_once(server_f
     started = time.monotonic()
     reply = httpx.post(server.url + "/completions", content=body, headers={"Content-Type": "application/json"},
                        timeout=120)
-    assert reply.status_code == 400 and reply.json()["error"]["code"] == "max_prompts"
+    # refused before it is parsed: its 2M values are over max_json_values
+    assert reply.status_code == 413 and reply.json()["error"]["code"] == "max_json_values"
     assert time.monotonic() - started < 60  # a bound for a hang, not a timing
+    fewer = b'{"model": "tiny-llama", "n": 128, "prompt": [' + b"[1]," * 99 + b"[1]]}"  # parsed: max_prompts then
+    reply = httpx.post(server.url + "/completions", content=fewer, headers={"Content-Type": "application/json"})
+    assert reply.status_code == 400 and reply.json()["error"]["code"] == "max_prompts"
     assert server.client().completions.create(model="tiny-llama", prompt="hi", max_tokens=2).choices
 
 

@@ -147,23 +147,31 @@ def test_when_the_step_thread_dies_requests_fail_clearly_and_health_says_unhealt
         close_backend(str(path))
 
 
-def test_one_clients_flood_leaves_room_for_another(native, server_factory):
-    server = server_factory(native, options=ServerOptions(max_waiting=8, max_waiting_per_client=1,
-                                                          tenant_header="X-Tenant"))
-
-    def chat(tenant: str):
-        return httpx.post(server.url + "/chat/completions", json=CHAT, headers={"X-Tenant": tenant}, timeout=60)
-
+def refused_then_other_served(native, chat, code: str) -> None:
+    """With the engine frozen, client "busy"'s first request queues, its second gets 429 `code` and another client's
+    still queues; once the engine runs, both queued requests are served."""
     with frozen(native):
-        first = in_background(lambda: chat("flood"))
+        first = in_background(lambda: chat("busy"))
         until(lambda: len(native.engine._inbox) == 1, what="the first request queues")
-        again = chat("flood")
-        assert again.status_code == 429 and again.json()["error"]["code"] == "max_waiting_per_client"
+        again = chat("busy")
+        assert again.status_code == 429 and again.headers["Retry-After"] == "1"
+        assert again.json()["error"]["code"] == code
         other = in_background(lambda: chat("other"))
         until(lambda: len(native.engine._inbox) == 2, what="the other client's request queues")
     for box in (first, other):
         box["thread"].join(timeout=60)
         assert box["out"].status_code == 200
+
+
+def tenant_chat(server):
+    return lambda tenant: httpx.post(server.url + "/chat/completions", json=CHAT, headers={"X-Tenant": tenant},
+                                     timeout=60)
+
+
+def test_one_clients_flood_leaves_room_for_another(native, server_factory):
+    server = server_factory(native, options=ServerOptions(max_waiting=8, max_waiting_per_client=1,
+                                                          tenant_header="X-Tenant"))
+    refused_then_other_served(native, tenant_chat(server), "max_waiting_per_client")
 
 
 def test_prompts_are_rendered_tokenized_and_compiled_while_a_step_holds_the_engine(native, server_factory):
@@ -179,3 +187,11 @@ def test_prompts_are_rendered_tokenized_and_compiled_while_a_step_holds_the_engi
         assert prompt.text == rendered and prompt.ids == native.tokenizer.encode(rendered, add_special_tokens=False)
     good["thread"].join(timeout=60)
     assert good["out"].status_code == 200 and good["out"].json()["usage"]["prompt_tokens"] == len(prompt.ids)
+
+
+def test_past_max_in_flight_per_client_a_client_gets_429_while_another_is_served(native, server_factory):
+    server = server_factory(native, options=ServerOptions(max_in_flight_per_client=1, tenant_header="X-Tenant"))
+    chat = tenant_chat(server)
+    refused_then_other_served(native, chat, "max_in_flight_per_client")
+    assert chat("busy").status_code == 200  # the finished request gave its place back
+    assert settled(native)["kv_blocks_used"] == 0

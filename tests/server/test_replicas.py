@@ -20,6 +20,7 @@ import openai
 import pytest
 
 from inferplug.server.launch import start_serve
+from tests.server.test_guard import raw_exchange
 from tests.server.test_serve_command import stop
 
 pytestmark = pytest.mark.slow
@@ -69,12 +70,12 @@ class Replicated:
 
     def replicas(self) -> dict[str, int]:
         """replica id -> pid, from /metrics."""
-        text = httpx.get(self.base + "/metrics", timeout=30).text
+        text = httpx.get(self.base + "/metrics", headers=self.auth, timeout=30).text
         rows = [line for line in text.splitlines() if line.startswith("inferplug_replica_info{")]
         return {row.split('replica="')[1].split('"')[0]: int(row.split('pid="')[1].split('"')[0]) for row in rows}
 
     def metric(self, sample: str, replica: str) -> float:
-        text = httpx.get(self.base + "/metrics", timeout=30).text
+        text = httpx.get(self.base + "/metrics", headers=self.auth, timeout=30).text
         for line in text.splitlines():
             if line.startswith(sample + "{") and f'replica="{replica}"' in line:
                 return float(line.rsplit(" ", 1)[1])
@@ -148,6 +149,15 @@ def test_api_key_and_metrics_per_replica_and_summed(replicated):
     until(settled, 120, "per-replica and summed generation tokens")
 
 
+def test_the_front_refuses_a_missing_key_before_the_body_arrives(replicated):
+    head = ("POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            "Content-Length: 100000\r\n")
+    started = time.monotonic()
+    answer = raw_exchange(replicated.base, head, wait=15)  # no body is ever sent: no replica sees this request
+    assert answer.startswith("HTTP/1.1 401") and "invalid_api_key" in answer, answer
+    assert time.monotonic() - started < 15  # a bound for a hang: the front did not wait for the body
+
+
 def test_client_leaving_a_stream_aborts_it_on_its_replica(replicated):
     stream = replicated.client().chat.completions.with_streaming_response.create(
         model="tiny", messages=[{"role": "user", "content": "r leaves early"}], max_tokens=LONG_TOKENS, stream=True,
@@ -156,8 +166,9 @@ def test_client_leaving_a_stream_aborts_it_on_its_replica(replicated):
         replica = response.headers["x-inferplug-replica"]
         next(iter(response.parse()))
     sample = "inferplug_requests_total"
+    metrics = replicated.base + "/metrics"
     until(lambda: any(f'status="499"' in line and f'replica="{replica}"' in line and line.startswith(sample)
-                      for line in httpx.get(replicated.base + "/metrics", timeout=30).text.splitlines()),
+                      for line in httpx.get(metrics, headers=replicated.auth, timeout=30).text.splitlines()),
           120, "the replica counting the abandoned stream as 499")
 
 

@@ -1,0 +1,26 @@
+"""A lower bound on a text's token count without tokenizing it: no token stands for more bytes than the
+vocabulary's longest entry (its UTF-8 length, itself at least the bytes it stands for), so a text of B bytes has at
+least B / longest tokens. A prompt megabytes over the context is refused at once, instead of being tokenized for
+seconds while it holds a core (issue 29: an 8 MiB prompt)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from inferplug.errors import RequestError
+
+
+@functools.lru_cache(maxsize=16)
+def longest_token_bytes(tokenizer: Any) -> int:
+    return max((len(token.encode()) for token in tokenizer.get_vocab()), default=1) or 1
+
+
+def check_text_fits(tokenizer: Any, text: str, context_length: int, param: str) -> None:
+    """RequestError when `text` surely has more tokens than the context holds (a text that may fit passes)."""
+    if len(text) < context_length:  # fewer characters than the context: it fits whatever the tokenizer
+        return
+    least = len(text.encode()) // longest_token_bytes(tokenizer)
+    if least >= context_length:
+        raise RequestError(f"the prompt's {len(text)} characters make at least {least} tokens, but the context holds "
+                           f"{context_length}: shorten the prompt or raise max_model_len", param=param)
