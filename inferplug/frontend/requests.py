@@ -19,6 +19,12 @@ from inferplug.rag.layout import DocumentMemory, document_spans
 from inferplug.types import Request, SamplingParams
 
 
+# Greedy decoding under a grammar can trap a small model in a loop inside a free-text string (SmolLM2-135M writes
+# "sampu, sampu, ..." until max_tokens and the JSON never closes); a mild penalty lets it finish the value. Decided
+# here, once, so a JSON schema answers alike from every front end; a call's or the profile's own value wins.
+CONSTRAINED_REPETITION_PENALTY = 1.2
+
+
 class UncachedDocumentsWarning(UserWarning):
     """Document cache hints were given to a backend without a document cache; the request runs uncached."""
 
@@ -85,7 +91,10 @@ def build_request(
         if options.get("json_schema") is not None:
             raise RequestError("give the JSON schema once: response_format or json_schema", param="response_format")
         options["json_schema"] = schema
-    params = sampling_params(backend.profile.sampling.defaults(), **options)
+    defaults = backend.profile.sampling.defaults()
+    if options.get("json_schema") is not None and "repetition_penalty" not in defaults:
+        defaults["repetition_penalty"] = CONSTRAINED_REPETITION_PENALTY
+    params = sampling_params(defaults, **options)
     offered, required = select_tools(tools or [], tool_choice)
     # a named function is one call (as in vLLM); "required" with parallel calls is a non-empty array of them
     parallel = parallel_tool_calls and tool_choice in (None, "auto", "any", "required", True)
