@@ -3,7 +3,8 @@
 A ChoiceOutput turns one choice's tokens into text (incremental detokenizing; a reasoning model's
 think part moved to Event.reasoning), ends the choice on a stop token id, EOS, a stop string, the
 end of its grammar or its length, and formats logprobs. A
-RequestOutput holds a request's choices and puts usage and timings on its last event.
+RequestChoices holds a request's choices and puts usage and timings on its last event. (It was also named
+RequestOutput, the public type's name: inferplug.RequestOutput is the one request output.)
 Engines hand over raw token ids only; nothing here touches KV blocks or token counts.
 """
 
@@ -94,7 +95,7 @@ class ChoiceOutput:
 
 
 @dataclass
-class RequestOutput:
+class RequestChoices:
     """A request's choices; its last event carries usage and timings."""
 
     choices: list[ChoiceOutput]
@@ -103,7 +104,7 @@ class RequestOutput:
 
     @classmethod
     def create(cls, request_id: str, tokenizer: Any, prompt_ids: list[int], params: SamplingParams,
-               eos_ids: Collection[int], max_tokens: int, reasoning_parser: str | None = None) -> RequestOutput:
+               eos_ids: Collection[int], max_tokens: int, reasoning_parser: str | None = None) -> RequestChoices:
         return cls([ChoiceOutput(request_id, i, tokenizer, prompt_ids, params, eos_ids, max_tokens, reasoning_parser)
                     for i in range(params.n)], len(prompt_ids))
 
@@ -127,3 +128,14 @@ class RequestOutput:
                      for c in self.choices if c.first_token_time and c.finished_time and c.num_tokens > 1]
         return Timings(queued=started - arrival, ttft=min(first_tokens) - arrival if first_tokens else None,
                        tpot=sum(per_token) / len(per_token) if per_token else None, e2e=end - arrival)
+
+
+def __getattr__(name: str) -> Any:
+    """The old name, for one release: it warns, naming the new ones."""
+    if name == "RequestOutput":
+        import warnings
+
+        warnings.warn("inferplug.stages.output.RequestOutput is renamed RequestChoices (the output stage's per-request "
+                      "state); the public request output is inferplug.RequestOutput", DeprecationWarning, stacklevel=2)
+        return RequestChoices
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
