@@ -73,7 +73,7 @@ class ResultBuilder:
     def build(self) -> Result:
         self.result.text = "".join(self._parts)
         self.result.reasoning = "".join(self._reasoning)
-        self.result.tool_calls = calls_from_deltas(self._call_deltas)
+        self.result.tool_calls = calls_from_deltas(self._call_deltas) if self._call_deltas else []
         return self.result
 
 

@@ -16,6 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 OURS = (str(ROOT / "inferplug") + "/", str(ROOT / "integrations") + "/")
 
 
+_EXPRESSIONS = {"<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"}  # frames of expressions, not calls
+
+
 class CallCounter:
     def __init__(self, opaque: set[tuple[str, str]]):
         """opaque: (file name, qualified name) of the functions whose insides are not counted."""
@@ -35,7 +38,7 @@ class CallCounter:
         if event != "call" or inside is not None:
             return
         code = frame.f_code
-        if not code.co_filename.startswith(OURS):
+        if not code.co_filename.startswith(OURS) or code.co_name in _EXPRESSIONS:
             return
         key = (str(Path(code.co_filename).relative_to(ROOT)), code.co_qualname)
         if key in self.opaque:
