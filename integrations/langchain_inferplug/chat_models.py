@@ -16,7 +16,7 @@ from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from inferplug.errors import RequestError
-from inferplug.frontend.calls import Result, ResultBuilder, aiter_events
+from inferplug.frontend.calls import Result, ResultBuilder
 from inferplug.frontend.openai_logprobs import chat_logprobs
 from inferplug.frontend.requests import Prepared, build_request
 from inferplug.types import ToolCallDelta
@@ -114,7 +114,7 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
         if run_manager is not None and run_manager.handlers:
             return await agenerate_from_stream(self._astream_prepared(prepared, run_manager))
         deadline, builder = self._deadline(), ResultBuilder()
-        async for event in aiter_events(prepared.backend, prepared.request, at_end=deadline is None):
+        async for event in prepared.backend.stream_async(prepared.request, at_end=deadline is None):
             self._check_deadline(deadline)
             builder.add(event)
         return ChatResult(generations=[ChatGeneration(message=self._message(builder.build(), prepared))])
@@ -128,7 +128,7 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
     async def _astream_prepared(self, prepared: Prepared, run_manager: AsyncCallbackManagerForLLMRun | None
                                 ) -> AsyncIterator[ChatGenerationChunk]:
         stream, deadline = _ChunkStream(self, prepared), self._deadline()
-        async for event in aiter_events(prepared.backend, prepared.request):
+        async for event in prepared.backend.stream_async(prepared.request):
             self._check_deadline(deadline)
             for chunk in stream.step(event):
                 if run_manager:

@@ -28,7 +28,7 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 
 from inferplug.frontend.binding import bind_profile, usage_counts
-from inferplug.frontend.calls import Result, ResultBuilder, acollect, aiter_events, collect
+from inferplug.frontend.calls import Result, ResultBuilder, acollect, collect
 from inferplug.frontend.requests import Prepared, build_request
 from inferplug.rag.layout import DocumentMemory
 from inferplug.types import SamplingParams, TokenLogprob
@@ -150,7 +150,7 @@ class InferPlug(FunctionCallingLLM):
 
         async def gen() -> ChatResponseAsyncGen:
             stream = _ChatStream(self, prepared)
-            async for event in aiter_events(self.backend, prepared.request):
+            async for event in self.backend.stream_async(prepared.request):
                 if (response := stream.step(event)) is not None:
                     yield response
 
