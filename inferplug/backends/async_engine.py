@@ -24,6 +24,7 @@ from inferplug.backends.bridge import EventChannel, consume_async
 from inferplug.engine.llm_engine import LLMEngine
 from inferplug.engine.prompt_stage import PromptIds, PromptStage
 from inferplug.errors import BackendUnavailable
+from inferplug.stages.prompt import encode_prompt
 from inferplug.types import Event, Request, Usage
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ class AsyncEngine:
         self._closed = False
         self.failure: str | None = None  # why the step thread stopped, when it died
         self._snapshot = engine.stats()
-        self._stage = PromptStage(engine.encode, engine.tokenizer)
+        self._stage = PromptStage(partial(encode_prompt, engine.tokenizer, engine.render_chat), engine.tokenizer)
         self._thread = threading.Thread(target=self._loop, name="inferplug-engine", daemon=True)
         self._thread.start()
 

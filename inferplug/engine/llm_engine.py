@@ -7,7 +7,6 @@ from typing import Any
 
 import torch
 
-from inferplug.chat_template import encode_chat
 from inferplug.engine.block_manager import BlockManager
 from inferplug.engine.config import EngineConfig
 from inferplug.engine.doc_cache import DocumentKVCache
@@ -23,6 +22,7 @@ from inferplug.engine.spec_decode import make_proposer
 from inferplug.engine.spec_verify import spec_stats
 from inferplug.errors import GenerationError, RequestError
 from inferplug.models.config import ModelConfig
+from inferplug.stages.prompt import encode_prompt
 from inferplug.types import Event, FinishReason, Request, SamplingParams
 
 
@@ -89,14 +89,9 @@ class LLMEngine:
 
     # --- requests ---------------------------------------------------------------
     def encode(self, request: Request) -> tuple[list[int], str | None]:
-        """The prompt's token ids (and its text, when it had one). Raises RequestError on bad input."""
-        if request.messages is not None:
-            if self.render_chat is None:
-                raise RequestError("this engine has no chat template; send a prompt instead", param="messages")
-            return encode_chat(self.tokenizer, self.render_chat, request.messages, request.tools)
-        if isinstance(request.prompt, str):
-            return self.tokenizer.encode(request.prompt), request.prompt
-        return list(request.prompt), None
+        """The prompt's token ids (and its text, when it had one), by the prompt stage (stages/prompt.py). Raises
+        RequestError on bad input."""
+        return encode_prompt(self.tokenizer, self.render_chat, request)
 
     def add_request(self, request: Request, prompt_ids: list[int] | None = None, text: str | None = None) -> None:
         """prompt_ids (and text, their prompt text, for document hints): encode(request)'s, when the caller has them."""

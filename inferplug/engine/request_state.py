@@ -10,7 +10,7 @@ from inferplug.engine.beam_search import BeamSearch
 from inferplug.engine.sequence import Sequence
 from inferplug.errors import RequestError
 from inferplug.stages.output import RequestChoices
-from inferplug.stages.prompt import check_prompt_ids
+from inferplug.stages.prompt import check_prompt_ids, max_new_tokens
 from inferplug.types import Event, Request, SamplingParams
 
 
@@ -70,8 +70,7 @@ class RequestState:
         import torch
 
         p = request.params
-        room = max_model_len - len(prompt_ids)
-        max_tokens = min(p.max_tokens or room, room)
+        max_tokens = max_new_tokens(p, len(prompt_ids), max_model_len)
         output = RequestChoices.create(request.request_id, tokenizer, prompt_ids, p, eos_ids, max_tokens,
                                        reasoning_parser)
         seqs = []
