@@ -3,8 +3,9 @@ engine's critical path).
 
 64 chat requests on one event loop, each streamed with Backend.stream_async, greedy, ignore_eos, the same output
 length; a short prompt each. TPOT per stream is measured where the caller reads the events (the time from its
-first token's event to its last, over its tokens - 1) and, for comparison, as the engine reports it (Event.timings).
-Prints the medians and writes JSON. The machine is noisy: quote medians of several rounds.
+first token's event to its last, over its tokens - 1) and, for comparison, as the engine reports it (Event.timings);
+and what the output stage costs a token, and so its share of a step at this many streams. Prints the medians and
+writes JSON. The machine is noisy: quote medians of several rounds.
 
     .venv/bin/python bench/stream_tpot.py --streams 64 --tokens 32 --rounds 3
 """
@@ -47,6 +48,21 @@ async def one_round(backend, streams: int, tokens: int, round_index: int) -> dic
             "engine_tpot_median_s": statistics.median(engine)}
 
 
+def output_stage_us_per_token(tokenizer, rounds: int = 20) -> float:
+    """What the output stage costs a token (detokenizing, two stop strings), in microseconds: its share of a step
+    is this times the streams, over the step's time."""
+    from inferplug.stages.output import ChoiceOutput
+    from inferplug.types import SamplingParams
+
+    ids = tokenizer.encode("The model reads a long document about rivers, mountains and cities. " * 8)
+    start = time.perf_counter()
+    for _ in range(rounds):
+        choice = ChoiceOutput("bench", 0, tokenizer, ids[:4], SamplingParams(stop=["\n\n", "User:"]), set(), 10**6)
+        for token in ids:
+            choice.on_token(token)
+    return (time.perf_counter() - start) / (rounds * len(ids)) * 1e6
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="smollm2-135m")
@@ -63,12 +79,17 @@ def main() -> None:
     try:
         asyncio.run(one_round(backend, 4, 4, -1))  # warm up: kernels, first allocations
         rounds = [asyncio.run(one_round(backend, args.streams, args.tokens, r)) for r in range(args.rounds)]
+        output_us = output_stage_us_per_token(backend.tokenizer)
     finally:
         close_all()
     summary = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
-    print(f"| run | streams | tokens | caller TPOT ms | engine TPOT ms | tok/s |\n|---|---|---|---|---|---|\n"
+    summary["output_stage_us_per_token"] = output_us
+    summary["output_stage_share_of_a_step"] = output_us * 1e-6 * args.streams / summary["engine_tpot_median_s"]
+    print(f"| run | streams | tokens | caller TPOT ms | engine TPOT ms | tok/s | output stage us/token (share of a step) |"
+          f"\n|---|---|---|---|---|---|---|\n"
           f"| {args.label or '-'} | {args.streams} | {args.tokens} | {summary['caller_tpot_median_s'] * 1e3:.1f} | "
-          f"{summary['engine_tpot_median_s'] * 1e3:.1f} | {summary['tok_per_s']:.0f} |")
+          f"{summary['engine_tpot_median_s'] * 1e3:.1f} | {summary['tok_per_s']:.0f} | {output_us:.1f} "
+          f"({summary['output_stage_share_of_a_step']:.1%}) |")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"label": args.label, "args": vars(args), "rounds": rounds, "median": summary}, indent=2))
