@@ -27,7 +27,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from engine_throughput import _profile_model, run_native, single_stream, workload  # noqa: E402
+from engine_throughput import run_native, single_stream, workload  # noqa: E402
+
+from inferplug.benchmark.machine import default_model  # noqa: E402
 
 TEXT = Path(__file__).parent / "data" / "perplexity_text.md"
 WINDOW = 1024
@@ -104,7 +106,7 @@ def main() -> None:
     ids = tokenizer(TEXT.read_text())["input_ids"]
     requests = workload(tokenizer, args.requests, args.output_cap)
     wanted = args.formats.split(",") if args.formats else list(formats(args.quant_dir, Path()))
-    present = {label: spec for label, spec in formats(args.quant_dir, _profile_model()).items()
+    present = {label: spec for label, spec in formats(args.quant_dir, default_model()).items()
                if label in wanted and spec[0].exists()}
     for label in set(wanted) - present.keys():
         print(f"skipping {label}: not built yet (bench/make_smollm2_awq_gptq.py) or not a format label")

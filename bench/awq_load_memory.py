@@ -21,12 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-
-def status_bytes(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {field}")
+from inferplug.benchmark.machine import memory_bytes
 
 
 def measure_load(model_dir: str) -> dict:
@@ -39,14 +34,14 @@ def measure_load(model_dir: str) -> dict:
     from inferplug.models.loader import load_weights
 
     cpu_kernels.ops()
-    before, usage = status_bytes("VmRSS"), resource.getrusage(resource.RUSAGE_SELF)
+    before, usage = memory_bytes("VmRSS")["VmRSS"], resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
     weights = load_weights(Path(model_dir), torch.float32, "cpu")
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_SELF)
     size = sum(w.nbytes if isinstance(w, torch.Tensor) else w.nbytes() for w in weights.values())
     return {"wall_s": wall, "cpu_s": after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime,
-            "peak_bytes": status_bytes("VmHWM") - before, "loaded_bytes": size, "baseline_bytes": before}
+            "peak_bytes": memory_bytes("VmHWM")["VmHWM"] - before, "loaded_bytes": size, "baseline_bytes": before}
 
 
 def in_child(model_dir: Path, home: Path, **env: str) -> dict:

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from inferplug.benchmark.machine import default_model
+
 WORDS = ("the model reads a long document about rivers mountains cities history science music art code data "
          "people travel food weather language numbers stories questions answers and more").split()
 
@@ -130,7 +132,7 @@ def main() -> None:
     from inferplug.models.loader import load_tokenizer, load_weights, read_config
     from inferplug.quant.linear import quantize_model
 
-    path = Path(args.model) if args.model else _profile_model()
+    path = Path(args.model) if args.model else default_model()
     plan = _default_plan()
     dtype = plan.dtype if args.dtype == "auto" else args.dtype
     config = EngineConfig(dtype=dtype, num_kv_blocks=2048, max_num_seqs=64, max_num_batched_tokens=2048)
@@ -191,12 +193,3 @@ def _default_plan():
     return resolve(load_profile("smollm2-135m"), probe())
 
 
-def _profile_model() -> Path:
-    from inferplug.profile import load_profile
-    from inferplug.sources import ensure_local
-
-    return ensure_local(load_profile("smollm2-135m").model)
-
-
-if __name__ == "__main__":
-    main()

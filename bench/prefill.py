@@ -26,7 +26,7 @@ import os
 import statistics
 import time
 
-from peers import machine
+from inferplug.benchmark.machine import machine
 
 THREADS = os.cpu_count() or 1
 CHUNK_ENV = "INFERPLUG_LIMITS__MAX_NUM_BATCHED_TOKENS"  # the profile's limits.max_num_batched_tokens

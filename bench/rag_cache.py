@@ -1,6 +1,6 @@
 """RAG prompt caching: TTFT and prefill tokens for no caching, plain prefix caching and RAG-aware caching.
 
-Same engine, same queries, same retrieved chunks (bench/rag_workload.py: >= 200 chunks, >= 200
+Same engine, same queries, same retrieved chunks (inferplug/benchmark/rag_workload.py: >= 200 chunks, >= 200
 Zipf-popular queries, top-4 BM25), one request at a time so TTFT is pure prefill:
   (a) none     every request salted apart: nothing is reused
   (b) prefix   the prompt a plain RAG app sends (chunks in retrieval order), automatic prefix caching
@@ -24,8 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from rag_workload import make_workload  # noqa: E402
-
+from inferplug.benchmark.rag_workload import make_workload  # noqa: E402
 from inferplug.rag import DEFAULT_SYSTEM, document_spans, rag_messages  # noqa: E402
 from inferplug.types import Request, SamplingParams  # noqa: E402
 

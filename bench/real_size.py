@@ -30,7 +30,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from peers import machine
+from inferplug.benchmark.machine import machine
 from real_size_engines import Workload
 from real_size_files import Geometry, decode_bytes, ensure_model, files_of
 
@@ -229,11 +229,10 @@ def main() -> None:
 
     import torch
 
+    from inferplug.benchmark.machine import default_model
     from inferplug.kernels.cpu import ops
-    from inferplug.profile import load_profile
-    from inferplug.sources import ensure_local
 
-    tokenizer_gguf = ensure_local(load_profile("smollm2-135m").model)
+    tokenizer_gguf = default_model()
     geometry = Geometry(layers=args.layers)
     w = Workload(context=args.context, threads=args.threads, vocab=geometry.vocab, prefill_tokens=args.prefill_tokens,
                  decode_tokens=args.decode_tokens, streams=args.streams, repeats=args.repeats)

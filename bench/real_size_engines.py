@@ -19,9 +19,10 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from prefill import prompt, ttft_ours
+
+from inferplug.benchmark.machine import memory_bytes, version_of
 
 
 @dataclass
@@ -34,11 +35,6 @@ class Workload:
     streams: int = 8
     stream_prompt_tokens: int = 32
     repeats: int = 3
-
-
-def peak_rss_bytes() -> dict[str, int]:
-    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
-    return {k: int(status[k].split()[0]) * 1024 for k in ("VmHWM", "VmRSS")}
 
 
 class LlamaCpp:
@@ -145,19 +141,13 @@ class InferPlug:
 
     def facts(self) -> dict:
         plan = self.backend.plan
-        facts = {"version": _version("inferplug"), "dtype": getattr(plan, "dtype", None),
+        facts = {"version": version_of("inferplug"), "dtype": getattr(plan, "dtype", None),
                  "weight_format": getattr(plan, "weight_format", None)}
         try:  # what each decode step streams, as loaded (doctor --bench reads the same)
             facts["decode_weight_bytes"] = self.backend.engine.engine.runner.model.decode_weight_bytes()
         except AttributeError:
             pass
         return facts
-
-
-def _version(package: str) -> str:
-    import importlib.metadata
-
-    return importlib.metadata.version(package)
 
 
 def emit(stage: str, **figures) -> None:
@@ -174,7 +164,7 @@ def run(engine, w: Workload, load_only: bool) -> None:
     engine.load()
     loaded = time.perf_counter()
     engine.ttft(prompt(16, 0, w.vocab))
-    emit("load", load_s=loaded - start, first_token_s=time.perf_counter() - start, rss=peak_rss_bytes(),
+    emit("load", load_s=loaded - start, first_token_s=time.perf_counter() - start, rss=memory_bytes("VmHWM", "VmRSS"),
          **engine.facts())
     if load_only:
         return
@@ -190,7 +180,7 @@ def run(engine, w: Workload, load_only: bool) -> None:
     tpots = [tpot_s(s) for s in stamps]
     emit("streams", streams=w.streams, tokens=tokens, wall_s=wall, throughput_tok_s=tokens / wall,
          tpot_s_median=statistics.median(tpots), decode_tok_s=w.streams / statistics.median(tpots))
-    emit("end", rss=peak_rss_bytes())
+    emit("end", rss=memory_bytes("VmHWM", "VmRSS"))
 
 
 def main() -> None:

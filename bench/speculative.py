@@ -103,11 +103,10 @@ def build(threads: int, method: str, num_tokens: int = 4, draft: Path | None = N
 
 def layer_skip_draft(layers: int, root: Path) -> Path:
     """SmolLM2's first `layers` layers saved as a draft model under root."""
+    from inferplug.benchmark.machine import default_model
     from inferplug.models.layer_skip import save_layer_skip_draft
-    from inferplug.profile import load_profile
-    from inferplug.sources import ensure_local
 
-    return save_layer_skip_draft(ensure_local(load_profile("smollm2-135m").model), root / f"draft-{layers}", layers)
+    return save_layer_skip_draft(default_model(), root / f"draft-{layers}", layers)
 
 
 def main() -> None:

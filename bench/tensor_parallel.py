@@ -24,10 +24,9 @@ from tp_wire import wire_costs
 
 # A decode step's rows for 8 sequences at ~300 tokens, as rank 0 sends them (engine/parallel/runner.py)
 def step_rows():
-    from inferplug.engine.model_runner import StepInputs
-    from inferplug.engine.parallel.worker import SeqView
+    from inferplug.ops.step import SeqView, StepLayout
 
-    return ("step", StepInputs([(SeqView(300 + i, list(range(20))), 1) for i in range(8)], [], 0, list(range(8)),
+    return ("step", StepLayout([(SeqView(300 + i, list(range(20))), 1) for i in range(8)], [], 16, 0, list(range(8)),
                                [300] * 8, list(range(8)), list(range(8))))
 
 
@@ -45,11 +44,10 @@ def make_model(out: Path) -> Path:
 
 def smollm2_tokenizer():
     """SmolLM2's tokenizer (the model has its vocabulary size), from the default profile's pulled GGUF."""
+    from inferplug.benchmark.machine import default_model
     from inferplug.models.loader import load_tokenizer
-    from inferplug.profile import load_profile
-    from inferplug.sources import ensure_local
 
-    return load_tokenizer(ensure_local(load_profile("smollm2-135m").model))
+    return load_tokenizer(default_model())
 
 
 class Timer:

@@ -1,5 +1,6 @@
-"""Two compute-path choices of the native engine on the CPU, and why: the K/V pools' dtype and how block layers
-multiply prompt rows. Each is a default only where the quality rule admits it (docs/profiles.md, "Quality")."""
+"""Compute-path choices of the native engine on the CPU, and why: the K/V pools' dtype, how block layers multiply
+prompt rows, and how far torch's oneDNN may go. Each is a default only where the quality rule admits it
+(docs/profiles.md, "Quality")."""
 
 from __future__ import annotations
 
@@ -31,3 +32,19 @@ def native_kv_dtype(profile: Profile, dtype: str, cpu_kernels_run: bool) -> tupl
                            "fp32 (accumulation stays fp32): half the cache bytes a token; [cache] kv_dtype = "
                            "\"float32\" keeps fp32")
     return dtype, f"kv_dtype {dtype}: the compute dtype"
+
+
+ONEDNN_ISA_ENV = "ONEDNN_MAX_CPU_ISA"  # read by oneDNN once, at its first matmul
+BELOW_AMX = "AVX512_CORE_BF16"
+
+
+def onednn_max_isa(hw: Hardware) -> tuple[str | None, str]:
+    """The ISA torch's oneDNN is held to, or None (its own choice), and why. inferplug's kernels issue no AMX; oneDNN
+    does for bf16 matmuls where the CPU has it, so where the tiles are refused (hardware.amx_tiles) it is held to
+    AVX-512 BF16, the next set down, rather than left to find out at its first tile instruction."""
+    if hw.amx_tiles is None:
+        return None, ""
+    if hw.amx_tiles == "granted":
+        return None, "AMX: tile data granted; torch's oneDNN may use the tiles for bf16 matmuls"
+    return BELOW_AMX, (f"AMX advertised but unusable ({hw.amx_tiles}): torch's oneDNN is held to {BELOW_AMX} "
+                       f"({ONEDNN_ISA_ENV}); inferplug's kernels use AVX-512, which needs no tiles")

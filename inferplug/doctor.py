@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from inferplug.kernels import cpu as cpu_kernels
+from inferplug.compute_path_plan import onednn_max_isa
 from inferplug.errors import InferPlugError
 from inferplug.hardware import Hardware, probe
 from inferplug.memory_plan import gib
@@ -120,7 +121,7 @@ def collect(hw: Hardware | None = None) -> dict[str, Any]:
                     "cores": hw.cpu_count, "ram_total": hw.ram_total, "ram_available": hw.ram_available},
         "gpus": [{"index": g.index, "name": g.name, "capability": f"{g.capability[0]}.{g.capability[1]}",
                   "total_memory": g.total_memory, "free_memory": g.free_memory} for g in hw.gpus],
-        **_kernel_status(hw), "tensor_parallel": doctor_line(hw),
+        **_kernel_status(hw), "amx": onednn_max_isa(hw)[1] or None, "tensor_parallel": doctor_line(hw),
         "cuda_version": hw.cuda_version, "driver_version": hw.driver_version, "gpu_note": hw.gpu_note,
         "backends": backends, "ray": ray_status(hw), "profiles": profiles, "ok": local_fit or unknown_but_usable,
     }
@@ -183,6 +184,8 @@ def print_report(report: dict[str, Any]) -> None:
     off = report["cpu_kernels"]
     machine.add_row("cpu kernels", f"off: {escape(off)}" if off else f"{escape(report['cpu_kernels_isa'])}: the native "
                     "engine's int8/int4 matmuls, paged decode attention and RMSNorm (compiled on first use)")
+    if report["amx"]:
+        machine.add_row("amx", escape(report["amx"]))
     machine.add_row("tensor parallel", escape(report["tensor_parallel"]))
     machine.add_row("cuda", f"{report['cuda_version'] or 'none'} (driver {report['driver_version'] or 'none'})")
     if report["gpu_note"]:

@@ -51,3 +51,8 @@ class LimitExceeded(RequestError):
         super().__init__(message, param=param, status=status)
         self.limit = limit
         self.retry_after = retry_after
+
+
+class InferPlugDeprecationWarning(FutureWarning):
+    """An old name (a profile value, a public type) that still works for one release; the message names the new
+    one. A FutureWarning, so that a user running a command sees it, not only a test run."""

@@ -6,6 +6,7 @@ is present, so `inferplug doctor` starts fast on CPU-only hosts. Tests build `Ha
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import importlib.util
 import os
@@ -51,6 +52,8 @@ class Hardware:
     ct2_compute_types: Mapping[str, frozenset[str]] | None = field(default=None, hash=False)
     os: str = field(default_factory=lambda: f"{platform.system()} {platform.release()}")
     python: str = field(default_factory=platform.python_version)
+    # AMX tile data for this process: None where the CPU has no AMX, "granted", or why not (amx_tiles())
+    amx_tiles: str | None = None
 
     def has(self, package: str) -> bool:
         return package in self.packages
@@ -76,7 +79,7 @@ def probe() -> Hardware:
     return Hardware(
         cpu_model=model, cpu_flags=flags, cpu_count=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, ram_total=total,
         ram_available=available, gpus=gpus, cuda_version=cuda, driver_version=driver, packages=packages,
-        gpu_note=note,
+        gpu_note=note, amx_tiles=amx_tiles(flags),
     )
 
 
@@ -105,6 +108,31 @@ def _cpu_info() -> tuple[str, frozenset[str]]:
         elif key.strip() in ("flags", "Features") and not flags:
             flags = frozenset(f for f in value.split() if f in ISA_FLAGS)
     return model, flags
+
+
+AMX_OFF_ENV = "INFERPLUG_NO_AMX"  # 1: answer as a host whose kernel refuses the tiles (tests, a suspect host)
+_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18  # x86_64 Linux
+
+
+def amx_tiles(flags: frozenset[str]) -> str | None:
+    """Whether this process may use AMX tiles: None where the CPU has none, else "granted" or why not. Linux gives
+    a process the tile state only once it asks (arch_prctl ARCH_REQ_XCOMP_PERM); where it refuses, a tile
+    instruction dies with SIGILL, as a native llama.cpp build does at tilezero on such a host."""
+    if "amx_tile" not in flags:
+        return None
+    if os.environ.get(AMX_OFF_ENV) == "1":
+        return f"refused: {AMX_OFF_ENV}=1"
+    return _request_tile_data()
+
+
+@functools.cache
+def _request_tile_data() -> str:
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        return f"refused: no arch_prctl on {platform.system()} {platform.machine()}"
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0:
+        return "granted"
+    return f"refused by the kernel (arch_prctl ARCH_REQ_XCOMP_PERM: {os.strerror(ctypes.get_errno())})"
 
 
 def _memory_info() -> tuple[int, int]:

@@ -275,7 +275,8 @@ class Profile(BaseSettings):
     name: str = "unnamed"
     description: str = ""
     backend: Literal["auto", "native", "ctranslate2", "exllamav2", "openai"] = "auto"
-    attention: Literal["auto", "torch", "sdpa", "triton", "flash"] = "auto"
+    # ops.kernel_set's choices; "sdpa" is the old name of what `torch` ran (it warns, for one release)
+    attention: Literal["auto", "cpu-kernels", "torch", "triton", "flash", "sdpa"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     model: ModelSource = Field(default_factory=ModelSource)
     quantization: Quantization = Field(default_factory=Quantization)

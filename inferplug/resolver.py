@@ -12,16 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from inferplug import ct2_compute
-from inferplug.kernels import cpu as cpu_kernels
-from inferplug.errors import ResolveError
+from inferplug.errors import ProfileError, ResolveError
 from inferplug.hardware import GPU, Hardware
 from inferplug.parallel_plan import plan_tensor_parallel
+from inferplug.ops.kernel_set import KERNEL_SETS, cpu_kernels_off, kernel_set
 from inferplug.memory_plan import (
     DTYPE_BYTES, RESERVE_FIXED, RESERVE_SHARE, DoesNotFit, MemoryBreakdown, ModelFacts, draft_facts, gib, model_facts,
     plan_memory, weight_bits,
 )
 from inferplug.profile import DEFAULT_CONTEXT_LENGTH, Profile
-from inferplug.compute_path_plan import native_kv_dtype, prefill_gemm
+from inferplug.compute_path_plan import native_kv_dtype, onednn_max_isa, prefill_gemm
 from inferplug.weight_format_plan import native_weight_format
 
 BACKENDS = ("native", "ctranslate2", "exllamav2", "openai")
@@ -45,13 +45,14 @@ CPU_LOW_PRECISION = {
     "bfloat16": " (opt-in: bf16 activations and residual; greedy answers can differ from float32's)",
     "float16": " (opt-in: fp16 activations and residual, emulated on most CPUs; greedy answers can differ from float32's)",
 }
-_TORCH_PATH = ("the engine's torch paged attention runs (decode: batched matmuls per KV-head group; prefill: "
-               "scaled_dot_product_attention)")
 _TRITON_OPS = ("paged decode (split-K), KV store, RoPE and RMSNorm + residual in Triton (inferplug/kernels), decode "
                "steps replayed from CUDA graphs")
-NATIVE_ATTENTION = {  # ops.select_ops runs each
-    "torch": _TORCH_PATH,
-    "sdpa": _TORCH_PATH,  # the same path: prefill already goes through scaled_dot_product_attention
+NATIVE_ATTENTION = {  # what each of ops.kernel_set's answers runs (ops.select_ops builds it)
+    "cpu-kernels": ("inferplug's C++ kernels take every attention row, prefill too (flash tiles over the paged K/V, "
+                    "each row at its own length: batch-invariant), and the KV store, RoPE and RMSNorm; "
+                    "attention = 'torch' runs torch's instead"),
+    "torch": ("torch's paged attention runs (decode: batched matmuls per KV-head group; prefill: "
+              "scaled_dot_product_attention)"),
     "triton": f"Triton kernels on CUDA: prefill and chunked prefill through block tables, {_TRITON_OPS}",
     "flash": f"flash-attn's varlen kernel for prefill; {_TRITON_OPS}",
 }
@@ -62,7 +63,7 @@ class Plan:
     backend: str  # native | ctranslate2 | exllamav2 | openai
     device: str  # "cpu", "cuda:0", "cuda" (tensor parallel), "remote"
     dtype: str  # compute dtype: float32 | bfloat16 | float16
-    attention: str  # torch | sdpa | triton | flash | the backend's own
+    attention: str  # native: ops.kernel_set's answer (cpu-kernels | torch | triton | flash); else the backend's own
     block_size: int = 16
     num_kv_blocks: int = 0
     max_model_len: int = 0
@@ -75,6 +76,7 @@ class Plan:
     tensor_parallel_size: int = 1
     threads_per_rank: int = 0  # native tensor parallel on a CPU: each rank's torch threads (parallel_plan.py)
     prefill_gemm: str = "float32"  # native: how int4/int8 block layers multiply prompt rows (quant/block_linear.py)
+    onednn_max_isa: str | None = None  # native on a CPU: the ISA torch's oneDNN is held to (None: its own choice)
     prefix_caching: bool = True
     rag_document_cache: bool = True
     model_path: Path | None = None  # the local model, when it is already on disk
@@ -188,21 +190,22 @@ def _dtype(profile: Profile, gpus: list[GPU], hw: Hardware) -> tuple[str, str]:
                        "activations changed SmolLM2's greedy answers; fewer weight bytes come from the weight format)")
 
 
-def _attention(profile: Profile, gpus: list[GPU], hw: Hardware) -> tuple[str, str]:
-    """The native engine's attention path: its torch paged attention, or the Triton decode kernel on CUDA."""
+def _attention(profile: Profile, gpus: list[GPU], hw: Hardware, dtype: str) -> tuple[str, str]:
+    """The native engine's kernel set (ops.kernel_set decides) and why."""
     choice = profile.attention
+    kv_dtype = None if profile.cache.kv_dtype == "auto" else profile.cache.kv_dtype
+    try:
+        chosen = kernel_set(choice, "cuda" if gpus else "cpu", dtype, kv_dtype, hw)
+    except ProfileError as exc:
+        raise _Rejected(str(exc)) from None
+    if choice == "auto" and chosen == "torch":
+        why = "triton is not installed" if gpus else cpu_kernels_off("cpu", dtype, kv_dtype, hw)
+        return chosen, f"attention torch: {why}, so {NATIVE_ATTENTION['torch']}"
     if choice == "auto":
-        if gpus and hw.has("triton"):
-            return "triton", f"attention triton: {NATIVE_ATTENTION['triton']}"
-        why = "no CUDA GPU" if not gpus else "triton is not installed"
-        return "torch", f"attention torch: {why}, so {NATIVE_ATTENTION['torch']}"
-    if choice in ("triton", "flash") and not gpus:
-        raise _Rejected(f"attention = {choice!r} needs a CUDA GPU; none found (use auto or torch)")
-    if choice in ("triton", "flash") and not hw.has("triton"):
-        raise _Rejected(f"attention = {choice!r} needs the triton package; it is not installed")
-    if choice == "flash" and not hw.has("flash_attn"):
-        raise _Rejected("attention = 'flash' needs the flash-attn package; it is not installed (use auto or triton)")
-    return choice, f"attention {choice}: pinned by the profile; {NATIVE_ATTENTION[choice]}"
+        return chosen, f"attention {chosen}: {NATIVE_ATTENTION[chosen]}"
+    if choice not in KERNEL_SETS:  # an old name: kernel_set warned
+        return chosen, f"attention {chosen}: attention = {choice!r} is the old name of {chosen!r} here; {NATIVE_ATTENTION[chosen]}"
+    return chosen, f"attention {chosen}: pinned by the profile; {NATIVE_ATTENTION[chosen]}"
 
 
 def _single_device(profile: Profile) -> list[str]:
@@ -230,15 +233,10 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
     if problems:
         raise _Rejected("; ".join(problems))
     dtype, dtype_why = _dtype(profile, gpus, hw)
-    attention, attention_why = _attention(profile, gpus, hw)
+    attention, attention_why = _attention(profile, gpus, hw, dtype)
     if profile.cache.kv_dtype == "float8_e4m3" and not gpus:
         raise _Rejected("kv_dtype = 'float8_e4m3' needs a CUDA GPU; none found (use auto, float16 or bfloat16)")
-    kernels = not gpus and dtype == "float32" and not cpu_kernels.unavailable_reason(hw)  # ops.select_ops
-    kv_dtype, kv_why = native_kv_dtype(profile, dtype, kernels)
-    if kernels and kv_dtype in cpu_kernels.KV_DTYPES:
-        attention_why += ("; on this CPU inferplug's C++ kernel takes every attention row instead, prefill too (flash "
-                          "tiles over the paged K/V, each row at its own length: batch-invariant; "
-                          "INFERPLUG_NO_CPU_KERNELS=1 keeps torch)")
+    kv_dtype, kv_why = native_kv_dtype(profile, dtype, attention == "cpu-kernels")
     weight_format, format_why = native_weight_format(profile, gpus, hw, dtype)
     bits, bits_why = weight_bits(profile, "native", dtype, facts, weight_format, "cuda" if gpus else "cpu")
     plan = _local_plan("native", profile, hw, facts, gpus, dtype, attention, bits, None,
@@ -246,6 +244,9 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
                         *([parallel.reason] if parallel.reason else [])], draft=draft_facts(profile), kv_dtype=kv_dtype)
     plan.weight_format = weight_format
     plan.threads_per_rank = parallel.threads_per_rank
+    if not gpus:
+        plan.onednn_max_isa, amx_why = onednn_max_isa(hw)
+        plan.reasons += [amx_why] if amx_why else []
     plan.prefill_gemm, prefill_why = prefill_gemm(profile, hw)
     if weight_format in ("int4", "int8", "gguf", "awq", "gptq") and not gpus:  # block layers (quant/block_linear.py)
         plan.reasons.append(f"prefill: the block layers multiply prompt rows in {plan.prefill_gemm} ({prefill_why})")

@@ -14,14 +14,14 @@ def native_weight_format(profile: Profile, gpus: list[GPU], hw: Hardware,
     """The profile's int8/int4, or fp16-stored weights for fp32 compute on an x86 CPU (fbgemm's fp16 GEMM)."""
     fmt = profile.quantization.format
     if fmt in ("int8", "int4"):
-        if gpus or cpu_kernels.unavailable_reason(hw):
+        if gpus or not cpu_kernels.runs_on("cpu", hw):
             return fmt, []
         block = {"int8": "Q8_0", "int4": "Q4_1"}[fmt]
         return fmt, [f"{fmt} layers in GGUF {block} blocks on inferplug's AVX2 kernel, int8 activations (as llama.cpp)"]
     if fmt in CHECKPOINT_FORMATS:
         return fmt, [checkpoint_format_why(fmt, gpus, hw)]
     if fmt == "gguf" and not gpus and profile.dtype == "auto" and profile.parallel.tensor_parallel_size == 1 \
-            and not cpu_kernels.unavailable_reason(hw):
+            and cpu_kernels.runs_on("cpu", hw):
         return "gguf", ["GGUF blocks run as stored, converted one tensor at a time at load (models/gguf_layers.py): "
                         "Q4_0/Q4_1 as Q4_1 blocks, Q4_K and Q6_K in their own, Q8_0/Q5_0 as Q8_0, exactly; other types "
                         "requantized to Q8_0; "
@@ -37,7 +37,7 @@ def checkpoint_format_why(fmt: str, gpus: list[GPU], hw: Hardware) -> str:
     label = fmt.upper()
     if gpus:
         return f"{label} int4 groups run as stored: the Triton int4 group-wise dequant-GEMM (kernels/int4_gemm.py)"
-    if cpu_kernels.unavailable_reason(hw):
+    if not cpu_kernels.runs_on("cpu", hw):
         return f"{label} int4 groups run as stored by a torch dequant-matmul (slow: {cpu_kernels.unavailable_reason(hw)})"
     return (f"{label} int4 groups repacked at load into Q4_1 blocks on inferplug's CPU kernel (groups of 128 keep "
             "one scale and min a group: 4.25 bits, other sizes 5; int8 activations, as llama.cpp); act-order layers "

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from inferplug.errors import ResolveError
+from inferplug.errors import InferPlugDeprecationWarning, ResolveError
 from inferplug.hardware import GPU
 from inferplug.profile import Profile, load_profile
 from inferplug.resolver import resolve
@@ -32,9 +32,9 @@ def test_cpu_only_default_profile_runs_native_fp32():
 
 def test_cpu_attention_reason_says_the_cpp_kernel_takes_every_row_where_it_runs(monkeypatch):
     monkeypatch.delenv("INFERPLUG_NO_CPU_KERNELS", raising=False)
-    kernel = "inferplug's C++ kernel takes every attention row instead, prefill too"
+    kernel = "inferplug's C++ kernels take every attention row, prefill too"
     plan = resolve(load_profile("smollm2-135m"), cpu(flags=("avx2", "fma", "f16c")), SMOLLM2)
-    assert plan.attention == "torch" and kernel in plan.reasons[3]
+    assert plan.attention == "cpu-kernels" and kernel in plan.reasons[3]
     assert kernel not in resolve(load_profile("smollm2-135m"), cpu(), SMOLLM2).reasons[3]  # no F16C: torch runs it
 
 
@@ -231,7 +231,7 @@ def test_gpu_attention_is_triton_decode_or_the_torch_path_without_triton():
     assert "attention triton: Triton kernels on CUDA: prefill and chunked prefill through block tables" in plan.reasons[3]
     plan = resolve(load_profile("smollm2-135m"), with_gpus(RTX_4090, packages=ALL_CPU_PACKAGES), SMOLLM2)
     assert plan.attention == "torch"
-    assert plan.reasons[3].startswith("attention torch: triton is not installed, so the engine's torch paged")
+    assert plan.reasons[3].startswith("attention torch: triton is not installed, so torch's paged attention runs")
 
 
 # --- one 80 GB GPU -------------------------------------------------------------------------------
@@ -339,9 +339,27 @@ def test_attention_pin_checked_against_hardware_and_the_engine():
         resolve(profile, with_gpus(RTX_4090), SMOLLM2)
     plan = resolve(profile, with_gpus(RTX_4090, packages=ALL_CPU_PACKAGES | {"triton", "flash_attn"}), SMOLLM2)
     assert plan.attention == "flash" and "flash-attn's varlen kernel for prefill" in plan.reasons[3]
-    profile.attention = "sdpa"
+    profile.attention = "cpu-kernels"
+    with pytest.raises(ResolveError, match="'cpu-kernels' cannot run here: the CPU lacks f16c"):
+        resolve(profile, cpu(), SMOLLM2)
+    profile.attention = "torch"
     plan = resolve(profile, cpu(), SMOLLM2)
-    assert plan.attention == "sdpa" and "pinned by the profile; the engine's torch paged attention" in plan.reasons[3]
+    assert plan.attention == "torch" and "pinned by the profile; torch's paged attention runs" in plan.reasons[3]
+
+
+def test_old_attention_names_still_run_and_warn_with_the_new_name(monkeypatch):
+    monkeypatch.delenv("INFERPLUG_NO_CPU_KERNELS", raising=False)
+    profile = Profile(backend="native", attention="sdpa", model={"pypi": "x==1", "file": "m.gguf"})
+    kernels_cpu = cpu(flags=("avx2", "fma", "f16c"))
+    with pytest.warns(InferPlugDeprecationWarning, match="'sdpa' is renamed: here it runs 'cpu-kernels'"):
+        plan = resolve(profile, kernels_cpu, SMOLLM2)
+    assert plan.attention == "cpu-kernels" and "the old name of 'cpu-kernels'" in plan.reasons[3]
+    with pytest.warns(InferPlugDeprecationWarning, match="set attention = 'torch'"):
+        assert resolve(profile, cpu(), SMOLLM2).attention == "torch"  # no F16C: the old name ran torch here
+    profile.attention = "torch"  # it ran the C++ kernels where they ran; now it is torch's attention, and says so
+    with pytest.warns(InferPlugDeprecationWarning, match="set attention = 'cpu-kernels'"):
+        plan = resolve(profile, kernels_cpu, SMOLLM2)
+    assert (plan.attention, plan.kv_dtype) == ("torch", "float32")  # fp16 pools are the kernels' only
 
 
 def test_fp8_kv_pools_are_planned_on_cuda_only():

@@ -11,7 +11,7 @@ from inferplug.resolver import resolve
 from tests.resolver_hardware import A100_80, SMOLLM2, cpu, with_gpus
 
 KERNEL_CPU = ("avx2", "fma", "f16c")  # the flags the CPU kernels need (kernels/cpu/__init__.py)
-KERNEL = "inferplug's C++ kernel takes every attention row"
+KERNEL = "inferplug's C++ kernels take every attention row"
 
 
 def kv_bytes_per_token(value_bytes: int) -> int:
@@ -34,7 +34,7 @@ def test_auto_is_float16_where_the_cpu_kernels_run_and_says_why():
     assert (plan.dtype, plan.kv_dtype) == ("float32", "float16")
     assert plan.memory.kv_bytes_per_token == kv_bytes_per_token(2)
     assert any(r.startswith("kv_dtype float16: inferplug's CPU kernels store K/V rounded to fp16") for r in plan.reasons)
-    assert KERNEL in plan.reasons[3]
+    assert plan.attention == "cpu-kernels" and KERNEL in plan.reasons[3]
     fp32 = resolve(profile("float32"), cpu(flags=KERNEL_CPU), SMOLLM2)
     assert plan.memory.cache_tokens // 16 == pytest.approx(2 * fp32.memory.cache_tokens // 16, abs=1)  # same cache bytes
 
@@ -57,7 +57,7 @@ def test_auto_keeps_the_compute_dtype_where_the_kernels_do_not_run(monkeypatch):
 def test_pinned_bfloat16_pools_take_the_torch_path():
     plan = resolve(profile("bfloat16"), cpu(flags=KERNEL_CPU), SMOLLM2)
     assert plan.kv_dtype == "bfloat16" and plan.memory.kv_bytes_per_token == kv_bytes_per_token(2)
-    assert KERNEL not in plan.reasons[3]
+    assert plan.attention == "torch" and KERNEL not in plan.reasons[3]
 
 
 def test_auto_prefill_gemm_is_bf16_where_the_cpu_has_avx512_bf16():

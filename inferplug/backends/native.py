@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import AsyncIterator
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from inferplug.backends.base import Backend
+from inferplug.compute_path_plan import ONEDNN_ISA_ENV
 from inferplug.quant.formats import float_model_format
 from inferplug.types import Capabilities, Event, Request
 
@@ -27,6 +29,8 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
     from inferplug.models.loader import load_tokenizer, load_weights, read_config
     from inferplug.sources import ensure_local
 
+    if plan.onednn_max_isa:  # AMX refused here (compute_path_plan.onednn_max_isa): before oneDNN's first matmul
+        os.environ.setdefault(ONEDNN_ISA_ENV, plan.onednn_max_isa)
     native = getattr(profile, "native", None)
     if native is not None and native.num_threads and plan.device == "cpu":
         torch.set_num_threads(native.num_threads)
@@ -75,7 +79,7 @@ def gguf_layer_format(plan: Plan, tensor_parallel_size: int) -> str | None:
     from inferplug.kernels import cpu as cpu_kernels
     from inferplug.quant.formats import GGUF_LAYER_FORMATS
 
-    on_kernels = plan.device == "cpu" and tensor_parallel_size == 1 and cpu_kernels.ops() is not None
+    on_kernels = tensor_parallel_size == 1 and cpu_kernels.runs_on(plan.device)
     return plan.weight_format if on_kernels and plan.weight_format in GGUF_LAYER_FORMATS else None
 
 

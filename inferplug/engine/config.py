@@ -27,7 +27,7 @@ class EngineConfig:
     num_speculative_tokens: int = 4
     ngram_min: int = 1
     ngram_max: int = 3
-    attention: str = "auto"  # ops.select_ops: auto | torch | sdpa | triton | flash
+    attention: str = "auto"  # ops.kernel_set: auto | cpu-kernels | torch | triton | flash
     kv_dtype: str | None = None  # the KV pools' dtype; None: the compute dtype. float8_e4m3 needs CUDA
     cuda_graphs: bool = True  # decode steps replay captured CUDA graphs (Triton attention on CUDA only)
     tensor_parallel_size: int = 1  # >1: engine/parallel, one process per rank (gloo on CPU, NCCL on CUDA)

@@ -4,7 +4,7 @@ The attention metadata comes from the model's ops set (ops/): the runner only la
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
 from functools import partial
 
 import torch
@@ -13,32 +13,15 @@ from inferplug.engine.prompt_scores import PromptScores, scored_rows
 from inferplug.engine.rag_recompute import DeviationProbe, runs
 from inferplug.engine.sampler import SampleResult, Sampler
 from inferplug.engine.sequence import Sequence
-from inferplug.ops import StepRows
 from inferplug.ops.attention import AttentionContext, read_kv
-from inferplug.ops.step import SeqView
+from inferplug.ops.step import SeqView, StepLayout
 
 
-def is_decode(seq: Sequence, tokens: int) -> bool:
-    """A decode row computes one generated token. A prompt's last token is a prefill row even when it is computed
+def is_decode_row(seq: Sequence, tokens: int) -> bool:
+    """Whether seq's `tokens` scheduled rows are one decode row: one generated token, no proposals to check. A prompt's last token is a prefill row even when it is computed
     alone (a 1-token final chunk, or everything before it from the prefix cache): it takes the prefill arithmetic
     its chunk-mates take, so its logits do not depend on how the prompt was chunked or cached."""
     return tokens == 1 and not seq.spec_token_ids and seq.num_computed_tokens >= seq.num_prompt_tokens
-
-
-@dataclass
-class StepInputs:
-    """One step's flat rows: what the model needs, and all a tensor-parallel worker receives (engine/parallel)."""
-
-    decodes: list[tuple[Sequence, int]]  # (sequence, 1), longest context first
-    prefills: list[tuple[Sequence | SeqView, int]]  # verification rows, then prefill chunks (and recompute rows)
-    verify_rows: int
-    input_ids: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    slots: list[int] = field(default_factory=list)
-    sample_rows: list[int] = field(default_factory=list)
-    prompt_rows: list[int] = field(default_factory=list)  # rows scoring the next prompt token (prompt_logprobs)
-    probes: list[tuple[int, int, int]] = field(default_factory=list)  # rag_recompute.DeviationProbe.segments
-    probe_layer: int = 0
 
 
 class ModelRunner:
@@ -79,16 +62,16 @@ class ModelRunner:
         return seqs, self.execute(inputs)
 
     def layout(self, scheduled: list[tuple[Sequence, int]], score_prompts: bool = False
-               ) -> tuple[StepInputs, list[Sequence], list[tuple[Sequence, int, int]]]:
+               ) -> tuple[StepLayout, list[Sequence], list[tuple[Sequence, int, int]]]:
         """The step's flat rows, the sequences that sample (in sample-row order) and, with score_prompts, the
         (sequence, first position, rows) of the prompt rows scored for prompt_logprobs (in prompt-row order).
         Verification rows (a decode token and its proposals) follow the decode rows and take their arithmetic
         (verify_rows), so a token comes out as plain decoding would compute it."""
-        decodes = [(s, n) for s, n in scheduled if is_decode(s, n)]
+        decodes = [(s, n) for s, n in scheduled if is_decode_row(s, n)]
         decodes.sort(key=lambda d: -d[0].num_computed_tokens)  # longest first: groups of similar lengths
         verifies = [(s, n) for s, n in scheduled if s.spec_token_ids]
-        prefills = [(s, n) for s, n in scheduled if not is_decode(s, n) and not s.spec_token_ids]
-        inputs = StepInputs(decodes, [], sum(n for _, n in verifies))
+        prefills = [(s, n) for s, n in scheduled if not is_decode_row(s, n) and not s.spec_token_ids]
+        inputs = StepLayout(decodes, [], self.block_size, sum(n for _, n in verifies))
         sample_seqs: list[Sequence] = []
         spans: list[tuple[Sequence, int, int]] = []
         for i, (seq, n) in enumerate(decodes + verifies + prefills):
@@ -108,7 +91,7 @@ class ModelRunner:
                 sample_seqs.append(seq)
         return inputs, sample_seqs, spans
 
-    def _recompute_rows(self, inputs: StepInputs, seq: Sequence) -> None:
+    def _recompute_rows(self, inputs: StepLayout, seq: Sequence) -> None:
         """The one place recompute rows join a step (engine/rag_recompute.py): each a span of prefill rows at its
         own positions, attending to the pools up to its end, whose K/V overwrite the reused ones in seq's blocks."""
         for r in seq.recompute:
@@ -121,10 +104,10 @@ class ModelRunner:
                 inputs.probe_layer = r.probe_layer
                 inputs.probes.append((first, first + r.rows, r.keep))
 
-    def execute(self, inputs: StepInputs) -> torch.Tensor | None:
+    def execute(self, inputs: StepLayout) -> torch.Tensor | None:
         """Run the model over the step's rows; the fp32 logits of its sample rows, then of its prompt rows (None:
         neither)."""
-        ctx = self._context(inputs, inputs.prefills, self._tensor(inputs.slots))
+        ctx = self.model.ops.context(inputs, self._tensor(inputs.slots))
         if inputs.probes:
             probed = self._tensor([r for a, b, _ in inputs.probes for r in range(a, b)])
             ctx.probe = DeviationProbe(inputs.probe_layer, inputs.probes,
@@ -145,12 +128,7 @@ class ModelRunner:
             rows = torch.searchsorted(ctx.probe.kept, rows)
         return self.model.compute_logits(hidden[rows])
 
-    def _context(self, inputs: StepInputs, prefills: list, slots: torch.Tensor) -> AttentionContext:
-        ctx = self.model.ops.context(StepRows(inputs.decodes, prefills, slots, self.block_size, self.device))
-        ctx.verify_rows = inputs.verify_rows
-        return ctx
-
-    def _narrowed(self, inputs: StepInputs, slots: torch.Tensor, kept: torch.Tensor) -> AttentionContext:
+    def _narrowed(self, inputs: StepLayout, slots: torch.Tensor, kept: torch.Tensor) -> AttentionContext:
         """The step's attention context for its `kept` rows only (a deviation probe dropped the others): each
         prefill span becomes the runs of its kept positions."""
         keep, prefills, row = set(kept.tolist()), [], len(inputs.decodes)
@@ -158,7 +136,7 @@ class ModelRunner:
             positions = [inputs.positions[r] for r in range(row, row + n) if r in keep]
             prefills += [(SeqView(a, seq.block_table), b - a) for a, b in runs(positions)]
             row += n
-        return self._context(inputs, prefills, slots[kept])
+        return self.model.ops.context(dataclasses.replace(inputs, prefills=prefills), slots[kept])
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy whole KV blocks, (source, destination) pairs: a beam's copy on write of a shared partial block."""

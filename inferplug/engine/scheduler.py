@@ -61,8 +61,9 @@ class Proposer(Protocol):
         """seq left the running set (finished, aborted, preempted): drop what is held for it."""
 
 
-def _decoding(seq: Sequence) -> bool:
-    """seq's next row computes a generated token (its prompt, and any recompute, are done)."""
+def _generating(seq: Sequence) -> bool:
+    """seq is past its prompt: its next row computes a generated token (its prompt, and any recompute, are done).
+    A state of the sequence, where model_runner.is_decode_row classes one scheduled row."""
     return seq.num_computed_tokens >= seq.num_prompt_tokens and seq.num_computed_tokens == len(seq.token_ids) - 1
 
 
@@ -97,7 +98,7 @@ class Scheduler:
     def schedule(self) -> list[tuple[Sequence, int]]:
         """The (sequence, number of new tokens) pairs to compute this step."""
         budget = prefill_budget = self.max_num_batched_tokens
-        if self.max_prefill_tokens_while_decoding and any(map(_decoding, self.running)):
+        if self.max_prefill_tokens_while_decoding and any(map(_generating, self.running)):
             prefill_budget = self.max_prefill_tokens_while_decoding
         step_limit = prefill_budget  # the most prefill rows this step can hold
         scheduled: list[tuple[Sequence, int]] = []
@@ -106,7 +107,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            decoding = _decoding(seq)
+            decoding = _generating(seq)
             if not decoding and prefill_budget <= 0:  # the decode rows' step is full of prefill: next step
                 i += 1
                 continue
@@ -237,7 +238,7 @@ class Scheduler:
             self._trim_proposal(seq, 0)
         if self.proposer is None:
             return
-        decoding = [s for s in self.running if _decoding(s)]
+        decoding = [s for s in self.running if _generating(s)]
         limits = [min(budget - 1, s.max_tokens - s.num_output_tokens - 1) for s in decoding]
         for seq, proposal in zip(decoding, self.proposer.propose(decoding, limits)):
             seq.spec_token_ids, seq.spec_probs = proposal.token_ids, proposal.probs

@@ -15,6 +15,7 @@ from typing import Any
 
 from inferplug.backends.bridge import consume_all_sync
 from inferplug.errors import GenerationError
+from inferplug.frontend.forced_call import forced_calls
 from inferplug.frontend.tool_calls import ToolCall, calls_from_deltas, parse_tool_calls
 from inferplug.types import Event, Request, Timings, TokenLogprob, ToolCallDelta, Usage
 
@@ -34,9 +35,13 @@ class Result:
     prompt_logprobs: list[TokenLogprob | None] | None = None  # SamplingParams.prompt_logprobs, when asked for
     tool_calls: list[ToolCall] = field(default_factory=list)  # calls the backend parsed itself (a remote server)
 
-    def calls(self, tools: list[dict[str, Any]]) -> list[ToolCall]:
-        """The answer's calls to `tools`: the backend's own, else those written in the text."""
-        return (self.tool_calls or parse_tool_calls(self.text, tools)) if tools else []
+    def calls(self, tools: list[dict[str, Any]], required: bool = False) -> list[ToolCall]:
+        """The answer's calls to `tools`: the backend's own, else those written in the text; a `required` (or
+        named) choice's answer is its call always, cut short or not (frontend/forced_call.py)."""
+        if not tools:
+            return []
+        return self.tool_calls or (forced_calls(self.text, tools, parallel=False) if required
+                                   else parse_tool_calls(self.text, tools))
 
 
 class ResultBuilder:

@@ -23,6 +23,11 @@ class ToolCall:
     name: str
     arguments: dict[str, Any]
     id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+    partial: str | None = None  # a call cut short (max_tokens): its arguments text so far, which is not JSON yet
+
+    def arguments_json(self) -> str:
+        """The arguments as OpenAI sends them: a JSON string, or the partial text of a call cut short."""
+        return self.partial if self.partial is not None else json.dumps(self.arguments, ensure_ascii=False)
 
 
 def tool_names(tools: list[dict[str, Any]]) -> list[str]:
@@ -85,7 +90,7 @@ def parse_tool_calls(text: str, tools: list[dict[str, Any]]) -> list[ToolCall]:
     for candidate in candidates:
         for value in _json_values(candidate):
             for item in value if isinstance(value, list) else [value]:
-                call = _as_call(item, known)
+                call = as_call(item, known)
                 if call is not None:
                     calls.append(call)
     return calls
@@ -103,8 +108,8 @@ def _tagged(text: str) -> list[str]:
 
 
 def calls_from_deltas(deltas: list[ToolCallDelta]) -> list[ToolCall]:
-    """The whole calls a backend streamed in pieces, with the backend's ids; as with calls in text, one whose
-    arguments are not a JSON object (cut by max_tokens) is no call."""
+    """The calls a backend streamed in pieces, with the backend's ids; one whose arguments are not a JSON object
+    (cut by max_tokens) is kept with its partial arguments text, as OpenAI returns it."""
     merged: dict[int, list[Any]] = {}
     for delta in deltas:
         call = merged.setdefault(delta.index, [None, "", ""])
@@ -113,10 +118,22 @@ def calls_from_deltas(deltas: list[ToolCallDelta]) -> list[ToolCall]:
         call[2] += delta.arguments
     calls = []
     for call_id, name, arguments in merged.values():
-        call = _as_call({"name": name, "arguments": arguments or "{}"}, {name})
-        if call is not None:
-            calls.append(ToolCall(call.name, call.arguments, call_id or call.id))
+        call = (as_call({"name": name, "arguments": arguments or "{}"}, {name})
+                or ToolCall(name, {}, partial=arguments))
+        if name:
+            calls.append(ToolCall(call.name, call.arguments, call_id or call.id, call.partial))
     return calls
+
+
+def finish_with_calls(finish_reason: str | None, called: bool) -> str | None:
+    """A choice that ended by itself with whole tool calls (`called`) finishes with "tool_calls", as OpenAI's do;
+    one whose call was cut short keeps its reason ("length" at max_tokens, "stop" at a stop string)."""
+    return "tool_calls" if called and finish_reason == "stop" else finish_reason
+
+
+def all_whole(calls: list[ToolCall]) -> bool:
+    """Whether the answer is calls and none of them was cut short."""
+    return bool(calls) and all(c.partial is None for c in calls)
 
 
 def _json_values(text: str) -> list[Any]:
@@ -136,7 +153,8 @@ def _json_values(text: str) -> list[Any]:
     return values
 
 
-def _as_call(item: Any, known: set[str]) -> ToolCall | None:
+def as_call(item: Any, known: set[str]) -> ToolCall | None:
+    """A decoded JSON value as a whole call to one of the `known` tools, or None."""
     if not isinstance(item, dict) or item.get("name") not in known:
         return None
     args = item.get("arguments", item.get("parameters", {}))

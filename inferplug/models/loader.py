@@ -74,7 +74,7 @@ def load_weights(path: Path, dtype: "torch.dtype", device: str = "cpu",
         from inferplug.kernels import cpu as cpu_kernels
         from inferplug.models.dummy_weights import dummy_weights
 
-        on_kernels = device == "cpu" and cpu_kernels.ops() is not None
+        on_kernels = cpu_kernels.runs_on(device)
         return dummy_weights(read_config(path), declared_format or "none", dtype, device, on_kernels)
     gguf_path = gguf_file_of(path)
     if gguf_path is not None:
@@ -174,7 +174,7 @@ def _load_safetensors(model_dir: Path, spec, dtype: "torch.dtype", device: str) 
     from inferplug.models.conversion_cache import cached_weights, file_identity
     from inferplug.models.quant_checkpoint import CONVERSION_VERSION
 
-    layers = "cpu-kernels" if cpu_kernels.ops() is not None else "torch"  # Q4_1 blocks, or the checkpoint's groups
+    layers = "cpu-kernels" if cpu_kernels.runs_on(device) else "torch"  # Q4_1 blocks, or the checkpoint's groups
     key = ["safetensors", CONVERSION_VERSION, spec, dtype, layers,
            *(file_identity(f) for f in (model_dir / "config.json", *files))]
     return cached_weights(key, lambda: _read_and_convert(files, spec, dtype, device))

@@ -32,13 +32,14 @@ class PrefillChunk:
 
 
 @dataclass
-class DecodeGroup:
-    """Query rows [start, end) that attend through block tables. The torch path groups decode rows of similar
-    context lengths: one gather and two batched matmuls, padded to the group's longest (grouping keeps short
-    sequences from reading the longest one's width). The C++ kernel (kernels/cpu/paged_attention.cpp) takes
-    every row of the step, prefill rows too, in one group, by sequence: it reads K/V in place, each row exactly
-    its own length, so it needs neither the gather nor the padding, and each row's arithmetic is the same
-    whatever shares the step (a decode row is a one-row prefill chunk)."""
+class PagedRows:
+    """Query rows [start, end) that attend through block tables: decode rows on the torch and Triton paths, every
+    row of the step on the C++ kernel's. The torch path groups decode rows of similar context lengths: one gather
+    and two batched matmuls, padded to the group's longest (grouping keeps short sequences from reading the
+    longest one's width). The C++ kernel (kernels/cpu/paged_attention.cpp) takes every row of the step, prefill
+    rows too, in one group, by sequence: it reads K/V in place, each row exactly its own length, so it needs
+    neither the gather nor the padding, and each row's arithmetic is the same whatever shares the step (a decode
+    row is a one-row prefill chunk)."""
 
     start: int
     end: int
@@ -66,7 +67,7 @@ class AttentionContext:
     slot_mapping: torch.Tensor  # [T] flat slot (block * block_size + offset) of each new token
     decode_rows: int = 0  # the first rows are decode tokens, the rest prefill (quant/block_linear.py rounds them apart)
     verify_rows: int = 0  # the next rows check speculated tokens: decode arithmetic in the linears (block_linear)
-    decode_groups: list[DecodeGroup] = field(default_factory=list)  # the decode rows (C++ kernel: every row)
+    paged_rows: list[PagedRows] = field(default_factory=list)  # torch, Triton: the decode rows; C++ kernel: every row
     prefills: list[PrefillChunk] = field(default_factory=list)  # torch path: one per prefill sequence
     packed_prefill: PackedPrefill | None = None  # Triton path: every prefill row in one call
     rope_rows: tuple[torch.Tensor, torch.Tensor] | None = None  # torch path: the step's cos and sin rows, made once
@@ -95,10 +96,10 @@ def paged_attention(
     ctx: AttentionContext, scale: float,
 ) -> torch.Tensor:
     """q: [T, heads, D]; k, v: [T, kv_heads, D], already stored in the pools (write_kv). Returns [T, heads * D]."""
-    if not ctx.prefills and len(ctx.decode_groups) == 1:  # the common step: no scatter into `out`
-        return _decode(q, k_cache, v_cache, ctx.decode_groups[0], scale).flatten(1)
+    if not ctx.prefills and len(ctx.paged_rows) == 1:  # the common step: no scatter into `out`
+        return _decode(q, k_cache, v_cache, ctx.paged_rows[0], scale).flatten(1)
     out = torch.empty_like(q)
-    for group in ctx.decode_groups:
+    for group in ctx.paged_rows:
         out[group.start : group.end] = _decode(q[group.start : group.end], k_cache, v_cache, group, scale)
     for chunk in ctx.prefills:
         rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
@@ -106,7 +107,7 @@ def paged_attention(
     return out.flatten(1)
 
 
-def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: DecodeGroup, scale: float):
+def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: PagedRows, scale: float):
     """One query per sequence: batched matmuls over (kv head, sequence), no repeat_interleave of K/V."""
     batch, heads, head_dim = q.shape
     kv_heads = k_cache.shape[0]

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from inferplug.ops.attention import AttentionContext, DecodeGroup
-from inferplug.ops.step import StepRows
+from inferplug.ops.attention import AttentionContext, PagedRows
+from inferplug.ops.step import StepLayout
 from inferplug.ops.torch_ops import TorchOps
 from inferplug.quant.block_linear import KERNEL_MAX_ROWS, BlockLinear
 from inferplug.quant.checkpoint_layers import PermutedLinear, RowPartsLinear
@@ -28,14 +28,14 @@ class CpuKernelOps(TorchOps):
         self.in_order = torch.empty(0, dtype=torch.long)  # decode_layers' order of a weight whose inputs are in order
         self.no_weight = torch.empty(0, dtype=torch.uint8)  # decode_layers' absent second q/k/v part
 
-    def context(self, step: StepRows) -> AttentionContext:
+    def context(self, step: StepLayout, slot_mapping: torch.Tensor) -> AttentionContext:
         if not self.paged_kernel:
-            return super().context(step)
-        ctx = AttentionContext(slot_mapping=step.slot_mapping, decode_rows=len(step.decodes))
-        ctx.decode_groups = [self._kernel_rows(step)]
+            return super().context(step, slot_mapping)
+        ctx = AttentionContext(slot_mapping, len(step.decodes), step.verify_rows)
+        ctx.paged_rows = [self._kernel_rows(step, slot_mapping.device)]
         return ctx
 
-    def _kernel_rows(self, step: StepRows) -> DecodeGroup:
+    def _kernel_rows(self, step: StepLayout, device: torch.device) -> PagedRows:
         """Every row of the step, decode and prefill alike: one block table, row span and context length per
         sequence. The kernel computes each row at its own position over key tiles at absolute positions, so a
         token's attention does not depend on the step's other rows, its chunking or its prefix-cache hits."""
@@ -44,14 +44,14 @@ class CpuKernelOps(TorchOps):
         starts = [0]
         for _, n in spans:
             starts.append(starts[-1] + n)
-        lengths = torch.tensor([s.num_computed_tokens + n for s, n in spans], dtype=torch.long, device=step.device)
-        return DecodeGroup(0, starts[-1], step.padded_tables([s for s, _ in spans], width), None, lengths=lengths,
-                           query_starts=torch.tensor(starts, dtype=torch.long, device=step.device))
+        lengths = torch.tensor([s.num_computed_tokens + n for s, n in spans], dtype=torch.long, device=device)
+        return PagedRows(0, starts[-1], step.padded_tables([s for s, _ in spans], width, device), None,
+                           lengths=lengths, query_starts=torch.tensor(starts, dtype=torch.long, device=device))
 
     def attention(self, q, k, v, k_cache, v_cache, ctx: AttentionContext, scale: float) -> torch.Tensor:
         if not self.paged_kernel:
             return super().attention(q, k, v, k_cache, v_cache, ctx, scale)
-        rows = ctx.decode_groups[0]
+        rows = ctx.paged_rows[0]
         return self.kernels.paged_attention(q, k_cache, v_cache, rows.block_tables, rows.query_starts, rows.lengths,
                                             scale).flatten(1)
 
@@ -73,7 +73,7 @@ class CpuKernelOps(TorchOps):
         blocks = self.block_layers(model, ctx, x.shape[0])
         if blocks is None:
             return False
-        group = ctx.decode_groups[0]
+        group = ctx.paged_rows[0]
         self.kernels.decode_layers(x, *blocks, [k for k, _ in kv_caches], [v for _, v in kv_caches], positions,
                                    model.cos, model.signed_sin, ctx.slot_mapping, group.block_tables, group.lengths,
                                    model.num_heads, model.scale, model.config.rms_norm_eps)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from inferplug.ops.attention import AttentionContext, DecodeGroup
+from inferplug.ops.attention import AttentionContext, PagedRows
 
 
 def batch_buckets(max_num_seqs: int) -> list[int]:
@@ -35,8 +35,8 @@ class DecodeGraphs:
         self.replays = 0  # tests and benchmarks check the graphs ran
 
     def _context(self, rows: int) -> AttentionContext:
-        group = DecodeGroup(0, rows, self.tables[:rows], None, lengths=self.lengths[:rows])
-        return AttentionContext(slot_mapping=self.slots[:rows], decode_rows=rows, decode_groups=[group])
+        group = PagedRows(0, rows, self.tables[:rows], None, lengths=self.lengths[:rows])
+        return AttentionContext(slot_mapping=self.slots[:rows], decode_rows=rows, paged_rows=[group])
 
     def _forward(self, rows: int) -> torch.Tensor:
         return self.model.forward(self.input_ids[:rows], self.positions[:rows], self._context(rows), self.kv_caches)
@@ -58,12 +58,12 @@ class DecodeGraphs:
         """A decode-only step of at most the largest bucket's rows, whose tables fit the static buffer."""
         if ctx.decode_rows != tokens or ctx.packed_prefill is not None or tokens > self.buckets[-1]:
             return False
-        return len(ctx.decode_groups) == 1 and ctx.decode_groups[0].block_tables.shape[1] <= self.tables.shape[1]
+        return len(ctx.paged_rows) == 1 and ctx.paged_rows[0].block_tables.shape[1] <= self.tables.shape[1]
 
     def replay(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         rows = input_ids.shape[0]
         bucket = next(b for b in self.buckets if b >= rows)
-        group = ctx.decode_groups[0]
+        group = ctx.paged_rows[0]
         self.input_ids[:rows] = input_ids
         self.positions[:rows] = positions
         self.slots.fill_(-1)

@@ -1,8 +1,9 @@
-"""One step's scheduled rows as the model runner lays them out: decode rows first, then prefill chunks."""
+"""One step's rows as the model runner lays them out (StepLayout): the one step-layout type that the runner fills,
+a tensor-parallel worker receives and the ops read to build their AttentionContext."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -21,16 +22,26 @@ class SeqView:
 
 
 @dataclass
-class StepRows:
-    decodes: list[tuple[Sequence, int]]  # (sequence, 1) each, longest context first
-    prefills: list[tuple[Sequence | SeqView, int]]  # (sequence, new tokens), in row order after the decodes
-    slot_mapping: torch.Tensor  # [T] flat pool slot of each new token
+class StepLayout:
+    """A step's rows in order: decode rows (one generated token each, longest context first), then the rows in
+    `prefills`: verification rows (a decode token and its proposals), prefill chunks and recompute spans. Beside
+    them the flat per-row lists the model reads. Plain lists, no tensors: a tensor-parallel worker gets it pickled
+    and builds its own on its device."""
+
+    decodes: list[tuple[Sequence | SeqView, int]]  # (sequence, 1) each
+    prefills: list[tuple[Sequence | SeqView, int]]  # (sequence, rows), in row order after the decodes
     block_size: int
-    device: torch.device
+    verify_rows: int = 0  # the first prefills rows check proposals: decode arithmetic in the linears (block_linear)
+    input_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)  # flat pool slot (block * block_size + offset) of each row
+    sample_rows: list[int] = field(default_factory=list)
+    prompt_rows: list[int] = field(default_factory=list)  # rows scoring the next prompt token (prompt_logprobs)
+    probes: list[tuple[int, int, int]] = field(default_factory=list)  # rag_recompute.DeviationProbe.segments
+    probe_layer: int = 0
 
-    def tensor(self, values, dtype=torch.long) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype, device=self.device)
-
-    def padded_tables(self, seqs: list[Sequence], width: int, dtype=torch.long) -> torch.Tensor:
+    def padded_tables(self, seqs: list[Sequence | SeqView], width: int, device: torch.device,
+                      dtype=torch.long) -> torch.Tensor:
         """[len(seqs), width] block tables, cut or padded with block 0 to `width`."""
-        return self.tensor([s.block_table[:width] + [0] * (width - len(s.block_table[:width])) for s in seqs], dtype)
+        return torch.tensor([s.block_table[:width] + [0] * (width - len(s.block_table[:width])) for s in seqs],
+                            dtype=dtype, device=device)

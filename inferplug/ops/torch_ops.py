@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from inferplug.ops.attention import AttentionContext, DecodeGroup, PrefillChunk, paged_attention, write_kv
-from inferplug.ops.step import StepRows
+from inferplug.ops.attention import AttentionContext, PagedRows, PrefillChunk, paged_attention, write_kv
+from inferplug.ops.step import StepLayout
 
 if TYPE_CHECKING:  # the ops read a row's block table and computed count; they never import the engine
     from inferplug.engine.sequence import Sequence
@@ -30,12 +30,13 @@ class TorchOps:
     def __init__(self, dtype: torch.dtype = torch.float32):
         self.dtype = dtype  # the model's compute dtype
 
-    def context(self, step: StepRows) -> AttentionContext:
-        ctx = AttentionContext(slot_mapping=step.slot_mapping, decode_rows=len(step.decodes))
-        ctx.decode_groups = self.decode_groups(step, [s for s, _ in step.decodes])
+    def context(self, step: StepLayout, slot_mapping: torch.Tensor) -> AttentionContext:
+        """What attention reads for `step`, whose rows store their K/V at `slot_mapping` (on the model's device)."""
+        ctx = AttentionContext(slot_mapping, len(step.decodes), step.verify_rows)
+        ctx.paged_rows = self.decode_groups(step, [s for s, _ in step.decodes], slot_mapping.device)
         q_start = len(step.decodes)
         for seq, n in step.prefills:
-            ctx.prefills.append(self._prefill_chunk(step, seq, n, q_start))
+            ctx.prefills.append(self._prefill_chunk(step, seq, n, q_start, slot_mapping.device))
             q_start += n
         return ctx
 
@@ -80,35 +81,37 @@ class TorchOps:
         return F.silu(gate).mul_(up)
 
     # --- the step's attention metadata ---------------------------------------------------------------
-    def decode_groups(self, step: StepRows, seqs: list[Sequence]) -> list[DecodeGroup]:
+    def decode_groups(self, step: StepLayout, seqs: list[Sequence], device: torch.device) -> list[PagedRows]:
         """Cut the decode rows (longest first) into groups of similar widths (GROUP_WIDTH_RATIO)."""
         blocks = [-(-(s.num_computed_tokens + 1) // step.block_size) for s in seqs]
         groups, start = [], 0
         for i in range(1, len(seqs) + 1):
             if i == len(seqs) or (blocks[i] <= GROUP_WIDTH_RATIO * blocks[start]
                                   and blocks[start] - blocks[i] >= GROUP_MIN_GAP_BLOCKS):
-                groups.append(self._decode_group(step, seqs[start:i], start, width=blocks[start]))
+                groups.append(self._decode_group(step, seqs[start:i], start, blocks[start], device))
                 start = i
         return groups
 
-    def _decode_group(self, step: StepRows, seqs: list[Sequence], start: int, width: int) -> DecodeGroup:
+    def _decode_group(self, step: StepLayout, seqs: list[Sequence], start: int, width: int,
+                      device: torch.device) -> PagedRows:
         lengths = [s.num_computed_tokens + 1 for s in seqs]
-        tables = step.padded_tables(seqs, width)
+        tables = step.padded_tables(seqs, width, device)
         if len(seqs) == 1:  # nothing to pad: attention cuts the keys at the length
-            return DecodeGroup(start, start + 1, tables, None, lengths[0])
-        keys = torch.arange(width * step.block_size, device=step.device)
-        past_end = keys[None, :] >= step.tensor(lengths)[:, None]
-        bias = torch.zeros(past_end.shape, dtype=self.dtype, device=step.device)
-        return DecodeGroup(start, start + len(seqs), tables, bias.masked_fill_(past_end, float("-inf"))[None, :, None, :])
+            return PagedRows(start, start + 1, tables, None, lengths[0])
+        keys = torch.arange(width * step.block_size, device=device)
+        past_end = keys[None, :] >= torch.tensor(lengths, device=device)[:, None]
+        bias = torch.zeros(past_end.shape, dtype=self.dtype, device=device)
+        return PagedRows(start, start + len(seqs), tables, bias.masked_fill_(past_end, float("-inf"))[None, :, None, :])
 
-    def _prefill_chunk(self, step: StepRows, seq: Sequence, n: int, q_start: int) -> PrefillChunk:
+    def _prefill_chunk(self, step: StepLayout, seq: Sequence, n: int, q_start: int,
+                       device: torch.device) -> PrefillChunk:
         start = seq.num_computed_tokens
         if start == 0:
             return PrefillChunk(q_start, n, n, None, None)
         ctx_len = start + n
-        blocks = step.tensor(seq.block_table[: -(-ctx_len // step.block_size)])
-        query_pos = torch.arange(start, ctx_len, device=step.device)
-        mask = torch.arange(ctx_len, device=step.device)[None, :] <= query_pos[:, None]
+        blocks = torch.tensor(seq.block_table[: -(-ctx_len // step.block_size)], device=device)
+        query_pos = torch.arange(start, ctx_len, device=device)
+        mask = torch.arange(ctx_len, device=device)[None, :] <= query_pos[:, None]
         return PrefillChunk(q_start, n, ctx_len, blocks, mask)
 
 

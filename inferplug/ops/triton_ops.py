@@ -12,23 +12,25 @@ import torch
 from inferplug.kernels.layer_ops import add_rms_norm, rope_, store_kv
 from inferplug.kernels.paged_attention import paged_attention_decode
 from inferplug.kernels.prefill_attention import prefill_attention
-from inferplug.ops.attention import AttentionContext, DecodeGroup, PackedPrefill
-from inferplug.ops.step import StepRows
+from inferplug.ops.attention import AttentionContext, PagedRows, PackedPrefill
+from inferplug.ops.step import StepLayout
 from inferplug.ops.torch_ops import TorchOps
 
 
 class TritonOps(TorchOps):
     name = "triton"
 
-    def context(self, step: StepRows) -> AttentionContext:
-        ctx = AttentionContext(slot_mapping=step.slot_mapping, decode_rows=len(step.decodes))
+    def context(self, step: StepLayout, slot_mapping: torch.Tensor) -> AttentionContext:
+        ctx = AttentionContext(slot_mapping, len(step.decodes), step.verify_rows)
+        device = slot_mapping.device
         if step.decodes:
             seqs = [s for s, _ in step.decodes]
             lengths = [s.num_computed_tokens + 1 for s in seqs]
-            tables = step.padded_tables(seqs, -(-max(lengths) // step.block_size), torch.int32)
-            ctx.decode_groups = [DecodeGroup(0, len(seqs), tables, None, lengths=step.tensor(lengths, torch.int32))]
+            tables = step.padded_tables(seqs, -(-max(lengths) // step.block_size), device, torch.int32)
+            ctx.paged_rows = [PagedRows(0, len(seqs), tables, None,
+                                             lengths=torch.tensor(lengths, dtype=torch.int32, device=device))]
         if step.prefills:
-            ctx.packed_prefill = self.pack_prefill(step)
+            ctx.packed_prefill = self.pack_prefill(step, device)
         return ctx
 
     def decode_graphs(self, model, kv_caches, *, max_num_seqs: int, max_blocks: int):
@@ -41,14 +43,15 @@ class TritonOps(TorchOps):
         graphs.capture()
         return graphs
 
-    def pack_prefill(self, step: StepRows) -> PackedPrefill:
+    def pack_prefill(self, step: StepLayout, device: torch.device) -> PackedPrefill:
         seqs = [s for s, _ in step.prefills]
         ctx_lens = [s.num_computed_tokens + n for s, n in step.prefills]
         offsets = [0]
         for _, n in step.prefills:
             offsets.append(offsets[-1] + n)
-        tables = step.padded_tables(seqs, -(-max(ctx_lens) // step.block_size), torch.int32)
-        return PackedPrefill(step.tensor(offsets, torch.int32), step.tensor(ctx_lens, torch.int32), tables,
+        tables = step.padded_tables(seqs, -(-max(ctx_lens) // step.block_size), device, torch.int32)
+        return PackedPrefill(torch.tensor(offsets, dtype=torch.int32, device=device),
+                             torch.tensor(ctx_lens, dtype=torch.int32, device=device), tables,
                              max(n for _, n in step.prefills))
 
     def rope_and_store(self, qkv, positions, cos, signed_sin, k_cache, v_cache, ctx: AttentionContext, num_heads: int):
@@ -62,14 +65,14 @@ class TritonOps(TorchOps):
     def attention(self, q, k, v, k_cache, v_cache, ctx: AttentionContext, scale: float) -> torch.Tensor:
         rows = ctx.decode_rows
         if ctx.packed_prefill is None:  # a decode step: the kernel writes the whole output
-            return self.decode(q, k_cache, v_cache, ctx.decode_groups[0], scale).flatten(1)
+            return self.decode(q, k_cache, v_cache, ctx.paged_rows[0], scale).flatten(1)
         out = torch.empty_like(q)
         if rows:
-            out[:rows] = self.decode(q[:rows], k_cache, v_cache, ctx.decode_groups[0], scale)
+            out[:rows] = self.decode(q[:rows], k_cache, v_cache, ctx.paged_rows[0], scale)
         out[rows:] = self.prefill(q[rows:], k_cache, v_cache, ctx.packed_prefill, scale)
         return out.flatten(1)
 
-    def decode(self, q, k_cache, v_cache, rows: DecodeGroup, scale: float) -> torch.Tensor:
+    def decode(self, q, k_cache, v_cache, rows: PagedRows, scale: float) -> torch.Tensor:
         return paged_attention_decode(q, k_cache, v_cache, rows.block_tables, rows.lengths, scale)
 
     def prefill(self, q, k_cache, v_cache, packed: PackedPrefill, scale: float) -> torch.Tensor:

@@ -31,7 +31,7 @@ def checkpoint_layer(quant: GroupQuant, device: str, bias: torch.Tensor | None =
     order = quant.input_order()
     if order is not None:
         quant = quant.permuted(order)
-    on_kernels = device == "cpu" and cpu_kernels.ops() is not None
+    on_kernels = cpu_kernels.runs_on(device)
     if quant.bits == 8:
         if not on_kernels:
             raise ProfileError("8-bit GPTQ runs on inferplug's CPU kernels only (as Q8_0 blocks), and this device "

@@ -129,7 +129,7 @@ def layer_class(fmt: str, device: str) -> type[WeightOnlyLinear]:
     """The layer that runs `fmt` on `device`: int4 and int8 on an AVX2 CPU run inferplug's own kernels."""
     from inferplug.kernels import cpu as cpu_kernels
 
-    if fmt in BLOCK_LINEARS and device == "cpu" and cpu_kernels.ops() is not None:
+    if fmt in BLOCK_LINEARS and cpu_kernels.runs_on(device):
         return BLOCK_LINEARS[fmt]
     return QUANTIZED_LINEARS[fmt]
 
@@ -169,7 +169,7 @@ def head_layer(weight: torch.Tensor, fmt: str, bias: torch.Tensor | None = None)
 
     device = weight.device.type
     fmt = head_format(fmt, device)
-    if device == "cpu" and cpu_kernels.ops() is not None:
+    if cpu_kernels.runs_on(device):
         q8 = Q8HeadLinear.from_float(weight, bias)
         if fmt == "int8" or torch.equal(q8.dequantized(), weight.float()):
             return q8

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from inferplug.frontend.openai_logprobs import chat_logprobs, completion_logprobs, vllm_prompt_logprobs
-from inferplug.frontend.tool_calls import calls_from_deltas
+from inferplug.frontend.tool_calls import all_whole, calls_from_deltas, finish_with_calls
 from inferplug.server.echo import Echo
-from inferplug.server.tool_output import ToolCallText, tool_calls_json
+from inferplug.server.tool_output import ToolCallText, call_delta_json, tool_calls_json
 from inferplug.types import Event, TokenLogprob, ToolCallDelta, Usage
 
 Kind = Literal["chat", "completion"]
@@ -50,17 +50,18 @@ class ResponseBuilder:
     """Builds one call's responses from its events, for /v1/chat/completions or /v1/completions."""
 
     def __init__(self, kind: Kind, model: str, num_choices: int, want_logprobs: bool,
-                 tools: list[dict[str, Any]] | None = None, parallel_tool_calls: bool = True, *,
-                 echo: Echo | None = None, want_prompt_logprobs: bool = False):
-        """`echo`: completions' echo (server/echo.py); `want_prompt_logprobs`: vLLM's prompt_logprobs per choice."""
+                 tools: list[dict[str, Any]] | None = None, parallel_tool_calls: bool = True,
+                 tool_required: bool = False, *, echo: Echo | None = None, want_prompt_logprobs: bool = False):
+        """`tool_required`: a required or named tool_choice, answered in tool_calls always; `echo`: completions'
+        echo (server/echo.py); `want_prompt_logprobs`: vLLM's prompt_logprobs per choice."""
         self.kind = kind
         self.model = model
         self.want_logprobs = want_logprobs
         self.echo, self.want_prompt_logprobs = echo, want_prompt_logprobs
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
-        self.choices = [ChoiceState(tool_text=ToolCallText(tools, parallel_tool_calls) if tools else None)
-                        for _ in range(num_choices)]
+        self.choices = [ChoiceState(tool_text=ToolCallText(tools, parallel_tool_calls, tool_required) if tools
+                                    else None) for _ in range(num_choices)]
         self.aborted = False  # some choice was aborted by the backend, not finished
 
     def add(self, event: Event) -> ChoiceState:
@@ -103,13 +104,12 @@ class ResponseBuilder:
             logprobs = chat_logprobs(c.logprobs) if self.want_logprobs else None
             calls = calls_from_deltas(c.call_deltas)
             if c.tool_text is not None and not calls:
-                c.tool_text.feed(c.text)
-                calls = c.tool_text.finish()[1]
-            message = ({"role": "assistant", "content": None, "tool_calls": tool_calls_json(calls, False)} if calls
+                calls = c.tool_text.calls(c.text)
+            message = ({"role": "assistant", "content": None, "tool_calls": tool_calls_json(calls)} if calls
                        else {"role": "assistant", "content": c.text})
             message.update(_reasoning(c.reasoning))
             return {"index": index, "message": message, "logprobs": logprobs,
-                    "finish_reason": _finish_with_calls(c.finish_reason, bool(calls)), "stop_reason": c.stop_reason}
+                    "finish_reason": finish_with_calls(c.finish_reason, all_whole(calls)), "stop_reason": c.stop_reason}
         logprobs = completion_logprobs(c.logprobs, 0) if self.want_logprobs else None
         body = {"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish_reason,
                 "stop_reason": c.stop_reason}
@@ -131,12 +131,13 @@ class ResponseBuilder:
             return None
         finish = choice.finish_reason if event.finish_reason else None
         if self.kind == "chat":
-            delta = self._chat_delta(choice, event.text, finish is not None) | _reasoning(event.reasoning)
-            if event.tool_calls:  # a remote's call pieces pass through as they came, its ids kept
-                delta["tool_calls"] = delta.get("tool_calls", []) + [_call_delta_json(d) for d in event.tool_calls]
-            if not (delta["content"] or event.reasoning or event.tool_calls or finish or first or (self.want_logprobs and event.logprobs)):
+            delta = self._chat_delta(choice, event, finish is not None) | _reasoning(event.reasoning)
+            if not (delta["content"] or event.reasoning or "tool_calls" in delta or finish or first
+                    or (self.want_logprobs and event.logprobs)):
                 return None  # text held back: it may be a tool call
-            finish = _finish_with_calls(finish, "tool_calls" in delta)
+            tool_text = choice.tool_text
+            called = bool(choice.call_deltas) or (tool_text is not None and tool_text.called and not tool_text.cut)
+            finish = finish_with_calls(finish, called)
             if first:
                 delta = {"role": "assistant", **delta}
             logprobs = chat_logprobs(event.logprobs or []) if self.want_logprobs else None
@@ -149,15 +150,16 @@ class ResponseBuilder:
         return self._chunk_envelope([body], None, include_usage)
 
     @staticmethod
-    def _chat_delta(choice: ChoiceState, text: str, finished: bool) -> dict[str, Any]:
-        """The content to send for new text; with tools, held text and, at the end, the calls."""
-        if choice.tool_text is None:
-            return {"content": text}
-        content = choice.tool_text.feed(text)
-        if not finished:
-            return {"content": content}
-        held, calls = choice.tool_text.finish()
-        return {"content": None, "tool_calls": tool_calls_json(calls, True)} if calls else {"content": content + held}
+    def _chat_delta(choice: ChoiceState, event: Event, finished: bool) -> dict[str, Any]:
+        """The content and call pieces to send for an event: with tools, text is held while it may be a call; a
+        remote's call pieces pass through as they came, its ids kept."""
+        content, pieces = choice.tool_text.feed(event.text) if choice.tool_text is not None else (event.text, [])
+        if finished and choice.tool_text is not None and not choice.call_deltas:  # a remote's calls are whole
+            held, more = choice.tool_text.finish()
+            content, pieces = content + held, pieces + more
+        pieces += event.tool_calls
+        return {"content": content or None, "tool_calls": [call_delta_json(p) for p in pieces]} if pieces \
+            else {"content": content}
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         return self._chunk_envelope([], usage_json(self._usage(usage)), True)
@@ -174,13 +176,3 @@ class ResponseBuilder:
         if include_usage:
             chunk["usage"] = usage
         return chunk
-
-
-def _call_delta_json(delta: ToolCallDelta) -> dict[str, Any]:
-    function = {"arguments": delta.arguments} | ({"name": delta.name} if delta.name else {})
-    return {"index": delta.index, "function": function} | ({"id": delta.id, "type": "function"} if delta.id else {})
-
-
-def _finish_with_calls(finish_reason: str | None, called: bool) -> str | None:
-    """A choice that ended by itself with tool calls finishes with "tool_calls", as OpenAI's do."""
-    return "tool_calls" if called and finish_reason == "stop" else finish_reason

@@ -112,7 +112,7 @@ async def _generate(kind: str, body: CompletionRequest | ChatCompletionRequest, 
     generation = Generation(backend, [p.request for p in prepared])
     n = prepared[0].request.params.n
     builder = ResponseBuilder(kind, body.model, len(prepared) * n, want_logprobs, prepared[0].tools or None,
-                              prepared[0].parallel_tool_calls, **builder_kw)
+                              prepared[0].parallel_tool_calls, prepared[0].tool_required, **builder_kw)
     try:
         started = await request.app.state.admission.start(generation, request, _client(request))
     except BaseException:

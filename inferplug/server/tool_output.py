@@ -1,16 +1,19 @@
 """A chat choice's text when tools are offered: held back while it may still become a tool call, then either
 released as content or turned into OpenAI `tool_calls` once the choice ends (streamed or whole, one rule).
 
-A call is recognised as vLLM's parsers do at the start of the answer: a JSON object or array, fenced or
-bare, or <tool_call> tags. An answer that starts as prose is prose, streamed as it comes.
+With "auto", a call is recognised as vLLM's parsers do at the start of the answer: a JSON object or array, fenced
+or bare, or <tool_call> tags; an answer that starts as prose is prose, streamed as it comes. A required or named
+choice answers in tool_calls always, cut short or not (frontend/forced_call.py): one call streams its arguments
+as they are decoded, an array of parallel calls is sent once the choice ends.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from inferplug.frontend.tool_calls import ToolCall, parse_tool_calls
+from inferplug.frontend.forced_call import ForcedCallStream, forced_calls
+from inferplug.frontend.tool_calls import ToolCall, all_whole, parse_tool_calls
+from inferplug.types import ToolCallDelta
 
 _CALL_STARTS = ("{", "[", "<tool_call>", "```")
 _LONGEST_START = max(map(len, _CALL_STARTS))
@@ -22,38 +25,63 @@ def _may_be_call(start: str) -> bool:
 
 
 class ToolCallText:
-    def __init__(self, tools: list[dict[str, Any]], parallel: bool) -> None:
-        self.tools, self.parallel = tools, parallel
+    def __init__(self, tools: list[dict[str, Any]], parallel: bool, required: bool) -> None:
+        self.tools, self.parallel, self.required = tools, parallel, required
+        self.forced = ForcedCallStream(tools) if required and not parallel else None
         self.held = ""
         self.start = ""  # the held text's first characters after whitespace: all that decides (linear in the text)
         self.prose = False  # the answer started as text: nothing more is held
+        self.called = False  # some call piece was sent
+        self.cut = False  # known at finish: a call was cut short
 
-    def feed(self, text: str) -> str:
-        """The content to send now for the choice's new text."""
+    def calls(self, text: str) -> list[ToolCall]:
+        """A whole answer's calls ([]: it is content)."""
+        if self.required:
+            return forced_calls(text, self.tools, self.parallel)
+        if not _may_be_call(text.lstrip()[:_LONGEST_START]):
+            return []
+        calls = parse_tool_calls(text, self.tools)
+        return calls if self.parallel else calls[:1]
+
+    def feed(self, text: str) -> tuple[str, list[ToolCallDelta]]:
+        """(the content to send now, the call pieces to send now) for the choice's new text."""
+        if self.forced is not None:
+            return "", self._sent(self.forced.feed(text))
         if self.prose:
-            return text
+            return text, []
         self.held += text
         if len(self.start) < _LONGEST_START:
             self.start = (self.start + text).lstrip()[:_LONGEST_START]
-        if _may_be_call(self.start):
-            return ""
+        if self.required or _may_be_call(self.start):
+            return "", []
         self.prose, released, self.held = True, self.held, ""
-        return released
+        return released, []
 
-    def finish(self) -> tuple[str, list[ToolCall]]:
-        """(content still held, the calls) when the choice ends: either calls or the held text, never both."""
-        calls = [] if self.prose else parse_tool_calls(self.held, self.tools)
+    def finish(self) -> tuple[str, list[ToolCallDelta]]:
+        """(content still held, the call pieces still to send) when the choice ends: calls or text, never both."""
+        if self.forced is not None:
+            pieces = self._sent(self.forced.finish())
+            self.cut = self.forced.cut
+            return "", pieces
+        calls = [] if self.prose else self.calls(self.held)
+        self.cut = not all_whole(calls)
         if calls:
-            return "", calls if self.parallel else calls[:1]
+            return "", self._sent([ToolCallDelta(i, c.id, c.name, c.arguments_json()) for i, c in enumerate(calls)])
         released, self.held = self.held, ""
         return released, []
 
+    def _sent(self, pieces: list[ToolCallDelta]) -> list[ToolCallDelta]:
+        self.called |= bool(pieces)
+        return pieces
 
-def tool_calls_json(calls: list[ToolCall], streamed: bool) -> list[dict[str, Any]]:
-    """OpenAI's tool_calls: arguments as a JSON string; a streamed delta numbers its calls."""
-    out = []
-    for i, call in enumerate(calls):
-        entry = {"id": call.id, "type": "function",
-                 "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)}}
-        out.append({"index": i, **entry} if streamed else entry)
-    return out
+
+def tool_calls_json(calls: list[ToolCall]) -> list[dict[str, Any]]:
+    """A whole message's tool_calls, in OpenAI's shape: the arguments as a JSON string (partial when cut short)."""
+    return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments_json()}}
+            for c in calls]
+
+
+def call_delta_json(delta: ToolCallDelta) -> dict[str, Any]:
+    """A streamed piece of a call, in OpenAI's shape: the first piece of each call brings its id and name."""
+    function = {"arguments": delta.arguments} | ({"name": delta.name} if delta.name else {})
+    return {"index": delta.index, "function": function} | ({"id": delta.id, "type": "function"} if delta.id else {})

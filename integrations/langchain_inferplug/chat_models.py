@@ -10,6 +10,7 @@ from langchain_core.language_models import BaseChatModel, LangSmithParams
 from langchain_core.language_models.chat_models import agenerate_from_stream, generate_from_stream
 from langchain_core.language_models.model_profile import ModelProfile
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages.tool import invalid_tool_call, tool_call
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
@@ -19,12 +20,12 @@ from inferplug.errors import RequestError
 from inferplug.frontend.calls import Result, ResultBuilder
 from inferplug.frontend.openai_logprobs import chat_logprobs
 from inferplug.frontend.requests import Prepared, build_request
-from inferplug.types import ToolCallDelta
+from inferplug.frontend.tool_calls import all_whole, finish_with_calls
 from langchain_inferplug.base import InferPlugFields
 from langchain_inferplug.messages import to_chat_dicts
 from langchain_inferplug.model_profile import model_profile
 from langchain_inferplug.structured import structured_output_runnable
-from langchain_inferplug.tool_stream import ToolCallStream
+from langchain_inferplug.tool_stream import ToolCallStream, call_chunk
 
 
 class ChatInferPlug(InferPlugFields, BaseChatModel):
@@ -62,18 +63,22 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
         )
 
     def _message(self, result: Result, prepared: Prepared) -> AIMessage:
-        calls = result.calls(prepared.tools)
+        calls = result.calls(prepared.tools, prepared.tool_required)
+        # a call cut short (max_tokens) is an invalid tool call with its partial arguments, as ChatOpenAI gives it
         return AIMessage(
             content="" if calls else result.text,
             additional_kwargs={"reasoning_content": result.reasoning} if result.reasoning else {},
-            tool_calls=[{"name": c.name, "args": c.arguments, "id": c.id, "type": "tool_call"} for c in calls],
+            tool_calls=[tool_call(name=c.name, args=c.arguments, id=c.id) for c in calls if c.partial is None],
+            invalid_tool_calls=[invalid_tool_call(name=c.name, args=c.partial, id=c.id, error=_CUT)
+                                for c in calls if c.partial is not None],
             usage_metadata=_usage(result),
-            response_metadata=self._response_metadata(result, bool(calls)),
+            response_metadata=self._response_metadata(result, all_whole(calls)),
         )
 
     def _response_metadata(self, result: Result, called: bool) -> dict[str, Any]:
-        meta: dict[str, Any] = {"model_name": self.model, "finish_reason": "tool_calls" if called
-                                else result.finish_reason, "model_provider": "inferplug"}
+        meta: dict[str, Any] = {"model_name": self.model, "finish_reason": finish_with_calls(result.finish_reason,
+                                                                                             called),
+                                "model_provider": "inferplug"}
         if result.timings is not None:
             meta["ttft_s"] = result.timings.ttft
         if result.logprobs is not None:
@@ -161,10 +166,7 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
         return structured_output_runnable(self, schema, method=method, include_raw=include_raw, **kwargs)
 
 
-def _backend_chunk(delta: ToolCallDelta) -> dict[str, Any]:
-    """A piece of a call the backend parsed itself, with its id, as LangChain's tool-call chunk."""
-    return {"type": "tool_call_chunk", "index": delta.index, "id": delta.id, "name": delta.name,
-            "args": delta.arguments}
+_CUT = "the generation ended (max_tokens or a stop string) before the call's arguments were complete JSON"
 
 
 def _usage(result: Result) -> dict[str, Any]:
@@ -186,7 +188,7 @@ class _ChunkStream:
         chunks = []
         if event.index == 0 and (event.text or event.reasoning or event.tool_calls):
             content, calls = self.tools.feed(event.text) if self.tools else (event.text, [])
-            calls += [_backend_chunk(d) for d in event.tool_calls]
+            calls += [call_chunk(d) for d in event.tool_calls]  # a remote's own, its ids kept
             if content or calls or event.reasoning:
                 chunks.append(self._chunk(content, calls, event.reasoning))
         if event.usage is not None:  # the request's last event
@@ -200,8 +202,9 @@ class _ChunkStream:
 
     def _last(self) -> ChatGenerationChunk:
         result = self.builder.build()
-        content, calls = self.tools.finish() if self.tools else ("", [])
-        called = bool(calls or result.tool_calls) or (self.tools is not None and self.tools.mode == "call")
+        # a remote backend's calls came whole, as it parsed them
+        content, calls = self.tools.finish() if self.tools and not result.tool_calls else ("", [])
+        called = all_whole(result.tool_calls) or (self.tools is not None and self.tools.called)
         meta = self.model._response_metadata(result, called)
         return self._chunk(content, calls, "", usage_metadata=_usage(result), response_metadata=meta,
                            chunk_position="last")

@@ -45,7 +45,8 @@ def test_sixteen_concurrent_staggered_requests_match_hf(request, tiny_model_dir,
         ops = engine.runner.model.ops = TorchOps()
     group_counts = []
     make_groups = ops.decode_groups
-    ops.decode_groups = lambda step, seqs: group_counts.append(len(groups := make_groups(step, seqs))) or groups
+    ops.decode_groups = lambda step, seqs, device: \
+        group_counts.append(len(groups := make_groups(step, seqs, device))) or groups
     lengths = [3, 70, 17, 1, 40, 9, 33, 120, 5, 64, 16, 28, 2, 90, 11, 47]
     outs = [4 + (i * 5) % 11 for i in range(16)]
     prompts = prompts_of(lengths, seed=1)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from engine_helpers import greedy, hf_greedy, make_engine, prompts_of, run_all, tokens_of
 
-from inferplug.engine.model_runner import is_decode
+from inferplug.engine.model_runner import is_decode_row
 from inferplug.types import Request
 
 
@@ -17,7 +17,7 @@ def test_prefill_beside_decode_rows_is_capped_and_answers_match_hf(tiny_model_di
 
     def recorded():
         scheduled = schedule()
-        steps.append([(is_decode(seq, n), n) for seq, n in scheduled])
+        steps.append([(is_decode_row(seq, n), n) for seq, n in scheduled])
         return scheduled
 
     engine.scheduler.schedule = recorded

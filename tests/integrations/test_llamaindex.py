@@ -62,11 +62,17 @@ def test_required_tool_call_is_well_formed(llm):
     response = llm.chat_with_tools([tool], user_msg="What is the weather in Paris?", tool_required=True)
     calls = llm.get_tool_calls_from_response(response)
     assert [c.tool_name for c in calls] == ["get_weather"] and isinstance(calls[0].tool_kwargs["city"], str)
-    # streamed: the text grows delta by delta; the calls are parsed once, into the last response
+    assert response.message.content == ""  # the call's text is no prose
+    # streamed as the call so far, never as content (as LlamaIndex's OpenAI LLM streams one): its arguments grow
+    # delta by delta, under one id, up to the whole call's
     streamed = list(llm.stream_chat_with_tools([tool], user_msg="What is the weather in Paris?", tool_required=True))
-    final = streamed[-1].message.content
-    assert all(final.startswith(r.message.content) for r in streamed) and len(streamed) > 2
-    assert [c.tool_name for c in llm.get_tool_calls_from_response(streamed[-1])] == ["get_weather"]
+    so_far = [r.message.additional_kwargs["tool_calls"] for r in streamed if r.message.additional_kwargs]
+    assert all(r.message.content == "" for r in streamed) and len(so_far) > 2
+    assert {c["id"] for [c] in so_far} == {so_far[-1][0]["id"]} and {c["function"]["name"] for [c] in so_far} == {
+        "get_weather"}
+    arguments = [c["function"]["arguments"] for [c] in so_far]
+    assert all(later.startswith(earlier) for earlier, later in zip(arguments[:-2], arguments[1:-1]))
+    assert llm.get_tool_calls_from_response(streamed[-1])[0].tool_kwargs == calls[0].tool_kwargs
 
 
 def test_image_content_is_a_clear_error(llm):

@@ -1,12 +1,15 @@
-"""Tool calling pieces that need no model: call schemas, tool_choice, parsing calls out of text."""
+"""Tool calling pieces that need no model: call schemas, tool_choice, parsing calls out of text, a required
+choice's answer as calls whole, cut short or streamed."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
 
 from inferplug.errors import RequestError
+from inferplug.frontend.forced_call import ForcedCallStream, forced_calls
 from inferplug.frontend.tool_calls import call_schema, parse_tool_calls, select_tools, template_renders_tools
 from inferplug.profile import Profile
 
@@ -69,5 +72,45 @@ def test_a_backends_streamed_call_pieces_become_calls_with_its_ids():
               {"index": 1, "id": "call_cut", "function": {"name": "add", "arguments": '{"a": '}}]
     events = [e for p in pieces for e in chunk_events("r", {"choices": [{"index": 0, "delta": {"tool_calls": [p]}}]})]
     calls = calls_from_deltas([d for e in events for d in e.tool_calls])
-    # the call cut short (max_tokens) is no call, as a malformed call in text is not
-    assert [(c.id, c.name, c.arguments) for c in calls] == [("call_remote1", "add", {"a": 1, "b": 2})]
+    # the call cut short (max_tokens) stays a call, its partial arguments as the backend sent them (as OpenAI's)
+    assert [(c.id, c.name, c.arguments, c.arguments_json()) for c in calls] == [
+        ("call_remote1", "add", {"a": 1, "b": 2}, '{"a": 1, "b": 2}'), ("call_cut", "add", {}, '{"a": ')]
+
+
+WHOLE = '{"name": "add", "arguments": {"a": 1, "b": {"c": [2, "}"]}}}'
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_a_required_answer_is_its_calls_at_every_cut(parallel):
+    """Cut anywhere (max_tokens), a required choice's answer is still a call: the name (completed from the offered
+    tools while the cut is inside it) and the arguments text so far; the whole answer is the parsed call."""
+    text = f"[{WHOLE}, {WHOLE}]" if parallel else WHOLE
+    first_args = text.index('{"a"')
+    for cut in range(len(text) + 1):
+        calls = forced_calls(text[:cut], [WEATHER, ADD], parallel)
+        # cut before the name's first letter: the first offered tool; after it, the only one that starts so
+        assert calls[0].name == ("add" if cut > text.index('"add"') + 1 else "get_weather"), cut
+        assert all(c.name == "add" for c in calls[:-1]), cut
+        if cut == len(text):
+            assert [c.arguments for c in calls] == [{"a": 1, "b": {"c": [2, "}"]}}] * (2 if parallel else 1)
+            assert all(c.partial is None for c in calls)
+        elif cut >= first_args:
+            whole_args = text[first_args:text.index("}}}", first_args) + 2]
+            assert calls[0].arguments_json() == (text[first_args:cut] if calls[0].partial is not None
+                                                 else json.dumps(json.loads(whole_args)))
+    assert forced_calls('{"name": "get_w', [WEATHER, ADD], False)[0].name == "get_weather"
+    assert [(c.name, c.partial) for c in forced_calls("", [WEATHER, ADD], parallel)] == [("get_weather", "")]
+
+
+@pytest.mark.parametrize("text", [WHOLE, WHOLE[:45], WHOLE[:-1], WHOLE[:20], WHOLE[:3], ""])
+def test_a_streamed_required_call_adds_up_to_the_whole_answers(text):
+    """Fed in pieces of any size, the stream sends the id and name once, then arguments that join up to those of
+    the whole answer parsed at once (the text itself when cut short)."""
+    for size in (1, 2, 7, len(text) or 1):
+        stream = ForcedCallStream([WEATHER, ADD])
+        pieces = [d for i in range(0, len(text), size) for d in stream.feed(text[i:i + size])] + stream.finish()
+        [want] = forced_calls(text, [WEATHER, ADD], parallel=False)
+        assert [(p.id, p.name) for p in pieces[:1]] == [(stream.id, want.name)] and not any(p.name for p in pieces[1:])
+        arguments = "".join(p.arguments for p in pieces)
+        assert arguments == want.partial if want.partial is not None else json.loads(arguments) == want.arguments
+        assert stream.cut is (want.partial is not None)

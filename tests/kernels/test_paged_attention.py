@@ -73,13 +73,13 @@ def test_a_sequence_gets_the_same_bits_alone_and_in_a_batch():
 
 
 def test_reference_matches_the_engine_cpu_decode_path():
-    from inferplug.ops.attention import DecodeGroup, _decode
+    from inferplug.ops.attention import PagedRows, _decode
 
     seq_lens = [3, 9]
     q, k_cache, v_cache, tables, lens = random_pool(batch=2, heads=4, kv_heads=2, head_dim=8, block_size=4, seq_lens=seq_lens)
     positions = torch.arange(tables.shape[1] * 4)
     bias = torch.where(positions[None, :] < lens[:, None], 0.0, float("-inf")).view(1, 2, 1, -1)
-    rows = DecodeGroup(0, 2, tables.long(), bias)
+    rows = PagedRows(0, 2, tables.long(), bias)
     engine = _decode(q, k_cache, v_cache, rows, 8**-0.5)
     torch.testing.assert_close(paged_attention_decode_ref(q, k_cache, v_cache, tables, lens, 8**-0.5), engine)
 

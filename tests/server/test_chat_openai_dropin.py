@@ -1,6 +1,6 @@
-"""ChatInferPlug and InferPlugLLM take `api_key` and `base_url` as ChatOpenAI does: a remote profile sends the key
-to the server at that URL (here our own server on loopback, which requires the key); a local profile needs
-neither, accepts both and runs as it does without them."""
+"""ChatInferPlug, InferPlugLLM and LlamaIndex's InferPlug take `api_key` and `base_url` as ChatOpenAI does: a remote
+profile sends the key to the server at that URL (here our own server on loopback, which requires the key); a local
+profile needs neither, accepts both and runs as it does without them."""
 
 from __future__ import annotations
 
@@ -45,6 +45,15 @@ def test_a_remote_profile_sends_the_key_to_the_base_url(keyed_server, remote_pro
     want = InferPlugLLM(profile=tiny_backend.profile, temperature=0, max_tokens=6).invoke("the weather is")
     assert llm.invoke("the weather is") == want
 
+    from llama_index.llms.inferplug import InferPlug
+
+    index_llm = InferPlug(profile=remote_profile, api_key=KEY, base_url=keyed_server.url, temperature=0, max_tokens=6)
+    assert isinstance(index_llm.api_key, SecretStr) and KEY not in repr(index_llm)
+    assert KEY not in index_llm.model_dump_json() and index_llm.backend.base_url == keyed_server.url
+    want = InferPlug(profile=tiny_backend.profile, temperature=0, max_tokens=6).complete("hello there")
+    answer = index_llm.complete("hello there")
+    assert (answer.text, answer.raw["usage"]) == (want.text, want.raw["usage"])
+
 
 def test_a_wrong_key_is_refused_and_never_shown(keyed_server, remote_profile):
     from langchain_inferplug import ChatInferPlug
@@ -71,6 +80,13 @@ def test_a_local_profile_accepts_a_key_and_a_url_and_needs_neither(tiny_backend)
         assert given.backend is plain.backend is tiny_backend  # the same engine: the key and URL change nothing
         assert given.inferplug_profile.openai.api_key is None
         assert text(given.invoke("hello there")) == text(plain.invoke("hello there"))
+    from llama_index.llms.inferplug import InferPlug
+
+    plain = InferPlug(profile=tiny_backend.profile, temperature=0, max_tokens=4)
+    given = InferPlug(profile=tiny_backend.profile, temperature=0, max_tokens=4, api_key="unused",
+                      base_url=UNREACHABLE)
+    assert given.backend is plain.backend is tiny_backend and given.profile.openai.api_key is None
+    assert given.complete("hello there").text == plain.complete("hello there").text
 
 
 def text(answer) -> str:

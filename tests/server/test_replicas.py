@@ -12,6 +12,9 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import json
+import shutil
+
 import httpx
 import openai
 import pytest
@@ -24,6 +27,9 @@ ray = pytest.importorskip("ray")
 
 KEY = "replica-key"
 MARK = "INFERPLUG_TEST_RAY_MARK"
+# Streams that must still run when the test acts on them (a client leaving, a replica killed): the tiny model
+# streams 400 tokens in about 0.15 s, less than a cancel takes to cross Ray, so it gets a long context.
+LONG_TOKENS = 12000
 
 
 def write_profile(directory: Path, model_dir: Path) -> Path:
@@ -90,10 +96,18 @@ def until(check, seconds: float = 120.0, what: str = "the condition"):
     raise AssertionError(f"{what} did not happen in {seconds:.0f} s")
 
 
+def long_context_copy(model_dir: Path, out: Path) -> Path:
+    """The tiny model with room for LONG_TOKENS: RoPE weights do not depend on the maximum position."""
+    shutil.copytree(model_dir, out)
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "max_position_embeddings": LONG_TOKENS + 512}))
+    return out
+
+
 @pytest.fixture(scope="module")
 def replicated(tiny_llama_dir):
     with tempfile.TemporaryDirectory(prefix="ipr", dir="/tmp") as tmp:  # short: Ray's socket paths live here
-        server = Replicated(Path(tmp), tiny_llama_dir)
+        server = Replicated(Path(tmp), long_context_copy(tiny_llama_dir, Path(tmp) / "model"))
         yield server
         if server.proc.poll() is None:
             stop(server.proc)
@@ -136,7 +150,7 @@ def test_api_key_and_metrics_per_replica_and_summed(replicated):
 
 def test_client_leaving_a_stream_aborts_it_on_its_replica(replicated):
     stream = replicated.client().chat.completions.with_streaming_response.create(
-        model="tiny", messages=[{"role": "user", "content": "r leaves early"}], max_tokens=400, stream=True,
+        model="tiny", messages=[{"role": "user", "content": "r leaves early"}], max_tokens=LONG_TOKENS, stream=True,
         extra_body={"ignore_eos": True})
     with stream as response:
         replica = response.headers["x-inferplug-replica"]
@@ -153,12 +167,12 @@ def test_killed_replica_fails_only_its_requests_and_is_replaced(replicated):
     streams = []
     for letter in "stuvwxyz":  # long streams spread over both replicas
         response = client.chat.completions.with_streaming_response.create(
-            model="tiny", messages=[{"role": "user", "content": f"{letter} runs long"}], max_tokens=480,
+            model="tiny", messages=[{"role": "user", "content": f"{letter} runs long"}], max_tokens=LONG_TOKENS,
             stream=True, temperature=0, extra_body={"ignore_eos": True}).__enter__()
         chunks = iter(response.parse())
         next(chunks)  # in flight
         streams.append((response, response.headers["x-inferplug-replica"], chunks))
-    victim = streams[-1][1]  # the replica of the stream that just began: it has 479 tokens to go
+    victim = streams[-1][1]  # the replica of the stream that just began: it has most of its tokens to go
     assert before[victim] in marked_pids(replicated.mark)  # a process this module started
     os.kill(before[victim], signal.SIGKILL)
 

@@ -87,8 +87,10 @@ def check_good(kind: str, body: dict, chunks: list[dict]) -> None:
             for c in chunk["choices"]:
                 texts[c["index"]] = texts.get(c["index"], "") + (c["delta"].get("content") or "")
                 finishes[c["index"]] = c["finish_reason"] or finishes.get(c["index"])
-                for call in c["delta"].get("tool_calls") or []:
-                    calls[call["index"]] = call["function"]
+                for call in c["delta"].get("tool_calls") or []:  # a call's pieces: its name, then its arguments
+                    joined = calls.setdefault(call["index"], {"name": "", "arguments": ""})
+                    for key in joined:
+                        joined[key] += call["function"].get(key) or ""
         assert chunks[-1].get("usage") or not body.get("stream_options")
         choices = [{"text": texts[i], "finish": finishes[i], "calls": list(calls.values())} for i in sorted(texts)]
     else:

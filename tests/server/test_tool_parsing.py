@@ -35,12 +35,15 @@ def test_a_call_after_whitespace_and_junk_is_still_found():
     assert [c.name for c in parse_tool_calls(nested, TOOLS)] == ["f"]
 
 
-def test_a_held_answer_of_spaces_streams_in_linear_time():
-    held = ToolCallText(TOOLS, parallel=False)
+@pytest.mark.parametrize("required", [False, True])
+def test_a_held_answer_of_spaces_streams_in_linear_time(required):
+    held = ToolCallText(TOOLS, parallel=False, required=required)
     started = time.monotonic()
     for _ in range(50000):
-        assert held.feed(" ") == ""
-    assert held.finish() == (" " * 50000, [])
+        assert held.feed(" ") == ("", [])
+    content, calls = held.finish()
+    # auto: the spaces were no call; a required choice answers with its call whatever the text
+    assert (content, [c.name for c in calls]) == (("", ["f"]) if required else (" " * 50000, []))
     assert time.monotonic() - started < 2.0  # a bound for a hang
 
 

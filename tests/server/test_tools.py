@@ -63,15 +63,51 @@ def streamed(client, **kw) -> tuple[dict[int, dict], str | None, str]:
 def test_a_required_call_is_well_formed_whole_and_streamed(client, parallel):
     kw = dict(messages=ASK, tools=[WEATHER], tool_choice="required", parallel_tool_calls=parallel, **GREEDY)
     whole = client.chat.completions.create(**kw).choices[0]
-    # a random model repeats array items until max_tokens: the complete calls still come back
+    # a random model repeats array items until max_tokens: the whole calls come back, then the one it was cut in
     assert whole.finish_reason == ("length" if parallel else "tool_calls") and whole.message.content is None
-    assert whole.message.tool_calls and all(c.function.name == "weather" for c in whole.message.tool_calls)
-    answers = [check_arguments(WEATHER, c.function.arguments) for c in whole.message.tool_calls]
-    assert len(answers) == 1 or parallel
+    made = whole.message.tool_calls
+    assert made and all(c.function.name == "weather" for c in made) and (len(made) == 1 or parallel)
+    cut = [made.pop().function.arguments] if whole.finish_reason == "length" else []
+    answers = [check_arguments(WEATHER, c.function.arguments) for c in made]
     calls, finish, content = streamed(client, **kw)
     assert finish == whole.finish_reason and content == ""
-    assert [json.loads(c["arguments"]) for c in calls.values()] == answers
+    sent = [c["arguments"] for c in calls.values()]
+    assert [json.loads(a) for a in sent[:len(answers)]] == answers and sent[len(answers):] == cut
     assert all(c["name"] == "weather" and c["id"].startswith("call_") for c in calls.values())
+
+
+@pytest.mark.parametrize(("tools", "choice"), [
+    ([WEATHER], "required"), ([WEATHER, ADD], {"type": "function", "function": {"name": "weather"}})])
+@pytest.mark.parametrize("max_tokens", [1, 14, 48])  # cut before the name, in it, in the arguments
+def test_a_required_or_named_call_cut_by_max_tokens_is_still_its_call(client, native, tools, choice, max_tokens):
+    """As OpenAI and vLLM answer it: in tool_calls, never content, with finish_reason "length" and the text the
+    engine generated after `"arguments": ` as the arguments (none yet when the cut came first), whole and
+    streamed alike."""
+    kw = dict(messages=ASK, tools=tools, tool_choice=choice, parallel_tool_calls=False, **GREEDY)
+    kw["max_tokens"] = max_tokens
+    prepared = build_request(native, messages=ASK, tools=tools, tool_choice=choice,
+                             options={"temperature": 0, "max_tokens": max_tokens})
+    text = "".join(e.text for e in native.generate_sync(prepared.request))
+    head = '{"name": "weather", "arguments": '
+    assert head.startswith(text) or text.startswith(head)  # the engine's answer, cut: the reference
+    whole = client.chat.completions.create(**kw).choices[0]
+    [call] = whole.message.tool_calls
+    assert whole.finish_reason == "length" and whole.message.content is None
+    assert (call.function.name, call.function.arguments) == ("weather", text[len(head):])
+    calls, finish, content = streamed(client, **kw)
+    assert finish == "length" and content == ""
+    assert [(c["name"], c["arguments"]) for c in calls.values()] == [("weather", text[len(head):])]
+
+
+def test_a_required_call_cut_by_a_stop_string_is_still_its_call_and_finishes_with_stop(client):
+    """Not "tool_calls": that finish says the calls are whole; this one's arguments stop where the stop string was."""
+    kw = dict(messages=ASK, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False, stop=["Rome"],
+              **GREEDY)  # the tiny model's greedy call starts {"city": "Rome", ...
+    whole = client.chat.completions.create(**kw).choices[0]
+    [call] = whole.message.tool_calls
+    assert (whole.finish_reason, call.function.name, call.function.arguments) == ("stop", "weather", '{"city": "')
+    calls, finish, content = streamed(client, **kw)
+    assert (finish, content, [c["arguments"] for c in calls.values()]) == ("stop", "", ['{"city": "'])
 
 
 def test_a_named_tool_choice_calls_that_function(client):

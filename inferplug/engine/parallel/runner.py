@@ -8,11 +8,11 @@ import multiprocessing
 import socket
 import weakref
 
-from inferplug.engine.model_runner import ModelRunner, StepInputs
+from inferplug.engine.model_runner import ModelRunner
 from inferplug.engine.parallel.worker import WorkerSpec, init_rank, rank_model, worker_main
 from inferplug.errors import BackendUnavailable, ProfileError
 from inferplug.models.shard import check_tensor_parallel, shard_weights
-from inferplug.ops.step import SeqView
+from inferplug.ops.step import SeqView, StepLayout
 
 STOP_WAIT_S = 10  # a worker that has not exited by then is killed
 
@@ -72,7 +72,7 @@ class ParallelRunner(ModelRunner):
                                          "set tensor_parallel_size = 1") from None
 
     # What changes the model or its KV runs on every rank: the worker calls its own runner's method of that name.
-    def execute(self, inputs: StepInputs):
+    def execute(self, inputs: StepLayout):
         self._send("execute", dataclasses.replace(inputs, decodes=_views(inputs.decodes),
                                                   prefills=_views(inputs.prefills)))
         return super().execute(inputs)

@@ -1,6 +1,6 @@
 """Ranks 1..N-1: a spawned process that runs each step rank 0 sends it, until told to stop or rank 0 is gone.
 
-Control goes through a pipe per worker (pickled StepInputs, a few KB a step), not a collective: a worker waits
+Control goes through a pipe per worker (a pickled ops.step.StepLayout, a few KB a step), not a collective: a worker waits
 on it without a timeout however long the engine idles, and sees EOF the moment rank 0's process ends, so no
 worker outlives it (Ctrl-C, a crash, a kill). The collectives carry only the model's tensors."""
 

@@ -77,6 +77,15 @@ def unavailable_reason(hw=None) -> str | None:
     return f"the CPU lacks {', '.join(sorted(missing))}" if missing else None
 
 
+def runs_on(device_type: str, hw=None) -> bool:
+    """Whether the kernels run on `device_type` here: the one answer every caller asks (ops.kernel_set, the weight
+    layers, the loaders). With `hw` (the resolver's hardware facts) it answers from the CPU flags without building
+    them; without, it builds them on the first call, and a failed build answers False."""
+    if device_type != "cpu":
+        return False
+    return unavailable_reason(hw) is None if hw is not None else ops() is not None
+
+
 def supported_isas(hw=None) -> list[str]:
     """The kernel sets this CPU can run, lowest first."""
     from inferplug.hardware import probe

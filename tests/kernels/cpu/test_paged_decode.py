@@ -6,15 +6,15 @@ import pytest
 import torch
 
 from inferplug.kernels.paged_attention_ref import paged_attention_decode_ref, random_pool
-from inferplug.ops.attention import AttentionContext, DecodeGroup
+from inferplug.ops.attention import AttentionContext, PagedRows
 from inferplug.ops.cpu_ops import CpuKernelOps
 
 
 def kernel_decode(ops, q, k_cache, v_cache, tables, lens, scale):
     """The engine's attention as CpuKernelOps runs it: one group of every row, each at its own length."""
-    group = DecodeGroup(0, len(q), tables.long(), None, lengths=lens.long(),
+    group = PagedRows(0, len(q), tables.long(), None, lengths=lens.long(),
                         query_starts=torch.arange(len(q) + 1))
-    ctx = AttentionContext(slot_mapping=torch.empty(0, dtype=torch.long), decode_rows=len(q), decode_groups=[group])
+    ctx = AttentionContext(slot_mapping=torch.empty(0, dtype=torch.long), decode_rows=len(q), paged_rows=[group])
     out = CpuKernelOps(ops, head_dim=q.shape[-1]).attention(q, None, None, k_cache, v_cache, ctx, scale)
     return out.view(q.shape)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
@@ -22,14 +22,17 @@ from llama_index.core.base.llms.types import (
 )
 from llama_index.core.prompts import PromptTemplate
 from pydantic import BaseModel
-from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.bridge.pydantic import Field, PrivateAttr, SecretStr
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
+from llama_index.core.llms.utils import parse_partial_json
 
 from inferplug.frontend.binding import bind_profile, usage_counts
 from inferplug.frontend.calls import Result, ResultBuilder, acollect, collect
+from inferplug.frontend.forced_call import ForcedCallStream
 from inferplug.frontend.requests import Prepared, build_request
+from inferplug.frontend.tool_calls import all_whole, finish_with_calls
 from inferplug.rag.layout import DocumentMemory
 from inferplug.types import SamplingParams, TokenLogprob
 from llama_index.llms.inferplug.messages import to_chat_dicts
@@ -47,6 +50,13 @@ class InferPlug(FunctionCallingLLM):
     context_length: int | None = Field(default=None, description="The context in tokens the engine holds (None: the "
                                                                  "profile's, else 4096), at most the model's maximum.")
     model: str | None = Field(default=None, description="The served model name (filled from the profile).")
+    api_key: SecretStr | None = Field(default=None, description="As OpenAI's LLM takes it: a remote (backend = "
+                                                                "'openai') profile sends it as its key, instead of "
+                                                                "the env var its [openai] api_key_env names. A local "
+                                                                "profile needs none: it accepts one and ignores it.")
+    base_url: str | None = Field(default=None, description="The server a remote profile talks to, instead of its "
+                                                           "[openai] base_url. A local profile needs none: it "
+                                                           "accepts one and ignores it.")
     temperature: float | None = Field(default=None, description="None: the profile's default.")
     max_tokens: int | None = Field(default=None, description="None: the profile's default.")
     additional_kwargs: dict[str, Any] = Field(default_factory=dict,
@@ -58,7 +68,8 @@ class InferPlug(FunctionCallingLLM):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.profile, self.model = bind_profile(self.profile, self.model, self.context_length)
+        self.profile, self.model = bind_profile(self.profile, self.model, self.context_length, api_key=self.api_key,
+                                                base_url=self.base_url)
 
     @classmethod
     def class_name(cls) -> str:
@@ -103,17 +114,22 @@ class InferPlug(FunctionCallingLLM):
                                tools=kwargs.get("tools"), tool_choice=kwargs.get("tool_choice"),
                                documents=kwargs.get("documents"), memory=self._memory)
 
-    def _response(self, result: Result, prepared: Prepared, delta: str | None = None) -> ChatResponse:
-        calls = result.calls(prepared.tools)
-        extra = {"tool_calls": [{"id": c.id, "type": "function", "function": {
-            "name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]} if calls else {}
+    def _response(self, result: Result, prepared: Prepared, delta: str | None = None,
+                  call_id: str | None = None) -> ChatResponse:
+        """The whole answer; `call_id`: the id a stream already gave its required call."""
+        calls = result.calls(prepared.tools, prepared.tool_required)
+        if call_id is not None:
+            calls = [dataclasses.replace(c, id=call_id) for c in calls]
+        # an answer that is calls has no content (the call's text is no prose), as OpenAI's LLM gives it
+        extra = {"tool_calls": [_call_json(c.id, c.name, c.arguments_json()) for c in calls]} if calls else {}
         return ChatResponse(
-            message=ChatMessage(role=MessageRole.ASSISTANT, blocks=_blocks(result.text, result.reasoning),
+            message=ChatMessage(role=MessageRole.ASSISTANT, blocks=_blocks("" if calls else result.text,
+                                                                           result.reasoning),
                                 additional_kwargs=extra),
             delta=delta,
             logprobs=_logprobs(result.logprobs),
             raw={"usage": usage_counts(result.usage),
-                 "finish_reason": "tool_calls" if calls else result.finish_reason,
+                 "finish_reason": finish_with_calls(result.finish_reason, all_whole(calls)),
                  "ttft_s": result.timings.ttft if result.timings else None},
         )
 
@@ -232,27 +248,54 @@ class InferPlug(FunctionCallingLLM):
         if not calls and error_on_no_tool_call:
             raise ValueError(f"the model answered without a tool call: {response.message.content!r}")
         return [ToolSelection(tool_id=c["id"], tool_name=c["function"]["name"],
-                              tool_kwargs=json.loads(c["function"]["arguments"])) for c in calls]
+                              tool_kwargs=_arguments(c["function"]["arguments"])) for c in calls]
 
 
 class _ChatStream:
-    """A stream's ChatResponses: the text so far at each delta; tool calls, usage and finish once, at the end
-    (parsing calls out of the whole text at every delta would cost O(n^2) per stream)."""
+    """A stream's ChatResponses: the text so far at each delta, or with a required tool choice, the call so far
+    (never content), as LlamaIndex's OpenAI LLM streams one; an "auto" answer's calls, usage and finish come once,
+    at the end (parsing calls out of the whole text at every delta would cost O(n^2) per stream)."""
 
     def __init__(self, llm: InferPlug, prepared: Prepared) -> None:
         self.llm, self.prepared, self.builder, self.text, self.reasoning = llm, prepared, ResultBuilder(), "", ""
+        self.forced = ForcedCallStream(prepared.tools) if prepared.tool_required else None
+        self.name, self.arguments = None, ""  # the required call so far
 
     def step(self, event: Any) -> ChatResponse | None:
         self.builder.add(event)
         delta = event.text if event.index == 0 else ""
         if event.usage is not None:  # the request's last event
-            return self.llm._response(self.builder.build(), self.prepared, delta=delta)
+            result = self.builder.build()
+            if self.forced is None or result.tool_calls:  # a remote backend's calls are whole
+                return self.llm._response(result, self.prepared, delta=delta)
+            return self.llm._response(result, self.prepared, delta="", call_id=self.forced.id)
         if not delta and not (event.index == 0 and event.reasoning):
             return None
-        self.text += delta
         self.reasoning += event.reasoning
+        thinking = {"thinking_delta": event.reasoning} if event.reasoning else {}
+        if self.forced is not None:
+            for piece in self.forced.feed(delta):
+                self.name, self.arguments = self.name or piece.name, self.arguments + piece.arguments
+            called = {"tool_calls": [_call_json(self.forced.id, self.name, self.arguments)]} if self.name else {}
+            return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, blocks=_blocks("", self.reasoning),
+                                                    additional_kwargs=called), delta="", additional_kwargs=thinking)
+        self.text += delta
         return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, blocks=_blocks(self.text, self.reasoning)),
-                            delta=delta, additional_kwargs={"thinking_delta": event.reasoning} if event.reasoning else {})
+                            delta=delta, additional_kwargs=thinking)
+
+
+def _call_json(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _arguments(text: str) -> dict[str, Any]:
+    """A call's arguments; those of a call cut short (max_tokens) as far as they go, as LlamaIndex's OpenAI LLM
+    reads them."""
+    try:
+        value = parse_partial_json(text)
+    except (ValueError, TypeError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _blocks(text: str, reasoning: str) -> list[Any]:
