@@ -36,7 +36,7 @@ def plain_messages(question: str, docs: list[str]) -> list[dict[str, str]]:
             {"role": "user", "content": question}]
 
 
-def build_request(backend, mode: str, question: str, docs: list[str], max_tokens: int) -> Request:
+def rag_request(backend, mode: str, question: str, docs: list[str], max_tokens: int) -> Request:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     if mode == "none":
         return Request(messages=plain_messages(question, docs), params=params, cache_salt=uuid.uuid4().hex)
@@ -79,8 +79,8 @@ def agreement(backend, workload, n: int, max_tokens: int) -> dict:
     exact, prefix_frac = 0, []
     for question, ids in list(zip(workload.queries, workload.retrieved))[:n]:
         docs = [workload.chunks[i] for i in ids]
-        reused = run_one(backend, build_request(backend, "rag", question, docs, max_tokens))["tokens"]
-        full = run_one(backend, build_request(backend, "recompute", question, docs, max_tokens))["tokens"]
+        reused = run_one(backend, rag_request(backend, "rag", question, docs, max_tokens))["tokens"]
+        full = run_one(backend, rag_request(backend, "recompute", question, docs, max_tokens))["tokens"]
         same = next((i for i, (a, b) in enumerate(zip(reused, full)) if a != b), min(len(reused), len(full)))
         exact += reused == full
         prefix_frac.append(same / max(len(full), 1))
@@ -104,7 +104,7 @@ def main() -> None:
     if args.paper:
         from rag_paper_bench import run_paper
 
-        run_paper(args, build_request, run_one, summarize)
+        run_paper(args, rag_request, run_one, summarize)
         return
 
     from inferplug.backends.registry import close_all, get_backend
@@ -112,12 +112,12 @@ def main() -> None:
     workload = make_workload(num_chunks=args.chunks, num_queries=args.queries)
     backend = get_backend(args.profile)
     try:
-        run_one(backend, build_request(backend, "none", "warm up", workload.chunks[:4], 1))
+        run_one(backend, rag_request(backend, "none", "warm up", workload.chunks[:4], 1))
         results = {}
         for mode in ("none", "prefix", "rag"):
             rows = []
             for n, (q, ids) in enumerate(zip(workload.queries, workload.retrieved), 1):
-                rows.append(run_one(backend, build_request(backend, mode, q, [workload.chunks[i] for i in ids], 1)))
+                rows.append(run_one(backend, rag_request(backend, mode, q, [workload.chunks[i] for i in ids], 1)))
                 if n % 50 == 0:
                     print(f"  {mode}: {n}/{len(workload.queries)}", flush=True)
             results[mode] = summarize(rows)

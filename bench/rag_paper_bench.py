@@ -33,17 +33,17 @@ def _backend(profile_name: str, policy: str = "none", fraction: float = 0.0):
     return get_backend(profile.model_copy(update={"cache": cache}))
 
 
-def _warm(backend, build_request, run_one, mode: str, workload) -> None:
-    """Every chunk once, six to a request, under the mode's salt (build_request's)."""
+def _warm(backend, rag_request, run_one, mode: str, workload) -> None:
+    """Every chunk once, six to a request, under the mode's salt (rag_request's)."""
     for i in range(0, len(workload.chunks), 6):
-        run_one(backend, build_request(backend, mode, "warm up", workload.chunks[i:i + 6], 1))
+        run_one(backend, rag_request(backend, mode, "warm up", workload.chunks[i:i + 6], 1))
 
 
-def _run_mode(backend, build_request, run_one, mode: str, workload, max_tokens: int) -> list[dict]:
+def _run_mode(backend, rag_request, run_one, mode: str, workload, max_tokens: int) -> list[dict]:
     rows = []
     for question, ids in zip(workload.questions, workload.retrieved):
         before = backend.stats().get("doc_cache_recomputed_tokens", 0)
-        row = run_one(backend, build_request(backend, mode, question, [workload.chunks[i] for i in ids], max_tokens))
+        row = run_one(backend, rag_request(backend, mode, question, [workload.chunks[i] for i in ids], max_tokens))
         row["recomputed_tokens"] = backend.stats().get("doc_cache_recomputed_tokens", 0) - before
         rows.append(row)
     return rows
@@ -60,30 +60,30 @@ def _score(rows: list[dict], workload, reference: list[dict] | None, summarize) 
     return out
 
 
-def run_paper(args, build_request, run_one, summarize) -> None:
+def run_paper(args, rag_request, run_one, summarize) -> None:
     from inferplug.backends.registry import close_all
 
     workload = make_paper_workload(args.queries)
     results: dict[str, dict] = {}
     backend = _backend(args.profile)
     try:
-        run_one(backend, build_request(backend, "none", "warm up", workload.chunks[:2], 1))
-        # build_request's "recompute": the canonical layout, salted apart, no hints: a full prefill of each RAG prompt
-        full = _run_mode(backend, build_request, run_one, "recompute", workload, args.answer_tokens)
+        run_one(backend, rag_request(backend, "none", "warm up", workload.chunks[:2], 1))
+        # rag_request's "recompute": the canonical layout, salted apart, no hints: a full prefill of each RAG prompt
+        full = _run_mode(backend, rag_request, run_one, "recompute", workload, args.answer_tokens)
         results["none"] = _score(full, workload, full, summarize)
         _report("none", results)
         if not args.no_prefix:
-            _warm(backend, build_request, run_one, "prefix", workload)
-            results["prefix"] = _score(_run_mode(backend, build_request, run_one, "prefix", workload,
+            _warm(backend, rag_request, run_one, "prefix", workload)
+            results["prefix"] = _score(_run_mode(backend, rag_request, run_one, "prefix", workload,
                                                  args.answer_tokens), workload, None, summarize)
             _report("prefix", results)
         configs = [("none", 0.0)] + [(p, float(f)) for p in POLICIES for f in args.fractions.split(",")]
         for policy, fraction in configs:
             close_all()
             backend = _backend(args.profile, policy, fraction)
-            _warm(backend, build_request, run_one, "rag", workload)
+            _warm(backend, rag_request, run_one, "rag", workload)
             name = "rag" if policy == "none" else f"rag/{policy}@{fraction:.2f}"
-            results[name] = _score(_run_mode(backend, build_request, run_one, "rag", workload, args.answer_tokens),
+            results[name] = _score(_run_mode(backend, rag_request, run_one, "rag", workload, args.answer_tokens),
                                    workload, full, summarize)
             _report(name, results)
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,7 @@ def encode_chat(tokenizer: Any, render: Any, messages: list[dict[str, Any]],
         check_text_fits(tokenizer, text, context_length, "messages")
     specials = [t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special and t.content]
     typed: dict[str, str] = {}  # a client string holding a special token -> its placeholder
-    placed = _with_placeholders([messages, tools], specials, typed)
+    placed = _with_placeholders([messages, tools], specials, typed) if _may_hold(messages, tools, specials) else None
     if not typed:
         return tokenizer.encode(text, add_special_tokens=False), text
     placed_messages, placed_tools = placed
@@ -70,6 +71,16 @@ def encode_chat(tokenizer: Any, render: Any, messages: list[dict[str, Any]],
         elif piece:
             ids += tokenizer.encode(piece, add_special_tokens=False)
     return ids, text
+
+
+def _may_hold(messages: list[dict[str, Any]], tools: Any, specials: list[str]) -> bool:
+    """Whether any client string may hold a special token: one scan of the chat as JSON text (a special token that
+    JSON escapes, one holding a quote, a backslash or a control character, is always looked for string by string)."""
+    try:
+        text = json.dumps([messages, tools], ensure_ascii=False, default=str)
+    except (TypeError, ValueError):  # not JSON-like: look string by string
+        return True
+    return any(s in text or json.dumps(s, ensure_ascii=False)[1:-1] != s for s in specials)
 
 
 def _with_placeholders(value: Any, specials: list[str], typed: dict[str, str]) -> Any:

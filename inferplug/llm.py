@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from inferplug.errors import ProfileError, RequestError
+from inferplug.frontend.requests import sampling_params
 from inferplug.types import Event, Request, SamplingParams, Timings, TokenLogprob, Usage
 
 
@@ -81,7 +82,8 @@ class LLM:
 
     def generate(self, prompts: str | list[int] | list[str | list[int]],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
-        """One output per prompt (text or token ids), in order. RequestError if any prompt is invalid."""
+        """One output per prompt (text or token ids), in order. RequestError if any prompt is invalid. Without
+        sampling params, the profile's [sampling] values (through the request builder's sampling_params)."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         return self._run([Request(prompt=p) for p in prompts], sampling_params)
@@ -115,15 +117,15 @@ class LLM:
         """The engine's counters: KV blocks, prefix and document cache hits, bytes in memory and on disk."""
         return self.engine.stats()
 
-    def _run(self, requests: list[Request], sampling_params) -> list[RequestOutput]:
-        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(requests)
+    def _run(self, requests: list[Request], given) -> list[RequestOutput]:
+        params = given if isinstance(given, list) else [given] * len(requests)
         if len(params) != len(requests):
             raise RequestError(f"got {len(params)} sampling params for {len(requests)} prompts; give one or one each",
                                param="sampling_params")
         outputs: dict[str, RequestOutput] = {}
         try:
             for request, p in zip(requests, params):
-                request.params = p or SamplingParams()
+                request.params = p or sampling_params(self.profile.sampling.defaults())  # as vLLM's: whole or none
                 request.request_id = f"llm-{self._counter}"
                 self._counter += 1
                 prompt_ids, text = self.engine.encode(request)

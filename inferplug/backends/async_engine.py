@@ -4,7 +4,10 @@ Callers never wait for the engine: `submit` hands the request to the prompt stag
 tokenize, compile its schema, on workers of its own) and returns; once prepared it is queued, and the step thread
 adds queued requests between steps (a bad one ends its channel with the RequestError)
 and sends each step's events to their channels, one send per channel per step. One lock guards the
-engine: the step thread holds it for a step, `abort_now` takes it between steps. `stats` never waits: it reads
+engine: the step thread holds it for a step's scheduling, model and sampling (LLMEngine.step_tokens), `abort_now`
+takes it between steps. The output stage's work (detokenizing, stop strings, the reasoning split) runs after, under
+a lock of its own, not the engine's; a stop string it finds ends its sequence before the events go out, so a
+request's last event still comes with its blocks back. `stats` never waits: it reads
 the snapshot the step thread publishes after each step. If the step thread dies, every request still open and
 every later one fails with BackendUnavailable, and `failure` says why (the server's /health reports it).
 """
@@ -21,9 +24,10 @@ from functools import partial
 from typing import Any
 
 from inferplug.backends.bridge import EventChannel, consume_async
-from inferplug.engine.llm_engine import LLMEngine
+from inferplug.engine.llm_engine import LLMEngine, Outputs
 from inferplug.engine.prompt_stage import PromptIds, PromptStage
 from inferplug.errors import BackendUnavailable
+from inferplug.stages.prompt import encode_prompt
 from inferplug.types import Event, Request, Usage
 
 log = logging.getLogger(__name__)
@@ -32,7 +36,8 @@ log = logging.getLogger(__name__)
 class AsyncEngine:
     def __init__(self, engine: LLMEngine):
         self.engine = engine
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the engine's: scheduling, blocks, the model
+        self._output_lock = threading.Lock()  # the output stage's (choices' text); taken after _lock, never before
         self._wake = threading.Event()
         self._inbox: deque[tuple[Request, EventChannel, PromptIds]] = deque()
         self._preparing: dict[str, tuple[Request, EventChannel]] = {}  # in the prompt stage (under _inbox_lock)
@@ -42,7 +47,7 @@ class AsyncEngine:
         self._closed = False
         self.failure: str | None = None  # why the step thread stopped, when it died
         self._snapshot = engine.stats()
-        self._stage = PromptStage(engine.encode, engine.tokenizer)
+        self._stage = PromptStage(partial(encode_prompt, engine.tokenizer, engine.render_chat), engine.tokenizer)
         self._thread = threading.Thread(target=self._loop, name="inferplug-engine", daemon=True)
         self._thread.start()
 
@@ -97,7 +102,7 @@ class AsyncEngine:
             request, channel = queued[0]
             channel.send(_aborted_before_start(request), last=True)
             return
-        with self._lock:
+        with self._lock, self._output_lock:
             events = self.engine.abort(request_id)
             self._snapshot = self.engine.stats()
         self._dispatch(events)
@@ -163,28 +168,42 @@ class AsyncEngine:
             with self._lock:
                 self._admit()
                 busy = self.engine.has_unfinished()
-                events = self._safe_step() if busy else []
+                work = self._safe_step() if busy else []
                 self._snapshot = self.engine.stats()
             if not busy:
                 self._wake.wait()
-            elif not events:
+            elif not work:
                 time.sleep(0)  # let abort/stats take the lock between steps
-            self._dispatch(events)
+            else:
+                self._dispatch(self._outputs(work))
 
-    def _safe_step(self) -> list[Event]:
+    def _safe_step(self) -> Outputs:
         try:
-            return self.engine.step()
+            return self.engine.step_tokens()
         except Exception as exc:  # noqa: BLE001 - an engine bug must not hang every stream
             self._fail_all(exc)
             return []
 
+    def _outputs(self, work: Outputs) -> list[Event]:
+        """The step's output-stage work, off the engine's lock; the sequences a stop string ended end before their
+        events go out."""
+        with self._output_lock:
+            events = self.engine.outputs(work)
+        if self.engine.text_stopped:
+            with self._lock:
+                self.engine.end_text_stopped()
+                self._snapshot = self.engine.stats()
+        return events
+
     def _fail_all(self, exc: BaseException) -> None:
-        """Abort every request (its blocks back in the pool) and end every open stream with exc."""
-        for rid in list(self.engine.requests):
-            try:
-                self.engine.abort(rid)
-            except Exception:  # noqa: BLE001 - one broken request must not keep the others' streams open
-                log.exception("aborting request %s failed", rid)
+        """Abort every request (its blocks back in the pool) and end every open stream with exc (the engine's
+        lock held)."""
+        with self._output_lock:
+            for rid in list(self.engine.requests):
+                try:
+                    self.engine.abort(rid)
+                except Exception:  # noqa: BLE001 - one broken request must not keep the others' streams open
+                    log.exception("aborting request %s failed", rid)
         for rid, channel in self._streams.items():
             self._ended(rid)
             channel.send([exc], last=True)

@@ -83,6 +83,25 @@ def consume_sync(submit: Callable[[EventChannel], None], cancel: Callable[[], No
             cancel()
 
 
+def consume_all_sync(submits: list[Callable[[EventChannel], None]],
+                     cancels: list[Callable[[], None]]) -> list[Iterator[Any]]:
+    """Submit every request at once (they share the engine's steps), then wait in this thread for each to end (one
+    wake-up each); each one's events, an error re-raised where it comes. Leaving early cancels those not ended."""
+    channels = [EventChannel(at_end=True) for _ in submits]
+    try:
+        for submit, channel in zip(submits, channels):
+            submit(channel)
+        ended = []
+        for channel in channels:
+            channel._ready.wait()
+            ended.append(_unpack(channel._take()[0]))
+        return ended
+    finally:
+        for channel, cancel in zip(channels, cancels):
+            if not channel.ended:
+                cancel()
+
+
 async def consume_async(submit: Callable[[EventChannel], None], cancel: Callable[[], None], *,
                         at_end: bool = False) -> AsyncIterator[Any]:
     """Submit (on first iteration) and read the events on the running loop; leaving before the end calls cancel()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from inferplug.errors import RequestError
-from inferplug.stages.output import ChoiceOutput, RequestOutput
+from inferplug.stages.output import ChoiceOutput, RequestChoices
 from inferplug.stages.prompt import max_new_tokens, prompt_token_ids
 from inferplug.types import Event, Request, SamplingParams
 
@@ -52,7 +52,7 @@ class LocalRequest:
     ids: list[int]
     limit: int
     end_ids: set[int]  # EOS and stop_token_ids
-    output: RequestOutput
+    output: RequestChoices
 
     @classmethod
     def start(cls, backend: Backend, request: Request, eos_ids: Iterable[int | None], **supported: bool) -> LocalRequest:
@@ -64,8 +64,8 @@ class LocalRequest:
         ids = prompt_token_ids(backend, request)
         limit = max_new_tokens(params, len(ids), backend.context_length)
         eos = {t for t in eos_ids if t is not None}
-        output = RequestOutput.create(request.request_id, backend.tokenizer, ids, params, eos, limit,
-                                      backend.reasoning_parser)
+        output = RequestChoices.create(request.request_id, backend.tokenizer, ids, params, eos, limit,
+                                       backend.reasoning_parser)
         return cls(ids, limit, eos | set(params.stop_token_ids), output)
 
     @property

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from inferplug.commands import add_context_flag, add_profile_argument, load_with_context
-from inferplug.commands.generate import add_sampling_arguments, build_request, stream_reply
+from inferplug.commands.generate import add_sampling_arguments, cli_request, stream_reply
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
                 break
             messages.append({"role": "user", "content": line})
             print("assistant> ", end="", flush=True)
-            reply = stream_reply(backend, build_request(backend, args, messages=list(messages)), args.stats)
+            reply = stream_reply(backend, cli_request(backend, args, messages=list(messages)), args.stats)
             messages.append({"role": "assistant", "content": reply})
     finally:
         close_all()

@@ -29,12 +29,13 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stats", action="store_true", help="print tokens, TTFT and tok/s to stderr at the end")
 
 
-def build_request(backend: Any, args: argparse.Namespace, **prompt: Any) -> Any:
-    """The request for `prompt` (prompt= or messages=): the command-line options over the profile's defaults."""
-    from inferplug.frontend.requests import build_request as build
+def cli_request(backend: Any, args: argparse.Namespace, **prompt: Any) -> Any:
+    """The request for `prompt` (prompt= or messages=), from the one request builder: the command-line options
+    over the profile's defaults."""
+    from inferplug.frontend.requests import build_request
 
     options = {name: getattr(args, name) for name in ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")}
-    return build(backend, options=options, **prompt).request
+    return build_request(backend, options=options, **prompt).request
 
 
 def stream_reply(backend: Any, request: Any, show_stats: bool) -> str:
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     backend = get_backend(load_with_context(args))
     prompt = {"messages": [{"role": "user", "content": args.prompt}]} if args.chat else {"prompt": args.prompt}
     try:
-        stream_reply(backend, build_request(backend, args, **prompt), args.stats)
+        stream_reply(backend, cli_request(backend, args, **prompt), args.stats)
     finally:
         close_all()
     return 0

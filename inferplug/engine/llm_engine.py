@@ -1,13 +1,20 @@
-"""LLMEngine: requests in, Events out, one `step()` at a time (synchronous; AsyncEngine wraps it)."""
+"""LLMEngine: requests in, Events out, one `step()` at a time (synchronous; AsyncEngine wraps it).
+
+A step has two parts. `step_tokens` schedules, runs the model, samples, and ends the sequences that a token's id
+ends (EOS, a stop token id, the grammar's end, the length): it returns the output stage's work as closures, which
+`outputs` runs (detokenizing, stop strings, the reasoning split, logprobs, usage). `step` runs both; AsyncEngine runs
+the second on an output worker, off the engine's lock and overlapping the next step. A stop string found there ends
+its sequence at the start of the next `step_tokens` (`text_stopped`).
+"""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from inferplug.chat_template import encode_chat
 from inferplug.engine.block_manager import BlockManager
 from inferplug.engine.config import EngineConfig
 from inferplug.engine.doc_cache import DocumentKVCache
@@ -23,8 +30,10 @@ from inferplug.engine.spec_decode import make_proposer
 from inferplug.engine.spec_verify import spec_stats
 from inferplug.errors import GenerationError, RequestError
 from inferplug.models.config import ModelConfig
-from inferplug.stages.prompt_bound import check_text_fits
+from inferplug.stages.prompt import encode_prompt
 from inferplug.types import Event, FinishReason, Request, SamplingParams
+
+Outputs = list[Callable[[], list[Event]]]  # a step's output-stage work, run in order (LLMEngine.outputs)
 
 
 class LLMEngine:
@@ -81,6 +90,7 @@ class LLMEngine:
                                       min(DEVIATION_LAYER, model_config.num_hidden_layers - 1)),
         )
         self.requests: dict[str, RequestState] = {}
+        self.text_stopped: deque[Sequence] = deque()  # ended by a stop string in the output stage, still scheduled
 
     @property
     def runners(self) -> list:
@@ -90,15 +100,9 @@ class LLMEngine:
 
     # --- requests ---------------------------------------------------------------
     def encode(self, request: Request) -> tuple[list[int], str | None]:
-        """The prompt's token ids (and its text, when it had one). Raises RequestError on bad input."""
-        if request.messages is not None:
-            if self.render_chat is None:
-                raise RequestError("this engine has no chat template; send a prompt instead", param="messages")
-            return encode_chat(self.tokenizer, self.render_chat, request.messages, request.tools, self.max_model_len)
-        if isinstance(request.prompt, str):
-            check_text_fits(self.tokenizer, request.prompt, self.max_model_len, "prompt")
-            return self.tokenizer.encode(request.prompt), request.prompt
-        return list(request.prompt), None
+        """The prompt's token ids (and its text, when it had one), by the prompt stage (stages/prompt.py). Raises
+        RequestError on bad input."""
+        return encode_prompt(self.tokenizer, self.render_chat, request, self.max_model_len)
 
     def add_request(self, request: Request, prompt_ids: list[int] | None = None, text: str | None = None) -> None:
         """prompt_ids (and text, their prompt text, for document hints): encode(request)'s, when the caller has them."""
@@ -122,6 +126,10 @@ class LLMEngine:
         self.requests[request.request_id] = state  # only now: a request that failed above must not linger
 
     def abort(self, request_id: str) -> list[Event]:
+        return self.outputs(self.abort_tokens(request_id))
+
+    def abort_tokens(self, request_id: str) -> Outputs:
+        """End the request now (its blocks back in the pool); the output stage's closing events to run."""
         state = self.requests.get(request_id)
         if state is None:
             return []
@@ -132,6 +140,16 @@ class LLMEngine:
 
     # --- one step ---------------------------------------------------------------
     def step(self) -> list[Event]:
+        events = self.outputs(self.step_tokens())
+        self.end_text_stopped()
+        return events
+
+    def outputs(self, work: Outputs) -> list[Event]:
+        """Run a step's output-stage work (step_tokens'), in order: its events."""
+        return [event for run in work for event in run()]
+
+    def step_tokens(self) -> Outputs:
+        self.end_text_stopped()
         scheduled = self.scheduler.schedule()
         if not scheduled:
             if self.requests and not self.scheduler.has_work():  # a lost request would keep callers stepping forever
@@ -144,7 +162,7 @@ class LLMEngine:
         for score in prompt_scores:  # before the samples: a prompt's last chunk also samples its first token
             score.seq.output.prompt.add(score.start, score.logits)
         self.scheduler.update_after_step(scheduled, {s: len(kept) - 1 for s, kept in samples if s.spec_token_ids})
-        events: list[Event] = []
+        work: Outputs = []
         beam_rows: dict[str, dict[Sequence, torch.Tensor]] = {}
         for seq, kept in samples:
             if seq.params.use_beam_search and kept[0].error is None:
@@ -155,22 +173,19 @@ class LLMEngine:
                 if state is None or seq.is_finished:
                     break
                 if sample.error is not None:
-                    events += self._fail({seq.request_id}, f"sampling failed: {sample.error}")
+                    work += self._fail({seq.request_id}, f"sampling failed: {sample.error}")
                     break
-                try:
-                    events.append(self._append_token(seq, state, sample))
-                except Exception as exc:  # noqa: BLE001 - e.g. a detokenizer that breaks fails its request alone
-                    events += self._fail({seq.request_id}, f"sampling failed: {exc!r}")
+                work.append(self._append_token(seq, state, sample))
         for request_id, rows in beam_rows.items():
             if (state := self.requests.get(request_id)) is None:  # a sibling beam's row failed it
                 continue
             try:
-                events += self._beam_step(state, rows)
+                work += self._beam_step(state, rows)
             except Exception as exc:  # noqa: BLE001 - e.g. a KV copy that fails: this search fails, not the engine
-                events += self._fail({request_id}, f"beam search step failed: {exc!r}")
-        return events
+                work += self._fail({request_id}, f"beam search step failed: {exc!r}")
+        return work
 
-    def _beam_step(self, state: RequestState, rows: dict[Sequence, torch.Tensor]) -> list[Event]:
+    def _beam_step(self, state: RequestState, rows: dict[Sequence, torch.Tensor]) -> Outputs:
         """Advance a beam search once every live beam has its log-probs row: fork the beams it keeps, or return
         its best beam as the choice when it is done."""
         live = state.live_beams
@@ -184,40 +199,85 @@ class LLMEngine:
             self.runner.copy_blocks(self.scheduler.fork(beams, parents, step.tokens))
             return []
         best, choice = state.beams.best, state.seqs[0]
-        events = []
-        for token in best.output_ids:  # a stop string may end the text before the beam's end
-            events.append(choice.output.on_token(token))
-            if events[-1].finish_reason is not None:
-                break
-        events[-1].beam_score = best.score
-        self._close(choice, state, events[-1])
-        return events
+        self._end(choice, state)
 
-    def _append_token(self, seq: Sequence, state: RequestState, sample: SampleResult) -> Event:
+        def text() -> list[Event]:
+            try:
+                events = []
+                for token in best.output_ids:  # a stop string may end the text before the beam's end
+                    events.append(choice.output.on_token(token))
+                    if events[-1].finish_reason is not None:
+                        break
+            except Exception as exc:  # noqa: BLE001 - e.g. a detokenizer that breaks: this search fails alone
+                return self._fail_text(state, f"beam search step failed: {exc!r}")
+            events[-1].beam_score = best.score
+            self._closed(state, events[-1])
+            return events
+
+        return [text]
+
+    def _append_token(self, seq: Sequence, state: RequestState, sample: SampleResult) -> Callable[[], list[Event]]:
         self.scheduler.append_token(seq, sample.token_id)
-        event = seq.output.on_token(sample.token_id, sample.logprob, sample.top,
-                                    grammar_done=seq.guide is not None and seq.guide.is_terminated())
-        return self._close(seq, state, event) if event.finish_reason is not None else event
+        end = seq.output.count_token(sample.token_id, grammar_done=seq.guide is not None and seq.guide.is_terminated())
+        if end.reason is not None:
+            self._end(seq, state)
 
-    def _finish(self, seq: Sequence, state: RequestState, reason: FinishReason, error: str | None = None) -> Event:
-        return self._close(seq, state, seq.output.finish(reason, error))
+        def text() -> list[Event]:
+            if seq.output.done:  # a stop string ended it a step ago: this token was computed past it
+                return []
+            try:
+                event = seq.output.text(end, sample.token_id, sample.logprob, sample.top)
+            except Exception as exc:  # noqa: BLE001 - e.g. a detokenizer that breaks fails its request alone
+                return self._fail_text(state, f"sampling failed: {exc!r}")
+            if event.finish_reason is not None and end.reason is None:  # a stop string: the engine ends it next
+                self.text_stopped.append(seq)
+            return [self._closed(state, event)]
 
-    def _close(self, seq: Sequence, state: RequestState, event: Event) -> Event:
-        """seq's choice has ended: its blocks go back, and the request's last event gets usage and timings."""
+        return text
+
+    def _finish(self, seq: Sequence, state: RequestState, reason: FinishReason,
+                error: str | None = None) -> Callable[[], list[Event]]:
+        self._end(seq, state)
+        return lambda: [] if seq.output.done else [self._closed(state, seq.output.finish(reason, error))]
+
+    def _end(self, seq: Sequence, state: RequestState) -> None:
+        """seq's choice has ended: its blocks go back, and the request leaves once all its sequences have."""
         for member in state.group(seq):
             self.scheduler.finish(member)
         if all(s.is_finished for s in state.seqs):
-            del self.requests[seq.request_id]
-            state.close(event)
-        return event
+            self.requests.pop(seq.request_id, None)
 
-    def _fail(self, request_ids: set[str], message: str) -> list[Event]:
-        events = []
+    def end_text_stopped(self) -> None:
+        """End the sequences the output stage stopped (a stop string, its own failure) since the last step: their
+        blocks go back. step_tokens does it first; a caller may do it sooner."""
+        while self.text_stopped:
+            seq = self.text_stopped.popleft()
+            state = self.requests.get(seq.request_id)
+            if state is not None and not seq.is_finished:
+                self._end(seq, state)
+
+    @staticmethod
+    def _closed(state: RequestState, event: Event) -> Event:
+        """The request's last event, once every choice's text is out, gets usage and timings."""
+        return state.close(event) if state.output.done else event
+
+    def _fail(self, request_ids: set[str], message: str) -> Outputs:
+        work = []
         for rid in request_ids:
             state = self.requests.get(rid)
             for seq in state.seqs if state else []:
                 if not seq.is_finished:
-                    events.append(self._finish(seq, state, "error", message))
+                    work.append(self._finish(seq, state, "error", message))
+        return work
+
+    def _fail_text(self, state: RequestState, message: str) -> list[Event]:
+        """The output stage failed on this request: every choice ends "error", and the engine ends its sequences
+        at the next step."""
+        events = []
+        for seq in state.seqs:
+            self.text_stopped.append(seq)
+            if not seq.output.done:
+                events.append(self._closed(state, seq.output.finish("error", message)))
         return events
 
     def prompt_logprob_rows(self, prompt_ids: list[int]) -> torch.Tensor:

@@ -9,8 +9,8 @@ from typing import Any
 from inferplug.engine.beam_search import BeamSearch
 from inferplug.engine.sequence import Sequence
 from inferplug.errors import RequestError
-from inferplug.stages.output import RequestOutput
-from inferplug.stages.prompt import check_prompt_ids
+from inferplug.stages.output import RequestChoices
+from inferplug.stages.prompt import check_prompt_ids, max_new_tokens
 from inferplug.types import Event, Request, SamplingParams
 
 
@@ -61,7 +61,7 @@ def _make_guide(tokenizer: Any, schema: dict) -> Any:
 class RequestState:
     request: Request
     seqs: list[Sequence]  # the choices; with beam search the beams (the live ones first), one choice
-    output: RequestOutput
+    output: RequestChoices
     beams: BeamSearch | None = None
 
     @classmethod
@@ -70,10 +70,9 @@ class RequestState:
         import torch
 
         p = request.params
-        room = max_model_len - len(prompt_ids)
-        max_tokens = min(p.max_tokens or room, room)
-        output = RequestOutput.create(request.request_id, tokenizer, prompt_ids, p, eos_ids, max_tokens,
-                                      reasoning_parser)
+        max_tokens = max_new_tokens(p, len(prompt_ids), max_model_len)
+        output = RequestChoices.create(request.request_id, tokenizer, prompt_ids, p, eos_ids, max_tokens,
+                                       reasoning_parser)
         seqs = []
         for index in range(p.beam_width if p.use_beam_search else p.n):
             generator = None

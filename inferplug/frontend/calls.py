@@ -1,26 +1,23 @@
-"""Running requests on a Backend from any thread or event loop, and collecting their results.
+"""Collecting the results of requests run on a Backend, from any thread or event loop.
 
-Sync callers use `stream_sync`, async callers `aiter_events` on their own loop, both over the
-backend's one bridge (backends/bridge.py); many concurrent calls from LangChain/LlamaIndex all land
-in the engine's continuous batch. A caller that wants only the result asks for the events at the end.
+Sync callers use `Backend.stream_sync` (or `generate_all` for a batch), async callers `Backend.stream_async` on
+their own loop, all over the backend's one bridge (backends/bridge.py); many concurrent calls from
+LangChain/LlamaIndex all land in the engine's continuous batch. A caller that wants only the result asks for the
+events at the end.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
+from inferplug.backends.bridge import consume_all_sync
 from inferplug.errors import GenerationError
 from inferplug.frontend.forced_call import forced_calls
 from inferplug.frontend.tool_calls import ToolCall, calls_from_deltas, parse_tool_calls
 from inferplug.types import Event, Request, Timings, TokenLogprob, ToolCallDelta, Usage
-
-
-def aiter_events(backend: Any, request: Request, *, at_end: bool = False) -> AsyncIterator[Event]:
-    """The request's events on the caller's event loop; leaving early aborts the request (backends/bridge.py)."""
-    return backend.stream_async(request, at_end=at_end)
 
 
 @dataclass
@@ -78,7 +75,7 @@ class ResultBuilder:
     def build(self) -> Result:
         self.result.text = "".join(self._parts)
         self.result.reasoning = "".join(self._reasoning)
-        self.result.tool_calls = calls_from_deltas(self._call_deltas)
+        self.result.tool_calls = calls_from_deltas(self._call_deltas) if self._call_deltas else []
         return self.result
 
 
@@ -91,25 +88,14 @@ def collect(events: Iterable[Event]) -> Result:
 
 async def acollect(backend: Any, request: Request) -> Result:
     builder = ResultBuilder()
-    async for event in aiter_events(backend, request, at_end=True):
+    async for event in backend.stream_async(request, at_end=True):
         builder.add(event)
     return builder.build()
 
 
 def generate_all(backend: Any, requests: list[Request]) -> list[Result]:
-    """Submit every request at once and wait for all: they share the engine's decode steps."""
-
-    async def run_all() -> list[Any]:
-        async def one(request: Request) -> Result:
-            builder = ResultBuilder()
-            async for event in backend.generate(request):
-                builder.add(event)
-            return builder.build()
-
-        return await asyncio.gather(*(one(r) for r in requests), return_exceptions=True)
-
-    results = backend.run_sync(run_all())
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return results
+    """Submit every request at once and wait for all in this thread, over the one bridge: they share the engine's
+    decode steps. Raises the first failed request's error once all have ended."""
+    ended = consume_all_sync([partial(backend.submit, r) for r in requests],
+                             [partial(backend.cancel_now, r.request_id) for r in requests])
+    return [collect(events) for events in ended]

@@ -19,6 +19,12 @@ from inferplug.rag.layout import DocumentMemory, document_spans
 from inferplug.types import Request, SamplingParams
 
 
+# Greedy decoding under a grammar can trap a small model in a loop inside a free-text string (SmolLM2-135M writes
+# "sampu, sampu, ..." until max_tokens and the JSON never closes); a mild penalty lets it finish the value. Decided
+# here, once, so a JSON schema answers alike from every front end; a call's or the profile's own value wins.
+CONSTRAINED_REPETITION_PENALTY = 1.2
+
+
 class UncachedDocumentsWarning(UserWarning):
     """Document cache hints were given to a backend without a document cache; the request runs uncached."""
 
@@ -60,6 +66,7 @@ class Prepared:
     tools: list[dict[str, Any]]  # the tools the model may call (to parse its answer against)
     tool_required: bool
     parallel_tool_calls: bool = False  # False: the server keeps only the first call parsed from the answer
+    backend: Any = None  # the backend it was built for, which runs it (found once a call)
 
 
 def build_request(
@@ -85,7 +92,10 @@ def build_request(
         if options.get("json_schema") is not None:
             raise RequestError("give the JSON schema once: response_format or json_schema", param="response_format")
         options["json_schema"] = schema
-    params = sampling_params(backend.profile.sampling.defaults(), **options)
+    defaults = backend.profile.sampling.defaults()
+    if options.get("json_schema") is not None and "repetition_penalty" not in defaults:
+        defaults["repetition_penalty"] = CONSTRAINED_REPETITION_PENALTY
+    params = sampling_params(defaults, **options)
     offered, required = select_tools(tools or [], tool_choice)
     # a named function is one call (as in vLLM); "required" with parallel calls is a non-empty array of them
     parallel = parallel_tool_calls and tool_choice in (None, "auto", "any", "required", True)
@@ -96,19 +106,20 @@ def build_request(
         params.json_schema = call_schema(offered, parallel)
     _check_capabilities(backend, params, offered)
     if messages is not None and getattr(backend, "tokenizer", None) is not None:  # a remote server reads OpenAI's
-        messages = tool_history(messages, offered, template_renders_tools(backend))
-    hints = _document_hints(backend, messages, prompt, offered, documents, memory)
+        # whether the template renders tools matters only where there are tools or calls
+        renders = bool(offered or any(m.get("tool_calls") for m in messages)) and template_renders_tools(backend)
+        messages = tool_history(messages, offered, renders)
+    hints = _document_hints(backend, messages, prompt, offered, documents, memory) \
+        if documents or memory is not None and len(memory) else None
     request = Request(prompt=prompt, messages=messages, params=params, tools=offered or None, documents=hints,
-                      tool_choice=_openai_tool_choice(offered, required, tool_choice),
+                      tool_choice=_openai_tool_choice(offered, required, tool_choice) if offered else None,
                       parallel_tool_calls=parallel if offered else None,
                       response_format=response_format if schema is not None else None)
-    return Prepared(request, offered, required, parallel)
+    return Prepared(request, offered, required, parallel, backend)
 
 
-def _openai_tool_choice(offered: list[dict[str, Any]], required: bool, tool_choice: Any) -> str | dict[str, Any] | None:
+def _openai_tool_choice(offered: list[dict[str, Any]], required: bool, tool_choice: Any) -> str | dict[str, Any]:
     """The call's tool_choice in OpenAI's words (LangChain also says "any" or True, or names a tool bare)."""
-    if not offered:
-        return None
     if not required:
         return "auto"
     if tool_choice in ("any", "required", True):
@@ -136,11 +147,8 @@ def _check_capabilities(backend: Any, params: SamplingParams, offered: list[dict
 def _document_hints(backend: Any, messages: list[dict[str, Any]] | None, prompt: Any,
                     offered: list[dict[str, Any]], documents: list[Any] | None,
                     memory: DocumentMemory | None) -> list[Any] | None:
-    """The documents' spans in the rendered prompt, or None (no documents, or a backend without a document
-    cache: then the request runs uncached, and a warning says so)."""
-    remembered = memory is not None and len(memory) > 0
-    if not (documents or remembered):
-        return None
+    """The documents' spans in the rendered prompt (documents given, or remembered in `memory`), or None (a backend
+    without a document cache: then the request runs uncached, and a warning says so)."""
     if not backend.capabilities.rag_cache:
         if documents:  # remembered documents were never asked for by this call: nothing to warn about
             warnings.warn(f"the {backend.name} backend has no document cache: the documents are used as "

@@ -3,7 +3,8 @@
 A ChoiceOutput turns one choice's tokens into text (incremental detokenizing; a reasoning model's
 think part moved to Event.reasoning), ends the choice on a stop token id, EOS, a stop string, the
 end of its grammar or its length, and formats logprobs. A
-RequestOutput holds a request's choices and puts usage and timings on its last event.
+RequestChoices holds a request's choices and puts usage and timings on its last event. (It was also named
+RequestOutput, the public type's name: inferplug.RequestOutput is the one request output.)
 Engines hand over raw token ids only; nothing here touches KV blocks or token counts.
 """
 
@@ -20,6 +21,15 @@ from inferplug.stages.reasoning import ReasoningSplitter
 from inferplug.types import Event, FinishReason, SamplingParams, Timings, TokenLogprob, Usage
 
 
+@dataclass
+class TokenEnd:
+    """What a sampled token's id decided (ChoiceOutput.count_token): the reason it ends its choice, if it does."""
+
+    reason: FinishReason | None = None
+    stop_reason: int | None = None
+    by_id: bool = False  # a stop token id or EOS: its text is not decoded
+
+
 class ChoiceOutput:
     """One choice: `eos_ids` end it unless ignore_eos; stop_token_ids always do (after min_tokens)."""
 
@@ -29,7 +39,8 @@ class ChoiceOutput:
         self.reasoning = ReasoningSplitter(reasoning_parser) if reasoning_parser else None
         self.params, self.eos_ids, self.max_tokens = params, eos_ids, max_tokens
         self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids, params.stop, params.include_stop_str_in_output)
-        self.num_tokens = 0
+        self.num_tokens = 0  # tokens whose text is out (usage counts these)
+        self.sampled = 0  # tokens counted where they are sampled (count_token): ahead of num_tokens by a step or so
         self.finish_reason: FinishReason | None = None
         self.stop_reason: str | int | None = None
         self.first_token_time: float | None = None
@@ -44,7 +55,22 @@ class ChoiceOutput:
 
     def on_token(self, token_id: int, logprob: float | None = None, top: list[tuple[int, float]] | None = None,
                  *, grammar_done: bool = False) -> Event:
-        """The event for one sampled token (its choice's last when the token ends it)."""
+        """The event for one sampled token (its choice's last when the token ends it): both parts at once."""
+        return self.text(self.count_token(token_id, grammar_done=grammar_done), token_id, logprob, top)
+
+    def count_token(self, token_id: int, *, grammar_done: bool = False) -> TokenEnd:
+        """The part decided where the token is sampled, from its id alone: whether it ends the choice (a stop token
+        id, EOS, the grammar's end, the length). A stop string is the text's part (`text`)."""
+        self.sampled += 1
+        reason, stop = self._stop_token(token_id)
+        if reason is not None:
+            return TokenEnd(reason, stop, by_id=True)
+        return TokenEnd("stop" if grammar_done else "length" if self.sampled >= self.max_tokens else None)
+
+    def text(self, end: TokenEnd, token_id: int, logprob: float | None = None,
+             top: list[tuple[int, float]] | None = None) -> Event:
+        """The token's event: its text (a stop string in it ends the choice "stop"), logprobs and prompt logprobs.
+        Runs off the engine's step, after count_token."""
         self.num_tokens += 1
         self.first_token_time = self.first_token_time or time.perf_counter()
         event = Event(self.request_id, self.index, token_ids=[token_id])
@@ -54,13 +80,9 @@ class ChoiceOutput:
             text = self.tokenizer.decode
             event.logprobs = [TokenLogprob(token_id, text([token_id]), logprob,
                                            [(t, text([t]), lp) for t, lp in top or []])]
-        reason, stop = self._stop_token(token_id)
-        if reason is None:
-            stop = self.detokenizer.add(token_id)
-            if stop is not None or grammar_done:
-                reason = "stop"
-            elif self.num_tokens >= self.max_tokens:
-                reason = "length"
+        reason, stop = end.reason, end.stop_reason
+        if not end.by_id and (found := self.detokenizer.add(token_id)) is not None:
+            reason, stop = "stop", found
         if reason is not None:
             return self._finish(event, reason, stop)
         return self._text(event, final=False)
@@ -71,7 +93,7 @@ class ChoiceOutput:
 
     def _stop_token(self, token_id: int) -> tuple[FinishReason | None, int | None]:
         p = self.params
-        if self.num_tokens <= p.min_tokens:
+        if self.sampled <= p.min_tokens:
             return None, None
         if token_id in p.stop_token_ids:  # whatever ignore_eos says
             return "stop", token_id
@@ -94,7 +116,7 @@ class ChoiceOutput:
 
 
 @dataclass
-class RequestOutput:
+class RequestChoices:
     """A request's choices; its last event carries usage and timings."""
 
     choices: list[ChoiceOutput]
@@ -103,7 +125,7 @@ class RequestOutput:
 
     @classmethod
     def create(cls, request_id: str, tokenizer: Any, prompt_ids: list[int], params: SamplingParams,
-               eos_ids: Collection[int], max_tokens: int, reasoning_parser: str | None = None) -> RequestOutput:
+               eos_ids: Collection[int], max_tokens: int, reasoning_parser: str | None = None) -> RequestChoices:
         return cls([ChoiceOutput(request_id, i, tokenizer, prompt_ids, params, eos_ids, max_tokens, reasoning_parser)
                     for i in range(params.n)], len(prompt_ids))
 
@@ -127,3 +149,14 @@ class RequestOutput:
                      for c in self.choices if c.first_token_time and c.finished_time and c.num_tokens > 1]
         return Timings(queued=started - arrival, ttft=min(first_tokens) - arrival if first_tokens else None,
                        tpot=sum(per_token) / len(per_token) if per_token else None, e2e=end - arrival)
+
+
+def __getattr__(name: str) -> Any:
+    """The old name, for one release: it warns, naming the new ones."""
+    if name == "RequestOutput":
+        import warnings
+
+        warnings.warn("inferplug.stages.output.RequestOutput is renamed RequestChoices (the output stage's per-request "
+                      "state); the public request output is inferplug.RequestOutput", DeprecationWarning, stacklevel=2)
+        return RequestChoices
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

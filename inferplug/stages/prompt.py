@@ -3,7 +3,8 @@ token limit the room left allows. The native engine and the local third-party ba
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from inferplug.chat_template import encode_chat
 from inferplug.errors import RequestError
@@ -30,18 +31,25 @@ def check_prompt_ids(prompt_ids: list[int], vocab_size: int, context_length: int
         )
 
 
+def encode_prompt(tokenizer: Any, render: Callable[..., str] | None, request: Request,
+                  context_length: int) -> tuple[list[int], str | None]:
+    """The request's prompt as token ids, and its text when it had one (the native engine and the local backends
+    alike); `render(messages, tools)` renders a chat. A text that surely overflows `context_length` is refused
+    before it is tokenized (stages/prompt_bound.py). Raises RequestError on bad input."""
+    if request.messages is not None:
+        if render is None:
+            raise RequestError("this engine has no chat template; send a prompt instead", param="messages")
+        return encode_chat(tokenizer, render, request.messages, request.tools, context_length)
+    if isinstance(request.prompt, str):
+        check_text_fits(tokenizer, request.prompt, context_length, "prompt")
+        return tokenizer.encode(request.prompt), request.prompt
+    return list(request.prompt or []), None
+
+
 def prompt_token_ids(backend: Backend, request: Request) -> list[int]:
     """The request's prompt as token ids, checked against the vocabulary and the context."""
-    tokenizer = backend.tokenizer
-    if request.messages is not None:
-        ids, _ = encode_chat(tokenizer, backend.apply_chat_template, request.messages, request.tools,
-                             backend.context_length)
-    elif isinstance(request.prompt, str):
-        check_text_fits(tokenizer, request.prompt, backend.context_length, "prompt")
-        ids = tokenizer.encode(request.prompt)
-    else:
-        ids = list(request.prompt or [])
-    check_prompt_ids(ids, len(tokenizer), backend.context_length,
+    ids, _ = encode_prompt(backend.tokenizer, backend.apply_chat_template, request, backend.context_length)
+    check_prompt_ids(ids, len(backend.tokenizer), backend.context_length,
                      param="messages" if request.messages is not None else "prompt")
     return ids
 

@@ -8,9 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from inferplug.errors import GenerationError, RequestError
-from inferplug.frontend.requests import response_schema
 from inferplug.rag.layout import DocumentMemory, format_documents
-from langchain_inferplug.structured import CONSTRAINED_REPETITION_PENALTY
 
 
 class InferPlugFields(BaseModel):
@@ -98,8 +96,6 @@ class InferPlugFields(BaseModel):
         options["logprobs"] = _logprobs_option(kwargs.get("logprobs", self.logprobs),
                                                kwargs.get("top_logprobs", self.top_logprobs))
         options["stop"] = [*(self.stop or []), *(stop or []), *(kwargs.get("stop_sequences") or [])]
-        if response_schema(kwargs.get("response_format")) is not None and options["repetition_penalty"] is None:
-            options["repetition_penalty"] = CONSTRAINED_REPETITION_PENALTY  # as with_structured_output binds it
         return options
 
     def _deadline(self) -> float | None:

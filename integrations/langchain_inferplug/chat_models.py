@@ -17,7 +17,7 @@ from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from inferplug.errors import RequestError
-from inferplug.frontend.calls import Result, ResultBuilder, aiter_events
+from inferplug.frontend.calls import Result, ResultBuilder
 from inferplug.frontend.openai_logprobs import chat_logprobs
 from inferplug.frontend.requests import Prepared, build_request
 from inferplug.frontend.tool_calls import all_whole, finish_with_calls
@@ -50,12 +50,13 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
 
     # --- requests ------------------------------------------------------------------
     def _prepare(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> Prepared:
-        if kwargs.get("response_format") is not None and not self.backend.capabilities.json_schema:
-            raise RequestError(f"response_format needs constrained decoding, which the {self.backend.name} backend "
+        backend = self.backend  # found once a call: the request carries it (Prepared.backend)
+        if kwargs.get("response_format") is not None and not backend.capabilities.json_schema:
+            raise RequestError(f"response_format needs constrained decoding, which the {backend.name} backend "
                                "does not do; use a ToolStrategy (create_agent) or with_structured_output, or a "
                                "native or openai profile", param="response_format")
         return build_request(
-            self.backend, options=self._options(stop, kwargs), messages=to_chat_dicts(messages),
+            backend, options=self._options(stop, kwargs), messages=to_chat_dicts(messages),
             tools=kwargs.get("tools"), tool_choice=kwargs.get("tool_choice"),
             response_format=kwargs.get("response_format"), documents=kwargs.get("documents"),
             memory=self.document_memory,
@@ -92,7 +93,7 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
             return generate_from_stream(self._stream_prepared(prepared, run_manager))  # tokens to the handlers
         deadline, builder = self._deadline(), ResultBuilder()
         # without a timeout to watch, the events come at the end: one wake-up a call, not one a step
-        for event in self.backend.stream_sync(prepared.request, at_end=deadline is None):
+        for event in prepared.backend.stream_sync(prepared.request, at_end=deadline is None):
             self._check_deadline(deadline)
             builder.add(event)
         return ChatResult(generations=[ChatGeneration(message=self._message(builder.build(), prepared))])
@@ -104,7 +105,7 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
     def _stream_prepared(self, prepared: Prepared,
                          run_manager: CallbackManagerForLLMRun | None) -> Iterator[ChatGenerationChunk]:
         stream, deadline = _ChunkStream(self, prepared), self._deadline()
-        for event in self.backend.stream_sync(prepared.request):
+        for event in prepared.backend.stream_sync(prepared.request):
             self._check_deadline(deadline)
             for chunk in stream.step(event):
                 if run_manager:
@@ -118,7 +119,7 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
         if run_manager is not None and run_manager.handlers:
             return await agenerate_from_stream(self._astream_prepared(prepared, run_manager))
         deadline, builder = self._deadline(), ResultBuilder()
-        async for event in aiter_events(self.backend, prepared.request, at_end=deadline is None):
+        async for event in prepared.backend.stream_async(prepared.request, at_end=deadline is None):
             self._check_deadline(deadline)
             builder.add(event)
         return ChatResult(generations=[ChatGeneration(message=self._message(builder.build(), prepared))])
@@ -132,7 +133,7 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
     async def _astream_prepared(self, prepared: Prepared, run_manager: AsyncCallbackManagerForLLMRun | None
                                 ) -> AsyncIterator[ChatGenerationChunk]:
         stream, deadline = _ChunkStream(self, prepared), self._deadline()
-        async for event in aiter_events(self.backend, prepared.request):
+        async for event in prepared.backend.stream_async(prepared.request):
             self._check_deadline(deadline)
             for chunk in stream.step(event):
                 if run_manager:

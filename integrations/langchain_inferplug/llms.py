@@ -10,7 +10,7 @@ from langchain_core.language_models import BaseLLM, LangSmithParams
 from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 
 from inferplug.frontend.binding import usage_counts
-from inferplug.frontend.calls import Result, aiter_events, generate_all
+from inferplug.frontend.calls import Result, generate_all
 from inferplug.frontend.openai_logprobs import vllm_prompt_logprobs
 from inferplug.frontend.requests import build_request
 from langchain_inferplug.base import InferPlugFields
@@ -68,7 +68,7 @@ class InferPlugLLM(InferPlugFields, BaseLLM):
     async def _astream(self, prompt: str, stop: list[str] | None = None,
                        run_manager: AsyncCallbackManagerForLLMRun | None = None,
                        **kwargs: Any) -> AsyncIterator[GenerationChunk]:
-        async for event in aiter_events(self.backend, self._request(prompt, stop, kwargs)):
+        async for event in self.backend.stream_async(self._request(prompt, stop, kwargs)):
             if event.index == 0 and (event.text or event.finish_reason):
                 chunk = GenerationChunk(text=event.text, generation_info=_finish_info(event))
                 if run_manager:

@@ -15,11 +15,6 @@ from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
 
-# Greedy decoding under a grammar can trap a small model in a loop inside a free-text string (SmolLM2-135M
-# writes "sampu, sampu, ..." until max_tokens and the JSON never closes); a mild penalty lets it finish the value.
-CONSTRAINED_REPETITION_PENALTY = 1.2
-
-
 def _is_pydantic(schema: Any) -> bool:
     return isinstance(schema, type) and is_basemodel_subclass(schema)  # pydantic v2 or v1 models
 
@@ -43,8 +38,8 @@ def structured_output_runnable(model: Any, schema: Any, *, method: str, include_
         # json_mode with a schema at hand: constrain to it too (a bare {"type": "object"} lets keys go missing)
         target = {"type": "object"} if schema is None else convert_to_json_schema(schema)
         traced = {"kwargs": {"method": method}, "schema": target}
-        llm = model.bind(json_schema=target, repetition_penalty=CONSTRAINED_REPETITION_PENALTY,
-                         ls_structured_output_format=traced)
+        # the request builder adds the constrained output's repetition penalty, as for every front end
+        llm = model.bind(json_schema=target, ls_structured_output_format=traced)
         parser = PydanticOutputParser(pydantic_object=schema) if _is_pydantic(schema) else JsonOutputParser()
     else:
         raise ValueError(f"method={method!r} is not supported; use 'json_schema', 'function_calling' or 'json_mode'")

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from inferplug.backends.bridge import EventChannel, consume_async, consume_sync
+from inferplug.backends.bridge import EventChannel, consume_all_sync, consume_async, consume_sync
 from inferplug.errors import RequestError
 
 
@@ -90,3 +90,35 @@ async def test_an_async_consumer_that_leaves_early_cancels_in_a_worker_thread():
     await stream.aclose()
     assert len(cancelled_on) == 1 and cancelled_on[0] is not threading.main_thread()
     await asyncio.sleep(0)
+
+
+def test_consume_all_sync_submits_every_request_before_it_waits_and_raises_where_one_failed():
+    channels: list[EventChannel] = []
+    answers = [[0, 1], [RequestError("bad")], [20, 21]]
+
+    def submit(channel: EventChannel) -> None:
+        channels.append(channel)
+        if len(channels) == len(answers):  # a producer that answers only once every request is in
+            for ch, answer in zip(channels, answers):
+                ch.send(answer, last=True)
+
+    ended = consume_all_sync([submit] * 3, [lambda: pytest.fail("ended streams are not cancelled")] * 3)
+    assert list(ended[0]) == [0, 1] and list(ended[2]) == [20, 21]
+    with pytest.raises(RequestError, match="bad"):
+        list(ended[1])
+
+
+def test_a_batch_of_requests_runs_on_the_native_engine_over_the_bridge_as_each_alone(tiny_profile):
+    """generate_all (InferPlugLLM's batch) takes the bridge's sync path, as ChatInferPlug does: same answers."""
+    from inferplug.backends.registry import get_backend
+    from inferplug.frontend.calls import collect, generate_all
+    from inferplug.types import Request, SamplingParams
+
+    backend = get_backend(tiny_profile)
+    requests = [Request(prompt=p, params=SamplingParams(temperature=0, max_tokens=6)) for p in ("hi", "the cat", "ok")]
+    alone = [collect(backend.stream_sync(Request(prompt=r.prompt, params=r.params))).token_ids for r in requests]
+    assert [r.token_ids for r in generate_all(backend, requests)] == alone
+    bad = Request(prompt=[10**6], params=SamplingParams(max_tokens=2))
+    with pytest.raises(RequestError, match="outside the vocabulary"):
+        generate_all(backend, [requests[0], bad])
+    assert backend.stats()["kv_blocks_used"] == 0

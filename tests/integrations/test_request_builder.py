@@ -148,3 +148,46 @@ def test_beam_search_options_reach_the_engine_from_langchain_llamaindex_and_the_
     assert len(seen) == 3
     for request in seen:
         assert {k: getattr(request.params, k) for k in beams} == beams
+
+
+SCHEMA = {"title": "place", "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+
+def test_a_json_schema_gives_the_same_sampling_params_from_every_front_end(tiny_profile, seen):
+    """The constrained output's repetition penalty is the request builder's, not one front end's."""
+    from langchain_inferplug import ChatInferPlug
+    from llama_index.core.base.llms.types import ChatMessage
+
+    from inferplug.backends.registry import get_backend
+    from llama_index.llms.inferplug import InferPlug
+    from tests.server.conftest import start_server
+
+    chat = ChatInferPlug(profile=tiny_profile, temperature=0.0, max_tokens=5)
+    fmt = {"type": "json_schema", "json_schema": {"name": "place", "schema": SCHEMA}}
+    chat.invoke("hi there", response_format=fmt)
+    chat.with_structured_output(SCHEMA, include_raw=True).invoke("hi there")
+    InferPlug(profile=tiny_profile, temperature=0.0, max_tokens=5).chat([ChatMessage(role="user", content="hi there")],
+                                                                        json_schema=SCHEMA)
+    server = start_server(get_backend(tiny_profile))
+    try:
+        server.client().chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi there"}],
+                                                temperature=0.0, max_tokens=5, response_format=fmt)
+    finally:
+        server.stop()
+    assert len(seen) == 4
+    assert seen[0].params.json_schema == SCHEMA and seen[0].params.repetition_penalty == 1.2
+    assert all(request.params == seen[0].params for request in seen), [r.params for r in seen]
+
+
+def test_the_offline_llm_honours_the_profiles_sampling(tiny_llama_dir, tmp_path):
+    from inferplug import LLM, SamplingParams
+
+    profile = tmp_path / "tiny-sampled.toml"
+    profile.write_text(f'name = "tiny-sampled"\nbackend = "native"\ndtype = "float32"\n'
+                       f'[model]\npath = "{tiny_llama_dir}"\n[sampling]\ntemperature = 0.0\nmax_tokens = 3\n')
+    llm = LLM(str(profile), num_kv_blocks=32)
+    (by_profile,) = llm.generate("hi there")
+    (given,) = llm.generate("hi there", SamplingParams(temperature=0.0, max_tokens=3))
+    assert by_profile.usage.completion_tokens == 3
+    assert by_profile.outputs[0].token_ids == given.outputs[0].token_ids
+    assert len(llm.generate("hi there", SamplingParams(temperature=0.0, max_tokens=5))[0].outputs[0].token_ids) == 5

@@ -88,7 +88,7 @@ def hold_leavers_until_aborted(engine, monkeypatch, limit_s: float = 60.0) -> li
     """A leaver cannot finish before its client leaves: the engine does not step while a leaver is one
     token short of LEAVER_MAX_TOKENS (for up to limit_s), so every leaver ends by an abort of a running
     request. Returns the ids of the requests the engine aborted while they ran."""
-    step, abort, aborted = engine.step, engine.abort, []
+    step, abort, aborted = engine.step_tokens, engine.abort, []
     deadline = time.monotonic() + limit_s
 
     def held_step():
@@ -102,7 +102,7 @@ def hold_leavers_until_aborted(engine, monkeypatch, limit_s: float = 60.0) -> li
             aborted.append(request_id)
         return events
 
-    monkeypatch.setattr(engine, "step", held_step)  # AsyncEngine's loop calls these on the instance
+    monkeypatch.setattr(engine, "step_tokens", held_step)  # AsyncEngine's loop calls these on the instance
     monkeypatch.setattr(engine, "abort", recorded_abort)
     return aborted
 

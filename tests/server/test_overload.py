@@ -135,7 +135,7 @@ def test_when_the_step_thread_dies_requests_fail_clearly_and_health_says_unhealt
         with frozen(backend):
             pending = in_background(lambda: httpx.post(server.url + "/chat/completions", json=CHAT, timeout=60))
             until(lambda: len(backend.engine._inbox) == 1, what="the request queues")
-            backend.engine.engine.step = killed
+            backend.engine.engine.step_tokens = killed  # what the step thread runs each step
         pending["thread"].join(timeout=60)
         assert pending["out"].status_code == 503 and "step thread stopped" in pending["out"].json()["error"]["message"]
         health = httpx.get(base + "/health")

@@ -29,7 +29,7 @@ from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.llms.utils import parse_partial_json
 
 from inferplug.frontend.binding import bind_profile, usage_counts
-from inferplug.frontend.calls import Result, ResultBuilder, acollect, aiter_events, collect
+from inferplug.frontend.calls import Result, ResultBuilder, acollect, collect
 from inferplug.frontend.forced_call import ForcedCallStream
 from inferplug.frontend.requests import Prepared, build_request
 from inferplug.frontend.tool_calls import all_whole, finish_with_calls
@@ -166,7 +166,7 @@ class InferPlug(FunctionCallingLLM):
 
         async def gen() -> ChatResponseAsyncGen:
             stream = _ChatStream(self, prepared)
-            async for event in aiter_events(self.backend, prepared.request):
+            async for event in self.backend.stream_async(prepared.request):
                 if (response := stream.step(event)) is not None:
                     yield response
 
