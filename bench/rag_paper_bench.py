@@ -77,7 +77,7 @@ def run_paper(args, build_request, run_one, summarize) -> None:
             results["prefix"] = _score(_run_mode(backend, build_request, run_one, "prefix", workload,
                                                  args.answer_tokens), workload, None, summarize)
             _report("prefix", results)
-        configs = [("none", 0.0)] + [(p, float(f)) for p in POLICIES for f in args.fractions.split(",")]
+        configs = [("none", 0.0)] + [(p, float(f)) for p in POLICIES for f in args.fractions.split(",") if f]
         for policy, fraction in configs:
             close_all()
             backend = _backend(args.profile, policy, fraction)
