@@ -63,7 +63,7 @@ def _score(rows: list[dict], workload, reference: list[dict] | None, summarize) 
 def run_paper(args, build_request, run_one, summarize) -> None:
     from inferplug.backends.registry import close_all
 
-    workload = make_paper_workload(args.queries)
+    workload = make_paper_workload(args.queries, num_entities=args.entities)
     results: dict[str, dict] = {}
     backend = _backend(args.profile)
     try:

@@ -7,7 +7,7 @@ import pytest
 from inferplug.engine.cache_aware import CacheAwareOrder
 
 
-@pytest.mark.parametrize("line, ordered", [("", True), ('schedule = "fifo"\n', False)])
+@pytest.mark.parametrize("line, ordered", [("", False), ('schedule = "cache_aware"\n', True)])
 def test_the_profile_chooses_the_admission_order(tmp_path, tiny_llama_dir, line, ordered):
     from inferplug.llm import LLM
 
