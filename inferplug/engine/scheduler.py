@@ -1,7 +1,8 @@
 """Iteration-level scheduling with no prefill/decode phases (vLLM v1's idea).
 
 Each step hands out a token budget: running sequences first (a decode is one token, an
-unfinished prefill gets the next chunk), then waiting ones in arrival order. When the pool runs
+unfinished prefill gets the next chunk), then waiting ones in arrival order (schedule="cache_aware":
+those with cached tokens first, within an aging bound, engine/cache_aware.py). When the pool runs
 short, the newest running sequence is preempted by recompute: its blocks go back to the pool,
 its full blocks usually stay cached, and it rejoins the front of the queue.
 
