@@ -100,6 +100,7 @@ def main() -> None:
                     help="the CacheBlend-shaped workload (bench/rag_paper_workload.py) with each recompute policy")
     ap.add_argument("--fractions", default="0.05,0.15,0.30", help="--paper: the recompute fractions tried")
     ap.add_argument("--no-prefix", action="store_true", help="--paper: skip the prefix-caching mode")
+    ap.add_argument("--entities", type=int, default=12, help="--paper: workshops (and people): 2x this many chunks")
     args = ap.parse_args()
     if args.paper:
         from rag_paper_bench import run_paper

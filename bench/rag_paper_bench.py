@@ -63,7 +63,7 @@ def _score(rows: list[dict], workload, reference: list[dict] | None, summarize) 
 def run_paper(args, rag_request, run_one, summarize) -> None:
     from inferplug.backends.registry import close_all
 
-    workload = make_paper_workload(args.queries)
+    workload = make_paper_workload(args.queries, num_entities=args.entities)
     results: dict[str, dict] = {}
     backend = _backend(args.profile)
     try:
@@ -77,7 +77,7 @@ def run_paper(args, rag_request, run_one, summarize) -> None:
             results["prefix"] = _score(_run_mode(backend, rag_request, run_one, "prefix", workload,
                                                  args.answer_tokens), workload, None, summarize)
             _report("prefix", results)
-        configs = [("none", 0.0)] + [(p, float(f)) for p in POLICIES for f in args.fractions.split(",")]
+        configs = [("none", 0.0)] + [(p, float(f)) for p in POLICIES for f in args.fractions.split(",") if f]
         for policy, fraction in configs:
             close_all()
             backend = _backend(args.profile, policy, fraction)

@@ -118,6 +118,8 @@ class Cache(Table):
     rag_document_cache: bool = True
     rag_recompute: Literal["deviation", "chunk_heads", "none"] = "none"  # engine/rag_recompute.py, docs/profiles.md
     rag_recompute_fraction: float = Field(default=0.15, ge=0.0, le=1.0)
+    # waiting requests with cached prefix or documents first, within an aging bound (engine/cache_aware.py)
+    schedule: Literal["cache_aware", "fifo"] = "fifo"
     # the document cache's disk tier (engine/doc_disk.py): a size such as "4GiB" bounds it, "0" turns it off;
     # rag_disk_dir: its folder (relative: under INFERPLUG_HOME); rag_shared_salt: a corpus every tenant shares
     rag_disk_size: str = "0"

@@ -120,6 +120,7 @@ BAD_FILES = {
     "recompute fraction": (f"{MODEL}[cache]\nrag_recompute_fraction = 1.5\n",
                            ["cache.rag_recompute_fraction", "less than or equal to 1"]),
     "recompute policy": (f'{MODEL}[cache]\nrag_recompute = "blend"\n', ["cache.rag_recompute", "'deviation'"]),
+    "schedule": (f'{MODEL}[cache]\nschedule = "lifo"\n', ["cache.schedule", "'cache_aware'", "'fifo'"]),
     "missing model file": ('[model]\npath = "nowhere/model.gguf"\n',
                            ["model.path: model file", "does not exist", "Fix:"]),
     "two model sources": ('[model]\nhf_repo = "a/b"\npypi = "x==1"\nfile = "m.gguf"\n',

@@ -38,7 +38,8 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
     config = dataclasses.replace(engine_config(plan), speculative_method=spec.method, num_speculative_tokens=spec.num_tokens,
                                  ngram_min=spec.ngram_min, ngram_max=spec.ngram_max,
                                  rag_recompute=profile.cache.rag_recompute,  # engine/rag_recompute.py
-                                 rag_recompute_fraction=profile.cache.rag_recompute_fraction)
+                                 rag_recompute_fraction=profile.cache.rag_recompute_fraction,
+                                 schedule=profile.cache.schedule)  # engine/cache_aware.py
     path = plan.model_path or ensure_local(profile.model)  # the plan's, when the model was already on disk
     config = dataclasses.replace(config, **doc_disk_settings(profile, plan, path))
     tokenizer = load_tokenizer(path, profile.model.tokenizer)

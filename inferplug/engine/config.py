@@ -19,6 +19,7 @@ class EngineConfig:
     rag_document_cache: bool = True  # doc_cache: reuse RAG documents' KV given Request.documents
     rag_recompute: str = "none"  # rag_recompute.py: "deviation" | "chunk_heads" | "none", what of a reused document
     rag_recompute_fraction: float = 0.0  # is computed again: this fraction of each one's tokens
+    schedule: str = "fifo"  # "cache_aware": admit waiting requests with cached tokens first (engine/cache_aware.py)
     rag_disk_dir: str | None = None  # doc_disk: the document KV disk tier's folder (None: no disk tier)
     rag_disk_bytes: int = 0  # its bound (0: no disk tier)
     rag_shared_salt: str | None = None  # the salt a corpus shared by every tenant is stored under (doc_cache)

@@ -124,6 +124,11 @@ class DocumentKVCache:
                 return min(n, seg.start - computed)
         return n
 
+    def cached_tokens(self, seq: Any, start: int) -> int:
+        """Tokens of the segments from `start` on that would be filled, not computed (engine/cache_aware.py)."""
+        return sum(seg.end - seg.start for seg in self.plans.get(seq, ())
+                   if not seg.done and seg.start >= start and self._cached(seg))
+
     def store_computed(self, seq: Any) -> None:
         """Store the segments computed by now. A segment partly computed before (a chunk boundary, a prefix hit)
         was finished normally, and is stored too."""
@@ -131,10 +136,10 @@ class DocumentKVCache:
             if not seg.done and seg.end <= seq.num_computed_tokens:
                 self._store(seq, seg)
 
-    def next_span(self, seq: Any) -> Segment | None:
-        """The cached segment starting exactly where seq's computed tokens end."""
+    def next_span(self, seq: Any, at: int) -> Segment | None:
+        """The cached segment starting exactly at token `at` (where seq's computed tokens end, or its prefix hit)."""
         for seg in self.plans.get(seq, ()):
-            if not seg.done and seg.start == seq.num_computed_tokens and self._cached(seg):
+            if not seg.done and seg.start == at and self._cached(seg):
                 return seg
         return None
 

@@ -88,6 +88,7 @@ class LLMEngine:
             prefix_source=self.doc_cache, proposer=self.proposer,
             recompute=RecomputePolicy(config.rag_recompute, config.rag_recompute_fraction,
                                       min(DEVIATION_LAYER, model_config.num_hidden_layers - 1)),
+            schedule=config.schedule,
         )
         self.requests: dict[str, RequestState] = {}
         self.text_stopped: deque[Sequence] = deque()  # ended by a stop string in the output stage, still scheduled
@@ -312,6 +313,7 @@ class LLMEngine:
             "prefix_hit_rate": self.blocks.hit_rate,
             "prefix_hit_tokens": self.blocks.hit_tokens,
             "preemptions": self.scheduler.num_preemptions,
+            "admitted_out_of_order": self.scheduler.order.moved if self.scheduler.order else 0,  # cache_aware.py
             **spec_stats(self.scheduler),
             **(self.doc_cache.stats() if self.doc_cache is not None else {}),
             "doc_cache_recomputed_tokens": self.scheduler.num_recomputed_tokens,  # engine/rag_recompute.py

@@ -1,7 +1,8 @@
 """Iteration-level scheduling with no prefill/decode phases (vLLM v1's idea).
 
 Each step hands out a token budget: running sequences first (a decode is one token, an
-unfinished prefill gets the next chunk), then waiting ones in arrival order, shared out between clients (each
+unfinished prefill gets the next chunk), then waiting ones in arrival order (schedule="cache_aware":
+those with cached tokens first, within an aging bound, engine/cache_aware.py), shared out between clients (each
 admission goes to a client with the fewest running sequences). When the pool runs
 short, the newest running sequence is preempted by recompute: its blocks go back to the pool,
 its full blocks usually stay cached, and it rejoins the front of the queue.
@@ -24,6 +25,7 @@ from collections import Counter, deque
 from typing import Any, Protocol
 
 from inferplug.engine.block_manager import BlockManager
+from inferplug.engine.cache_aware import CacheAwareOrder
 from inferplug.engine.prompt_scores import wants_prompt_logprobs
 from inferplug.engine.rag_recompute import RecomputePolicy
 from inferplug.engine.sequence import Sequence, SequenceStatus
@@ -37,11 +39,14 @@ class PrefixSource(Protocol):
     def chunk_end(self, seq: Sequence, computed: int, n: int) -> int:
         """n, or fewer so that the chunk stops where a span this source can fill starts."""
 
+    def cached_tokens(self, seq: Sequence, start: int) -> int:
+        """Tokens of seq's spans from `start` on that this source could fill now (the admission order asks)."""
+
     def store_computed(self, seq: Sequence) -> None:
         """Keep the spans seq has computed by now (reads the KV, changes nothing of seq)."""
 
-    def next_span(self, seq: Sequence) -> Any:
-        """A span (with .start/.end) this source can fill that starts at seq.num_computed_tokens, or None."""
+    def next_span(self, seq: Sequence, at: int) -> Any:
+        """A span (with .start/.end) this source can fill that starts at token `at`, or None."""
 
     def fill(self, seq: Sequence, span: Any) -> None:
         """Write the span's KV into the slots seq's blocks hold for it."""
@@ -71,9 +76,11 @@ def _generating(seq: Sequence) -> bool:
 class Scheduler:
     def __init__(self, blocks: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
                  max_prefill_tokens_while_decoding: int = 0, prefix_source: PrefixSource | None = None,
-                 proposer: Proposer | None = None, recompute: RecomputePolicy = RecomputePolicy()):
+                 proposer: Proposer | None = None, recompute: RecomputePolicy = RecomputePolicy(),
+                 schedule: str = "fifo"):
         """max_prefill_tokens_while_decoding: prefill tokens a step may carry beside decode rows (0: the whole
-        budget), so a long prompt's chunks stretch the running streams' steps by a bounded amount."""
+        budget), so a long prompt's chunks stretch the running streams' steps by a bounded amount. schedule:
+        "cache_aware" admits waiting requests with cached tokens early, within an aging bound (cache_aware.py)."""
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -86,6 +93,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.order = CacheAwareOrder(blocks, prefix_source, max_num_batched_tokens) if schedule == "cache_aware" \
+            else None  # None: arrival order
 
     def add(self, seq: Sequence, *, front: bool = False, siblings: list[Sequence] = ()) -> None:
         """Queue seq; its siblings (the other choices of n > 1) join once its prompt is computed, to share it."""
@@ -140,16 +149,23 @@ class Scheduler:
         if preempted:  # admitting now would only take blocks the preempted need back
             return scheduled
         seats = sum(_seats(seq) for seq in self.running)
+        self._order_waiting()
         while (self.waiting and min(budget, prefill_budget) > 0
                and seats + _seats(seq := self._next_waiting()) <= self.max_num_seqs):
             hits = self._prefix_hits(seq)
             computed = len(hits) * self.blocks.block_size
-            n = self._chunk(seq, computed, min(budget, prefill_budget))
+            # a cached document starting where the hit ends is filled now, and seq computes on from it next step
+            fills = self._source_fills_at(seq, computed)
+            n = 0 if fills else self._chunk(seq, computed, min(budget, prefill_budget))
             if not self.blocks.allocate(seq, computed + n, hits):
                 break
             self.waiting.remove(seq)
+            self._order_waiting()
             self._admit(seq, computed)
             seats += _seats(seq)
+            if fills:
+                self._fill_from_source(seq)
+                continue
             scheduled.append((seq, n))
             budget -= n
             prefill_budget -= n
@@ -300,10 +316,18 @@ class Scheduler:
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
 
+    def _order_waiting(self) -> None:
+        if self.order is not None:
+            self.order.to_front(self.waiting)
+
+    def _source_fills_at(self, seq: Sequence, computed: int) -> bool:
+        source = self.prefix_source
+        return source is not None and source.has_spans(seq) and source.next_span(seq, computed) is not None
+
     def _fill_from_source(self, seq: Sequence) -> None:
         source = self.prefix_source
         source.store_computed(seq)
-        while (span := source.next_span(seq)) is not None:
+        while (span := source.next_span(seq, seq.num_computed_tokens)) is not None:
             if not self.blocks.allocate(seq, span.end):
                 source.skip(span)  # the pool is short: compute it like any other token
                 return

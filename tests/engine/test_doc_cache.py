@@ -125,3 +125,30 @@ def test_a_repeated_retrieval_set_hits_the_blocks_its_injection_filled(tiny_llam
     assert usage.cached_tokens == (usage.prompt_tokens - 1) // block * block  # every full block of the prompt
     assert tokens_of(events) == tokens_of(first_events)  # the same approximate KV, so the same answer
     engine.blocks.check_invariants()
+
+
+
+def _block_aligned_header(engine) -> str:
+    """A first line whose tokens fill whole blocks, so the document after it starts on a block boundary."""
+    block = engine.config.block_size
+    for pad in range(4 * block):
+        header = "Session " + "x" * pad + ".\n"
+        if len(engine.tokenizer(header, add_special_tokens=False)["input_ids"]) % block == 0:
+            return header
+    raise AssertionError("no padding of the first line fills whole blocks")
+
+
+def test_a_document_starting_where_a_prefix_hit_ends_is_reused(tiny_llama_dir):
+    """The prefix cache holds the first line's blocks; the document right after them is in the document cache
+    (it came second before): it is filled, not computed again (the chunk used to start inside it)."""
+    engine = make_engine(tiny_llama_dir)
+    header = _block_aligned_header(engine)
+    first = header + "\n\n".join(DOCS[:2]) + "\n\nQuestion: q1\nAnswer:"
+    run_all(engine, [Request(prompt=first, params=greedy(4), documents=document_spans(first, DOCS[:2]))])
+    swapped = header + "\n\n".join([DOCS[1], DOCS[0]]) + "\n\nQuestion: q2\nAnswer:"
+    request = Request(prompt=swapped, params=greedy(4), documents=document_spans(swapped, DOCS[:2]))
+    events = run_all(engine, [request])[request.request_id]
+    assert engine.doc_cache.injected_segments == 2  # both documents, the one at the hit's end too
+    tokens = lambda text: len(engine.tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    assert events[-1].usage.cached_tokens >= tokens(header) + tokens(DOCS[1]) + tokens(DOCS[0])
+    engine.blocks.check_invariants()

@@ -1,0 +1,72 @@
+"""Cache-aware admission (RAGCache, arXiv 2404.12457): a waiting request whose prefix or documents are cached
+has little to prefill, so it is admitted before uncached requests queued ahead of it, within an aging bound.
+
+A request's *cost* is the prompt tokens it would compute if admitted now: its prompt, less its prefix-cache hit and
+the cached document segments after it (the prefix source's `cached_tokens`). The scheduler asks `to_front` before
+each admission; it moves the cheapest request that has something cached, and costs less than the queue's head, to
+the front.
+
+Aging bound (no request starves): when a request is first seen in the window, it gets an *allowance*, the cost of
+the requests queued ahead of it (what FIFO computes before it) or one step's token budget if that is more. A request
+moved ahead of it spends its own cost from that allowance, and may not move past a request whose allowance it would
+overdraw. So the prefill computed before a request is at most twice what FIFO computes before it (plus one step):
+its wait stays within about 2x its FIFO wait. A sequence that ran before (preempted) keeps its place at the front,
+and only requests never admitted move or are passed.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import deque
+from typing import Any
+
+from inferplug.engine.block_manager import BlockManager
+from inferplug.engine.prompt_scores import wants_prompt_logprobs
+from inferplug.engine.sequence import Sequence
+
+WINDOW = 32  # waiting requests looked at: a deeper one waits its turn to enter (its allowance starts then)
+
+
+class CacheAwareOrder:
+    def __init__(self, blocks: BlockManager, source: Any, step_tokens: int):
+        """source: the scheduler's PrefixSource, or None; step_tokens: one step's token budget (the least
+        allowance)."""
+        self.blocks, self.source, self.step_tokens = blocks, source, step_tokens
+        self.allowance: weakref.WeakKeyDictionary[Sequence, int] = weakref.WeakKeyDictionary()
+        self.moved = 0  # requests admitted out of arrival order
+
+    def to_front(self, waiting: deque[Sequence]) -> None:
+        """Put the request to admit next at the front of `waiting`."""
+        window = []
+        for seq in list(waiting)[:WINDOW]:
+            if seq.first_scheduled_time is not None:  # it ran before: FIFO from here on
+                break
+            window.append(seq)
+        if len(window) < 2:
+            return
+        costs = [self._cost(seq) for seq in window]
+        ahead = 0
+        for seq, (cost, _) in zip(window, costs):
+            self.allowance.setdefault(seq, max(ahead, self.step_tokens))
+            ahead += cost
+        best, floor = None, costs[0][0]
+        for i in range(1, len(window)):
+            cost, cached = costs[i]
+            if cached and cost < floor and all(self.allowance[r] >= cost for r in window[:i]):
+                best, floor = i, cost
+        if best is None:
+            return
+        for passed in window[:best]:
+            self.allowance[passed] -= floor
+        del waiting[best]
+        waiting.appendleft(window[best])
+        self.moved += 1
+
+    def _cost(self, seq: Sequence) -> tuple[int, int]:
+        """(tokens to compute, tokens cached) were seq admitted now."""
+        total = len(seq.token_ids)
+        if wants_prompt_logprobs(seq):  # it takes no cached KV
+            return total, 0
+        hit = len(self.blocks.lookup_prefix(seq)) * self.blocks.block_size
+        docs = self.source.cached_tokens(seq, hit) if self.source is not None and self.source.has_spans(seq) else 0
+        return total - hit - docs, hit + docs
