@@ -47,7 +47,8 @@ class AsyncEngine:
         self._closed = False
         self.failure: str | None = None  # why the step thread stopped, when it died
         self._snapshot = engine.stats()
-        self._stage = PromptStage(partial(encode_prompt, engine.tokenizer, engine.render_chat), engine.tokenizer)
+        self._stage = PromptStage(partial(encode_prompt, engine.tokenizer, engine.render_chat,
+                                          context_length=engine.max_model_len), engine.tokenizer)
         self._thread = threading.Thread(target=self._loop, name="inferplug-engine", daemon=True)
         self._thread.start()
 
