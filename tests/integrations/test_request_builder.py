@@ -69,8 +69,8 @@ def seen(monkeypatch):
     requests = []
     submit = AsyncEngine.submit  # every path (sync, async, server, CLI) hands its request to the engine here
 
-    def spy(self, request, channel):
-        requests.append(dataclasses.replace(request, request_id="-"))
+    def spy(self, request, channel):  # who sent it (the server names its client) is not part of what was asked
+        requests.append(dataclasses.replace(request, request_id="-", client=None))
         return submit(self, request, channel)
 
     monkeypatch.setattr(AsyncEngine, "submit", spy)

@@ -72,4 +72,4 @@ def test_arguments_that_are_not_json_are_a_cut_calls_text_even_nested_deep(live_
                {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
     reply = httpx.post(live_server.url + "/chat/completions", timeout=60,
                        json={"model": "tiny-llama", "messages": history, "max_tokens": 2})
-    assert reply.status_code == 400 and "the prompt has" in reply.json()["error"]["message"], reply.text
+    assert reply.status_code == 400 and "the context holds 512" in reply.json()["error"]["message"], reply.text
