@@ -28,7 +28,7 @@ class ServerOptions(BaseModel):
     # the same, per client (its tenant_header value, else its address): one client's flood leaves room for others
     max_waiting_per_client: int = Field(default=64, ge=1)
     # requests of one client in flight, from admission to the response's end: a client that stops reading its streams
-    # (or a flood of long ones) holds at most this many of the engine's seats, and the others' streams keep their pace
+    # (or a flood of long ones) holds at most this many requests in flight, and the others' streams keep their pace
     max_in_flight_per_client: int = Field(default=64, ge=1)
     queue_timeout_s: float = Field(default=300.0, gt=0)  # a request still without its first token then gets 503
     body_read_timeout_s: float = Field(default=30.0, gt=0)  # a body that trickles in longer gets 408

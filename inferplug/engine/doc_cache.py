@@ -125,9 +125,14 @@ class DocumentKVCache:
         return n
 
     def cached_tokens(self, seq: Any, start: int) -> int:
-        """Tokens of the segments from `start` on that would be filled, not computed (engine/cache_aware.py)."""
+        """Tokens of the segments from `start` on whose KV is in memory now (engine/cache_aware.py ranks waiting
+        requests by it). A probe only: no disk load, nothing evicted, and the segment's one disk lookup is kept for
+        its admission."""
         return sum(seg.end - seg.start for seg in self.plans.get(seq, ())
-                   if not seg.done and seg.start >= start and self._cached(seg))
+                   if not seg.done and seg.start >= start and self._in_memory(seg))
+
+    def _in_memory(self, seg: Segment) -> bool:
+        return seg.key in self.entries or (seg.shared_key is not None and seg.shared_key in self.entries)
 
     def store_computed(self, seq: Any) -> None:
         """Store the segments computed by now. A segment partly computed before (a chunk boundary, a prefix hit)

@@ -3,8 +3,8 @@
 A step has two parts. `step_tokens` schedules, runs the model, samples, and ends the sequences that a token's id
 ends (EOS, a stop token id, the grammar's end, the length): it returns the output stage's work as closures, which
 `outputs` runs (detokenizing, stop strings, the reasoning split, logprobs, usage). `step` runs both; AsyncEngine runs
-the second on an output worker, off the engine's lock and overlapping the next step. A stop string found there ends
-its sequence at the start of the next `step_tokens` (`text_stopped`).
+the second on its step thread after the first, outside the engine's lock (an abort or an eviction may come between
+them). A stop string found there ends its sequence at the start of the next `step_tokens` (`text_stopped`).
 """
 
 from __future__ import annotations

@@ -58,9 +58,13 @@ def key_problem(authorization: str, expected: tuple[str, ...] | None) -> str | N
     return f"the API key is {what}: send the server's key as 'Authorization: Bearer <key>'"
 
 
+SINGLE_HEADERS = ("authorization", "host")  # the guard's verdict holds only if every later reader sees the same one
+
+
 class RequestGuard:
     """403 for a foreign Host header on a loopback server without a key (DNS rebinding: a web page's script
-    reaching 127.0.0.1 through a name it controls), 401 for a missing or wrong key; /health stays open."""
+    reaching 127.0.0.1 through a name it controls), 401 for a missing or wrong key, 400 for a second Authorization
+    or Host header (the key is checked on one, the tenant salted by another); /health stays open."""
 
     def __init__(self, app: ASGIApp, api_keys: tuple[str, ...] | None, allowed_hosts: list[str]):
         self.app, self.api_keys = app, api_keys
@@ -69,6 +73,11 @@ class RequestGuard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        names = [k.decode("latin-1").lower() for k, _ in scope.get("headers", [])]
+        twice = next((name for name in SINGLE_HEADERS if names.count(name) > 1), None)
+        if twice is not None:  # checked here, read elsewhere (the tenant salt): a second copy could differ
+            return await error_response(f"the request has more than one {twice.title()} header: send one",
+                                        400)(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         problem, status = self._host_problem(scope, headers.get("host")), 403
         if problem is None and scope.get("path") not in OPEN_PATHS:

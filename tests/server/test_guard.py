@@ -77,3 +77,15 @@ def test_a_body_of_too_many_json_values_is_refused_before_it_is_parsed(server_fa
     assert "max_json_values" in reply.json()["error"]["message"]
     few = {**many, "prompt": [[1]] * 4}  # under the count: parsed and served
     assert httpx.post(server.url + "/completions", json=few, timeout=30).status_code == 200
+
+
+def test_a_second_authorization_header_is_refused(server_factory, tiny_backend):
+    """The key is checked on one Authorization header and the tenant salted by the first: two of them (a random
+    one before the real key) would make every request a new client, past the per-client limits."""
+    server = server_factory(tiny_backend, api_key="the-key")
+    body = b'{"model": "tiny-llama", "prompt": "hi", "max_tokens": 1}'
+    head = ("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer anyone-else\r\n"
+            f"Authorization: Bearer the-key\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n")
+    answer = raw_exchange(server.url, head, body)
+    assert answer.startswith("HTTP/1.1 400") and "more than one Authorization header" in answer
+    assert server.client(api_key="the-key").completions.create(model="tiny-llama", prompt="hi", max_tokens=1).choices
