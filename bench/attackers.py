@@ -7,6 +7,10 @@ its TPOT alone, then while the attackers run, twice over in the same run (the ho
 through the hostile requests below; what the server answered each is counted.
 
     python bench/attackers.py [--profile smollm2-135m] [--streams 5] [--max-tokens 128] [--rounds 2] [--mix all]
+                              [--server-cpus 0 --attacker-cpus 1]
+
+On a small host the attackers' own Python work takes the server's cores; --server-cpus / --attacker-cpus keep them
+apart, as attackers on other machines are (the "alone" phase then runs on the server's cores only too).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import argparse
 import collections
 import json
 import multiprocessing
+import os
 import socket
 import statistics
 import threading
@@ -173,8 +178,11 @@ def _reap(everything: bool = False) -> None:
         _held[:] = kept
 
 
-def attack(base: str, key: str, offset: int, stop: Any, mix: str, results: Any) -> None:
-    """One attacker process (its own GIL: the measuring client must not wait on the attackers' Python work)."""
+def attack(base: str, key: str, offset: int, stop: Any, mix: str, results: Any, cpus: set[int] | None) -> None:
+    """One attacker process (its own GIL: the measuring client must not wait on the attackers' Python work), on
+    `cpus` when given (as remote attackers would be: their own work off the server's cores)."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     seen: collections.Counter = collections.Counter()
     i = offset
     while not stop.is_set():
@@ -208,11 +216,12 @@ def good_tpot(base: str, max_tokens: int) -> float:
     return (last - first) / (tokens - 1) * 1000
 
 
-def phase(base: str, streams: int, max_tokens: int, mix: str | None) -> tuple[float, collections.Counter]:
+def phase(base: str, streams: int, max_tokens: int, mix: str | None,
+          cpus: set[int] | None = None) -> tuple[float, collections.Counter]:
     """The median TPOT of `streams` good streams, one after another; with a `mix`, while three attackers run it."""
     ctx = multiprocessing.get_context("spawn")
     stop, results, seen = ctx.Event(), ctx.Queue(), collections.Counter()
-    attackers = [ctx.Process(target=attack, args=(base, key, 4 * i, stop, mix, results), daemon=True)
+    attackers = [ctx.Process(target=attack, args=(base, key, 4 * i, stop, mix, results, cpus), daemon=True)
                  for i, key in enumerate(ATTACKER_KEYS)] if mix else []
     for p in attackers:
         p.start()
@@ -239,7 +248,13 @@ def main() -> None:
     parser.add_argument("--mix", choices=sorted(MIXES), default="all",
                         help="refused: what a limit refuses or a timeout cuts off; all: also what the limits allow")
     parser.add_argument("--max-in-flight-per-client", type=int, help="the server's limit (default: the profile's)")
+    parser.add_argument("--server-cpus", help="CPUs of the server and the measuring client, e.g. 0 (default: all)")
+    parser.add_argument("--attacker-cpus", help="CPUs of the attackers, e.g. 1: off the server's, as remote ones are")
     args = parser.parse_args()
+    server_cpus, attacker_cpus = (set(map(int, c.split(","))) if c else None for c in (args.server_cpus,
+                                                                                          args.attacker_cpus))
+    if server_cpus:  # the server inherits it, and the threads it starts
+        os.sched_setaffinity(0, server_cpus)
     limit = ["--max-in-flight-per-client", str(args.max_in_flight_per_client)] if args.max_in_flight_per_client else []
     keys = ",".join((GOOD_KEY, *ATTACKER_KEYS))
     proc, base = start_serve(args.profile, "--api-key", keys, "--log-level", "error", *limit)
@@ -249,7 +264,7 @@ def main() -> None:
         rows, outcomes = [], collections.Counter()
         for r in range(args.rounds):
             alone, _ = phase(base, args.streams, args.max_tokens, None)
-            attacked, seen = phase(base, args.streams, args.max_tokens, args.mix)
+            attacked, seen = phase(base, args.streams, args.max_tokens, args.mix, attacker_cpus)
             rows.append((r + 1, alone, attacked))
             outcomes.update(seen)
         health = httpx.get(base + "/health", timeout=30).status_code
@@ -257,7 +272,8 @@ def main() -> None:
         proc.terminate()
         proc.wait(timeout=60)
     print(f"\nmix {args.mix}, max_in_flight_per_client {args.max_in_flight_per_client or 'default'}, "
-          f"{args.streams} streams of {args.max_tokens} tokens per phase (median TPOT)")
+          f"{args.streams} streams of {args.max_tokens} tokens per phase (median TPOT), server CPUs "
+          f"{args.server_cpus or 'all'}, attacker CPUs {args.attacker_cpus or 'all'}")
     print("| round | TPOT alone (ms) | TPOT attacked (ms) | ratio |\n|---|---|---|---|")
     for r, alone, attacked in rows:
         print(f"| {r} | {alone:.1f} | {attacked:.1f} | {attacked / alone:.2f}x |")
