@@ -129,10 +129,11 @@ class DocumentKVCache:
         requests by it). A probe only: no disk load, nothing evicted, and the segment's one disk lookup is kept for
         its admission."""
         return sum(seg.end - seg.start for seg in self.plans.get(seq, ())
-                   if not seg.done and seg.start >= start and self._in_memory(seg))
+                   if not seg.done and seg.start >= start and self._in_memory(seg) is not None)
 
-    def _in_memory(self, seg: Segment) -> bool:
-        return seg.key in self.entries or (seg.shared_key is not None and seg.shared_key in self.entries)
+    def _in_memory(self, seg: Segment) -> bytes | None:
+        """The key seg's KV is in memory under: the request's salt's, else the shared corpus's; None if neither."""
+        return next((key for key in (seg.key, seg.shared_key) if key is not None and key in self.entries), None)
 
     def store_computed(self, seq: Any) -> None:
         """Store the segments computed by now. A segment partly computed before (a chunk boundary, a prefix hit)
@@ -184,11 +185,10 @@ class DocumentKVCache:
     def _cached(self, seg: Segment) -> bool:
         """Whether seg's KV is at hand (seg.found: under which key): in memory under the request's salt or the
         shared one, else loaded from disk, where a segment is looked for once."""
-        candidates = [(seg.key, seg.salt), *([(seg.shared_key, self.shared_salt)] if seg.shared_key else [])]
-        seg.found = next((key for key, _ in candidates if key in self.entries), None)
+        seg.found = self._in_memory(seg)
         if seg.found is None and self.disk is not None and not seg.looked_on_disk:
             seg.looked_on_disk = True
-            for key, salt in candidates:
+            for key, salt in [(seg.key, seg.salt), *([(seg.shared_key, self.shared_salt)] if seg.shared_key else [])]:
                 loaded = self.disk.load(key, salt, seg.doc_key)
                 if loaded is not None and self._fits(seg, loaded[0]) and \
                         self._insert(key, _Entry(*loaded, seg.doc_key, salt)):

@@ -73,12 +73,12 @@ class RequestGuard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        names = [k.decode("latin-1").lower() for k, _ in scope.get("headers", [])]
-        twice = next((name for name in SINGLE_HEADERS if names.count(name) > 1), None)
+        pairs = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope.get("headers", [])]
+        headers = dict(pairs)
+        twice = next((name for name in SINGLE_HEADERS if sum(k == name for k, _ in pairs) > 1), None)
         if twice is not None:  # checked here, read elsewhere (the tenant salt): a second copy could differ
             return await error_response(f"the request has more than one {twice.title()} header: send one",
                                         400)(scope, receive, send)
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         problem, status = self._host_problem(scope, headers.get("host")), 403
         if problem is None and scope.get("path") not in OPEN_PATHS:
             problem, status = key_problem(headers.get("authorization", ""), self.api_keys), 401
