@@ -141,14 +141,27 @@ def scrapes_metrics(base: str, key: str) -> str:
     return str(httpx.get(base + "/metrics", headers={"Authorization": f"Bearer {key}"}, timeout=60).status_code)
 
 
+def benign(base: str, key: str) -> str:
+    """Not an attack: a well-behaved client's streamed answer, read to its end. Three of them are the baseline for
+    what sharing the engine's batch costs the good stream."""
+    body = _chat("tell a long story", max_tokens=64, stream=True, ignore_eos=True)
+    headers = {"Authorization": f"Bearer {key}"}
+    with httpx.stream("POST", base + "/v1/chat/completions", json=body, headers=headers, timeout=120) as reply:
+        for _ in reply.iter_bytes():
+            pass
+    return str(reply.status_code)
+
+
 # what a limit refuses, a timeout cuts off or a disconnect aborts: none of it should cost the good stream much
-REFUSED: list[Hostile] = [prompt_batch, n_128, n_times_max_tokens, huge_prompt, many_messages,
-                          tools_and_whitespace_history, many_stop_strings, slow_loris, leaves_before_first_token,
-                          scrapes_metrics]
-# what the limits allow (a compiled 50 KB schema, tools, long stop strings, a stream nobody reads, which generates
-# until its socket buffers fill): generation that shares the engine's batch with the good stream
-ALLOWED: list[Hostile] = [large_schema, tool_call_whitespace, long_stop_strings, stops_reading]
-MIXES = {"refused": REFUSED, "all": REFUSED + ALLOWED}
+REFUSED: list[Hostile] = [prompt_batch, n_128, n_times_max_tokens, huge_prompt, many_messages, many_stop_strings,
+                          slow_loris, leaves_before_first_token, scrapes_metrics]
+# what the limits allow (a compiled 50 KB schema, tools, a history whose malformed call is read as text, long stop
+# strings, a stream nobody reads, which generates until its socket buffers fill): generation, and prefills of long
+# prompts, that share the engine's batch with the good stream
+ALLOWED: list[Hostile] = [large_schema, tool_call_whitespace, tools_and_whitespace_history, long_stop_strings,
+                          stops_reading]
+MIXES = {"refused": REFUSED, "all": REFUSED + ALLOWED, "benign": [benign],
+         **{h.__name__: [h] for h in REFUSED + ALLOWED}}  # one alone: what it costs
 
 
 def _open(base: str, key: str, path: str, body: bytes, declared: int | None = None,
@@ -246,7 +259,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=2, help="alone-then-attacked rounds")
     parser.add_argument("--mix", choices=sorted(MIXES), default="all",
-                        help="refused: what a limit refuses or a timeout cuts off; all: also what the limits allow")
+                        help="refused: what a limit refuses or a timeout cuts off; all: also what the limits allow; "
+                             "benign: three well-behaved streams, the baseline for all; a hostile request's name: "
+                             "that one alone")
     parser.add_argument("--max-in-flight-per-client", type=int, help="the server's limit (default: the profile's)")
     parser.add_argument("--server-cpus", help="CPUs of the server and the measuring client, e.g. 0 (default: all)")
     parser.add_argument("--attacker-cpus", help="CPUs of the attackers, e.g. 1: off the server's, as remote ones are")

@@ -73,6 +73,9 @@ class Admission:
         """Start the generation (its first events in); False when the client left first (then it is aborted).
         A RequestError of the backend's is raised; past queue_timeout_s, a 503 LimitExceeded."""
         timeout = self.options.queue_timeout_s
+        if await request.is_disconnected():  # it left while its body was read and checked: queue nothing for it
+            await generation.aclose()
+            return False
         self._hold(generation, client)
         with self.slot(client):
             starting = asyncio.create_task(generation.start())

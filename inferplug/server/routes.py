@@ -24,7 +24,7 @@ from inferplug.server.admission import until_disconnect
 from inferplug.server.error_json import error_body
 from inferplug.server.echo import make_echo
 from inferplug.server.generation import Generation
-from inferplug.server.limits import check_chat, check_completion, check_prompt_tokens
+from inferplug.server.limits import check_prompt_tokens
 from inferplug.server.responses import ResponseBuilder
 from inferplug.server.schemas import ChatCompletionRequest, CompletionRequest
 from inferplug.server.tenants import cache_salt
@@ -63,7 +63,6 @@ async def models(request: Request) -> dict[str, Any]:
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request) -> Response:
     backend = _served(body, request)
-    check_completion(body, request.app.state.options, _default_max_tokens(backend))
     prepared = [build_request(backend, prompt=p, options=body.to_options()) for p in body.prompts()]
     echo = await asyncio.to_thread(make_echo, backend.tokenizer, body.prompts(), body.n, body.prompt_only) \
         if body.echo else None  # it tokenizes: off the event loop
@@ -74,7 +73,6 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     backend = _served(body, request)
-    check_chat(body, request.app.state.options, _default_max_tokens(backend))
     tools = [t.model_dump(exclude_none=True) for t in body.tools or []]
     choice = body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump") else body.tool_choice
     prepared = build_request(backend, messages=[m.as_dict() for m in body.messages], options=body.to_options(),
@@ -86,10 +84,6 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
 def served_names(backend: Any) -> list[str]:
     """The model names this server answers to: the served name first, then the profile's name."""
     return list(dict.fromkeys([backend.model_name, backend.profile.name]))
-
-
-def _default_max_tokens(backend: Any) -> int:
-    return backend.profile.sampling.max_tokens or backend.context_length
 
 
 def _served(body: CompletionRequest | ChatCompletionRequest, request: Request) -> Any:

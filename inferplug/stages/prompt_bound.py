@@ -16,11 +16,14 @@ def longest_token_bytes(tokenizer: Any) -> int:
     return max((len(token.encode()) for token in tokenizer.get_vocab()), default=1) or 1
 
 
-def check_text_fits(tokenizer: Any, text: str, context_length: int, param: str) -> None:
-    """RequestError when `text` surely has more tokens than the context holds (a text that may fit passes)."""
-    if len(text) < context_length:  # fewer characters than the context: it fits whatever the tokenizer
+def check_text_fits(tokenizer: Any, text: str | list[str], context_length: int, param: str) -> None:
+    """RequestError when `text` (or the texts of one prompt together, a chat's contents) surely has more tokens than
+    the context holds (a text that may fit passes)."""
+    texts = [text] if isinstance(text, str) else text
+    chars = sum(map(len, texts))
+    if chars < context_length:  # fewer characters than the context: it fits whatever the tokenizer
         return
-    least = len(text.encode()) // longest_token_bytes(tokenizer)
+    least = sum(len(t.encode()) for t in texts) // longest_token_bytes(tokenizer)
     if least >= context_length:
-        raise RequestError(f"the prompt's {len(text)} characters make at least {least} tokens, but the context holds "
+        raise RequestError(f"the prompt's {chars} characters make at least {least} tokens, but the context holds "
                            f"{context_length}: shorten the prompt or raise max_model_len", param=param)
