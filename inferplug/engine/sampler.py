@@ -18,6 +18,7 @@ import torch
 
 from inferplug.engine.sequence import Sequence
 from inferplug.engine.spec_verify import accept_or_resample, ahead, greedy_accept
+from inferplug.engine.top_p import drop_top_p_tail
 from inferplug.types import SamplingParams
 
 
@@ -70,13 +71,20 @@ class Sampler:
                 token = accept_or_resample(sampling_probs(logits, p), drafts[i], seq.generator,
                                            None if q is None else q[i])
             else:
-                token = int(torch.multinomial(sampling_probs(logits, p), 1, generator=seq.generator))
+                token = _draw(sampling_probs(logits, p), seq.generator)
             if seq.guide is not None and not seq.guide.accept(token):
                 raise ValueError(f"the JSON grammar rejected token {token}: no token the grammar allows was sampleable")
             results.append(_result(raw, p, token))
             if i == len(drafts) or token != drafts[i]:
                 break
         return results
+
+
+def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One token drawn from `probs`, among the tokens it can give: multinomial draws an exponential for every entry
+    (~0.8 ms a row over 49k), and top-p or top-k leave a few hundred."""
+    kept = probs.nonzero().squeeze(1)
+    return int(kept[torch.multinomial(probs[kept], 1, generator=generator)])
 
 
 def _result(raw: torch.Tensor, p: SamplingParams, token: int) -> SampleResult:
@@ -134,11 +142,5 @@ def sampling_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     if 0 < p.top_k < logits.numel():
         logits[logits < logits.topk(p.top_k).values[-1]] = float("-inf")  # ties with the k-th stay
     if p.top_p < 1.0:
-        # ascending: drop the low tail while its mass (this token included) is <= 1 - top_p; the top token
-        # always stays. A tie at the cut drops its lower ids (a stable sort, the same on every device), where
-        # transformers and vLLM leave it to an unstable sort.
-        ascending, order = logits.sort(stable=True)
-        tail = ascending.softmax(dim=-1).cumsum(dim=-1) <= 1.0 - p.top_p
-        tail[-1] = False
-        logits[order[tail]] = float("-inf")
+        drop_top_p_tail(logits, p.top_p)
     return torch.softmax(logits, dim=-1)
