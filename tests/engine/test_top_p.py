@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inferplug.engine.top_p import _drop_among_candidates, _drop_by_full_sort, drop_top_p_tail
+from inferplug.engine.top_p import _drop_by_full_sort, _drop_near_the_top, drop_top_p_tail
 
 VOCAB = 49152  # SmolLM2's
 
@@ -33,14 +33,14 @@ def test_the_candidates_keep_what_the_full_sort_keeps(top_p):
         drop_top_p_tail(ours, top_p)
         _drop_by_full_sort(full, top_p)
         assert torch.equal(ours == float("-inf"), full == float("-inf"))
-        fast_rows += _drop_among_candidates(row.clone(), top_p)
-    assert fast_rows >= 10  # the peaked rows (a fifth to three quarters of them) took the fast path: compared
+        fast_rows += _drop_near_the_top(row.clone(), top_p)
+    assert fast_rows >= 10  # most rows took the fast path: it is what was compared
 
 
 def test_a_flat_row_falls_back_to_the_full_sort():
     row = torch.zeros(VOCAB)
     row[:3] = 1.0
-    assert not _drop_among_candidates(row.clone(), 0.9)  # the top 1024's mass is far short of 0.9
+    assert not _drop_near_the_top(row.clone(), 0.9)  # the tokens near the top hold far less than 0.9
     ours, full = row.clone(), row.clone()
     drop_top_p_tail(ours, 0.9)
     _drop_by_full_sort(full, 0.9)
@@ -52,7 +52,7 @@ def test_a_cut_within_the_margin_falls_back():
     decision, so the full sort makes it."""
     row = torch.full((VOCAB,), -1e4)
     row[7] = row[9] = 0.0
-    assert not _drop_among_candidates(row.clone(), 0.5)
+    assert not _drop_near_the_top(row.clone(), 0.5)
     ours, full = row.clone(), row.clone()
     drop_top_p_tail(ours, 0.5)
     _drop_by_full_sort(full, 0.5)
