@@ -115,7 +115,7 @@ class BodySizeLimit:
         declared = dict(scope.get("headers", [])).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             return await self._too_large(scope, receive, send)
-        body, more = bytearray(), True
+        chunks, size, more = [], 0, True
         deadline = asyncio.get_running_loop().time() + self.read_timeout
         while more:
             try:
@@ -125,10 +125,12 @@ class BodySizeLimit:
                 return await error_response(message, 408)(scope, receive, send)
             if message["type"] != "http.request":
                 return  # the client left before sending its body
-            body += message.get("body", b"")
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
             more = message.get("more_body", False)
-            if len(body) > self.max_bytes:
+            if size > self.max_bytes:
                 return await self._too_large(scope, receive, send)
+        body = b"".join(chunks)  # one copy: the chunks, then the whole body, never a body that grows
         if self.max_values is not None and len(body) > self.max_values and body.count(b",") > self.max_values:
             message = (f"the request body holds over {self.max_values} JSON values, this server's limit ([server] "
                        "max_json_values, --max-json-values): send fewer prompts or shorter token-id lists")
@@ -139,7 +141,7 @@ class BodySizeLimit:
             nonlocal replayed
             if not replayed:
                 replayed = True
-                return {"type": "http.request", "body": bytes(body), "more_body": False}
+                return {"type": "http.request", "body": body, "more_body": False}
             return await receive()  # later messages: the disconnect
 
         await self.app(scope, replay, send)
