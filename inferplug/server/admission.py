@@ -7,18 +7,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
-
-from starlette.requests import Request
-from starlette.types import ASGIApp, Receive, Scope, Send
+from typing import TYPE_CHECKING
 
 from inferplug.errors import LimitExceeded
 from inferplug.profile_server import ServerOptions
-from inferplug.server.error_json import error_response
-from inferplug.server.limits import CHECKS
-from inferplug.server.tenants import cache_salt, client_of
 
 if TYPE_CHECKING:
+    from starlette.requests import Request
+
     from inferplug.server.generation import Generation
 
 RETRY_AFTER_S = 1
@@ -60,14 +56,10 @@ class Admission:
             if not self.by_client[client]:
                 del self.by_client[client]
 
-    def check_in_flight(self, client: str) -> None:
-        """LimitExceeded (429) when the client has max_in_flight_per_client requests in flight."""
-        _check_room(self.in_flight.get(client, 0), self.options.max_in_flight_per_client,
-                    "max_in_flight_per_client", "requests of this client are in flight")
-
     def _hold(self, generation: Generation, client: str) -> None:
         """A place among the client's requests in flight, given back when its generation closes (however it ends)."""
-        self.check_in_flight(client)
+        _check_room(self.in_flight.get(client, 0), self.options.max_in_flight_per_client,
+                    "max_in_flight_per_client", "requests of this client are in flight")
         self.in_flight[client] = self.in_flight.get(client, 0) + 1
 
         def release() -> None:
@@ -104,25 +96,3 @@ class Admission:
                                     status=503, retry_after=RETRY_AFTER_S)
             starting.result()  # the backend's RequestError, if it refused the request
             return True
-
-
-class InFlightGate:
-    """A client already at max_in_flight_per_client gets its 429 before its body is read (Admission checks again at
-    admission, where the count is taken): a flood of requests over the limit, a client that opens streams it never
-    reads for example, costs the server their headers, not the parse and validation of their bodies."""
-
-    def __init__(self, app: ASGIApp, state: Any):
-        self.app, self.state = app, state
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope.get("path") in CHECKS:
-            request = Request(scope)
-            salt = cache_salt(request.headers, self.state.options, self.state.api_keys is not None)
-            try:
-                self.state.admission.check_in_flight(client_of(salt, request.client))
-            except LimitExceeded as exc:
-                self.state.metrics.failed(scope["path"], exc.status)
-                response = error_response(str(exc), exc.status, exc.param, exc.limit,
-                                          {"Retry-After": str(exc.retry_after)})
-                return await response(scope, receive, send)
-        await self.app(scope, receive, send)

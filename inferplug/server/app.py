@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inferplug.errors import BackendUnavailable, InferPlugError, LimitExceeded, RequestError
 from inferplug.profile_server import ServerOptions
-from inferplug.server.admission import Admission, InFlightGate
+from inferplug.server.admission import Admission
 from inferplug.server.error_json import error_body, error_response
 from inferplug.server.guard import BodySizeLimit, RequestGuard, parse_api_keys
 from inferplug.server.limits import LimitScreen
@@ -87,10 +87,9 @@ def create_app(backend: Backend, *, api_key: str | None = None, max_body_bytes: 
         return error_response(str(exc.detail), exc.status_code)
 
     opts = app.state.options
-    app.add_middleware(LimitScreen, state=app.state)  # runs last, on the body BodySizeLimit read
+    app.add_middleware(LimitScreen, state=app.state)  # runs last of the three, on the body BodySizeLimit read
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes, read_timeout=opts.body_read_timeout_s,
                        max_values=opts.max_json_values)
-    app.add_middleware(InFlightGate, state=app.state)  # before the body is read
     app.add_middleware(RequestGuard, api_keys=app.state.api_keys, allowed_hosts=opts.allowed_hosts)  # runs first
     return app
 

@@ -27,7 +27,7 @@ from inferplug.server.generation import Generation
 from inferplug.server.limits import check_prompt_tokens
 from inferplug.server.responses import ResponseBuilder
 from inferplug.server.schemas import ChatCompletionRequest, CompletionRequest
-from inferplug.server.tenants import cache_salt, client_of
+from inferplug.server.tenants import cache_salt
 
 log = logging.getLogger(__name__)
 router = APIRouter()  # every path but /health needs the API key (server/guard.py), checked before the body is read
@@ -101,7 +101,7 @@ async def _generate(kind: str, body: CompletionRequest | ChatCompletionRequest, 
     backend = request.app.state.backend
     await check_prompt_tokens(backend, prepared, request.app.state.options)
     salt = cache_salt(request.headers, request.app.state.options, request.app.state.api_keys is not None)
-    client = client_of(salt, request.client)
+    client = _client(request, salt)
     for p in prepared:
         p.request.cache_salt, p.request.client = salt, client
     generation = Generation(backend, [p.request for p in prepared])
@@ -174,6 +174,12 @@ async def _sse(generation: Generation, builder: ResponseBuilder, include_usage: 
         if not finished:  # the client left mid-stream (nginx's 499: client closed request)
             request.app.state.metrics.failed(request.url.path, 499)
         await generation.aclose()
+
+
+def _client(request: Request, salt: str | None) -> str:
+    """Who a request's waiting and its share of the engine's seats count for: its tenant (API key and [server]
+    tenant_header, as its cache salt names it), else its remote address."""
+    return f"tenant:{salt}" if salt else f"address:{request.client.host if request.client else '?'}"
 
 
 def _failure(request: Request, error: str) -> dict[str, Any]:

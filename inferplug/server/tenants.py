@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from typing import Any
 
 from inferplug.profile_server import ServerOptions
 
@@ -23,9 +22,3 @@ def cache_salt(headers: Mapping[str, str], options: ServerOptions, keyed: bool) 
         return None
     # hashed: the salt is kept in block hashes, and no key should sit in memory longer than it must
     return hashlib.sha256(f"{key}\x00{tenant}".encode()).hexdigest()[:32]
-
-
-def client_of(salt: str | None, address: Any) -> str:
-    """Who a request's waiting and its share of the engine's seats count for: its tenant (API key and [server]
-    tenant_header, as its cache salt names it), else its remote address (starlette's `request.client`)."""
-    return f"tenant:{salt}" if salt else f"address:{address.host if address else '?'}"

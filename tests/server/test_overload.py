@@ -193,13 +193,5 @@ def test_past_max_in_flight_per_client_a_client_gets_429_while_another_is_served
     server = server_factory(native, options=ServerOptions(max_in_flight_per_client=1, tenant_header="X-Tenant"))
     chat = tenant_chat(server)
     refused_then_other_served(native, chat, "max_in_flight_per_client")
-    with frozen(native):  # at its limit, a client's next request is refused before its body is read
-        first = in_background(lambda: chat("busy"))
-        until(lambda: len(native.engine._inbox) == 1, what="the first request queues")
-        unread = httpx.post(server.url + "/chat/completions", content=b"not json", headers={"X-Tenant": "busy"})
-        assert unread.status_code == 429 and unread.json()["error"]["code"] == "max_in_flight_per_client"
-        assert httpx.post(server.url + "/chat/completions", content=b"not json", headers={"X-Tenant": "x"}
-                          ).status_code == 400  # another client's is read, and refused as what it is
-    first["thread"].join(timeout=60)
     assert chat("busy").status_code == 200  # the finished request gave its place back
     assert settled(native)["kv_blocks_used"] == 0
