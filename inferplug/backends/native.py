@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import AsyncIterator
-from functools import partial
+from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any
 
 from inferplug.backends.base import Backend
@@ -121,7 +121,7 @@ class NativeBackend(Backend):
         self.engine = AsyncEngine(build_engine(profile, plan))
         self.engine.engine.reasoning_parser = self.reasoning_parser  # the output stage splits think text
 
-    @property
+    @cached_property  # fixed once the engine is built: read on every request
     def capabilities(self) -> Capabilities:
         import importlib.util
 
@@ -134,7 +134,7 @@ class NativeBackend(Backend):
     def context_length(self) -> int:
         return self.engine.engine.max_model_len
 
-    @property
+    @cached_property
     def tokenizer(self) -> Any:
         return self.engine.engine.tokenizer
 
