@@ -69,9 +69,9 @@ class Backend(ABC):
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
     ) -> str:
         """Render chat messages to prompt text, ending with the assistant's turn."""
-        from inferplug.chat_template import render_chat
+        from inferplug.chat_template import profile_template, render_chat
 
-        return render_chat(self.tokenizer, self.profile, messages, tools)
+        return render_chat(self.tokenizer, profile_template(self.profile), messages, tools)
 
     @cached_property
     def reasoning_parser(self) -> str | None:

@@ -19,8 +19,8 @@ from tests.integrations.call_counter import CallCounter
 ENGINE = "inferplug/engine/llm_engine.py"
 OPAQUE = {(ENGINE, f"LLMEngine.{name}") for name in ("step_tokens", "outputs", "add_request", "stats", "has_unfinished",
                                                      "abort", "end_text_stopped")}
-MAX_CALLS = 56
-MAX_FILES = 17
+MAX_CALLS = 42
+MAX_FILES = 14
 
 
 @pytest.fixture
