@@ -47,8 +47,8 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
     weights = load_weights(path, config.torch_dtype, load_device, profile.quantization.format,
                            gguf_layers=gguf_layer_format(plan, config.tensor_parallel_size),
                            load_format=profile.model.load_format)
-    engine = LLMEngine(read_config(path), weights, tokenizer, config,
-                       render_chat=partial(render_chat, tokenizer, profile_template(profile)), draft=load_draft(spec.draft_model, config))
+    engine = LLMEngine(read_config(path), weights, tokenizer, config, draft=load_draft(spec.draft_model, config),
+                       render_chat=partial(render_chat, tokenizer, profile_template(profile)))
     del weights  # the float copies go once the model is quantized below
     if plan.weight_format:
         # Weight-only fp16/int8/int4 (quant/linear.py): decode is memory-bound, so fewer weight bytes per step.
@@ -119,7 +119,7 @@ class NativeBackend(Backend):
         super().__init__(profile, plan)
         self.engine = AsyncEngine(build_engine(profile, plan))
         self.engine.engine.reasoning_parser = self.reasoning_parser  # the output stage splits think text
-        # the step thread feeds the channels itself (no hop through a loop): the Backend's submit is the engine's
+        # the step thread feeds the channels itself, no hop through a loop: the Backend's submit is the engine's
         self.submit, self.cancel_now = self.engine.submit, self.engine.abort_now
 
     @cached_property  # fixed once the engine is built: read on every request

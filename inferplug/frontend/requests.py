@@ -111,7 +111,7 @@ def build_request(
             # whether the template renders tools matters only where there are tools or calls
             messages = tool_history(messages, offered, calls and template_renders_tools(backend))
     hints = _document_hints(backend, messages, prompt, offered, documents, memory) \
-        if documents or memory is not None and len(memory) else None
+        if documents or memory is not None and memory.docs else None
     request = Request(prompt=prompt, messages=messages, params=params, tools=offered or None, documents=hints,
                       tool_choice=_openai_tool_choice(offered, required, tool_choice) if offered else None,
                       parallel_tool_calls=parallel if offered else None,

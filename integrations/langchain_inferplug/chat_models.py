@@ -53,7 +53,7 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
         )
 
     def _message(self, result: Result, prepared: Prepared) -> AIMessage:
-        calls = result.calls(prepared.tools, prepared.tool_required)
+        calls = result.calls(prepared.tools, prepared.tool_required) if prepared.tools else []
         # a call cut short (max_tokens) is an invalid tool call with its partial arguments, as ChatOpenAI gives it
         return AIMessage(
             content="" if calls else result.text,
@@ -62,13 +62,12 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
             invalid_tool_calls=[invalid_tool_call(name=c.name, args=c.partial, id=c.id, error=_CUT)
                                 for c in calls if c.partial is not None],
             usage_metadata=_usage(result),
-            response_metadata=self._response_metadata(result, all_whole(calls)),
+            response_metadata=self._response_metadata(result, all_whole(calls) if calls else False),
         )
 
     def _response_metadata(self, result: Result, called: bool) -> dict[str, Any]:
-        meta: dict[str, Any] = {"model_name": self.model, "finish_reason": finish_with_calls(result.finish_reason,
-                                                                                             called),
-                                "model_provider": "inferplug"}
+        finish = finish_with_calls(result.finish_reason, called) if called else result.finish_reason
+        meta: dict[str, Any] = {"model_name": self.model, "finish_reason": finish, "model_provider": "inferplug"}
         if result.timings is not None:
             meta["ttft_s"] = result.timings.ttft
         if result.logprobs is not None:
