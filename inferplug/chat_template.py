@@ -50,7 +50,7 @@ def encode_chat(tokenizer: Any, render: Any, messages: list[dict[str, Any]],
     and the client's strings with split_special_tokens. `context_length`: a chat surely longer is refused before
     it is tokenized (RequestError)."""
     text = render(messages, tools)
-    if context_length is not None and len(text) >= context_length:  # else it fits, whatever the tokenizer
+    if context_length is not None:
         check_text_fits(tokenizer, text, context_length, "messages")
     specials = [t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special and t.content]
     # whether any client string may hold a special token: one scan of the chat as JSON text (a special token that

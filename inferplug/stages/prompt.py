@@ -41,8 +41,7 @@ def encode_prompt(tokenizer: Any, render: Callable[..., str] | None, request: Re
             raise RequestError("this engine has no chat template; send a prompt instead", param="messages")
         return encode_chat(tokenizer, render, request.messages, request.tools, context_length)
     if isinstance(request.prompt, str):
-        if len(request.prompt) >= context_length:  # else it fits, whatever the tokenizer
-            check_text_fits(tokenizer, request.prompt, context_length, "prompt")
+        check_text_fits(tokenizer, request.prompt, context_length, "prompt")
         return tokenizer.encode(request.prompt), request.prompt
     return list(request.prompt or []), None
 
