@@ -11,9 +11,10 @@ from inferplug.errors import RequestError
 from inferplug.stages.prompt_bound import check_text_fits
 
 
-def render_chat(tokenizer: Any, profile: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
-    """The prompt for `messages` (and OpenAI tool schemas), ending with the assistant's turn."""
-    template = profile_template(profile)
+def render_chat(tokenizer: Any, template: str | None, messages: list[dict[str, Any]],
+                tools: list[dict[str, Any]] | None = None) -> str:
+    """The prompt for `messages` (and OpenAI tool schemas), ending with the assistant's turn; `template`: the
+    profile's (profile_template), None for the tokenizer's."""
     if template is None and not getattr(tokenizer, "chat_template", None):
         raise RequestError(
             "the model has no chat template: set [model] chat_template in the profile, or send a plain prompt",
@@ -52,8 +53,15 @@ def encode_chat(tokenizer: Any, render: Any, messages: list[dict[str, Any]],
     if context_length is not None:
         check_text_fits(tokenizer, text, context_length, "messages")
     specials = [t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special and t.content]
+    # whether any client string may hold a special token: one scan of the chat as JSON text (a special token that
+    # JSON escapes, one holding a quote, a backslash or a control character, is always looked for string by string)
+    try:
+        chat = json.dumps([messages, tools], ensure_ascii=False, default=str)
+        may_hold = any(s in chat or json.dumps(s, ensure_ascii=False)[1:-1] != s for s in specials)
+    except (TypeError, ValueError):  # not JSON-like: look string by string
+        may_hold = True
     typed: dict[str, str] = {}  # a client string holding a special token -> its placeholder
-    placed = _with_placeholders([messages, tools], specials, typed) if _may_hold(messages, tools, specials) else None
+    placed = _with_placeholders([messages, tools], specials, typed) if may_hold else None
     if not typed:
         return tokenizer.encode(text, add_special_tokens=False), text
     placed_messages, placed_tools = placed
@@ -71,16 +79,6 @@ def encode_chat(tokenizer: Any, render: Any, messages: list[dict[str, Any]],
         elif piece:
             ids += tokenizer.encode(piece, add_special_tokens=False)
     return ids, text
-
-
-def _may_hold(messages: list[dict[str, Any]], tools: Any, specials: list[str]) -> bool:
-    """Whether any client string may hold a special token: one scan of the chat as JSON text (a special token that
-    JSON escapes, one holding a quote, a backslash or a control character, is always looked for string by string)."""
-    try:
-        text = json.dumps([messages, tools], ensure_ascii=False, default=str)
-    except (TypeError, ValueError):  # not JSON-like: look string by string
-        return True
-    return any(s in text or json.dumps(s, ensure_ascii=False)[1:-1] != s for s in specials)
 
 
 def _with_placeholders(value: Any, specials: list[str], typed: dict[str, str]) -> Any:

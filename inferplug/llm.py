@@ -125,7 +125,7 @@ class LLM:
         outputs: dict[str, RequestOutput] = {}
         try:
             for request, p in zip(requests, params):
-                request.params = p or sampling_params(self.profile.sampling.defaults())  # as vLLM's: whole or none
+                request.params = p or sampling_params(self.profile.sampling.model_dump(exclude_none=True))  # as vLLM's: whole or none
                 request.request_id = f"llm-{self._counter}"
                 self._counter += 1
                 prompt_ids, text = self.engine.encode(request)

@@ -196,10 +196,6 @@ class Sampling(Table):
     seed: int | None = None
     stop: list[str] | None = None
 
-    def defaults(self) -> dict[str, Any]:
-        """The values the profile sets, as SamplingParams keyword arguments."""
-        return self.model_dump(exclude_none=True)
-
 
 class Speculative(Table):
     """Speculative decoding in the native engine (engine/spec_decode.py): a proposer guesses up to num_tokens

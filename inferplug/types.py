@@ -59,19 +59,13 @@ class SamplingParams:
 
         if not isinstance(self.n, int) or self.n < 1:
             raise bad("n", "use an integer >= 1")
-        if not _finite(self.temperature) or not 0.0 <= self.temperature <= 2.0:
-            raise bad("temperature", "use a value in [0, 2] (0 is greedy)")
-        if not _finite(self.top_p) or not 0.0 < self.top_p <= 1.0:
-            raise bad("top_p", "use a value in (0, 1]")
+        for name, (low, high, low_excluded, fix) in _FLOAT_RANGES.items():
+            value = getattr(self, name)
+            if (not isinstance(value, (int, float)) or not math.isfinite(value) or not low <= value <= high
+                    or low_excluded and value == low):
+                raise bad(name, fix)
         if not isinstance(self.top_k, int) or self.top_k < -1:
             raise bad("top_k", "use -1 or 0 to disable, or a positive integer")
-        if not _finite(self.min_p) or not 0.0 <= self.min_p <= 1.0:
-            raise bad("min_p", "use a value in [0, 1]")
-        if not _finite(self.repetition_penalty) or self.repetition_penalty <= 0.0:
-            raise bad("repetition_penalty", "use a value > 0 (1 disables it)")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if not _finite(getattr(self, name)) or not -2.0 <= getattr(self, name) <= 2.0:
-                raise bad(name, "use a value in [-2, 2]")
         # choice i samples with seed + i, and torch generators take a signed 64-bit seed
         if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed <= 2**63 - self.n):
             raise bad("seed", f"use an integer in [0, 2**63 - n] = [0, {2**63 - self.n}]")
@@ -117,6 +111,18 @@ class SamplingParams:
 
 def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+# SamplingParams' float fields: (lowest, highest, whether the lowest itself is refused, the fix). NaN and the
+# infinities are refused.
+_FLOAT_RANGES = {
+    "temperature": (0.0, 2.0, False, "use a value in [0, 2] (0 is greedy)"),
+    "top_p": (0.0, 1.0, True, "use a value in (0, 1]"),
+    "min_p": (0.0, 1.0, False, "use a value in [0, 1]"),
+    "repetition_penalty": (0.0, math.inf, True, "use a value > 0 (1 disables it)"),
+    "presence_penalty": (-2.0, 2.0, False, "use a value in [-2, 2]"),
+    "frequency_penalty": (-2.0, 2.0, False, "use a value in [-2, 2]"),
+}
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """AsyncEngine: the LLMEngine step loop in a background thread, its events handed out through EventChannels.
 
-Callers never wait for the engine: `submit` hands the request to the prompt stage (engine/prompt_stage.py: render,
-tokenize, compile its schema, on workers of its own) and returns; once prepared it is queued, and the step thread
-adds queued requests between steps (a bad one ends its channel with the RequestError)
+Callers never wait for the engine: `submit` queues the request for the prompt workers and returns. A worker runs the
+prompt stage (stages/prompt.py: render, tokenize, check) and compiles its JSON schema, so a huge prompt, a long
+history or a large schema costs its own request time, not a step of every stream; once prepared it is queued, and
+the step thread adds queued requests between steps (a bad one ends its channel with the RequestError)
 and sends each step's events to their channels, one send per channel per step. One lock guards the
 engine: the step thread holds it for a step's scheduling, model and sampling (LLMEngine.step_tokens), `abort_now`
 takes it between steps. The output stage's work (detokenizing, stop strings, the reasoning split) runs after, under
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import threading
 import time
 from collections import deque
@@ -24,13 +26,16 @@ from functools import partial
 from typing import Any
 
 from inferplug.backends.bridge import EventChannel, consume_async
-from inferplug.engine.llm_engine import LLMEngine, Outputs
-from inferplug.engine.prompt_stage import PromptIds, PromptStage
+from inferplug.engine.guided import compile_json_schema
+from inferplug.engine.llm_engine import LLMEngine
 from inferplug.errors import BackendUnavailable
 from inferplug.stages.prompt import encode_prompt
 from inferplug.types import Event, Request, Usage
 
 log = logging.getLogger(__name__)
+
+_CLOSED = "the backend is closed; create a new backend"
+PROMPT_WORKERS = 2  # tokenizing and compiling are CPU work: a few threads, started once, whatever the load
 
 
 class AsyncEngine:
@@ -39,18 +44,20 @@ class AsyncEngine:
         self._lock = threading.Lock()  # the engine's: scheduling, blocks, the model
         self._output_lock = threading.Lock()  # the output stage's (choices' text); taken after _lock, never before
         self._wake = threading.Event()
-        self._inbox: deque[tuple[Request, EventChannel, PromptIds]] = deque()
-        self._preparing: dict[str, tuple[Request, EventChannel]] = {}  # in the prompt stage (under _inbox_lock)
+        self._inbox: deque[tuple[Request, EventChannel, list[int], str | None]] = deque()  # with its ids and text
+        self._preparing: dict[str, tuple[Request, EventChannel]] = {}  # with a prompt worker (under _inbox_lock)
         self._inbox_lock = threading.Lock()  # never held for a step: submit does not wait for the engine
         self._streams: dict[str, EventChannel] = {}
         self._open: set[str] = set()  # submitted, not yet ended (under _inbox_lock): what an abort must wait for
         self._closed = False
         self.failure: str | None = None  # why the step thread stopped, when it died
         self._snapshot = engine.stats()
-        self._stage = PromptStage(partial(encode_prompt, engine.tokenizer, engine.render_chat,
-                                          context_length=engine.max_model_len), engine.tokenizer)
+        self._prompts: queue.SimpleQueue[Request | None] = queue.SimpleQueue()  # for the prompt workers
+        self._workers = [threading.Thread(target=self._prepare_prompts, name=f"inferplug-prompt-{i}", daemon=True)
+                         for i in range(PROMPT_WORKERS)]
         self._thread = threading.Thread(target=self._loop, name="inferplug-engine", daemon=True)
-        self._thread.start()
+        for thread in (*self._workers, self._thread):
+            thread.start()
 
     def submit(self, request: Request, channel: EventChannel) -> None:
         """Queue the request; its events, or the RequestError that refuses it, go to channel."""
@@ -58,24 +65,32 @@ class AsyncEngine:
             if not self._closed:
                 self._open.add(request.request_id)
                 self._preparing[request.request_id] = (request, channel)
-                self._stage.put(request, self._prepared)
+                self._prompts.put(request)
                 return
-        channel.send([BackendUnavailable(self.failure or "the backend is closed; create a new backend")], last=True)
+        channel.send([BackendUnavailable(self.failure or _CLOSED)], last=True)
 
-    def _prepared(self, request: Request, result: PromptIds | Exception) -> None:
-        """On a prompt worker: queue the prepared request for the step thread, or end its stream with the error."""
-        rid = request.request_id
-        with self._inbox_lock:
-            entry = self._preparing.pop(rid, None)
-            if entry is None:
-                return  # aborted (or failed by close) while it was prepared
-            if not isinstance(result, Exception) and not self._closed:
-                self._inbox.append((request, entry[1], result))
-                self._wake.set()
-                return
-            self._open.discard(rid)
-        entry[1].send([result if isinstance(result, Exception) else BackendUnavailable(
-            self.failure or "the backend is closed; create a new backend")], last=True)
+    def _prepare_prompts(self) -> None:
+        """A prompt worker: each request's prompt ids (and its schema compiled, so that the engine's own compile is a
+        cache hit), queued for the step thread; a bad request (RequestError) ends its stream alone."""
+        engine = self.engine
+        while (request := self._prompts.get()) is not None:
+            try:
+                ids, text = encode_prompt(engine.tokenizer, engine.render_chat, request, engine.max_model_len)
+                if request.params.json_schema is not None:
+                    compile_json_schema(engine.tokenizer, request.params.json_schema)
+                error = None
+            except Exception as exc:  # noqa: BLE001 - a bad request fails alone
+                error = exc
+            with self._inbox_lock:
+                entry = self._preparing.pop(request.request_id, None)
+                if entry is None:
+                    continue  # aborted (or failed by close) while it was prepared
+                if error is None and not self._closed:
+                    self._inbox.append((request, entry[1], ids, text))
+                    self._wake.set()
+                    continue
+                self._open.discard(request.request_id)
+            entry[1].send([error or BackendUnavailable(self.failure or _CLOSED)], last=True)
 
     def generate(self, request: Request) -> AsyncIterator[Event]:
         """Stream the request's events; the last one carries usage. RequestError comes before any event."""
@@ -129,15 +144,18 @@ class AsyncEngine:
             self._fail_all(BackendUnavailable("the backend was closed while this request ran; create a new backend"))
         self._wake.set()
         self._thread.join(timeout=30)
-        self._stage.close()  # what it still prepares ends with BackendUnavailable (closed)
+        for _ in self._workers:  # what they still prepare ends with BackendUnavailable (closed)
+            self._prompts.put(None)
+        for thread in self._workers:
+            thread.join(timeout=30)
         self.engine.close()  # after the step thread: a tensor-parallel engine's workers stop
 
     # --- the engine thread's side (the lock held) ------------------------------------
     def _admit(self) -> None:
         while self._inbox:
-            request, channel, prompt = self._inbox.popleft()
+            request, channel, ids, text = self._inbox.popleft()
             try:
-                self.engine.add_request(request, prompt.ids, prompt.text)
+                self.engine.add_request(request, ids, text)
             except Exception as exc:  # noqa: BLE001 - a bad request (RequestError) fails alone, before any event
                 self._ended(request.request_id)
                 channel.send([exc], last=True)
@@ -159,42 +177,38 @@ class AsyncEngine:
                 self.failure, self._closed = str(error), True
                 queued, self._inbox = list(self._inbox), deque()
                 self._open.difference_update(item[0].request_id for item in queued)
-            for _, channel, _ in queued:
+            for _, channel, _, _ in queued:
                 channel.send([error], last=True)
             self._fail_all(error)
 
     def _steps(self) -> None:
+        engine = self.engine
         while not self._closed:
             self._wake.clear()
             with self._lock:
-                self._admit()
-                busy = self.engine.has_unfinished()
-                work = self._safe_step() if busy else []
-                self._snapshot = self.engine.stats()
+                admitting = bool(self._inbox)
+                if admitting:
+                    self._admit()
+                busy, work = bool(engine.requests), []
+                if busy:
+                    try:
+                        work = engine.step_tokens()
+                    except Exception as exc:  # noqa: BLE001 - an engine bug must not hang every stream
+                        self._fail_all(exc)
+                if admitting or busy:  # else nothing changed since the last snapshot
+                    self._snapshot = engine.stats()
             if not busy:
                 self._wake.wait()
             elif not work:
                 time.sleep(0)  # let abort/stats take the lock between steps
-            else:
-                self._dispatch(self._outputs(work))
-
-    def _safe_step(self) -> Outputs:
-        try:
-            return self.engine.step_tokens()
-        except Exception as exc:  # noqa: BLE001 - an engine bug must not hang every stream
-            self._fail_all(exc)
-            return []
-
-    def _outputs(self, work: Outputs) -> list[Event]:
-        """The step's output-stage work, off the engine's lock; the sequences a stop string ended end before their
-        events go out."""
-        with self._output_lock:
-            events = self.engine.outputs(work)
-        if self.engine.text_stopped:
-            with self._lock:
-                self.engine.end_text_stopped()
-                self._snapshot = self.engine.stats()
-        return events
+            else:  # the step's output-stage work, off the engine's lock
+                with self._output_lock:
+                    events = engine.outputs(work)
+                if engine.text_stopped:  # the sequences a stop string ended end before their events go out
+                    with self._lock:
+                        engine.end_text_stopped()
+                        self._snapshot = engine.stats()
+                self._dispatch(events)
 
     def _fail_all(self, exc: BaseException) -> None:
         """Abort every request (its blocks back in the pool) and end every open stream with exc (the engine's
@@ -224,7 +238,8 @@ class AsyncEngine:
             last = batch[-1].usage is not None
             channel = self._streams.pop(rid, None) if last else self._streams.get(rid)
             if last:
-                self._ended(rid)
+                with self._inbox_lock:
+                    self._open.discard(rid)
             if channel is not None:
                 channel.send(batch, last=last)
 

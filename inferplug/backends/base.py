@@ -44,6 +44,7 @@ class Backend(ABC):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_lock = threading.Lock()
         self._pumps: dict[str, Future] = {}  # submitted requests running on the background loop
+        self.closed = False  # set by close(): a front end holding this backend looks it up again (registry)
 
     # --- what a backend provides -------------------------------------------------
     @property
@@ -68,9 +69,9 @@ class Backend(ABC):
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
     ) -> str:
         """Render chat messages to prompt text, ending with the assistant's turn."""
-        from inferplug.chat_template import render_chat
+        from inferplug.chat_template import profile_template, render_chat
 
-        return render_chat(self.tokenizer, self.profile, messages, tools)
+        return render_chat(self.tokenizer, profile_template(self.profile), messages, tools)
 
     @cached_property
     def reasoning_parser(self) -> str | None:
@@ -112,6 +113,7 @@ class Backend(ABC):
 
     def close(self) -> None:
         """Free the model. Idempotent."""
+        self.closed = True
         loop, self._loop = self._loop, None
         if loop is not None:
             loop.call_soon_threadsafe(loop.stop)
@@ -151,14 +153,18 @@ class Backend(ABC):
             future.cancel()
         self.run_sync(self.abort(request_id))
 
-    def stream_sync(self, request: Request, *, at_end: bool = False) -> Iterator[Event]:
+    def stream_sync(self, request: Request, *, at_end: bool = False, timeout: float | None = None) -> Iterator[Event]:
         """Iterate a request's events from sync code; leaving early aborts it. at_end: they all come at the end
-        (one wake-up), for a caller that wants only the result."""
-        return consume_sync(partial(self.submit, request), partial(self.cancel_now, request.request_id), at_end=at_end)
+        (one wake-up), for a caller that wants only the result. timeout: seconds before it is aborted and
+        GenerationError raised (None: no limit)."""
+        return consume_sync(partial(self.submit, request), partial(self.cancel_now, request.request_id), at_end=at_end,
+                            timeout=timeout)
 
-    def stream_async(self, request: Request, *, at_end: bool = False) -> AsyncIterator[Event]:
+    def stream_async(self, request: Request, *, at_end: bool = False,
+                     timeout: float | None = None) -> AsyncIterator[Event]:
         """The request's events on the caller's own loop, whatever loop or thread the backend runs on."""
-        return consume_async(partial(self.submit, request), partial(self.cancel_now, request.request_id), at_end=at_end)
+        return consume_async(partial(self.submit, request), partial(self.cancel_now, request.request_id),
+                             at_end=at_end, timeout=timeout)
 
     def generate_sync(self, request: Request) -> list[Event]:
         return list(self.stream_sync(request, at_end=True))

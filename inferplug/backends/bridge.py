@@ -5,15 +5,19 @@ loop) `send`s events into an EventChannel; one consumer reads them, either a blo
 (`consume_sync`) or a coroutine on its own loop (`consume_async`). Wake-ups are coalesced: a
 consumer is woken once for whatever arrived since it last looked (one engine step's events, or
 more), and with `at_end` once when the request ends, for callers that want only the result. So a
-batch of chats costs a wake-up per request, not a thread or loop hop per token.
+batch of chats costs a wake-up per request, not a thread or loop hop per token. A consumer given a `timeout` waits no
+longer: past it the request is cancelled and GenerationError raised, whether or not events were coming.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
+
+from inferplug.errors import GenerationError
 
 
 class EventChannel:
@@ -25,11 +29,6 @@ class EventChannel:
         self._ended = False
         self._notified = False
         self._ready: threading.Event | asyncio.Event = threading.Event() if loop is None else asyncio.Event()
-
-    @property
-    def ended(self) -> bool:
-        """The producer is done with this request: nothing to cancel any more."""
-        return self._ended
 
     # --- producer side, any thread -------------------------------------------------
     def send(self, items: list[Any], *, last: bool = False) -> None:
@@ -67,19 +66,24 @@ def _unpack(items: list[Any]) -> Iterator[Any]:
 
 
 def consume_sync(submit: Callable[[EventChannel], None], cancel: Callable[[], None], *,
-                 at_end: bool = False) -> Iterator[Any]:
+                 at_end: bool = False, timeout: float | None = None) -> Iterator[Any]:
     """Submit (on first iteration) and read the events in this thread; leaving before the end calls cancel()."""
     channel = EventChannel(at_end=at_end)
+    deadline = None if timeout is None else time.monotonic() + timeout
     submit(channel)
     try:
         while True:
-            channel._ready.wait()
+            if not channel._ready.wait(None if deadline is None else max(deadline - time.monotonic(), 0)):
+                raise _timed_out(timeout)
             items, ended = channel._take()
-            yield from _unpack(items)
+            for item in items:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
             if ended:
                 return
     finally:
-        if not channel.ended:
+        if not channel._ended:  # the producer is not done with it: cancel what it still holds
             cancel()
 
 
@@ -98,24 +102,34 @@ def consume_all_sync(submits: list[Callable[[EventChannel], None]],
         return ended
     finally:
         for channel, cancel in zip(channels, cancels):
-            if not channel.ended:
+            if not channel._ended:
                 cancel()
 
 
 async def consume_async(submit: Callable[[EventChannel], None], cancel: Callable[[], None], *,
-                        at_end: bool = False) -> AsyncIterator[Any]:
+                        at_end: bool = False, timeout: float | None = None) -> AsyncIterator[Any]:
     """Submit (on first iteration) and read the events on the running loop; leaving before the end calls cancel()
     in a worker thread."""
     channel = EventChannel(asyncio.get_running_loop(), at_end=at_end)
+    deadline = None if timeout is None else time.monotonic() + timeout
     submit(channel)
     try:
         while True:
-            await channel._ready.wait()
+            try:
+                await asyncio.wait_for(channel._ready.wait(), None if deadline is None else deadline - time.monotonic())
+            except TimeoutError:
+                raise _timed_out(timeout) from None
             items, ended = channel._take()
-            for item in _unpack(items):
+            for item in items:
+                if isinstance(item, BaseException):
+                    raise item
                 yield item
             if ended:
                 return
     finally:
-        if not channel.ended:
+        if not channel._ended:
             await asyncio.to_thread(cancel)
+
+
+def _timed_out(timeout: float | None) -> GenerationError:
+    return GenerationError(f"the call ran past timeout={timeout}s and was aborted; raise timeout or lower max_tokens")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from inferplug.backends.base import Backend
 from inferplug.backends.ct2_batcher import Batcher, Job
-from inferplug.backends.local_stream import LocalRequest, engine_stop_ids
+from inferplug.backends.local_stream import LocalRequest
 from inferplug.errors import BackendUnavailable, RequestError
 from inferplug.stages.output import ChoiceOutput
 from inferplug.types import Capabilities, Event, Request
@@ -157,7 +157,7 @@ class CTranslate2Backend(Backend):
         p = request.params
         options = {
             "min_length": p.min_tokens,
-            "end_token": engine_stop_ids(p, end_ids),
+            "end_token": sorted(end_ids),
             "repetition_penalty": p.repetition_penalty,
             "sampling_topk": 1 if p.greedy else max(p.top_k, 0),
             "sampling_topp": p.top_p,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from inferplug.backends.base import Backend
 from inferplug.backends.exl2_worker import Entry, GeneratorWorker
-from inferplug.backends.local_stream import LocalRequest, engine_stop_ids
+from inferplug.backends.local_stream import LocalRequest
 from inferplug.errors import BackendUnavailable
 from inferplug.stages.output import ChoiceOutput
 from inferplug.types import Capabilities, Event, Request, SamplingParams
@@ -159,7 +159,7 @@ class ExLlamaV2Backend(Backend):
             input_ids=torch.tensor([ids], dtype=torch.long), max_new_tokens=limit + draft,
             min_new_tokens=params.min_tokens,
             gen_settings=_sampler_settings(self._exl, params), seed=seed,
-            stop_conditions=engine_stop_ids(params, end_ids),
+            stop_conditions=sorted(end_ids),
             return_probs=params.logprobs is not None, return_top_tokens=params.logprobs or 0,
             identifier=index,
         )

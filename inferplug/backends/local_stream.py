@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from inferplug.errors import RequestError
-from inferplug.stages.output import ChoiceOutput, RequestChoices
+from inferplug.stages.output import ChoiceOutput, RequestChoices, stop_ids
 from inferplug.stages.prompt import max_new_tokens, prompt_token_ids
 from inferplug.types import Event, Request, SamplingParams
 
@@ -39,19 +39,13 @@ def reject_unsupported(backend_name: str, params: SamplingParams, request: Reque
             )
 
 
-def engine_stop_ids(params: SamplingParams, end_ids: set[int]) -> list[int]:
-    """The ids the engine itself stops on: stop_token_ids always, EOS only without ignore_eos
-    (as in vLLM and our native engine)."""
-    return sorted(set(params.stop_token_ids) if params.ignore_eos else end_ids)
-
-
 @dataclass
 class LocalRequest:
     """One request on a local backend: its prompt ids, token limit, end ids and its output stage."""
 
     ids: list[int]
     limit: int
-    end_ids: set[int]  # EOS and stop_token_ids
+    end_ids: set[int]  # what its engine is told to stop on (stages/output.stop_ids)
     output: RequestChoices
 
     @classmethod
@@ -66,7 +60,7 @@ class LocalRequest:
         eos = {t for t in eos_ids if t is not None}
         output = RequestChoices.create(request.request_id, backend.tokenizer, ids, params, eos, limit,
                                        backend.reasoning_parser)
-        return cls(ids, limit, eos | set(params.stop_token_ids), output)
+        return cls(ids, limit, stop_ids(params, eos), output)
 
     @property
     def choices(self) -> list[ChoiceOutput]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import AsyncIterator
-from functools import partial
+from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any
 
 from inferplug.backends.base import Backend
@@ -14,7 +14,6 @@ from inferplug.quant.formats import float_model_format
 from inferplug.types import Capabilities, Event, Request
 
 if TYPE_CHECKING:
-    from inferplug.backends.bridge import EventChannel
     from inferplug.engine.llm_engine import LLMEngine
     from inferplug.profile import Profile
     from inferplug.resolver import Plan
@@ -24,7 +23,7 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
     """Load the profile's model (pulling it on first use) into an LLMEngine sized by the plan."""
     import torch
 
-    from inferplug.chat_template import render_chat
+    from inferplug.chat_template import profile_template, render_chat
     from inferplug.engine.llm_engine import LLMEngine
     from inferplug.models.loader import load_tokenizer, load_weights, read_config
     from inferplug.sources import ensure_local
@@ -48,8 +47,8 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
     weights = load_weights(path, config.torch_dtype, load_device, profile.quantization.format,
                            gguf_layers=gguf_layer_format(plan, config.tensor_parallel_size),
                            load_format=profile.model.load_format)
-    engine = LLMEngine(read_config(path), weights, tokenizer, config,
-                       render_chat=partial(render_chat, tokenizer, profile), draft=load_draft(spec.draft_model, config))
+    engine = LLMEngine(read_config(path), weights, tokenizer, config, draft=load_draft(spec.draft_model, config),
+                       render_chat=partial(render_chat, tokenizer, profile_template(profile)))
     del weights  # the float copies go once the model is quantized below
     if plan.weight_format:
         # Weight-only fp16/int8/int4 (quant/linear.py): decode is memory-bound, so fewer weight bytes per step.
@@ -120,8 +119,10 @@ class NativeBackend(Backend):
         super().__init__(profile, plan)
         self.engine = AsyncEngine(build_engine(profile, plan))
         self.engine.engine.reasoning_parser = self.reasoning_parser  # the output stage splits think text
+        # the step thread feeds the channels itself, no hop through a loop: the Backend's submit is the engine's
+        self.submit, self.cancel_now = self.engine.submit, self.engine.abort_now
 
-    @property
+    @cached_property  # fixed once the engine is built: read on every request
     def capabilities(self) -> Capabilities:
         import importlib.util
 
@@ -134,18 +135,12 @@ class NativeBackend(Backend):
     def context_length(self) -> int:
         return self.engine.engine.max_model_len
 
-    @property
+    @cached_property
     def tokenizer(self) -> Any:
         return self.engine.engine.tokenizer
 
     def generate(self, request: Request) -> AsyncIterator[Event]:
         return self.engine.generate(request)
-
-    def submit(self, request: Request, channel: EventChannel) -> None:
-        self.engine.submit(request, channel)  # the step thread feeds the channel: no hop through a loop
-
-    def cancel_now(self, request_id: str) -> None:
-        self.engine.abort_now(request_id)
 
     async def abort(self, request_id: str) -> None:
         await self.engine.abort(request_id)

@@ -9,7 +9,7 @@ from typing import Any
 from inferplug.engine.beam_search import BeamSearch
 from inferplug.engine.sequence import Sequence
 from inferplug.errors import RequestError
-from inferplug.stages.output import RequestChoices
+from inferplug.stages.output import RequestChoices, stop_ids
 from inferplug.stages.prompt import check_prompt_ids, max_new_tokens
 from inferplug.types import Event, Request, SamplingParams
 
@@ -83,8 +83,7 @@ class RequestState:
             seqs.append(Sequence(request.request_id, index, list(prompt_ids), p, max_tokens,
                                  cache_salt=request.cache_salt, client=request.client, generator=generator,
                                  guide=guide, output=output.choices[0 if p.use_beam_search else index]))
-        stop_ids = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_ids))
-        beams = BeamSearch(p.beam_width, p.length_penalty, p.early_stopping, max_tokens, stop_ids) \
+        beams = BeamSearch(p.beam_width, p.length_penalty, p.early_stopping, max_tokens, stop_ids(p, eos_ids)) \
             if p.use_beam_search else None
         return cls(request, seqs, output, beams)
 

@@ -87,16 +87,16 @@ def build_request(
     for the `documents` given or those `memory` finds in the prompt. `parallel_tool_calls` is OpenAI's: the
     server passes the client's (default true); the integrations constrain to one call, as before."""
     options = dict(options or {})
-    schema = response_schema(response_format)
+    schema = response_schema(response_format) if response_format is not None else None
     if schema is not None:
         if options.get("json_schema") is not None:
             raise RequestError("give the JSON schema once: response_format or json_schema", param="response_format")
         options["json_schema"] = schema
-    defaults = backend.profile.sampling.defaults()
+    defaults = backend.profile.sampling.model_dump(exclude_none=True)  # the values the profile's [sampling] sets
     if options.get("json_schema") is not None and "repetition_penalty" not in defaults:
         defaults["repetition_penalty"] = CONSTRAINED_REPETITION_PENALTY
     params = sampling_params(defaults, **options)
-    offered, required = select_tools(tools or [], tool_choice)
+    offered, required = select_tools(tools or [], tool_choice) if tools or tool_choice is not None else ([], False)
     # a named function is one call (as in vLLM); "required" with parallel calls is a non-empty array of them
     parallel = parallel_tool_calls and tool_choice in (None, "auto", "any", "required", True)
     if required:
@@ -106,11 +106,12 @@ def build_request(
         params.json_schema = call_schema(offered, parallel)
     _check_capabilities(backend, params, offered)
     if messages is not None and getattr(backend, "tokenizer", None) is not None:  # a remote server reads OpenAI's
-        # whether the template renders tools matters only where there are tools or calls
-        renders = bool(offered or any(m.get("tool_calls") for m in messages)) and template_renders_tools(backend)
-        messages = tool_history(messages, offered, renders)
+        calls = bool(offered or any(m.get("tool_calls") for m in messages))
+        if calls or any(m.get("content") is None for m in messages):  # else the messages are the template's as sent
+            # whether the template renders tools matters only where there are tools or calls
+            messages = tool_history(messages, offered, calls and template_renders_tools(backend))
     hints = _document_hints(backend, messages, prompt, offered, documents, memory) \
-        if documents or memory is not None and len(memory) else None
+        if documents or memory is not None and memory.docs else None
     request = Request(prompt=prompt, messages=messages, params=params, tools=offered or None, documents=hints,
                       tool_choice=_openai_tool_choice(offered, required, tool_choice) if offered else None,
                       parallel_tool_calls=parallel if offered else None,

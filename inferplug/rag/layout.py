@@ -68,19 +68,16 @@ class DocumentMemory:
 
     def __init__(self, capacity: int = 512) -> None:
         self.capacity = capacity
-        self._docs: dict[str, RagDocument] = {}
+        self.docs: dict[str, RagDocument] = {}  # by key, the oldest first
 
     def remember(self, docs: list[Any]) -> list[RagDocument]:
         found = [as_rag_document(d) for d in docs]
         for doc in found:
-            self._docs.pop(doc.key, None)
-            self._docs[doc.key] = doc
-        while len(self._docs) > self.capacity:
-            self._docs.pop(next(iter(self._docs)))
+            self.docs.pop(doc.key, None)
+            self.docs[doc.key] = doc
+        while len(self.docs) > self.capacity:
+            self.docs.pop(next(iter(self.docs)))
         return found
 
     def spans_in(self, prompt_text: str) -> list[DocumentSpan]:
-        return document_spans(prompt_text, list(self._docs.values()))
-
-    def __len__(self) -> int:
-        return len(self._docs)
+        return document_spans(prompt_text, list(self.docs.values()))

@@ -30,14 +30,21 @@ class TokenEnd:
     by_id: bool = False  # a stop token id or EOS: its text is not decoded
 
 
+def stop_ids(params: SamplingParams, eos_ids: Collection[int]) -> set[int]:
+    """The token ids that end a choice (after min_tokens): stop_token_ids always, EOS unless ignore_eos, as in vLLM.
+    The one place this is decided: the native engine's choices and beams, and what the local backends' engines
+    are told to stop on."""
+    return set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_ids))
+
+
 class ChoiceOutput:
-    """One choice: `eos_ids` end it unless ignore_eos; stop_token_ids always do (after min_tokens)."""
+    """One choice: it ends at one of `stop_ids(params, eos_ids)`, a stop string, the grammar's end or the length."""
 
     def __init__(self, request_id: str, index: int, tokenizer: Any, prompt_ids: list[int], params: SamplingParams,
                  eos_ids: Collection[int], max_tokens: int, reasoning_parser: str | None = None):
         self.request_id, self.index, self.tokenizer = request_id, index, tokenizer
         self.reasoning = ReasoningSplitter(reasoning_parser) if reasoning_parser else None
-        self.params, self.eos_ids, self.max_tokens = params, eos_ids, max_tokens
+        self.params, self.end_ids, self.max_tokens = params, stop_ids(params, eos_ids), max_tokens
         self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids, params.stop, params.include_stop_str_in_output)
         self.num_tokens = 0  # tokens whose text is out (usage counts these)
         self.sampled = 0  # tokens counted where they are sampled (count_token): ahead of num_tokens by a step or so
@@ -95,10 +102,8 @@ class ChoiceOutput:
         p = self.params
         if self.sampled <= p.min_tokens:
             return None, None
-        if token_id in p.stop_token_ids:  # whatever ignore_eos says
-            return "stop", token_id
-        if token_id in self.eos_ids and not p.ignore_eos:
-            return "stop", None
+        if token_id in self.end_ids:  # the stop reason names a stop token id, not EOS
+            return "stop", token_id if token_id in p.stop_token_ids else None
         return None, None
 
     def _finish(self, event: Event, reason: FinishReason, stop_reason: str | int | None) -> Event:

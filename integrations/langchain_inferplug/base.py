@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import time
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from langchain_core.language_models import LangSmithParams
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, model_validator
 
-from inferplug.errors import GenerationError, RequestError
+from inferplug.errors import RequestError
 from inferplug.rag.layout import DocumentMemory, format_documents
 
 
@@ -15,6 +15,7 @@ class InferPlugFields(BaseModel):
     """Mixed into the LangChain classes (pydantic fields + the backend they share per profile)."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True, protected_namespaces=())
+    _llm_type: ClassVar[str] = "inferplug"  # LangChain's name for the kind of model, in its traces
 
     inferplug_profile: Any = None
     """Our Profile. Pass it as `profile=`: a profile name, a path to a TOML profile, a model (a .gguf file, an HF
@@ -48,6 +49,7 @@ class InferPlugFields(BaseModel):
     """Seconds a call may take before it is aborted (its KV blocks freed) and raises; None: no limit."""
     streaming: bool = False
     document_memory: DocumentMemory = Field(default_factory=DocumentMemory, exclude=True)
+    _backend: Any = PrivateAttr(default=None)  # the profile's shared backend, once looked up
 
     @model_validator(mode="before")
     @classmethod
@@ -78,9 +80,18 @@ class InferPlugFields(BaseModel):
 
     @property
     def backend(self) -> Any:
-        from inferplug.backends.registry import get_backend
+        """The profile's shared backend (backends/registry.py), looked up on first use and again once it is closed."""
+        if self._backend is None or self._backend.closed:
+            from inferplug.backends.registry import get_backend
 
-        return get_backend(self.inferplug_profile)
+            self._backend = get_backend(self.inferplug_profile)
+        return self._backend
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = super()._get_ls_params(stop=stop, **kwargs)
+        params["ls_provider"] = "inferplug"
+        params["ls_model_name"] = kwargs.get("model") or self.model
+        return params
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
@@ -93,19 +104,12 @@ class InferPlugFields(BaseModel):
         """Sampling options for one call: call kwargs > constructor fields > profile defaults."""
         options = {k: getattr(self, k) for k in _FIELD_KEYS}
         options.update({k: kwargs[k] for k in list(kwargs) if k in _SAMPLING_KEYS})
-        options["logprobs"] = _logprobs_option(kwargs.get("logprobs", self.logprobs),
-                                               kwargs.get("top_logprobs", self.top_logprobs))
+        logprobs, top = kwargs.get("logprobs", self.logprobs), kwargs.get("top_logprobs", self.top_logprobs)
+        if top is not None and not logprobs:
+            raise RequestError("top_logprobs needs logprobs=True", param="top_logprobs")
+        options["logprobs"] = (top or 0) if logprobs else None  # SamplingParams': None off, k: the top k too
         options["stop"] = [*(self.stop or []), *(stop or []), *(kwargs.get("stop_sequences") or [])]
         return options
-
-    def _deadline(self) -> float | None:
-        return None if self.timeout is None else time.monotonic() + self.timeout
-
-    def _check_deadline(self, deadline: float | None) -> None:
-        """Raise once a call runs past `timeout`; the caller leaving its event stream aborts the request."""
-        if deadline is not None and time.monotonic() > deadline:
-            raise GenerationError(f"the call ran past timeout={self.timeout}s and was aborted; "
-                                  "raise timeout or lower max_tokens")
 
     def format_documents(self, docs: list[Any]) -> str:
         """Use in a chain as `retriever | llm.format_documents`: canonical order, and the documents are
@@ -128,13 +132,6 @@ class InferPlugFields(BaseModel):
         """Drop these Documents' stored KV under `salt` (docs None: every document of the salt); the entries
         dropped."""
         return self.backend.evict_documents(docs, salt)
-
-
-def _logprobs_option(logprobs: bool | int | None, top_logprobs: int | None) -> int | None:
-    """SamplingParams.logprobs (None: off, k: the top k too) from LangChain's logprobs/top_logprobs."""
-    if top_logprobs is not None and not logprobs:
-        raise RequestError("top_logprobs needs logprobs=True", param="top_logprobs")
-    return (top_logprobs or 0) if logprobs else None
 
 
 _FIELD_KEYS = ("temperature", "max_tokens", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.language_models import BaseChatModel, LangSmithParams
+from langchain_core.language_models import BaseChatModel
 from langchain_core.language_models.chat_models import agenerate_from_stream, generate_from_stream
 from langchain_core.language_models.model_profile import ModelProfile
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
@@ -35,18 +35,8 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
     """LangChain's standard parameter. Nothing here is retried per call: JSON output is constrained (a backend
     that cannot constrain is refused up front), and a remote profile retries as its [openai] max_retries says."""
 
-    @property
-    def _llm_type(self) -> str:
-        return "inferplug"
-
     def _resolve_model_profile(self) -> ModelProfile | None:
         return model_profile(self.inferplug_profile, self.context_length)
-
-    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
-        params = super()._get_ls_params(stop=stop, **kwargs)
-        params["ls_provider"] = "inferplug"
-        params["ls_model_name"] = kwargs.get("model") or self.model
-        return params
 
     # --- requests ------------------------------------------------------------------
     def _prepare(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> Prepared:
@@ -63,7 +53,7 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
         )
 
     def _message(self, result: Result, prepared: Prepared) -> AIMessage:
-        calls = result.calls(prepared.tools, prepared.tool_required)
+        calls = result.calls(prepared.tools, prepared.tool_required) if prepared.tools else []
         # a call cut short (max_tokens) is an invalid tool call with its partial arguments, as ChatOpenAI gives it
         return AIMessage(
             content="" if calls else result.text,
@@ -72,13 +62,12 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
             invalid_tool_calls=[invalid_tool_call(name=c.name, args=c.partial, id=c.id, error=_CUT)
                                 for c in calls if c.partial is not None],
             usage_metadata=_usage(result),
-            response_metadata=self._response_metadata(result, all_whole(calls)),
+            response_metadata=self._response_metadata(result, all_whole(calls) if calls else False),
         )
 
     def _response_metadata(self, result: Result, called: bool) -> dict[str, Any]:
-        meta: dict[str, Any] = {"model_name": self.model, "finish_reason": finish_with_calls(result.finish_reason,
-                                                                                             called),
-                                "model_provider": "inferplug"}
+        finish = finish_with_calls(result.finish_reason, called) if called else result.finish_reason
+        meta: dict[str, Any] = {"model_name": self.model, "finish_reason": finish, "model_provider": "inferplug"}
         if result.timings is not None:
             meta["ttft_s"] = result.timings.ttft
         if result.logprobs is not None:
@@ -91,10 +80,8 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
         prepared = self._prepare(messages, stop, kwargs)
         if run_manager is not None and run_manager.handlers:
             return generate_from_stream(self._stream_prepared(prepared, run_manager))  # tokens to the handlers
-        deadline, builder = self._deadline(), ResultBuilder()
-        # without a timeout to watch, the events come at the end: one wake-up a call, not one a step
-        for event in prepared.backend.stream_sync(prepared.request, at_end=deadline is None):
-            self._check_deadline(deadline)
+        builder = ResultBuilder()
+        for event in prepared.backend.stream_sync(prepared.request, at_end=True, timeout=self.timeout):
             builder.add(event)
         return ChatResult(generations=[ChatGeneration(message=self._message(builder.build(), prepared))])
 
@@ -104,9 +91,8 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
 
     def _stream_prepared(self, prepared: Prepared,
                          run_manager: CallbackManagerForLLMRun | None) -> Iterator[ChatGenerationChunk]:
-        stream, deadline = _ChunkStream(self, prepared), self._deadline()
-        for event in prepared.backend.stream_sync(prepared.request):
-            self._check_deadline(deadline)
+        stream = _ChunkStream(self, prepared)
+        for event in prepared.backend.stream_sync(prepared.request, timeout=self.timeout):
             for chunk in stream.step(event):
                 if run_manager:
                     run_manager.on_llm_new_token(chunk.text, chunk=chunk)
@@ -118,9 +104,8 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
         prepared = self._prepare(messages, stop, kwargs)
         if run_manager is not None and run_manager.handlers:
             return await agenerate_from_stream(self._astream_prepared(prepared, run_manager))
-        deadline, builder = self._deadline(), ResultBuilder()
-        async for event in prepared.backend.stream_async(prepared.request, at_end=deadline is None):
-            self._check_deadline(deadline)
+        builder = ResultBuilder()
+        async for event in prepared.backend.stream_async(prepared.request, at_end=True, timeout=self.timeout):
             builder.add(event)
         return ChatResult(generations=[ChatGeneration(message=self._message(builder.build(), prepared))])
 
@@ -132,9 +117,8 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
 
     async def _astream_prepared(self, prepared: Prepared, run_manager: AsyncCallbackManagerForLLMRun | None
                                 ) -> AsyncIterator[ChatGenerationChunk]:
-        stream, deadline = _ChunkStream(self, prepared), self._deadline()
-        async for event in prepared.backend.stream_async(prepared.request):
-            self._check_deadline(deadline)
+        stream = _ChunkStream(self, prepared)
+        async for event in prepared.backend.stream_async(prepared.request, timeout=self.timeout):
             for chunk in stream.step(event):
                 if run_manager:
                     await run_manager.on_llm_new_token(chunk.text, chunk=chunk)

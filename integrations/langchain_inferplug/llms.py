@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.language_models import BaseLLM, LangSmithParams
+from langchain_core.language_models import BaseLLM
 from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 
 from inferplug.frontend.binding import usage_counts
@@ -18,16 +18,6 @@ from langchain_inferplug.base import InferPlugFields
 
 class InferPlugLLM(InferPlugFields, BaseLLM):
     """`InferPlugLLM(profile="smollm2-135m")`: plain prompts in, text out."""
-
-    @property
-    def _llm_type(self) -> str:
-        return "inferplug"
-
-    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
-        params = super()._get_ls_params(stop=stop, **kwargs)
-        params["ls_provider"] = "inferplug"
-        params["ls_model_name"] = kwargs.get("model") or self.model
-        return params
 
     def _request(self, prompt: str, stop: list[str] | None, kwargs: dict[str, Any]) -> Any:
         return build_request(self.backend, options=self._options(stop, kwargs), prompt=prompt,

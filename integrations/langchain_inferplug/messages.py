@@ -20,11 +20,11 @@ _ROLES = {"system", "user", "assistant", "tool"}
 
 
 def to_chat_dicts(messages: list[BaseMessage]) -> list[dict[str, Any]]:
-    return [_to_dict(m) for m in messages]
+    return [_to_dict(message) for message in messages]
 
 
 def _to_dict(message: BaseMessage) -> dict[str, Any]:
-    content = _text(message)
+    content = message.content if isinstance(message.content, str) else _text(message.content)
     if isinstance(message, SystemMessage):
         return {"role": "system", "content": content}
     if isinstance(message, HumanMessage):
@@ -53,11 +53,10 @@ def _to_dict(message: BaseMessage) -> dict[str, Any]:
     )
 
 
-def _text(message: BaseMessage) -> str:
-    if isinstance(message.content, str):
-        return message.content
+def _text(blocks: list[Any]) -> str:
+    """The text of a message's content blocks."""
     parts = []
-    for block in message.content:
+    for block in blocks:
         if isinstance(block, str):
             parts.append(block)
         elif isinstance(block, dict) and block.get("type") == "text":

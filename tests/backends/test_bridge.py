@@ -122,3 +122,25 @@ def test_a_batch_of_requests_runs_on_the_native_engine_over_the_bridge_as_each_a
     with pytest.raises(RequestError, match="outside the vocabulary"):
         generate_all(backend, [requests[0], bad])
     assert backend.stats()["kv_blocks_used"] == 0
+
+
+def test_a_timeout_cancels_a_request_that_sends_nothing_and_raises():
+    """The consumer waits no longer than its timeout, even for a producer that never sends."""
+    from inferplug.errors import GenerationError
+
+    cancelled = []
+    stream = consume_sync(lambda ch: None, cancel=lambda: cancelled.append(True), at_end=True, timeout=0.05)
+    with pytest.raises(GenerationError, match="timeout=0.05s"):
+        next(stream)
+    assert cancelled == [True]
+
+
+async def test_an_async_timeout_cancels_a_request_that_sends_nothing_and_raises():
+    from inferplug.errors import GenerationError
+
+    cancelled = []
+    stream = consume_async(lambda ch: ch.send([1]), cancel=lambda: cancelled.append(True), timeout=0.05)
+    assert await stream.__anext__() == 1  # what came in time comes
+    with pytest.raises(GenerationError, match="timeout=0.05s"):
+        await stream.__anext__()
+    assert cancelled == [True]

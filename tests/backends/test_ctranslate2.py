@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from inferplug.backends.ctranslate2 import CTranslate2Backend  # noqa: E402
-from inferplug.backends.local_stream import engine_stop_ids  # noqa: E402
+from inferplug.stages.output import stop_ids  # noqa: E402
 from inferplug.errors import BackendUnavailable, RequestError  # noqa: E402
 from inferplug.profile import ModelSource, Profile  # noqa: E402
 from inferplug.types import Request, SamplingParams  # noqa: E402
@@ -185,8 +185,8 @@ def test_stop_token_ids_end_the_choice_even_with_ignore_eos(tiny_llama_dir, tiny
         mine = [e for e in cut if e.index == index]
         assert ids_of(mine, index) == ids[: ids.index(stop_id) + 1]
         assert mine[-1].finish_reason == "stop" and mine[-1].stop_reason == stop_id
-    assert engine_stop_ids(SamplingParams(ignore_eos=ignore_eos, stop_token_ids=[stop_id]), {stop_id, 2}) == (
-        [stop_id] if ignore_eos else sorted({stop_id, 2}))  # what CTranslate2 is told to stop on
+    assert stop_ids(SamplingParams(ignore_eos=ignore_eos, stop_token_ids=[stop_id]), {2}) == (
+        {stop_id} if ignore_eos else {stop_id, 2})  # what CTranslate2 is told to stop on
 
 
 def test_bad_requests_fail_alone(tiny_llama_dir, tiny_backends):

@@ -24,7 +24,8 @@ class CallCounter:
         """opaque: (file name, qualified name) of the functions whose insides are not counted."""
         self.opaque = opaque
         self.counting = False
-        self.calls: Counter[tuple[str, str]] = Counter()
+        self.calls: Counter[tuple[str, str]] = Counter()  # in the order of each one's first call
+        self.threads: dict[tuple[str, str], str] = {}  # the thread of each one's first call
         self._lock = threading.Lock()
         self._local = threading.local()
 
@@ -46,6 +47,7 @@ class CallCounter:
         if self.counting:
             with self._lock:
                 self.calls[key] += 1
+                self.threads.setdefault(key, threading.current_thread().name)
 
     def __enter__(self) -> CallCounter:
         threading.setprofile(self.hook)  # threads started from now on (the engine's) report too
@@ -61,4 +63,5 @@ class CallCounter:
         return {path for path, _ in self.calls}
 
     def report(self) -> str:
-        return "\n".join(f"{n:4d}  {path}:{name}" for (path, name), n in sorted(self.calls.items()))
+        """The path in the order it runs (each call at its first), with the thread it runs on."""
+        return "\n".join(f"{n:4d}  {self.threads[key]:<18} {key[0]}:{key[1]}" for key, n in self.calls.items())

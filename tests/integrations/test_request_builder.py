@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from inferplug.backends.async_engine import AsyncEngine
+from inferplug.engine.llm_engine import LLMEngine
 from inferplug.errors import RequestError
 from inferplug.frontend.requests import UncachedDocumentsWarning, build_request
 
@@ -67,13 +67,13 @@ FRONT_ENDS = {"langchain": via_langchain, "llamaindex": via_llamaindex, "server"
 def seen(monkeypatch):
     """Every Request that reaches the native engine (it still runs them)."""
     requests = []
-    submit = AsyncEngine.submit  # every path (sync, async, server, CLI) hands its request to the engine here
+    add = LLMEngine.add_request  # every path (sync, async, server, CLI) hands its request to the engine here
 
-    def spy(self, request, channel):  # who sent it (the server names its client) is not part of what was asked
+    def spy(self, request, *args):  # who sent it (the server names its client) is not part of what was asked
         requests.append(dataclasses.replace(request, request_id="-", client=None))
-        return submit(self, request, channel)
+        return add(self, request, *args)
 
-    monkeypatch.setattr(AsyncEngine, "submit", spy)
+    monkeypatch.setattr(LLMEngine, "add_request", spy)
     return requests
 
 

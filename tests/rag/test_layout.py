@@ -47,6 +47,6 @@ def test_spans_point_at_each_document_in_the_rendered_prompt():
 def test_document_memory_is_bounded_and_finds_remembered_texts():
     memory = DocumentMemory(capacity=2)
     memory.remember(DOCS)
-    assert len(memory) == 2
+    assert len(memory.docs) == 2
     spans = memory.spans_in(rag_prompt("q", DOCS))
     assert {s.key for s in spans} == {document_key(DOCS[1]), document_key(DOCS[2])}

@@ -182,11 +182,11 @@ def test_prompts_are_rendered_tokenized_and_compiled_while_a_step_holds_the_engi
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "json_schema"
         good = in_background(lambda: httpx.post(server.url + "/chat/completions", json=CHAT, timeout=60))
         until(lambda: len(native.engine._inbox) == 1, what="the request is prepared")
-        prompt = native.engine._inbox[0][2]
+        _, _, ids, text = native.engine._inbox[0]  # the request, its channel, its prompt's ids and text
         rendered = native.apply_chat_template(CHAT["messages"])
-        assert prompt.text == rendered and prompt.ids == native.tokenizer.encode(rendered, add_special_tokens=False)
+        assert text == rendered and ids == native.tokenizer.encode(rendered, add_special_tokens=False)
     good["thread"].join(timeout=60)
-    assert good["out"].status_code == 200 and good["out"].json()["usage"]["prompt_tokens"] == len(prompt.ids)
+    assert good["out"].status_code == 200 and good["out"].json()["usage"]["prompt_tokens"] == len(ids)
 
 
 def test_past_max_in_flight_per_client_a_client_gets_429_while_another_is_served(native, server_factory):
