@@ -38,6 +38,7 @@ THREADS = os.cpu_count() or 1
 CHUNK_ENV = "INFERPLUG_LIMITS__MAX_NUM_BATCHED_TOKENS"  # the profile's limits.max_num_batched_tokens
 CAP_ENV = "INFERPLUG_LIMITS__MAX_PREFILL_TOKENS_WHILE_DECODING"
 THREADS_ENV = "INFERPLUG_NATIVE__NUM_THREADS"  # ours: the profile's native.num_threads
+CONTEXT_ENV = "INFERPLUG_LIMITS__MAX_MODEL_LEN"  # ours: the default context (4096) is below the longest prompt
 DECODE_PROMPT_TOKENS = 32
 PEERS = ("llama.cpp", "openvino")
 PEER_NAMES = {"llama_cpp": "llama.cpp", "openvino": "OpenVINO"}  # JSON key: engine names' prefix (and header)
@@ -218,6 +219,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def context(args) -> int:
+    """Every engine's context: the longest prompt, the decode's tokens and a margin."""
+    return max(args.lengths) + args.decode_tokens + 16
+
+
 def engines(args, gguf) -> list:
     """One opener per engine, in run order; each loads its engine and gives (name, generate, close)."""
     from inferplug.backends.registry import close_backend, get_backend
@@ -227,9 +233,8 @@ def engines(args, gguf) -> list:
         return lambda: (f"inferplug {profile}", ours_runner(get_backend(profile)), lambda: close_backend(profile))
 
     def llama_cpp():
-        context = max(args.lengths) + args.decode_tokens + 16
         return (f"llama.cpp (llama-cpp-python {version_of('llama_cpp_python')})",
-                *llama_cpp_runner(gguf, context, args.threads))
+                *llama_cpp_runner(gguf, context(args), args.threads))
 
     def openvino():
         from openvino_peer import OpenVINOPeer  # bench/, the script's own dir
@@ -243,7 +248,7 @@ def engines(args, gguf) -> list:
 
 def main() -> None:
     args = parse_args()
-    os.environ[THREADS_ENV] = str(args.threads)
+    os.environ[THREADS_ENV], os.environ[CONTEXT_ENV] = str(args.threads), str(context(args))
 
     from inferplug.backends.registry import close_backend, get_backend
     from inferplug.models.loader import load_tokenizer
