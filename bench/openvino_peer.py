@@ -5,6 +5,7 @@ the pipe's cost is not timed) and the prompt tokens OpenVINO counted. The venv a
 
     python3 -m venv /work/venv-ov && /work/venv-ov/bin/pip install torch==2.13.0     # the CPU wheel first
     /work/venv-ov/bin/pip install -c <(echo torch==2.13.0) 'optimum-intel[openvino]' openvino-genai
+    /work/venv-ov/bin/pip uninstall -y torchvision   # PyPI's build, for another torch: the export dies on it
     /work/venv-ov/bin/optimum-cli export openvino -m HF_CHECKPOINT --task text-generation-with-past \
         --weight-format int4 --group-size 32 --ratio 1.0 /work/tmp/smollm2-ov-int4
 
