@@ -70,12 +70,16 @@ def ours_runner(backend):
 
 
 def llama_cpp_runner(gguf, context: int, threads: int):
+    """llama.cpp in this process, every call in a passing thread: its ggml shares torch's OpenMP runtime, and a pool
+    left in this thread would slow our step thread's parallel regions (backends/passing_thread.py)."""
     from llama_cpp import Llama
 
-    llm = Llama(model_path=str(gguf), n_ctx=context, n_threads=threads, n_threads_batch=threads, n_batch=512,
-                verbose=False)
+    from inferplug.backends.passing_thread import in_a_passing_thread
 
-    def generate(ids: list[int], max_tokens: int) -> tuple[list[float], int]:
+    llm = in_a_passing_thread(lambda: Llama(model_path=str(gguf), n_ctx=context, n_threads=threads,
+                                            n_threads_batch=threads, n_batch=512, verbose=False))
+
+    def run(ids: list[int], max_tokens: int) -> tuple[list[float], int]:
         llm.reset()
         start, times = time.perf_counter(), []
         for _ in llm.generate(ids, temp=0.0):  # greedy; generate() itself never stops at EOS
@@ -84,7 +88,7 @@ def llama_cpp_runner(gguf, context: int, threads: int):
                 break
         return times, llm.n_tokens - (max_tokens - 1)  # the last token was sampled, not evaluated
 
-    return generate, llm.close
+    return (lambda ids, max_tokens: in_a_passing_thread(lambda: run(ids, max_tokens))), llm.close
 
 
 def measure(name: str, generate, lengths: list[int], repeats: int, decode_tokens: int, vocab: int, run0: int,

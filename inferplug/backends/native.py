@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from inferplug.backends.base import Backend
 from inferplug.compute_path_plan import ONEDNN_ISA_ENV
+from inferplug.backends.passing_thread import in_a_passing_thread
 from inferplug.quant.formats import float_model_format
 from inferplug.types import Capabilities, Event, Request
 
@@ -117,7 +118,8 @@ class NativeBackend(Backend):
         from inferplug.backends.async_engine import AsyncEngine
 
         super().__init__(profile, plan)
-        self.engine = AsyncEngine(build_engine(profile, plan))
+        # loaded in a thread that ends, so that the step thread's OpenMP pool is the only one (backends/passing_thread.py)
+        self.engine = AsyncEngine(in_a_passing_thread(partial(build_engine, profile, plan), "inferplug-load"))
         self.engine.engine.reasoning_parser = self.reasoning_parser  # the output stage splits think text
         # the step thread feeds the channels itself, no hop through a loop: the Backend's submit is the engine's
         self.submit, self.cancel_now = self.engine.submit, self.engine.abort_now
