@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from prefill import prompt, ttft_ours
+from prefill import ours_runner, prompt
 
 from inferplug.benchmark.machine import memory_bytes, version_of
 
@@ -135,7 +135,8 @@ class InferPlug:
         return self.backend.run_sync(every())
 
     def ttft(self, ids: list[int]) -> float:
-        return ttft_ours(self.backend, ids)
+        times, _ = ours_runner(self.backend)(ids, 1)  # the first token's time: the prefill
+        return times[0]
 
     def facts(self) -> dict:
         plan = self.backend.plan
