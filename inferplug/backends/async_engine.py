@@ -237,7 +237,7 @@ class AsyncEngine:
         for rid, batch in batches.items():
             last = batch[-1].usage is not None
             channel = self._streams.pop(rid, None) if last else self._streams.get(rid)
-            if last:
+            if last:  # _ended's work, inline: this runs for every request's last step
                 with self._inbox_lock:
                     self._open.discard(rid)
             if channel is not None:

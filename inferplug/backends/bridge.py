@@ -73,7 +73,8 @@ def consume_sync(submit: Callable[[EventChannel], None], cancel: Callable[[], No
     submit(channel)
     try:
         while True:
-            if not channel._ready.wait(None if deadline is None else max(deadline - time.monotonic(), 0)):
+            left = None if deadline is None else deadline - time.monotonic()
+            if (left is not None and left <= 0) or not channel._ready.wait(left):  # past it even as events come
                 raise _timed_out(timeout)
             items, ended = channel._take()
             for item in items:
@@ -115,7 +116,7 @@ async def consume_async(submit: Callable[[EventChannel], None], cancel: Callable
     submit(channel)
     try:
         while True:
-            try:
+            try:  # wait_for raises at once for a deadline already past, as events come or not
                 await asyncio.wait_for(channel._ready.wait(), None if deadline is None else deadline - time.monotonic())
             except TimeoutError:
                 raise _timed_out(timeout) from None

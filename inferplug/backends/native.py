@@ -118,6 +118,9 @@ class NativeBackend(Backend):
         from inferplug.backends.async_engine import AsyncEngine
 
         super().__init__(profile, plan)
+        from inferplug.kernels import cpu as cpu_kernels
+
+        cpu_kernels.runs_on(plan.device)  # a first build compiles here: Ctrl-C then still unwinds its lock file
         # loaded in a thread that ends, so that the step thread's OpenMP pool is the only one (backends/passing_thread.py)
         self.engine = AsyncEngine(in_a_passing_thread(partial(build_engine, profile, plan), "inferplug-load"))
         self.engine.engine.reasoning_parser = self.reasoning_parser  # the output stage splits think text

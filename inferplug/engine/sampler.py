@@ -82,7 +82,10 @@ class Sampler:
 
 def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """One token drawn from `probs`, among the tokens it can give: multinomial draws an exponential for every entry
-    (~0.8 ms a row over 49k), and top-p or top-k leave a few hundred."""
+    (~0.8 ms a row over 49k), and top-p or top-k leave a few hundred. On a GPU the whole row (nonzero would add a
+    host sync)."""
+    if probs.device.type != "cpu":
+        return int(torch.multinomial(probs, 1, generator=generator))
     kept = probs.nonzero().squeeze(1)
     return int(kept[torch.multinomial(probs[kept], 1, generator=generator)])
 

@@ -30,6 +30,8 @@ def drop_top_p_tail(logits: torch.Tensor, top_p: float) -> None:
 
 def _drop_near_the_top(logits: torch.Tensor, top_p: float) -> bool:
     """The cut found among the tokens within WITHIN nats of the top logit (True), or False: the full sort decides."""
+    if logits.device.type != "cpu":  # on a GPU the sort is cheap and each step below would sync with the host
+        return False
     top = logits.max()
     if not torch.isfinite(top):
         return False

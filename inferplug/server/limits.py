@@ -1,5 +1,6 @@
-"""The [server] limits (profile_server.py) applied to one request's JSON before it is validated (LimitScreen), and
-so before any work is queued for it.
+"""The [server] limits (profile_server.py), before any work is queued for a request: the counts of its lists (and a
+prompt surely over the context) on its JSON as sent, before it is validated (LimitScreen); its values (n, lengths,
+sizes, prompts x n x max_tokens) on the validated request, as pydantic has read them (the routes).
 
 Each check is cheap (counts and sizes) except the prompt's token count under an explicit max_prompt_tokens: a
 prompt is tokenized only when its bytes could exceed it, and then in a worker thread, never on the event loop.
@@ -20,6 +21,7 @@ from inferplug.stages.prompt_bound import check_text_fits
 
 if TYPE_CHECKING:
     from inferplug.frontend.requests import Prepared
+    from inferplug.server.schemas import ChatCompletionRequest, CompletionRequest
 
 _TEMPLATE_BYTES = 1024  # what a chat template may add around the messages' own JSON, in bytes (so tokens)
 
@@ -40,75 +42,97 @@ def _json_bytes(value: Any) -> int:
     return len(json.dumps(value, ensure_ascii=False).encode())
 
 
-def _int(value: Any, default: int) -> int:
-    """A count as sent, where it is one (a value of the wrong type is left for validation to name)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
-
-
 def _list(value: Any) -> list:
     return value if isinstance(value, list) else []
 
 
-def _check_common(raw: dict[str, Any], opts: ServerOptions, prompts: int, default_max_tokens: int) -> None:
-    """n, stops and prompts x choices x max_tokens: the checks both endpoints share."""
-    n = _int(raw.get("n"), 1)
-    _check("n", n, "max_n", opts, "ask for fewer choices", "n")
-    stops = [raw["stop"]] if isinstance(raw.get("stop"), str) else _list(raw.get("stop"))
-    _check("the number of stop strings and stop_token_ids", len(stops) + len(_list(raw.get("stop_token_ids"))),
-           "max_stop", opts, "send fewer stops", "stop")
-    longest = max((len(s) for s in stops if isinstance(s, str)), default=0)
+# --- on the JSON as sent (LimitScreen): the counts of lists, costly to validate one item at a time -------------
+def _count_prompts(raw: dict[str, Any]) -> int:
+    """A completions body's prompts as sent: a list of texts or of id lists is a batch; a text or one list of ids
+    (ints, or floats pydantic takes as ints) is one prompt."""
+    prompt = raw.get("prompt")
+    one = not isinstance(prompt, list) or not prompt or isinstance(prompt[0], (int, float))
+    return 1 if one else len(prompt)
+
+
+def _count_stops(raw: dict[str, Any]) -> int:
+    stops = 1 if isinstance(raw.get("stop"), str) else len(_list(raw.get("stop")))
+    return stops + len(_list(raw.get("stop_token_ids")))
+
+
+def _counts_of_completion(raw: dict[str, Any], opts: ServerOptions) -> None:
+    _check("the number of prompts", _count_prompts(raw), "max_prompts", opts, "split the batch over several requests",
+           "prompt")
+    _check("the number of stop strings and stop_token_ids", _count_stops(raw), "max_stop", opts, "send fewer stops",
+           "stop")
+
+
+def _counts_of_chat(raw: dict[str, Any], opts: ServerOptions) -> None:
+    _check("the number of messages", len(_list(raw.get("messages"))), "max_messages", opts, "send a shorter history",
+           "messages")
+    _check("the number of tools", len(_list(raw.get("tools"))), "max_tools", opts, "offer fewer tools", "tools")
+    _check("the number of stop strings and stop_token_ids", _count_stops(raw), "max_stop", opts, "send fewer stops",
+           "stop")
+
+
+def _completion_texts(raw: dict[str, Any]) -> list[list[str]]:
+    prompt = raw.get("prompt")
+    return [[p] for p in (prompt if isinstance(prompt, list) else [prompt]) if isinstance(p, str)]
+
+
+def _chat_texts(raw: dict[str, Any]) -> list[list[str]]:
+    """The one prompt's strings: every message's content, a text or its parts' texts."""
+    parts = [m.get("content") for m in _list(raw.get("messages")) if isinstance(m, dict)]
+    parts = [c for p in parts for c in (p if isinstance(p, list) else [p])]
+    return [[c if isinstance(c, str) else c["text"] for c in parts
+             if isinstance(c, str) or (isinstance(c, dict) and isinstance(c.get("text"), str))]]
+
+
+# path -> (its counts, the strings of each of its prompts, the name of the field they are in)
+SCREENS = {"/v1/completions": (_counts_of_completion, _completion_texts, "prompt"),
+           "/v1/chat/completions": (_counts_of_chat, _chat_texts, "messages")}
+
+
+def screen(path: str, raw: dict[str, Any], opts: ServerOptions, backend: Any) -> None:
+    """The counts, and a prompt surely longer than the context, on the JSON as sent: before it is validated,
+    rendered or tokenized, a 7 MiB prompt or 20,000 messages cost their parse and no more (stages/prompt_bound.py's
+    bound for the context)."""
+    counts, texts, param = SCREENS[path]
+    counts(raw, opts)
+    tokenizer = getattr(backend, "tokenizer", None)
+    if tokenizer is None:  # a remote server counts its own tokens
+        return
+    for prompt in texts(raw):
+        check_text_fits(tokenizer, prompt, backend.context_length, param)
+
+
+# --- on the validated request (the routes): values, after pydantic has read them as it does ------------------------
+def check_common(body: CompletionRequest | ChatCompletionRequest, opts: ServerOptions, prompts: int,
+                 default_max_tokens: int) -> None:
+    """n, the stops' length and prompts x choices x max_tokens: the checks both endpoints share."""
+    _check("n", body.n, "max_n", opts, "ask for fewer choices", "n")
+    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    longest = max((len(s) for s in stops), default=0)
     _check("the longest stop string's length", longest, "max_stop_chars", opts, "send shorter stop strings", "stop")
-    choices = _int(raw.get("beam_width"), 1) if raw.get("use_beam_search") is True else n
-    max_tokens = _int(raw.get("max_completion_tokens"), 0) or _int(raw.get("max_tokens"), default_max_tokens)
+    choices = body.beam_width or 1 if body.use_beam_search else body.n
+    max_tokens = getattr(body, "max_completion_tokens", None) or body.max_tokens or default_max_tokens
     _check(f"prompts x choices x max_tokens ({prompts} x {choices} x {max_tokens})", prompts * choices * max_tokens,
            "max_total_tokens", opts, "lower max_tokens or n, or send fewer prompts", "max_tokens")
 
 
-def _check_completion(raw: dict[str, Any], opts: ServerOptions, default_max_tokens: int) -> None:
-    prompt = raw.get("prompt")
-    batch = isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)  # else one prompt
-    prompts = len(prompt) if batch else 1
-    _check("the number of prompts", prompts, "max_prompts", opts, "split the batch over several requests", "prompt")
-    _check_common(raw, opts, prompts, default_max_tokens)
+def check_completion(body: CompletionRequest, opts: ServerOptions, default_max_tokens: int) -> None:
+    check_common(body, opts, len(body.prompts()), default_max_tokens)
 
 
-def _check_chat(raw: dict[str, Any], opts: ServerOptions, default_max_tokens: int) -> None:
-    _check("the number of messages", len(_list(raw.get("messages"))), "max_messages", opts, "send a shorter history",
-           "messages")
-    tools = _list(raw.get("tools"))
-    _check("the number of tools", len(tools), "max_tools", opts, "offer fewer tools", "tools")
-    if tools:
+def check_chat(body: ChatCompletionRequest, opts: ServerOptions, default_max_tokens: int) -> None:
+    if body.tools:
+        tools = [t.model_dump(exclude_none=True) for t in body.tools]
         _check("the tools' JSON size in bytes", _json_bytes(tools), "max_schema_bytes", opts,
                "offer smaller tool schemas", "tools")
-    if raw.get("response_format"):
-        _check("the response_format's JSON size in bytes", _json_bytes(raw["response_format"]), "max_schema_bytes",
+    if body.response_format:
+        _check("the response_format's JSON size in bytes", _json_bytes(body.response_format), "max_schema_bytes",
                opts, "send a smaller schema", "response_format")
-    _check_common(raw, opts, 1, default_max_tokens)
-
-
-CHECKS = {"/v1/completions": _check_completion, "/v1/chat/completions": _check_chat}
-
-
-def _texts(raw: dict[str, Any]) -> tuple[str, list[list[str]]]:
-    """The strings each prompt of a request is made of, as sent: a chat's contents, or each prompt's text."""
-    if "messages" not in raw:
-        prompt = raw.get("prompt")
-        return "prompt", [[p] for p in (prompt if isinstance(prompt, list) else [prompt]) if isinstance(p, str)]
-    parts = [m.get("content") for m in _list(raw["messages"]) if isinstance(m, dict)]
-    parts = [c for p in parts for c in (p if isinstance(p, list) else [p])]
-    return "messages", [[c if isinstance(c, str) else c.get("text") for c in parts
-                         if isinstance(c, str) or (isinstance(c, dict) and isinstance(c.get("text"), str))]]
-
-
-def check_fits(raw: dict[str, Any], backend: Any) -> None:
-    """A prompt surely longer than the context, refused before it is validated, rendered or tokenized: a 7 MiB
-    prompt costs its parse and no more (stages/prompt_bound.py's bound)."""
-    tokenizer = getattr(backend, "tokenizer", None)
-    if tokenizer is None:  # a remote server counts its own tokens
-        return
-    param, prompts = _texts(raw)
-    for texts in prompts:
-        check_text_fits(tokenizer, texts, backend.context_length, param)
+    check_common(body, opts, 1, default_max_tokens)
 
 
 def default_max_tokens(backend: Any) -> int:
@@ -116,17 +140,16 @@ def default_max_tokens(backend: Any) -> int:
 
 
 class LimitScreen:
-    """The limits above, and the context's bound, on a generation request's JSON as sent, before FastAPI validates
-    it: counting 20,000 messages is cheap, validating them to learn that they are too many costs ~90 ms of the GIL,
-    which every stream's step waits on (issue 29). Runs behind BodySizeLimit, which hands the whole body over as one
-    message."""
+    """`screen` on a generation request's JSON as sent, before FastAPI validates it: counting 20,000 messages is
+    cheap, validating them to learn that they are too many costs ~90 ms of the GIL, which every stream's step waits
+    on (issue 29). Runs behind BodySizeLimit, which hands the whole body over as one message."""
 
     def __init__(self, app: ASGIApp, state: Any):
         self.app, self.state = app, state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        check = CHECKS.get(scope.get("path", "")) if scope["type"] == "http" else None
-        if check is None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if path not in SCREENS:
             return await self.app(scope, receive, send)
         message = await receive()
         try:
@@ -135,10 +158,9 @@ class LimitScreen:
             raw = None
         if isinstance(raw, dict):
             try:
-                check(raw, self.state.options, default_max_tokens(self.state.backend))
-                check_fits(raw, self.state.backend)
+                screen(path, raw, self.state.options, self.state.backend)
             except RequestError as exc:
-                self.state.metrics.failed(scope["path"], exc.status)
+                self.state.metrics.failed(path, exc.status)
                 code = exc.limit if isinstance(exc, LimitExceeded) else None
                 return await error_response(str(exc), exc.status, exc.param, code)(scope, receive, send)
         replayed = False

@@ -24,7 +24,7 @@ from inferplug.server.admission import until_disconnect
 from inferplug.server.error_json import error_body
 from inferplug.server.echo import make_echo
 from inferplug.server.generation import Generation
-from inferplug.server.limits import check_prompt_tokens
+from inferplug.server.limits import check_chat, check_completion, check_prompt_tokens, default_max_tokens
 from inferplug.server.responses import ResponseBuilder
 from inferplug.server.schemas import ChatCompletionRequest, CompletionRequest
 from inferplug.server.tenants import cache_salt
@@ -63,6 +63,7 @@ async def models(request: Request) -> dict[str, Any]:
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request) -> Response:
     backend = _served(body, request)
+    check_completion(body, request.app.state.options, default_max_tokens(backend))
     prepared = [build_request(backend, prompt=p, options=body.to_options()) for p in body.prompts()]
     echo = await asyncio.to_thread(make_echo, backend.tokenizer, body.prompts(), body.n, body.prompt_only) \
         if body.echo else None  # it tokenizes: off the event loop
@@ -73,6 +74,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     backend = _served(body, request)
+    check_chat(body, request.app.state.options, default_max_tokens(backend))
     tools = [t.model_dump(exclude_none=True) for t in body.tools or []]
     choice = body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump") else body.tool_choice
     prepared = build_request(backend, messages=[m.as_dict() for m in body.messages], options=body.to_options(),

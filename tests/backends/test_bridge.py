@@ -144,3 +144,24 @@ async def test_an_async_timeout_cancels_a_request_that_sends_nothing_and_raises(
     with pytest.raises(GenerationError, match="timeout=0.05s"):
         await stream.__anext__()
     assert cancelled == [True]
+
+
+def test_a_consumer_slower_than_its_producer_still_times_out():
+    """Events keep coming, but the caller's timeout passes between two of its reads: it raises there."""
+    import time
+
+    from inferplug.errors import GenerationError
+
+    cancelled, channels = [], []
+
+    def submit(channel: EventChannel) -> None:
+        channels.append(channel)
+        channel.send([0])
+
+    stream = consume_sync(submit, cancel=lambda: cancelled.append(True), timeout=0.05)
+    assert next(stream) == 0
+    time.sleep(0.06)  # the slow consumer: past its timeout, with the next event already in
+    channels[0].send([1])
+    with pytest.raises(GenerationError, match="timeout=0.05s"):
+        next(stream)
+    assert cancelled == [True]

@@ -36,6 +36,13 @@ def assert_names(error: dict, key: str, param: str) -> None:
     ("/completions", {"prompt": "hi", "stop": ["y" * 257]}, "max_stop_chars", "stop"),
     ("/completions", {"prompt": "hi", "n": 16, "max_tokens": 8193}, "max_total_tokens", "max_tokens"),
     ("/completions", {"prompt": [[1]] * 64, "n": 2, "max_tokens": 1025}, "max_total_tokens", "max_tokens"),
+    # values as pydantic reads them: a number in a string, beam search's best_of, no max_completion_tokens here
+    ("/completions", {"prompt": "hi", "n": "17"}, "max_n", "n"),
+    ("/chat/completions", {"messages": MESSAGES, "n": 17.0}, "max_n", "n"),
+    ("/completions", {"prompt": "hi", "use_beam_search": True, "best_of": 40, "max_tokens": 4096}, "max_total_tokens",
+     "max_tokens"),
+    ("/completions", {"prompt": ["x"] * 64, "n": 16, "max_completion_tokens": 1, "max_tokens": 4096},
+     "max_total_tokens", "max_tokens"),
 ])
 def test_a_request_over_a_default_limit_is_a_400_naming_it(live_server, path, body, key, param):
     assert_names(refused(live_server, path, body), key, param)
@@ -86,6 +93,9 @@ def test_a_count_limit_is_applied_before_the_request_is_validated(server_factory
     assert_names(refused(server, "/completions", {"prompt": [[1]] * 65, "temperature": "hot"}), "max_prompts", "prompt")
     # under the limits, validation still names what is wrong
     assert "role" in refused(server, "/chat/completions", {"messages": [{"role": 5}]})["message"]
+    # token ids sent as floats are one prompt, as validation reads them, not a batch of 70
+    ids = httpx.post(server.url + "/completions", json={"model": "tiny-llama", "prompt": [1.0] * 70, "max_tokens": 1})
+    assert ids.status_code == 200 and ids.json()["usage"]["prompt_tokens"] == 70
 
 
 def test_the_official_client_sees_the_limit_as_a_bad_request(live_server):
