@@ -56,16 +56,17 @@ def _drop_among_candidates(logits: torch.Tensor, top_p: float, ids: torch.Tensor
                            total: float) -> bool:
     """The cut found among the candidates `ids`, every token whose logit is above some value (True), or False when
     they cannot decide it."""
-    mass = torch.exp((logits[ids] - top).double()) / total  # the candidates' probabilities
+    values = logits[ids]
+    mass = torch.exp((values - top).double()) / total  # the candidates' probabilities
     if float(mass.sum()) < top_p + MARGIN:
         return False
-    ascending = logits[ids].sort(stable=True).indices  # ids ascend: a tie drops its lower ids first, as the full sort
+    ascending = values.sort(stable=True).indices  # ids ascend: a tie drops its lower ids first, as the full sort
     ranked, mass = ids[ascending], mass[ascending]  # the candidates in the full sort's order, lowest first
     above = mass.flip(0).cumsum(0).flip(0) - mass  # the mass ranked above each candidate
     if bool(((above - top_p).abs() < MARGIN).any()):
         return False
     kept = ranked[above < top_p]
-    values = logits[kept]
+    kept_values = logits[kept]
     logits.fill_(float("-inf"))
-    logits[kept] = values
+    logits[kept] = kept_values
     return True

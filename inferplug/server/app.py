@@ -16,10 +16,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from inferplug.errors import BackendUnavailable, InferPlugError, LimitExceeded, RequestError
+from inferplug.errors import BackendUnavailable, InferPlugError, RequestError
 from inferplug.profile_server import ServerOptions
 from inferplug.server.admission import Admission
-from inferplug.server.error_json import error_body, error_response
+from inferplug.server.error_json import error_body, error_response, request_error_response
 from inferplug.server.guard import BodySizeLimit, RequestGuard, parse_api_keys
 from inferplug.server.limits import LimitScreen
 from inferplug.server.metrics import ServerMetrics
@@ -53,10 +53,7 @@ def create_app(backend: Backend, *, api_key: str | None = None, max_body_bytes: 
     @app.exception_handler(RequestError)
     async def _request_error(request: Request, exc: RequestError) -> JSONResponse:
         app.state.metrics.failed(request.url.path, exc.status)
-        if isinstance(exc, LimitExceeded):
-            headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None
-            return error_response(str(exc), exc.status, exc.param, exc.limit, headers)
-        return error_response(str(exc), exc.status, exc.param)
+        return request_error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -100,6 +100,20 @@ class RequestGuard:
                 "allowed_hosts (or --allowed-host), or set an API key")
 
 
+def replaying(message: Message, receive: Receive) -> Receive:
+    """A receive that gives the body message already read first, then the connection's own (the disconnect)."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return message
+        return await receive()
+
+    return replay
+
+
 class BodySizeLimit:
     """413 for a body over `max_bytes`, declared in Content-Length or streamed in chunks, or with more than
     `max_values` commas (an upper bound on its JSON values, counted at C speed without parsing: json.loads and
@@ -135,16 +149,7 @@ class BodySizeLimit:
             message = (f"the request body holds over {self.max_values} JSON values, this server's limit ([server] "
                        "max_json_values, --max-json-values): send fewer prompts or shorter token-id lists")
             return await error_response(message, 413, code="max_json_values")(scope, receive, send)
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # later messages: the disconnect
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying({"type": "http.request", "body": body, "more_body": False}, receive), send)
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
         message = f"the request body is over the {self.max_bytes}-byte limit; send a smaller prompt (--max-body-bytes)"

@@ -12,11 +12,12 @@ import asyncio
 import json
 from typing import TYPE_CHECKING, Any
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from inferplug.errors import LimitExceeded, RequestError
 from inferplug.profile_server import ServerOptions
-from inferplug.server.error_json import error_response
+from inferplug.server.error_json import request_error_response
+from inferplug.server.guard import replaying
 from inferplug.stages.prompt_bound import check_text_fits
 
 if TYPE_CHECKING:
@@ -63,16 +64,12 @@ def _count_stops(raw: dict[str, Any]) -> int:
 def _counts_of_completion(raw: dict[str, Any], opts: ServerOptions) -> None:
     _check("the number of prompts", _count_prompts(raw), "max_prompts", opts, "split the batch over several requests",
            "prompt")
-    _check("the number of stop strings and stop_token_ids", _count_stops(raw), "max_stop", opts, "send fewer stops",
-           "stop")
 
 
 def _counts_of_chat(raw: dict[str, Any], opts: ServerOptions) -> None:
     _check("the number of messages", len(_list(raw.get("messages"))), "max_messages", opts, "send a shorter history",
            "messages")
     _check("the number of tools", len(_list(raw.get("tools"))), "max_tools", opts, "offer fewer tools", "tools")
-    _check("the number of stop strings and stop_token_ids", _count_stops(raw), "max_stop", opts, "send fewer stops",
-           "stop")
 
 
 def _completion_texts(raw: dict[str, Any]) -> list[list[str]]:
@@ -88,7 +85,7 @@ def _chat_texts(raw: dict[str, Any]) -> list[list[str]]:
              if isinstance(c, str) or (isinstance(c, dict) and isinstance(c.get("text"), str))]]
 
 
-# path -> (its counts, the strings of each of its prompts, the name of the field they are in)
+# path -> (its own counts, the strings of each of its prompts, the name of the field they are in)
 SCREENS = {"/v1/completions": (_counts_of_completion, _completion_texts, "prompt"),
            "/v1/chat/completions": (_counts_of_chat, _chat_texts, "messages")}
 
@@ -99,6 +96,8 @@ def screen(path: str, raw: dict[str, Any], opts: ServerOptions, backend: Any) ->
     bound for the context)."""
     counts, texts, param = SCREENS[path]
     counts(raw, opts)
+    _check("the number of stop strings and stop_token_ids", _count_stops(raw), "max_stop", opts, "send fewer stops",
+           "stop")
     tokenizer = getattr(backend, "tokenizer", None)
     if tokenizer is None:  # a remote server counts its own tokens
         return
@@ -161,18 +160,8 @@ class LimitScreen:
                 screen(path, raw, self.state.options, self.state.backend)
             except RequestError as exc:
                 self.state.metrics.failed(path, exc.status)
-                code = exc.limit if isinstance(exc, LimitExceeded) else None
-                return await error_response(str(exc), exc.status, exc.param, code)(scope, receive, send)
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return message
-            return await receive()
-
-        await self.app(scope, replay, send)
+                return await request_error_response(exc)(scope, receive, send)
+        await self.app(scope, replaying(message, receive), send)
 
 
 async def check_prompt_tokens(backend: Any, prepared: list[Prepared], opts: ServerOptions) -> None:
