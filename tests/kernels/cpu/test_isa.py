@@ -120,6 +120,21 @@ def test_rows_do_not_depend_on_their_batch(ops):
         assert torch.equal(out, alone[:rows]), f"paged_decode, {rows} rows"
 
 
+@pytest.mark.parametrize("layer_cls", [Q4Linear, Q4KLinear, Q4G128Linear, Q5KLinear, Q6KLinear, Q8Linear, Q8HeadLinear])
+def test_rows_keep_their_bits_when_x_comes_in_chunks(ops, layer_cls):
+    """At 7B's widths several rows take x in L1-sized chunks (quant_dot.h, by_passes; one row takes it whole):
+    each sum keeps its order, so a row alone and among 2..8 rows give the same bits, on every set the CPU has."""
+    gen = torch.Generator().manual_seed(1)
+    width = 14336  # 448 blocks: 7 chunks of int8 x at 8 rows, 28 of the head's float x
+    layer = layer_cls.from_float(torch.randn(40, width, generator=gen))
+    x = torch.randn(8, width, generator=gen)
+    for isa in cpu_kernels.supported_isas():
+        cpu_kernels.set_isa(isa)
+        alone = torch.cat([layer(x[i:i + 1]) for i in range(8)])
+        for rows in (2, 3, 5, 8):
+            assert torch.equal(layer(x[:rows]), alone[:rows]), f"{isa}, {rows} rows"
+
+
 def gamma(n: int) -> float:
     """Higham's bound on the relative error of an n-term float32 sum or dot product: n u / (1 - n u)."""
     return n * 2.0**-24 / (1 - n * 2.0**-24)
