@@ -19,8 +19,8 @@ from tests.integrations.call_counter import CallCounter
 ENGINE = "inferplug/engine/llm_engine.py"
 OPAQUE = {(ENGINE, f"LLMEngine.{name}") for name in ("step_tokens", "outputs", "add_request", "stats", "has_unfinished",
                                                      "abort", "end_text_stopped")}
-MAX_CALLS = 39
-MAX_FILES = 13
+MAX_CALLS = 33
+MAX_FILES = 12
 
 
 @pytest.fixture
