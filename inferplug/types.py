@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-import uuid
+import secrets
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 from inferplug.errors import RequestError
@@ -145,7 +146,7 @@ class Request:
     prompt: str | list[int] | None = None
     messages: list[dict[str, Any]] | None = None
     params: SamplingParams = field(default_factory=SamplingParams)
-    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    request_id: str = field(default_factory=partial(secrets.token_hex, 16))  # 32 random hex digits
     tools: list[dict[str, Any]] | None = None  # OpenAI tool schemas, rendered by the chat template
     # OpenAI's tool_choice ("auto", "required" or {"type": "function", "function": {"name": ...}}) and
     # parallel_tool_calls, for a backend that forwards them (a remote server); locally a required call is

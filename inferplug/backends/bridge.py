@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 
 from inferplug.errors import GenerationError
@@ -24,6 +24,7 @@ class EventChannel:
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None, *, at_end: bool = False):
         """loop: the consuming coroutine's loop (None: a consuming thread). at_end: wake only once it has ended."""
         self._loop, self._at_end = loop, at_end
+        self.thread_consumer = loop is None  # a thread that blocks for the events: a producer may work in it first
         self._lock = threading.Lock()
         self._items: list[Any] = []
         self._ended = False
@@ -88,18 +89,24 @@ def consume_sync(submit: Callable[[EventChannel], None], cancel: Callable[[], No
             cancel()
 
 
-def consume_all_sync(submits: list[Callable[[EventChannel], None]],
-                     cancels: list[Callable[[], None]]) -> list[Iterator[Any]]:
+def consume_all_sync(submits: list[Callable[[EventChannel], None]], cancels: list[Callable[[], None]], *,
+                     timeout: float | None = None) -> list[Iterable[Any]]:
     """Submit every request at once (they share the engine's steps), then wait in this thread for each to end (one
-    wake-up each); each one's events, an error re-raised where it comes. Leaving early cancels those not ended."""
+    wake-up each): each one's events, as a list, or for one that failed an iterator that raises its error where it
+    comes. Leaving early (or past `timeout`: GenerationError) cancels those not ended."""
     channels = [EventChannel(at_end=True) for _ in submits]
+    deadline = None if timeout is None else time.monotonic() + timeout
     try:
         for submit, channel in zip(submits, channels):
             submit(channel)
         ended = []
         for channel in channels:
-            channel._ready.wait()
-            ended.append(_unpack(channel._take()[0]))
+            left = None if deadline is None else deadline - time.monotonic()
+            if (left is not None and left <= 0) or not channel._ready.wait(left):
+                raise _timed_out(timeout)
+            items = channel._take()[0]
+            failed = any(isinstance(item, BaseException) for item in items)
+            ended.append(_unpack(items) if failed else items)
         return ended
     finally:
         for channel, cancel in zip(channels, cancels):

@@ -1,9 +1,9 @@
 """Collecting the results of requests run on a Backend, from any thread or event loop.
 
-Sync callers use `Backend.stream_sync` (or `generate_all` for a batch), async callers `Backend.stream_async` on
-their own loop, all over the backend's one bridge (backends/bridge.py); many concurrent calls from
-LangChain/LlamaIndex all land in the engine's continuous batch. A caller that wants only the result asks for the
-events at the end.
+Sync callers use `generate_all` for results (one call's, or a batch's) and `Backend.stream_sync` for a stream,
+async callers `acollect` and `Backend.stream_async` on their own loop, all over the backend's one bridge
+(backends/bridge.py); many concurrent calls from LangChain/LlamaIndex all land in the engine's continuous batch. A
+caller that wants only the result gets the events at the end, in one wake-up.
 """
 
 from __future__ import annotations
@@ -44,58 +44,64 @@ class Result:
                                    else parse_tool_calls(self.text, tools))
 
 
+def collect(events: Iterable[Event]) -> Result:
+    """A request's events (choice 0's text, reasoning, calls and logprobs; the request's usage and timings) folded
+    into its Result; raises on an engine-side error."""
+    result, parts, reasoning = Result(), [], []
+    call_deltas: list[ToolCallDelta] = []
+    for event in events:
+        if event.error:
+            raise _failed(event)
+        if event.index == 0:
+            parts.append(event.text)
+            reasoning.append(event.reasoning)
+            call_deltas += event.tool_calls
+            if event.logprobs is not None:
+                result.logprobs = result.logprobs or []
+                result.logprobs.extend(event.logprobs)
+            result.token_ids += event.token_ids
+            result.prompt_logprobs = event.prompt_logprobs or result.prompt_logprobs
+            if event.finish_reason is not None:
+                result.finish_reason, result.stop_reason = event.finish_reason, event.stop_reason
+        if event.usage is not None:
+            result.usage = event.usage
+        if event.timings is not None:
+            result.timings = event.timings
+    result.text, result.reasoning = "".join(parts), "".join(reasoning)
+    result.tool_calls = calls_from_deltas(call_deltas) if call_deltas else []
+    return result
+
+
 class ResultBuilder:
-    """Folds a request's events (choice 0) into a Result; raises on an engine-side error."""
+    """A stream's events, kept as they come (an engine-side error raises at once) and folded into its Result at the
+    end (collect)."""
 
     def __init__(self) -> None:
-        self.result = Result()
-        self._parts: list[str] = []
-        self._reasoning: list[str] = []
-        self._call_deltas: list[ToolCallDelta] = []
+        self._events: list[Event] = []
 
     def add(self, event: Event) -> None:
         if event.error:
-            raise GenerationError(f"generation failed: {event.error}")
-        if event.index == 0:
-            self._parts.append(event.text)
-            self._reasoning.append(event.reasoning)
-            self._call_deltas += event.tool_calls
-            if event.logprobs is not None:
-                self.result.logprobs = self.result.logprobs or []
-                self.result.logprobs.extend(event.logprobs)
-            self.result.token_ids += event.token_ids
-            self.result.prompt_logprobs = event.prompt_logprobs or self.result.prompt_logprobs
-            if event.finish_reason is not None:
-                self.result.finish_reason, self.result.stop_reason = event.finish_reason, event.stop_reason
-        if event.usage is not None:
-            self.result.usage = event.usage
-        if event.timings is not None:
-            self.result.timings = event.timings
+            raise _failed(event)
+        self._events.append(event)
 
     def build(self) -> Result:
-        self.result.text = "".join(self._parts)
-        self.result.reasoning = "".join(self._reasoning)
-        self.result.tool_calls = calls_from_deltas(self._call_deltas) if self._call_deltas else []
-        return self.result
+        return collect(self._events)
 
 
-def collect(events: Iterable[Event]) -> Result:
-    builder = ResultBuilder()
-    for event in events:
-        builder.add(event)
-    return builder.build()
+def _failed(event: Event) -> GenerationError:
+    return GenerationError(f"generation failed: {event.error}")
 
 
-async def acollect(backend: Any, request: Request) -> Result:
-    builder = ResultBuilder()
-    async for event in backend.stream_async(request, at_end=True):
-        builder.add(event)
-    return builder.build()
+async def acollect(backend: Any, request: Request, timeout: float | None = None) -> Result:
+    """The request's Result on the caller's loop (all its events at the end, one wake-up); timeout as generate_all's."""
+    return collect([event async for event in backend.stream_async(request, at_end=True, timeout=timeout)])
 
 
-def generate_all(backend: Any, requests: list[Request]) -> list[Result]:
+def generate_all(backend: Any, requests: list[Request], timeout: float | None = None) -> list[Result]:
     """Submit every request at once and wait for all in this thread, over the one bridge: they share the engine's
-    decode steps. Raises the first failed request's error once all have ended."""
+    decode steps, and a sync call (one request) waits for its finished Result with no stream in between. Raises the
+    first failed request's error once all have ended; timeout: seconds before those not ended are aborted and
+    GenerationError raised (None: no limit)."""
     ended = consume_all_sync([partial(backend.submit, r) for r in requests],
-                             [partial(backend.cancel_now, r.request_id) for r in requests])
+                             [partial(backend.cancel_now, r.request_id) for r in requests], timeout=timeout)
     return [collect(events) for events in ended]

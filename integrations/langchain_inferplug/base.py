@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from langchain_core.language_models import LangSmithParams
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, model_validator
 
 from inferplug.errors import RequestError
@@ -16,6 +15,9 @@ class InferPlugFields(BaseModel):
 
     model_config = ConfigDict(arbitrary_types_allowed=True, protected_namespaces=())
     _llm_type: ClassVar[str] = "inferplug"  # LangChain's name for the kind of model, in its traces
+    # Tracing's ls_provider ("inferplug") and ls_model_name (a call's model=, else `model`) are LangChain's own
+    # defaults for these class names and fields, so there is no _get_ls_params here (tests/integrations/
+    # test_binding.py holds LangChain to them).
 
     inferplug_profile: Any = None
     """Our Profile. Pass it as `profile=`: a profile name, a path to a TOML profile, a model (a .gguf file, an HF
@@ -86,12 +88,6 @@ class InferPlugFields(BaseModel):
 
             self._backend = get_backend(self.inferplug_profile)
         return self._backend
-
-    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
-        params = super()._get_ls_params(stop=stop, **kwargs)
-        params["ls_provider"] = "inferplug"
-        params["ls_model_name"] = kwargs.get("model") or self.model
-        return params
 
     @property
     def _identifying_params(self) -> dict[str, Any]:

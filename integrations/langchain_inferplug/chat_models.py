@@ -17,12 +17,12 @@ from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from inferplug.errors import RequestError
-from inferplug.frontend.calls import Result, ResultBuilder
+from inferplug.frontend.calls import Result, ResultBuilder, acollect, generate_all
 from inferplug.frontend.openai_logprobs import chat_logprobs
 from inferplug.frontend.requests import Prepared, build_request
 from inferplug.frontend.tool_calls import all_whole, finish_with_calls
 from langchain_inferplug.base import InferPlugFields
-from langchain_inferplug.messages import to_chat_dicts
+from langchain_inferplug.messages import chat_dict
 from langchain_inferplug.model_profile import model_profile
 from langchain_inferplug.structured import structured_output_runnable
 from langchain_inferplug.tool_stream import ToolCallStream, call_chunk
@@ -46,7 +46,7 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
                                "does not do; use a ToolStrategy (create_agent) or with_structured_output, or a "
                                "native or openai profile", param="response_format")
         return build_request(
-            backend, options=self._options(stop, kwargs), messages=to_chat_dicts(messages),
+            backend, options=self._options(stop, kwargs), messages=[chat_dict(m) for m in messages],
             tools=kwargs.get("tools"), tool_choice=kwargs.get("tool_choice"),
             response_format=kwargs.get("response_format"), documents=kwargs.get("documents"),
             memory=self.document_memory,
@@ -80,10 +80,8 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
         prepared = self._prepare(messages, stop, kwargs)
         if run_manager is not None and run_manager.handlers:
             return generate_from_stream(self._stream_prepared(prepared, run_manager))  # tokens to the handlers
-        builder = ResultBuilder()
-        for event in prepared.backend.stream_sync(prepared.request, at_end=True, timeout=self.timeout):
-            builder.add(event)
-        return ChatResult(generations=[ChatGeneration(message=self._message(builder.build(), prepared))])
+        result, = generate_all(prepared.backend, [prepared.request], timeout=self.timeout)  # finished, no stream
+        return ChatResult(generations=[ChatGeneration(message=self._message(result, prepared))])
 
     def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                 run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
@@ -104,10 +102,8 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
         prepared = self._prepare(messages, stop, kwargs)
         if run_manager is not None and run_manager.handlers:
             return await agenerate_from_stream(self._astream_prepared(prepared, run_manager))
-        builder = ResultBuilder()
-        async for event in prepared.backend.stream_async(prepared.request, at_end=True, timeout=self.timeout):
-            builder.add(event)
-        return ChatResult(generations=[ChatGeneration(message=self._message(builder.build(), prepared))])
+        result = await acollect(prepared.backend, prepared.request, timeout=self.timeout)
+        return ChatResult(generations=[ChatGeneration(message=self._message(result, prepared))])
 
     async def _astream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                        run_manager: AsyncCallbackManagerForLLMRun | None = None,

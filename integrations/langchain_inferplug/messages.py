@@ -19,11 +19,8 @@ from inferplug.errors import RequestError
 _ROLES = {"system", "user", "assistant", "tool"}
 
 
-def to_chat_dicts(messages: list[BaseMessage]) -> list[dict[str, Any]]:
-    return [_to_dict(message) for message in messages]
-
-
-def _to_dict(message: BaseMessage) -> dict[str, Any]:
+def chat_dict(message: BaseMessage) -> dict[str, Any]:
+    """One LangChain message as the OpenAI-style dict a chat template renders; RequestError for one it cannot."""
     content = message.content if isinstance(message.content, str) else _text(message.content)
     if isinstance(message, SystemMessage):
         return {"role": "system", "content": content}

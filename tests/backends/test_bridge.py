@@ -165,3 +165,27 @@ def test_a_consumer_slower_than_its_producer_still_times_out():
     with pytest.raises(GenerationError, match="timeout=0.05s"):
         next(stream)
     assert cancelled == [True]
+
+
+def test_a_batch_past_its_timeout_cancels_only_those_not_ended_and_raises():
+    from inferplug.errors import GenerationError
+
+    cancelled = []
+    submits = [lambda ch: ch.send([1], last=True), lambda ch: None]  # the second never answers
+    cancels = [lambda: pytest.fail("an ended request is not cancelled"), lambda: cancelled.append(True)]
+    with pytest.raises(GenerationError, match="timeout=0.05s"):
+        consume_all_sync(submits, cancels, timeout=0.05)
+    assert cancelled == [True]
+
+
+def test_a_chat_invoke_past_its_timeout_is_aborted_with_its_blocks_back(tiny_profile):
+    """ChatInferPlug's invoke waits for its finished result (generate_all), and no longer than its timeout."""
+    from langchain_inferplug import ChatInferPlug
+
+    from inferplug.errors import GenerationError
+
+    chat = ChatInferPlug(profile=tiny_profile, temperature=0, max_tokens=4)
+    assert chat.invoke("hi").usage_metadata["output_tokens"] >= 1
+    with pytest.raises(GenerationError, match="timeout=1e-09s"):
+        chat.model_copy(update={"timeout": 1e-9}).invoke("hi")
+    assert chat.backend.stats()["kv_blocks_used"] == 0

@@ -45,6 +45,17 @@ def test_every_front_end_takes_a_model_with_no_toml_and_the_context_asked(front_
         cls(profile=str(tmp_path / "absent.gguf"))
 
 
+@pytest.mark.parametrize("front_end", ["langchain_chat", "langchain_llm"])
+def test_langchain_traces_name_inferplug_and_the_served_model(front_end):
+    """LangChain's own _get_ls_params names the provider from the class and the model from `model` (no override)."""
+    cls, _ = _front_end(front_end)
+    bound = cls(profile="mistral-7b-gptq", temperature=0.5, max_tokens=7)
+    params = bound._get_ls_params(stop=["x"])
+    assert (params["ls_provider"], params["ls_model_name"]) == ("inferplug", "mistral-7b-instruct")
+    assert (params["ls_temperature"], params["ls_max_tokens"], params["ls_stop"]) == (0.5, 7, ["x"])
+    assert bound._get_ls_params(model="other")["ls_model_name"] == "other"  # a call's model= wins
+
+
 def _front_end(name: str):
     """(the class, how to reach our Profile on an instance: LangChain's chat models keep `.profile` for theirs)."""
     if name == "llama_index":

@@ -10,13 +10,13 @@ from inferplug.errors import RequestError
 def test_langchain_history_with_tool_calls():
     from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
-    from langchain_inferplug.messages import to_chat_dicts
+    from langchain_inferplug.messages import chat_dict
 
-    history = to_chat_dicts([
+    history = [chat_dict(m) for m in [
         SystemMessage("Be brief."), HumanMessage("Weather in Paris?"),
         AIMessage("", tool_calls=[{"name": "get_weather", "args": {"city": "Paris"}, "id": "c1"}]),
         ToolMessage("sunny", tool_call_id="c1"),
-    ])
+    ]]
     assert [m["role"] for m in history] == ["system", "user", "assistant", "tool"]
     assert history[2]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
     assert "get_weather" in history[2]["content"] and history[3]["tool_call_id"] == "c1"
@@ -25,13 +25,13 @@ def test_langchain_history_with_tool_calls():
 def test_langchain_unrenderable_content_is_a_clear_error():
     from langchain_core.messages import ChatMessage, HumanMessage
 
-    from langchain_inferplug.messages import to_chat_dicts
+    from langchain_inferplug.messages import chat_dict
 
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     with pytest.raises(RequestError, match="cannot render a 'image_url' content block"):
-        to_chat_dicts([HumanMessage(content=[{"type": "text", "text": "what is this"}, image])])
+        chat_dict(HumanMessage(content=[{"type": "text", "text": "what is this"}, image]))
     with pytest.raises(RequestError, match="role 'critic'"):
-        to_chat_dicts([ChatMessage(role="critic", content="hm")])
+        chat_dict(ChatMessage(role="critic", content="hm"))
 
 
 def test_llamaindex_messages():

@@ -29,7 +29,7 @@ from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.llms.utils import parse_partial_json
 
 from inferplug.frontend.binding import bind_profile, usage_counts
-from inferplug.frontend.calls import Result, ResultBuilder, acollect, collect
+from inferplug.frontend.calls import Result, ResultBuilder, acollect, generate_all
 from inferplug.frontend.forced_call import ForcedCallStream
 from inferplug.frontend.requests import Prepared, build_request
 from inferplug.frontend.tool_calls import all_whole, finish_with_calls
@@ -141,7 +141,8 @@ class InferPlug(FunctionCallingLLM):
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         prepared = self._prepare(messages, kwargs)
-        return self._response(collect(self.backend.stream_sync(prepared.request, at_end=True)), prepared)
+        result, = generate_all(self.backend, [prepared.request])  # finished, no stream (as ChatInferPlug's)
+        return self._response(result, prepared)
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
