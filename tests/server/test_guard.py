@@ -4,6 +4,7 @@ read deadline, the Host header on a loopback server without a key (DNS rebinding
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 
@@ -13,15 +14,31 @@ from inferplug.profile_server import ServerOptions
 
 
 def raw_exchange(url: str, head: str, body: bytes = b"", wait: float = 20) -> str:
-    """Send a request's head (and part of a body), then read what the server answers within `wait` seconds."""
+    """Send a request's head (and part of a body), then read what the server answers within `wait` seconds: its head
+    and the body its Content-Length names (a server may send them in two segments)."""
     host, port = url.removeprefix("http://").split("/")[0].split(":")
+    deadline = time.monotonic() + wait
+    answer = b""
     with socket.create_connection((host, int(port)), timeout=wait) as s:
         s.sendall(head.encode() + b"\r\n" + body)
-        s.settimeout(wait)
-        try:
-            return s.recv(65536).decode(errors="replace")
-        except TimeoutError:
-            return ""
+        while not _complete(answer) and (left := deadline - time.monotonic()) > 0:
+            s.settimeout(left)
+            try:
+                part = s.recv(65536)
+            except TimeoutError:
+                break
+            if not part:
+                break
+            answer += part
+    return answer.decode(errors="replace")
+
+
+def _complete(answer: bytes) -> bool:
+    head, sep, body = answer.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+    return length is None or len(body) >= int(length.group(1))
 
 
 def test_a_wrong_key_is_refused_before_the_body_arrives(server_factory, tiny_backend):
