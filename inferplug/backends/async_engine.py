@@ -1,8 +1,7 @@
 """AsyncEngine: the LLMEngine step loop in a background thread, its events handed out through EventChannels.
 
-Callers never wait for the engine. `submit` prepares the request, running the prompt stage (stages/prompt.py: render,
-tokenize, check) and compiling its JSON schema: in a prompt worker for a consumer on an event loop (submit returns at
-once), in the consumer's own thread for a sync one (it waits for the events anyway: no hop). So a huge prompt, a long
+Callers never wait for the engine: `submit` queues the request for the prompt workers and returns. A worker runs the
+prompt stage (stages/prompt.py: render, tokenize, check) and compiles its JSON schema, so a huge prompt, a long
 history or a large schema costs its own request time, not a step of every stream; once prepared it is queued, and
 the step thread adds queued requests between steps (a bad one ends its channel with the RequestError)
 and sends each step's events to their channels, one send per channel per step. One lock guards the
@@ -61,48 +60,37 @@ class AsyncEngine:
             thread.start()
 
     def submit(self, request: Request, channel: EventChannel) -> None:
-        """Queue the request; its events, or the RequestError that refuses it, go to channel. A consumer on an event
-        loop gets control back at once (a prompt worker prepares the request: the loop must not wait for a tokenizer);
-        a consuming thread blocks for the events anyway, so it prepares its own, with no hop through a worker."""
+        """Queue the request; its events, or the RequestError that refuses it, go to channel."""
         with self._inbox_lock:
-            accepted = not self._closed
-            if accepted:
+            if not self._closed:
                 self._open.add(request.request_id)
                 self._preparing[request.request_id] = (request, channel)
-                if not channel.thread_consumer:
-                    self._prompts.put(request)  # under the lock: before close's stop marks, so a worker sees it
-                    return
-        if not accepted:
-            channel.send([BackendUnavailable(self.failure or _CLOSED)], last=True)
-            return
-        self._prepare(request)
+                self._prompts.put(request)
+                return
+        channel.send([BackendUnavailable(self.failure or _CLOSED)], last=True)
 
     def _prepare_prompts(self) -> None:
-        """A prompt worker: prepares the requests of consumers on an event loop, one by one."""
-        while (request := self._prompts.get()) is not None:
-            self._prepare(request)
-
-    def _prepare(self, request: Request) -> None:
-        """The request's prompt ids (and its schema compiled, so that the engine's own compile is a cache hit), queued
-        for the step thread; a bad request (RequestError) ends its stream alone."""
+        """A prompt worker: each request's prompt ids (and its schema compiled, so that the engine's own compile is a
+        cache hit), queued for the step thread; a bad request (RequestError) ends its stream alone."""
         engine = self.engine
-        try:
-            ids, text = encode_prompt(engine.tokenizer, engine.render_chat, request, engine.max_model_len)
-            if request.params.json_schema is not None:
-                compile_json_schema(engine.tokenizer, request.params.json_schema)
-            error = None
-        except Exception as exc:  # noqa: BLE001 - a bad request fails alone
-            error = exc
-        with self._inbox_lock:
-            entry = self._preparing.pop(request.request_id, None)
-            if entry is None:
-                return  # aborted (or failed by close) while it was prepared
-            if error is None and not self._closed:
-                self._inbox.append((request, entry[1], ids, text))
-                self._wake.set()
-                return
-            self._open.discard(request.request_id)
-        entry[1].send([error or BackendUnavailable(self.failure or _CLOSED)], last=True)
+        while (request := self._prompts.get()) is not None:
+            try:
+                ids, text = encode_prompt(engine.tokenizer, engine.render_chat, request, engine.max_model_len)
+                if request.params.json_schema is not None:
+                    compile_json_schema(engine.tokenizer, request.params.json_schema)
+                error = None
+            except Exception as exc:  # noqa: BLE001 - a bad request fails alone
+                error = exc
+            with self._inbox_lock:
+                entry = self._preparing.pop(request.request_id, None)
+                if entry is None:
+                    continue  # aborted (or failed by close) while it was prepared
+                if error is None and not self._closed:
+                    self._inbox.append((request, entry[1], ids, text))
+                    self._wake.set()
+                    continue
+                self._open.discard(request.request_id)
+            entry[1].send([error or BackendUnavailable(self.failure or _CLOSED)], last=True)
 
     def generate(self, request: Request) -> AsyncIterator[Event]:
         """Stream the request's events; the last one carries usage. RequestError comes before any event."""

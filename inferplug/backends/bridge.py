@@ -24,7 +24,6 @@ class EventChannel:
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None, *, at_end: bool = False):
         """loop: the consuming coroutine's loop (None: a consuming thread). at_end: wake only once it has ended."""
         self._loop, self._at_end = loop, at_end
-        self.thread_consumer = loop is None  # a thread that blocks for the events: a producer may work in it first
         self._lock = threading.Lock()
         self._items: list[Any] = []
         self._ended = False

@@ -25,7 +25,7 @@ def raw_exchange(url: str, head: str, body: bytes = b"", wait: float = 20) -> st
             s.settimeout(left)
             try:
                 part = s.recv(65536)
-            except TimeoutError:
+            except (TimeoutError, ConnectionResetError):  # a server may reset once it has answered
                 break
             if not part:
                 break

@@ -125,7 +125,7 @@ def test_rows_keep_their_bits_when_x_comes_in_chunks(ops, layer_cls):
     """At 7B's widths several rows take x in L1-sized chunks (quant_dot.h, by_passes; one row takes it whole):
     each sum keeps its order, so a row alone and among 2..8 rows give the same bits, on every set the CPU has."""
     gen = torch.Generator().manual_seed(1)
-    width = 14336  # 448 blocks: 7 chunks of int8 x at 8 rows, 28 of the head's float x
+    width = 14592  # 456 blocks: 7 chunks of int8 x at 8 rows and a part, a last run of 8 blocks; the head's float x in 29
     layer = layer_cls.from_float(torch.randn(40, width, generator=gen))
     x = torch.randn(8, width, generator=gen)
     for isa in cpu_kernels.supported_isas():
