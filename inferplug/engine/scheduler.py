@@ -93,7 +93,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
-        self.order = CacheAwareOrder(blocks, prefix_source, max_num_batched_tokens) if schedule == "cache_aware" \
+        self.order = CacheAwareOrder(blocks, prefix_source) if schedule == "cache_aware" \
             else None  # None: arrival order
 
     def add(self, seq: Sequence, *, front: bool = False, siblings: list[Sequence] = ()) -> None:
@@ -318,7 +318,7 @@ class Scheduler:
 
     def _order_waiting(self) -> None:
         if self.order is not None:
-            self.order.to_front(self.waiting)
+            self.order.to_front(self.waiting, self.running)
 
     def _source_fills_at(self, seq: Sequence, computed: int) -> bool:
         source = self.prefix_source
