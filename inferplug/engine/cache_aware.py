@@ -8,14 +8,19 @@ the front.
 
 Bound (no request waits more than twice its FIFO wait): when a request is first seen in the window, its FIFO wait
 is the prefill FIFO computes up to its first token: what the running sequences have left, the cost of the
-requests queued ahead of it, and its own. That is its *allowance*: a request moved ahead of it spends its own cost
-from it, and may not move past a request whose allowance it would overdraw. So the prefill computed before a
-request's first token is at most twice its FIFO's, by construction, in tokens: its wait in steps stays within 2x
-while a step's prefill budget is the same (the decode cap, `max_prefill_tokens_while_decoding`, is one budget for
-every step while streams decode). FIFO's order has the same work ahead of a request at its arrival (every order
-computes the same prefill in the same steps) as long as each request costs the same under both; a document the
-other order computed first is the difference. A sequence that ran before (preempted) keeps its place at the
-front, and only requests never admitted move or are passed.
+requests queued ahead of it, and its own, A tokens. FIFO takes at least A / B steps for it (B: a step's token
+budget). A request moved ahead of it spends its own cost from its *allowance*, and may not move past a request
+whose allowance it would overdraw. A step carries at least b prefill tokens (b: the decode cap,
+`max_prefill_tokens_while_decoding`, which binds while any stream decodes, as a request moved first soon does; b =
+B without a cap), so with an allowance of A (2b - B) / B the request's first token comes within (A + A (2b - B) /
+B) / b = 2A / B steps: twice FIFO's least, by construction. Without a cap that is A: the prefill computed before
+its first token is at most twice FIFO's. Under a cap of half the budget or less (the CPU's default, 16 of 256) it is
+0: no request is passed, because a cheap request put first starts decoding and holds every step to b prefill
+tokens, where FIFO would have computed the passed one's prompt at B a step. The bound takes FIFO's order to have the
+same work ahead of a request at its arrival (without a cap every order computes the same prefill in the same
+steps) and each request to cost the same under both; a document the other order computed first is the difference.
+A sequence that ran before (preempted) keeps its place at the front, and only requests never admitted move or are
+passed.
 """
 
 from __future__ import annotations
@@ -32,16 +37,19 @@ WINDOW = 32  # waiting requests looked at: a deeper one waits its turn to enter 
 
 
 class CacheAwareOrder:
-    def __init__(self, blocks: BlockManager, source: Any):
-        """source: the scheduler's PrefixSource, or None."""
+    def __init__(self, blocks: BlockManager, source: Any, step_tokens: int, prefill_cap: int):
+        """source: the scheduler's PrefixSource, or None; step_tokens: a step's token budget (B); prefill_cap: the
+        prefill tokens a step carries beside decode rows (b; 0: no cap)."""
         self.blocks, self.source = blocks, source
+        least = prefill_cap if 0 < prefill_cap < step_tokens else step_tokens
+        self.share = max(2 * least - step_tokens, 0) / step_tokens  # of a request's FIFO wait that may pass it
         self.allowance: weakref.WeakKeyDictionary[Sequence, int] = weakref.WeakKeyDictionary()
         self.moved = 0  # requests admitted out of arrival order
 
     def to_front(self, waiting: deque[Sequence], running: list[Sequence]) -> None:
         """Put the request to admit next at the front of `waiting` (running: the sequences that prefill first)."""
         window = []
-        for seq in list(waiting)[:WINDOW]:
+        for seq in list(waiting)[:WINDOW] if self.share else ():
             if seq.first_scheduled_time is not None:  # it ran before: FIFO from here on
                 break
             window.append(seq)
@@ -51,7 +59,7 @@ class CacheAwareOrder:
         ahead = sum(self._left(seq, seq.num_computed_tokens) for seq in running)
         for seq, (cost, _) in zip(window, costs):
             ahead += cost
-            self.allowance.setdefault(seq, ahead)  # its FIFO wait, up to its first token
+            self.allowance.setdefault(seq, int(ahead * self.share))  # ahead: its FIFO wait, to its first token
         best, floor = None, costs[0][0]
         for i in range(1, len(window)):
             cost, cached = costs[i]

@@ -93,7 +93,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
-        self.order = CacheAwareOrder(blocks, prefix_source) if schedule == "cache_aware" \
+        self.order = CacheAwareOrder(blocks, prefix_source, max_num_batched_tokens,
+                                      max_prefill_tokens_while_decoding) if schedule == "cache_aware" \
             else None  # None: arrival order
 
     def add(self, seq: Sequence, *, front: bool = False, siblings: list[Sequence] = ()) -> None:

@@ -56,17 +56,16 @@ def test_a_request_with_cached_documents_goes_before_uncached_ones(tiny_llama_di
         assert tokens_of(events[rid]) == tokens_of(fifo_events[rid])
 
 
-def _first_tokens_behind_a_stream(model_dir, schedule: str, queue: list[Request]) -> tuple[dict, dict]:
-    """The queue arrives while a stream decodes, so every step carries 16 prefill tokens (the CPU's decode cap):
-    waits in steps follow the prefill tokens ahead. Returns each request's first-token step (counted from the
-    queue's arrival) and its prompt tokens computed."""
-    engine = make_engine(model_dir, max_num_seqs=8, max_prefill_tokens_while_decoding=16, schedule=schedule)
+def _first_tokens_behind_a_stream(model_dir, schedule: str, **limits) -> tuple[dict, dict]:
+    """An uncached request u with eight cheaper cached ones queued behind it, arriving while a stream decodes.
+    Returns each request's first-token step (counted from the queue's arrival) and its prompt tokens computed."""
+    engine = make_engine(model_dir, max_num_seqs=10, schedule=schedule, **limits)
     prompt = "Session stream.\n" + rag_prompt("What is in stream?", CACHED, system="Use the documents.")
     engine.add_request(Request(prompt=prompt, params=greedy(60), documents=document_spans(prompt, CACHED),
                                request_id="stream"))  # it stores the cached documents' KV, then decodes
     while not engine.step():
         pass
-    for request in queue:
+    for request in [_request("u", ["Green frogs croak by the pond."])] + [_request(f"c{i}", CACHED) for i in range(8)]:
         engine.add_request(request)
     first, computed, step = {}, {}, 0
     while engine.has_unfinished():
@@ -80,23 +79,30 @@ def _first_tokens_behind_a_stream(model_dir, schedule: str, queue: list[Request]
     return first, computed
 
 
-def test_no_request_waits_more_than_twice_its_fifo_wait(tiny_llama_dir):
-    """An uncached request with eight cheaper cached ones queued behind it. Its FIFO wait is its own prefill (106
-    tokens, 7 steps); cache-aware may put cached requests before it while the prefill computed before its first
-    token stays within twice that, in tokens and in steps. The rule this replaced allowed one step's budget (256
-    tokens) to pass a request with little ahead of it: three cached requests here, and a first token at step 23."""
-    def queue():
-        return [_request("u", ["Green frogs croak by the pond."])] + [_request(f"c{i}", CACHED) for i in range(8)]
+def test_under_the_cpus_decode_cap_no_request_is_passed(tiny_llama_dir):
+    """Steps of 256 tokens, 16 of prefill while a stream decodes (the CPU's defaults). u's FIFO wait is its own
+    prefill (106 tokens, 7 steps). The rule this replaced let one step's budget pass it: three cached requests,
+    whose decodes held u's prefill to 16 tokens a step, and its first token at step 23 (3.3x). A request moved
+    first holds every step to the cap, so no allowance keeps 2x against a FIFO that runs at 256: none is given."""
+    limits = {"max_num_batched_tokens": 256, "max_prefill_tokens_while_decoding": 16}
+    fifo, fifo_computed = _first_tokens_behind_a_stream(tiny_llama_dir, "fifo", **limits)
+    ours, computed = _first_tokens_behind_a_stream(tiny_llama_dir, "cache_aware", **limits)
+    assert computed["c0"] < computed["u"] < 3 * computed["c0"] <= 256  # cached ones, cheaper: the old rule's case
+    assert min(fifo, key=fifo.get) == min(ours, key=ours.get) == "u"
+    assert ours == fifo
 
-    fifo, fifo_computed = _first_tokens_behind_a_stream(tiny_llama_dir, "fifo", queue())
-    ours, computed = _first_tokens_behind_a_stream(tiny_llama_dir, "cache_aware", queue())
+
+def test_without_a_cap_no_request_waits_more_than_twice_its_fifo_wait(tiny_llama_dir):
+    """Steps of 32 tokens, no decode cap: cached requests go before u while the prefill computed before its first
+    token stays within twice FIFO's (its own 106 tokens), and so does its wait in steps."""
+    limits = {"max_num_batched_tokens": 32, "max_prefill_tokens_while_decoding": 0}
+    fifo, fifo_computed = _first_tokens_behind_a_stream(tiny_llama_dir, "fifo", **limits)
+    ours, computed = _first_tokens_behind_a_stream(tiny_llama_dir, "cache_aware", **limits)
     assert min(fifo, key=fifo.get) == "u"
-    cached_cost, u_cost = computed["c0"], computed["u"]
-    assert cached_cost < u_cost < 3 * cached_cost <= 256  # the old allowance let three pass: 3.3x u's FIFO wait
     passed = [rid for rid in ours if ours[rid] < ours["u"]]
     assert passed, "no cached request went first"
-    assert sum(computed[rid] for rid in passed) + u_cost <= 2 * fifo_computed["u"]
-    assert sum(computed[rid] for rid in passed) + cached_cost > u_cost  # one more would have overdrawn it
+    assert sum(computed[rid] for rid in passed) + computed["u"] <= 2 * fifo_computed["u"]
+    assert sum(computed[rid] for rid in passed) + computed["c0"] > computed["u"]  # one more would overdraw it
     assert ours["u"] <= 2 * fifo["u"]
     behind = sorted((rid for rid in ours if ours[rid] > ours["u"]), key=ours.get)
     assert behind == [f"c{i}" for i in range(8) if f"c{i}" not in passed]  # FIFO after it
