@@ -1,5 +1,6 @@
 """Cache-aware admission (RAGCache, arXiv 2404.12457): a waiting request whose prefix or documents are cached
-has little to prefill, so it is admitted before uncached requests queued ahead of it, within an aging bound.
+has little to prefill, so it is admitted before uncached requests queued ahead of it, each wait within twice
+its FIFO wait.
 
 A request's *cost* is the prompt tokens it would compute if admitted now: its prompt, less its prefix-cache hit and
 the cached document segments after it (the prefix source's `cached_tokens`). The scheduler asks `to_front` before
