@@ -1,17 +1,27 @@
 """Cache-aware admission (RAGCache, arXiv 2404.12457): a waiting request whose prefix or documents are cached
-has little to prefill, so it is admitted before uncached requests queued ahead of it, within an aging bound.
+has little to prefill, so it is admitted before uncached requests queued ahead of it, each wait within twice
+its FIFO wait.
 
 A request's *cost* is the prompt tokens it would compute if admitted now: its prompt, less its prefix-cache hit and
 the cached document segments after it (the prefix source's `cached_tokens`). The scheduler asks `to_front` before
 each admission; it moves the cheapest request that has something cached, and costs less than the queue's head, to
 the front.
 
-Aging bound (no request starves): when a request is first seen in the window, it gets an *allowance*, the cost of
-the requests queued ahead of it (what FIFO computes before it) or one step's token budget if that is more. A request
-moved ahead of it spends its own cost from that allowance, and may not move past a request whose allowance it would
-overdraw. So the prefill computed before a request is at most twice what FIFO computes before it (plus one step):
-its wait stays within about 2x its FIFO wait. A sequence that ran before (preempted) keeps its place at the front,
-and only requests never admitted move or are passed.
+Bound (no request waits more than twice its FIFO wait): when a request is first seen in the window, its FIFO wait
+is the prefill FIFO computes up to its first token: what the running sequences have left, the cost of the
+requests queued ahead of it, and its own, A tokens. FIFO takes at least A / B steps for it (B: a step's token
+budget). A request moved ahead of it spends its own cost from its *allowance*, and may not move past a request
+whose allowance it would overdraw. A step carries at least b prefill tokens (b: the decode cap,
+`max_prefill_tokens_while_decoding`, which binds while any stream decodes, as a request moved first soon does; b =
+B without a cap), so with an allowance of A (2b - B) / B the request's first token comes within (A + A (2b - B) /
+B) / b = 2A / B steps: twice FIFO's least, by construction. Without a cap that is A: the prefill computed before
+its first token is at most twice FIFO's. Under a cap of half the budget or less (the CPU's default, 16 of 256) it is
+0: no request is passed, because a cheap request put first starts decoding and holds every step to b prefill
+tokens, where FIFO would have computed the passed one's prompt at B a step. The bound takes FIFO's order to have the
+same work ahead of a request at its arrival (without a cap every order computes the same prefill in the same
+steps) and each request to cost the same under both; a document the other order computed first is the difference.
+A sequence that ran before (preempted) keeps its place at the front, and only requests never admitted move or are
+passed.
 """
 
 from __future__ import annotations
@@ -28,27 +38,29 @@ WINDOW = 32  # waiting requests looked at: a deeper one waits its turn to enter 
 
 
 class CacheAwareOrder:
-    def __init__(self, blocks: BlockManager, source: Any, step_tokens: int):
-        """source: the scheduler's PrefixSource, or None; step_tokens: one step's token budget (the least
-        allowance)."""
-        self.blocks, self.source, self.step_tokens = blocks, source, step_tokens
+    def __init__(self, blocks: BlockManager, source: Any, step_tokens: int, prefill_cap: int):
+        """source: the scheduler's PrefixSource, or None; step_tokens: a step's token budget (B); prefill_cap: the
+        prefill tokens a step carries beside decode rows (b; 0: no cap)."""
+        self.blocks, self.source = blocks, source
+        least = prefill_cap if 0 < prefill_cap < step_tokens else step_tokens
+        self.share = max(2 * least - step_tokens, 0) / step_tokens  # of a request's FIFO wait that may pass it
         self.allowance: weakref.WeakKeyDictionary[Sequence, int] = weakref.WeakKeyDictionary()
         self.moved = 0  # requests admitted out of arrival order
 
-    def to_front(self, waiting: deque[Sequence]) -> None:
-        """Put the request to admit next at the front of `waiting`."""
+    def to_front(self, waiting: deque[Sequence], running: list[Sequence]) -> None:
+        """Put the request to admit next at the front of `waiting` (running: the sequences that prefill first)."""
         window = []
-        for seq in list(waiting)[:WINDOW]:
+        for seq in list(waiting)[:WINDOW] if self.share else ():
             if seq.first_scheduled_time is not None:  # it ran before: FIFO from here on
                 break
             window.append(seq)
         if len(window) < 2:
             return
         costs = [self._cost(seq) for seq in window]
-        ahead = 0
+        ahead = sum(self._left(seq, seq.num_computed_tokens) for seq in running)
         for seq, (cost, _) in zip(window, costs):
-            self.allowance.setdefault(seq, max(ahead, self.step_tokens))
             ahead += cost
+            self.allowance.setdefault(seq, int(ahead * self.share))  # ahead: its FIFO wait, to its first token
         best, floor = None, costs[0][0]
         for i in range(1, len(window)):
             cost, cached = costs[i]
@@ -68,5 +80,10 @@ class CacheAwareOrder:
         if wants_prompt_logprobs(seq):  # it takes no cached KV
             return total, 0
         hit = len(self.blocks.lookup_prefix(seq)) * self.blocks.block_size
-        docs = self.source.cached_tokens(seq, hit) if self.source is not None and self.source.has_spans(seq) else 0
-        return total - hit - docs, hit + docs
+        left = self._left(seq, hit)
+        return left, total - left
+
+    def _left(self, seq: Sequence, start: int) -> int:
+        """Prompt tokens seq computes from `start` on: its cached documents after it are filled, not computed."""
+        docs = self.source.cached_tokens(seq, start) if self.source is not None and self.source.has_spans(seq) else 0
+        return max(seq.num_prompt_tokens - start - docs, 0)

@@ -2,7 +2,7 @@
 
 Each step hands out a token budget: running sequences first (a decode is one token, an
 unfinished prefill gets the next chunk), then waiting ones in arrival order (schedule="cache_aware":
-those with cached tokens first, within an aging bound, engine/cache_aware.py), shared out between clients (each
+those with cached tokens first, each wait within 2x FIFO's, engine/cache_aware.py), shared out between clients (each
 admission goes to a client with the fewest running sequences). When the pool runs
 short, the newest running sequence is preempted by recompute: its blocks go back to the pool,
 its full blocks usually stay cached, and it rejoins the front of the queue.
@@ -80,7 +80,7 @@ class Scheduler:
                  schedule: str = "fifo"):
         """max_prefill_tokens_while_decoding: prefill tokens a step may carry beside decode rows (0: the whole
         budget), so a long prompt's chunks stretch the running streams' steps by a bounded amount. schedule:
-        "cache_aware" admits waiting requests with cached tokens early, within an aging bound (cache_aware.py)."""
+        "cache_aware" admits waiting requests with cached tokens early, each wait within 2x FIFO's (cache_aware.py)."""
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -93,7 +93,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
-        self.order = CacheAwareOrder(blocks, prefix_source, max_num_batched_tokens) if schedule == "cache_aware" \
+        self.order = CacheAwareOrder(blocks, prefix_source, max_num_batched_tokens,
+                                      max_prefill_tokens_while_decoding) if schedule == "cache_aware" \
             else None  # None: arrival order
 
     def add(self, seq: Sequence, *, front: bool = False, siblings: list[Sequence] = ()) -> None:
@@ -318,7 +319,7 @@ class Scheduler:
 
     def _order_waiting(self) -> None:
         if self.order is not None:
-            self.order.to_front(self.waiting)
+            self.order.to_front(self.waiting, self.running)
 
     def _source_fills_at(self, seq: Sequence, computed: int) -> bool:
         source = self.prefix_source

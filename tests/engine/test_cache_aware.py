@@ -1,5 +1,5 @@
 """Cache-aware admission (engine/cache_aware.py) on the real engine: a request whose documents are cached is
-admitted before uncached ones queued ahead of it, and no request is passed over by more than its allowance."""
+admitted before uncached ones queued ahead of it, and no request waits more than twice its FIFO wait."""
 
 from __future__ import annotations
 
@@ -56,16 +56,53 @@ def test_a_request_with_cached_documents_goes_before_uncached_ones(tiny_llama_di
         assert tokens_of(events[rid]) == tokens_of(fifo_events[rid])
 
 
-def test_no_request_is_passed_over_by_more_than_its_allowance(tiny_llama_dir):
-    """The uncached head's allowance is one step's budget (nothing was ahead of it): cached requests may pass it
-    while their prefill fits in that, and not one more."""
-    engine = _warm_engine(tiny_llama_dir, "cache_aware")
-    cached = [_request(f"c{i}", CACHED) for i in range(8)]
-    order, events = _admission_order(engine, [_request("u", UNCACHED[0]), *cached])
-    passed = order[:order.index("u")]
-    computed = {rid: events[rid][-1].usage.prompt_tokens - events[rid][-1].usage.cached_tokens for rid in order}
+def _first_tokens_behind_a_stream(model_dir, schedule: str, **limits) -> tuple[dict, dict]:
+    """An uncached request u with eight cheaper cached ones queued behind it, arriving while a stream decodes.
+    Returns each request's first-token step (counted from the queue's arrival) and its prompt tokens computed."""
+    engine = make_engine(model_dir, max_num_seqs=10, schedule=schedule, **limits)
+    prompt = "Session stream.\n" + rag_prompt("What is in stream?", CACHED, system="Use the documents.")
+    engine.add_request(Request(prompt=prompt, params=greedy(60), documents=document_spans(prompt, CACHED),
+                               request_id="stream"))  # it stores the cached documents' KV, then decodes
+    while not engine.step():
+        pass
+    for request in [_request("u", ["Green frogs croak by the pond."])] + [_request(f"c{i}", CACHED) for i in range(8)]:
+        engine.add_request(request)
+    first, computed, step = {}, {}, 0
+    while engine.has_unfinished():
+        step += 1
+        for event in engine.step():
+            if event.token_ids and event.request_id not in first:
+                first[event.request_id] = step
+            if event.usage is not None:
+                computed[event.request_id] = event.usage.prompt_tokens - event.usage.cached_tokens
+    del first["stream"]
+    return first, computed
+
+
+def test_under_the_cpus_decode_cap_no_request_is_passed(tiny_llama_dir):
+    """Steps of 256 tokens, 16 of prefill while a stream decodes (the CPU's defaults). u's FIFO wait is its own
+    prefill (106 tokens, 7 steps). The rule this replaced let one step's budget pass it: three cached requests,
+    whose decodes held u's prefill to 16 tokens a step, and its first token at step 23 (3.3x). A request moved
+    first holds every step to the cap, so no allowance keeps 2x against a FIFO that runs at 256: none is given."""
+    limits = {"max_num_batched_tokens": 256, "max_prefill_tokens_while_decoding": 16}
+    fifo, fifo_computed = _first_tokens_behind_a_stream(tiny_llama_dir, "fifo", **limits)
+    ours, computed = _first_tokens_behind_a_stream(tiny_llama_dir, "cache_aware", **limits)
+    assert computed["c0"] < computed["u"] < 3 * computed["c0"] <= 256  # cached ones, cheaper: the old rule's case
+    assert min(fifo, key=fifo.get) == min(ours, key=ours.get) == "u"
+    assert ours == fifo
+
+
+def test_without_a_cap_no_request_waits_more_than_twice_its_fifo_wait(tiny_llama_dir):
+    """Steps of 32 tokens, no decode cap: cached requests go before u while the prefill computed before its first
+    token stays within twice FIFO's (its own 106 tokens), and so does its wait in steps."""
+    limits = {"max_num_batched_tokens": 32, "max_prefill_tokens_while_decoding": 0}
+    fifo, fifo_computed = _first_tokens_behind_a_stream(tiny_llama_dir, "fifo", **limits)
+    ours, computed = _first_tokens_behind_a_stream(tiny_llama_dir, "cache_aware", **limits)
+    assert min(fifo, key=fifo.get) == "u"
+    passed = [rid for rid in ours if ours[rid] < ours["u"]]
     assert passed, "no cached request went first"
-    assert sum(computed[rid] for rid in passed) <= engine.scheduler.max_num_batched_tokens
-    assert sum(computed[rid] for rid in passed) + computed[order[len(passed) + 1]] > \
-        engine.scheduler.max_num_batched_tokens  # the next one would have overdrawn it
-    assert order[len(passed) + 1:] == [r.request_id for r in cached if r.request_id not in passed]  # FIFO after
+    assert sum(computed[rid] for rid in passed) + computed["u"] <= 2 * fifo_computed["u"]
+    assert sum(computed[rid] for rid in passed) + computed["c0"] > computed["u"]  # one more would overdraw it
+    assert ours["u"] <= 2 * fifo["u"]
+    behind = sorted((rid for rid in ours if ours[rid] > ours["u"]), key=ours.get)
+    assert behind == [f"c{i}" for i in range(8) if f"c{i}" not in passed]  # FIFO after it
