@@ -75,10 +75,11 @@ struct QueryRows {
   int64_t out_stride, rows, first_length;
 };
 
-// Floats Attend's scratch holds: per query its scores, output, max and sum, then one K and one V tile in fp32
-// (an fp16 pool's tile is widened there once, for every row and head of the item).
+// Floats Attend's scratch holds: per query its scores and output, its max, sum and rescale factor (a vector's
+// lanes past the last query too), then one K and one V tile in fp32 (an fp16 pool's tile is widened there once,
+// for every row and head of the item).
 inline int64_t attend_scratch(int64_t rows, int64_t group, int64_t head_dim) {
-  return rows * group * (KEY_TILE + head_dim + 2) + 2 * KEY_TILE * head_dim;
+  return rows * group * (KEY_TILE + head_dim) + 3 * (rows * group + MAX_LANES) + 2 * KEY_TILE * head_dim;
 }
 
 // The `group` query heads of each row on one kv head, keys read through `blocks` (attend.h).
