@@ -240,15 +240,15 @@ constexpr int64_t X_CHUNK_BYTES = 16 * 1024;
 template <int MT, int64_t X_BLOCK>
 constexpr int64_t chunk_blocks() { return std::max<int64_t>(RUN, X_CHUNK_BYTES / (MT * X_BLOCK) / RUN * RUN); }
 
-// Rows [m, m + MT) of x against blocks [b0, b1) of one weight row (b0 a multiple of RUN), added to acc: MT dot
+// Rows [m, m + MT) of x against blocks [b0, b1) of one weight row (b0 a multiple of RUN), added to sums: MT dot
 // products sharing each unpacked weight step. Per group of 8 blocks: 8 int32 sums, one conversion, a multiply-add
 // by the scales (and one by the mins): the same float steps in the same order for every policy.
 template <typename Dot, typename Format, int MT>
 void dot_rows(const RowLayout<Format>& w, const inferplug_isa::QuantizedRows& x, int64_t m, int64_t b0, int64_t b1,
-              int64_t blocks, __m256* sums_in) {
+              int64_t blocks, __m256* sums) {
   constexpr int64_t GROUPS = Dot::BLOCKS / GROUP;
-  __m256 acc[MT];
-  for (int i = 0; i < MT; i++) acc[i] = sums_in[i];
+  __m256 acc[MT];  // in registers while the blocks pass
+  for (int i = 0; i < MT; i++) acc[i] = sums[i];
   for (int64_t run = b0; run < b1; run += RUN) {
     const int64_t in_run = std::min(RUN, blocks - run);
     for (int64_t h = 0; h < in_run; h += Dot::BLOCKS) {
@@ -277,17 +277,17 @@ void dot_rows(const RowLayout<Format>& w, const inferplug_isa::QuantizedRows& x,
       }
     }
   }
-  for (int i = 0; i < MT; i++) sums_in[i] = acc[i];
+  for (int i = 0; i < MT; i++) sums[i] = acc[i];
 }
 
-// Rows [m, m + MT) of float x against blocks [b0, b1) of one Q8_0 weight row (b0 a multiple of GROUP), added to acc,
+// Rows [m, m + MT) of float x against blocks [b0, b1) of one Q8_0 weight row (b0 a multiple of GROUP), added to sums,
 // without rounding x to int8: the lm_head, whose logits pick every token. A block's 32 weights become floats once for
 // all MT rows.
 template <typename V, int MT>
-void dot_rows_float(const RowLayout<Q8_0>& w, const float* x, int64_t k, int64_t b0, int64_t b1, typename V::F* sums_in) {
+void dot_rows_float(const RowLayout<Q8_0>& w, const float* x, int64_t k, int64_t b0, int64_t b1, typename V::F* sums) {
   constexpr int64_t PARTS = QK / V::LANES;
   typename V::F acc[MT];
-  for (int i = 0; i < MT; i++) acc[i] = sums_in[i];
+  for (int i = 0; i < MT; i++) acc[i] = sums[i];
   for (int64_t b = b0; b < b1; b += GROUP) {
     const int64_t n = std::min(GROUP, b1 - b);
     float scales[GROUP];
@@ -305,7 +305,7 @@ void dot_rows_float(const RowLayout<Q8_0>& w, const float* x, int64_t k, int64_t
       }
     }
   }
-  for (int i = 0; i < MT; i++) sums_in[i] = acc[i];
+  for (int i = 0; i < MT; i++) sums[i] = acc[i];
 }
 
 // f(integral_constant<int, rows>) for 1 <= rows <= MT: the row count as a compile-time constant.
@@ -317,10 +317,11 @@ void with_rows(int64_t rows, const F& f) {
   f(std::integral_constant<int, MT>{});
 }
 
-// Weight rows [n0, n1) by passes of PASS_ROWS, each pass over x's blocks CHUNK at a time: dot(row, b0, b1, sums)
-// adds blocks [b0, b1) of a row to its MT sums, which start at zero; done(n, sums) takes a row's finished sums.
-template <typename V, int MT, int64_t CHUNK, typename Dot, typename Done>
-void by_passes(const inferplug_isa::WeightRows& w, int64_t n0, int64_t n1, const Dot& dot, const Done& done) {
+// y[i * y_stride + n - n0] for weight rows [n0, n1), by passes of PASS_ROWS, each pass over x's blocks CHUNK at a
+// time: dot(row, b0, b1, sums) adds blocks [b0, b1) of a row to its MT sums (V vectors, from zero), which end as
+// their lanes' sums.
+template <typename V, int MT, int64_t CHUNK, typename Dot>
+void by_passes(const inferplug_isa::WeightRows& w, int64_t n0, int64_t n1, float* y, int64_t y_stride, const Dot& dot) {
   for (int64_t p0 = n0; p0 < n1; p0 += PASS_ROWS) {
     const int64_t p1 = std::min(n1, p0 + PASS_ROWS);
     typename V::F sums[PASS_ROWS][MT];
@@ -332,7 +333,8 @@ void by_passes(const inferplug_isa::WeightRows& w, int64_t n0, int64_t n1, const
         if (b0 == 0) prefetch_ahead(row, w.row_bytes);
         dot(row, b0, std::min(w.blocks, b0 + CHUNK), sums[n - p0]);
       }
-    for (int64_t n = p0; n < p1; n++) done(n, sums[n - p0]);
+    for (int64_t n = p0; n < p1; n++)
+      for (int i = 0; i < MT; i++) y[i * y_stride + n - n0] = V::sum(sums[n - p0][i]);
   }
 }
 
@@ -341,14 +343,10 @@ void quant_matmul_rows(const inferplug_isa::WeightRows& w, int64_t n0, int64_t n
                        int64_t m, int64_t rows, float* y, int64_t y_stride) {
   with_rows<inferplug_isa::MAX_ROWS>(rows, [&](auto mt) {
     constexpr int MT = decltype(mt)::value;
-    by_passes<F256, MT, chunk_blocks<MT, QK>()>(
-        w, n0, n1,
-        [&](const uint8_t* row, int64_t b0, int64_t b1, __m256* sums) {
-          dot_rows<Dot, Format, MT>(RowLayout<Format>(row, w.blocks), x, m, b0, b1, w.blocks, sums);
-        },
-        [&](int64_t n, const __m256* sums) {
-          for (int i = 0; i < MT; i++) y[i * y_stride + n - n0] = F256::sum(sums[i]);
-        });
+    by_passes<F256, MT, chunk_blocks<MT, QK>()>(w, n0, n1, y, y_stride,
+                                                [&](const uint8_t* row, int64_t b0, int64_t b1, __m256* sums) {
+      dot_rows<Dot, Format, MT>(RowLayout<Format>(row, w.blocks), x, m, b0, b1, w.blocks, sums);
+    });
   });
 }
 
@@ -357,14 +355,10 @@ void float_matmul_rows(const inferplug_isa::WeightRows& w, int64_t n0, int64_t n
                        int64_t rows, float* y, int64_t y_stride) {
   with_rows<inferplug_isa::MAX_ROWS>(rows, [&](auto mt) {
     constexpr int MT = decltype(mt)::value;
-    by_passes<V, MT, chunk_blocks<MT, QK * 4>()>(
-        w, n0, n1,
-        [&](const uint8_t* row, int64_t b0, int64_t b1, typename V::F* sums) {
-          dot_rows_float<V, MT>(RowLayout<Q8_0>(row, w.blocks), x, k, b0, b1, sums);
-        },
-        [&](int64_t n, const typename V::F* sums) {
-          for (int i = 0; i < MT; i++) y[i * y_stride + n - n0] = V::sum(sums[i]);
-        });
+    by_passes<V, MT, chunk_blocks<MT, QK * 4>()>(w, n0, n1, y, y_stride,
+                                                  [&](const uint8_t* row, int64_t b0, int64_t b1, typename V::F* sums) {
+      dot_rows_float<V, MT>(RowLayout<Q8_0>(row, w.blocks), x, k, b0, b1, sums);
+    });
   });
 }
 
