@@ -57,28 +57,28 @@ void weighted_sum(const float* p, int64_t valid, const float* v, const int64_t* 
   for (; h < group; h++) weighted_heads<V, 1>(p + h * TILE, valid, v, keys, d, out + h * d);
 }
 
-// sa[0, KEY_TILE) = scale * qa . k and sb the same for qb, for the tile's keys: each (query, key) sum over head_dim
-// in V::LANES lanes, then one fixed reduction tree per sum (V::sums_of, half a vector's sums for each query). Two
-// queries share each K load, and a sum's arithmetic is the same whichever query it is paired with (qb may be qa).
-template <typename V>
-void pair_scores(const float* qa, const float* qb, const float* k, const int64_t* keys, int64_t d, float scale,
-                 float* sa, float* sb) {
-  constexpr int64_t HALF = V::LANES / 2;
+// s[j][0, KEY_TILE) = scale * q[j] . k for the tile's keys, for NQ (1 or 2) queries: each (query, key) sum over
+// head_dim in V::LANES lanes, then one fixed reduction tree per sum (V::sums_of, LANES / NQ sums for each query).
+// Two queries share each K load; a sum's arithmetic is the same whichever lane it lands in, so a query gives the
+// same scores alone or paired, with any partner.
+template <typename V, int NQ>
+void tile_scores(const float* const q[NQ], const float* k, const int64_t* keys, int64_t d, float scale,
+                 float* const s[NQ]) {
+  constexpr int64_t PER = V::LANES / NQ;  // keys a pass, for each query
   alignas(64) float sums[V::LANES];
-  for (int64_t c = 0; c < inferplug_isa::KEY_TILE; c += HALF) {
+  for (int64_t c = 0; c < inferplug_isa::KEY_TILE; c += PER) {
     typename V::F acc[V::LANES];
     for (int64_t i = 0; i < V::LANES; i++) acc[i] = V::zero();
     for (int64_t x = 0; x < d; x += V::LANES) {
-      const auto a = V::load(qa + x), b = V::load(qb + x);
-      for (int64_t i = 0; i < HALF; i++) {
+      typename V::F qx[NQ];
+      for (int j = 0; j < NQ; j++) qx[j] = V::load(q[j] + x);
+      for (int64_t i = 0; i < PER; i++) {
         const auto key = V::load(k + keys[c + i] + x);
-        acc[V::TREE_ORDER[i]] = V::fmadd(a, key, acc[V::TREE_ORDER[i]]);
-        acc[V::TREE_ORDER[HALF + i]] = V::fmadd(b, key, acc[V::TREE_ORDER[HALF + i]]);
+        for (int j = 0; j < NQ; j++) acc[V::TREE_ORDER[j * PER + i]] = V::fmadd(qx[j], key, acc[V::TREE_ORDER[j * PER + i]]);
       }
     }
     V::store(sums, V::mul(V::sums_of(acc), V::set1(scale)));
-    std::copy(sums, sums + HALF, sa + c);
-    std::copy(sums + HALF, sums + V::LANES, sb + c);
+    for (int j = 0; j < NQ; j++) std::copy(sums + j * PER, sums + (j + 1) * PER, s[j] + c);
   }
 }
 
@@ -170,10 +170,17 @@ void attend(const inferplug_isa::Pool<T>& pool, int64_t kv_head, const int64_t* 
     std::fill(keys + in_tile, keys + TILE, keys[in_tile - 1]);  // past the end: scored, then masked
     // Rows are by ascending length: those that end before the tile are done.
     const int64_t first = std::max<int64_t>(0, t0 + 1 - w.first_length);
-    for (int64_t a = first * group; a < queries; a += 2) {
-      const int64_t b = std::min(a + 1, queries - 1);
-      pair_scores<V>(w.q + a / group * w.q_stride + a % group * d, w.q + b / group * w.q_stride + b % group * d, k,
-                     keys, d, scale, scores + a * TILE, scores + b * TILE);
+    const auto query = [&](int64_t i) { return w.q + i / group * w.q_stride + i % group * d; };
+    int64_t a = first * group;
+    for (; a + 1 < queries; a += 2) {
+      const float* q[2] = {query(a), query(a + 1)};
+      float* s[2] = {scores + a * TILE, scores + (a + 1) * TILE};
+      tile_scores<V, 2>(q, k, keys, d, scale, s);
+    }
+    if (a < queries) {  // a lone last query (a decode row of an MHA model): half the work of pairing it with itself
+      const float* q[1] = {query(a)};
+      float* s[1] = {scores + a * TILE};
+      tile_scores<V, 1>(q, k, keys, d, scale, s);
     }
     for (int64_t r = first; r < w.rows; r++) {
       const int64_t valid = std::min(TILE, w.first_length + r - t0);

@@ -86,7 +86,7 @@ def test_a_row_is_the_same_bits_as_a_decode_row_alone_or_in_another_chunking(ops
 @pytest.mark.parametrize("heads,kv_heads", [(9, 3), (16, 2), (5, 5)])
 def test_a_row_is_the_same_bits_whichever_rows_share_its_vectors(ops, heads, kv_heads):
     """A tile's softmax runs a vector of queries at once and its scores two queries a K load: where a chunk starts
-    moves a row's queries to other lanes and partners (and an odd count pairs one with itself), never its bits."""
+    moves a row's queries to other lanes and partners (and an odd count scores its last query alone), never its bits."""
     q, k_cache, v_cache, tables, _, lens = chunked_inputs(heads=heads, kv_heads=kv_heads, head_dim=64, chunks=[150],
                                                           prefixes=[21], seed=5)
     whole = ops.paged_attention(q, k_cache, v_cache, tables, torch.tensor([0, 150]), lens, 0.125)
