@@ -28,7 +28,7 @@ BACKENDS = ("native", "ctranslate2", "exllamav2", "openai")
 DEFAULT_MAX_NUM_SEQS = {"cpu": 16, "cuda": 256}
 # Tokens a step, so the longest prefill chunk: a running stream waits one step per chunk. On the CPU, 256 rows
 # already run the GEMMs at their full rate (fbgemm fp16: 98 GF/s a core at 256 rows, 101 at 2048), and the paged
-# attention kernel reads a cached prefix once per 16 query rows whatever the chunking: smaller chunks cost prefill
+# attention kernel reads a cached prefix once per 8 query rows whatever the chunking: smaller chunks cost prefill
 # little (a weight pass a step) and cut the streams' stalls 8x against 2048 (bench/prefill.py --streams).
 DEFAULT_BATCHED_TOKENS = {"cpu": 256, "cuda": 8192}
 # Prefill tokens a step may carry beside decode rows (0: the whole budget). On the CPU a decode step streams the

@@ -7,14 +7,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_tests.integration_tests import ChatModelIntegrationTests
 from langchain_tests.unit_tests import ChatModelUnitTests
 
-from inferplug.compute_path_plan import prefill_gemm
-from inferplug.hardware import probe
-from inferplug.profile import load_profile
 from langchain_inferplug import ChatInferPlug
-
-_HOST = probe()
-# the native engine runs the suite on the CPU, multiplying prompt rows in float32 where the CPU lacks AVX512_BF16
-_FLOAT32_PREFILL_ON_CPU = not _HOST.gpus and prefill_gemm(load_profile("smollm2-135m"), _HOST)[0] == "float32"
 
 
 class _Flags:
@@ -66,13 +59,14 @@ class TestChatInferPlugIntegration(_Flags, ChatModelIntegrationTests):
     def test_agent_loop(self, model: BaseChatModel) -> None:
         super().test_agent_loop(model)
 
-    @pytest.mark.xfail(_FLOAT32_PREFILL_ON_CPU, strict=True,
-                       reason="model limit on the float32 prompt-GEMM path (a CPU without AVX512_BF16, or "
-                              "INFERPLUG_NATIVE__PREFILL_GEMM=float32): SmolLM2-135M's forced call keeps "
-                              "customer_name='你好啊集团', then its greedy 'description' loops ('...that specializes "
-                              "in creating a customer with Unicode name. This company is a Chinese technology "
-                              "company...') to max_tokens, so the call comes back cut short (finish_reason 'length', "
-                              "its partial arguments in invalid_tool_calls, as ChatOpenAI gives a cut call) and "
-                              "tool_calls is empty; the bf16 path (AVX512_BF16) closes the call after 53 tokens")
+    @pytest.mark.xfail(strict=False,
+                       reason="model limit at a near-tie (reproduced alone, outside the suite): SmolLM2-135M's forced "
+                              "call keeps customer_name='你好啊集团', then after '...a customer with Unicode name' its "
+                              "grammar-allowed choices '.' and '.\"' score within 0.1-0.15 of each other (greedy). "
+                              "Which wins moves with the kernels' rounding (the prompt GEMM's dtype, the attention's "
+                              "exp, the ISA): '.\"' closes the call after 53 tokens; '.' makes 'description' loop "
+                              "('This company is a Chinese technology company that...') to max_tokens, so the call "
+                              "comes back cut short (finish_reason 'length', its partial arguments in "
+                              "invalid_tool_calls, as ChatOpenAI gives a cut call) and tool_calls is empty")
     def test_unicode_tool_call_integration(self, model: BaseChatModel, **kwargs) -> None:
         super().test_unicode_tool_call_integration(model, **kwargs)

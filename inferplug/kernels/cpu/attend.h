@@ -57,18 +57,28 @@ void weighted_sum(const float* p, int64_t valid, const float* v, const int64_t* 
   for (; h < group; h++) weighted_heads<V, 1>(p + h * TILE, valid, v, keys, d, out + h * d);
 }
 
-// s[0, KEY_TILE) = scale * q . k for the tile's keys: each key's sum over head_dim in V::LANES lanes, then
-// one fixed reduction tree per key (V::sums_of). (Two queries sharing each K load measured no faster.)
-template <typename V>
-void tile_scores(const float* q, const float* k, const int64_t* keys, int64_t d, float scale, float* s) {
-  for (int64_t c = 0; c < inferplug_isa::KEY_TILE; c += V::LANES) {
+// s[j][0, KEY_TILE) = scale * q[j] . k for the tile's keys, for NQ (1 or 2) queries: each (query, key) sum over
+// head_dim in V::LANES lanes, then one fixed reduction tree per sum (V::sums_of, LANES / NQ sums for each query).
+// Two queries share each K load; a sum's arithmetic is the same whichever lane it lands in, so a query gives the
+// same scores alone or paired, with any partner.
+template <typename V, int NQ>
+void tile_scores(const float* const q[NQ], const float* k, const int64_t* keys, int64_t d, float scale,
+                 float* const s[NQ]) {
+  constexpr int64_t PER = V::LANES / NQ;  // keys a pass, for each query
+  alignas(64) float sums[V::LANES];
+  for (int64_t c = 0; c < inferplug_isa::KEY_TILE; c += PER) {
     typename V::F acc[V::LANES];
     for (int64_t i = 0; i < V::LANES; i++) acc[i] = V::zero();
     for (int64_t x = 0; x < d; x += V::LANES) {
-      const auto qx = V::load(q + x);
-      for (int64_t i = 0; i < V::LANES; i++) acc[i] = V::fmadd(qx, V::load(k + keys[c + i] + x), acc[i]);
+      typename V::F qx[NQ];
+      for (int j = 0; j < NQ; j++) qx[j] = V::load(q[j] + x);
+      for (int64_t i = 0; i < PER; i++) {
+        const auto key = V::load(k + keys[c + i] + x);
+        for (int j = 0; j < NQ; j++) acc[V::TREE_ORDER[j * PER + i]] = V::fmadd(qx[j], key, acc[V::TREE_ORDER[j * PER + i]]);
+      }
     }
-    V::store(s + c, V::mul(V::sums_of(acc), V::set1(scale)));
+    V::store(sums, V::mul(V::sums_of(acc), V::set1(scale)));
+    for (int j = 0; j < NQ; j++) std::copy(sums + j * PER, sums + (j + 1) * PER, s[j] + c);
   }
 }
 
@@ -86,6 +96,42 @@ void widen_tile(const inferplug_isa::Half* k, const inferplug_isa::Half* v, int6
   }
 }
 
+// The online softmax of n <= LANES queries' scores for one tile (s: their scores, TILE apart, masked keys -inf), all
+// their statistics in one vector: each query's tile max and sum are one lane of a tree reduction (V::maxes_of,
+// V::sums_of), the same for a query in any lane. The scores become their weights exp(score - max); max and sum
+// are updated, and rescale gets each query's factor on what came before (1 while its max holds, 0 at the start).
+// max, sum and rescale hold LANES entries from the first query: those past n are scratch.
+template <typename V>
+void tile_softmax(float* s, int64_t n, float* max, float* sum, float* rescale) {
+  constexpr int64_t TILE = inferplug_isa::KEY_TILE;
+  typename V::F part[V::LANES];
+  for (int64_t i = 0; i < V::LANES; i++) {
+    auto m = V::zero();
+    if (i < n) {
+      m = V::load(s + i * TILE);
+      for (int64_t c = V::LANES; c < TILE; c += V::LANES) m = V::max(V::load(s + i * TILE + c), m);
+    }
+    part[V::TREE_ORDER[i]] = m;
+  }
+  const auto old = V::load(max), top = V::max(old, V::maxes_of(part));
+  V::store(max, top);
+  const auto factor = exp_nonpositive<V>(V::sub(old, top));
+  V::store(rescale, factor);
+  for (int64_t i = 0; i < V::LANES; i++) {
+    auto total = V::zero();
+    if (i < n) {
+      const auto shift = V::set1(max[i]);
+      for (int64_t c = 0; c < TILE; c += V::LANES) {
+        const auto e = exp_nonpositive<V>(V::sub(V::load(s + i * TILE + c), shift));
+        V::store(s + i * TILE + c, e);
+        total = V::add(total, e);
+      }
+    }
+    part[V::TREE_ORDER[i]] = total;
+  }
+  V::store(sum, V::add(V::mul(V::load(sum), factor), V::sums_of(part)));
+}
+
 // Rows r of `w` (each with `group` query heads, head_dim apart) attend to keys [0, first_length + r).
 // scratch: attend_scratch(w.rows, group, head_dim) floats.
 template <typename V, typename T>
@@ -94,15 +140,17 @@ void attend(const inferplug_isa::Pool<T>& pool, int64_t kv_head, const int64_t* 
   constexpr int64_t TILE = inferplug_isa::KEY_TILE;
   constexpr bool half = std::is_same_v<T, inferplug_isa::Half>;
   const int64_t d = pool.head_dim, bs = pool.block_size, queries = w.rows * group;
-  float* scores = scratch;             // [queries, TILE]
+  const int64_t stats = queries + inferplug_isa::MAX_LANES;  // a vector's lanes past the last query: scratch
+  float* scores = scratch;               // [queries, TILE]
   float* acc = scores + queries * TILE;  // [queries, d]: the unnormalized output
-  float* max = acc + queries * d;      // [queries]: the running max score
-  float* sum = max + queries;          // [queries]: the running softmax denominator
-  float* k_tile = sum + queries;       // [TILE, d] each: an fp16 pool's tile, widened
+  float* max = acc + queries * d;        // [stats]: the running max score
+  float* sum = max + stats;              // [stats]: the running softmax denominator
+  float* rescale = sum + stats;          // [stats]: this tile's factor on the output so far
+  float* k_tile = rescale + stats;       // [TILE, d] each: an fp16 pool's tile, widened
   float* v_tile = k_tile + TILE * d;
   std::fill(acc, acc + queries * d, 0.f);
-  std::fill(max, max + queries, -INFINITY);
-  std::fill(sum, sum + queries, 0.f);
+  std::fill(max, max + stats, -INFINITY);
+  std::fill(sum, sum + stats, 0.f);
   const int64_t head = kv_head * pool.num_blocks * bs * d;
   const T *k_pool = pool.k + head, *v_pool = pool.v + head;
   const float *k, *v;  // where the loops read the tile's rows: the fp32 pools, or the widened tile
@@ -121,28 +169,33 @@ void attend(const inferplug_isa::Pool<T>& pool, int64_t kv_head, const int64_t* 
     if constexpr (half) widen_tile<V>(k_pool, v_pool, keys, in_tile, d, k_tile, v_tile);
     std::fill(keys + in_tile, keys + TILE, keys[in_tile - 1]);  // past the end: scored, then masked
     // Rows are by ascending length: those that end before the tile are done.
-    for (int64_t r = std::max<int64_t>(0, t0 + 1 - w.first_length); r < w.rows; r++) {
+    const int64_t first = std::max<int64_t>(0, t0 + 1 - w.first_length);
+    const auto query = [&](int64_t i) { return w.q + i / group * w.q_stride + i % group * d; };
+    int64_t a = first * group;
+    for (; a + 1 < queries; a += 2) {
+      const float* q[2] = {query(a), query(a + 1)};
+      float* s[2] = {scores + a * TILE, scores + (a + 1) * TILE};
+      tile_scores<V, 2>(q, k, keys, d, scale, s);
+    }
+    if (a < queries) {  // a lone last query (a decode row of an MHA model): half the work of pairing it with itself
+      const float* q[1] = {query(a)};
+      float* s[1] = {scores + a * TILE};
+      tile_scores<V, 1>(q, k, keys, d, scale, s);
+    }
+    for (int64_t r = first; r < w.rows; r++) {
       const int64_t valid = std::min(TILE, w.first_length + r - t0);
-      for (int64_t j = 0; j < group; j++) {
-        const int64_t query = r * group + j;
-        float* s = scores + query * TILE;
-        tile_scores<V>(w.q + r * w.q_stride + j * d, k, keys, d, scale, s);
-        std::fill(s + valid, s + TILE, -INFINITY);
-        const float top = std::max(max[query], *std::max_element(s, s + valid));
-        const float rescale = std::exp(max[query] - top);  // 0 at the first tile, 1 while the max holds
-        auto total = V::zero();
-        for (int64_t c = 0; c < TILE; c += V::LANES) {
-          const auto e = exp_nonpositive<V>(V::sub(V::load(s + c), V::set1(top)));
-          V::store(s + c, e);
-          total = V::add(total, e);
-        }
-        sum[query] = sum[query] * rescale + V::sum(total);
-        max[query] = top;
+      for (int64_t j = 0; j < group; j++) std::fill(scores + (r * group + j) * TILE + valid, scores + (r * group + j + 1) * TILE, -INFINITY);
+    }
+    for (int64_t q0 = first * group; q0 < queries; q0 += V::LANES)
+      tile_softmax<V>(scores + q0 * TILE, std::min(V::LANES, queries - q0), max + q0, sum + q0, rescale + q0);
+    for (int64_t r = first; r < w.rows; r++) {
+      for (int64_t query = r * group; query < (r + 1) * group; query++) {
+        if (rescale[query] == 1.f) continue;
         float* out = acc + query * d;
-        if (rescale != 1.f)
-          for (int64_t x = 0; x < d; x += V::LANES) V::store(out + x, V::mul(V::load(out + x), V::set1(rescale)));
+        for (int64_t x = 0; x < d; x += V::LANES) V::store(out + x, V::mul(V::load(out + x), V::set1(rescale[query])));
       }
-      weighted_sum<V>(scores + r * group * TILE, valid, v, keys, d, group, acc + r * group * d);
+      weighted_sum<V>(scores + r * group * TILE, std::min(TILE, w.first_length + r - t0), v, keys, d, group,
+                      acc + r * group * d);
     }
   }
   for (int64_t r = 0; r < w.rows; r++)

@@ -64,7 +64,10 @@ struct PrefillKernels {  // one precision's, per format
   PrefillInput input;
 };
 constexpr int64_t KEY_TILE = 32;    // attention: keys a tile, at absolute positions (attend.h)
-constexpr int64_t QUERY_TILE = 16;  // attention: query rows of one sequence in one work item
+// attention: query rows of one sequence in one work item. 8 keeps an item's tile work (its q rows, scores and output,
+// the K and V tile: ~31 KB at head_dim 64 and 3 query heads a kv head) in a 48 KB L1; at 16 (~54 KB) a 2k-token
+// prefill's attention ran 1.4x slower on Zen 5.
+constexpr int64_t QUERY_TILE = 8;
 
 // Query rows of one sequence for one kv head: row r's query heads at q + r * q_stride (head_dim apart),
 // its output at out + r * out_stride; row r attends to keys [0, first_length + r).
@@ -75,10 +78,11 @@ struct QueryRows {
   int64_t out_stride, rows, first_length;
 };
 
-// Floats Attend's scratch holds: per query its scores, output, max and sum, then one K and one V tile in fp32
-// (an fp16 pool's tile is widened there once, for every row and head of the item).
+// Floats Attend's scratch holds: per query its scores and output, its max, sum and rescale factor (a vector's
+// lanes past the last query too), then one K and one V tile in fp32 (an fp16 pool's tile is widened there once,
+// for every row and head of the item).
 inline int64_t attend_scratch(int64_t rows, int64_t group, int64_t head_dim) {
-  return rows * group * (KEY_TILE + head_dim + 2) + 2 * KEY_TILE * head_dim;
+  return rows * group * (KEY_TILE + head_dim) + 3 * (rows * group + MAX_LANES) + 2 * KEY_TILE * head_dim;
 }
 
 // The `group` query heads of each row on one kv head, keys read through `blocks` (attend.h).

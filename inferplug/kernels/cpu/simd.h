@@ -44,12 +44,22 @@ struct F256 {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
   }
-  // [sum(a[0]), ..., sum(a[7])]: 8 horizontal sums in one vector (hadd works within 128-bit halves).
-  static F sums_of(const F a[LANES]) {
-    const __m256 low = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-    const __m256 high = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-    return _mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31));
+  // Horizontal reductions of LANES vectors at once (op: add or max), by halving: pairs of vectors fold their
+  // 128-bit halves into one, then pairs of lanes, then lanes; 21 one-uop shuffles and ops. Lane 4j + m of the
+  // result reduces a[2m + j]: the caller puts its i-th vector at a[TREE_ORDER[i]]. Each vector's lanes go through
+  // the same tree wherever it sits, so a value does not depend on its neighbours.
+  static constexpr int TREE_ORDER[LANES] = {0, 2, 4, 6, 1, 3, 5, 7};
+  template <typename Op>
+  static F tree_of(const F a[LANES], Op op) {
+    F b[4], c[2];
+    for (int p = 0; p < 4; p++)
+      b[p] = op(_mm256_permute2f128_ps(a[2 * p], a[2 * p + 1], 0x20), _mm256_permute2f128_ps(a[2 * p], a[2 * p + 1], 0x31));
+    for (int p = 0; p < 2; p++)
+      c[p] = op(_mm256_shuffle_ps(b[2 * p], b[2 * p + 1], 0x44), _mm256_shuffle_ps(b[2 * p], b[2 * p + 1], 0xEE));
+    return op(_mm256_shuffle_ps(c[0], c[1], 0x88), _mm256_shuffle_ps(c[0], c[1], 0xDD));
   }
+  static F sums_of(const F a[LANES]) { return tree_of(a, add); }
+  static F maxes_of(const F a[LANES]) { return tree_of(a, max); }
 };
 
 #ifdef INFERPLUG_AVX512  // isa_avx512.cpp, under its target pragma
@@ -79,14 +89,25 @@ struct F512 {
   static F pow2(F n) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
   }
-  static __m256 halves(F v) { return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)); }
-  static float sum(F v) { return F256::sum(halves(v)); }
-  // 16 sums: each vector folded to 8 lanes, then F256's 8-at-a-time sums.
-  static F sums_of(const F a[LANES]) {
-    __m256 folded[LANES];
-    for (int64_t i = 0; i < LANES; i++) folded[i] = halves(a[i]);
-    return _mm512_insertf32x8(_mm512_castps256_ps512(F256::sums_of(folded)), F256::sums_of(folded + 8), 1);
+  static float sum(F v) {
+    return F256::sum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
   }
+  // As F256's: 256-bit halves, 128-bit quarters, pairs of lanes, lanes; 45 one-uop shuffles and ops. Lane 4j + m
+  // reduces a[4m + j].
+  static constexpr int TREE_ORDER[LANES] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+  template <typename Op>
+  static F tree_of(const F a[LANES], Op op) {
+    F b[8], c[4], e[2];
+    for (int p = 0; p < 8; p++)
+      b[p] = op(_mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0x44), _mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0xEE));
+    for (int p = 0; p < 4; p++)
+      c[p] = op(_mm512_shuffle_f32x4(b[2 * p], b[2 * p + 1], 0x88), _mm512_shuffle_f32x4(b[2 * p], b[2 * p + 1], 0xDD));
+    for (int p = 0; p < 2; p++)
+      e[p] = op(_mm512_shuffle_ps(c[2 * p], c[2 * p + 1], 0x44), _mm512_shuffle_ps(c[2 * p], c[2 * p + 1], 0xEE));
+    return op(_mm512_shuffle_ps(e[0], e[1], 0x88), _mm512_shuffle_ps(e[0], e[1], 0xDD));
+  }
+  static F sums_of(const F a[LANES]) { return tree_of(a, add); }
+  static F maxes_of(const F a[LANES]) { return tree_of(a, max); }
 };
 #endif
 

@@ -83,6 +83,20 @@ def test_a_row_is_the_same_bits_as_a_decode_row_alone_or_in_another_chunking(ops
             assert torch.equal(again, out[first:end]), f"sequence {s}: in two chunks"
 
 
+@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (16, 2), (5, 5)])
+def test_a_row_is_the_same_bits_whichever_rows_share_its_vectors(ops, heads, kv_heads):
+    """A tile's softmax runs a vector of queries at once and its scores two queries a K load: where a chunk starts
+    moves a row's queries to other lanes and partners (and an odd count scores its last query alone), never its bits."""
+    q, k_cache, v_cache, tables, _, lens = chunked_inputs(heads=heads, kv_heads=kv_heads, head_dim=64, chunks=[150],
+                                                          prefixes=[21], seed=5)
+    whole = ops.paged_attention(q, k_cache, v_cache, tables, torch.tensor([0, 150]), lens, 0.125)
+    for cut in (1, 3, 7, 8, 9, 40, 149):
+        pieces = torch.tensor([0, cut, 150])
+        split = ops.paged_attention(q, k_cache, v_cache, tables.expand(2, -1).contiguous(), pieces,
+                                    torch.tensor([21 + cut, 171]), 0.125)
+        assert torch.equal(split, whole), f"cut at {cut}"
+
+
 @pytest.mark.parametrize("change,message", [
     (lambda a: {**a, "context_lens": a["context_lens"].clamp(max=10)}, "no more than its length"),
     (lambda a: {**a, "query_starts": a["query_starts"][:-1]}, r"\[sequences \+ 1\]"),
