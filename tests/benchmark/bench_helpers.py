@@ -1,4 +1,4 @@
-"""Helpers shared by the bench tests (imported by name: pytest puts this dir on sys.path)."""
+"""Helpers shared by the bench tests (imported as tests.benchmark.bench_helpers, as every tests helper is)."""
 
 import argparse
 import socket

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from engine_helpers import made_engines
+
+from tests.engine.engine_helpers import made_engines
 
 
 @pytest.fixture(scope="session")
