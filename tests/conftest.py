@@ -13,6 +13,22 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("INFERPLUG_HOME", str(Path(__file__).resolve().parent.parent / ".inferplug-home"))
 
 
+def pytest_configure(config) -> None:
+    from tests import leak_check
+
+    leak_check.install()
+
+
+@pytest.fixture(autouse=True)
+def engines_end_clean():
+    """After each test, every native engine it built and every one still alive holds no request and has its whole KV
+    pool free (tests/leak_check.py)."""
+    from tests import leak_check
+
+    yield
+    leak_check.check_engines()
+
+
 def _no_cuda() -> bool:
     import torch
 
