@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random Llama/Qwen2/Mistral checkpoints and the real SmolLM2 model."""
+"""Shared fixtures: tiny random Llama/Qwen2/Mistral checkpoints and the real SmolLM2 model; and the leak check every
+test ends with (tests/leak_check.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,20 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("INFERPLUG_HOME", str(Path(__file__).resolve().parent.parent / ".inferplug-home"))
 
 
+def _no_cuda() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+# Without a GPU, Triton kernels (and the engine's attention = "triton") run in Triton's interpreter on CPU
+# tensors. It must be set before triton is first imported.
+if _no_cuda():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
 def pytest_configure(config) -> None:
+    """The leak check's hook on the engine classes (after TRITON_INTERPRET above: it imports the engine)."""
     from tests import leak_check
 
     leak_check.install()
@@ -28,17 +42,6 @@ def engines_end_clean():
     yield
     leak_check.check_engines()
 
-
-def _no_cuda() -> bool:
-    import torch
-
-    return not torch.cuda.is_available()
-
-
-# Without a GPU, Triton kernels (and the engine's attention = "triton") run in Triton's interpreter on CPU
-# tensors. It must be set before triton is first imported.
-if _no_cuda():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 TINY_COMMON = dict(
     vocab_size=320,
