@@ -112,8 +112,8 @@ def answers(engine) -> dict[str, tuple[list[int], str]]:
 
 def tiny_profile(out: Path) -> str:
     """A profile for the tests' tiny random Llama (tests/conftest.py), written under `out`."""
-    sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-    from conftest import _save_tiny
+    sys.path.insert(0, str(Path(__file__).parents[1]))  # the repo root: tests.conftest
+    from tests.conftest import _save_tiny
 
     model = _save_tiny("llama", out / "tiny-llama")
     path = out / "tiny.toml"

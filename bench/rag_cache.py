@@ -97,7 +97,8 @@ def main() -> None:
     ap.add_argument("--answer-tokens", type=int, default=24)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--paper", action="store_true",
-                    help="the CacheBlend-shaped workload (bench/rag_paper_workload.py) with each recompute policy")
+                    help="the CacheBlend-shaped workload (inferplug/benchmark/rag_paper_workload.py) with each "
+                         "recompute policy")
     ap.add_argument("--fractions", default="0.05,0.15,0.30", help="--paper: the recompute fractions tried")
     ap.add_argument("--no-prefix", action="store_true", help="--paper: skip the prefix-caching mode")
     ap.add_argument("--entities", type=int, default=12, help="--paper: workshops (and people): 2x this many chunks")

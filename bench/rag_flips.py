@@ -8,15 +8,10 @@ and both runs' top-3 log-probabilities there (a near-tie in the full run is what
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from rag_paper_workload import make_paper_workload  # noqa: E402
-
-from inferplug.rag import document_spans, rag_messages  # noqa: E402
-from inferplug.types import Request, SamplingParams  # noqa: E402
+from inferplug.benchmark.rag_paper_workload import make_paper_workload
+from inferplug.rag import document_spans, rag_messages
+from inferplug.types import Request, SamplingParams
 
 
 def _run(engine, messages, docs, salt: str, rid: str, max_tokens: int, hinted: bool = True) -> list:

@@ -1,4 +1,5 @@
-"""bench/rag_cache.py --paper: the CacheBlend-shaped workload (bench/rag_paper_workload.py) under each cache mode.
+"""bench/rag_cache.py --paper: the CacheBlend-shaped workload (inferplug/benchmark/rag_paper_workload.py) under each
+cache mode.
 
 One request at a time, greedy answers of up to --answer-tokens tokens. Modes:
   none              canonical layout, nothing reused (salted apart): the full recompute each RAG mode is held to
@@ -14,12 +15,8 @@ against `none` on the same prompt (the quality rule of issue 28: >= 90% identica
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from rag_paper_workload import make_paper_workload  # noqa: E402
+from inferplug.benchmark.rag_paper_workload import make_paper_workload
 
 POLICIES = ("deviation", "chunk_heads")
 

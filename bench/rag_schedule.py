@@ -1,5 +1,6 @@
 """Cache-aware scheduling under concurrent clients (issue 28, item 4): FIFO against `[cache] schedule =
-"cache_aware"` on the paper-shaped workload (bench/rag_paper_workload.py), RAG layout with document hints.
+"cache_aware"` on the paper-shaped workload (inferplug/benchmark/rag_paper_workload.py), RAG layout with document
+hints.
 
 Two arrival modes. Closed loop (default): --clients clients share --queries questions (client i sends questions
 i, i + clients, ...); each sends its next as soon as its last answer ends, so requests queue while others
@@ -26,16 +27,12 @@ import argparse
 import json
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from rag_paper_workload import make_paper_workload  # noqa: E402
-
-from inferplug.rag import document_spans, rag_messages  # noqa: E402
-from inferplug.types import Request, SamplingParams  # noqa: E402
+from inferplug.benchmark.rag_paper_workload import make_paper_workload
+from inferplug.rag import document_spans, rag_messages
+from inferplug.types import Request, SamplingParams
 
 SCHEDULES = ("fifo", "cache_aware")
 

@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random Llama/Qwen2/Mistral checkpoints and the real SmolLM2 model."""
+"""Shared fixtures: tiny random Llama/Qwen2/Mistral checkpoints and the real SmolLM2 model; and the leak check every
+test ends with (tests/leak_check.py)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,24 @@ def _no_cuda() -> bool:
 # tensors. It must be set before triton is first imported.
 if _no_cuda():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_configure(config) -> None:
+    """The leak check's hook on the engine classes (after TRITON_INTERPRET above: it imports the engine)."""
+    from tests import leak_check
+
+    leak_check.install()
+
+
+@pytest.fixture(autouse=True)
+def engines_end_clean():
+    """After each test, every native engine it built and every one still alive holds no request and has its whole KV
+    pool free (tests/leak_check.py)."""
+    from tests import leak_check
+
+    yield
+    leak_check.check_engines()
+
 
 TINY_COMMON = dict(
     vocab_size=320,

@@ -237,9 +237,8 @@ class AsyncEngine:
         for rid, batch in batches.items():
             last = batch[-1].usage is not None
             channel = self._streams.pop(rid, None) if last else self._streams.get(rid)
-            if last:  # _ended's work, inline: this runs for every request's last step
-                with self._inbox_lock:
-                    self._open.discard(rid)
+            if last:
+                self._ended(rid)
             if channel is not None:
                 channel.send(batch, last=last)
 

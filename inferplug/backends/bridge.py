@@ -73,9 +73,7 @@ def consume_sync(submit: Callable[[EventChannel], None], cancel: Callable[[], No
     submit(channel)
     try:
         while True:
-            left = None if deadline is None else deadline - time.monotonic()
-            if (left is not None and left <= 0) or not channel._ready.wait(left):  # past it even as events come
-                raise _timed_out(timeout)
+            _wait_in_thread(channel, deadline, timeout)
             items, ended = channel._take()
             for item in items:
                 if isinstance(item, BaseException):
@@ -100,9 +98,7 @@ def consume_all_sync(submits: list[Callable[[EventChannel], None]], cancels: lis
             submit(channel)
         ended = []
         for channel in channels:
-            left = None if deadline is None else deadline - time.monotonic()
-            if (left is not None and left <= 0) or not channel._ready.wait(left):
-                raise _timed_out(timeout)
+            _wait_in_thread(channel, deadline, timeout)
             items = channel._take()[0]
             failed = any(isinstance(item, BaseException) for item in items)
             ended.append(_unpack(items) if failed else items)
@@ -136,6 +132,13 @@ async def consume_async(submit: Callable[[EventChannel], None], cancel: Callable
     finally:
         if not channel._ended:
             await asyncio.to_thread(cancel)
+
+
+def _wait_in_thread(channel: EventChannel, deadline: float | None, timeout: float | None) -> None:
+    """Block this thread until the channel has news; past `deadline` GenerationError, even as events come."""
+    left = None if deadline is None else deadline - time.monotonic()
+    if (left is not None and left <= 0) or not channel._ready.wait(left):
+        raise _timed_out(timeout)
 
 
 def _timed_out(timeout: float | None) -> GenerationError:

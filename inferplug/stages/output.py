@@ -161,7 +161,10 @@ def __getattr__(name: str) -> Any:
     if name == "RequestOutput":
         import warnings
 
+        from inferplug.errors import InferPlugDeprecationWarning
+
         warnings.warn("inferplug.stages.output.RequestOutput is renamed RequestChoices (the output stage's per-request "
-                      "state); the public request output is inferplug.RequestOutput", DeprecationWarning, stacklevel=2)
+                      "state); the public request output is inferplug.RequestOutput", InferPlugDeprecationWarning,
+                      stacklevel=2)
         return RequestChoices
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

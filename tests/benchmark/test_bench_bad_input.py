@@ -3,10 +3,10 @@
 import json
 
 import pytest
-from bench_helpers import free_port, parse
 
 from inferplug.commands import bench
 from inferplug.errors import InferPlugError
+from tests.benchmark.bench_helpers import free_port, parse
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,9 @@ import sys
 import time
 
 import pytest
-from bench_helpers import free_port, parse
 
 from inferplug.commands import bench
+from tests.benchmark.bench_helpers import free_port, parse
 
 LATENCY_KEYS = {"mean", "median", "p90", "p99"}
 TOP_KEYS = {

@@ -1,13 +1,8 @@
 """bench/peers.py's report: the ratio table and the docs section it rewrites in place."""
 
-import importlib.util
-import sys
-from pathlib import Path
+from tests.benchmark.bench_helpers import load_bench
 
-PEERS = Path(__file__).resolve().parents[2] / "bench" / "peers.py"
-spec = importlib.util.spec_from_file_location("bench_peers", PEERS)
-peers = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look it up there
-spec.loader.exec_module(peers)
+peers = load_bench("peers")
 
 
 def results():

@@ -1,24 +1,14 @@
 """bench/prefill.py's flags (the OpenVINO peer's among them), its per-round ratio table, and the OpenVINO peer's
 failure report. None of it needs OpenVINO: CI has no OpenVINO venv."""
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from tests.benchmark.bench_helpers import load_bench
 
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-prefill = load("prefill")
-openvino_peer = load("openvino_peer")
+prefill = load_bench("prefill")
+openvino_peer = load_bench("openvino_peer")
 
 
 def rejected(capsys, *argv: str) -> str:

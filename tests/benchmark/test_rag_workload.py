@@ -3,10 +3,10 @@
 import json
 
 import pytest
-from bench_helpers import parse
 
 from inferplug.benchmark.rag import rag_requests
 from inferplug.commands import bench
+from tests.benchmark.bench_helpers import parse
 
 
 def test_rag_requests_carry_document_spans(tiny_llama_dir):

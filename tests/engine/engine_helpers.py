@@ -11,9 +11,6 @@ from inferplug.engine.llm_engine import LLMEngine
 from inferplug.models.loader import load_tokenizer, load_weights, read_config
 from inferplug.types import Event, Request, SamplingParams
 
-made_engines: list[LLMEngine] = []  # checked by the autouse fixture in conftest.py
-
-
 
 def make_engine(model_dir: Path, draft=None, **overrides) -> LLMEngine:
     """An fp32 engine on a local model dir or GGUF file (the pool is checked after the test)."""
@@ -22,7 +19,6 @@ def make_engine(model_dir: Path, draft=None, **overrides) -> LLMEngine:
     engine = LLMEngine(read_config(model_dir), load_weights(model_dir, config.torch_dtype), tokenizer, config,
                        render_chat=lambda messages, tools: tokenizer.apply_chat_template(
                            messages, tools=tools, tokenize=False, add_generation_prompt=True), draft=draft)
-    made_engines.append(engine)
     return engine
 
 

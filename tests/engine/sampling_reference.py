@@ -1,6 +1,7 @@
 """The reference the sampler tests compare with: transformers' logits processors in `generate()`'s
 order, with vLLM's choices where we follow vLLM (see test_sampler_reference.py), on rows of logits
-with ties and extreme values, each with its own parameters."""
+with ties and extreme values, each with its own parameters; and the chi-square test the statistics tests
+(test_sampler_statistics.py, test_spec_decode_statistics.py) draw against it."""
 
 from __future__ import annotations
 
@@ -90,3 +91,18 @@ def reference(raw: torch.Tensor, p: SamplingParams, output: list[int], min_p_las
     for warper in after:
         scores = warper(input_ids, scores)
     return torch.softmax(scores[0], dim=-1)
+
+
+P_FAIL = 1e-4  # the statistics tests fail below this p-value of Pearson's chi-square
+
+
+def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson's test of counts against probs; bins expecting fewer than 5 draws are pooled into one."""
+    expected = probs.double() * counts.sum()
+    small = expected < 5
+    observed = torch.cat([counts[~small], counts[small].sum()[None]]).double()
+    expected = torch.cat([expected[~small], expected[small].sum()[None]])
+    keep = expected > 0
+    statistic = ((observed[keep] - expected[keep]) ** 2 / expected[keep]).sum()
+    dof = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), statistic / 2))

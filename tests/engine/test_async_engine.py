@@ -6,11 +6,11 @@ import asyncio
 import threading
 
 import pytest
-from engine_helpers import greedy, make_engine, prompts_of
 
 from inferplug.backends.async_engine import AsyncEngine
 from inferplug.errors import BackendUnavailable, RequestError
 from inferplug.types import Request
+from tests.engine.engine_helpers import greedy, make_engine, prompts_of
 
 
 @pytest.fixture

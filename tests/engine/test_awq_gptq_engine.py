@@ -7,13 +7,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine_helpers import greedy, make_engine, run_all, spy_fused_steps, tokens_and_logprobs, tokens_of, unfuse_steps
 from inferplug.models.loader import load_weights
 from inferplug.quant.block_linear import BlockLinear
 from inferplug.quant.checkpoint_layers import GroupInt4Linear, PermutedLinear, checkpoint_layer, q4_layer, q8_layer
 from inferplug.quant.linear import quantize_model
 from inferplug.types import Request
-from quant_fixtures import INT4_NAMES, NAMES, fixture_dir, float_model, reference, reference_weights, unpacked
+from tests.engine.engine_helpers import (greedy, make_engine, run_all, spy_fused_steps, tokens_and_logprobs, tokens_of,
+                                         unfuse_steps)
+from tests.quant_fixtures import INT4_NAMES, NAMES, fixture_dir, float_model, reference, reference_weights, unpacked
 
 # Our decode steps round activations to int8 per 32 inputs (as llama.cpp does), the lm_head is a Q8_0 copy of the
 # embedding, and each Q4_1 block's min is fp16: tokens may part from GPTQModel's only where its top two logits

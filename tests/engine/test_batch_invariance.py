@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import make_engine, prompts_of, run_all
 
 from inferplug.quant.block_linear import PREFILL_GEMMS
 from inferplug.types import Request, SamplingParams
+from tests.engine.engine_helpers import make_engine, prompts_of, run_all
 
 
 def _engine(model_dir, fmt, prefill_gemm="float32", **overrides):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import greedy, hf_model, make_engine, prompts_of, run_all, tokens_of
 
 from inferplug.types import Request, SamplingParams
+from tests.engine.engine_helpers import greedy, hf_model, make_engine, prompts_of, run_all, tokens_of
 
 
 def beam(width: int, max_tokens: int, **kw) -> SamplingParams:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from inferplug.rag import rag_prompt
 from inferplug.rag.layout import document_spans
 from inferplug.types import Request
+from tests.engine.engine_helpers import greedy, make_engine, run_all, tokens_of
 
-from engine_helpers import greedy, make_engine, run_all, tokens_of
 
 CACHED = ["The red fox lives in the northern forest and eats berries.",
           "Blue whales sing long songs that travel across the ocean."]

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import greedy, make_engine, prompts_of, run_all, tokens_of
 
 from inferplug.ops.cuda_graphs import batch_buckets
 from inferplug.types import Request
+from tests.engine.engine_helpers import greedy, make_engine, prompts_of, run_all, tokens_of
 
 
 def test_buckets_cover_every_batch_size_up_to_max_num_seqs():

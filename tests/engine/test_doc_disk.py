@@ -16,8 +16,8 @@ from inferplug.errors import ProfileError
 from inferplug.rag import document_key, rag_prompt
 from inferplug.rag.layout import document_spans
 from inferplug.types import Request
+from tests.engine.engine_helpers import greedy, make_engine, run_all, tokens_of
 
-from engine_helpers import greedy, make_engine, run_all, tokens_of
 
 DOCS = ["The red fox lives in the northern forest and eats berries.",
         "Blue whales sing long songs that travel across the ocean.",

@@ -9,7 +9,6 @@ import shutil
 
 import pytest
 import torch
-from engine_helpers import greedy, hf_model, make_engine, prompts_of, run_all, tokens_of
 
 from inferplug.backends.native import build_engine, load_draft
 from inferplug.engine.config import EngineConfig
@@ -19,6 +18,7 @@ from inferplug.hardware import Hardware
 from inferplug.profile import ModelSource, load_profile
 from inferplug.resolver import resolve
 from inferplug.types import Request, SamplingParams
+from tests.engine.engine_helpers import greedy, hf_model, make_engine, prompts_of, run_all, tokens_of
 
 DRAFT = {"speculative_method": "draft", "num_speculative_tokens": 3}
 
@@ -104,9 +104,8 @@ def test_a_draft_with_another_vocabulary_size_is_a_profile_error(tiny_llama_dir,
 
 def test_a_gptq_target_runs_a_float_draft_quantized_to_int4(cpu_kernel_ops, tmp_path):
     """The checkpoint's format loads only packed layers; a float draft beside it takes int4 (the same Q4_1 blocks)."""
-    from quant_fixtures import fixture_dir, float_model
-
     from inferplug.quant.block_linear import BlockLinear
+    from tests.quant_fixtures import fixture_dir, float_model
 
     target, draft = fixture_dir("gptq-actorder-g32"), tmp_path / "draft"
     float_model("gptq-actorder-g32").save_pretrained(draft)  # the target's own weights, dequantized: a draft that agrees

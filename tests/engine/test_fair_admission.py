@@ -4,9 +4,8 @@ than one freed seat. Real engine on the tiny Llama; the bound is counted in engi
 
 from __future__ import annotations
 
-from engine_helpers import greedy, make_engine, run_all, tokens_of
-
 from inferplug.types import Request
+from tests.engine.engine_helpers import greedy, make_engine, run_all, tokens_of
 
 MAX_TOKENS = 16  # each flood sequence frees its seat within this many steps of decoding
 

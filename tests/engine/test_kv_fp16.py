@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import make_engine, prompts_of, run_all, text_of
 
 from inferplug.types import Request, SamplingParams
+from tests.engine.engine_helpers import make_engine, prompts_of, run_all, text_of
 
 # fp16 keeps 11 significant bits: each stored K/V value moves by at most 2^-11 (~5e-4) of itself, and the logits
 # by the same order through the layers. Measured, the sampled token's and the top 5's logprobs moved at most 4e-4

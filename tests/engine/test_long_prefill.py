@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from engine_helpers import greedy, hf_greedy, make_engine, prompts_of, run_all, tokens_of
 
 from inferplug.errors import RequestError
 from inferplug.types import Request, SamplingParams
+from tests.engine.engine_helpers import greedy, hf_greedy, make_engine, prompts_of, run_all, tokens_of
 
 
 def test_long_prompt_in_odd_chunks_and_after_a_prefix_hit_matches_hf(tiny_model_dir):

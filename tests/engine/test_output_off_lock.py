@@ -4,11 +4,11 @@ engine's synchronous step does; a stop string it finds still ends the request wi
 from __future__ import annotations
 
 import pytest
-from engine_helpers import greedy, make_engine, prompts_of, run_all
 
 from inferplug.backends.async_engine import AsyncEngine
 from inferplug.stages.detokenizer import IncrementalDetokenizer
 from inferplug.types import Request
+from tests.engine.engine_helpers import greedy, make_engine, prompts_of, run_all
 
 
 @pytest.fixture

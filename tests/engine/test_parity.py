@@ -8,7 +8,7 @@ import torch
 
 from inferplug.ops import TorchOps
 from inferplug.types import Request, SamplingParams
-from engine_helpers import greedy, hf_greedy, hf_model, make_engine, prompts_of, run_all, tokens_of
+from tests.engine.engine_helpers import greedy, hf_greedy, hf_model, make_engine, prompts_of, run_all, tokens_of
 
 
 def test_single_request_matches_hf(tiny_model_dir):

@@ -8,11 +8,12 @@ import copy
 
 import pytest
 import torch
-from engine_helpers import greedy, hf_generate, hf_model, make_engine, prompts_of, run_all, text_of, tokens_of
 
 from inferplug.ops import TorchOps
 from inferplug.quant.linear import quantize_model
 from inferplug.types import Request, SamplingParams
+from tests.engine.engine_helpers import (greedy, hf_generate, hf_model, make_engine, prompts_of, run_all, text_of,
+                                         tokens_of)
 
 
 def _rounded_linears(model, dtype: torch.dtype):

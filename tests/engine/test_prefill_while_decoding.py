@@ -4,10 +4,9 @@ and the prompt still gets the whole budget once it prefills alone. Answers match
 
 from __future__ import annotations
 
-from engine_helpers import greedy, hf_greedy, make_engine, prompts_of, run_all, tokens_of
-
 from inferplug.engine.model_runner import is_decode_row
 from inferplug.types import Request
+from tests.engine.engine_helpers import greedy, hf_greedy, make_engine, prompts_of, run_all, tokens_of
 
 
 def test_prefill_beside_decode_rows_is_capped_and_answers_match_hf(tiny_model_dir):

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import hf_model, make_engine, prompts_of, run_all
 
 from inferplug.errors import RequestError
 from inferplug.types import Request, SamplingParams
+from tests.engine.engine_helpers import hf_model, make_engine, prompts_of, run_all
 
 TOP = 3
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import (greedy, hf_generate, hf_model, make_engine, prompts_of, run_all, spy_fused_steps, text_of,
-                            tokens_and_logprobs, tokens_of, unfuse_steps)
-from quant_reference import weights_reference
 
 from inferplug.models.loader import read_config
 from inferplug.types import Request, SamplingParams
+from tests.engine.engine_helpers import (greedy, hf_generate, hf_model, make_engine, prompts_of, run_all, spy_fused_steps,
+                                         text_of, tokens_and_logprobs, tokens_of, unfuse_steps)
+from tests.quant_reference import weights_reference
 
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers.",
              "Explain gravity to a child in two sentences."]

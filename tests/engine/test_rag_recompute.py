@@ -7,12 +7,12 @@ from __future__ import annotations
 import math
 
 import pytest
-from engine_helpers import greedy, make_engine, run_all, tokens_and_logprobs
 
 from inferplug.engine.rag_recompute import RecomputePolicy, runs
 from inferplug.rag import rag_prompt
 from inferplug.rag.layout import document_spans
 from inferplug.types import Request
+from tests.engine.engine_helpers import greedy, make_engine, run_all, tokens_and_logprobs
 
 DOCS = ["The red fox lives in the northern forest and eats berries all summer long.",
         "Blue whales sing long songs that travel across the cold ocean for miles.",

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from engine_helpers import greedy, make_engine, prompts_of, run_all, text_of, tokens_of
 
 from inferplug.errors import RequestError
 from inferplug.types import Request, SamplingParams
+from tests.engine.engine_helpers import greedy, make_engine, prompts_of, run_all, text_of, tokens_of
 
 qwen2_only = pytest.mark.parametrize("tiny_model_dir", ["qwen2"], indirect=True)  # the least peaked tiny model
 

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sampling_reference import EOS, ROWS, STOP, reference, row_logits, row_seq
 
 from inferplug.engine.sampler import processed_logits, sampling_probs
 from inferplug.types import SamplingParams
+from tests.engine.sampling_reference import EOS, ROWS, STOP, reference, row_logits, row_seq
 
 def _ours(raw: torch.Tensor, p: SamplingParams, output: list[int]) -> torch.Tensor:
     return sampling_probs(processed_logits(raw, row_seq(p, output), [EOS]), p)

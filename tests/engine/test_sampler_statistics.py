@@ -8,23 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sampling_reference import EOS, ROWS, reference, row_logits, row_seq
 
 from inferplug.engine.sampler import Sampler
+from tests.engine.sampling_reference import EOS, P_FAIL, ROWS, chi_square_p, reference, row_logits, row_seq
 
-DRAWS, P_FAIL = 10_000, 1e-4
-
-
-def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Pearson's test of counts against probs; bins expecting fewer than 5 draws are pooled into one."""
-    expected = probs.double() * counts.sum()
-    small = expected < 5
-    observed = torch.cat([counts[~small], counts[small].sum()[None]]).double()
-    expected = torch.cat([expected[~small], expected[small].sum()[None]])
-    keep = expected > 0
-    statistic = ((observed[keep] - expected[keep]) ** 2 / expected[keep]).sum()
-    dof = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), statistic / 2))
+DRAWS = 10_000
 
 
 def draw_counts(row: int) -> torch.Tensor:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import greedy, make_engine, run_all, tokens_of
 
 from inferplug.quant.linear import quantize_model
 from inferplug.types import Request, SamplingParams
+from tests.engine.engine_helpers import greedy, make_engine, run_all, tokens_of
 
 pytestmark = pytest.mark.smollm2
 

@@ -5,7 +5,6 @@ quantized weights; both pools (the target's, the draft's) get every block back; 
 from __future__ import annotations
 
 import pytest
-from engine_helpers import make_engine, prompts_of, run_all, text_of, tokens_of
 
 from inferplug.backends.native import load_draft
 from inferplug.engine.config import EngineConfig
@@ -13,6 +12,7 @@ from inferplug.engine.sequence import Sequence
 from inferplug.engine.spec_decode import NgramProposer
 from inferplug.profile import ModelSource
 from inferplug.types import Request, SamplingParams
+from tests.engine.engine_helpers import make_engine, prompts_of, run_all, text_of, tokens_of
 
 TEXT = ("The quick brown fox jumps over the lazy dog. The lazy dog sleeps while the quick brown fox runs. "
         "Repeat after me: the quick brown fox jumps over the lazy dog.")

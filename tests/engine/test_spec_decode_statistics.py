@@ -6,12 +6,12 @@ and at the second (given the first proposal was accepted). Threshold: P_FAIL = 1
 from __future__ import annotations
 
 import torch
-from engine_helpers import hf_model
-from test_sampler_statistics import P_FAIL, chi_square_p
 
 from inferplug.engine.sampler import Sampler
 from inferplug.engine.sequence import Sequence
 from inferplug.types import SamplingParams
+from tests.engine.engine_helpers import hf_model
+from tests.engine.sampling_reference import P_FAIL, chi_square_p
 
 DRAWS = 12_000
 

@@ -8,14 +8,15 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import psutil
 import pytest
 import torch
-from engine_helpers import greedy, make_engine, prompts_of, run_all, tokens_of
 
 from inferplug.errors import ProfileError
 from inferplug.types import Request, SamplingParams
+from tests.engine.engine_helpers import greedy, make_engine, prompts_of, run_all, tokens_of
 
 
 @pytest.fixture(autouse=True)
@@ -138,7 +139,7 @@ def test_a_dead_worker_fails_the_step_not_the_process(tiny_llama_dir):
 SCRIPT = """
 import os, sys
 sys.path[:0] = {paths!r}
-from engine_helpers import make_engine
+from tests.engine.engine_helpers import make_engine
 if __name__ == "__main__":
     engine = make_engine({model!r}, tensor_parallel_size=2)
     print(" ".join(str(w.pid) for w in engine.runner.workers), flush=True)
@@ -151,7 +152,7 @@ if __name__ == "__main__":
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill"])
 def test_stopping_rank_zero_leaves_no_worker(tiny_llama_dir, tmp_path, sig):
     script = tmp_path / "serve.py"
-    paths = [os.path.dirname(__file__), *sys.path]
+    paths = [str(Path(__file__).resolve().parents[2]), *sys.path]  # the repo root, for tests.engine.engine_helpers
     script.write_text(textwrap.dedent(SCRIPT.format(paths=paths, model=str(tiny_llama_dir))))
     rank0 = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import greedy, hf_greedy, make_engine, prompts_of, run_all, tokens_of
 
 from inferplug.types import Request
+from tests.engine.engine_helpers import greedy, hf_greedy, make_engine, prompts_of, run_all, tokens_of
 
 
 def _generate(model_dir, attention: str):

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from inferplug.kernels.paged_attention_ref import paged_attention_decode_ref, random_pool
-from kernel_checks import relative_error
-from sdpa_reference import sdpa_decode
 
 from inferplug.kernels.paged_attention import paged_attention_decode  # imports triton; conftest set the interpreter first
+from tests.kernels.kernel_checks import relative_error
+from tests.sdpa_reference import sdpa_decode
 
 
 @pytest.mark.parametrize(

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_checks import relative_error
 
 from inferplug.kernels.prefill_attention_ref import prefill_attention_ref, random_prefill
 
 from inferplug.kernels.prefill_attention import prefill_attention  # imports triton; conftest set the interpreter first
+from tests.kernels.kernel_checks import relative_error
 
 # (cached prefix, new tokens): lengths 1, 15, 16, 17 and a few hundred, chunks that start and end inside a block
 # and on its boundary, and a one-token chunk over a long prefix (a prefix hit that leaves one token to compute).

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_checks import relative_error
 
 from inferplug.kernels.layer_ops_ref import add_rms_norm_ref, rope_ref, store_kv_ref
 from inferplug.ops.attention import write_kv
 from inferplug.ops.torch_ops import TorchOps, apply_rope
 
 from inferplug.kernels.layer_ops import add_rms_norm, rope_, store_kv  # imports triton; conftest set the interpreter
+from tests.kernels.kernel_checks import relative_error
 
 DTYPES = [torch.float32, torch.float16]  # bf16 on CUDA only: the interpreter's bf16 is its raw bits
 

@@ -14,7 +14,7 @@ from inferplug.models.conversion_cache import cached_weights
 from inferplug.models.loader import load_weights
 from inferplug.quant.block_linear import BlockLinear
 from inferplug.quant.checkpoint_layers import GroupInt4Linear, PermutedLinear
-from quant_fixtures import NAMES, fixture_dir
+from tests.quant_fixtures import NAMES, fixture_dir
 
 
 @pytest.fixture

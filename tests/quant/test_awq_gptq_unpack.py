@@ -13,7 +13,7 @@ from inferplug.errors import ProfileError
 from inferplug.models.loader import load_weights
 from inferplug.models.quant_checkpoint import quantized_layers, read_quant_spec
 from inferplug.quant.group_int4 import unpack_awq, unpack_gptq
-from quant_fixtures import NAMES, editable_copy, fixture_dir, reference_weights, unpacked
+from tests.quant_fixtures import NAMES, editable_copy, fixture_dir, reference_weights, unpacked
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -6,10 +6,10 @@ import copy
 
 import pytest
 import torch
-from quant_reference import weights_reference, with_int8_inputs
 
 from inferplug.models.loader import load_tokenizer, load_weights, read_config
 from inferplug.quant.linear import quantize_model
+from tests.quant_reference import weights_reference, with_int8_inputs
 
 pytestmark = pytest.mark.smollm2
 

@@ -7,9 +7,10 @@ import pytest
 
 
 def test_the_stages_old_request_output_name_warns_and_names_the_new_ones():
+    from inferplug.errors import InferPlugDeprecationWarning
     from inferplug.stages import output
 
-    with pytest.warns(DeprecationWarning, match="renamed RequestChoices.*public request output is "
+    with pytest.warns(InferPlugDeprecationWarning, match="renamed RequestChoices.*public request output is "
                                                 "inferplug.RequestOutput"):
         old = output.RequestOutput
     assert old is output.RequestChoices

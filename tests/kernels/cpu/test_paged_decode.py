@@ -69,7 +69,7 @@ def test_bad_inputs_are_refused(ops, change, message):
 # --- torch's SDPA as a second, independent reference (tests/sdpa_reference.py) --------------------------------
 @pytest.mark.parametrize("heads,kv_heads,block_size", [(9, 3, 16), (8, 2, 4), (4, 4, 8)])
 def test_matches_torch_sdpa(ops, heads, kv_heads, block_size):
-    from sdpa_reference import sdpa_decode
+    from tests.sdpa_reference import sdpa_decode
 
     seq_lens = [1, block_size, block_size + 1, 7, 50, 300]
     q, k_cache, v_cache, tables, lens = random_pool(batch=len(seq_lens), heads=heads, kv_heads=kv_heads, head_dim=64,

@@ -1,0 +1,43 @@
+"""Every bench/*.py imports (so a renamed function one of them imports fails here, not on the day a figure is
+taken), and each script whose main() reads its own flags answers --help. Imported as `python bench/NAME.py` runs
+them: with bench/ first on sys.path, so that they find each other."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+
+import pytest
+
+from tests.benchmark.bench_helpers import BENCH, load_bench
+
+SCRIPTS = sorted(path.stem for path in BENCH.glob("*.py"))
+
+
+@pytest.fixture
+def as_a_script():
+    """bench/ first on sys.path, as `python bench/NAME.py` has it; sys.path and the modules the script brought
+    from bench/ are put back after, so the rest of the run never sees them."""
+    saved_path, saved_modules = sys.path[:], set(sys.modules)
+    sys.path.insert(0, str(BENCH))
+    yield
+    sys.path[:] = saved_path
+    for name in set(sys.modules) - saved_modules:
+        if str(getattr(sys.modules[name], "__file__", None) or "").startswith(str(BENCH)):
+            del sys.modules[name]
+
+
+def test_the_scripts_are_found():
+    assert {"rag_cache", "rag_paper_7b", "engine_throughput", "peers"} <= set(SCRIPTS)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_each_bench_script_imports_and_answers_help(name, as_a_script, monkeypatch, capsys):
+    module = load_bench(name)
+    main = getattr(module, "main", None)
+    if main is None or any(p.default is p.empty for p in inspect.signature(main).parameters.values()):
+        return  # a library of the others (or a worker another starts), or a main() given its paths by its caller
+    monkeypatch.setattr(sys, "argv", [f"bench/{name}.py", "--help"])
+    with pytest.raises(SystemExit) as exit_:
+        main()
+    assert exit_.value.code == 0 and capsys.readouterr().out.startswith("usage:")
