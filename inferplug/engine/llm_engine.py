@@ -40,15 +40,16 @@ class LLMEngine:
     def __init__(
         self, model_config: ModelConfig, state_dict: dict[str, torch.Tensor], tokenizer: Any,
         config: EngineConfig | None = None, *, render_chat: Callable[..., str] | None = None,
-        draft: DraftModel | None = None,
+        draft: DraftModel | None = None, reasoning_parser: str | None = None,
     ):
-        """`draft`: the model that proposes tokens when config.speculative_method is "draft" (engine/draft.py)."""
+        """`draft`: the model that proposes tokens when config.speculative_method is "draft" (engine/draft.py).
+        `reasoning_parser`: the output stage's parser for think text (stages/reasoning.py; None: no split)."""
         from inferplug.models.llama import LlamaModel
 
         self.config = config = config or EngineConfig()
         self.model_config, self.tokenizer = model_config, tokenizer
         self.render_chat = render_chat
-        self.reasoning_parser: str | None = None  # stages/reasoning.py's parser for think text; the backend sets it
+        self.reasoning_parser = reasoning_parser
         limit = min(model_config.max_position_embeddings, config.num_kv_blocks * config.block_size)
         if model_config.sliding_window:  # we attend to the full context, which is exact only inside the window
             limit = min(limit, model_config.sliding_window)
@@ -71,7 +72,8 @@ class LLMEngine:
             graphs = config.cuda_graphs and config.device.startswith("cuda")  # decode steps per batch-size bucket
             self.runner = ModelRunner(model, num_blocks=config.num_kv_blocks, block_size=config.block_size,
                                       sampler=sampler, max_num_seqs=config.max_num_seqs if graphs else 0,
-                                      max_model_len=self.max_model_len)
+                                      max_model_len=self.max_model_len, weight_format=config.weight_format,
+                                      prefill_gemm=config.prefill_gemm)
         # RAG document KV reuse (engine/doc_cache.py), a prefix source the scheduler asks; inert without
         # Request.documents. Not under tensor parallel: it copies KV on rank 0 only, which holds a slice of the heads.
         self.doc_cache = None
@@ -92,12 +94,6 @@ class LLMEngine:
         )
         self.requests: dict[str, RequestState] = {}
         self.text_stopped: deque[Sequence] = deque()  # ended by a stop string in the output stage, still scheduled
-
-    @property
-    def runners(self) -> list:
-        """The runners of the models this engine runs: the target's, then a draft model's (quantized alike by
-        the backend)."""
-        return [self.runner, *([self.proposer.runner] if hasattr(self.proposer, "runner") else [])]
 
     # --- requests ---------------------------------------------------------------
     def encode(self, request: Request) -> tuple[list[int], str | None]:
