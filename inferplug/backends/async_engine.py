@@ -1,8 +1,9 @@
 """AsyncEngine: the LLMEngine step loop in a background thread, its events handed out through EventChannels.
 
 Callers never wait for the engine: `submit` queues the request for the prompt workers and returns. A worker runs the
-prompt stage (stages/prompt.py: render, tokenize, check) and compiles its JSON schema, so a huge prompt, a long
-history or a large schema costs its own request time, not a step of every stream; once prepared it is queued, and
+prompt stage (stages/prompt.py: render, tokenize, check, place the documents) and compiles its JSON schema, so a
+huge prompt, a long history or a large schema costs its own request time, not a step of every stream; once prepared
+it is queued, and
 the step thread adds queued requests between steps (a bad one ends its channel with the RequestError)
 and sends each step's events to their channels, one send per channel per step. One lock guards the
 engine: the step thread holds it for a step's scheduling, model and sampling (LLMEngine.step_tokens), `abort_now`
