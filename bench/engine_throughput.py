@@ -46,7 +46,7 @@ def run_native(engine, requests) -> dict:
     start = time.perf_counter()
     for i, (prompt, n) in enumerate(requests):
         params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-        engine.add_request(Request(prompt=prompt, params=params, request_id=f"r{i}"), prompt)
+        engine.add_request(Request(prompt=prompt, params=params, request_id=f"r{i}"))
     finals, tokens = [], 0
     while engine.has_unfinished():
         for event in engine.step():

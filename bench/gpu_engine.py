@@ -67,7 +67,7 @@ def engine_run(engine: LLMEngine, prompts: list[list[int]], output: int) -> tupl
     sync()
     start = time.perf_counter()
     for i, prompt in enumerate(prompts):
-        engine.add_request(Request(prompt=prompt, params=params, request_id=str(i)), prompt)
+        engine.add_request(Request(prompt=prompt, params=params, request_id=str(i)))
     while engine.has_unfinished():
         for event in engine.step():
             tokens.setdefault(event.request_id, []).extend(event.token_ids)

@@ -60,7 +60,7 @@ def run(engine, batch: list[list[int]], max_tokens: int) -> dict:
     start = time.perf_counter()
     for i, prompt in enumerate(batch):
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-        engine.add_request(Request(prompt=prompt, params=params, request_id=f"r{i}"), prompt)
+        engine.add_request(Request(prompt=prompt, params=params, request_id=f"r{i}"))
     tokens: dict[str, list[int]] = {}
     while engine.has_unfinished():
         for event in engine.step():

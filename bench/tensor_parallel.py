@@ -85,11 +85,9 @@ def measure(model_dir: Path, tp: int, weights: str | None, batch: int, steps: in
     from inferplug.types import Request, SamplingParams
 
     config = EngineConfig(num_kv_blocks=256, max_num_batched_tokens=512, tensor_parallel_size=tp,
-                          threads_per_rank=threads)
+                          threads_per_rank=threads, weight_format=weights)
     engine = LLMEngine(read_config(model_dir), load_weights(model_dir, config.torch_dtype), smollm2_tokenizer(), config)
     try:
-        if weights:
-            engine.runner.quantize(weights)
         timers = {}
         if tp > 1:
             group = engine.runner.model.parallel

@@ -7,8 +7,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from inferplug.errors import RequestError
+from inferplug.errors import InferPlugError, RequestError
 from inferplug.stages.prompt_bound import check_text_fits
+from inferplug.stages.reasoning import detect_parser
 
 
 def render_chat(tokenizer: Any, template: str | None, messages: list[dict[str, Any]],
@@ -37,6 +38,21 @@ def profile_template(profile: Any) -> str | None:
     if "{" not in template and Path(template).expanduser().is_file():
         return Path(template).expanduser().read_text()
     return template
+
+
+def reasoning_parser(profile: Any, tokenizer: Any) -> str | None:
+    """The parser that splits the model's <think> text out of its answer (stages/reasoning.py): [model]
+    reasoning_parser, else what the chat template implies; None for none (and with no tokenizer: a remote server
+    splits it itself)."""
+    named = profile.model.reasoning_parser
+    if named is not None or tokenizer is None:
+        return None if named in (None, "none") else named
+    template = profile_template(profile)
+    try:
+        prompt = render_chat(tokenizer, template, [{"role": "user", "content": "hi"}])
+    except InferPlugError:
+        return None
+    return detect_parser(template or tokenizer.chat_template, prompt)
 
 
 def encode_chat(tokenizer: Any, render: Any, messages: list[dict[str, Any]],

@@ -128,10 +128,10 @@ class LLM:
                 request.params = p or sampling_params(self.profile.sampling.model_dump(exclude_none=True))  # as vLLM's: whole or none
                 request.request_id = f"llm-{self._counter}"
                 self._counter += 1
-                prompt_ids, text = self.engine.encode(request)
-                self.engine.add_request(request, prompt_ids, text)
+                prompt = self.engine.encode(request)
+                self.engine.add_request(request, prompt)
                 choices = [CompletionOutput(i) for i in range(request.params.n)]
-                outputs[request.request_id] = RequestOutput(request.request_id, text, prompt_ids, choices)
+                outputs[request.request_id] = RequestOutput(request.request_id, prompt.text, prompt.ids, choices)
             while self.engine.has_unfinished():
                 for event in self.engine.step():
                     outputs[event.request_id].add(event)

@@ -154,7 +154,8 @@ class Request:
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None  # OpenAI's, as asked; params.json_schema holds its schema
-    documents: list[DocumentSpan] | None = None  # RAG cache hints
+    # RAG cache hints: spans of the rendered prompt, or documents (rag.RagDocument) the prompt stage finds in it
+    documents: list[Any] | None = None
     cache_salt: str | None = None  # isolates this request's prefix-cache entries
     client: str | None = None  # who asked (the server's tenant or remote address): admission is shared out by client
 

@@ -74,7 +74,7 @@ def test_every_local_backend_path_encodes_typed_special_tokens_as_text(tiny_prof
     backend = get_backend(tiny_profile)
     tokenizer = backend.tokenizer
     request = Request(messages=[{"role": "user", "content": ATTACK}])
-    engine_ids, _ = backend.engine.engine.encode(request)
+    engine_ids = backend.engine.engine.encode(request).ids
     assert prompt_token_ids(backend, request) == engine_ids
     assert control(tokenizer, engine_ids).count("<|im_start|>") == 2  # the user turn and the assistant's
     events = backend.generate_sync(Request(messages=request.messages))

@@ -1,8 +1,9 @@
 """AsyncEngine: the LLMEngine step loop in a background thread, its events handed out through EventChannels.
 
 Callers never wait for the engine: `submit` queues the request for the prompt workers and returns. A worker runs the
-prompt stage (stages/prompt.py: render, tokenize, check) and compiles its JSON schema, so a huge prompt, a long
-history or a large schema costs its own request time, not a step of every stream; once prepared it is queued, and
+prompt stage (stages/prompt.py: render, tokenize, check, place the documents) and compiles its JSON schema, so a
+huge prompt, a long history or a large schema costs its own request time, not a step of every stream; once prepared
+it is queued, and
 the step thread adds queued requests between steps (a bad one ends its channel with the RequestError)
 and sends each step's events to their channels, one send per channel per step. One lock guards the
 engine: the step thread holds it for a step's scheduling, model and sampling (LLMEngine.step_tokens), `abort_now`
@@ -29,7 +30,7 @@ from inferplug.backends.bridge import EventChannel, consume_async
 from inferplug.engine.guided import compile_json_schema
 from inferplug.engine.llm_engine import LLMEngine
 from inferplug.errors import BackendUnavailable
-from inferplug.stages.prompt import encode_prompt
+from inferplug.stages.prompt import EncodedPrompt, encode_prompt
 from inferplug.types import Event, Request, Usage
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ class AsyncEngine:
         self._lock = threading.Lock()  # the engine's: scheduling, blocks, the model
         self._output_lock = threading.Lock()  # the output stage's (choices' text); taken after _lock, never before
         self._wake = threading.Event()
-        self._inbox: deque[tuple[Request, EventChannel, list[int], str | None]] = deque()  # with its ids and text
+        self._inbox: deque[tuple[Request, EventChannel, EncodedPrompt]] = deque()  # with its prompt stage's result
         self._preparing: dict[str, tuple[Request, EventChannel]] = {}  # with a prompt worker (under _inbox_lock)
         self._inbox_lock = threading.Lock()  # never held for a step: submit does not wait for the engine
         self._streams: dict[str, EventChannel] = {}
@@ -75,7 +76,7 @@ class AsyncEngine:
         engine = self.engine
         while (request := self._prompts.get()) is not None:
             try:
-                ids, text = encode_prompt(engine.tokenizer, engine.render_chat, request, engine.max_model_len)
+                prompt = encode_prompt(engine.tokenizer, engine.render_chat, request, engine.max_model_len)
                 if request.params.json_schema is not None:
                     compile_json_schema(engine.tokenizer, request.params.json_schema)
                 error = None
@@ -86,7 +87,7 @@ class AsyncEngine:
                 if entry is None:
                     continue  # aborted (or failed by close) while it was prepared
                 if error is None and not self._closed:
-                    self._inbox.append((request, entry[1], ids, text))
+                    self._inbox.append((request, entry[1], prompt))
                     self._wake.set()
                     continue
                 self._open.discard(request.request_id)
@@ -153,9 +154,9 @@ class AsyncEngine:
     # --- the engine thread's side (the lock held) ------------------------------------
     def _admit(self) -> None:
         while self._inbox:
-            request, channel, ids, text = self._inbox.popleft()
+            request, channel, prompt = self._inbox.popleft()
             try:
-                self.engine.add_request(request, ids, text)
+                self.engine.add_request(request, prompt)
             except Exception as exc:  # noqa: BLE001 - a bad request (RequestError) fails alone, before any event
                 self._ended(request.request_id)
                 channel.send([exc], last=True)
@@ -177,7 +178,7 @@ class AsyncEngine:
                 self.failure, self._closed = str(error), True
                 queued, self._inbox = list(self._inbox), deque()
                 self._open.difference_update(item[0].request_id for item in queued)
-            for _, channel, _, _ in queued:
+            for _, channel, _ in queued:
                 channel.send([error], last=True)
             self._fail_all(error)
 

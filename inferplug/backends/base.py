@@ -75,20 +75,10 @@ class Backend(ABC):
 
     @cached_property
     def reasoning_parser(self) -> str | None:
-        """The parser that splits this model's <think> text out of `Event.text`: [model] reasoning_parser, else
-        what the chat template implies; None for none (and for remote servers, which split it themselves)."""
-        from inferplug.chat_template import profile_template
-        from inferplug.errors import InferPlugError
-        from inferplug.stages.reasoning import detect_parser
+        """The parser that splits this model's <think> text out of `Event.text` (chat_template.reasoning_parser)."""
+        from inferplug.chat_template import reasoning_parser
 
-        named = self.profile.model.reasoning_parser
-        if named is not None or self.tokenizer is None:
-            return None if named in (None, "none") else named
-        try:
-            prompt = self.apply_chat_template([{"role": "user", "content": "hi"}])
-        except InferPlugError:
-            return None
-        return detect_parser(profile_template(self.profile) or self.tokenizer.chat_template, prompt)
+        return reasoning_parser(self.profile, self.tokenizer)
 
     @abstractmethod
     def generate(self, request: Request) -> AsyncIterator[Event]:

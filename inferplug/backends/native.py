@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 from inferplug.backends.base import Backend
 from inferplug.compute_path_plan import ONEDNN_ISA_ENV
 from inferplug.backends.passing_thread import in_a_passing_thread
-from inferplug.quant.formats import float_model_format
 from inferplug.types import Capabilities, Event, Request
 
 if TYPE_CHECKING:
@@ -20,11 +19,13 @@ if TYPE_CHECKING:
     from inferplug.resolver import Plan
 
 
-def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
-    """Load the profile's model (pulling it on first use) into an LLMEngine sized by the plan."""
+def build_engine(profile: Profile, plan: Plan, *, split_reasoning: bool = False) -> LLMEngine:
+    """Load the profile's model (pulling it on first use) into an LLMEngine sized by the plan. split_reasoning: the
+    output stage moves a reasoning model's think text to Event.reasoning (the Backend's events); False keeps it in
+    the text (the offline LLM, as vLLM's)."""
     import torch
 
-    from inferplug.chat_template import profile_template, render_chat
+    from inferplug.chat_template import profile_template, reasoning_parser, render_chat
     from inferplug.engine.llm_engine import LLMEngine
     from inferplug.models.loader import load_tokenizer, load_weights, read_config
     from inferplug.sources import ensure_local
@@ -48,17 +49,10 @@ def build_engine(profile: Profile, plan: Plan) -> LLMEngine:
     weights = load_weights(path, config.torch_dtype, load_device, profile.quantization.format,
                            gguf_layers=gguf_layer_format(plan, config.tensor_parallel_size),
                            load_format=profile.model.load_format)
-    engine = LLMEngine(read_config(path), weights, tokenizer, config, draft=load_draft(spec.draft_model, config),
-                       render_chat=partial(render_chat, tokenizer, profile_template(profile)))
-    del weights  # the float copies go once the model is quantized below
-    if plan.weight_format:
-        # Weight-only fp16/int8/int4 (quant/linear.py): decode is memory-bound, so fewer weight bytes per step.
-        engine.runner.quantize(plan.weight_format)  # on every rank under tensor parallel
-        for runner in engine.runners[1:]:  # a draft model's, float whatever the target's checkpoint holds
-            runner.quantize(float_model_format(plan.weight_format))
-    for runner in engine.runners:  # block layers' prefill rows: one path per model, every rank's
-        runner.set_prefill_gemm(plan.prefill_gemm)
-    return engine
+    # the model is built in config's weight_format and prefill_gemm (every rank's, a draft's), then its KV pools
+    return LLMEngine(read_config(path), weights, tokenizer, config, draft=load_draft(spec.draft_model, config),
+                     render_chat=partial(render_chat, tokenizer, profile_template(profile)),
+                     reasoning_parser=reasoning_parser(profile, tokenizer) if split_reasoning else None)
 
 
 def doc_disk_settings(profile: Profile, plan: Plan, path) -> dict[str, Any]:
@@ -107,6 +101,8 @@ def engine_config(plan: Plan):
         max_prefill_tokens_while_decoding=plan.max_prefill_tokens_while_decoding,
         rag_document_cache=plan.rag_document_cache,  # doc_cache: the profile's [cache] rag_document_cache
         attention=plan.attention, kv_dtype=plan.kv_dtype,
+        # weight-only fp16/int8/int4 (quant/linear.py): decode is memory-bound, so fewer weight bytes per step
+        weight_format=plan.weight_format, prefill_gemm=plan.prefill_gemm,
         tensor_parallel_size=plan.tensor_parallel_size, threads_per_rank=plan.threads_per_rank,  # engine/parallel
     )
 
@@ -122,8 +118,8 @@ class NativeBackend(Backend):
 
         cpu_kernels.runs_on(plan.device)  # a first build compiles here: Ctrl-C then still unwinds its lock file
         # loaded in a thread that ends, so that the step thread's OpenMP pool is the only one (backends/passing_thread.py)
-        self.engine = AsyncEngine(in_a_passing_thread(partial(build_engine, profile, plan), "inferplug-load"))
-        self.engine.engine.reasoning_parser = self.reasoning_parser  # the output stage splits think text
+        self.engine = AsyncEngine(in_a_passing_thread(partial(build_engine, profile, plan, split_reasoning=True),
+                                                      "inferplug-load"))
         # the step thread feeds the channels itself, no hop through a loop: the Backend's submit is the engine's
         self.submit, self.cancel_now = self.engine.submit, self.engine.abort_now
 
@@ -135,6 +131,10 @@ class NativeBackend(Backend):
             n=True, tools=True, beam_search=True, prompt_logprobs=True, rag_cache=self.engine.engine.doc_cache is not None,  # doc_cache: engine/doc_cache.py
             json_schema=importlib.util.find_spec("xgrammar") is not None,  # engine/guided.py needs it
         )
+
+    @property
+    def reasoning_parser(self) -> str | None:
+        return self.engine.engine.reasoning_parser  # build_engine's
 
     @property
     def context_length(self) -> int:

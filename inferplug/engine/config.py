@@ -30,6 +30,8 @@ class EngineConfig:
     ngram_max: int = 3
     attention: str = "auto"  # ops.kernel_set: auto | cpu-kernels | torch | triton | flash
     kv_dtype: str | None = None  # the KV pools' dtype; None: the compute dtype. float8_e4m3 needs CUDA
+    weight_format: str | None = None  # the linears' weight-only format (quant/linear.py), made before the KV pools
+    prefill_gemm: str = "float32"  # how block layers multiply prompt rows (quant/block_linear.PREFILL_GEMMS)
     cuda_graphs: bool = True  # decode steps replay captured CUDA graphs (Triton attention on CUDA only)
     tensor_parallel_size: int = 1  # >1: engine/parallel, one process per rank (gloo on CPU, NCCL on CUDA)
     threads_per_rank: int = 0  # tensor parallel on CPU: torch threads of each rank (0: torch's default)

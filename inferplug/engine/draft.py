@@ -25,6 +25,7 @@ from inferplug.engine.sequence import Sequence
 from inferplug.engine.spec_verify import Proposal, ahead
 from inferplug.errors import ProfileError
 from inferplug.models.config import ModelConfig
+from inferplug.quant.formats import float_model_format
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +82,11 @@ class DraftProposer:
         # as many blocks as the target's pool: a shadow holds fewer tokens than its sequence
         self.blocks = BlockManager(config.num_kv_blocks, config.block_size, enable_prefix_caching=False)
         self.pools = (self.blocks,)
+        # only its forward: the draws are here. Quantized like the target, though float whatever the target's
+        # checkpoint holds (quant/formats.float_model_format)
         self.runner = ModelRunner(self.model, num_blocks=config.num_kv_blocks, block_size=config.block_size,
-                                  sampler=None)  # only its forward: the draws are here
+                                  sampler=None, prefill_gemm=config.prefill_gemm,
+                                  weight_format=config.weight_format and float_model_format(config.weight_format))
         self.shadows: dict[Sequence, _Shadow] = {}
         # draft tokens a step computes before it proposes: beside other decoding streams, no more than the prefill a
         # step may carry beside decode rows (their TPOT bound); one stream alone slows only itself

@@ -30,7 +30,7 @@ from inferplug.engine.spec_decode import make_proposer
 from inferplug.engine.spec_verify import spec_stats
 from inferplug.errors import GenerationError, RequestError
 from inferplug.models.config import ModelConfig
-from inferplug.stages.prompt import encode_prompt
+from inferplug.stages.prompt import EncodedPrompt, encode_prompt
 from inferplug.types import Event, FinishReason, Request, SamplingParams
 
 Outputs = list[Callable[[], list[Event]]]  # a step's output-stage work, run in order (LLMEngine.outputs)
@@ -40,15 +40,16 @@ class LLMEngine:
     def __init__(
         self, model_config: ModelConfig, state_dict: dict[str, torch.Tensor], tokenizer: Any,
         config: EngineConfig | None = None, *, render_chat: Callable[..., str] | None = None,
-        draft: DraftModel | None = None,
+        draft: DraftModel | None = None, reasoning_parser: str | None = None,
     ):
-        """`draft`: the model that proposes tokens when config.speculative_method is "draft" (engine/draft.py)."""
+        """`draft`: the model that proposes tokens when config.speculative_method is "draft" (engine/draft.py).
+        `reasoning_parser`: the output stage's parser for think text (stages/reasoning.py; None: no split)."""
         from inferplug.models.llama import LlamaModel
 
         self.config = config = config or EngineConfig()
         self.model_config, self.tokenizer = model_config, tokenizer
         self.render_chat = render_chat
-        self.reasoning_parser: str | None = None  # stages/reasoning.py's parser for think text; the backend sets it
+        self.reasoning_parser = reasoning_parser
         limit = min(model_config.max_position_embeddings, config.num_kv_blocks * config.block_size)
         if model_config.sliding_window:  # we attend to the full context, which is exact only inside the window
             limit = min(limit, model_config.sliding_window)
@@ -71,7 +72,8 @@ class LLMEngine:
             graphs = config.cuda_graphs and config.device.startswith("cuda")  # decode steps per batch-size bucket
             self.runner = ModelRunner(model, num_blocks=config.num_kv_blocks, block_size=config.block_size,
                                       sampler=sampler, max_num_seqs=config.max_num_seqs if graphs else 0,
-                                      max_model_len=self.max_model_len)
+                                      max_model_len=self.max_model_len, weight_format=config.weight_format,
+                                      prefill_gemm=config.prefill_gemm)
         # RAG document KV reuse (engine/doc_cache.py), a prefix source the scheduler asks; inert without
         # Request.documents. Not under tensor parallel: it copies KV on rank 0 only, which holds a slice of the heads.
         self.doc_cache = None
@@ -93,24 +95,17 @@ class LLMEngine:
         self.requests: dict[str, RequestState] = {}
         self.text_stopped: deque[Sequence] = deque()  # ended by a stop string in the output stage, still scheduled
 
-    @property
-    def runners(self) -> list:
-        """The runners of the models this engine runs: the target's, then a draft model's (quantized alike by
-        the backend)."""
-        return [self.runner, *([self.proposer.runner] if hasattr(self.proposer, "runner") else [])]
-
     # --- requests ---------------------------------------------------------------
-    def encode(self, request: Request) -> tuple[list[int], str | None]:
-        """The prompt's token ids (and its text, when it had one), by the prompt stage (stages/prompt.py). Raises
-        RequestError on bad input."""
+    def encode(self, request: Request) -> EncodedPrompt:
+        """The prompt's token ids, its text when it had one and its documents' spans there, by the prompt stage
+        (stages/prompt.py). Raises RequestError on bad input."""
         return encode_prompt(self.tokenizer, self.render_chat, request, self.max_model_len)
 
-    def add_request(self, request: Request, prompt_ids: list[int] | None = None, text: str | None = None) -> None:
-        """prompt_ids (and text, their prompt text, for document hints): encode(request)'s, when the caller has them."""
+    def add_request(self, request: Request, prompt: EncodedPrompt | None = None) -> None:
+        """prompt: encode(request)'s, when the caller has it (a prompt worker)."""
         if request.request_id in self.requests:
             raise RequestError(f"request id {request.request_id!r} is already running; use a new id", param="request_id")
-        if prompt_ids is None:
-            prompt_ids, text = self.encode(request)
+        prompt_ids, text, documents = prompt if prompt is not None else self.encode(request)
         validate_prompt(prompt_ids, request.params, self.model_config.vocab_size, self.max_model_len)
         validate_beam_search(request.params, max_num_seqs=self.config.max_num_seqs,
                              max_step_tokens=self.scheduler.max_num_batched_tokens, num_blocks=self.blocks.num_blocks,
@@ -122,7 +117,7 @@ class LLMEngine:
         first, *rest = state.seqs
         if self.doc_cache is not None and request.params.prompt_logprobs is None:  # map document spans to tokens
             # (not with prompt logprobs: a document's KV from the cache has no logits)
-            self.doc_cache.plan(first, text, request.documents)
+            self.doc_cache.plan(first, text, documents)
         self.scheduler.add(first, siblings=[] if state.beams else rest)  # beams join by forking from the first
         self.requests[request.request_id] = state  # only now: a request that failed above must not linger
 

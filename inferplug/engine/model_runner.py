@@ -26,15 +26,24 @@ def is_decode_row(seq: Sequence, tokens: int) -> bool:
 
 class ModelRunner:
     def __init__(self, model, *, num_blocks: int, block_size: int, sampler: Sampler, max_num_seqs: int = 0,
-                 max_model_len: int = 0):
-        """max_num_seqs and max_model_len size the decode CUDA graphs (0: none), where the ops set offers them."""
+                 max_model_len: int = 0, weight_format: str | None = None, prefill_gemm: str = "float32"):
+        """The model is put in its final format first: weight_format's weight-only layers (quant/linear.py; None:
+        as loaded) and prefill_gemm, how its block layers multiply prompt rows (quant/block_linear.py), before the
+        KV pools take their memory. max_num_seqs and max_model_len size the decode CUDA graphs (0: none), where the
+        ops set offers them."""
+        from inferplug.quant.block_linear import set_prefill_gemm
+        from inferplug.quant.linear import quantize_model
+
+        if weight_format:  # each float layer goes as its quantized one is made: the pools come after, not beside
+            quantize_model(model, weight_format)
+        set_prefill_gemm(model, prefill_gemm)  # once per model, never per step
         self.model = model
         self.block_size = block_size
         self.kv_caches = model.allocate_kv_cache(num_blocks, block_size)
         self.sampler = sampler
         self.device = model.device
         self.graphs = None
-        # Captured at the first decode step, not here: weights are quantized after the engine is built.
+        # Captured at the first decode step, on the thread that steps the engine, not while it is built.
         self._graph_sizes = dict(max_num_seqs=max_num_seqs, max_blocks=-(-max_model_len // block_size)) \
             if max_num_seqs and max_model_len else None
 
@@ -147,18 +156,6 @@ class ModelRunner:
             for kv in pool:  # [kv heads, blocks, block size, head dim]; index_put_ took 0.3 s a fork (SmolLM2)
                 raw = kv.view(torch.uint8)  # as bytes: index_copy_ has no float8 kernel
                 raw.index_copy_(1, copies, raw.index_select(1, sources))
-
-    def quantize(self, fmt: str) -> None:
-        """Weight-only fp16 / int8 / int4 layers in place (quant/linear.py), on every rank under tensor parallel."""
-        from inferplug.quant.linear import quantize_model
-
-        quantize_model(self.model, fmt)
-
-    def set_prefill_gemm(self, path: str) -> None:
-        """How the model's int4/int8 block layers multiply prompt rows (quant/block_linear.py), on every rank."""
-        from inferplug.quant.block_linear import set_prefill_gemm
-
-        set_prefill_gemm(self.model, path)
 
     def close(self) -> None:
         """Nothing to release on one device (engine/parallel's runner stops its workers)."""

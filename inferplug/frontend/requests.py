@@ -15,7 +15,8 @@ from typing import Any
 
 from inferplug.errors import RequestError
 from inferplug.frontend.tool_calls import call_schema, select_tools, template_renders_tools, tool_history
-from inferplug.rag.layout import DocumentMemory, document_spans
+from inferplug.rag.documents import as_rag_document
+from inferplug.rag.layout import DocumentMemory
 from inferplug.types import Request, SamplingParams
 
 
@@ -110,8 +111,7 @@ def build_request(
         if calls or any(m.get("content") is None for m in messages):  # else the messages are the template's as sent
             # whether the template renders tools matters only where there are tools or calls
             messages = tool_history(messages, offered, calls and template_renders_tools(backend))
-    hints = _document_hints(backend, messages, prompt, offered, documents, memory) \
-        if documents or memory is not None and memory.docs else None
+    hints = _document_hints(backend, documents, memory) if documents or memory is not None and memory.docs else None
     request = Request(prompt=prompt, messages=messages, params=params, tools=offered or None, documents=hints,
                       tool_choice=_openai_tool_choice(offered, required, tool_choice) if offered else None,
                       parallel_tool_calls=parallel if offered else None,
@@ -145,21 +145,14 @@ def _check_capabilities(backend: Any, params: SamplingParams, offered: list[dict
                            "with logprobs) or use a profile on the native engine", param="prompt_logprobs")
 
 
-def _document_hints(backend: Any, messages: list[dict[str, Any]] | None, prompt: Any,
-                    offered: list[dict[str, Any]], documents: list[Any] | None,
-                    memory: DocumentMemory | None) -> list[Any] | None:
-    """The documents' spans in the rendered prompt (documents given, or remembered in `memory`), or None (a backend
-    without a document cache: then the request runs uncached, and a warning says so)."""
+def _document_hints(backend: Any, documents: list[Any] | None, memory: DocumentMemory | None) -> list[Any] | None:
+    """The documents given, or those remembered in `memory`, as RagDocuments: the prompt stage finds them in the
+    prompt it renders (stages/prompt.document_hints), so the chat is rendered once. None: a backend without a
+    document cache (then the request runs uncached, and a warning says so)."""
     if not backend.capabilities.rag_cache:
         if documents:  # remembered documents were never asked for by this call: nothing to warn about
             warnings.warn(f"the {backend.name} backend has no document cache: the documents are used as "
                           "plain prompt text, uncached. Use a profile on the native engine to cache them.",
                           UncachedDocumentsWarning, stacklevel=3)
         return None
-    text = prompt if isinstance(prompt, str) else None
-    if text is None and messages is not None:
-        text = backend.apply_chat_template(messages, offered or None)
-    if text is None:
-        return None
-    spans = document_spans(text, documents) if documents else memory.spans_in(text)
-    return spans or None
+    return [as_rag_document(d) for d in documents] if documents else list(memory.docs.values())

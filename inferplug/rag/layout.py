@@ -63,7 +63,7 @@ class DocumentMemory:
 
     Retrieval and generation are separate calls in LangChain and LlamaIndex, so the
     LLM remembers what was retrieved (through `format_documents` / a node postprocessor)
-    and finds those texts in the prompt it is later asked to complete.
+    and hints those texts with the prompt it is later asked to complete (the prompt stage finds them in it).
     """
 
     def __init__(self, capacity: int = 512) -> None:
@@ -78,6 +78,3 @@ class DocumentMemory:
         while len(self.docs) > self.capacity:
             self.docs.pop(next(iter(self.docs)))
         return found
-
-    def spans_in(self, prompt_text: str) -> list[DocumentSpan]:
-        return document_spans(prompt_text, list(self.docs.values()))

@@ -4,12 +4,13 @@ token limit the room left allows. The native engine and the local third-party ba
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from inferplug.chat_template import encode_chat
 from inferplug.errors import RequestError
+from inferplug.rag.layout import document_spans
 from inferplug.stages.prompt_bound import check_text_fits
-from inferplug.types import Request, SamplingParams
+from inferplug.types import DocumentSpan, Request, SamplingParams
 
 if TYPE_CHECKING:
     from inferplug.backends.base import Backend
@@ -31,24 +32,43 @@ def check_prompt_ids(prompt_ids: list[int], vocab_size: int, context_length: int
         )
 
 
+class EncodedPrompt(NamedTuple):
+    """A request's prompt as the prompt stage leaves it: its token ids, its text when it had one, and where its RAG
+    documents lie in that text (document_hints; None: no hints)."""
+
+    ids: list[int]
+    text: str | None
+    documents: list[DocumentSpan] | None = None
+
+
 def encode_prompt(tokenizer: Any, render: Callable[..., str] | None, request: Request,
-                  context_length: int) -> tuple[list[int], str | None]:
-    """The request's prompt as token ids, and its text when it had one (the native engine and the local backends
-    alike); `render(messages, tools)` renders a chat. A text that surely overflows `context_length` is refused
-    before it is tokenized (stages/prompt_bound.py). Raises RequestError on bad input."""
+                  context_length: int) -> EncodedPrompt:
+    """The request's prompt as token ids, its text when it had one, and its documents' spans in that text (the native
+    engine and the local backends alike); `render(messages, tools)` renders a chat. A text that surely
+    overflows `context_length` is refused before it is tokenized (stages/prompt_bound.py). Raises RequestError on
+    bad input."""
     if request.messages is not None:
         if render is None:
             raise RequestError("this engine has no chat template; send a prompt instead", param="messages")
-        return encode_chat(tokenizer, render, request.messages, request.tools, context_length)
-    if isinstance(request.prompt, str):
+        ids, text = encode_chat(tokenizer, render, request.messages, request.tools, context_length)
+    elif isinstance(request.prompt, str):
         check_text_fits(tokenizer, request.prompt, context_length, "prompt")
-        return tokenizer.encode(request.prompt), request.prompt
-    return list(request.prompt or []), None
+        ids, text = tokenizer.encode(request.prompt), request.prompt
+    else:
+        return EncodedPrompt(list(request.prompt or []), None)
+    return EncodedPrompt(ids, text, document_hints(request.documents, text) if request.documents else None)
+
+
+def document_hints(documents: list[Any], text: str) -> list[DocumentSpan] | None:
+    """Request.documents as spans of the prompt's text: a DocumentSpan as given (its caller placed it), a document
+    (rag.RagDocument) where its text occurs (rag/layout.document_spans: one not found verbatim is no hint)."""
+    spans = [d for d in documents if isinstance(d, DocumentSpan)]
+    return spans + document_spans(text, [d for d in documents if not isinstance(d, DocumentSpan)]) or None
 
 
 def prompt_token_ids(backend: Backend, request: Request) -> list[int]:
     """The request's prompt as token ids, checked against the vocabulary and the context."""
-    ids, _ = encode_prompt(backend.tokenizer, backend.apply_chat_template, request, backend.context_length)
+    ids = encode_prompt(backend.tokenizer, backend.apply_chat_template, request, backend.context_length).ids
     check_prompt_ids(ids, len(backend.tokenizer), backend.context_length,
                      param="messages" if request.messages is not None else "prompt")
     return ids

@@ -16,12 +16,10 @@ from tests.engine.engine_helpers import make_engine, prompts_of, run_all
 
 
 def _engine(model_dir, fmt, prefill_gemm="float32", **overrides):
-    engine = make_engine(model_dir, **{"max_num_batched_tokens": 40, **overrides})
+    engine = make_engine(model_dir, **{"max_num_batched_tokens": 40, "weight_format": fmt, "prefill_gemm": prefill_gemm,
+                                       **overrides})
     if not getattr(engine.runner.model.ops, "paged_kernel", False):
         pytest.skip("the CPU kernels cannot run here (no AVX2/FMA/F16C): the torch path is not batch-invariant")
-    if fmt:
-        engine.runner.quantize(fmt)
-        engine.runner.set_prefill_gemm(prefill_gemm)
     return engine
 
 

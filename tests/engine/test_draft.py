@@ -119,6 +119,6 @@ def test_a_gptq_target_runs_a_float_draft_quantized_to_int4(cpu_kernel_ops, tmp_
     hardware = Hardware(cpu_flags=frozenset({"avx2", "fma", "f16c"}), cpu_count=2, ram_total=8 << 30,
                         ram_available=4 << 30, packages=frozenset({"torch", "transformers"}))
     engine = build_engine(profile, resolve(profile, hardware))
-    assert isinstance(engine.runners[1].model.layers[0].qkv, BlockLinear)
+    assert isinstance(engine.proposer.runner.model.layers[0].qkv, BlockLinear)
     events = run_all(engine, [Request(prompt=prompts_of([9])[0], request_id="r", params=greedy(12))])
     assert len(tokens_of(events["r"])) == 12 and engine.stats()["spec_accepted_tokens"] > 0

@@ -18,10 +18,8 @@ QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "
 
 
 def quantized_engine(model_dir, fmt, prefill_gemm="float32", **overrides):
-    engine = make_engine(model_dir, **overrides)
-    engine.runner.quantize(fmt)  # what NativeBackend does for quantization.format = fmt, [native] prefill_gemm
-    engine.runner.set_prefill_gemm(prefill_gemm)
-    return engine
+    # what NativeBackend builds for quantization.format = fmt, [native] prefill_gemm
+    return make_engine(model_dir, weight_format=fmt, prefill_gemm=prefill_gemm, **overrides)
 
 
 @pytest.mark.parametrize("fmt", ["fp16", "int8", "int4"])

@@ -29,10 +29,9 @@ def _request(question: str, docs: list[str], session: str, rid: str, **params) -
 
 def _kernel_engine(model_dir, **overrides):
     """fp16 weights on the C++ kernels: every row's arithmetic is the same whatever its step (test_batch_invariance)."""
-    engine = make_engine(model_dir, **overrides)
+    engine = make_engine(model_dir, weight_format="fp16", **overrides)
     if not getattr(engine.runner.model.ops, "paged_kernel", False):
         pytest.skip("the CPU kernels cannot run here (no AVX2/FMA/F16C): the torch path is not batch-invariant")
-    engine.runner.quantize("fp16")
     return engine
 
 

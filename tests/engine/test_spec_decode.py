@@ -23,11 +23,10 @@ def _engine(model_dir, method: str | None = None, fmt: str | None = "fp16", draf
     """method None: plain decoding; "draft" proposes with the model at draft_dir (quantized like the target)."""
     spec = {"speculative_method": method, "num_speculative_tokens": 4, "ngram_min": 1, "ngram_max": 3} if method else {}
     draft = load_draft(ModelSource(path=draft_dir), EngineConfig()) if method == "draft" else None
-    engine = make_engine(model_dir, draft=draft, **{"max_num_batched_tokens": 64, **spec, **overrides})
+    engine = make_engine(model_dir, draft=draft, **{"max_num_batched_tokens": 64, "weight_format": fmt, **spec,
+                                                    **overrides})
     if not getattr(engine.runner.model.ops, "paged_kernel", False):
         pytest.skip("the CPU kernels cannot run here: the torch path is not batch-invariant")
-    for runner in engine.runners if fmt else []:
-        runner.quantize(fmt)
     return engine
 
 

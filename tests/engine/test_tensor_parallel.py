@@ -103,9 +103,8 @@ def test_smollm2_q4_three_ranks_match_one(smollm2_gguf):
     results = []
     for tp in (1, 3):
         engine = make_engine(smollm2_gguf, tensor_parallel_size=tp, num_kv_blocks=32, max_num_batched_tokens=64,
-                             threads_per_rank=1)
+                             threads_per_rank=1, weight_format="int4")
         try:
-            engine.runner.quantize("int4")
             prompts = [engine.encode(Request(messages=[{"role": "user", "content": q}]))[0]
                        for q in ("What is the capital of France?", "List three prime numbers.")]
             events = run_all(engine, [Request(prompt=p, params=greedy(16, logprobs=5), request_id=str(i))

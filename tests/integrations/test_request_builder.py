@@ -191,3 +191,27 @@ def test_the_offline_llm_honours_the_profiles_sampling(tiny_llama_dir, tmp_path)
     assert by_profile.usage.completion_tokens == 3
     assert by_profile.outputs[0].token_ids == given.outputs[0].token_ids
     assert len(llm.generate("hi there", SamplingParams(temperature=0.0, max_tokens=5))[0].outputs[0].token_ids) == 5
+
+
+def test_a_request_with_documents_renders_its_chat_once(tiny_profile, monkeypatch):
+    """The front end hands the documents down; the prompt stage finds them in the one text it renders
+    (stages/prompt.document_hints), and the engine stores each document's KV where that text places it."""
+    from inferplug.backends.registry import get_backend
+    from inferplug.frontend.calls import generate_all
+    from inferplug.rag import rag_messages
+
+    backend = get_backend(tiny_profile)
+    renders, render = [], backend.tokenizer.apply_chat_template  # the model's real template, counted
+
+    def counted(*args, **kwargs):
+        renders.append(args)
+        return render(*args, **kwargs)
+
+    monkeypatch.setattr(backend.tokenizer, "apply_chat_template", counted)
+    docs = ["The blue door is on Elm Street, next to the old bakery.", "Cats purr when they are warm and content."]
+    stored = backend.engine.engine.doc_cache.stored_segments
+    prepared = build_request(backend, messages=rag_messages("Where is the blue door?", docs), documents=docs,
+                             options={"temperature": 0.0, "max_tokens": 2})
+    generate_all(backend, [prepared.request])
+    assert len(renders) == 1
+    assert backend.engine.engine.doc_cache.stored_segments == stored + len(docs)

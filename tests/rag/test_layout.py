@@ -48,5 +48,5 @@ def test_document_memory_is_bounded_and_finds_remembered_texts():
     memory = DocumentMemory(capacity=2)
     memory.remember(DOCS)
     assert len(memory.docs) == 2
-    spans = memory.spans_in(rag_prompt("q", DOCS))
+    spans = document_spans(rag_prompt("q", DOCS), list(memory.docs.values()))
     assert {s.key for s in spans} == {document_key(DOCS[1]), document_key(DOCS[2])}

@@ -182,7 +182,7 @@ def test_prompts_are_rendered_tokenized_and_compiled_while_a_step_holds_the_engi
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "json_schema"
         good = in_background(lambda: httpx.post(server.url + "/chat/completions", json=CHAT, timeout=60))
         until(lambda: len(native.engine._inbox) == 1, what="the request is prepared")
-        _, _, ids, text = native.engine._inbox[0]  # the request, its channel, its prompt's ids and text
+        _, _, (ids, text, _) = native.engine._inbox[0]  # the request, its channel, its prompt's ids, text, spans
         rendered = native.apply_chat_template(CHAT["messages"])
         assert text == rendered and ids == native.tokenizer.encode(rendered, add_special_tokens=False)
     good["thread"].join(timeout=60)

@@ -34,14 +34,17 @@ class ParallelRunner(ModelRunner):
         self._stop = weakref.finalize(self, stop_workers, self.workers, self.pipes)
         try:
             model = self._start(model_config, config, shards, threads_per_rank)
+            # rank 0 puts its slice in config's format while the workers put theirs (worker.py); no CUDA graphs: a
+            # captured step would have to capture the collectives too
+            super().__init__(model, num_blocks=config.num_kv_blocks, block_size=config.block_size, sampler=sampler,
+                             weight_format=config.weight_format, prefill_gemm=config.prefill_gemm)
+            self._expect("ready")  # every rank's model in its final format, its pools allocated
         except BaseException:  # no worker outlives a failed start (Ctrl-C included)
             self.close()
             raise
-        # no CUDA graphs: a captured step would have to capture the collectives too
-        super().__init__(model, num_blocks=config.num_kv_blocks, block_size=config.block_size, sampler=sampler)
 
     def _start(self, model_config, config, shards: dict, threads_per_rank: int):
-        """Spawn ranks 1.., join the group as rank 0, build rank 0's model; wait until every rank has its own."""
+        """Spawn ranks 1.., join the group as rank 0, build rank 0's model (the workers build theirs meanwhile)."""
         spawn = multiprocessing.get_context("spawn")
         port, size = free_port(), config.tensor_parallel_size
         for rank in range(1, size):
@@ -56,9 +59,7 @@ class ParallelRunner(ModelRunner):
         self._expect("started")  # a worker that dies on import would otherwise leave rank 0 in the rendezvous
         spec = WorkerSpec(0, size, port, model_config, config, threads_per_rank)
         group, device = init_rank(spec)
-        model = rank_model(spec, shards.pop(0), group, device)
-        self._expect("ready")
-        return model
+        return rank_model(spec, shards.pop(0), group, device)
 
     def _expect(self, stage: str) -> None:
         """Wait for every worker's word that it reached `stage` ("started", "ready")."""
@@ -76,14 +77,6 @@ class ParallelRunner(ModelRunner):
         self._send("execute", dataclasses.replace(inputs, decodes=_views(inputs.decodes),
                                                   prefills=_views(inputs.prefills)))
         return super().execute(inputs)
-
-    def quantize(self, fmt: str) -> None:
-        self._send("quantize", fmt)
-        super().quantize(fmt)
-
-    def set_prefill_gemm(self, path: str) -> None:
-        self._send("set_prefill_gemm", path)
-        super().set_prefill_gemm(path)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         if pairs:

@@ -66,7 +66,8 @@ def worker_main(spec: WorkerSpec, shard: dict, conn) -> None:
         model = rank_model(spec, shard, group, device)
         del shard
         config = spec.engine_config
-        runner = ModelRunner(model, num_blocks=config.num_kv_blocks, block_size=config.block_size, sampler=None)
+        runner = ModelRunner(model, num_blocks=config.num_kv_blocks, block_size=config.block_size, sampler=None,
+                             weight_format=config.weight_format, prefill_gemm=config.prefill_gemm)  # rank 0's format
         conn.send("ready")
         while True:
             try:
@@ -75,7 +76,7 @@ def worker_main(spec: WorkerSpec, shard: dict, conn) -> None:
                 break
             if kind == "stop":
                 break
-            getattr(runner, kind)(arg)  # execute, quantize, copy_blocks: what rank 0 does to its own slice
+            getattr(runner, kind)(arg)  # execute, copy_blocks: what rank 0 does to its own slice
         dist.destroy_process_group()
     except BaseException:  # noqa: BLE001 - report, then end this rank without unwinding into the pipe
         traceback.print_exc(file=sys.stderr)
