@@ -3,6 +3,8 @@ admitted before uncached ones queued ahead of it, and no request waits more than
 
 from __future__ import annotations
 
+import pytest
+
 from inferplug.rag import rag_prompt
 from inferplug.rag.layout import document_spans
 from inferplug.types import Request
@@ -106,3 +108,44 @@ def test_without_a_cap_no_request_waits_more_than_twice_its_fifo_wait(tiny_llama
     assert ours["u"] <= 2 * fifo["u"]
     behind = sorted((rid for rid in ours if ours[rid] > ours["u"]), key=ours.get)
     assert behind == [f"c{i}" for i in range(8) if f"c{i}" not in passed]  # FIFO after it
+
+
+# 256 tokens (16 blocks): a request that continues it computes only its own few tokens
+SHARED = "Shared notes: " + " ".join(f"item {i} is kept on shelf {i % 7}." for i in range(9)) + " " + "-" * 8
+
+
+def _first_token_steps(engine, requests: list[Request]) -> dict[str, int]:
+    """Each request's first-token step, all added at once to the engine."""
+    for request in requests:
+        engine.add_request(request)
+    first, step = {}, 0
+    while engine.has_unfinished():
+        step += 1
+        for event in engine.step():
+            if event.token_ids:
+                first.setdefault(event.request_id, step)
+    return first
+
+
+@pytest.mark.parametrize("seats", [17, 32])
+def test_with_many_seats_no_request_waits_more_than_twice_its_fifo_wait(tiny_llama_dir, seats):
+    """Steps of 32 tokens, no cap, a seat for each request (a review's case): u, uncached (100 tokens), ahead of
+    seats - 1 requests that share a cached prefix and compute a few tokens each. A request moved first decodes a
+    row every step from its first token on, taken from the budget before u's next chunk: without counting those rows,
+    16 of them (17 seats) held u to 16 prefill tokens a step, 31 of them to 1."""
+    def queue():
+        u = Request(prompt="Unshared: " + "x" * 90, params=greedy(2), request_id="u")
+        return [u] + [Request(prompt=SHARED + f" c{i}?", params=greedy(40), request_id=f"c{i}")
+                      for i in range(seats - 1)]
+
+    limits = {"max_num_batched_tokens": 32, "max_prefill_tokens_while_decoding": 0, "max_num_seqs": seats,
+              "num_kv_blocks": 512}
+    first = {}
+    for schedule in ("fifo", "cache_aware"):
+        engine = make_engine(tiny_llama_dir, schedule=schedule, **limits)
+        run_all(engine, [Request(prompt=SHARED + " warm", params=greedy(1), request_id="warm")])  # caches SHARED
+        first[schedule] = _first_token_steps(engine, queue())
+    fifo, ours = first["fifo"], first["cache_aware"]
+    assert min(fifo, key=fifo.get) == "u"
+    assert min(ours, key=ours.get) != "u", "no cached request went first"
+    assert {rid: ours[rid] for rid in ours if ours[rid] > 2 * fifo[rid]} == {}
