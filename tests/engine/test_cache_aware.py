@@ -119,9 +119,9 @@ def test_with_many_seats_no_request_waits_more_than_twice_its_fifo_wait(tiny_lla
     """Steps of 32 tokens, no cap (a review's case): u, uncached (100 tokens, FIFO's first), ahead of requests that
     share a cached prefix and compute 4-5 tokens each. A request moved first decodes a row every step from its first
     token on, taken from the budget before u's next chunk: while only their prefill was charged, 16 of them (17
-    seats) held u to 16 prefill tokens a step, 31 of them to 1, and u's first token came at 9 and 15 steps against
-    FIFO's 4. With more of them than seats (9), those moved first took every seat and u waited for one to end (44
-    steps) unless a seat is kept for each request passed."""
+    seats) held u to 16 prefill tokens a step and 22 (32 seats) to 10, and u's first token came at steps 9 and 15
+    against FIFO's 4. With more of them than seats (9 seats, 16 of them), those moved first took every seat and u
+    waited for one to end, to step 46, before a seat was kept for each request passed."""
     def queue():
         u = Request(prompt="Unshared: " + "x" * 90, params=greedy(2), request_id="u")
         return [u] + [Request(prompt=SHARED + f" c{i}?", params=greedy(40), request_id=f"c{i}")
