@@ -59,6 +59,7 @@ class Proposer(Protocol):
     """Speculative tokens for sequences about to decode (engine/spec_decode.py)."""
 
     pools: tuple[BlockManager, ...]  # KV pools of its own (a draft model's), checked like the target's
+    num_tokens: int  # the most tokens it proposes for a row
 
     def propose(self, seqs: list[Sequence], limits: list[int]) -> list[Any]:
         """One spec_verify.Proposal per sequence, at most its limit tokens."""
@@ -93,8 +94,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
-        self.order = CacheAwareOrder(blocks, prefix_source, max_num_batched_tokens,
-                                      max_prefill_tokens_while_decoding) if schedule == "cache_aware" \
+        self.order = CacheAwareOrder(blocks, prefix_source, max_num_batched_tokens, max_prefill_tokens_while_decoding,
+                                     1 + (proposer.num_tokens if proposer else 0)) if schedule == "cache_aware" \
             else None  # None: arrival order
 
     def add(self, seq: Sequence, *, front: bool = False, siblings: list[Sequence] = ()) -> None:
@@ -149,10 +150,10 @@ class Scheduler:
             self._trim_proposal(seq, 0)
         if preempted:  # admitting now would only take blocks the preempted need back
             return scheduled
-        seats = sum(_seats(seq) for seq in self.running)
-        self._order_waiting()
+        seats = sum(seq.seats for seq in self.running)
+        self._order_waiting(seats)
         while (self.waiting and min(budget, prefill_budget) > 0
-               and seats + _seats(seq := self._next_waiting()) <= self.max_num_seqs):
+               and seats + (seq := self._next_waiting()).seats <= self.max_num_seqs):
             hits = self._prefix_hits(seq)
             computed = len(hits) * self.blocks.block_size
             # a cached document starting where the hit ends is filled now, and seq computes on from it next step
@@ -161,9 +162,9 @@ class Scheduler:
             if not self.blocks.allocate(seq, computed + n, hits):
                 break
             self.waiting.remove(seq)
-            self._order_waiting()
             self._admit(seq, computed)
-            seats += _seats(seq)
+            seats += seq.seats
+            self._order_waiting(seats)
             if fills:
                 self._fill_from_source(seq)
                 continue
@@ -317,9 +318,9 @@ class Scheduler:
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
 
-    def _order_waiting(self) -> None:
+    def _order_waiting(self, seats: int) -> None:
         if self.order is not None:
-            self.order.to_front(self.waiting, self.running)
+            self.order.to_front(self.waiting, self.running, self.max_num_seqs - seats)
 
     def _source_fills_at(self, seq: Sequence, computed: int) -> bool:
         source = self.prefix_source
@@ -354,10 +355,3 @@ class Scheduler:
             self.proposer.release(seq)
         seq.num_computed_tokens = 0
         self._trim_proposal(seq, 0)
-
-
-def _seats(seq: Sequence) -> int:
-    """Running places seq takes, out of max_num_seqs: a beam search's first beam, before its first token, all of
-    its beams (they fork from it and join the running sequences then); any other sequence one."""
-    new_search = seq.params.use_beam_search and seq.num_output_tokens == 0
-    return seq.params.beam_width if new_search else 1

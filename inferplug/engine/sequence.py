@@ -64,5 +64,11 @@ class Sequence:
         return len(self.token_ids) - len(self.prompt_ids)
 
     @property
+    def seats(self) -> int:
+        """Running places it takes, out of max_num_seqs: a beam search's first beam, before its first token, all of
+        its beams (they fork from it and join the running sequences then); any other sequence one."""
+        return self.params.beam_width if self.params.use_beam_search and self.num_output_tokens == 0 else 1
+
+    @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED

@@ -3,6 +3,8 @@ admitted before uncached ones queued ahead of it, and no request waits more than
 
 from __future__ import annotations
 
+import pytest
+
 from inferplug.rag import rag_prompt
 from inferplug.rag.layout import document_spans
 from inferplug.types import Request
@@ -23,36 +25,40 @@ def _request(session: str, docs: list[str]) -> Request:
     return Request(prompt=prompt, params=greedy(2), documents=document_spans(prompt, docs), request_id=session)
 
 
-def _admission_order(engine, requests: list[Request]) -> tuple[list[str], dict[str, list]]:
-    """One request runs at a time (max_num_seqs=1), so the order of first tokens is the order of admission."""
+def _first_tokens(engine, requests: list[Request]) -> tuple[dict[str, int], dict[str, list]]:
+    """Add the requests at once and step until done: each one's first-token step (from their arrival) and events."""
     for request in requests:
         engine.add_request(request)
-    order, events = [], {}
+    first, events, step = {}, {}, 0
     while engine.has_unfinished():
+        step += 1
         for event in engine.step():
-            if event.token_ids and event.request_id not in order:
-                order.append(event.request_id)
+            if event.token_ids:
+                first.setdefault(event.request_id, step)
             events.setdefault(event.request_id, []).append(event)
-    return order, events
-
-
-def _warm_engine(model_dir, schedule: str):
-    engine = make_engine(model_dir, max_num_seqs=1, schedule=schedule)
-    run_all(engine, [_request("warm", CACHED)])  # the cached documents' KV is stored
-    return engine
+    return first, events
 
 
 def test_a_request_with_cached_documents_goes_before_uncached_ones(tiny_llama_dir):
-    queue = [_request("u1", UNCACHED[0]), _request("u2", UNCACHED[1]), _request("c", CACHED)]
-    fifo_order, fifo_events = _admission_order(_warm_engine(tiny_llama_dir, "fifo"), queue)
-    assert fifo_order == ["u1", "u2", "c"]
-    engine = _warm_engine(tiny_llama_dir, "cache_aware")
-    order, events = _admission_order(engine, [_request("u1", UNCACHED[0]), _request("u2", UNCACHED[1]),
-                                              _request("c", CACHED)])
-    assert order == ["c", "u1", "u2"]
+    """A seat for each request and steps of 32 tokens, no cap: c, whose documents are cached, goes before u1 and u2
+    (about 170 tokens each, uncached), and neither waits more than twice its FIFO wait. With one seat (as this test
+    had) c took the seat u1 would have had, and u1's first token came at step 5 against FIFO's 1: a request now
+    moves only while a seat is left for each request it passes."""
+    def queue():
+        return [_request("u1", UNCACHED[0]), _request("u2", UNCACHED[1]), _request("c", CACHED)]
+
+    runs = {}
+    for schedule in ("fifo", "cache_aware"):
+        engine = make_engine(tiny_llama_dir, max_num_seqs=3, max_num_batched_tokens=32, schedule=schedule)
+        run_all(engine, [_request("warm", CACHED)])  # the cached documents' KV is stored
+        runs[schedule] = _first_tokens(engine, queue())
+    (fifo, fifo_events), (ours, events) = runs["fifo"], runs["cache_aware"]
+    assert sorted(fifo, key=fifo.get) == ["u1", "u2", "c"]
+    assert sorted(ours, key=ours.get) == ["c", "u1", "u2"]
     assert engine.stats()["admitted_out_of_order"] == 1
     assert events["c"][-1].usage.cached_tokens > 0
-    for rid in order:  # the order changes when a request runs, never what it answers
+    assert all(ours[rid] <= 2 * fifo[rid] for rid in ours)
+    for rid in ours:  # the order changes when a request runs, never what it answers
         assert tokens_of(events[rid]) == tokens_of(fifo_events[rid])
 
 
@@ -65,18 +71,10 @@ def _first_tokens_behind_a_stream(model_dir, schedule: str, **limits) -> tuple[d
                                request_id="stream"))  # it stores the cached documents' KV, then decodes
     while not engine.step():
         pass
-    for request in [_request("u", ["Green frogs croak by the pond."])] + [_request(f"c{i}", CACHED) for i in range(8)]:
-        engine.add_request(request)
-    first, computed, step = {}, {}, 0
-    while engine.has_unfinished():
-        step += 1
-        for event in engine.step():
-            if event.token_ids and event.request_id not in first:
-                first[event.request_id] = step
-            if event.usage is not None:
-                computed[event.request_id] = event.usage.prompt_tokens - event.usage.cached_tokens
+    queue = [_request("u", ["Green frogs croak by the pond."])] + [_request(f"c{i}", CACHED) for i in range(8)]
+    first, events = _first_tokens(engine, queue)
     del first["stream"]
-    return first, computed
+    return first, {rid: ev[-1].usage.prompt_tokens - ev[-1].usage.cached_tokens for rid, ev in events.items()}
 
 
 def test_under_the_cpus_decode_cap_no_request_is_passed(tiny_llama_dir):
@@ -93,16 +91,50 @@ def test_under_the_cpus_decode_cap_no_request_is_passed(tiny_llama_dir):
 
 
 def test_without_a_cap_no_request_waits_more_than_twice_its_fifo_wait(tiny_llama_dir):
-    """Steps of 32 tokens, no decode cap: cached requests go before u while the prefill computed before its first
-    token stays within twice FIFO's (its own 106 tokens), and so does its wait in steps."""
+    """Steps of 32 tokens, no decode cap: a cached request goes before u while what it is charged (its prefill
+    and its one decode row, greedy(2)) stays within u's allowance, its FIFO wait of 106 tokens, and u's wait in
+    steps within twice FIFO's. Charging every seat's decode row instead (a step's prefill floor B - (max_num_seqs -
+    1) = 23) left an allowance of 46, below one cached request's 84. In steps of 96 or 128 one is moved first, but
+    its first token comes after u's: its prompt takes a step for each stretch between its cached documents, u's 106
+    tokens only two; so the steps here are short enough for u's prefill to outlast that."""
     limits = {"max_num_batched_tokens": 32, "max_prefill_tokens_while_decoding": 0}
     fifo, fifo_computed = _first_tokens_behind_a_stream(tiny_llama_dir, "fifo", **limits)
     ours, computed = _first_tokens_behind_a_stream(tiny_llama_dir, "cache_aware", **limits)
     assert min(fifo, key=fifo.get) == "u"
     passed = [rid for rid in ours if ours[rid] < ours["u"]]
     assert passed, "no cached request went first"
-    assert sum(computed[rid] for rid in passed) + computed["u"] <= 2 * fifo_computed["u"]
-    assert sum(computed[rid] for rid in passed) + computed["c0"] > computed["u"]  # one more would overdraw it
+    charged = sum(computed[rid] + 1 for rid in passed)  # prefill and one decode row each
+    assert charged <= fifo_computed["u"] < charged + computed["c0"] + 1  # one more would overdraw u's allowance
     assert ours["u"] <= 2 * fifo["u"]
     behind = sorted((rid for rid in ours if ours[rid] > ours["u"]), key=ours.get)
     assert behind == [f"c{i}" for i in range(8) if f"c{i}" not in passed]  # FIFO after it
+
+
+# 256 tokens (16 blocks): a request that continues it computes only its own few tokens
+SHARED = "Shared notes: " + " ".join(f"item {i} is kept on shelf {i % 7}." for i in range(9)) + " " + "-" * 8
+
+
+@pytest.mark.parametrize("seats, cached", [(17, 16), (32, 31), (9, 16)])
+def test_with_many_seats_no_request_waits_more_than_twice_its_fifo_wait(tiny_llama_dir, seats, cached):
+    """Steps of 32 tokens, no cap (a review's case): u, uncached (100 tokens, FIFO's first), ahead of requests that
+    share a cached prefix and compute 4-5 tokens each. A request moved first decodes a row every step from its first
+    token on, taken from the budget before u's next chunk: while only their prefill was charged, 16 of them (17
+    seats) held u to 16 prefill tokens a step and 22 (32 seats) to 10, and u's first token came at steps 9 and 15
+    against FIFO's 4. With more of them than seats (9 seats, 16 of them), those moved first took every seat and u
+    waited for one to end, to step 46, before a seat was kept for each request passed."""
+    def queue():
+        u = Request(prompt="Unshared: " + "x" * 90, params=greedy(2), request_id="u")
+        return [u] + [Request(prompt=SHARED + f" c{i}?", params=greedy(40), request_id=f"c{i}")
+                      for i in range(cached)]
+
+    limits = {"max_num_batched_tokens": 32, "max_prefill_tokens_while_decoding": 0, "max_num_seqs": seats,
+              "num_kv_blocks": 512}
+    first = {}
+    for schedule in ("fifo", "cache_aware"):
+        engine = make_engine(tiny_llama_dir, schedule=schedule, **limits)
+        run_all(engine, [Request(prompt=SHARED + " warm", params=greedy(1), request_id="warm")])  # caches SHARED
+        first[schedule] = _first_tokens(engine, queue())[0]
+    fifo, ours = first["fifo"], first["cache_aware"]
+    assert min(fifo, key=fifo.get) == "u"
+    assert min(ours, key=ours.get) != "u", "no cached request went first"
+    assert {rid: ours[rid] for rid in ours if ours[rid] > 2 * fifo[rid]} == {}
