@@ -79,7 +79,10 @@ def run(args: argparse.Namespace) -> int:
 
     backend = get_backend(profile)
     app = create_app(backend, api_key=args.api_key, max_body_bytes=max_body)
-    print(f"inferplug: serving {backend.model_name} ({backend.name}) at http://{args.host}:{args.port}/v1", flush=True)
+    # the profile's names, not backend.model_name: for an [openai] profile that asks the remote (with its key) now,
+    # before any client request
+    served = profile.model.served_name or profile.name
+    print(f"inferplug: serving {served} ({backend.name}) at http://{args.host}:{args.port}/v1", flush=True)
     try:
         # SIGTERM: in-flight requests get the grace, then are cancelled (and so aborted); close_all frees the rest
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
