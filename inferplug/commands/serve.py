@@ -38,6 +38,8 @@ _LIMIT_FLAGS = [
     ("max_messages", whole_number, "messages in one chat request"),
     ("max_tools", int, "tools offered in one chat request"),
     ("max_schema_bytes", int, "bytes of a response_format schema or of the tools' JSON"),
+    ("max_schema_properties", int, "properties of all objects in a response_format schema or in the tools"),
+    ("max_json_depth", whole_number, "how deep a request body's JSON may nest"),
     ("max_stop", int, "stop strings and stop_token_ids per request"),
     ("max_prompt_tokens", whole_number, "tokens of one prompt (default: the context length)"),
     ("max_total_tokens", whole_number, "prompts x n x max_tokens of one request"),
