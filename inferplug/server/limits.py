@@ -1,6 +1,7 @@
-"""The [server] limits (profile_server.py), before any work is queued for a request: the counts of its lists (and a
-prompt surely over the context) on its JSON as sent, before it is validated (LimitScreen); its values (n, lengths,
-sizes, prompts x n x max_tokens) on the validated request, as pydantic has read them (the routes).
+"""The [server] limits (profile_server.py), before any work is queued for a request: its nesting depth, the counts
+of its lists and of its schemas' properties (and a prompt surely over the context) on its JSON as sent, before it is
+validated (LimitScreen); its values (n, lengths, sizes, prompts x n x max_tokens) on the validated request, as
+pydantic has read them (the routes).
 
 Each check is cheap (counts and sizes) except the prompt's token count under an explicit max_prompt_tokens: a
 prompt is tokenized only when its bytes could exceed it, and then in a worker thread, never on the event loop.
