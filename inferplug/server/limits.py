@@ -69,8 +69,12 @@ def _shape(value: Any) -> tuple[int, int]:
             inner = node.get("properties")
             properties += len(inner) if isinstance(inner, dict) else 0
             node = node.values()
-        stack.extend((child, level + 1) for child in node if isinstance(child, (dict, list)))
+        if not _CONTAINERS.isdisjoint(map(type, node)):  # at C speed: most lists hold only numbers or texts
+            stack.extend((child, level + 1) for child in node if type(child) in _CONTAINERS)
     return depth, properties
+
+
+_CONTAINERS = frozenset({dict, list})  # what json.loads makes of objects and arrays
 
 
 # --- on the JSON as sent (LimitScreen): the counts of lists, costly to validate one item at a time -------------
