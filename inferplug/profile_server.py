@@ -17,6 +17,13 @@ class ServerOptions(BaseModel):
     max_messages: int = Field(default=512, ge=1)
     max_tools: int = Field(default=128, ge=0)
     max_schema_bytes: int = Field(default=64 * 1024, ge=0)  # a response_format schema's (or all tools') JSON
+    # the properties of all objects in a response_format schema (or in all tools): xgrammar's compile time grows
+    # faster than their count (256 compile in ~0.1-0.3 s here, 1,000 in one object in ~5 s), and a compile holds a
+    # prompt worker, which the other clients' prompts then wait for
+    max_schema_properties: int = Field(default=256, ge=0)
+    # how deep a request body's JSON may nest: deeper, parsing it (and rendering or compiling what it holds) recurses
+    # past Python's stack; a schema nested 200 objects deep takes xgrammar ~2 s
+    max_json_depth: int = Field(default=64, ge=8)
     max_stop: int = Field(default=16, ge=0)  # stop strings, and stop_token_ids, per request
     max_stop_chars: int = Field(default=256, ge=1)  # the longest stop string
     max_prompt_tokens: int | None = Field(default=None, ge=1)  # None: the context length (the backend checks it)

@@ -1,9 +1,9 @@
 """AsyncEngine: the LLMEngine step loop in a background thread, its events handed out through EventChannels.
 
-Callers never wait for the engine: `submit` queues the request for the prompt workers and returns. A worker runs the
-prompt stage (stages/prompt.py: render, tokenize, check, place the documents) and compiles its JSON schema, so a
-huge prompt, a long history or a large schema costs its own request time, not a step of every stream; once prepared
-it is queued, and
+Callers never wait for the engine: `submit` queues the request for the prompt workers (round-robin by client, one
+worker per client at a time: backends/prompt_queue.py) and returns. A worker runs the prompt stage (stages/prompt.py:
+render, tokenize, check, place the documents) and compiles its JSON schema, so a huge prompt, a long history or a
+large schema costs its own request time, not a step of every stream; once prepared it is queued, and
 the step thread adds queued requests between steps (a bad one ends its channel with the RequestError)
 and sends each step's events to their channels, one send per channel per step. One lock guards the
 engine: the step thread holds it for a step's scheduling, model and sampling (LLMEngine.step_tokens), `abort_now`
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
 import time
 from collections import deque
@@ -27,6 +26,7 @@ from functools import partial
 from typing import Any
 
 from inferplug.backends.bridge import EventChannel, consume_async
+from inferplug.backends.prompt_queue import PromptQueue
 from inferplug.engine.guided import compile_json_schema
 from inferplug.engine.llm_engine import LLMEngine
 from inferplug.errors import BackendUnavailable
@@ -53,7 +53,7 @@ class AsyncEngine:
         self._closed = False
         self.failure: str | None = None  # why the step thread stopped, when it died
         self._snapshot = engine.stats()
-        self._prompts: queue.SimpleQueue[Request | None] = queue.SimpleQueue()  # for the prompt workers
+        self._prompts = PromptQueue()  # for the prompt workers
         self._workers = [threading.Thread(target=self._prepare_prompts, name=f"inferplug-prompt-{i}", daemon=True)
                          for i in range(PROMPT_WORKERS)]
         self._thread = threading.Thread(target=self._loop, name="inferplug-engine", daemon=True)
@@ -74,14 +74,19 @@ class AsyncEngine:
         """A prompt worker: each request's prompt ids (and its schema compiled, so that the engine's own compile is a
         cache hit), queued for the step thread; a bad request (RequestError) ends its stream alone."""
         engine = self.engine
-        while (request := self._prompts.get()) is not None:
+        while (request := self._prompts.take()) is not None:
             try:
-                prompt = encode_prompt(engine.tokenizer, engine.render_chat, request, engine.max_model_len)
-                if request.params.json_schema is not None:
-                    compile_json_schema(engine.tokenizer, request.params.json_schema)
+                with self._inbox_lock:
+                    wanted = request.request_id in self._preparing  # not aborted while it waited
+                if wanted:
+                    prompt = encode_prompt(engine.tokenizer, engine.render_chat, request, engine.max_model_len)
+                    if request.params.json_schema is not None:
+                        compile_json_schema(engine.tokenizer, request.params.json_schema)
                 error = None
             except Exception as exc:  # noqa: BLE001 - a bad request fails alone
                 error = exc
+            finally:
+                self._prompts.done(request)
             with self._inbox_lock:
                 entry = self._preparing.pop(request.request_id, None)
                 if entry is None:
@@ -145,8 +150,7 @@ class AsyncEngine:
             self._fail_all(BackendUnavailable("the backend was closed while this request ran; create a new backend"))
         self._wake.set()
         self._thread.join(timeout=30)
-        for _ in self._workers:  # what they still prepare ends with BackendUnavailable (closed)
-            self._prompts.put(None)
+        self._prompts.close()  # what they still prepare ends with BackendUnavailable (closed)
         for thread in self._workers:
             thread.join(timeout=30)
         self.engine.close()  # after the step thread: a tensor-parallel engine's workers stop

@@ -38,6 +38,8 @@ _LIMIT_FLAGS = [
     ("max_messages", whole_number, "messages in one chat request"),
     ("max_tools", int, "tools offered in one chat request"),
     ("max_schema_bytes", int, "bytes of a response_format schema or of the tools' JSON"),
+    ("max_schema_properties", int, "properties of all objects in a response_format schema or in the tools"),
+    ("max_json_depth", whole_number, "how deep a request body's JSON may nest"),
     ("max_stop", int, "stop strings and stop_token_ids per request"),
     ("max_prompt_tokens", whole_number, "tokens of one prompt (default: the context length)"),
     ("max_total_tokens", whole_number, "prompts x n x max_tokens of one request"),
@@ -79,7 +81,10 @@ def run(args: argparse.Namespace) -> int:
 
     backend = get_backend(profile)
     app = create_app(backend, api_key=args.api_key, max_body_bytes=max_body)
-    print(f"inferplug: serving {backend.model_name} ({backend.name}) at http://{args.host}:{args.port}/v1", flush=True)
+    # the profile's names, not backend.model_name: for an [openai] profile that asks the remote (with its key) now,
+    # before any client request
+    served = profile.model.served_name or profile.name
+    print(f"inferplug: serving {served} ({backend.name}) at http://{args.host}:{args.port}/v1", flush=True)
     try:
         # SIGTERM: in-flight requests get the grace, then are cancelled (and so aborted); close_all frees the rest
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,

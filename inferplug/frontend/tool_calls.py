@@ -161,7 +161,7 @@ def as_call(item: Any, known: set[str]) -> ToolCall | None:
     if isinstance(args, str):
         try:
             args = json.loads(args)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return None
     return ToolCall(name=item["name"], arguments=args) if isinstance(args, dict) else None
 

@@ -1,6 +1,7 @@
-"""The [server] limits (profile_server.py), before any work is queued for a request: the counts of its lists (and a
-prompt surely over the context) on its JSON as sent, before it is validated (LimitScreen); its values (n, lengths,
-sizes, prompts x n x max_tokens) on the validated request, as pydantic has read them (the routes).
+"""The [server] limits (profile_server.py), before any work is queued for a request: its nesting depth, the counts
+of its lists and of its schemas' properties (and a prompt surely over the context) on its JSON as sent, before it is
+validated (LimitScreen); its values (n, lengths, sizes, prompts x n x max_tokens) on the validated request, as
+pydantic has read them (the routes).
 
 Each check is cheap (counts and sizes) except the prompt's token count under an explicit max_prompt_tokens: a
 prompt is tokenized only when its bytes could exceed it, and then in a worker thread, never on the event loop.
@@ -28,9 +29,19 @@ _TEMPLATE_BYTES = 1024  # what a chat template may add around the messages' own 
 
 
 def over(what: str, value: int, key: str, limit: int, fix: str, param: str | None = None) -> LimitExceeded:
-    flag = key.replace("_", "-")
-    return LimitExceeded(f"{what} is {value}, over this server's limit of {limit}: {fix}. The operator sets the "
-                         f"limit as [server] {key} in the profile (inferplug serve --{flag})", limit=key, param=param)
+    return LimitExceeded(f"{what} is {value}, over this server's limit of {limit}: {fix}. {_set_by(key)}", limit=key,
+                         param=param)
+
+
+def _set_by(key: str) -> str:
+    return f"The operator sets the limit as [server] {key} in the profile (inferplug serve --{key.replace('_', '-')})"
+
+
+def _too_deep_to_parse(opts: ServerOptions) -> LimitExceeded:
+    """json.loads ran out of stack (a RecursionError): the body nests deeper than any limit lets through."""
+    return LimitExceeded(f"the request body's JSON is nested too deep to parse, past this server's limit of "
+                         f"{opts.max_json_depth} levels: send flatter JSON. {_set_by('max_json_depth')}",
+                         limit="max_json_depth")
 
 
 def _check(what: str, value: int, key: str, opts: ServerOptions, fix: str, param: str | None = None) -> None:
@@ -45,6 +56,25 @@ def _json_bytes(value: Any) -> int:
 
 def _list(value: Any) -> list:
     return value if isinstance(value, list) else []
+
+
+def _shape(value: Any) -> tuple[int, int]:
+    """(how deep the JSON value nests, in lists and objects; the properties of the schemas in it, as the keys of
+    every "properties" object), walked without recursion: a value json.loads took may still be too deep for it."""
+    depth, properties, stack = 0, 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        depth = max(depth, level)
+        if isinstance(node, dict):
+            inner = node.get("properties")
+            properties += len(inner) if isinstance(inner, dict) else 0
+            node = node.values()
+        if not _CONTAINERS.isdisjoint(map(type, node)):  # at C speed: most lists hold only numbers or texts
+            stack.extend((child, level + 1) for child in node if type(child) in _CONTAINERS)
+    return depth, properties
+
+
+_CONTAINERS = frozenset({dict, list})  # what json.loads makes of objects and arrays
 
 
 # --- on the JSON as sent (LimitScreen): the counts of lists, costly to validate one item at a time -------------
@@ -70,6 +100,11 @@ def _counts_of_chat(raw: dict[str, Any], opts: ServerOptions) -> None:
     _check("the number of messages", len(_list(raw.get("messages"))), "max_messages", opts, "send a shorter history",
            "messages")
     _check("the number of tools", len(_list(raw.get("tools"))), "max_tools", opts, "offer fewer tools", "tools")
+    for field, what, fix in (("response_format", "the response_format's schema", "send a schema with fewer properties"),
+                             ("tools", "the tools' schemas", "offer tools with fewer parameters")):
+        if isinstance(raw.get(field), (dict, list)):  # compiled to one grammar each (the tools for a required call)
+            _check(f"the number of properties in {what}", _shape(raw[field])[1], "max_schema_properties", opts, fix,
+                   field)
 
 
 def _completion_texts(raw: dict[str, Any]) -> list[list[str]]:
@@ -95,6 +130,8 @@ def screen(path: str, raw: dict[str, Any], opts: ServerOptions, backend: Any) ->
     rendered or tokenized, a 7 MiB prompt or 20,000 messages cost their parse and no more (stages/prompt_bound.py's
     bound for the context)."""
     counts, texts, param = SCREENS[path]
+    _check("the request body's JSON nesting depth", _shape(raw)[0], "max_json_depth", opts,
+           "it is nested too deep; send flatter JSON")
     counts(raw, opts)
     _check("the number of stop strings and stop_token_ids", _count_stops(raw), "max_stop", opts, "send fewer stops",
            "stop")
@@ -152,16 +189,23 @@ class LimitScreen:
             return await self.app(scope, receive, send)
         message = await receive()
         try:
-            raw = json.loads(message.get("body", b""))
-        except ValueError:  # not JSON (or not UTF-8): FastAPI names the error
-            raw = None
-        if isinstance(raw, dict):
-            try:
+            raw = _parsed(message.get("body", b""), self.state.options)
+            if isinstance(raw, dict):
                 screen(path, raw, self.state.options, self.state.backend)
-            except RequestError as exc:
-                self.state.metrics.failed(path, exc.status)
-                return await request_error_response(exc)(scope, receive, send)
+        except RequestError as exc:
+            self.state.metrics.failed(path, exc.status)
+            return await request_error_response(exc)(scope, receive, send)
         await self.app(scope, replaying(message, receive), send)
+
+
+def _parsed(body: bytes, opts: ServerOptions) -> Any:
+    """The body's JSON, or None where it is not JSON (or not UTF-8): FastAPI then names the error."""
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise _too_deep_to_parse(opts) from None
+    except ValueError:
+        return None
 
 
 async def check_prompt_tokens(backend: Any, prepared: list[Prepared], opts: ServerOptions) -> None:

@@ -28,15 +28,15 @@ _SCOPE_KEYS = ("type", "asgi", "http_version", "method", "scheme", "path", "raw_
 
 def routing_text(body: bytes) -> str:
     """The text a prefix-aware router matches: the messages in order (system prompt first), or the prompt."""
-    try:
+    try:  # a body too deep to parse (RecursionError) is routed anyway: the replica's app answers its 400
         data = json.loads(body)
-    except ValueError:
+        if not isinstance(data, dict):
+            return ""
+        if isinstance(data.get("messages"), list):
+            return "".join(_text(m.get("content")) for m in data["messages"] if isinstance(m, dict))
+        return _prompt_text(data.get("prompt"))
+    except (ValueError, RecursionError):
         return ""
-    if not isinstance(data, dict):
-        return ""
-    if isinstance(data.get("messages"), list):
-        return "".join(_text(m.get("content")) for m in data["messages"] if isinstance(m, dict))
-    return _prompt_text(data.get("prompt"))
 
 
 def _prompt_text(prompt: Any) -> str:

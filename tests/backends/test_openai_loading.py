@@ -96,3 +96,28 @@ def test_api_key_env_names_only_a_variable_ending_in_api_key(tmp_path, name):
     with pytest.raises(ProfileError, match="ending in _API_KEY"):
         load_profile(path)
     assert OpenAIOptions(api_key_env="OPENAI_API_KEY").api_key_env == "OPENAI_API_KEY"
+
+
+def test_serve_sends_nothing_to_the_remote_until_a_client_asks(server, tmp_path):
+    """`inferplug serve` on an [openai] profile: up and answering /health with no request to the remote (the key
+    goes out with the first client request, not at startup)."""
+    import os
+
+    import httpx
+
+    from inferplug.server.launch import start_serve
+
+    path = tmp_path / "remote.toml"
+    path.write_text(f'backend = "openai"\n[openai]\nbase_url = "{server}"\napi_key_env = "LOOPBACK_API_KEY"\n')
+    proc, base = start_serve(str(path), env={**os.environ, "LOOPBACK_API_KEY": KEY})
+    try:
+        assert Recorder.seen == []
+        reply = httpx.post(base + "/v1/chat/completions", timeout=60,
+                           json={"model": "remote", "messages": [{"role": "user", "content": "hi"}]})
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["choices"][0]["message"]["content"] == "hello"
+        assert [s[:2] for s in Recorder.seen] == [("GET", "/v1/models"), ("POST", "/v1/chat/completions")]
+    finally:
+        proc.terminate()
+        output = proc.communicate(timeout=60)[0]
+    assert KEY not in output and "serving remote" in output

@@ -14,6 +14,13 @@ from inferplug.profile_server import ServerOptions
 MESSAGES = [{"role": "user", "content": "hello there"}]
 
 
+def nested_lists(depth: int) -> list:
+    value: list = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
 def refused(server, path: str, body: dict, timeout: float = 60) -> dict:
     reply = httpx.post(server.url + path, json={"model": "tiny-llama", **body}, timeout=timeout)
     assert reply.status_code == 400, reply.text
@@ -35,6 +42,13 @@ def assert_names(error: dict, key: str, param: str) -> None:
     ("/chat/completions", {"messages": MESSAGES, "stop": ["x"] * 10, "stop_token_ids": [1] * 7}, "max_stop", "stop"),
     ("/completions", {"prompt": "hi", "stop": ["y" * 257]}, "max_stop_chars", "stop"),
     ("/completions", {"prompt": "hi", "n": 16, "max_tokens": 8193}, "max_total_tokens", "max_tokens"),
+    ("/chat/completions", {"messages": MESSAGES, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {f"p{i}": {} for i in range(257)}}}}},
+     "max_schema_properties", "response_format"),
+    ("/chat/completions", {"messages": MESSAGES, "tool_choice": "required", "tools": [
+        {"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object", "properties": {
+            f"p{j}": {"type": "string"} for j in range(65)}}}} for i in range(4)]}, "max_schema_properties", "tools"),
+    ("/completions", {"prompt": "hi", "user": nested_lists(64)}, "max_json_depth", None),  # with the body: 65
     ("/completions", {"prompt": [[1]] * 64, "n": 2, "max_tokens": 1025}, "max_total_tokens", "max_tokens"),
     # values as pydantic reads them: a number in a string, beam search's best_of, no max_completion_tokens here
     ("/completions", {"prompt": "hi", "n": "17"}, "max_n", "n"),
@@ -130,3 +144,20 @@ def test_echo_of_token_ids_outside_the_vocabulary_is_a_400(live_server, ids):
     """Found by the schemathesis test: echo decoded the ids before any check, and the tokenizer overflowed (a 500)."""
     error = refused(live_server, "/completions", {"prompt": ids, "echo": True, "max_tokens": 1})
     assert error["param"] == "prompt" and "outside the vocabulary" in error["message"]
+
+
+@pytest.mark.parametrize("path", ["/completions", "/chat/completions"])
+@pytest.mark.parametrize("body", [
+    b'{"model": "tiny-llama", "messages": ' + b"[" * 50_000,  # no commas: under max_json_values, too deep to parse
+    # parsed, but too deep for what reads it: a schema 450 objects deep would hold a prompt worker for minutes
+    b'{"model": "tiny-llama", "prompt": "hi", "messages": [{"role": "user", "content": "hi"}], "response_format": '
+    b'{"type": "json_schema", "json_schema": {"name": "x", "schema": '
+    + b'{"type": "object", "properties": {"x": ' * 450 + b"{}" + b"}}" * 450 + b"}}}",
+])
+def test_json_nested_too_deep_is_a_400_naming_it(live_server, path, body):
+    reply = httpx.post(live_server.url + path, content=body, headers={"Content-Type": "application/json"},
+                       timeout=60)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["type"] == "invalid_request_error" and "nested too deep" in error["message"]
+    assert live_server.client().completions.create(model="tiny-llama", prompt="hi", max_tokens=2).choices

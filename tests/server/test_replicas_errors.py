@@ -50,3 +50,4 @@ def test_routing_text_is_what_a_prefix_is_matched_on():
     assert routing_text(b'{"prompt": "once upon"}') == "once upon"
     assert routing_text(b'{"prompt": [[1, 2, 3], [4]]}') == "1 2 3"
     assert routing_text(b"not json") == routing_text(b"[1]") == ""
+    assert routing_text(b'{"messages": ' + b"[" * 50_000) == ""  # too deep to parse: the replica answers 400

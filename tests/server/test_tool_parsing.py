@@ -21,6 +21,7 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "
     '{"a": ' * 5000,
     "[" * 20000,  # nested past the decoder's recursion limit
     "<tool_call>" * 5000,
+    '{"name": "f", "arguments": "' + "[" * 20000 + '"}',  # its arguments' text nested past the limit
 ])
 def test_hostile_output_parses_to_no_call_within_a_bound(text):
     started = time.monotonic()
