@@ -1,7 +1,7 @@
 """AsyncEngine: the LLMEngine step loop in a background thread, its events handed out through EventChannels.
 
 Callers never wait for the engine: `submit` queues the request for the prompt workers (round-robin by client, one
-worker per client at a time: backends/prompt_queue.py) and returns. A worker runs the prompt stage (stages/prompt.py:
+worker per client at a time: PromptQueue, below) and returns. A worker runs the prompt stage (stages/prompt.py:
 render, tokenize, check, place the documents) and compiles its JSON schema, so a huge prompt, a long history or a
 large schema costs its own request time, not a step of every stream; once prepared it is queued, and
 the step thread adds queued requests between steps (a bad one ends its channel with the RequestError)
@@ -26,7 +26,6 @@ from functools import partial
 from typing import Any
 
 from inferplug.backends.bridge import EventChannel, consume_async
-from inferplug.backends.prompt_queue import PromptQueue
 from inferplug.engine.guided import compile_json_schema
 from inferplug.engine.llm_engine import LLMEngine
 from inferplug.errors import BackendUnavailable
@@ -37,6 +36,51 @@ log = logging.getLogger(__name__)
 
 _CLOSED = "the backend is closed; create a new backend"
 PROMPT_WORKERS = 2  # tokenizing and compiling are CPU work: a few threads, started once, whatever the load
+
+
+class PromptQueue:
+    """The prompt workers' queue: requests taken round-robin by client (Request.client: the server's tenant or remote
+    address), and each client's one at a time. A client sending schemas that take seconds to compile keeps one worker
+    busy, never all of them, and another client's prompt is taken by the next free worker, not after that queue."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._waiting: dict[str | None, deque[Request]] = {}  # by client, in turn order: the next served first
+        self._busy: set[str | None] = set()  # the clients a worker prepares a request of
+        self._closed = False
+
+    def put(self, request: Request) -> None:
+        with self._changed:
+            self._waiting.setdefault(request.client, deque()).append(request)
+            self._changed.notify()
+
+    def take(self) -> Request | None:
+        """The next request of the first client in turn with no request being prepared; None once closed and empty
+        (closing, what is queued is still handed out, whoever is busy: its stream ends with BackendUnavailable)."""
+        with self._changed:
+            while True:
+                ready = [c for c in self._waiting if self._closed or c not in self._busy][:1]  # a client may be None
+                if ready:
+                    queued = self._waiting.pop(ready[0])
+                    request = queued.popleft()
+                    if queued:  # its turn comes again after every other client's
+                        self._waiting[ready[0]] = queued
+                    self._busy.add(ready[0])
+                    return request
+                if self._closed:
+                    return None
+                self._changed.wait()
+
+    def done(self, request: Request) -> None:
+        """The worker that took `request` is done with it: its client's next request may be taken."""
+        with self._changed:
+            self._busy.discard(request.client)
+            self._changed.notify()
+
+    def close(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
 
 
 class AsyncEngine:

@@ -1,11 +1,11 @@
-"""The prompt workers' queue (backends/prompt_queue.py): clients take turns, and each has one request being
+"""The prompt workers' queue (backends/async_engine.py): clients take turns, and each has one request being
 prepared at a time; closing hands out what is left, then None."""
 
 from __future__ import annotations
 
 import threading
 
-from inferplug.backends.prompt_queue import PromptQueue
+from inferplug.backends.async_engine import PromptQueue
 from inferplug.types import Request
 
 
