@@ -13,12 +13,14 @@ requests queued ahead of it, and its own, A tokens, so FIFO takes at least A / B
 A request p moved ahead of r is *charged* to r's allowance, and may not move past a request it would overdraw:
 its cost c, and its decode rows, which take budget before r's next chunk every step from p's first token on: at
 most one row of 1 + k tokens a step (k: the speculative tokens a row may carry), for at most min(m - 1, W) steps
-(m: p's max_tokens; W = ceil(2A / B), r's bound in steps). A step carries at least b tokens of the work charged or
-in A (b: the decode cap, `max_prefill_tokens_while_decoding`, which binds while any stream decodes, as a request
-moved first soon does; b = B without a cap): without a cap every step is full, and under one the prefill is
-min(b, B - rows), so prefill and charged rows together are at least b. Rows of requests that FIFO runs too slow
+(m: p's max_tokens; W = ceil(2A / B'), r's bound in steps, B' = B less a row for each seat already running: those
+rows take budget every step under both orders, and are not in A). A step carries at least min(b, B') tokens of the
+work charged or in A (b: the decode cap, `max_prefill_tokens_while_decoding`, which binds while any stream decodes,
+as a request moved first soon does; b = B without a cap): without a cap every step is full, and under one the
+prefill is min(b, B - rows), so prefill and charged rows together are at least b. Rows of requests that FIFO runs too slow
 both orders alike and are not charged. So with an allowance of A (2b - B) / B, r's first token comes within
-(A + A (2b - B) / B) / b = 2A / B steps: twice FIFO's least, by construction. Without a cap that is A. Under a cap
+(A + A (2b - B) / B) / b = 2A / B steps: twice FIFO's least, by construction (with rows already running, at most
+2A / B' against FIFO's A / B'). Without a cap that is A. Under a cap
 of half the budget or less (the CPU's default, 16 of 256) it is 0: no request is passed, because a cheap request
 put first starts decoding and holds every step to b prefill tokens, where FIFO would have computed the passed one's
 prompt at B a step. A request moves only while a seat is free for it and each request it passes (a seat it took
@@ -66,9 +68,10 @@ class CacheAwareOrder:
             return
         costs = [self._cost(seq) for seq in window]
         ahead = sum(self._left(seq, seq.num_computed_tokens) for seq in running)
+        rest = max(self.step_tokens - self.row_tokens * sum(seq.seats for seq in running), 1)  # B' a step
         for seq, (cost, _) in zip(window, costs):
             ahead += cost  # its FIFO wait, to its first token
-            self.allowance.setdefault(seq, [int(ahead * self.share), -(-2 * ahead // self.step_tokens)])
+            self.allowance.setdefault(seq, [int(ahead * self.share), -(-2 * ahead // rest)])
         best, floor, seats = None, costs[0][0], window[0].seats
         for i in range(1, len(window)):
             cost, cached = costs[i]

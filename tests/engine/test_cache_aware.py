@@ -138,3 +138,30 @@ def test_with_many_seats_no_request_waits_more_than_twice_its_fifo_wait(tiny_lla
     assert min(fifo, key=fifo.get) == "u"
     assert min(ours, key=ours.get) != "u", "no cached request went first"
     assert {rid: ours[rid] for rid in ours if ours[rid] > 2 * fifo[rid]} == {}
+
+
+@pytest.mark.parametrize("streams", [8, 16])
+def test_with_streams_already_decoding_no_request_waits_more_than_twice_its_fifo_wait(tiny_llama_dir, streams):
+    """As above with 64 seats, while `streams` requests already decode (a review's case): their rows take budget every
+    step under both orders and are not in u's FIFO wait, so u's bound in steps is counted on what a step has left
+    for prefill. Counted on the whole 32 tokens, the 9 cached requests moved first were charged too few decode rows:
+    u's first token came at step 18 against FIFO's 7 with 16 streams (9 against 5 with 8); now at 11 and 8."""
+    def queue():
+        u = Request(prompt="Unshared: " + "x" * 90, params=greedy(2), request_id="u")
+        return [u] + [Request(prompt=SHARED + f" c{i}?", params=greedy(40), request_id=f"c{i}") for i in range(9)]
+
+    limits = {"max_num_batched_tokens": 32, "max_prefill_tokens_while_decoding": 0, "max_num_seqs": 64,
+              "num_kv_blocks": 1024}
+    first = {}
+    for schedule in ("fifo", "cache_aware"):
+        engine = make_engine(tiny_llama_dir, schedule=schedule, **limits)
+        run_all(engine, [Request(prompt=SHARED + " warm", params=greedy(1), request_id="warm")])  # caches SHARED
+        for i in range(streams):
+            engine.add_request(Request(prompt=f"Stream {i} goes on.", params=greedy(120), request_id=f"s{i}"))
+        while engine.scheduler.waiting or not all(s.num_output_tokens for s in engine.scheduler.running):  # every stream decodes
+            engine.step()
+        first[schedule] = {rid: step for rid, step in _first_tokens(engine, queue())[0].items() if rid[0] != "s"}
+    fifo, ours = first["fifo"], first["cache_aware"]
+    assert min(fifo, key=fifo.get) == "u"
+    assert min(ours, key=ours.get) != "u", "no cached request went first"
+    assert {rid: ours[rid] for rid in ours if ours[rid] > 2 * fifo[rid]} == {}
