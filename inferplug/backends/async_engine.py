@@ -59,7 +59,8 @@ class PromptQueue:
         (closing, what is queued is still handed out, whoever is busy: its stream ends with BackendUnavailable)."""
         with self._changed:
             while True:
-                ready = [c for c in self._waiting if self._closed or c not in self._busy][:1]  # a client may be None
+                # requests of no client (library calls, the integrations) are not shared out: any free worker
+                ready = [c for c in self._waiting if c is None or self._closed or c not in self._busy][:1]
                 if ready:
                     queued = self._waiting.pop(ready[0])
                     request = queued.popleft()
@@ -70,6 +71,15 @@ class PromptQueue:
                 if self._closed:
                     return None
                 self._changed.wait()
+
+    def discard(self, request: Request) -> None:
+        """Drop `request` if it still waits (aborted before a worker took it): an aborted prompt holds no memory."""
+        with self._changed:
+            kept = deque(r for r in self._waiting.get(request.client, ()) if r is not request)
+            if kept:
+                self._waiting[request.client] = kept
+            else:
+                self._waiting.pop(request.client, None)
 
     def done(self, request: Request) -> None:
         """The worker that took `request` is done with it: its client's next request may be taken."""
@@ -121,7 +131,7 @@ class AsyncEngine:
         while (request := self._prompts.take()) is not None:
             try:
                 with self._inbox_lock:
-                    wanted = request.request_id in self._preparing  # not aborted while it waited
+                    wanted = request.request_id in self._preparing and not self._closed  # not aborted meanwhile
                 if wanted:
                     prompt = encode_prompt(engine.tokenizer, engine.render_chat, request, engine.max_model_len)
                     if request.params.json_schema is not None:
@@ -162,6 +172,7 @@ class AsyncEngine:
                 self._inbox = deque(item for item in self._inbox if item[0].request_id != request_id)
             elif request_id in self._preparing:
                 queued = [self._preparing.pop(request_id)]
+                self._prompts.discard(queued[0][0])
             if queued:
                 self._open.discard(request_id)
         if queued:

@@ -145,7 +145,10 @@ class BodySizeLimit:
             if size > self.max_bytes:
                 return await self._too_large(scope, receive, send)
         body = b"".join(chunks)  # one copy: the chunks, then the whole body, never a body that grows
-        if self.max_values is not None and len(body) > self.max_values and body.count(b",") > self.max_values:
+        # the values are about its commas, and its lists and objects (each costs the parse and the depth walk), at most
+        # max_values of either: counted at C speed
+        if self.max_values is not None and len(body) > self.max_values and max(
+                body.count(b","), body.count(b"[") + body.count(b"{")) > self.max_values:
             message = (f"the request body holds over {self.max_values} JSON values, this server's limit ([server] "
                        "max_json_values, --max-json-values): send fewer prompts or shorter token-id lists")
             return await error_response(message, 413, code="max_json_values")(scope, receive, send)

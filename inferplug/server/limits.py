@@ -100,11 +100,26 @@ def _counts_of_chat(raw: dict[str, Any], opts: ServerOptions) -> None:
     _check("the number of messages", len(_list(raw.get("messages"))), "max_messages", opts, "send a shorter history",
            "messages")
     _check("the number of tools", len(_list(raw.get("tools"))), "max_tools", opts, "offer fewer tools", "tools")
-    for field, what, fix in (("response_format", "the response_format's schema", "send a schema with fewer properties"),
-                             ("tools", "the tools' schemas", "offer tools with fewer parameters")):
-        if isinstance(raw.get(field), (dict, list)):  # compiled to one grammar each (the tools for a required call)
-            _check(f"the number of properties in {what}", _shape(raw[field])[1], "max_schema_properties", opts, fix,
-                   field)
+    if isinstance(raw.get("response_format"), dict):
+        _check("the number of properties in the response_format's schema", _shape(raw["response_format"])[1],
+               "max_schema_properties", opts, "send a schema with fewer properties", "response_format")
+    compiled = _compiled_tools(raw)
+    if compiled:
+        _check("the number of properties in the tools a required or named tool_choice compiles", _shape(compiled)[1],
+               "max_schema_properties", opts, "offer tools with fewer parameters, or let tool_choice be auto", "tools")
+
+
+def _compiled_tools(raw: dict[str, Any]) -> list[Any]:
+    """The tools whose parameters become a grammar: all of them for a required call, the one a named tool_choice
+    names; none under auto or none, which constrain nothing (frontend/requests.py's build_request)."""
+    tools, choice = _list(raw.get("tools")), raw.get("tool_choice")
+    if choice in ("required", "any", True):
+        return tools
+    named = choice.get("function") if isinstance(choice, dict) else None
+    if not isinstance(named, dict):
+        return []
+    return [t for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)
+            and t["function"].get("name") == named.get("name")]
 
 
 def _completion_texts(raw: dict[str, Any]) -> list[list[str]]:

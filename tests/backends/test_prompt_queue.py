@@ -31,3 +31,18 @@ def test_clients_take_turns_one_request_each_at_a_time():
     assert queue.take().request_id == "b2"
     queue.close()  # closing: the rest, whoever is busy, then None
     assert [queue.take().request_id, queue.take()] == ["a3", None]
+
+
+def test_requests_of_no_client_take_any_free_worker_and_an_aborted_one_is_dropped():
+    """Library calls and the integrations name no client: they are not shared out, so a batch of them uses every
+    worker; a request aborted while it waits leaves the queue (it would hold its prompt until its turn)."""
+    queue = PromptQueue()
+    waiting = [request(f"n{i}", None) for i in range(3)] + [request("a1", "a"), request("a2", "a")]
+    for r in waiting:
+        queue.put(r)
+    # in turn with a, and n1 taken while n0 is still prepared
+    assert [queue.take().request_id for _ in range(3)] == ["n0", "a1", "n1"]
+    queue.discard(waiting[2])
+    queue.discard(waiting[4])
+    queue.close()
+    assert queue.take() is None  # n2 and a2 are gone

@@ -161,3 +161,31 @@ def test_json_nested_too_deep_is_a_400_naming_it(live_server, path, body):
     error = reply.json()["error"]
     assert error["type"] == "invalid_request_error" and "nested too deep" in error["message"]
     assert live_server.client().completions.create(model="tiny-llama", prompt="hi", max_tokens=2).choices
+
+
+def test_tools_count_their_properties_only_where_a_tool_choice_compiles_them():
+    """An agent's 40 tools of 7 parameters (280 properties) under tool_choice auto or none constrain nothing, so no
+    grammar is compiled and nothing is refused; a required call compiles them all, a named one only its own."""
+    from inferplug.errors import RequestError
+    from inferplug.server.limits import screen
+
+    tools = [{"type": "function", "function": {"name": f"t{i}", "parameters": {"type": "object", "properties": {
+        f"p{j}": {"type": "string"} for j in range(7)}}}} for i in range(40)]
+    named = {"type": "function", "function": {"name": "t3"}}
+    for choice in (None, "auto", "none", named):
+        screen("/v1/chat/completions", {"messages": MESSAGES, "tools": tools, "tool_choice": choice}, ServerOptions(),
+               None)
+    with pytest.raises(RequestError, match="max_schema_properties"):
+        screen("/v1/chat/completions", {"messages": MESSAGES, "tools": tools, "tool_choice": "required"},
+               ServerOptions(), None)
+
+
+def test_a_body_of_many_small_nested_lists_is_refused_before_it_is_parsed(server_factory, tiny_backend):
+    """Under the comma bound but not the containers': 65,000 items of 5 nested lists each hold 65,000 commas and
+    325,000 lists, which json.loads and the depth walk would take seconds over on the event loop."""
+    server = server_factory(tiny_backend)
+    item = b"[[[[[1]]]]]"
+    body = b'{"model": "tiny-llama", "prompt": "hi", "user": [' + b",".join([item] * 65_000) + b"]}"
+    reply = httpx.post(server.url + "/completions", content=body, headers={"Content-Type": "application/json"},
+                       timeout=120)
+    assert reply.status_code == 413 and reply.json()["error"]["code"] == "max_json_values"
