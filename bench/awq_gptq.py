@@ -36,7 +36,7 @@ WINDOW = 1024
 
 
 def formats(quant_dir: Path, gguf: Path) -> dict[str, tuple[Path, str | None]]:
-    """label -> (model path, the weight format quantize_model applies after loading)."""
+    """label -> (model path, the weight format the engine is built in)."""
     return {"fp32": (quant_dir / "fp32", None), "q4_1 gguf": (gguf, "int4"),
             "awq g32": (quant_dir / "awq-g32", "awq"), "gptq g32 act-order": (quant_dir / "gptq-g32", "gptq")}
 
@@ -45,13 +45,10 @@ def build(path: Path, fmt: str | None, tokenizer):
     from inferplug.engine.config import EngineConfig
     from inferplug.engine.llm_engine import LLMEngine
     from inferplug.models.loader import load_weights, read_config
-    from inferplug.quant.linear import quantize_model
 
-    config = EngineConfig(dtype="float32", num_kv_blocks=2048, max_num_seqs=64, max_num_batched_tokens=2048)
-    engine = LLMEngine(read_config(path), load_weights(path, config.torch_dtype), tokenizer, config)
-    if fmt:
-        quantize_model(engine.runner.model, fmt)  # as the native backend does for Plan.weight_format
-    return engine
+    config = EngineConfig(dtype="float32", num_kv_blocks=2048, max_num_seqs=64, max_num_batched_tokens=2048,
+                          weight_format=fmt)  # as the native backend builds it
+    return LLMEngine(read_config(path), load_weights(path, config.torch_dtype), tokenizer, config)
 
 
 def float_state(model) -> dict[str, torch.Tensor]:

@@ -14,6 +14,7 @@ peer). Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import statistics
@@ -130,7 +131,6 @@ def main() -> None:
     from inferplug.engine.config import EngineConfig
     from inferplug.engine.llm_engine import LLMEngine
     from inferplug.models.loader import load_tokenizer, load_weights, read_config
-    from inferplug.quant.linear import quantize_model
 
     path = Path(args.model) if args.model else default_model()
     plan = _default_plan()
@@ -142,9 +142,8 @@ def main() -> None:
     for fmt in args.quant.split(","):
         fmt = (plan.weight_format or "none") if fmt == "auto" else fmt
         t0 = time.perf_counter()
-        engine = LLMEngine(read_config(path), load_weights(path, config.torch_dtype), tokenizer, config)
-        if fmt != "none":
-            quantize_model(engine.runner.model, fmt)  # as the native backend does for Plan.weight_format
+        built = dataclasses.replace(config, weight_format=None if fmt == "none" else fmt)  # as the native backend
+        engine = LLMEngine(read_config(path), load_weights(path, built.torch_dtype), tokenizer, built)
         load_s = time.perf_counter() - t0
         run_native(engine, requests[:2])  # warm-up
         natives[fmt] = run_native(engine, requests)

@@ -35,14 +35,10 @@ def build(path: Path, tokenizer, fmt: str | None, kv_dtype: str, blocks: int):
     from inferplug.engine.config import EngineConfig
     from inferplug.engine.llm_engine import LLMEngine
     from inferplug.models.loader import load_weights, read_config
-    from inferplug.quant.linear import quantize_model
 
     config = EngineConfig(dtype="float32", kv_dtype=kv_dtype, num_kv_blocks=blocks, max_num_seqs=4,
-                          max_num_batched_tokens=CHUNK)
-    engine = LLMEngine(read_config(path), load_weights(path, config.torch_dtype), tokenizer, config)
-    if fmt:
-        quantize_model(engine.runner.model, fmt)  # as the native backend does for Plan.weight_format
-    return engine
+                          max_num_batched_tokens=CHUNK, weight_format=fmt or None)  # as the native backend builds
+    return LLMEngine(read_config(path), load_weights(path, config.torch_dtype), tokenizer, config)
 
 
 @torch.inference_mode()

@@ -29,6 +29,7 @@ class ParallelRunner(ModelRunner):
             raise ProfileError("this process already runs a tensor-parallel engine; close it first, or run another "
                                "process")
         shards = {rank: shard_weights(model_config, state_dict, rank, size) for rank in range(size)}  # errors first
+        state_dict.clear()  # the shards are copies: the whole float model goes before rank 0 quantizes and allocates
         self.workers: list = []
         self.pipes: list = []
         self._stop = weakref.finalize(self, stop_workers, self.workers, self.pipes)
