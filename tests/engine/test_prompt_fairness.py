@@ -8,10 +8,10 @@ import asyncio
 import uuid
 
 import pytest
-from engine_helpers import greedy, make_engine
 
 from inferplug.backends.async_engine import AsyncEngine
 from inferplug.types import Request
+from tests.engine.engine_helpers import greedy, make_engine
 
 pytestmark = pytest.mark.smollm2
 
