@@ -100,6 +100,10 @@ def _counts_of_chat(raw: dict[str, Any], opts: ServerOptions) -> None:
     _check("the number of messages", len(_list(raw.get("messages"))), "max_messages", opts, "send a shorter history",
            "messages")
     _check("the number of tools", len(_list(raw.get("tools"))), "max_tools", opts, "offer fewer tools", "tools")
+
+
+def _schema_counts(raw: dict[str, Any], opts: ServerOptions) -> None:
+    """The properties of what a chat compiles to grammars (after the depth check: its walk is the same)."""
     if isinstance(raw.get("response_format"), dict):
         _check("the number of properties in the response_format's schema", _shape(raw["response_format"])[1],
                "max_schema_properties", opts, "send a schema with fewer properties", "response_format")
@@ -145,11 +149,13 @@ def screen(path: str, raw: dict[str, Any], opts: ServerOptions, backend: Any) ->
     rendered or tokenized, a 7 MiB prompt or 20,000 messages cost their parse and no more (stages/prompt_bound.py's
     bound for the context)."""
     counts, texts, param = SCREENS[path]
-    _check("the request body's JSON nesting depth", _shape(raw)[0], "max_json_depth", opts,
-           "it is nested too deep; send flatter JSON")
-    counts(raw, opts)
+    counts(raw, opts)  # first: they refuse 20,000 messages without the depth walk over each (Python on the loop)
     _check("the number of stop strings and stop_token_ids", _count_stops(raw), "max_stop", opts, "send fewer stops",
            "stop")
+    _check("the request body's JSON nesting depth", _shape(raw)[0], "max_json_depth", opts,
+           "it is nested too deep; send flatter JSON")
+    if path == "/v1/chat/completions":
+        _schema_counts(raw, opts)
     tokenizer = getattr(backend, "tokenizer", None)
     if tokenizer is None:  # a remote server counts its own tokens
         return
