@@ -114,54 +114,47 @@ def test_without_a_cap_no_request_waits_more_than_twice_its_fifo_wait(tiny_llama
 SHARED = "Shared notes: " + " ".join(f"item {i} is kept on shelf {i % 7}." for i in range(9)) + " " + "-" * 8
 
 
-@pytest.mark.parametrize("seats, cached", [(17, 16), (32, 31), (9, 16)])
-def test_with_many_seats_no_request_waits_more_than_twice_its_fifo_wait(tiny_llama_dir, seats, cached):
-    """Steps of 32 tokens, no cap (a review's case): u, uncached (100 tokens, FIFO's first), ahead of requests that
-    share a cached prefix and compute 4-5 tokens each. A request moved first decodes a row every step from its first
-    token on, taken from the budget before u's next chunk: while only their prefill was charged, 16 of them (17
-    seats) held u to 16 prefill tokens a step and 22 (32 seats) to 10, and u's first token came at steps 9 and 15
-    against FIFO's 4. With more of them than seats (9 seats, 16 of them), those moved first took every seat and u
-    waited for one to end, to step 46, before a seat was kept for each request passed."""
-    def queue():
-        u = Request(prompt="Unshared: " + "x" * 90, params=greedy(2), request_id="u")
-        return [u] + [Request(prompt=SHARED + f" c{i}?", params=greedy(40), request_id=f"c{i}")
-                      for i in range(cached)]
-
+def _u_ahead_of_cached_requests(model_dir, seats: int, cached: int, streams: int = 0) -> tuple[dict, dict]:
+    """32-token steps, no cap, `seats` seats: u, uncached (100 tokens), then `cached` requests that share the cached
+    SHARED and compute 4-5 tokens each, queued while `streams` requests already decode. Each request's first-token
+    step (from the queue's arrival) under FIFO and under cache_aware; u is FIFO's first and some cached request
+    cache_aware's."""
     limits = {"max_num_batched_tokens": 32, "max_prefill_tokens_while_decoding": 0, "max_num_seqs": seats,
-              "num_kv_blocks": 512}
+              "num_kv_blocks": 1024}
     first = {}
     for schedule in ("fifo", "cache_aware"):
-        engine = make_engine(tiny_llama_dir, schedule=schedule, **limits)
+        engine = make_engine(model_dir, schedule=schedule, **limits)
         run_all(engine, [Request(prompt=SHARED + " warm", params=greedy(1), request_id="warm")])  # caches SHARED
-        first[schedule] = _first_tokens(engine, queue())[0]
+        for i in range(streams):
+            engine.add_request(Request(prompt=f"Stream {i} goes on.", params=greedy(120), request_id=f"s{i}"))
+        while engine.scheduler.waiting or not all(s.num_output_tokens for s in engine.scheduler.running):
+            engine.step()  # every stream decodes before the queue comes
+        queue = [Request(prompt="Unshared: " + "x" * 90, params=greedy(2), request_id="u")] + [
+            Request(prompt=SHARED + f" c{i}?", params=greedy(40), request_id=f"c{i}") for i in range(cached)]
+        first[schedule] = {rid: step for rid, step in _first_tokens(engine, queue)[0].items() if rid[0] != "s"}
     fifo, ours = first["fifo"], first["cache_aware"]
     assert min(fifo, key=fifo.get) == "u"
     assert min(ours, key=ours.get) != "u", "no cached request went first"
+    return fifo, ours
+
+
+@pytest.mark.parametrize("seats, cached", [(17, 16), (32, 31), (9, 16)])
+def test_with_many_seats_no_request_waits_more_than_twice_its_fifo_wait(tiny_llama_dir, seats, cached):
+    """A review's case: a request moved first decodes a row every step from its first token on, taken from the
+    budget before u's next chunk: while only their prefill was charged, 16 of them (17 seats) held u to 16 prefill
+    tokens a step and 22 (32 seats) to 10, and u's first token came at steps 9 and 15 against FIFO's 4. With more of
+    them than seats (9 seats, 16 of them), those moved first took every seat and u waited for one to end, to step
+    46, before a seat was kept for each request passed."""
+    fifo, ours = _u_ahead_of_cached_requests(tiny_llama_dir, seats, cached)
     assert {rid: ours[rid] for rid in ours if ours[rid] > 2 * fifo[rid]} == {}
 
 
 @pytest.mark.parametrize("streams", [8, 16])
 def test_with_streams_already_decoding_no_request_waits_more_than_twice_its_fifo_wait(tiny_llama_dir, streams):
-    """As above with 64 seats, while `streams` requests already decode (a review's case): their rows take budget every
-    step under both orders and are not in u's FIFO wait, so u's bound in steps is counted on what a step has left
-    for prefill. Counted on the whole 32 tokens, the 9 cached requests moved first were charged too few decode rows:
-    u's first token came at step 18 against FIFO's 7 with 16 streams (9 against 5 with 8); now at 11 and 8."""
-    def queue():
-        u = Request(prompt="Unshared: " + "x" * 90, params=greedy(2), request_id="u")
-        return [u] + [Request(prompt=SHARED + f" c{i}?", params=greedy(40), request_id=f"c{i}") for i in range(9)]
-
-    limits = {"max_num_batched_tokens": 32, "max_prefill_tokens_while_decoding": 0, "max_num_seqs": 64,
-              "num_kv_blocks": 1024}
-    first = {}
-    for schedule in ("fifo", "cache_aware"):
-        engine = make_engine(tiny_llama_dir, schedule=schedule, **limits)
-        run_all(engine, [Request(prompt=SHARED + " warm", params=greedy(1), request_id="warm")])  # caches SHARED
-        for i in range(streams):
-            engine.add_request(Request(prompt=f"Stream {i} goes on.", params=greedy(120), request_id=f"s{i}"))
-        while engine.scheduler.waiting or not all(s.num_output_tokens for s in engine.scheduler.running):  # every stream decodes
-            engine.step()
-        first[schedule] = {rid: step for rid, step in _first_tokens(engine, queue())[0].items() if rid[0] != "s"}
-    fifo, ours = first["fifo"], first["cache_aware"]
-    assert min(fifo, key=fifo.get) == "u"
-    assert min(ours, key=ours.get) != "u", "no cached request went first"
+    """As above with 64 seats and 9 cached requests, while `streams` requests already decode (a review's case): their
+    rows take budget every step under both orders and are not in u's FIFO wait, so u's bound in steps is counted on
+    what a step has left for prefill. Counted on the whole 32 tokens, the 9 cached requests moved first were charged
+    too few decode rows: u's first token came at step 18 against FIFO's 7 with 16 streams (9 against 5 with 8); now
+    at 11 and 8."""
+    fifo, ours = _u_ahead_of_cached_requests(tiny_llama_dir, 64, 9, streams)
     assert {rid: ours[rid] for rid in ours if ours[rid] > 2 * fifo[rid]} == {}
