@@ -7,28 +7,28 @@ the cached document segments after it (the prefix source's `cached_tokens`). The
 each admission; it moves the cheapest request that has something cached, and costs less than the queue's head, to
 the front.
 
-Bound (no request waits more than twice its FIFO wait): when a request r is first seen in the window, its FIFO
-wait is the prefill FIFO computes up to its first token: what the running sequences have left, the cost of the
-requests queued ahead of it, and its own, A tokens, so FIFO takes at least A / B steps (B: a step's token budget).
-A request p moved ahead of r is *charged* to r's allowance, and may not move past a request it would overdraw:
-its cost c, and its decode rows, which take budget before r's next chunk every step from p's first token on: at
-most one row of 1 + k tokens a step (k: the speculative tokens a row may carry), for at most min(m - 1, W) steps
-(m: p's max_tokens; W = ceil(2A / B'), r's bound in steps, B' = B less a row for each seat already running: those
-rows take budget every step under both orders, and are not in A). A step carries at least min(b, B') tokens of the
-work charged or in A (b: the decode cap, `max_prefill_tokens_while_decoding`, which binds while any stream decodes,
-as a request moved first soon does; b = B without a cap): without a cap every step is full, and under one the
-prefill is min(b, B - rows), so prefill and charged rows together are at least b. Rows of requests that FIFO runs too slow
-both orders alike and are not charged. So with an allowance of A (2b - B) / B, r's first token comes within
-(A + A (2b - B) / B) / b = 2A / B steps: twice FIFO's least, by construction (with rows already running, at most
-2A / B' against FIFO's A / B'). Without a cap that is A. Under a cap
-of half the budget or less (the CPU's default, 16 of 256) it is 0: no request is passed, because a cheap request
-put first starts decoding and holds every step to b prefill tokens, where FIFO would have computed the passed one's
-prompt at B a step. A request moves only while a seat is free for it and each request it passes (a seat it took
-would keep one of them waiting, a step at a time, for the running to end), and only a request of one sequence
-(n > 1 siblings and beams bring more rows and seats than one). The bound takes FIFO's order to have the same work
-ahead of a request at its arrival (without a cap every order computes the same prefill in the same steps) and each
-request to cost the same under both; a document the other order computed first is the difference. A sequence that
-ran before (preempted) keeps its place at the front, and only requests never admitted move or are passed.
+Bound (no request waits more than twice its FIFO wait): when a request r is first seen in the window, its FIFO wait
+is the prefill FIFO computes up to its first token: what the running sequences have left, the cost of the requests
+queued ahead of it, and its own, A tokens, so FIFO takes at least A / B' steps (B: a step's token budget; B' = B
+less a row for each seat already running, rows that take budget every step under both orders and are not in A). A
+request p moved ahead of r is *charged* to r's allowance, and may not move past a request it would overdraw: its
+cost c, and its decode rows, which take budget before r's next chunk every step from p's first token on: at most one
+row of 1 + k tokens a step (k: the speculative tokens a row may carry), for at most min(m - 1, W) steps (m: p's
+max_tokens; W = ceil(2A / B'), r's bound in steps). A step carries at least b' = min(b, B') tokens of the work
+charged or in A (b: the decode cap, `max_prefill_tokens_while_decoding`, which binds while any stream decodes, as a
+request moved first soon does; b = B without a cap): without a cap every step is full, and under one the prefill is
+min(b, B - rows), so prefill and charged rows together are at least b'. So with an allowance of A (2b - B) / B, r's
+first token comes within (A + A (2b - B) / B) / b' = (2b / B) A / b' steps: without a cap (allowance A) 2A / B', and
+under one at most 2A / B' too (b' = b where b <= B', else b' = B' and 2b <= 2B): twice FIFO's least, by
+construction. Under a cap of half the budget or less (the CPU's default, 16 of 256) the allowance is 0: no request
+is passed, because a cheap request put first starts decoding and holds every step to b prefill tokens, where FIFO
+would have computed the passed one's prompt at B a step. A request moves only while a seat is free for it and each
+request it passes (a seat it took would keep one of them waiting, a step at a time, for the running to end), and
+only a request of one sequence (n > 1 siblings and beams bring more rows and seats than one). The bound takes FIFO's
+order to have the same work ahead of a request at its arrival (without a cap every order computes the same prefill
+in the same steps) and each request to cost the same under both; a document the other order computed first is the
+difference. A sequence that ran before (preempted) keeps its place at the front, and only requests never admitted
+move or are passed.
 """
 
 from __future__ import annotations
