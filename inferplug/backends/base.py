@@ -57,6 +57,11 @@ class Backend(ABC):
         return self.profile.served_name
 
     @property
+    def announced_name(self) -> str:
+        """model_name as far as it is known without asking anyone (what `inferplug serve` prints as it starts)."""
+        return self.model_name
+
+    @property
     @abstractmethod
     def context_length(self) -> int: ...
 

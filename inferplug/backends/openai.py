@@ -67,6 +67,10 @@ class OpenAIBackend(Backend):
         return self._model
 
     @property
+    def announced_name(self) -> str:
+        return self._model or self.profile.name  # the server is not asked (with the key) before a client's request
+
+    @property
     def context_length(self) -> int:
         if self._context is None and not self._listed:
             self._read_model_list_now()

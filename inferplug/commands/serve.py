@@ -81,10 +81,8 @@ def run(args: argparse.Namespace) -> int:
 
     backend = get_backend(profile)
     app = create_app(backend, api_key=args.api_key, max_body_bytes=max_body)
-    # the name clients ask for, as backend.model_name gives it, but without asking an [openai] remote for it (with
-    # its key) before any client request: then the profile's name, which the routes take too
-    served = (profile.openai.model if backend.name == "openai" else None) or profile.served_name
-    print(f"inferplug: serving {served} ({backend.name}) at http://{args.host}:{args.port}/v1", flush=True)
+    print(f"inferplug: serving {backend.announced_name} ({backend.name}) at http://{args.host}:{args.port}/v1",
+          flush=True)
     try:
         # SIGTERM: in-flight requests get the grace, then are cancelled (and so aborted); close_all frees the rest
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
