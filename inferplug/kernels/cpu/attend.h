@@ -182,10 +182,10 @@ void attend(const inferplug_isa::Pool<T>& pool, int64_t kv_head, const int64_t* 
       float* s[1] = {scores + a * TILE};
       tile_scores<V, 1>(q, k, keys, d, scale, s);
     }
-    for (int64_t r = first; r < w.rows; r++) {
-      const int64_t valid = std::min(TILE, w.first_length + r - t0);
-      for (int64_t j = 0; j < group; j++) std::fill(scores + (r * group + j) * TILE + valid, scores + (r * group + j + 1) * TILE, -INFINITY);
-    }
+    const auto valid = [&](int64_t r) { return std::min(TILE, w.first_length + r - t0); };  // row r's keys here
+    for (int64_t r = first; r < w.rows; r++)
+      for (float* s = scores + r * group * TILE; s < scores + (r + 1) * group * TILE; s += TILE)
+        std::fill(s + valid(r), s + TILE, -INFINITY);
     for (int64_t q0 = first * group; q0 < queries; q0 += V::LANES)
       tile_softmax<V>(scores + q0 * TILE, std::min(V::LANES, queries - q0), max + q0, sum + q0, rescale + q0);
     for (int64_t r = first; r < w.rows; r++) {
@@ -194,8 +194,7 @@ void attend(const inferplug_isa::Pool<T>& pool, int64_t kv_head, const int64_t* 
         float* out = acc + query * d;
         for (int64_t x = 0; x < d; x += V::LANES) V::store(out + x, V::mul(V::load(out + x), V::set1(rescale[query])));
       }
-      weighted_sum<V>(scores + r * group * TILE, std::min(TILE, w.first_length + r - t0), v, keys, d, group,
-                      acc + r * group * d);
+      weighted_sum<V>(scores + r * group * TILE, valid(r), v, keys, d, group, acc + r * group * d);
     }
   }
   for (int64_t r = 0; r < w.rows; r++)
