@@ -1,9 +1,10 @@
 """AsyncEngine: the LLMEngine step loop in a background thread, its events handed out through EventChannels.
 
-Callers never wait for the engine: `submit` queues the request for the prompt workers (round-robin by client, one
-worker per client at a time: PromptQueue, below) and returns. A worker runs the prompt stage (stages/prompt.py:
-render, tokenize, check, place the documents) and compiles its JSON schema, so a huge prompt, a long history or a
-large schema costs its own request time, not a step of every stream; once prepared it is queued, and
+Callers never wait for the engine: `submit` runs the request's prompt stage (stages/prompt.py: render, tokenize,
+check, place the documents; and its JSON schema compiled) off the step thread, so a huge prompt, a long history or a
+large schema costs its own request time, not a step of every stream. A caller on an event loop (the server) hands it
+to the prompt workers (round-robin by client, one worker per client at a time: PromptQueue, below) and returns; a
+thread with no loop, which waits for the answer anyway, runs it itself. Once prepared the request is queued, and
 the step thread adds queued requests between steps (a bad one ends its channel with the RequestError)
 and sends each step's events to their channels, one send per channel per step. One lock guards the
 engine: the step thread holds it for a step's scheduling, model and sampling (LLMEngine.step_tokens), `abort_now`
@@ -115,27 +116,47 @@ class AsyncEngine:
             thread.start()
 
     def submit(self, request: Request, channel: EventChannel) -> None:
-        """Queue the request; its events, or the RequestError that refuses it, go to channel."""
+        """Start the request; its events, or the RequestError that refuses it, go to channel. A caller on a loop (the
+        server) must not block, so a prompt worker runs its prompt stage; a thread with no loop waits for the answer
+        anyway, so it runs the stage itself: no hand-off, and nothing to share out (those callers have no client)."""
+        prompt = None
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no loop here: this thread may block
+            try:
+                prompt = self._prepare(request)
+            except Exception as exc:  # noqa: BLE001 - a bad request fails alone
+                channel.send([exc], last=True)
+                return
         with self._inbox_lock:
             if not self._closed:
                 self._open.add(request.request_id)
-                self._preparing[request.request_id] = (request, channel)
-                self._prompts.put(request)
+                if prompt is None:
+                    self._preparing[request.request_id] = (request, channel)
+                    self._prompts.put(request)
+                else:
+                    self._inbox.append((request, channel, prompt))
+                    self._wake.set()
                 return
         channel.send([BackendUnavailable(self.failure or _CLOSED)], last=True)
 
-    def _prepare_prompts(self) -> None:
-        """A prompt worker: each request's prompt ids (and its schema compiled, so that the engine's own compile is a
-        cache hit), queued for the step thread; a bad request (RequestError) ends its stream alone."""
+    def _prepare(self, request: Request) -> EncodedPrompt:
+        """The prompt stage: the prompt's ids, and its schema compiled so that the engine's own compile is a cache hit."""
         engine = self.engine
+        prompt = encode_prompt(engine.tokenizer, engine.render_chat, request, engine.max_model_len)
+        if request.params.json_schema is not None:
+            compile_json_schema(engine.tokenizer, request.params.json_schema)
+        return prompt
+
+    def _prepare_prompts(self) -> None:
+        """A prompt worker: each request's prompt stage (_prepare), queued for the step thread; a bad request
+        (RequestError) ends its stream alone."""
         while (request := self._prompts.take()) is not None:
             try:
                 with self._inbox_lock:
                     wanted = request.request_id in self._preparing and not self._closed  # not aborted meanwhile
                 if wanted:
-                    prompt = encode_prompt(engine.tokenizer, engine.render_chat, request, engine.max_model_len)
-                    if request.params.json_schema is not None:
-                        compile_json_schema(engine.tokenizer, request.params.json_schema)
+                    prompt = self._prepare(request)
                 error = None
             except Exception as exc:  # noqa: BLE001 - a bad request fails alone
                 error = exc

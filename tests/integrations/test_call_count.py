@@ -1,7 +1,7 @@
 """The path of one request, counted (issue 30's "done when"): ChatInferPlug.invoke to the engine step and back.
 
 Every call of a function defined in inferplug/ or integrations/ counts, on every thread the request crosses (the
-caller's, the prompt stage's worker, the engine's step thread), with sys.setprofile; LangChain's, pydantic's and
+caller's, which runs the prompt stage, and the engine's step thread), with sys.setprofile; LangChain's, pydantic's and
 torch's frames do not. The engine's own methods count as one call each, their insides not: the engine's interior (its step, and the
 output stage's work it hands back) is not the path around it. Comprehensions and generator expressions do not count (Python 3.12 inlines comprehensions).
 One greedy token, so one engine step: the count is the path's, not a loop's. The issue's target is 20 calls in 12
@@ -19,13 +19,13 @@ from tests.integrations.call_counter import CallCounter
 ENGINE = "inferplug/engine/llm_engine.py"
 OPAQUE = {(ENGINE, f"LLMEngine.{name}") for name in ("step_tokens", "outputs", "add_request", "stats", "has_unfinished",
                                                      "abort", "end_text_stopped")}
-# 38 calls, each its own work: LangChain's hook for the call's identity (_identifying_params); the call, its options, its
+# 36 calls, each its own work: LangChain's hook for the call's identity (_identifying_params); the call, its options, its
 # backend and its messages; the one builder (profile defaults, SamplingParams' checks, the backend's capabilities, the
 # Request's own check); the bridge (generate_all, consume_all_sync, a channel, submit, the timed wait, _take, the fold:
-# collect); the prompt workers' fair queue (put; take and done on the worker: one request of a client at a time, issue 29);
-# the prompt stage on a prompt worker (encode, render, the bound check); the step thread (admit, add, step,
-# stats, outputs, dispatch, the request's end: _ended, send); the answer (message, usage and its total, metadata).
-MAX_CALLS = 38
+# collect); the prompt stage on the caller's thread, which has no event loop and waits anyway (_prepare: encode, render,
+# the bound check); the step thread (admit, add, step, stats, outputs, dispatch, the request's end: _ended, send); the
+# answer (message, usage and its total, metadata).
+MAX_CALLS = 36
 MAX_FILES = 12
 
 
