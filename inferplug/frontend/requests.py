@@ -10,7 +10,7 @@ with a RequestError that names the backend.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from inferplug.errors import RequestError
@@ -41,9 +41,7 @@ def sampling_params(profile_defaults: dict[str, Any], **options: Any) -> Samplin
     if unknown:
         raise RequestError(f"unknown generation option(s) {sorted(unknown)}; known: "
                            f"{sorted(SamplingParams.__dataclass_fields__)}", param=sorted(unknown)[0])
-    params = SamplingParams(**values)
-    params.validate()
-    return params
+    return SamplingParams(**values)  # which checks its fields
 
 
 def response_schema(response_format: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -104,7 +102,7 @@ def build_request(
         if params.json_schema is not None:
             raise RequestError("a required tool call and a JSON response format cannot be combined; "
                                "use one of them", param="tool_choice")
-        params.json_schema = call_schema(offered, parallel)
+        params = replace(params, json_schema=call_schema(offered, parallel))  # checked again
     _check_capabilities(backend, params, offered)
     if messages is not None and getattr(backend, "tokenizer", None) is not None:  # a remote server reads OpenAI's
         calls = bool(offered or any(m.get("tool_calls") for m in messages))
