@@ -193,6 +193,24 @@ def test_the_offline_llm_honours_the_profiles_sampling(tiny_llama_dir, tmp_path)
     assert len(llm.generate("hi there", SamplingParams(temperature=0.0, max_tokens=5))[0].outputs[0].token_ids) == 5
 
 
+def test_the_offline_llm_chat_goes_through_the_request_builder(tiny_profile):
+    """The builder's tool checks and shaping apply to LLM.chat: a tool history it cannot read is refused before any
+    request runs, and tools the template does not render are described in the prompt (frontend/tool_calls)."""
+    from inferplug import LLM, SamplingParams
+
+    llm = LLM(tiny_profile, num_kv_blocks=32)
+    weather = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                                "parameters": {"type": "object", "properties": {}}}}
+    history = [{"role": "user", "content": "weather?"}, {"role": "assistant", "content": None,
+                                                         "tool_calls": "get_weather"}]
+    with pytest.raises(RequestError, match="tool_calls is not a list of calls") as info:
+        llm.chat(history, SamplingParams(temperature=0.0, max_tokens=2), tools=[weather])
+    assert info.value.param == "messages" and not llm.engine.has_unfinished()
+    (out,) = llm.chat([{"role": "user", "content": "weather?"}], SamplingParams(temperature=0.0, max_tokens=2),
+                      tools=[weather])
+    assert "get_weather" in out.prompt and len(out.outputs[0].token_ids) == 2
+
+
 def test_a_request_with_documents_renders_its_chat_once(tiny_profile, monkeypatch):
     """The front end hands the documents down; the prompt stage finds them in the one text it renders
     (stages/prompt.document_hints), and the engine stores each document's KV where that text places it."""
@@ -215,3 +233,4 @@ def test_a_request_with_documents_renders_its_chat_once(tiny_profile, monkeypatc
     generate_all(backend, [prepared.request])
     assert len(renders) == 1
     assert backend.engine.engine.doc_cache.stored_segments == stored + len(docs)
+
