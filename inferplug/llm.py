@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inferplug.chat_template import chat_template_text
 from inferplug.errors import ProfileError, RequestError
 from inferplug.frontend.requests import build_request
 from inferplug.stages.prompt import EncodedPrompt
@@ -111,9 +112,11 @@ class LLM:
         from inferplug.rag.precompute import precompute_request
 
         salt = salt if salt is not None else self.profile.cache.rag_shared_salt
-        requests = [r for r in (precompute_request(d, salt, self.engine.render_chat) for d in docs) if r.documents]
-        self._run([(r, self.engine.encode(r)) for r in requests])
-        return len(requests)
+        chat = chat_template_text(self.profile, self.tokenizer) is not None
+        encoded = [(r, self.engine.encode(r)) for r in (precompute_request(d, salt, chat) for d in docs)]
+        placed = [(r, prompt) for r, prompt in encoded if prompt.documents]  # found verbatim in the rendered text
+        self._run(placed)
+        return len(placed)
 
     def evict_documents(self, docs: list[Any] | None = None, salt: str | None = None) -> int:
         """Drop the documents' stored KV under `salt`, in memory and on disk; docs None: every document of that

@@ -234,3 +234,26 @@ def test_a_request_with_documents_renders_its_chat_once(tiny_profile, monkeypatc
     assert len(renders) == 1
     assert backend.engine.engine.doc_cache.stored_segments == stored + len(docs)
 
+
+@pytest.mark.parametrize("caller", ["llm", "backend"])
+def test_a_precompute_request_renders_its_chat_once(tiny_profile, monkeypatch, caller):
+    """A precompute request (rag/precompute.py) carries its document, not a span found in a text rendered for it:
+    the prompt stage renders it once, on the offline LLM and over the Backend protocol alike."""
+    from inferplug import LLM
+    from inferplug.backends.registry import get_backend
+    from inferplug.frontend.precompute import precompute_documents
+
+    target = LLM(tiny_profile, num_kv_blocks=32) if caller == "llm" else get_backend(tiny_profile)
+    engine = target.engine if caller == "llm" else target.engine.engine
+    renders, render = [], target.tokenizer.apply_chat_template  # the model's real template, counted
+
+    def counted(*args, **kwargs):
+        renders.append(args)
+        return render(*args, **kwargs)
+
+    monkeypatch.setattr(target.tokenizer, "apply_chat_template", counted)
+    docs = ["The green gate is on Oak Lane, past the mill.", "Owls hunt at dusk over the wet meadows."]
+    stored = engine.doc_cache.stored_segments
+    computed = target.precompute_documents(docs) if caller == "llm" else precompute_documents(target, docs)
+    assert computed == len(docs) and len(renders) == len(docs)
+    assert engine.doc_cache.stored_segments == stored + len(docs)
