@@ -211,6 +211,18 @@ def test_the_offline_llm_chat_goes_through_the_request_builder(tiny_profile):
     assert "get_weather" in out.prompt and len(out.outputs[0].token_ids) == 2
 
 
+def counted_renders(monkeypatch, tokenizer) -> list:
+    """The calls of the model's real chat template from now on (it still renders)."""
+    renders, render = [], tokenizer.apply_chat_template
+
+    def counted(*args, **kwargs):
+        renders.append(args)
+        return render(*args, **kwargs)
+
+    monkeypatch.setattr(tokenizer, "apply_chat_template", counted)
+    return renders
+
+
 def test_a_request_with_documents_renders_its_chat_once(tiny_profile, monkeypatch):
     """The front end hands the documents down; the prompt stage finds them in the one text it renders
     (stages/prompt.document_hints), and the engine stores each document's KV where that text places it."""
@@ -219,13 +231,7 @@ def test_a_request_with_documents_renders_its_chat_once(tiny_profile, monkeypatc
     from inferplug.rag import rag_messages
 
     backend = get_backend(tiny_profile)
-    renders, render = [], backend.tokenizer.apply_chat_template  # the model's real template, counted
-
-    def counted(*args, **kwargs):
-        renders.append(args)
-        return render(*args, **kwargs)
-
-    monkeypatch.setattr(backend.tokenizer, "apply_chat_template", counted)
+    renders = counted_renders(monkeypatch, backend.tokenizer)
     docs = ["The blue door is on Elm Street, next to the old bakery.", "Cats purr when they are warm and content."]
     stored = backend.engine.engine.doc_cache.stored_segments
     prepared = build_request(backend, messages=rag_messages("Where is the blue door?", docs), documents=docs,
@@ -245,13 +251,7 @@ def test_a_precompute_request_renders_its_chat_once(tiny_profile, monkeypatch, c
 
     target = LLM(tiny_profile, num_kv_blocks=32) if caller == "llm" else get_backend(tiny_profile)
     engine = target.engine if caller == "llm" else target.engine.engine
-    renders, render = [], target.tokenizer.apply_chat_template  # the model's real template, counted
-
-    def counted(*args, **kwargs):
-        renders.append(args)
-        return render(*args, **kwargs)
-
-    monkeypatch.setattr(target.tokenizer, "apply_chat_template", counted)
+    renders = counted_renders(monkeypatch, target.tokenizer)
     docs = ["The green gate is on Oak Lane, past the mill.", "Owls hunt at dusk over the wet meadows."]
     stored = engine.doc_cache.stored_segments
     computed = target.precompute_documents(docs) if caller == "llm" else precompute_documents(target, docs)
