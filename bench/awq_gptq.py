@@ -7,8 +7,8 @@ that was Q4_1 already, and fp32 and Q4_1 have the same weights.
 - Perplexity: on bench/data/perplexity_text.md (a frozen copy of docs/profiles.md), windows of 1024 tokens, with
   transformers' Llama in fp32 over the weights each format runs (the engine's layers dequantized: Q4_1 blocks, the
   AWQ / GPTQ repack with its fp16 mins): what prefill computes; decode also rounds activations to int8.
-- Speed: bench/engine_throughput.py's workload (chat prompts of ~30-300 tokens), one stream of its first prompt
-  (formats taking turns, --rounds rounds, median), then all --requests at once.
+- Speed: bench/engine_throughput.py's workload (inferplug/benchmark/engine_runs.py: chat prompts of ~30-300 tokens),
+  one stream of its first prompt (formats taking turns, --rounds rounds, median), then all --requests at once.
 
     .venv/bin/python bench/awq_gptq.py --quant-dir /tmp/smollm2-quant --threads 2
     .venv/bin/python bench/awq_gptq.py --quant-dir /tmp/smollm2-quant --formats "q4_1 gguf,gptq g32 act-order" \
@@ -21,15 +21,12 @@ import argparse
 import json
 import math
 import statistics
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from engine_throughput import run_native, single_stream, workload  # noqa: E402
-
-from inferplug.benchmark.machine import default_model  # noqa: E402
+from inferplug.benchmark.engine_runs import run_native, single_stream, workload
+from inferplug.benchmark.machine import default_model
 
 TEXT = Path(__file__).parent / "data" / "perplexity_text.md"
 WINDOW = 1024

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
+from inferplug.benchmark.smollm2_shapes import HEAD_SHAPE, LAYER_SHAPES, LAYERS
 from inferplug.kernels import cpu as cpu_kernels
 from inferplug.quant.block_linear import Q4Linear, Q8HeadLinear, Q8Linear
 from inferplug.kernels.paged_attention_ref import random_pool
-from quant_linear import HEAD_SHAPE, LAYER_SHAPES, LAYERS
 
 
 def matmul_step(layer_cls, shapes):

@@ -16,54 +16,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import random
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
+from inferplug.benchmark.engine_runs import run_native, single_stream, workload
 from inferplug.benchmark.machine import default_model
-
-WORDS = ("the model reads a long document about rivers mountains cities history science music art code data "
-         "people travel food weather language numbers stories questions answers and more").split()
-
-
-def workload(tokenizer, count: int, output_cap: int, seed: int = 0) -> list[tuple[list[int], int]]:
-    """(prompt ids, output length) per request: chat prompts of ~30-300 tokens, outputs 16-256."""
-    rng = random.Random(seed)
-    requests = []
-    for i in range(count):
-        words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(10, 260)))
-        text = tokenizer.apply_chat_template([{"role": "user", "content": f"Summarize: {words}"}], tokenize=False,
-                                             add_generation_prompt=True)
-        requests.append((tokenizer.encode(text, add_special_tokens=False), min(16 + (i * 37) % 241, output_cap)))
-    return requests
-
-
-def run_native(engine, requests) -> dict:
-    from inferplug.types import Request, SamplingParams
-
-    start = time.perf_counter()
-    for i, (prompt, n) in enumerate(requests):
-        params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-        engine.add_request(Request(prompt=prompt, params=params, request_id=f"r{i}"))
-    finals, tokens = [], 0
-    while engine.has_unfinished():
-        for event in engine.step():
-            tokens += len(event.token_ids)
-            if event.usage is not None:
-                finals.append(event)
-    wall = time.perf_counter() - start
-    return {"output_tokens": tokens, "seconds": wall, "tok_per_s": tokens / wall,
-            "ttft_median_s": statistics.median(e.timings.ttft for e in finals),
-            "tpot_median_s": statistics.median(e.timings.tpot for e in finals if e.timings.tpot)}
-
-
-def single_stream(engine, prompt: list[int], n: int = 128) -> float:
-    stats = run_native(engine, [(prompt, n)])
-    return 1.0 / stats["tpot_median_s"]
-
 
 def single_stream_by_isa(engine, prompt: list[int], n: int, isas: list[str], rounds: int) -> dict[str, float]:
     """Median one-stream tok/s per CPU kernel set, the sets taking turns in every round (same engine, same prompt)."""

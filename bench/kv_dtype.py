@@ -4,8 +4,9 @@
   bench/data/perplexity_text.md in windows of 1024 tokens (prefill chunks of 256 read the window's earlier K/V
   back from the pools), the KL divergence of each path's next-token distribution from the fp32 reference's, top-1
   agreement and perplexity. Q8_0 weights (int8) are the yardstick a default path must not exceed.
-- Speed: one stream decoding --tokens tokens after bench/engine_throughput.py's first prompt, and after a long
-  prompt (--long tokens), the KV dtypes taking turns in --rounds rounds; medians.
+- Speed: one stream decoding --tokens tokens after bench/engine_throughput.py's first prompt
+  (inferplug/benchmark/engine_runs.py), and after a long prompt (--long tokens), the KV dtypes taking turns in
+  --rounds rounds; medians.
 - Bytes: the pools' bytes a token, and at the long context.
 
     .venv/bin/python bench/kv_dtype.py --threads 2
@@ -17,15 +18,12 @@ import argparse
 import json
 import math
 import statistics
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from engine_throughput import single_stream, workload  # noqa: E402
-
-from inferplug.benchmark.machine import default_model  # noqa: E402
+from inferplug.benchmark.engine_runs import single_stream, workload
+from inferplug.benchmark.machine import default_model
 
 TEXT = Path(__file__).parent / "data" / "perplexity_text.md"
 WINDOW, CHUNK = 1024, 256

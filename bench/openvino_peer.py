@@ -1,7 +1,7 @@
 """OpenVINO GenAI as a bench peer. It runs in a venv of its own (openvino-genai pins its own numpy and transformers),
-so bench/prefill.py starts this file under that venv's python and talks to it over pipes: one JSON line a request
-({"ids": [...], "max_tokens": n}), one JSON line back with each token's time from the generate call's start (so
-the pipe's cost is not timed) and the prompt tokens OpenVINO counted. The venv and the model:
+so bench/prefill.py (its OpenVINOPeer) starts this file under that venv's python and talks to it over pipes: one
+JSON line a request ({"ids": [...], "max_tokens": n}), one JSON line back with each token's time from the generate
+call's start (so the pipe's cost is not timed) and the prompt tokens OpenVINO counted. The venv and the model:
 
     python3 -m venv /work/venv-ov && /work/venv-ov/bin/pip install torch==2.13.0     # the CPU wheel first
     /work/venv-ov/bin/pip install -c <(echo torch==2.13.0) 'optimum-intel[openvino]' openvino-genai
@@ -17,35 +17,8 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
-
-
-class OpenVINOPeer:
-    """The bench's side: this file running under `python` (the OpenVINO venv's) on `model_dir`."""
-
-    def __init__(self, python: str, model_dir: str, threads: int) -> None:
-        self.child = subprocess.Popen([python, __file__, model_dir, str(threads)], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, text=True)
-        self.versions = self._reply()
-
-    def generate(self, ids: list[int], max_tokens: int) -> tuple[list[float], int]:
-        """Greedy, EOS ignored: each token's time (s) from the call's start, and the prompt tokens OpenVINO saw."""
-        self.child.stdin.write(json.dumps({"ids": ids, "max_tokens": max_tokens}) + "\n")
-        self.child.stdin.flush()
-        reply = self._reply()
-        return reply["times"], reply["prompt_tokens"]
-
-    def close(self) -> None:
-        self.child.stdin.close()  # the child's loop ends at EOF
-        self.child.wait(timeout=60)
-
-    def _reply(self) -> dict:
-        line = self.child.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the OpenVINO peer exited with code {self.child.wait()}: its stderr above says why")
-        return json.loads(line)
 
 
 def serve(model_dir: str, threads: int) -> None:

@@ -30,9 +30,12 @@ import asyncio
 import json
 import os
 import statistics
+import subprocess
 import time
+from pathlib import Path
 
 from inferplug.benchmark.machine import machine
+from inferplug.benchmark.prefill_runs import ours_runner, prompt
 
 THREADS = os.cpu_count() or 1
 CHUNK_ENV = "INFERPLUG_LIMITS__MAX_NUM_BATCHED_TOKENS"  # the profile's limits.max_num_batched_tokens
@@ -44,29 +47,32 @@ PEERS = ("llama.cpp", "openvino")
 PEER_NAMES = {"llama_cpp": "llama.cpp", "openvino": "OpenVINO"}  # JSON key: engine names' prefix (and header)
 
 
-def prompt(length: int, run: int, vocab: int) -> list[int]:
-    """`length` token ids, the same for every run but the first, which changes per run (no cache hits)."""
-    import random
+class OpenVINOPeer:
+    """The bench's side of OpenVINO GenAI: bench/openvino_peer.py (the protocol) running under `python` (the OpenVINO
+    venv's) on `model_dir`. Started as a child process, not imported: it runs in that venv."""
 
-    rng = random.Random(length)
-    ids = [rng.randrange(100, vocab) for _ in range(length)]
-    ids[0] = 100 + run % (vocab - 100)
-    return ids
+    def __init__(self, python: str, model_dir: str, threads: int) -> None:
+        worker = Path(__file__).with_name("openvino_peer.py")
+        self.child = subprocess.Popen([python, str(worker), model_dir, str(threads)], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True)
+        self.versions = self._reply()
 
+    def generate(self, ids: list[int], max_tokens: int) -> tuple[list[float], int]:
+        """Greedy, EOS ignored: each token's time (s) from the call's start, and the prompt tokens OpenVINO saw."""
+        self.child.stdin.write(json.dumps({"ids": ids, "max_tokens": max_tokens}) + "\n")
+        self.child.stdin.flush()
+        reply = self._reply()
+        return reply["times"], reply["prompt_tokens"]
 
-def ours_runner(backend):
-    from inferplug.types import Request, SamplingParams
+    def close(self) -> None:
+        self.child.stdin.close()  # the child's loop ends at EOF
+        self.child.wait(timeout=60)
 
-    def generate(ids: list[int], max_tokens: int) -> tuple[list[float], int]:
-        """Each token's time (s) from the call's start, and the prompt tokens the engine counted."""
-        request = Request(prompt=ids, params=SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
-        start, times, prompt_tokens = time.perf_counter(), [], None
-        for event in backend.stream_sync(request):
-            times += [time.perf_counter() - start] * len(event.token_ids)
-            prompt_tokens = event.usage.prompt_tokens if event.usage else prompt_tokens
-        return times, prompt_tokens
-
-    return generate
+    def _reply(self) -> dict:
+        line = self.child.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the OpenVINO peer exited with code {self.child.wait()}: its stderr above says why")
+        return json.loads(line)
 
 
 def llama_cpp_runner(gguf, context: int, threads: int):
@@ -241,8 +247,6 @@ def engines(args, gguf) -> list:
                 *llama_cpp_runner(gguf, context(args), args.threads))
 
     def openvino():
-        from openvino_peer import OpenVINOPeer  # bench/, the script's own dir
-
         peer = OpenVINOPeer(args.openvino_python, args.openvino_model, args.threads)
         return f"OpenVINO GenAI {peer.versions['openvino_genai'].split('-')[0]}", peer.generate, peer.close
 

@@ -25,13 +25,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from inferplug.benchmark.smollm2_shapes import HEAD_SHAPE, LAYER_SHAPES, LAYERS
 from inferplug.kernels import cpu as cpu_kernels
 from inferplug.quant.block_linear import Q4Linear, Q8HeadLinear, Q8Linear
 from inferplug.quant.linear import Fp16Linear, Int4Linear, Int8Linear
-
-LAYERS = 30
-LAYER_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # (out, in): qkv, o, gate_up, down
-HEAD_SHAPE = (49152, 576)
 
 
 def model_weights() -> list[torch.Tensor]:

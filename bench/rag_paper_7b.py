@@ -14,14 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from rag_cache import rag_request, run_one, summarize  # noqa: E402
-from rag_paper_bench import run_paper  # noqa: E402
-from real_size_files import Geometry  # noqa: E402
+from inferplug.benchmark.rag_paper_runs import run_paper
+from inferplug.benchmark.real_size_files import Geometry
 
 
 def write_model(out: Path, layers: int) -> Path:
@@ -60,7 +56,7 @@ def main() -> None:
     args = ap.parse_args()
     args.profile = str(write_model(args.dir / f"{args.layers}l", args.layers))
     args.fractions = ""  # the profile's own recompute policy only
-    run_paper(args, rag_request, run_one, summarize)
+    run_paper(args)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """Real-size models: inferplug and llama.cpp on the same 7B-geometry files, the same threads, in the same run.
 
-Writes random models at Llama/Mistral-7B geometry (bench/real_size_files.py: 32 layers, width 4096, 32 heads, 8 KV
-heads, MLP 14336; SmolLM2's tokenizer, so vocab 49152): a Q4_K_M-style GGUF, an AutoAWQ GEMM and a GPTQ act-order
-checkpoint (4-bit, group 128). llama.cpp runs the GGUF; --formats picks inferplug's rows. Each engine runs in its
-own subprocess (bench/real_size_engines.py) twice:
+Writes random models at Llama/Mistral-7B geometry (inferplug/benchmark/real_size_files.py: 32 layers, width 4096, 32
+heads, 8 KV heads, MLP 14336; SmolLM2's tokenizer, so vocab 49152): a Q4_K_M-style GGUF, an AutoAWQ GEMM and a GPTQ
+act-order checkpoint (4-bit, group 128). llama.cpp runs the GGUF; --formats picks inferplug's rows. Each engine runs
+in its own subprocess (bench/real_size_engines.py) twice:
   cold   the model's files (and inferplug's INFERPLUG_HOME) dropped from the page cache first; load only
   warm   the files read into the page cache first; load, then 512-token prefill, one-stream decode, 8 streams
 and its peak RSS (VmHWM) is sampled from outside, so an out-of-memory kill still leaves a row. inferplug loads
@@ -32,8 +32,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from inferplug.benchmark.machine import machine
-from real_size_engines import Workload
-from real_size_files import GGUF_MIXES, Geometry, decode_bytes, ensure_model, files_of
+from inferplug.benchmark.real_size_files import GGUF_MIXES, Geometry, decode_bytes, ensure_model, files_of
+from inferplug.benchmark.real_size_workload import Workload
 
 BENCH = Path(__file__).resolve().parent
 GIB = 2**30

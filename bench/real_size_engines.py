@@ -18,23 +18,10 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import dataclass
-
-from prefill import ours_runner, prompt
 
 from inferplug.benchmark.machine import memory_bytes, version_of
-
-
-@dataclass
-class Workload:
-    context: int  # tokens one sequence may hold (inferplug's max_model_len; llama.cpp's n_ctx per sequence)
-    threads: int
-    vocab: int
-    prefill_tokens: int = 512
-    decode_tokens: int = 128
-    streams: int = 8
-    stream_prompt_tokens: int = 32
-    repeats: int = 3
+from inferplug.benchmark.prefill_runs import ours_runner, prompt
+from inferplug.benchmark.real_size_workload import Workload
 
 
 class LlamaCpp:

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tp_wire import wire_costs
+from inferplug.benchmark.tp_wire import wire_costs
 
 
 # A decode step's rows for 8 sequences at ~300 tokens, as rank 0 sends them (engine/parallel/runner.py)

@@ -40,6 +40,12 @@ def profile_template(profile: Any) -> str | None:
     return template
 
 
+def chat_template_text(profile: Any, tokenizer: Any) -> str | None:
+    """The template a chat renders with: the profile's, else the tokenizer's; None: the model has none (render_chat
+    refuses messages)."""
+    return profile_template(profile) or getattr(tokenizer, "chat_template", None) or None
+
+
 def reasoning_parser(profile: Any, tokenizer: Any) -> str | None:
     """The parser that splits the model's <think> text out of its answer (stages/reasoning.py): [model]
     reasoning_parser, else what the chat template implies; None for none (and with no tokenizer: a remote server

@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inferplug.chat_template import chat_template_text
 from inferplug.errors import ProfileError, RequestError
-from inferplug.frontend.requests import sampling_params
+from inferplug.frontend.requests import build_request
+from inferplug.stages.prompt import EncodedPrompt
 from inferplug.types import Event, Request, SamplingParams, Timings, TokenLogprob, Usage
 
 
@@ -54,10 +56,14 @@ class LLM:
     """A model loaded from a profile, generating in batches with continuous batching underneath.
 
     This is the native engine's offline API (its outputs carry the engine's token ids, steps and usage). A profile
-    that resolves to another backend is refused with the way to reach it: get_backend, as every front end does."""
+    that resolves to another backend is refused with the way to reach it: get_backend, as every front end does.
+    Its requests go through the one request builder (frontend/requests.py), which reads of it what it reads of a
+    backend: name, profile, capabilities and tokenizer."""
+
+    name = "native"
 
     def __init__(self, profile: str | Path | Any = None, **engine_overrides: Any):
-        from inferplug.backends.native import build_engine
+        from inferplug.backends.native import build_engine, engine_capabilities
         from inferplug.hardware import probe
         from inferplug.profile import load_profile
         from inferplug.resolver import resolve
@@ -75,25 +81,28 @@ class LLM:
                 raise ProfileError(f"LLM() got an unknown engine option {key!r}; known: {', '.join(known)}")
             setattr(plan, key, value)
         self.engine = build_engine(self.profile, plan)
+        self.capabilities, self.tokenizer = engine_capabilities(self.engine), self.engine.tokenizer
         self._counter = 0
 
     def get_tokenizer(self) -> Any:
-        return self.engine.tokenizer
+        return self.tokenizer
 
     def generate(self, prompts: str | list[int] | list[str | list[int]],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
-        """One output per prompt (text or token ids), in order. RequestError if any prompt is invalid. Without
-        sampling params, the profile's [sampling] values (through the request builder's sampling_params)."""
+        """One output per prompt (text or token ids), in order. RequestError, before any runs, if any prompt is
+        invalid. Without sampling params, the profile's [sampling] values (as the request builder sets them)."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        return self._run([Request(prompt=p) for p in prompts], sampling_params)
+        return self._run(self._prepare([{"prompt": p} for p in prompts], sampling_params))
 
     def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None,
              tools: list[dict[str, Any]] | None = None) -> list[RequestOutput]:
-        """Chat conversations rendered by the model's (or profile's) chat template."""
+        """Chat conversations rendered by the model's (or profile's) chat template; `tools` as the request builder
+        takes them (OpenAI tool schemas)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        return self._run([Request(messages=list(m), tools=tools) for m in conversations], sampling_params)
+        return self._run(self._prepare([{"messages": list(m), "tools": tools} for m in conversations],
+                                       sampling_params))
 
     def precompute_documents(self, docs: list[Any], salt: str | None = None) -> int:
         """Compute and store each document's KV now, at indexing time (TurboRAG; rag/precompute.py): in memory,
@@ -103,9 +112,11 @@ class LLM:
         from inferplug.rag.precompute import precompute_request
 
         salt = salt if salt is not None else self.profile.cache.rag_shared_salt
-        requests = [r for r in (precompute_request(d, salt, self.engine.render_chat) for d in docs) if r.documents]
-        self._run(requests, [r.params for r in requests])
-        return len(requests)
+        chat = chat_template_text(self.profile, self.tokenizer) is not None
+        encoded = [(r, self.engine.encode(r)) for r in (precompute_request(d, salt, chat) for d in docs)]
+        placed = [(r, prompt) for r, prompt in encoded if prompt.documents]  # found verbatim in the rendered text
+        self._run(placed)
+        return len(placed)
 
     def evict_documents(self, docs: list[Any] | None = None, salt: str | None = None) -> int:
         """Drop the documents' stored KV under `salt`, in memory and on disk; docs None: every document of that
@@ -117,18 +128,22 @@ class LLM:
         """The engine's counters: KV blocks, prefix and document cache hits, bytes in memory and on disk."""
         return self.engine.stats()
 
-    def _run(self, requests: list[Request], given) -> list[RequestOutput]:
-        params = given if isinstance(given, list) else [given] * len(requests)
-        if len(params) != len(requests):
-            raise RequestError(f"got {len(params)} sampling params for {len(requests)} prompts; give one or one each",
+    def _prepare(self, calls: list[dict[str, Any]], given) -> list[tuple[Request, EncodedPrompt]]:
+        """Each call's Request from the request builder, with a SamplingParams given taken whole (as vLLM's) or else
+        the profile's [sampling], and its prompt encoded; RequestError, before any runs, if one is invalid."""
+        params = given if isinstance(given, list) else [given] * len(calls)
+        if len(params) != len(calls):
+            raise RequestError(f"got {len(params)} sampling params for {len(calls)} prompts; give one or one each",
                                param="sampling_params")
+        requests = [build_request(self, params=p, **call).request for p, call in zip(params, calls)]
+        return [(request, self.engine.encode(request)) for request in requests]
+
+    def _run(self, prompts: list[tuple[Request, EncodedPrompt]]) -> list[RequestOutput]:
         outputs: dict[str, RequestOutput] = {}
         try:
-            for request, p in zip(requests, params):
-                request.params = p or sampling_params(self.profile.sampling.model_dump(exclude_none=True))  # as vLLM's: whole or none
+            for request, prompt in prompts:
                 request.request_id = f"llm-{self._counter}"
                 self._counter += 1
-                prompt = self.engine.encode(request)
                 self.engine.add_request(request, prompt)
                 choices = [CompletionOutput(i) for i in range(request.params.n)]
                 outputs[request.request_id] = RequestOutput(request.request_id, prompt.text, prompt.ids, choices)

@@ -45,15 +45,11 @@ class SamplingParams:
     early_stopping: bool | Literal["never"] = False  # HF's: True, False (its heuristic) or "never"
 
     def __post_init__(self) -> None:
+        """Each field's own checks, made where the params are made (dataclasses.replace makes them again): a
+        RequestError naming the bad field and its valid range. The checks that need the vocabulary (stop_token_ids
+        below its size) are the prompt stage's (stages/prompt.check_prompt)."""
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    def validate(self, vocab_size: int | None = None) -> None:
-        """Raise RequestError naming the bad field and its valid range."""
 
         def bad(param: str, why: str) -> RequestError:
             return RequestError(f"{param}={getattr(self, param)!r} is invalid: {why}", param=param)
@@ -85,12 +81,13 @@ class SamplingParams:
         if self.use_beam_search:
             self._validate_beam_search()
         for t in self.stop_token_ids:
-            if not isinstance(t, int) or t < 0 or (vocab_size is not None and t >= vocab_size):
-                limit = f" below the vocabulary size {vocab_size}" if vocab_size else ""
-                raise RequestError(
-                    f"stop_token_ids contains unknown token id {t!r}: use ids >= 0{limit}",
-                    param="stop_token_ids",
-                )
+            if not isinstance(t, int) or t < 0:
+                raise RequestError(f"stop_token_ids contains unknown token id {t!r}: use ids >= 0",
+                                   param="stop_token_ids")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
 
     def _validate_beam_search(self) -> None:
         def bad(param: str, why: str) -> RequestError:

@@ -53,7 +53,6 @@ class LocalRequest:
         """Check the request (RequestError before any event) and set up its choices; `supported` as in
         reject_unsupported."""
         params = request.params
-        params.validate(len(backend.tokenizer))
         reject_unsupported(backend.name, params, request, **supported)
         ids = prompt_token_ids(backend, request)
         limit = max_new_tokens(params, len(ids), backend.context_length)

@@ -107,6 +107,17 @@ def engine_config(plan: Plan):
     )
 
 
+def engine_capabilities(engine: LLMEngine) -> Capabilities:
+    """What the native engine can do: the request builder's checks for the native backend and the offline LLM."""
+    import importlib.util
+
+    return Capabilities(
+        n=True, tools=True, beam_search=True, prompt_logprobs=True,
+        rag_cache=engine.doc_cache is not None,  # doc_cache: engine/doc_cache.py
+        json_schema=importlib.util.find_spec("xgrammar") is not None,  # engine/guided.py needs it
+    )
+
+
 class NativeBackend(Backend):
     name = "native"
 
@@ -125,12 +136,7 @@ class NativeBackend(Backend):
 
     @cached_property  # fixed once the engine is built: read on every request
     def capabilities(self) -> Capabilities:
-        import importlib.util
-
-        return Capabilities(
-            n=True, tools=True, beam_search=True, prompt_logprobs=True, rag_cache=self.engine.engine.doc_cache is not None,  # doc_cache: engine/doc_cache.py
-            json_schema=importlib.util.find_spec("xgrammar") is not None,  # engine/guided.py needs it
-        )
+        return engine_capabilities(self.engine.engine)
 
     @property
     def reasoning_parser(self) -> str | None:

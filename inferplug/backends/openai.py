@@ -80,7 +80,6 @@ class OpenAIBackend(Backend):
         raise BackendUnavailable("the openai backend renders chats on the remote server; send messages instead")
 
     async def generate(self, request: Request) -> AsyncIterator[Event]:
-        request.params.validate()
         if not self._listed:
             await self._read_model_list()
         path, body = self._body(request)

@@ -10,23 +10,22 @@ from inferplug.engine.beam_search import BeamSearch
 from inferplug.engine.sequence import Sequence
 from inferplug.errors import RequestError
 from inferplug.stages.output import RequestChoices, stop_ids
-from inferplug.stages.prompt import check_prompt_ids, max_new_tokens
+from inferplug.stages.prompt import check_prompt, max_new_tokens
 from inferplug.types import Event, Request, SamplingParams
 
 
 def validate_prompt(prompt_ids: list[int], params: SamplingParams, vocab_size: int, max_model_len: int) -> None:
     """Raise RequestError for a prompt or parameters this engine cannot serve."""
-    params.validate(vocab_size)
     if params.json_schema is not None and params.min_tokens:
         # the grammar alone decides where the JSON ends; banning EOS before min_tokens would leave no legal token
         raise RequestError("min_tokens cannot be combined with json_schema (the schema decides the length); "
                            "drop min_tokens", param="min_tokens")
-    check_prompt_ids(prompt_ids, vocab_size, max_model_len)
+    check_prompt(prompt_ids, params, vocab_size, max_model_len)
 
 
 def validate_beam_search(params: SamplingParams, *, max_num_seqs: int, max_step_tokens: int, speculative: bool,
                          num_blocks: int, block_size: int, max_seq_len: int) -> None:
-    """Raise RequestError for a beam search this engine cannot run (SamplingParams.validate checked the rest)."""
+    """Raise RequestError for a beam search this engine cannot run (SamplingParams checked the rest)."""
     if not params.use_beam_search:
         return
     if params.beam_width > max_num_seqs:

@@ -1,7 +1,7 @@
 """Document KV at indexing time, over the Backend protocol: what the integrations' precompute helpers run.
 
-Each document becomes one precompute request (rag/precompute.py); a batch of them is submitted at once, so the
-engine computes them together.
+Each document becomes one precompute request (rag/precompute.py), rendered once by the backend's prompt stage; a batch
+of them is submitted at once, so the engine computes them together.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from inferplug.chat_template import chat_template_text
 from inferplug.frontend.calls import generate_all
 from inferplug.frontend.requests import UncachedDocumentsWarning
 from inferplug.rag.precompute import precompute_request
@@ -20,14 +21,15 @@ def precompute_documents(backend: Any, docs: list[Any], salt: str | None = None,
     """Compute and store each document's KV (a str, LangChain Document or LlamaIndex node) on `backend` under `salt`:
     the salt the corpus is served under (a tenant's, for its private corpus); None: the profile's
     [cache] rag_shared_salt. chat: the queries go through the chat template (False: plain prompts). Returns the
-    documents computed; 0, with a warning, on a backend without a document cache."""
+    documents sent (one the chat template does not keep verbatim gets no cache hint there, as in a query); 0, with a
+    warning, on a backend without a document cache."""
     if not backend.capabilities.rag_cache:
         warnings.warn(f"the {backend.name} backend has no document cache: nothing is precomputed. Use a profile on "
                       "the native engine to cache documents.", UncachedDocumentsWarning, stacklevel=2)
         return 0
     salt = salt if salt is not None else backend.profile.cache.rag_shared_salt
-    render = backend.apply_chat_template if chat and backend.tokenizer is not None else None
-    requests = [r for r in (precompute_request(d, salt, render) for d in docs) if r.documents]
+    chat = chat and backend.tokenizer is not None and chat_template_text(backend.profile, backend.tokenizer) is not None
+    requests = [precompute_request(d, salt, chat) for d in docs]
     for start in range(0, len(requests), BATCH):
         generate_all(backend, requests[start:start + BATCH])  # raises what a failed request raised
     return len(requests)

@@ -10,7 +10,7 @@ with a RequestError that names the backend.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from inferplug.errors import RequestError
@@ -41,9 +41,7 @@ def sampling_params(profile_defaults: dict[str, Any], **options: Any) -> Samplin
     if unknown:
         raise RequestError(f"unknown generation option(s) {sorted(unknown)}; known: "
                            f"{sorted(SamplingParams.__dataclass_fields__)}", param=sorted(unknown)[0])
-    params = SamplingParams(**values)
-    params.validate()
-    return params
+    return SamplingParams(**values)  # which checks its fields
 
 
 def response_schema(response_format: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -76,6 +74,7 @@ def build_request(
     messages: list[dict[str, Any]] | None = None,
     prompt: str | list[int] | None = None,
     options: dict[str, Any] | None = None,
+    params: SamplingParams | None = None,
     tools: list[dict[str, Any]] | None = None,
     tool_choice: Any = None,
     parallel_tool_calls: bool = False,
@@ -86,17 +85,20 @@ def build_request(
     """A Request for `backend`: sampling `options` (None values: the profile's default; `stop` is merged)
     over the profile's [sampling], tool constraints, the response format's schema, and document cache hints
     for the `documents` given or those `memory` finds in the prompt. `parallel_tool_calls` is OpenAI's: the
-    server passes the client's (default true); the integrations constrain to one call, as before."""
-    options = dict(options or {})
+    server passes the client's (default true); the integrations constrain to one call, as before. `params`: a
+    SamplingParams taken whole instead (the offline LLM's, as vLLM's), with no options or response format."""
     schema = response_schema(response_format) if response_format is not None else None
-    if schema is not None:
-        if options.get("json_schema") is not None:
-            raise RequestError("give the JSON schema once: response_format or json_schema", param="response_format")
-        options["json_schema"] = schema
-    defaults = backend.profile.sampling.model_dump(exclude_none=True)  # the values the profile's [sampling] sets
-    if options.get("json_schema") is not None and "repetition_penalty" not in defaults:
-        defaults["repetition_penalty"] = CONSTRAINED_REPETITION_PENALTY
-    params = sampling_params(defaults, **options)
+    if params is None:
+        options = dict(options or {})
+        if schema is not None:
+            if options.get("json_schema") is not None:
+                raise RequestError("give the JSON schema once: response_format or json_schema",
+                                   param="response_format")
+            options["json_schema"] = schema
+        defaults = backend.profile.sampling.model_dump(exclude_none=True)  # the values the profile's [sampling] sets
+        if options.get("json_schema") is not None and "repetition_penalty" not in defaults:
+            defaults["repetition_penalty"] = CONSTRAINED_REPETITION_PENALTY
+        params = sampling_params(defaults, **options)
     offered, required = select_tools(tools or [], tool_choice) if tools or tool_choice is not None else ([], False)
     # a named function is one call (as in vLLM); "required" with parallel calls is a non-empty array of them
     parallel = parallel_tool_calls and tool_choice in (None, "auto", "any", "required", True)
@@ -104,7 +106,7 @@ def build_request(
         if params.json_schema is not None:
             raise RequestError("a required tool call and a JSON response format cannot be combined; "
                                "use one of them", param="tool_choice")
-        params.json_schema = call_schema(offered, parallel)
+        params = replace(params, json_schema=call_schema(offered, parallel))  # checked again
     _check_capabilities(backend, params, offered)
     if messages is not None and getattr(backend, "tokenizer", None) is not None:  # a remote server reads OpenAI's
         calls = bool(offered or any(m.get("tool_calls") for m in messages))

@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferplug.chat_template import profile_template
+from inferplug.chat_template import chat_template_text
 from inferplug.errors import RequestError
 from inferplug.types import ToolCallDelta
 
@@ -168,8 +168,7 @@ def as_call(item: Any, known: set[str]) -> ToolCall | None:
 
 def template_renders_tools(backend: Any) -> bool:
     """Whether the backend's chat template shows `tools` to the model (a backend that renders chats locally)."""
-    template = profile_template(backend.profile) or backend.tokenizer.chat_template
-    return "tools" in str(template or "")
+    return "tools" in str(chat_template_text(backend.profile, backend.tokenizer) or "")
 
 
 def tool_history(messages: list[dict[str, Any]], offered: list[dict[str, Any]],

@@ -16,8 +16,11 @@ if TYPE_CHECKING:
     from inferplug.backends.base import Backend
 
 
-def check_prompt_ids(prompt_ids: list[int], vocab_size: int, context_length: int, param: str = "prompt") -> None:
-    """The checks every local backend makes on a tokenized prompt: not empty, in the vocabulary, room to generate."""
+def check_prompt(prompt_ids: list[int], params: SamplingParams, vocab_size: int, context_length: int,
+                 param: str = "prompt") -> None:
+    """The checks every local backend makes once a prompt is tokenized, those that need the vocabulary or the context
+    (SamplingParams checked its own fields where it was made): the prompt not empty, in the vocabulary, with room to
+    generate; the stop token ids in the vocabulary."""
     if not prompt_ids:
         raise RequestError("the prompt is empty: give at least one token or character", param=param)
     bad = [t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < vocab_size]
@@ -30,6 +33,10 @@ def check_prompt_ids(prompt_ids: list[int], vocab_size: int, context_length: int
             "(including at least one generated token): shorten the prompt or raise max_model_len",
             param=param,
         )
+    for t in params.stop_token_ids:
+        if t >= vocab_size:
+            raise RequestError(f"stop_token_ids contains unknown token id {t!r}: use ids >= 0 below the vocabulary "
+                               f"size {vocab_size}", param="stop_token_ids")
 
 
 class EncodedPrompt(NamedTuple):
@@ -67,10 +74,10 @@ def document_hints(documents: list[Any], text: str) -> list[DocumentSpan] | None
 
 
 def prompt_token_ids(backend: Backend, request: Request) -> list[int]:
-    """The request's prompt as token ids, checked against the vocabulary and the context."""
+    """The request's prompt as token ids, checked with its params against the vocabulary and the context."""
     ids = encode_prompt(backend.tokenizer, backend.apply_chat_template, request, backend.context_length).ids
-    check_prompt_ids(ids, len(backend.tokenizer), backend.context_length,
-                     param="messages" if request.messages is not None else "prompt")
+    check_prompt(ids, request.params, len(backend.tokenizer), backend.context_length,
+                 param="messages" if request.messages is not None else "prompt")
     return ids
 
 

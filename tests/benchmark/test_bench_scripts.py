@@ -1,9 +1,10 @@
 """Every bench/*.py imports (so a renamed function one of them imports fails here, not on the day a figure is
-taken), and each script whose main() reads its own flags answers --help. Imported as `python bench/NAME.py` runs
-them: with bench/ first on sys.path, so that they find each other."""
+taken), none imports another (their shared code is inferplug/benchmark/'s), and each script whose main() reads its
+own flags answers --help. Imported as `python bench/NAME.py` runs them: with bench/ first on sys.path."""
 
 from __future__ import annotations
 
+import ast
 import inspect
 import sys
 
@@ -29,6 +30,17 @@ def as_a_script():
 
 def test_the_scripts_are_found():
     assert {"rag_cache", "rag_paper_7b", "engine_throughput", "peers"} <= set(SCRIPTS)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_no_bench_script_imports_another(name):
+    tree = ast.parse((BENCH / f"{name}.py").read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module and not node.level}
+    assert not imported & {*SCRIPTS, "bench"}, f"bench/{name}.py imports {sorted(imported & {*SCRIPTS, 'bench'})}"
+    assert not any(isinstance(node, ast.ImportFrom) and node.level for node in ast.walk(tree))
 
 
 @pytest.mark.parametrize("name", SCRIPTS)

@@ -8,7 +8,6 @@ import pytest
 from tests.benchmark.bench_helpers import load_bench
 
 prefill = load_bench("prefill")
-openvino_peer = load_bench("openvino_peer")
 
 
 def rejected(capsys, *argv: str) -> str:
@@ -64,4 +63,4 @@ def test_ratios_compare_within_a_round_and_a_prompt_length():
 
 def test_openvino_peer_that_cannot_start_says_so(tmp_path):
     with pytest.raises(RuntimeError, match="the OpenVINO peer exited with code 1"):
-        openvino_peer.OpenVINOPeer(sys.executable, str(tmp_path / "no-model"), 2)
+        prefill.OpenVINOPeer(sys.executable, str(tmp_path / "no-model"), 2)

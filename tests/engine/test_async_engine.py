@@ -27,7 +27,7 @@ async def _collect(engine: AsyncEngine, request: Request):
 async def test_concurrent_streams_and_a_bad_one(async_engine):
     prompts = prompts_of([5, 40, 17], seed=21)
     good = [_collect(async_engine, Request(prompt=p, params=greedy(6), request_id=str(i))) for i, p in enumerate(prompts)]
-    bad = _collect(async_engine, Request(prompt=[1, 2], params=greedy(6, stop_token_ids=[-3]), request_id="bad"))
+    bad = _collect(async_engine, Request(prompt=[1, 2], params=greedy(6, stop_token_ids=[10**6]), request_id="bad"))
     results = await asyncio.gather(*good, bad, return_exceptions=True)
     assert isinstance(results[-1], RequestError)
     for events in results[:-1]:

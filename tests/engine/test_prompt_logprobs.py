@@ -70,4 +70,4 @@ def test_prompt_logprob_rows_are_hf_log_softmax(tiny_llama_dir):
 @pytest.mark.parametrize("value", [-1, 21, 1.5])
 def test_prompt_logprobs_out_of_range_is_a_request_error(value):
     with pytest.raises(RequestError, match="prompt_logprobs"):
-        SamplingParams(prompt_logprobs=value).validate()
+        SamplingParams(prompt_logprobs=value)

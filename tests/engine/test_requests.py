@@ -117,26 +117,26 @@ def test_prefix_caching_off_computes_every_prompt_and_keeps_the_pool_whole(tiny_
             assert tokens_of(without[r], index) == tokens_of(with_cache[r], index)
 
 
-BAD = [
-    (dict(prompt=[]), "prompt"),
-    (dict(prompt=list(range(3, 3 + 600))), "prompt"),
-    (dict(prompt=[5, 6], params=SamplingParams(max_tokens=0)), "max_tokens"),
-    (dict(prompt=[5, 6], params=SamplingParams(temperature=-1.0)), "temperature"),
-    (dict(prompt=[5, 6], params=SamplingParams(top_p=1.5)), "top_p"),
-    (dict(prompt=[5, 6], params=SamplingParams(stop_token_ids=[10_000])), "stop_token_ids"),
-    (dict(prompt=[5, 99_999]), "prompt"),
-    (dict(prompt=[5, 6], params=SamplingParams(json_schema={"type": "object"}, min_tokens=3)), "min_tokens"),
+BAD = [  # (the request, its sampling options, the param named): a field's own check fails as the params are made
+    (dict(prompt=[]), {}, "prompt"),
+    (dict(prompt=list(range(3, 3 + 600))), {}, "prompt"),
+    (dict(prompt=[5, 6]), dict(max_tokens=0), "max_tokens"),
+    (dict(prompt=[5, 6]), dict(temperature=-1.0), "temperature"),
+    (dict(prompt=[5, 6]), dict(top_p=1.5), "top_p"),
+    (dict(prompt=[5, 6]), dict(stop_token_ids=[10_000]), "stop_token_ids"),
+    (dict(prompt=[5, 99_999]), {}, "prompt"),
+    (dict(prompt=[5, 6]), dict(json_schema={"type": "object"}, min_tokens=3), "min_tokens"),
 ]
 
 
-@pytest.mark.parametrize("bad,param", BAD, ids=[p for _, p in BAD])
-def test_bad_request_fails_alone(tiny_llama_dir, bad, param):
+@pytest.mark.parametrize("bad,options,param", BAD, ids=[p for _, _, p in BAD])
+def test_bad_request_fails_alone(tiny_llama_dir, bad, options, param):
     engine = make_engine(tiny_llama_dir)  # context: the model's 512 positions
     good = [Request(prompt=p, params=greedy(5), request_id=f"ok{i}") for i, p in enumerate(prompts_of([7, 19]))]
     engine.add_request(good[0])
     engine.step()
     with pytest.raises(RequestError) as info:
-        engine.add_request(Request(**bad, request_id="bad"))
+        engine.add_request(Request(**bad, params=SamplingParams(**options), request_id="bad"))
     assert info.value.param == param and str(info.value)
     events = run_all(engine, good[1:])
     events["ok0"] = []

@@ -193,6 +193,36 @@ def test_the_offline_llm_honours_the_profiles_sampling(tiny_llama_dir, tmp_path)
     assert len(llm.generate("hi there", SamplingParams(temperature=0.0, max_tokens=5))[0].outputs[0].token_ids) == 5
 
 
+def test_the_offline_llm_chat_goes_through_the_request_builder(tiny_profile):
+    """The builder's tool checks and shaping apply to LLM.chat: a tool history it cannot read is refused before any
+    request runs, and tools the template does not render are described in the prompt (frontend/tool_calls)."""
+    from inferplug import LLM, SamplingParams
+
+    llm = LLM(tiny_profile, num_kv_blocks=32)
+    weather = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                                "parameters": {"type": "object", "properties": {}}}}
+    history = [{"role": "user", "content": "weather?"}, {"role": "assistant", "content": None,
+                                                         "tool_calls": "get_weather"}]
+    with pytest.raises(RequestError, match="tool_calls is not a list of calls") as info:
+        llm.chat(history, SamplingParams(temperature=0.0, max_tokens=2), tools=[weather])
+    assert info.value.param == "messages" and not llm.engine.has_unfinished()
+    (out,) = llm.chat([{"role": "user", "content": "weather?"}], SamplingParams(temperature=0.0, max_tokens=2),
+                      tools=[weather])
+    assert "get_weather" in out.prompt and len(out.outputs[0].token_ids) == 2
+
+
+def counted_renders(monkeypatch, tokenizer) -> list:
+    """The calls of the model's real chat template from now on (it still renders)."""
+    renders, render = [], tokenizer.apply_chat_template
+
+    def counted(*args, **kwargs):
+        renders.append(args)
+        return render(*args, **kwargs)
+
+    monkeypatch.setattr(tokenizer, "apply_chat_template", counted)
+    return renders
+
+
 def test_a_request_with_documents_renders_its_chat_once(tiny_profile, monkeypatch):
     """The front end hands the documents down; the prompt stage finds them in the one text it renders
     (stages/prompt.document_hints), and the engine stores each document's KV where that text places it."""
@@ -201,13 +231,7 @@ def test_a_request_with_documents_renders_its_chat_once(tiny_profile, monkeypatc
     from inferplug.rag import rag_messages
 
     backend = get_backend(tiny_profile)
-    renders, render = [], backend.tokenizer.apply_chat_template  # the model's real template, counted
-
-    def counted(*args, **kwargs):
-        renders.append(args)
-        return render(*args, **kwargs)
-
-    monkeypatch.setattr(backend.tokenizer, "apply_chat_template", counted)
+    renders = counted_renders(monkeypatch, backend.tokenizer)
     docs = ["The blue door is on Elm Street, next to the old bakery.", "Cats purr when they are warm and content."]
     stored = backend.engine.engine.doc_cache.stored_segments
     prepared = build_request(backend, messages=rag_messages("Where is the blue door?", docs), documents=docs,
@@ -215,3 +239,21 @@ def test_a_request_with_documents_renders_its_chat_once(tiny_profile, monkeypatc
     generate_all(backend, [prepared.request])
     assert len(renders) == 1
     assert backend.engine.engine.doc_cache.stored_segments == stored + len(docs)
+
+
+@pytest.mark.parametrize("caller", ["llm", "backend"])
+def test_a_precompute_request_renders_its_chat_once(tiny_profile, monkeypatch, caller):
+    """A precompute request (rag/precompute.py) carries its document, not a span found in a text rendered for it:
+    the prompt stage renders it once, on the offline LLM and over the Backend protocol alike."""
+    from inferplug import LLM
+    from inferplug.backends.registry import get_backend
+    from inferplug.frontend.precompute import precompute_documents
+
+    target = LLM(tiny_profile, num_kv_blocks=32) if caller == "llm" else get_backend(tiny_profile)
+    engine = target.engine if caller == "llm" else target.engine.engine
+    renders = counted_renders(monkeypatch, target.tokenizer)
+    docs = ["The green gate is on Oak Lane, past the mill.", "Owls hunt at dusk over the wet meadows."]
+    stored = engine.doc_cache.stored_segments
+    computed = target.precompute_documents(docs) if caller == "llm" else precompute_documents(target, docs)
+    assert computed == len(docs) and len(renders) == len(docs)
+    assert engine.doc_cache.stored_segments == stored + len(docs)

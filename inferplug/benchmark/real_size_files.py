@@ -1,7 +1,7 @@
-"""Real-size random model files for bench/real_size.py: a Q4_K_M-style (or Q5_K_M) GGUF, an AutoAWQ GEMM and a GPTQ act-order
-checkpoint at Llama/Mistral-7B geometry (or fewer layers), all with SmolLM2's tokenizer (so vocab 49152), written
-by inferplug/benchmark/random_models.py one tensor at a time (`check_gguf` confirms the activations' scale with
-gguf-py's dequantization).
+"""Real-size random model files for bench/real_size.py (and the geometry bench/rag_paper_7b.py writes): a Q4_K_M-style
+(or Q5_K_M) GGUF, an AutoAWQ GEMM and a GPTQ act-order checkpoint at Llama/Mistral-7B geometry (or fewer layers), all
+with SmolLM2's tokenizer (so vocab 49152), written by inferplug/benchmark/random_models.py one tensor at a time
+(`check_gguf` confirms the activations' scale with gguf-py's dequantization).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""bench/rag_cache.py --paper: the CacheBlend-shaped workload (inferplug/benchmark/rag_paper_workload.py) under each
-cache mode.
+"""bench/rag_cache.py --paper (and bench/rag_paper_7b.py): the CacheBlend-shaped workload (rag_paper_workload.py)
+under each cache mode.
 
 One request at a time, greedy answers of up to --answer-tokens tokens. Modes:
   none              canonical layout, nothing reused (salted apart): the full recompute each RAG mode is held to
@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 
 from inferplug.benchmark.rag_paper_workload import make_paper_workload
+from inferplug.benchmark.rag_runs import rag_request, run_one, summarize
 
 POLICIES = ("deviation", "chunk_heads")
 
@@ -30,13 +31,13 @@ def _backend(profile_name: str, policy: str = "none", fraction: float = 0.0):
     return get_backend(profile.model_copy(update={"cache": cache}))
 
 
-def _warm(backend, rag_request, run_one, mode: str, workload) -> None:
+def _warm(backend, mode: str, workload) -> None:
     """Every chunk once, six to a request, under the mode's salt (rag_request's)."""
     for i in range(0, len(workload.chunks), 6):
         run_one(backend, rag_request(backend, mode, "warm up", workload.chunks[i:i + 6], 1))
 
 
-def _run_mode(backend, rag_request, run_one, mode: str, workload, max_tokens: int) -> list[dict]:
+def _run_mode(backend, mode: str, workload, max_tokens: int) -> list[dict]:
     rows = []
     for question, ids in zip(workload.questions, workload.retrieved):
         before = backend.stats().get("doc_cache_recomputed_tokens", 0)
@@ -46,7 +47,7 @@ def _run_mode(backend, rag_request, run_one, mode: str, workload, max_tokens: in
     return rows
 
 
-def _score(rows: list[dict], workload, reference: list[dict] | None, summarize) -> dict:
+def _score(rows: list[dict], workload, reference: list[dict] | None) -> dict:
     out = summarize(rows)
     out["recomputed_tokens"] = sum(r["recomputed_tokens"] for r in rows)
     out["prefill_tokens"] += out["recomputed_tokens"]
@@ -57,7 +58,7 @@ def _score(rows: list[dict], workload, reference: list[dict] | None, summarize) 
     return out
 
 
-def run_paper(args, rag_request, run_one, summarize) -> None:
+def run_paper(args) -> None:
     from inferplug.backends.registry import close_all
 
     workload = make_paper_workload(args.queries, num_entities=args.entities)
@@ -66,22 +67,20 @@ def run_paper(args, rag_request, run_one, summarize) -> None:
     try:
         run_one(backend, rag_request(backend, "none", "warm up", workload.chunks[:2], 1))
         # rag_request's "recompute": the canonical layout, salted apart, no hints: a full prefill of each RAG prompt
-        full = _run_mode(backend, rag_request, run_one, "recompute", workload, args.answer_tokens)
-        results["none"] = _score(full, workload, full, summarize)
+        full = _run_mode(backend, "recompute", workload, args.answer_tokens)
+        results["none"] = _score(full, workload, full)
         _report("none", results)
         if not args.no_prefix:
-            _warm(backend, rag_request, run_one, "prefix", workload)
-            results["prefix"] = _score(_run_mode(backend, rag_request, run_one, "prefix", workload,
-                                                 args.answer_tokens), workload, None, summarize)
+            _warm(backend, "prefix", workload)
+            results["prefix"] = _score(_run_mode(backend, "prefix", workload, args.answer_tokens), workload, None)
             _report("prefix", results)
         configs = [("none", 0.0)] + [(p, float(f)) for p in POLICIES for f in args.fractions.split(",") if f]
         for policy, fraction in configs:
             close_all()
             backend = _backend(args.profile, policy, fraction)
-            _warm(backend, rag_request, run_one, "rag", workload)
+            _warm(backend, "rag", workload)
             name = "rag" if policy == "none" else f"rag/{policy}@{fraction:.2f}"
-            results[name] = _score(_run_mode(backend, rag_request, run_one, "rag", workload, args.answer_tokens),
-                                   workload, full, summarize)
+            results[name] = _score(_run_mode(backend, "rag", workload, args.answer_tokens), workload, full)
             _report(name, results)
     finally:
         close_all()
