@@ -128,9 +128,8 @@ class CTranslate2Backend(LocalBackend):
         }
 
     def close(self) -> None:
-        if getattr(self, "_batcher", None) is not None:
+        if getattr(self, "_batcher", None) is not None and not self.closed:  # kept: a late cancel still ends a stream
             self._batcher.close()
-            self._batcher = None
         super().close()
 
     # --- helpers --------------------------------------------------------------------

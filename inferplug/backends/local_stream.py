@@ -30,7 +30,7 @@ class LocalBackend(Backend):
     def submit(self, request: Request, channel: EventChannel) -> None:
         try:
             self._start(request, channel)
-        except Exception as exc:  # noqa: BLE001 - a bad request (RequestError): raised in the consumer, before any event
+        except Exception as exc:  # noqa: BLE001 - a bad request (RequestError), raised in the consumer before any event
             channel.send([exc], last=True)
 
     @abstractmethod
