@@ -37,19 +37,24 @@ class GeneratorWorker:
         self.commands: queue.Queue[tuple | None] = queue.Queue()
         self.requests: dict[str, Submitted] = {}  # the worker thread's, as `jobs`
         self.jobs: dict[int, tuple[Submitted, int]] = {}  # id(job) -> its request and choice
+        self.open: set[str] = set()  # the ids of requests added and not yet ended (any thread reads it)
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self._thread = threading.Thread(target=self._run, name="inferplug-exllamav2", daemon=True)
         self._thread.start()
 
     def add(self, request: Submitted) -> None:
+        self.open.add(request.request_id)
         self.commands.put(("add", request))
 
     def cancel(self, request_id: str, index: int | None = None) -> Future:
         """Cancel a request's jobs (or choice `index`'s only); the future is done once the generator freed their
         pages. Unknown ids and ended jobs are ignored."""
         done: Future = Future()
-        self.commands.put(("cancel", request_id, index, done))
+        if request_id in self.open:
+            self.commands.put(("cancel", request_id, index, done))
+        else:  # ended (the usual case for the server's abort after a response): no need to wait for a step
+            done.set_result(None)
         return done
 
     def close(self) -> None:
@@ -110,6 +115,7 @@ class GeneratorWorker:
             self.jobs.pop(id(request.jobs[index]), None)
         if not request.running:
             del self.requests[request.request_id]
+            self.open.discard(request.request_id)
         if items or not request.running:
             request.channel.send(items, last=not request.running)
 
