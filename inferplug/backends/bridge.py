@@ -3,13 +3,13 @@
 A producer on any thread (the native engine's step thread, CTranslate2's decoding thread, ExLlamaV2's worker, or
 a pump on a backend's own event loop) `send`s events into an EventChannel; one consumer reads them, either a
 blocked thread (`consume_sync`) or a coroutine on its own loop (`consume_async`). A producer that hands over raw
-tokens gives the channel a stage (`read_with`: the output stage of backends/local_stream.py), which the
-consumer runs over them as it takes them, so that detokenizing and stop strings cost the consumer's thread, not
-the producer's decoding loop. Wake-ups are coalesced: a
-consumer is woken once for whatever arrived since it last looked (one engine step's events, or
-more), and with `at_end` once when the request ends, for callers that want only the result. So a
-batch of chats costs a wake-up per request, not a thread or loop hop per token. A consumer given a `timeout` waits no
-longer: past it the request is cancelled and GenerationError raised, whether or not events were coming.
+tokens gives the channel a stage (`read_with`: the output stage of backends/local_stream.py), which the consumer
+runs over them as it takes them, so that detokenizing and stop strings cost the consumer's thread, not the
+producer's decoding loop. Wake-ups are coalesced: a consumer is woken once for whatever arrived since it last
+looked (one engine step's events, or more), and with `at_end` once when the request ends, for callers that want
+only the result. So a batch of chats costs a wake-up per request, not a thread or loop hop per token. A consumer
+given a `timeout` waits no longer: past it the request is cancelled and GenerationError raised, whether or not
+events were coming.
 """
 
 from __future__ import annotations

@@ -34,11 +34,12 @@ class Job:
     static_prompt: tuple[str, ...] | None
     # its raw items: ("token", index, id, logprob, at) and, last, ("end", reason, error, at) for what is still open
     channel: EventChannel
-    stopped: list[bool] = field(default_factory=list)  # per choice: its row stops at its next step
+    stopped: list[bool] = field(init=False)  # per choice: its row stops at its next step
+    rows_left: int = field(init=False)  # rows still decoding (read and written by its batch's callback only)
 
     def __post_init__(self) -> None:
         self.stopped = [False] * self.n
-        self.rows_left = self.n  # rows still decoding (read and written by its batch's callback only)
+        self.rows_left = self.n
 
     def group_key(self) -> tuple:
         return (self.options, self.static_prompt)
