@@ -3,8 +3,9 @@
 Front ends (LangChain, LlamaIndex, the server, the CLI) speak only this protocol.
 A backend is async at heart. Callers on other threads or loops use `stream_sync` and
 `stream_async`, both over the one bridge (backends/bridge.py): `submit` starts a request whose
-events go to an EventChannel. By default a pump runs `generate` on one background event loop per
-backend; the native engine overrides `submit`, so its step thread feeds the channel itself.
+events go to an EventChannel. By default (a remote backend) a pump runs `generate` on one background
+event loop per backend; the local ones override `submit`, so their engine's thread feeds the channel
+itself (the native step thread; CTranslate2's and ExLlamaV2's, backends/local_stream.py).
 """
 
 from __future__ import annotations

@@ -1,12 +1,15 @@
 """The one sync/async bridge: a request's events from the thread that makes them to the caller that reads them.
 
-A producer on any thread (the native engine's step thread, or a pump on a backend's own event
-loop) `send`s events into an EventChannel; one consumer reads them, either a blocked thread
-(`consume_sync`) or a coroutine on its own loop (`consume_async`). Wake-ups are coalesced: a
-consumer is woken once for whatever arrived since it last looked (one engine step's events, or
-more), and with `at_end` once when the request ends, for callers that want only the result. So a
-batch of chats costs a wake-up per request, not a thread or loop hop per token. A consumer given a `timeout` waits no
-longer: past it the request is cancelled and GenerationError raised, whether or not events were coming.
+A producer on any thread (the native engine's step thread, CTranslate2's decoding thread, ExLlamaV2's worker, or
+a pump on a backend's own event loop) `send`s events into an EventChannel; one consumer reads them, either a
+blocked thread (`consume_sync`) or a coroutine on its own loop (`consume_async`). A producer that hands over raw
+tokens gives the channel a stage (`read_with`: the output stage of backends/local_stream.py), which the consumer
+runs over them as it takes them, so that detokenizing and stop strings cost the consumer's thread, not the
+producer's decoding loop. Wake-ups are coalesced: a consumer is woken once for whatever arrived since it last
+looked (one engine step's events, or more), and with `at_end` once when the request ends, for callers that want
+only the result. So a batch of chats costs a wake-up per request, not a thread or loop hop per token. A consumer
+given a `timeout` waits no longer: past it the request is cancelled and GenerationError raised, whether or not
+events were coming.
 """
 
 from __future__ import annotations
@@ -29,6 +32,15 @@ class EventChannel:
         self._ended = False
         self._notified = False
         self._ready: threading.Event | asyncio.Event = threading.Event() if loop is None else asyncio.Event()
+        self._stage: Callable[[list[Any]], tuple[list[Any], bool]] | None = None
+
+    def read_with(self, stage: Callable[[list[Any]], tuple[list[Any], bool]], *, early: bool) -> None:
+        """Run stage(items) -> (events, done) on the consumer's side over what the producer sends; done ends the
+        request before the producer does (then, as for a consumer that leaves, it is cancelled). early: the stage
+        may end it so (a stop string), so the consumer wakes for each send even at_end, to stop it at once.
+        Set by the producer before its first send."""
+        self._stage = stage
+        self._at_end = self._at_end and not early
 
     # --- producer side, any thread -------------------------------------------------
     def send(self, items: list[Any], *, last: bool = False) -> None:
@@ -51,11 +63,16 @@ class EventChannel:
 
     # --- consumer side ---------------------------------------------------------------
     def _take(self) -> tuple[list[Any], bool]:
+        """What was sent since the last take (through the stage, if there is one) and whether the request ended."""
         with self._lock:
             items, self._items = self._items, []
             self._notified = False
             self._ready.clear()
-            return items, self._ended
+            ended = self._ended
+        if self._stage is None:
+            return items, ended
+        events, done = self._stage(items)
+        return events, ended or done
 
 
 def _unpack(items: list[Any]) -> Iterator[Any]:
@@ -98,8 +115,11 @@ def consume_all_sync(submits: list[Callable[[EventChannel], None]], cancels: lis
             submit(channel)
         ended = []
         for channel in channels:
-            _wait_in_thread(channel, deadline, timeout)
-            items = channel._take()[0]
+            items, done = [], False
+            while not done:  # one wake-up, unless its stage must look at its tokens as they come
+                _wait_in_thread(channel, deadline, timeout)
+                taken, done = channel._take()
+                items += taken
             failed = any(isinstance(item, BaseException) for item in items)
             ended.append(_unpack(items) if failed else items)
         return ended

@@ -1,7 +1,8 @@
 """The CTranslate2 backend: an HF dir or GGUF model, converted once, run by CTranslate2.
 
 Requests that arrive together are batched into one `generate_batch` call (ct2_batcher), and
-their tokens stream back through its per-token callback. A chat whose first message is a
+their tokens stream back through its per-token callback, straight into the caller's EventChannel; the
+output stage runs on the caller's side as it reads them (backends/local_stream.py). A chat whose first message is a
 system prompt passes that prompt as CTranslate2's `static_prompt`, whose model state
 CTranslate2 caches and reuses for every later request with the same system prompt.
 
@@ -12,15 +13,14 @@ so a per-request seed cannot be honoured on a loaded model.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
+import threading
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from inferplug.backends.base import Backend
+from inferplug.backends.bridge import EventChannel
 from inferplug.backends.ct2_batcher import Batcher, Job
-from inferplug.backends.local_stream import LocalRequest
+from inferplug.backends.local_stream import LocalBackend, LocalRequest
 from inferplug.errors import BackendUnavailable, RequestError
-from inferplug.stages.output import ChoiceOutput
 from inferplug.types import Capabilities, Event, Request
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 COMPUTE_TYPES = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float32", "float16", "bfloat16")
 
 
-class CTranslate2Backend(Backend):
+class CTranslate2Backend(LocalBackend):
     name = "ctranslate2"
 
     def __init__(self, profile: Profile, plan: Plan) -> None:
@@ -58,10 +58,10 @@ class CTranslate2Backend(Backend):
             inter_threads=opts.inter_threads, intra_threads=opts.intra_threads,
         )
         self._batcher = Batcher(self._generator, opts.inter_threads, plan.max_num_seqs)
-        self._jobs: dict[str, Job] = {}
         self._seen_static_prompts: set[tuple[str, ...]] = set()
         self._static_prompt_hits = 0
         self._requests = 0
+        self._counts_lock = threading.Lock()  # requests start on their callers' threads
 
     # --- protocol -------------------------------------------------------------------
     @property
@@ -76,48 +76,44 @@ class CTranslate2Backend(Backend):
     def tokenizer(self) -> Any:
         return self._tokenizer
 
-    async def generate(self, request: Request) -> AsyncIterator[Event]:
+    def _start(self, request: Request, channel: EventChannel) -> None:
         local = LocalRequest.start(self, request, [*self.config.eos_token_ids, self._tokenizer.eos_token_id])
         ids = local.ids
         static = self._static_prompt(request, ids)
         tokens = self._tokenizer.convert_ids_to_tokens(ids[len(static):])
-        cached = len(static) if static in self._seen_static_prompts else 0
-        job = Job(tokens, request.params.n, local.limit, self._options(request, local.end_ids), static or None,
-                  asyncio.get_running_loop())
-        self._jobs[request.request_id] = job
-        self._requests += 1
-        self._static_prompt_hits += bool(cached)
+        local.cached_tokens = len(static) if static in self._seen_static_prompts else 0
+        job = Job(request.request_id, tokens, request.params.n, local.limit, self._options(request, local.end_ids),
+                  static or None, channel)
+        # a stop string is found only by the output stage: then the consumer must read the tokens as they come
+        channel.read_with(partial(local.read, partial(self._events, local, job, static)),
+                          early=bool(request.params.stop))
+        with self._counts_lock:
+            self._requests += 1
+            self._static_prompt_hits += bool(local.cached_tokens)
         self._batcher.submit(job)
-        try:
-            async for event in self._events(job, local.choices):
-                if static and local.done:
-                    self._seen_static_prompts.add(static)
-                yield local.close(event, cached)
-        finally:
-            job.cancelled.set()
-            self._jobs.pop(request.request_id, None)
 
-    async def _events(self, job: Job, choices: list[ChoiceOutput]) -> AsyncIterator[Event]:
-        while not all(c.done for c in choices):
-            kind, index, payload = await job.events.get()
-            if kind == "token" and not choices[index].done:
-                event = choices[index].on_token(*payload)
-                job.stopped[index] = choices[index].done
-                yield event
-            elif kind == "abort":
-                for choice in choices:
-                    if not choice.done:
-                        yield choice.finish("abort")
-            elif kind == "end":  # the batch is over: what is still open hit max_length, or failed
-                for choice in choices:
-                    if not choice.done:
-                        yield choice.finish("error", payload) if payload else choice.finish("length")
+    def _events(self, local: LocalRequest, job: Job, static: tuple[str, ...], item: tuple) -> list[Event]:
+        """One raw item's events (the consumer's output stage, local_stream.LocalRequest.read)."""
+        kind, *payload = item
+        if kind == "token":
+            index, token_id, logprob, at = payload
+            choice = local.choices[index]
+            if choice.done:
+                return []
+            events = [choice.on_token(token_id, logprob, at=at)]
+            job.stopped[index] = choice.done  # ended here (a stop string): its row stops at its next step
+        else:  # "end": the job is over, and what is still open ends with its reason (length, error, abort)
+            reason, error, at = payload
+            events = [choice.finish(reason, error, at=at) for choice in local.choices if not choice.done]
+        if static and local.done:
+            self._seen_static_prompts.add(static)
+        return events
 
     async def abort(self, request_id: str) -> None:
-        job = self._jobs.get(request_id)
-        if job is not None and not job.cancelled.is_set():
-            job.cancelled.set()
-            job.post("abort", None, None)
+        self._batcher.cancel(request_id)
+
+    def cancel_now(self, request_id: str) -> None:
+        self._batcher.cancel(request_id)
 
     def stats(self) -> dict[str, Any]:
         hits = self._static_prompt_hits
@@ -132,9 +128,8 @@ class CTranslate2Backend(Backend):
         }
 
     def close(self) -> None:
-        if getattr(self, "_batcher", None) is not None:
+        if getattr(self, "_batcher", None) is not None and not self.closed:  # kept: a late cancel still ends a stream
             self._batcher.close()
-            self._batcher = None
         super().close()
 
     # --- helpers --------------------------------------------------------------------

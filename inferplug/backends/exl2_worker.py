@@ -1,53 +1,60 @@
 """The thread that owns an ExLlamaV2DynamicGenerator: every generator call happens here.
 
-Requests come in as commands (add a job, cancel a job); `iterate()` results go back to each
-request's asyncio queue as ("tokens", index, ids, [(logprob, top)]) and ("eos", index, info) items.
+Requests come in as commands (add a request's jobs, cancel them); `iterate()` results go straight to each
+request's channel (the caller's: its output stage runs there, exllamav2.py), one send per request per step, as
+raw items: ("tokens", index, [(id, logprob, top)], at), ("eos", index, info, at) and ("abort", index, None, at);
+the last once none of the request's jobs runs, their pages freed.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 import queue
 import threading
+import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from inferplug.backends.bridge import EventChannel
 
 
 @dataclass(eq=False)
-class Entry:
-    """One choice of one request: an ExLlamaV2DynamicJob and where its results go."""
+class Submitted:
+    """One request: an ExLlamaV2DynamicJob per choice, and the channel their results go to."""
 
-    job: Any
-    index: int
-    loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue
-    done: bool = field(default=False)
+    request_id: str
+    jobs: list[Any]
+    channel: EventChannel
 
-    def post(self, *item: Any) -> None:
-        if not self.loop.is_closed():
-            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+    def __post_init__(self) -> None:
+        self.running = set(range(len(self.jobs)))  # the choices whose job the generator still has (the worker's)
 
 
 class GeneratorWorker:
     def __init__(self, generator: Any):
         self.generator = generator
         self.commands: queue.Queue[tuple | None] = queue.Queue()
-        self.entries: dict[int, Entry] = {}  # id(job) -> entry
+        self.requests: dict[str, Submitted] = {}  # the worker thread's, as `jobs`
+        self.jobs: dict[int, tuple[Submitted, int]] = {}  # id(job) -> its request and choice
+        self.open: set[str] = set()  # the ids of requests added and not yet ended (any thread reads it)
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self._thread = threading.Thread(target=self._run, name="inferplug-exllamav2", daemon=True)
         self._thread.start()
 
-    def add(self, entry: Entry) -> None:
-        self.commands.put(("add", entry))
+    def add(self, request: Submitted) -> None:
+        self.open.add(request.request_id)
+        self.commands.put(("add", request))
 
-    def cancel(self, entry: Entry) -> Future:
-        """Cancel a job; the future is done once the generator freed its pages."""
+    def cancel(self, request_id: str, index: int | None = None) -> Future:
+        """Cancel a request's jobs (or choice `index`'s only); the future is done once the generator freed their
+        pages. Unknown ids and ended jobs are ignored."""
         done: Future = Future()
-        self.commands.put(("cancel", entry, done))
+        if request_id in self.open:
+            self.commands.put(("cancel", request_id, index, done))
+        else:  # ended (the usual case for the server's abort after a response): no need to wait for a step
+            done.set_result(None)
         return done
 
     def close(self) -> None:
@@ -84,37 +91,64 @@ class GeneratorWorker:
             if self.generator.num_remaining_jobs():
                 self._step()
 
-    def _apply(self, kind: str, entry: Entry | None = None, done: Future | None = None) -> None:
-        if kind == "add" and entry is not None:
-            self.entries[id(entry.job)] = entry
-            self.generator.enqueue(entry.job)
-        elif kind == "cancel" and entry is not None:
-            if self.entries.pop(id(entry.job), None) is not None:
-                self.generator.cancel(entry.job)  # frees its pages now
-            if done is not None:
-                done.set_result(None)
+    def _apply(self, kind: str, *args: Any) -> None:
+        if kind == "add":
+            (request,) = args
+            self.requests[request.request_id] = request
+            for index, job in enumerate(request.jobs):
+                self.jobs[id(job)] = (request, index)
+                self.generator.enqueue(job)
+        elif kind == "cancel":
+            request_id, index, done = args
+            request = self.requests.get(request_id)
+            if request is not None:
+                cancelled = [i for i in sorted(request.running) if index in (None, i)]
+                for i in cancelled:
+                    self.generator.cancel(request.jobs[i])  # frees its pages now
+                self._send(request, [("abort", i, None, time.perf_counter()) for i in cancelled], cancelled)
+            done.set_result(None)
+
+    def _send(self, request: Submitted, items: list[tuple], ended: list[int]) -> None:
+        """A request's items of this step; `ended`: its choices whose job the generator no longer has."""
+        for index in ended:
+            request.running.discard(index)
+            self.jobs.pop(id(request.jobs[index]), None)
+        if not request.running:
+            del self.requests[request.request_id]
+            self.open.discard(request.request_id)
+        if items or not request.running:
+            request.channel.send(items, last=not request.running)
 
     def _step(self) -> None:
         try:
             results = self.generator.iterate()
         except Exception as exc:  # fail the running requests, keep the worker alive
-            for entry in list(self.entries.values()):
-                entry.post("eos", entry.index, {"eos_reason": "error", "error": f"{type(exc).__name__}: {exc}"})
-                self.generator.cancel(entry.job)
-            self.entries.clear()
+            info = {"eos_reason": "error", "error": f"{type(exc).__name__}: {exc}"}
+            for request in list(self.requests.values()):
+                running = sorted(request.running)
+                for index in running:
+                    self.generator.cancel(request.jobs[index])
+                self._send(request, [("eos", index, info, time.perf_counter()) for index in running], running)
             return
+        at = time.perf_counter()
+        items: dict[Submitted, list[tuple]] = {}
+        ended: dict[Submitted, list[int]] = {}
         for r in results:
-            entry = self.entries.get(id(r["job"]))
-            if entry is None or r["stage"] != "streaming":
+            found = self.jobs.get(id(r["job"]))
+            if found is None or r["stage"] != "streaming":
                 continue
+            request, index = found
+            mine = items.setdefault(request, [])
             ids = r["token_ids"][0].tolist() if "token_ids" in r else []
             if ids:
-                entry.post("tokens", entry.index, ids, _logprobs(r, ids))
+                mine.append(("tokens", index, [(t, *lp) for t, lp in zip(ids, _logprobs(r, ids))], at))
             if r["eos"]:
-                self.entries.pop(id(r["job"]), None)
                 self.prompt_tokens += r.get("prompt_tokens", 0)
                 self.cached_tokens += r.get("cached_tokens", 0)
-                entry.post("eos", entry.index, _eos_info(r))
+                mine.append(("eos", index, _eos_info(r), at))
+                ended.setdefault(request, []).append(index)
+        for request, mine in items.items():  # one send per request per step
+            self._send(request, mine, ended.get(request, []))
 
 
 def _logprobs(r: dict[str, Any], ids: list[int]) -> list[tuple[float | None, list]]:

@@ -3,22 +3,23 @@
 The generator brings continuous batching over a paged cache, deduplication of shared prompt
 pages (n > 1 choices and common prefixes share them), cancellation, and speculative decoding
 with an n-gram or a small draft model. `exllamav2` is imported only here and only when the
-backend is built: importing it compiles a CUDA extension, which fails without a GPU.
+backend is built: importing it compiles a CUDA extension, which fails without a GPU. The
+generator's thread (exl2_worker) sends each step's raw tokens straight into the caller's EventChannel;
+the output stage runs on the caller's side as it reads them (backends/local_stream.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from inferplug.backends.base import Backend
-from inferplug.backends.exl2_worker import Entry, GeneratorWorker
-from inferplug.backends.local_stream import LocalRequest
+from inferplug.backends.bridge import EventChannel
+from inferplug.backends.exl2_worker import GeneratorWorker, Submitted
+from inferplug.backends.local_stream import LocalBackend, LocalRequest
 from inferplug.errors import BackendUnavailable
-from inferplug.stages.output import ChoiceOutput
 from inferplug.types import Capabilities, Event, Request, SamplingParams
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ def import_exllamav2() -> Any:
     return exllamav2
 
 
-class ExLlamaV2Backend(Backend):
+class ExLlamaV2Backend(LocalBackend):
     name = "exllamav2"
 
     def __init__(self, profile: Profile, plan: Plan) -> None:
@@ -69,7 +70,6 @@ class ExLlamaV2Backend(Backend):
         self._model = model
         self._tokenizer = load_tokenizer(source, profile.model.tokenizer)
         self._worker = GeneratorWorker(generator)
-        self._entries: dict[str, list[Entry]] = {}
 
     @property
     def capabilities(self) -> Capabilities:
@@ -83,55 +83,43 @@ class ExLlamaV2Backend(Backend):
     def tokenizer(self) -> Any:
         return self._tokenizer
 
-    async def generate(self, request: Request) -> AsyncIterator[Event]:
+    def _start(self, request: Request, channel: EventChannel) -> None:
         local = LocalRequest.start(self, request, self._eos_ids(), min_p=True, presence_penalty=True,
                                    frequency_penalty=True, top_logprobs=True)
-        params, choices = request.params, local.choices
-        loop, events = asyncio.get_running_loop(), asyncio.Queue()
-        entries = [Entry(self._job(local.ids, params, local.limit, local.end_ids, i), i, loop, events)
-                   for i in range(params.n)]
-        self._entries[request.request_id] = entries
-        for entry in entries:
-            self._worker.add(entry)
-        cached = 0
-        try:
-            while not local.done:
-                kind, index, *payload = await events.get()
-                choice = choices[index]
-                if kind == "eos":
-                    cached = max(cached, payload[0].get("cached_tokens", 0))
-                for event in self._events(kind, choice, payload):
-                    yield local.close(event, cached)
-                if choice.done and not entries[index].done:
-                    entries[index].done = True  # ended here (stop string): free its pages now
-                    await asyncio.wrap_future(self._worker.cancel(entries[index]))
-        finally:
-            for entry in self._entries.pop(request.request_id, []):
-                self._worker.cancel(entry)
+        params = request.params
+        jobs = [self._job(local.ids, params, local.limit, local.end_ids, i) for i in range(params.n)]
+        # a stop string is found only by the output stage: then the consumer must read the tokens as they come
+        channel.read_with(partial(local.read, partial(self._events, local, request.request_id)),
+                          early=bool(params.stop))
+        self._worker.add(Submitted(request.request_id, jobs, channel))
 
-    def _events(self, kind: str, choice: ChoiceOutput, payload: list[Any]) -> list[Event]:
+    def _events(self, local: LocalRequest, request_id: str, item: tuple) -> list[Event]:
+        """One raw item's events (the consumer's output stage, local_stream.LocalRequest.read)."""
+        kind, index, payload, at = item
+        if kind == "eos":
+            local.cached_tokens = max(local.cached_tokens, payload.get("cached_tokens", 0))
+        choice = local.choices[index]
         if choice.done:
             return []
         if kind == "abort":
-            return [choice.finish("abort")]
+            return [choice.finish("abort", at=at)]
         if kind == "tokens":
-            out = []
-            for token, (logprob, top) in zip(*payload):
-                if not choice.done:
-                    out.append(choice.on_token(token, logprob, top))
+            out = [choice.on_token(token, logprob, top, at=at) for token, logprob, top in payload if not choice.done]
+            if choice.done:  # ended here (a stop string, the length): free its pages now
+                self._worker.cancel(request_id, index)
             return out
-        info = payload[0]  # eos
-        if info["eos_reason"] == "error":
-            return [choice.finish("error", info["error"])]
-        out = [choice.on_token(t) for t in info["held_ids"] if not choice.done]
+        if payload["eos_reason"] == "error":
+            return [choice.finish("error", payload["error"], at=at)]
+        out = [choice.on_token(t, at=at) for t in payload["held_ids"] if not choice.done]
         if choice.done:
             return out
-        return [*out, choice.finish("length" if info["eos_reason"] == "max_new_tokens" else "stop")]
+        return [*out, choice.finish("length" if payload["eos_reason"] == "max_new_tokens" else "stop", at=at)]
 
     async def abort(self, request_id: str) -> None:
-        for entry in self._entries.get(request_id, []):
-            await asyncio.wrap_future(self._worker.cancel(entry))
-            entry.post("abort", entry.index)
+        await asyncio.wrap_future(self._worker.cancel(request_id))
+
+    def cancel_now(self, request_id: str) -> None:
+        self._worker.cancel(request_id).result()
 
     def stats(self) -> dict[str, Any]:
         return self._worker.stats()

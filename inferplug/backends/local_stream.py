@@ -1,24 +1,48 @@
-"""What local third-party backends (CTranslate2, ExLlamaV2) share around their token loop:
-turning a Request into prompt ids and choices (LocalRequest).
+"""What local third-party backends (CTranslate2, ExLlamaV2) share around their token loop: one hop from their
+engine's thread to the caller (LocalBackend), and a Request turned into prompt ids and choices (LocalRequest).
 
-These engines hand back raw token ids; their detokenizing, stop strings, stop ids, usage and
-timings go through the output stage our own engine uses (stages/output.py), their prompts through
-the prompt stage (stages/prompt.py).
+These engines hand back raw token ids, from threads of their own, straight into the caller's EventChannel. Their
+detokenizing, stop strings, stop ids, usage and timings go through the output stage our own engine uses
+(stages/output.py), run by the caller as it reads them (`LocalRequest.read`, the channel's stage): never in
+CTranslate2's per-token callback, which runs inside its decoding loop and would slow every step of the batch,
+nor on a loop of the backend's own. Their prompts go through the prompt stage (stages/prompt.py), in `submit`, on
+the caller's side too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from abc import abstractmethod
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
+from inferplug.backends.base import Backend
+from inferplug.backends.bridge import EventChannel
 from inferplug.errors import RequestError
 from inferplug.stages.output import ChoiceOutput, RequestChoices, stop_ids
 from inferplug.stages.prompt import max_new_tokens, prompt_token_ids
 from inferplug.types import Event, Request, SamplingParams
 
-if TYPE_CHECKING:
-    from inferplug.backends.base import Backend
+
+class LocalBackend(Backend):
+    """A backend whose engine feeds the caller's EventChannel itself; `generate` reads it on the caller's loop."""
+
+    def submit(self, request: Request, channel: EventChannel) -> None:
+        try:
+            self._start(request, channel)
+        except Exception as exc:  # noqa: BLE001 - a bad request (RequestError), raised in the consumer before any event
+            channel.send([exc], last=True)
+
+    @abstractmethod
+    def _start(self, request: Request, channel: EventChannel) -> None:
+        """Check the request (raising before anything is handed to the engine), give the channel its LocalRequest's
+        stage (`read`) and hand the request to the engine, which sends its raw items to the channel."""
+
+    @abstractmethod
+    def cancel_now(self, request_id: str) -> None: ...
+
+    def generate(self, request: Request) -> AsyncIterator[Event]:
+        return self.stream_async(request)
 
 
 def reject_unsupported(backend_name: str, params: SamplingParams, request: Request, **supported: bool) -> None:
@@ -47,6 +71,7 @@ class LocalRequest:
     limit: int
     end_ids: set[int]  # what its engine is told to stop on (stages/output.stop_ids)
     output: RequestChoices
+    cached_tokens: int = 0  # of the prompt, as its engine reports them (usage)
 
     @classmethod
     def start(cls, backend: Backend, request: Request, eos_ids: Iterable[int | None], **supported: bool) -> LocalRequest:
@@ -69,6 +94,14 @@ class LocalRequest:
     def done(self) -> bool:
         return self.output.done
 
-    def close(self, event: Event, cached_tokens: int) -> Event:
-        """The request's last event gets its usage and timings."""
-        return self.output.close(event, cached_tokens)
+    def read(self, events_of: Callable[[Any], Iterable[Event]], items: list[Any]) -> tuple[list[Any], bool]:
+        """The output stage over the raw items its engine sent (events_of: one item's events), run by the consumer
+        (the channel's stage): their events, the request's last with usage and timings, and whether it is done. An
+        exception passes through, raised in the consumer."""
+        events: list[Any] = []
+        for item in items:
+            if isinstance(item, BaseException):
+                events.append(item)
+            else:
+                events += (self.output.close(event, self.cached_tokens) for event in events_of(item))
+        return events, self.done

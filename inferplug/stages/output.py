@@ -61,9 +61,10 @@ class ChoiceOutput:
         return self.finish_reason is not None
 
     def on_token(self, token_id: int, logprob: float | None = None, top: list[tuple[int, float]] | None = None,
-                 *, grammar_done: bool = False) -> Event:
-        """The event for one sampled token (its choice's last when the token ends it): both parts at once."""
-        return self.text(self.count_token(token_id, grammar_done=grammar_done), token_id, logprob, top)
+                 *, grammar_done: bool = False, at: float | None = None) -> Event:
+        """The event for one sampled token (its choice's last when the token ends it): both parts at once. at: the
+        perf_counter time it was sampled, for the timings, when that was not now (a consumer reads it later)."""
+        return self.text(self.count_token(token_id, grammar_done=grammar_done), token_id, logprob, top, at=at)
 
     def count_token(self, token_id: int, *, grammar_done: bool = False) -> TokenEnd:
         """The part decided where the token is sampled, from its id alone: whether it ends the choice (a stop token
@@ -75,11 +76,11 @@ class ChoiceOutput:
         return TokenEnd("stop" if grammar_done else "length" if self.sampled >= self.max_tokens else None)
 
     def text(self, end: TokenEnd, token_id: int, logprob: float | None = None,
-             top: list[tuple[int, float]] | None = None) -> Event:
+             top: list[tuple[int, float]] | None = None, *, at: float | None = None) -> Event:
         """The token's event: its text (a stop string in it ends the choice "stop"), logprobs and prompt logprobs.
         Runs off the engine's step, after count_token."""
         self.num_tokens += 1
-        self.first_token_time = self.first_token_time or time.perf_counter()
+        self.first_token_time = self.first_token_time or at or time.perf_counter()
         event = Event(self.request_id, self.index, token_ids=[token_id])
         if self.prompt is not None and self.num_tokens == 1:
             event.prompt_logprobs = self.prompt.entries(self.tokenizer)
@@ -91,12 +92,12 @@ class ChoiceOutput:
         if not end.by_id and (found := self.detokenizer.add(token_id)) is not None:
             reason, stop = "stop", found
         if reason is not None:
-            return self._finish(event, reason, stop)
+            return self._finish(event, reason, stop, at)
         return self._text(event, final=False)
 
-    def finish(self, reason: FinishReason, error: str | None = None) -> Event:
+    def finish(self, reason: FinishReason, error: str | None = None, *, at: float | None = None) -> Event:
         """The closing event when the engine ends the choice itself (abort, error, its own length limit)."""
-        return self._finish(Event(self.request_id, self.index, error=error), reason, None)
+        return self._finish(Event(self.request_id, self.index, error=error), reason, None, at)
 
     def _stop_token(self, token_id: int) -> tuple[FinishReason | None, int | None]:
         p = self.params
@@ -106,9 +107,9 @@ class ChoiceOutput:
             return "stop", token_id if token_id in p.stop_token_ids else None
         return None, None
 
-    def _finish(self, event: Event, reason: FinishReason, stop_reason: str | int | None) -> Event:
+    def _finish(self, event: Event, reason: FinishReason, stop_reason: str | int | None, at: float | None) -> Event:
         self.finish_reason, self.stop_reason = reason, stop_reason
-        self.finished_time = time.perf_counter()
+        self.finished_time = at or time.perf_counter()
         event.finish_reason, event.stop_reason = reason, stop_reason
         return self._text(event, final=True)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -106,6 +107,40 @@ def test_consume_all_sync_submits_every_request_before_it_waits_and_raises_where
     assert list(ended[0]) == [0, 1] and list(ended[2]) == [20, 21]
     with pytest.raises(RequestError, match="bad"):
         list(ended[1])
+
+
+def staged_producer(tokens: list[int], stop_at: int | None, cancelled: list[bool]):
+    """submit for a producer thread that sends raw tokens one send each, then ends; its stage, run by the consumer,
+    tags each with the consumer's thread and ends the request at `stop_at` (a stop string, say)."""
+    def stage(items: list[int]) -> tuple[list, bool]:
+        return [(threading.get_ident(), item) for item in items], stop_at in items
+
+    def submit(channel: EventChannel) -> None:
+        channel.read_with(stage, early=stop_at is not None)
+
+        def produce() -> None:
+            for token in tokens:
+                if cancelled:
+                    return
+                channel.send([token])
+                time.sleep(0.001)
+            channel.send([], last=True)
+        threading.Thread(target=produce, daemon=True).start()
+    return submit
+
+
+def test_a_stage_runs_on_the_consumer_and_a_request_it_ends_first_is_cancelled():
+    cancelled: list[bool] = []
+    events = list(consume_sync(staged_producer(list(range(500)), 3, cancelled), lambda: cancelled.append(True),
+                               at_end=True))  # early: woken for each send, at_end or not
+    assert {thread for thread, _ in events} == {threading.get_ident()}
+    assert [token for _, token in events][:4] == [0, 1, 2, 3] and len(events) < 500 and cancelled == [True]
+
+
+def test_consume_all_sync_reads_each_staged_channel_until_it_ends():
+    never = [lambda: pytest.fail("ended streams are not cancelled")] * 2
+    done = consume_all_sync([staged_producer([1, 2, 3], None, []), staged_producer([7, 8], 99, [])], never)
+    assert [[token for _, token in events] for events in done] == [[1, 2, 3], [7, 8]]  # the second woken for each send
 
 
 def test_a_batch_of_requests_runs_on_the_native_engine_over_the_bridge_as_each_alone(tiny_profile):

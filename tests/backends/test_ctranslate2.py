@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -247,3 +249,47 @@ def test_smollm2_gguf_greedy_matches_transformers(smollm2_gguf, plan_for):
         assert events[-1].finish_reason == ("length" if stop is None else "stop")
     finally:
         backend.close()
+
+
+def test_tokens_go_straight_to_the_caller_whose_thread_runs_the_output_stage(tiny_llama_dir, plan_for, monkeypatch):
+    """One hop: CTranslate2's decoding thread sends raw tokens into the caller's EventChannel, and the caller's
+    thread runs the output stage (detokenizing, the stop string), not the per-token callback; no loop of the
+    backend's own carries them. A caller that reads them all at the end (one wake-up) still gets the timings of
+    when they were made. A stop string found on the caller's side still stops the example's row."""
+    from inferplug.backends.bridge import EventChannel
+    from inferplug.stages.output import ChoiceOutput
+
+    sent, staged = [], []  # (thread, perf_counter time, item) of each raw item sent; (thread, time) of each text made
+    real_send, real_text = EventChannel.send, ChoiceOutput.text
+
+    def send(channel, items, *, last=False):
+        sent.extend((threading.get_ident(), time.perf_counter(), item) for item in items)
+        real_send(channel, items, last=last)
+
+    def text(choice, *args, **kwargs):
+        staged.append((threading.get_ident(), time.perf_counter()))
+        return real_text(choice, *args, **kwargs)
+
+    monkeypatch.setattr(EventChannel, "send", send)
+    monkeypatch.setattr(ChoiceOutput, "text", text)
+    backend = make_backend(plan_for, tiny_llama_dir)
+    params = dict(temperature=0, max_tokens=300, ignore_eos=True)
+    try:
+        alone = collect(backend, Request(prompt="the weather", params=SamplingParams(**params)))
+        made = [item[-1] for _, _, item in sent if item[0] == "token"]  # when CTranslate2 made each token
+        assert min(at for _, at in staged) >= made[-1]  # read once, after the last token was made
+        timings = alone[-1].timings  # yet its decode time is the tokens' own, not the reading's
+        assert timings.e2e - timings.ttft == pytest.approx(made[-1] - made[0], abs=1e-6)
+        full = "".join(e.text for e in alone)
+        stop = full[3:5]
+        sent.clear(), staged.clear()
+        events = collect(backend, Request(prompt="the weather", params=SamplingParams(**params, stop=[stop])))
+        assert "".join(e.text for e in events) == full[: full.index(stop)] and events[-1].stop_reason == stop
+        assert backend._loop is None  # the backend never made its background loop
+    finally:
+        backend.close()
+    caller = threading.get_ident()
+    tokens = [thread for thread, _, item in sent if item[0] == "token"]
+    assert staged and {thread for thread, _ in staged} == {caller}  # every token's text made on the caller's thread
+    assert tokens and caller not in tokens  # and sent to it from CTranslate2's own
+    assert len(tokens) < 100  # the stop string ended its row long before max_tokens

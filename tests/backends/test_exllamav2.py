@@ -165,6 +165,41 @@ def test_stop_string_and_stop_token_end_the_job_and_free_its_pages(make_backend,
         assert all_jobs_released(backend, sent)
 
 
+def test_results_go_straight_to_the_caller_whose_thread_runs_the_output_stage(make_backend, sent, tiny_llama_dir,
+                                                                                monkeypatch):
+    """One hop: the generator's thread sends each step's raw tokens into the caller's EventChannel, and the
+    caller's thread runs the output stage (no loop of the backend's own in between); a stop string it finds
+    there still cancels the choice's job, its pages freed before the call returns."""
+    import threading
+
+    from inferplug.backends.bridge import EventChannel
+    from inferplug.stages.output import ChoiceOutput
+
+    senders, staged = set(), set()
+    real_send, real_text = EventChannel.send, ChoiceOutput.text
+
+    def send(channel, items, *, last=False):
+        senders.add(threading.get_ident())
+        real_send(channel, items, last=last)
+
+    def text(choice, *args, **kwargs):
+        staged.add(threading.get_ident())
+        return real_text(choice, *args, **kwargs)
+
+    backend = make_backend(tiny_llama_dir)
+    greedy = dict(temperature=0, max_tokens=40, ignore_eos=True)
+    alone = backend.generate_sync(Request(prompt="the weather", params=SamplingParams(**greedy)))
+    full = "".join(e.text for e in alone)
+    monkeypatch.setattr(EventChannel, "send", send)
+    monkeypatch.setattr(ChoiceOutput, "text", text)
+    stop = full[3:5]
+    events = backend.generate_sync(Request(prompt="the weather", params=SamplingParams(**greedy, stop=[stop], n=2)))
+    for index in (0, 1):
+        assert "".join(e.text for e in events if e.index == index) == full[: full.index(stop)]
+    assert staged == {threading.get_ident()} and senders == {backend._worker._thread.ident}
+    assert backend._loop is None and all_jobs_released(backend, sent)
+
+
 def test_abort_cancels_the_job(make_backend, sent, tiny_llama_dir, abort_midway):
     backend = make_backend(tiny_llama_dir)
     abort_midway(backend, max_tokens=200)
