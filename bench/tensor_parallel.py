@@ -128,7 +128,6 @@ def main() -> None:
     parser.add_argument("--weights", default="fp32,int4")
     parser.add_argument("--out", default="bench/results/tensor_parallel.json")
     args = parser.parse_args()
-    import torch
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -48,7 +48,6 @@ def unpacked(name: str) -> dict:
 def float_model(name: str):
     """transformers' Llama in fp32 over the fixture's exactly dequantized weights: the logits greedy ties are
     judged by."""
-    import torch
     from safetensors.torch import load_file
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -4,8 +4,6 @@ through both places a chat is tokenized: the native engine's encode and the loca
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from inferplug.chat_template import encode_chat

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from inferplug.backends.native import engine_config
-from inferplug.errors import ProfileError
 from inferplug.resolver import Plan
 from inferplug.types import Capabilities
 

@@ -167,7 +167,7 @@ def test_client_leaving_a_stream_aborts_it_on_its_replica(replicated):
         next(iter(response.parse()))
     sample = "inferplug_requests_total"
     metrics = replicated.base + "/metrics"
-    until(lambda: any(f'status="499"' in line and f'replica="{replica}"' in line and line.startswith(sample)
+    until(lambda: any('status="499"' in line and f'replica="{replica}"' in line and line.startswith(sample)
                       for line in httpx.get(metrics, headers=replicated.auth, timeout=30).text.splitlines()),
           120, "the replica counting the abandoned stream as 499")
 
