@@ -18,7 +18,10 @@ class ResolveError(InferPlugError):
 
 
 class BackendUnavailable(InferPlugError):
-    """A backend's package or device is missing here."""
+    """A backend's package or device is missing here, or the backend is closed."""
+
+
+CLOSED = "the backend is closed; create a new backend"  # what a request sent to a closed backend ends with
 
 
 class ModelSourceError(InferPlugError):

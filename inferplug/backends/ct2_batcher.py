@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferplug.backends.bridge import EventChannel
+from inferplug.errors import CLOSED, BackendUnavailable
 
 Options = tuple[tuple[str, Any], ...]  # generate_batch keyword arguments, hashable to group by
 
@@ -67,6 +68,7 @@ class Batcher:
         self.batches = 0
         self._lock = threading.Lock()
         self._jobs: dict[str, Job] = {}  # by request id: submitted, its batch not yet over (under _lock)
+        self._closed = False  # (under _lock)
         self._threads = [
             threading.Thread(target=self._work, name=f"inferplug-ct2-{i}", daemon=True) for i in range(workers)
         ]
@@ -75,8 +77,11 @@ class Batcher:
 
     def submit(self, job: Job) -> None:
         with self._lock:
-            self._jobs[job.request_id] = job
-        self.pending.put(job)
+            if not self._closed:
+                self._jobs[job.request_id] = job
+                self.pending.put(job)
+                return
+        job.channel.send([BackendUnavailable(CLOSED)], last=True)
 
     def cancel(self, request_id: str) -> None:
         """Stop a request's rows at their next step (or before its batch starts); its stream ends "abort" now.
@@ -92,6 +97,14 @@ class Batcher:
         return self.pending.qsize()
 
     def close(self) -> None:
+        """Stop the workers: every request not yet over ends now with BackendUnavailable (its rows stop at their next
+        step), and one submitted later at once."""
+        with self._lock:
+            self._closed = True
+            jobs, self._jobs = list(self._jobs.values()), {}
+        for job in jobs:
+            job.stopped[:] = [True] * job.n
+            job.channel.send([BackendUnavailable(CLOSED)], last=True)
         for _ in self._threads:
             self.pending.put(None)
 

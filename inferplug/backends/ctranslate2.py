@@ -128,9 +128,13 @@ class CTranslate2Backend(LocalBackend):
         }
 
     def close(self) -> None:
-        if getattr(self, "_batcher", None) is not None and not self.closed:  # kept: a late cancel still ends a stream
-            self._batcher.close()
+        """Later requests are refused; open ones end with BackendUnavailable. The batcher is kept: a late cancel
+        finds nothing to do."""
+        if self.closed:
+            return
         super().close()
+        if getattr(self, "_batcher", None) is not None:
+            self._batcher.close()
 
     # --- helpers --------------------------------------------------------------------
     def _static_prompt(self, request: Request, ids: list[int]) -> tuple[str, ...]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferplug.backends.bridge import EventChannel
+from inferplug.errors import CLOSED, BackendUnavailable
 
 
 @dataclass(eq=False)
@@ -38,27 +39,38 @@ class GeneratorWorker:
         self.requests: dict[str, Submitted] = {}  # the worker thread's, as `jobs`
         self.jobs: dict[int, tuple[Submitted, int]] = {}  # id(job) -> its request and choice
         self.open: set[str] = set()  # the ids of requests added and not yet ended (any thread reads it)
+        self._lock = threading.Lock()  # add, cancel and close: no command is put once closed
+        self._closed = False
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self._thread = threading.Thread(target=self._run, name="inferplug-exllamav2", daemon=True)
         self._thread.start()
 
     def add(self, request: Submitted) -> None:
-        self.open.add(request.request_id)
-        self.commands.put(("add", request))
+        with self._lock:
+            if not self._closed:
+                self.open.add(request.request_id)
+                self.commands.put(("add", request))
+                return
+        request.channel.send([BackendUnavailable(CLOSED)], last=True)
 
     def cancel(self, request_id: str, index: int | None = None) -> Future:
         """Cancel a request's jobs (or choice `index`'s only); the future is done once the generator freed their
         pages. Unknown ids and ended jobs are ignored."""
         done: Future = Future()
-        if request_id in self.open:
-            self.commands.put(("cancel", request_id, index, done))
-        else:  # ended (the usual case for the server's abort after a response): no need to wait for a step
-            done.set_result(None)
+        with self._lock:
+            if request_id in self.open and not self._closed:
+                self.commands.put(("cancel", request_id, index, done))
+                return done
+        done.set_result(None)  # ended (the usual case for the server's abort after a response), or closed: no step
         return done
 
     def close(self) -> None:
-        self.commands.put(None)
+        """Stop the worker: its open requests end with BackendUnavailable, their pages freed, and so does one added
+        later; a cancel asked later returns at once."""
+        with self._lock:  # after this, add and cancel put no command
+            self._closed = True
+            self.commands.put(None)
         self._thread.join(timeout=30)
 
     def stats(self) -> dict[str, Any]:
@@ -87,6 +99,7 @@ class GeneratorWorker:
                 except queue.Empty:
                     break
             if command is None:
+                self._end_all()
                 return
             if self.generator.num_remaining_jobs():
                 self._step()
@@ -107,6 +120,14 @@ class GeneratorWorker:
                     self.generator.cancel(request.jobs[i])  # frees its pages now
                 self._send(request, [("abort", i, None, time.perf_counter()) for i in cancelled], cancelled)
             done.set_result(None)
+
+    def _end_all(self) -> None:
+        """The worker stops: every request still open ends with BackendUnavailable, its jobs' pages freed."""
+        for request in list(self.requests.values()):
+            running = sorted(request.running)
+            for index in running:
+                self.generator.cancel(request.jobs[index])
+            self._send(request, [BackendUnavailable(CLOSED)], running)
 
     def _send(self, request: Submitted, items: list[tuple], ended: list[int]) -> None:
         """A request's items of this step; `ended`: its choices whose job the generator no longer has."""

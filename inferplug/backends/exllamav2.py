@@ -125,11 +125,14 @@ class ExLlamaV2Backend(LocalBackend):
         return self._worker.stats()
 
     def close(self) -> None:
-        worker, self._worker = getattr(self, "_worker", None), None
-        if worker is not None:
-            worker.close()
-            self._model.unload()
+        """Later requests are refused; open ones end with BackendUnavailable, their pages freed, before the model
+        is unloaded. The worker is kept: a late cancel returns at once."""
+        if self.closed:
+            return
         super().close()
+        if getattr(self, "_worker", None) is not None:
+            self._worker.close()
+            self._model.unload()
 
     # --- helpers --------------------------------------------------------------------
     def _eos_ids(self) -> list[int]:

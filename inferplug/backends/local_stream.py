@@ -18,7 +18,7 @@ from typing import Any
 
 from inferplug.backends.base import Backend
 from inferplug.backends.bridge import EventChannel
-from inferplug.errors import RequestError
+from inferplug.errors import CLOSED, BackendUnavailable, RequestError
 from inferplug.stages.output import ChoiceOutput, RequestChoices, stop_ids
 from inferplug.stages.prompt import max_new_tokens, prompt_token_ids
 from inferplug.types import Event, Request, SamplingParams
@@ -28,6 +28,9 @@ class LocalBackend(Backend):
     """A backend whose engine feeds the caller's EventChannel itself; `generate` reads it on the caller's loop."""
 
     def submit(self, request: Request, channel: EventChannel) -> None:
+        if self.closed:
+            channel.send([BackendUnavailable(CLOSED)], last=True)
+            return
         try:
             self._start(request, channel)
         except Exception as exc:  # noqa: BLE001 - a bad request (RequestError), raised in the consumer before any event

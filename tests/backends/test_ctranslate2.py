@@ -293,3 +293,19 @@ def test_tokens_go_straight_to_the_caller_whose_thread_runs_the_output_stage(tin
     assert staged and {thread for thread, _ in staged} == {caller}  # every token's text made on the caller's thread
     assert tokens and caller not in tokens  # and sent to it from CTranslate2's own
     assert len(tokens) < 100  # the stop string ended its row long before max_tokens
+
+
+def test_close_ends_open_requests_and_refuses_later_ones(tiny_llama_dir, plan_for):
+    """A stream open when the backend closes ends with BackendUnavailable at once (its row stops), and so does one
+    sent after close, instead of waiting forever; a cancel after close returns."""
+    backend = make_backend(plan_for, tiny_llama_dir)
+    long = Request(prompt="the weather", params=SamplingParams(temperature=0, max_tokens=400, ignore_eos=True))
+    stream = backend.stream_sync(long)
+    next(stream)  # decoding
+    backend.close()
+    with pytest.raises(BackendUnavailable, match="closed"):
+        list(stream)
+    with pytest.raises(BackendUnavailable, match="closed"):
+        collect(backend, Request(prompt="hi", params=SamplingParams(max_tokens=2)))
+    backend.cancel_now(long.request_id)
+    assert not backend._batcher._jobs
