@@ -29,13 +29,12 @@ from typing import Any
 from inferplug.backends.bridge import EventChannel, consume_async
 from inferplug.engine.guided import compile_json_schema
 from inferplug.engine.llm_engine import LLMEngine
-from inferplug.errors import BackendUnavailable
+from inferplug.errors import CLOSED, BackendUnavailable
 from inferplug.stages.prompt import EncodedPrompt, encode_prompt
 from inferplug.types import Event, Request, Usage
 
 log = logging.getLogger(__name__)
 
-_CLOSED = "the backend is closed; create a new backend"
 PROMPT_WORKERS = 2  # tokenizing and compiling are CPU work: a few threads, started once, whatever the load
 
 
@@ -118,27 +117,26 @@ class AsyncEngine:
     def submit(self, request: Request, channel: EventChannel) -> None:
         """Start the request; its events, or the RequestError that refuses it, go to channel. A caller on a loop (the
         server) must not block, so a prompt worker runs its prompt stage; a thread with no loop waits for the answer
-        anyway, so it runs the stage itself: no hand-off, and nothing to share out (those callers have no client)."""
-        prompt = None
+        anyway, so it runs the stage itself: no hand-off, and nothing to share out (those callers have no client).
+        Either way the request is open from here: an abort while its prompt is prepared drops it."""
+        with self._inbox_lock:
+            closed = self._closed
+            if not closed:
+                self._open.add(request.request_id)
+                self._preparing[request.request_id] = (request, channel)
+        if closed:
+            channel.send([BackendUnavailable(self.failure or CLOSED)], last=True)
+            return
         try:
             asyncio.get_running_loop()
         except RuntimeError:  # no loop here: this thread may block
             try:
-                prompt = self._prepare(request)
+                prompt, error = self._prepare(request), None
             except Exception as exc:  # noqa: BLE001 - a bad request fails alone
-                channel.send([exc], last=True)
-                return
-        with self._inbox_lock:
-            if not self._closed:
-                self._open.add(request.request_id)
-                if prompt is None:
-                    self._preparing[request.request_id] = (request, channel)
-                    self._prompts.put(request)
-                else:
-                    self._inbox.append((request, channel, prompt))
-                    self._wake.set()
-                return
-        channel.send([BackendUnavailable(self.failure or _CLOSED)], last=True)
+                prompt, error = None, exc
+            self._prepared(request, prompt, error)
+            return
+        self._prompts.put(request)
 
     def _prepare(self, request: Request) -> EncodedPrompt:
         """The prompt stage: the prompt's ids, and its schema compiled so that the engine's own compile is a cache hit."""
@@ -149,29 +147,34 @@ class AsyncEngine:
         return prompt
 
     def _prepare_prompts(self) -> None:
-        """A prompt worker: each request's prompt stage (_prepare), queued for the step thread; a bad request
-        (RequestError) ends its stream alone."""
+        """A prompt worker: each request's prompt stage (_prepare), unless it was aborted or the engine closed while
+        it waited."""
         while (request := self._prompts.take()) is not None:
+            prompt = error = None
             try:
                 with self._inbox_lock:
-                    wanted = request.request_id in self._preparing and not self._closed  # not aborted meanwhile
+                    wanted = request.request_id in self._preparing and not self._closed
                 if wanted:
                     prompt = self._prepare(request)
-                error = None
             except Exception as exc:  # noqa: BLE001 - a bad request fails alone
                 error = exc
             finally:
                 self._prompts.done(request)
-            with self._inbox_lock:
-                entry = self._preparing.pop(request.request_id, None)
-                if entry is None:
-                    continue  # aborted (or failed by close) while it was prepared
-                if error is None and not self._closed:
-                    self._inbox.append((request, entry[1], prompt))
-                    self._wake.set()
-                    continue
-                self._open.discard(request.request_id)
-            entry[1].send([error or BackendUnavailable(self.failure or _CLOSED)], last=True)
+            self._prepared(request, prompt, error)
+
+    def _prepared(self, request: Request, prompt: EncodedPrompt | None, error: Exception | None) -> None:
+        """A request's prompt stage is over: queued for the step thread, or its stream ended with the RequestError
+        (or BackendUnavailable once closed); nothing, if it was aborted meanwhile."""
+        with self._inbox_lock:
+            entry = self._preparing.pop(request.request_id, None)
+            if entry is None:
+                return  # aborted (its stream already ended) while it was prepared
+            if error is None and not self._closed:
+                self._inbox.append((request, entry[1], prompt))
+                self._wake.set()
+                return
+            self._open.discard(request.request_id)
+        entry[1].send([error or BackendUnavailable(self.failure or CLOSED)], last=True)
 
     def generate(self, request: Request) -> AsyncIterator[Event]:
         """Stream the request's events; the last one carries usage. RequestError comes before any event."""

@@ -100,3 +100,44 @@ def test_a_thread_reads_a_stream_without_an_event_loop(async_engine):
     next(early)
     early.close()  # aborted before close returns: its blocks are back
     assert "e" not in async_engine.engine.requests and async_engine.stats()["kv_blocks_used"] == 0
+
+
+def test_an_abort_while_a_thread_runs_its_own_prompt_stage_drops_the_request(async_engine, monkeypatch):
+    """A caller with no event loop runs the prompt stage itself (AsyncEngine.submit); an abort from another thread
+    meanwhile ends its stream "abort", and the request is never added to the engine."""
+    from functools import partial
+
+    from inferplug.backends.bridge import consume_sync
+
+    preparing, release = threading.Event(), threading.Event()
+    real_prepare = async_engine._prepare
+
+    def slow_prepare(request):
+        preparing.set()
+        release.wait(10)
+        return real_prepare(request)
+
+    monkeypatch.setattr(async_engine, "_prepare", slow_prepare)
+    request = Request(prompt=prompts_of([12], seed=5)[0], params=greedy(8), request_id="held")
+    events = []
+    reader = threading.Thread(target=lambda: events.extend(consume_sync(
+        partial(async_engine.submit, request), partial(async_engine.abort_now, request.request_id), at_end=True)))
+    reader.start()
+    assert preparing.wait(10)
+    async_engine.abort_now("held")
+    release.set()
+    reader.join(10)
+    assert [e.finish_reason for e in events] == ["abort"] and not events[-1].usage.completion_tokens
+    assert "held" not in async_engine.engine.requests and not async_engine._inbox and not async_engine._open
+
+
+def test_a_thread_submitting_to_a_closed_engine_gets_backend_unavailable(tiny_llama_dir):
+    from functools import partial
+
+    from inferplug.backends.bridge import consume_sync
+
+    engine = AsyncEngine(make_engine(tiny_llama_dir))
+    engine.close()
+    request = Request(prompt="word " * 10**5, params=greedy(2))  # too long as well: the closed engine is what it is told
+    with pytest.raises(BackendUnavailable, match="closed"):
+        list(consume_sync(partial(engine.submit, request), partial(engine.abort_now, request.request_id)))
