@@ -71,7 +71,10 @@ class EventChannel:
             ended = self._ended
         if self._stage is None:
             return items, ended
-        events, done = self._stage(items)
+        try:
+            events, done = self._stage(items)
+        except Exception as exc:  # noqa: BLE001 - a fault of the stage fails this request alone (then cancelled)
+            return [exc], True
         return events, ended or done
 
 
