@@ -242,9 +242,11 @@ def test_a_request_with_documents_renders_its_chat_once(tiny_profile, monkeypatc
 
 
 @pytest.mark.parametrize("caller", ["llm", "backend"])
-def test_a_precompute_request_renders_its_chat_once(tiny_profile, monkeypatch, caller):
-    """A precompute request (rag/precompute.py) carries its document, not a span found in a text rendered for it:
-    the prompt stage renders it once, on the offline LLM and over the Backend protocol alike."""
+def test_a_precompute_request_stores_each_document_and_counts_what_it_stored(tiny_profile, monkeypatch, caller):
+    """A precompute request (rag/precompute.py) carries its document, and the prompt stage finds its span. The
+    offline LLM keeps the prompt stage's result, so it renders each document once; over the Backend protocol that
+    result does not come back, so frontend/precompute renders once more to leave out a document the template does
+    not keep verbatim (indexing time only)."""
     from inferplug import LLM
     from inferplug.backends.registry import get_backend
     from inferplug.frontend.precompute import precompute_documents
@@ -255,5 +257,29 @@ def test_a_precompute_request_renders_its_chat_once(tiny_profile, monkeypatch, c
     docs = ["The green gate is on Oak Lane, past the mill.", "Owls hunt at dusk over the wet meadows."]
     stored = engine.doc_cache.stored_segments
     computed = target.precompute_documents(docs) if caller == "llm" else precompute_documents(target, docs)
-    assert computed == len(docs) and len(renders) == len(docs)
+    assert computed == len(docs) and len(renders) == len(docs) * (1 if caller == "llm" else 2)
     assert engine.doc_cache.stored_segments == stored + len(docs)
+
+
+@pytest.mark.parametrize("caller", ["llm", "backend"])
+def test_a_document_the_template_does_not_keep_verbatim_is_not_precomputed(tiny_llama_dir, tmp_path, caller):
+    """A template that changes a message's text (here: upper case) leaves no span of the document to store: it is not
+    run and not counted, on both paths (0, not the number of documents sent)."""
+    from inferplug import LLM
+    from inferplug.backends.registry import close_backend, get_backend
+    from inferplug.frontend.precompute import precompute_documents
+
+    path = tmp_path / "upper.toml"
+    template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] | upper }} {% endfor %}assistant:"
+    path.write_text(f'name = "upper"\nbackend = "native"\ndtype = "float32"\n[model]\npath = "{tiny_llama_dir}"\n'
+                    f'served_name = "upper"\nchat_template = "{template}"\n')
+    target = LLM(str(path), num_kv_blocks=32) if caller == "llm" else get_backend(str(path))
+    try:
+        engine = target.engine if caller == "llm" else target.engine.engine
+        stored = engine.doc_cache.stored_segments
+        docs = ["The green gate is on Oak Lane, past the mill."]
+        computed = target.precompute_documents(docs) if caller == "llm" else precompute_documents(target, docs)
+        assert computed == 0 and engine.doc_cache.stored_segments == stored
+    finally:
+        if caller == "backend":
+            close_backend(str(path))
