@@ -143,6 +143,19 @@ def test_consume_all_sync_reads_each_staged_channel_until_it_ends():
     assert [[token for _, token in events] for events in done] == [[1, 2, 3], [7, 8]]  # the second woken for each send
 
 
+def test_a_fault_in_a_stage_fails_its_request_alone_and_cancels_it():
+    def faulty(channel: EventChannel) -> None:
+        channel.read_with(lambda items: 1 / 0, early=True)  # woken for the send: the producer has not ended
+        channel.send([1])
+
+    cancelled: list[str] = []
+    done = consume_all_sync([faulty, staged_producer([4, 5], None, [])],
+                            [lambda: cancelled.append("faulty"), lambda: pytest.fail("it ended: not cancelled")])
+    with pytest.raises(ZeroDivisionError):
+        list(done[0])
+    assert [token for _, token in done[1]] == [4, 5] and cancelled == ["faulty"]
+
+
 def test_a_batch_of_requests_runs_on_the_native_engine_over_the_bridge_as_each_alone(tiny_profile):
     """generate_all (InferPlugLLM's batch) takes the bridge's sync path, as ChatInferPlug does: same answers."""
     from inferplug.backends.registry import get_backend
