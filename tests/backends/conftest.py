@@ -36,3 +36,25 @@ def abort_midway():
         return events
 
     return run
+
+
+@pytest.fixture
+def close_midway():
+    """backend -> the id of a long greedy request that was decoding when the backend closed; checks that it ended
+    with BackendUnavailable, that a request sent after close is refused, and that a cancel after close returns."""
+    from inferplug.errors import BackendUnavailable
+    from inferplug.types import Request, SamplingParams
+
+    def run(backend) -> str:
+        long = Request(prompt="the weather", params=SamplingParams(temperature=0, max_tokens=400, ignore_eos=True))
+        stream = backend.stream_sync(long)
+        next(stream)  # decoding
+        backend.close()
+        with pytest.raises(BackendUnavailable, match="closed"):
+            list(stream)
+        with pytest.raises(BackendUnavailable, match="closed"):
+            backend.generate_sync(Request(prompt="hi", params=SamplingParams(max_tokens=2)))
+        backend.cancel_now(long.request_id)
+        return long.request_id
+
+    return run

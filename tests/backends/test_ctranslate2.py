@@ -295,17 +295,9 @@ def test_tokens_go_straight_to_the_caller_whose_thread_runs_the_output_stage(tin
     assert len(tokens) < 100  # the stop string ended its row long before max_tokens
 
 
-def test_close_ends_open_requests_and_refuses_later_ones(tiny_llama_dir, plan_for):
+def test_close_ends_open_requests_and_refuses_later_ones(tiny_llama_dir, plan_for, close_midway):
     """A stream open when the backend closes ends with BackendUnavailable at once (its row stops), and so does one
     sent after close, instead of waiting forever; a cancel after close returns."""
     backend = make_backend(plan_for, tiny_llama_dir)
-    long = Request(prompt="the weather", params=SamplingParams(temperature=0, max_tokens=400, ignore_eos=True))
-    stream = backend.stream_sync(long)
-    next(stream)  # decoding
-    backend.close()
-    with pytest.raises(BackendUnavailable, match="closed"):
-        list(stream)
-    with pytest.raises(BackendUnavailable, match="closed"):
-        collect(backend, Request(prompt="hi", params=SamplingParams(max_tokens=2)))
-    backend.cancel_now(long.request_id)
+    close_midway(backend)
     assert not backend._batcher._jobs
