@@ -119,24 +119,27 @@ class AsyncEngine:
         server) must not block, so a prompt worker runs its prompt stage; a thread with no loop waits for the answer
         anyway, so it runs the stage itself: no hand-off, and nothing to share out (those callers have no client).
         Either way the request is open from here: an abort while its prompt is prepared drops it."""
+        try:
+            asyncio.get_running_loop()
+            here = False
+        except RuntimeError:  # no loop here: this thread may block
+            here = True
         with self._inbox_lock:
             closed = self._closed
             if not closed:
                 self._open.add(request.request_id)
                 self._preparing[request.request_id] = (request, channel)
+                if not here:  # under the lock: once closed, no request goes to the workers
+                    self._prompts.put(request)
         if closed:
             channel.send([BackendUnavailable(self.failure or CLOSED)], last=True)
             return
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:  # no loop here: this thread may block
+        if here:
             try:
                 prompt, error = self._prepare(request), None
             except Exception as exc:  # noqa: BLE001 - a bad request fails alone
                 prompt, error = None, exc
             self._prepared(request, prompt, error)
-            return
-        self._prompts.put(request)
 
     def _prepare(self, request: Request) -> EncodedPrompt:
         """The prompt stage: the prompt's ids, and its schema compiled so that the engine's own compile is a cache hit."""

@@ -101,7 +101,8 @@ class CTranslate2Backend(LocalBackend):
             if choice.done:
                 return []
             events = [choice.on_token(token_id, logprob, at=at)]
-            job.stopped[index] = choice.done  # ended here (a stop string): its row stops at its next step
+            if choice.done:  # ended here (a stop string): its row stops at its next step (never un-stopped: close)
+                job.stopped[index] = True
         else:  # "end": the job is over, and what is still open ends with its reason (length, error, abort)
             reason, error, at = payload
             events = [choice.finish(reason, error, at=at) for choice in local.choices if not choice.done]

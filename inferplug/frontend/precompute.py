@@ -38,10 +38,9 @@ def precompute_documents(backend: Any, docs: list[Any], salt: str | None = None,
 
 
 def _placed(backend: Any, request: Request) -> bool:
-    """Whether the rendered request keeps its document verbatim; if so, its span becomes the request's hint. Over the
-    Backend protocol the prompt stage's result does not come back, so the chat is rendered here to know, and again
-    by the prompt stage: twice a document, at indexing time only (queries, and the offline LLM's precompute, render
-    once)."""
+    """Whether the rendered request keeps its document verbatim (the prompt stage then places it in its own text).
+    Over the Backend protocol the prompt stage's result does not come back, so the chat is rendered here to know, and
+    again by the prompt stage: twice a document, at indexing time only (queries, and the offline LLM's precompute,
+    render once)."""
     text = backend.apply_chat_template(request.messages) if request.messages is not None else request.prompt
-    request.documents = document_hints(request.documents, text)
-    return request.documents is not None
+    return document_hints(request.documents, text) is not None

@@ -2,7 +2,8 @@
 
 A precompute request is one document in the layout queries use (rag_messages through the chat template when there
 is one, else rag_prompt), under the salt the corpus is served under, generating one greedy token. The prompt stage
-renders it once and finds the document's span there (stages/prompt.document_hints); the engine's document cache
+finds the document's span in the text it renders (stages/prompt.document_hints; a caller runs only the requests
+whose document the template keeps verbatim: LLM.precompute_documents, frontend/precompute.py); the engine's document cache
 stores the document's KV as for any request (and on disk, with a disk tier), so later queries, in this process or a
 restarted one, find it next to other neighbours.
 """
