@@ -84,9 +84,7 @@ class CTranslate2Backend(LocalBackend):
         local.cached_tokens = len(static) if static in self._seen_static_prompts else 0
         job = Job(request.request_id, tokens, request.params.n, local.limit, self._options(request, local.end_ids),
                   static or None, channel)
-        # a stop string is found only by the output stage: then the consumer must read the tokens as they come
-        channel.read_with(partial(local.read, partial(self._events, local, job, static)),
-                          early=bool(request.params.stop))
+        local.read_on(channel, partial(self._events, local, job, static))
         with self._counts_lock:
             self._requests += 1
             self._static_prompt_hits += bool(local.cached_tokens)

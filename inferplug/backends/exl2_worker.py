@@ -116,18 +116,20 @@ class GeneratorWorker:
             request = self.requests.get(request_id)
             if request is not None:
                 cancelled = [i for i in sorted(request.running) if index in (None, i)]
-                for i in cancelled:
-                    self.generator.cancel(request.jobs[i])  # frees its pages now
-                self._send(request, [("abort", i, None, time.perf_counter()) for i in cancelled], cancelled)
+                self._cancel(request, cancelled, [("abort", i, None, time.perf_counter()) for i in cancelled])
             done.set_result(None)
 
     def _end_all(self) -> None:
         """The worker stops: every request still open ends with BackendUnavailable, its jobs' pages freed."""
         for request in list(self.requests.values()):
-            running = sorted(request.running)
-            for index in running:
-                self.generator.cancel(request.jobs[index])
-            self._send(request, [BackendUnavailable(CLOSED)], running)
+            self._cancel(request, sorted(request.running), [BackendUnavailable(CLOSED)])
+
+    def _cancel(self, request: Submitted, choices: list[int], items: list) -> None:
+        """The generator drops these choices' jobs (their pages freed now); the request gets `items`, its last once
+        none of its jobs runs."""
+        for index in choices:
+            self.generator.cancel(request.jobs[index])
+        self._send(request, items, choices)
 
     def _send(self, request: Submitted, items: list[tuple], ended: list[int]) -> None:
         """A request's items of this step; `ended`: its choices whose job the generator no longer has."""
@@ -147,9 +149,7 @@ class GeneratorWorker:
             info = {"eos_reason": "error", "error": f"{type(exc).__name__}: {exc}"}
             for request in list(self.requests.values()):
                 running = sorted(request.running)
-                for index in running:
-                    self.generator.cancel(request.jobs[index])
-                self._send(request, [("eos", index, info, time.perf_counter()) for index in running], running)
+                self._cancel(request, running, [("eos", index, info, time.perf_counter()) for index in running])
             return
         at = time.perf_counter()
         items: dict[Submitted, list[tuple]] = {}

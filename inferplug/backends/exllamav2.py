@@ -88,9 +88,7 @@ class ExLlamaV2Backend(LocalBackend):
                                    frequency_penalty=True, top_logprobs=True)
         params = request.params
         jobs = [self._job(local.ids, params, local.limit, local.end_ids, i) for i in range(params.n)]
-        # a stop string is found only by the output stage: then the consumer must read the tokens as they come
-        channel.read_with(partial(local.read, partial(self._events, local, request.request_id)),
-                          early=bool(params.stop))
+        local.read_on(channel, partial(self._events, local, request.request_id))
         self._worker.add(Submitted(request.request_id, jobs, channel))
 
     def _events(self, local: LocalRequest, request_id: str, item: tuple) -> list[Event]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from inferplug.backends.base import Backend
@@ -96,6 +97,11 @@ class LocalRequest:
     @property
     def done(self) -> bool:
         return self.output.done
+
+    def read_on(self, channel: EventChannel, events_of: Callable[[Any], Iterable[Event]]) -> None:
+        """Make `read` the channel's stage, over the raw items its engine sends (events_of: one item's events). A stop
+        string is found only there, so with stop strings the consumer reads the tokens as they come."""
+        channel.read_with(partial(self.read, events_of), early=bool(self.choices[0].params.stop))
 
     def read(self, events_of: Callable[[Any], Iterable[Event]], items: list[Any]) -> tuple[list[Any], bool]:
         """The output stage over the raw items its engine sent (events_of: one item's events), run by the consumer
