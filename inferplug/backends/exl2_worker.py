@@ -8,6 +8,7 @@ the last once none of the request's jobs runs, their pages freed.
 
 from __future__ import annotations
 
+import logging
 import math
 import queue
 import threading
@@ -17,7 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferplug.backends.bridge import EventChannel
-from inferplug.errors import CLOSED, BackendUnavailable
+from inferplug.errors import CLOSED, BackendUnavailable, GenerationError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -86,6 +89,33 @@ class GeneratorWorker:
 
     # --- the worker thread ---------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # noqa: BLE001 - the worker is dying: no stream may wait on it
+            log.critical("the ExLlamaV2 worker stopped", exc_info=exc)
+            self._die(BackendUnavailable(f"the ExLlamaV2 worker stopped ({type(exc).__name__}: {exc}); create a new "
+                                         "backend (the log has the details)"))
+
+    def _die(self, error: BackendUnavailable) -> None:
+        """The worker is dying: later commands are refused as after close, and every open request and every command
+        still queued ends now (a request with `error`, a cancel at once)."""
+        with self._lock:
+            self._closed = True
+        for request in list(self.requests.values()):
+            try:
+                self._cancel(request, sorted(request.running), [error])
+            except Exception:  # noqa: BLE001 - the generator may be what broke: end the stream anyway
+                log.exception("cancelling the jobs of request %s failed", request.request_id)
+                self._send(request, [error], sorted(request.running))
+        while not self.commands.empty():
+            command = self.commands.get_nowait()
+            if command is not None and command[0] == "add":
+                self.open.discard(command[1].request_id)
+                command[1].channel.send([error], last=True)
+            elif command is not None and command[0] == "cancel":
+                command[3].set_result(None)
+
+    def _serve(self) -> None:
         while True:
             idle = self.generator.num_remaining_jobs() == 0
             try:
@@ -109,8 +139,12 @@ class GeneratorWorker:
             (request,) = args
             self.requests[request.request_id] = request
             for index, job in enumerate(request.jobs):
+                try:
+                    self.generator.enqueue(job)
+                except Exception as exc:  # noqa: BLE001 - the generator refuses this request: it fails alone
+                    self._refused(request, index, exc)
+                    return
                 self.jobs[id(job)] = (request, index)
-                self.generator.enqueue(job)
         elif kind == "cancel":
             request_id, index, done = args
             request = self.requests.get(request_id)
@@ -118,6 +152,15 @@ class GeneratorWorker:
                 cancelled = [i for i in sorted(request.running) if index in (None, i)]
                 self._cancel(request, cancelled, [("abort", i, None, time.perf_counter()) for i in cancelled])
             done.set_result(None)
+
+    def _refused(self, request: Submitted, index: int, exc: Exception) -> None:
+        """enqueue raised for the request's job `index`: its jobs already queued are cancelled (pages freed) and the
+        request ends with the generator's reason; the worker goes on."""
+        for queued in request.jobs[:index]:
+            self.generator.cancel(queued)
+        error = GenerationError(f"ExLlamaV2 refused the request ({type(exc).__name__}: {exc}); check its prompt "
+                                "length against the profile's context and its sampling options")
+        self._send(request, [error], sorted(request.running))
 
     def _end_all(self) -> None:
         """The worker stops: every request still open ends with BackendUnavailable, its jobs' pages freed."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from inferplug.errors import ResolveError
+from inferplug.errors import BackendUnavailable, GenerationError, ResolveError
 from inferplug.hardware import GPU, Hardware
 from inferplug.profile import ModelSource, Profile
 from inferplug.types import Request, SamplingParams
@@ -205,6 +205,56 @@ def test_abort_cancels_the_job(make_backend, sent, tiny_llama_dir, abort_midway)
     abort_midway(backend, max_tokens=200)
     assert all_jobs_released(backend, sent) and backend.stats()["running"] == 0
 
+
+
+def test_a_job_the_generator_refuses_fails_its_request_alone(make_backend, sent, tiny_llama_dir, monkeypatch):
+    """enqueue raising (ExLlamaV2 asserts that a job's pages fit its cache) fails that request with the reason: its
+    choices already queued are cancelled, their pages freed, and the worker goes on."""
+    backend = make_backend(tiny_llama_dir)
+    generator = backend._worker.generator
+    real_enqueue = generator.enqueue
+
+    full = generator.max_pages
+
+    def enqueue(job):  # the second choice's job finds no page in the cache
+        generator.max_pages = full if job.identifier == 0 else 0
+        try:
+            return real_enqueue(job)
+        finally:
+            generator.max_pages = full
+
+    monkeypatch.setattr(generator, "enqueue", enqueue)
+    params = SamplingParams(temperature=0.9, seed=1, max_tokens=4, ignore_eos=True, n=2)
+    with pytest.raises(GenerationError, match=r"ExLlamaV2 refused the request \(AssertionError: Job requires 1 pages"):
+        backend.generate_sync(Request(prompt="the weather", params=params))
+    assert sent["made"][0] in sent["ended"] and not generator.active_jobs + generator.pending_jobs
+    assert pages_in_use(backend) == 0 and not backend._worker.open
+    after = backend.generate_sync(Request(prompt="the weather", params=SamplingParams(temperature=0, max_tokens=3,
+                                                                                      ignore_eos=True)))
+    assert after[-1].usage.completion_tokens == 3
+
+
+def test_a_dying_worker_ends_every_open_stream_and_refuses_later_requests(make_backend, sent, tiny_llama_dir,
+                                                                         monkeypatch):
+    """A fault outside a step (here the generator's own bookkeeping) stops the worker thread: the open stream ends
+    with BackendUnavailable and the reason, its job cancelled; a later request is refused and a cancel returns."""
+    backend = make_backend(tiny_llama_dir)
+    long = Request(prompt="the weather", params=SamplingParams(temperature=0, max_tokens=400, ignore_eos=True))
+    stream = backend.stream_sync(long)
+    next(stream)  # decoding
+
+    def broken():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(backend._worker.generator, "num_remaining_jobs", broken)
+    with pytest.raises(BackendUnavailable, match="worker stopped .*illegal memory access"):
+        list(stream)
+    with pytest.raises(BackendUnavailable):
+        backend.generate_sync(Request(prompt="hi", params=SamplingParams(max_tokens=2)))
+    backend.cancel_now(long.request_id)  # returns at once
+    generator = backend._worker.generator
+    assert sent["made"][0] in sent["ended"] and not generator.active_jobs + generator.pending_jobs
+    assert pages_in_use(backend) == 0 and not backend._worker._thread.is_alive()
 
 SAMPLED = dict(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05, repetition_penalty=1.1, presence_penalty=0.3,
                frequency_penalty=0.2)

@@ -114,6 +114,11 @@ class ExLlamaV2DynamicJob:
     def prepare_for_queue(self, generator, serial_number: int):
         self.generator = generator
         self.serial_number = serial_number
+        total_pages = -(-(len(self.input_ids[0]) + self.max_new_tokens) // generator.page_size)
+        assert total_pages <= generator.max_pages, \
+            f"Job requires {total_pages} pages (only {generator.max_pages} available) and cannot " + \
+            f"be enqueued. Total cache allocated is {generator.max_pages} * {generator.page_size} = " + \
+            f"{generator.max_total_tokens} tokens"
 
     def _base(self, stage: str, eos: bool = False) -> dict:
         r = {"job": self, "stage": stage, "eos": eos, "serial": self.serial_number}
