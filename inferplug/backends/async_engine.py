@@ -244,7 +244,8 @@ class AsyncEngine:
             try:
                 self.engine.add_request(request, prompt)
             except Exception as exc:  # noqa: BLE001 - a bad request (RequestError) fails alone, before any event
-                self._ended(request.request_id)
+                with self._inbox_lock:
+                    self._open.discard(request.request_id)
                 channel.send([exc], last=True)
                 continue
             self._streams[request.request_id] = channel
@@ -306,26 +307,26 @@ class AsyncEngine:
                     self.engine.abort(rid)
                 except Exception:  # noqa: BLE001 - one broken request must not keep the others' streams open
                     log.exception("aborting request %s failed", rid)
-        for rid, channel in self._streams.items():
-            self._ended(rid)
+        with self._inbox_lock:
+            self._open.difference_update(self._streams)
+        for channel in self._streams.values():
             channel.send([exc], last=True)
         self._streams.clear()
         self._snapshot = self.engine.stats()
 
-    def _ended(self, request_id: str) -> None:
-        with self._inbox_lock:
-            self._open.discard(request_id)
-
     def _dispatch(self, events: list[Event]) -> None:
-        """One send per channel: a consumer wakes once per step, whatever its number of events."""
+        """One send per channel: a consumer wakes once per step, whatever its number of events. The requests that
+        end are closed first, all under one take of the inbox lock."""
         batches: dict[str, list[Event]] = {}
         for event in events:
             batches.setdefault(event.request_id, []).append(event)
+        ended = [rid for rid, batch in batches.items() if batch[-1].usage is not None]
+        if ended:
+            with self._inbox_lock:
+                self._open.difference_update(ended)
         for rid, batch in batches.items():
             last = batch[-1].usage is not None
             channel = self._streams.pop(rid, None) if last else self._streams.get(rid)
-            if last:
-                self._ended(rid)
             if channel is not None:
                 channel.send(batch, last=last)
 

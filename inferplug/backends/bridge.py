@@ -7,31 +7,34 @@ tokens gives the channel a stage (`read_with`: the output stage of backends/loca
 runs over them as it takes them, so that detokenizing and stop strings cost the consumer's thread, not the
 producer's decoding loop. Wake-ups are coalesced: a consumer is woken once for whatever arrived since it last
 looked (one engine step's events, or more), and with `at_end` once when the request ends, for callers that want
-only the result. So a batch of chats costs a wake-up per request, not a thread or loop hop per token. A consumer
-given a `timeout` waits no longer: past it the request is cancelled and GenerationError raised, whether or not
-events were coming.
+only the result. So a batch of chats costs a wake-up per request, not a thread or loop hop per token. A waking
+is the channel's `notify(channel)`: a consuming thread's is a queue's put, so a thread waiting for a batch wakes
+for whichever channel has news first; a coroutine's sets an event on its loop. A consumer given a `timeout` waits
+no longer: past it the request is cancelled and GenerationError raised, whether or not events were coming.
 """
 
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from functools import partial
 from typing import Any
 
 from inferplug.errors import GenerationError
 
 
 class EventChannel:
-    def __init__(self, loop: asyncio.AbstractEventLoop | None = None, *, at_end: bool = False):
-        """loop: the consuming coroutine's loop (None: a consuming thread). at_end: wake only once it has ended."""
-        self._loop, self._at_end = loop, at_end
+    def __init__(self, notify: Callable[[EventChannel], None], *, at_end: bool = False):
+        """notify(channel) wakes the consumer, from the producer's thread, once for whatever arrived since the
+        consumer last took. at_end: wake it only once the request has ended."""
+        self._notify, self._at_end = notify, at_end
         self._lock = threading.Lock()
         self._items: list[Any] = []
         self._ended = False
         self._notified = False
-        self._ready: threading.Event | asyncio.Event = threading.Event() if loop is None else asyncio.Event()
         self._stage: Callable[[list[Any]], tuple[list[Any], bool]] | None = None
 
     def read_with(self, stage: Callable[[list[Any]], tuple[list[Any], bool]], *, early: bool) -> None:
@@ -53,13 +56,7 @@ class EventChannel:
             if self._notified or (self._at_end and not last):
                 return
             self._notified = True
-        if self._loop is None:
-            self._ready.set()
-            return
-        try:
-            self._loop.call_soon_threadsafe(self._ready.set)
-        except RuntimeError:  # the consumer's loop is closed: nobody is listening any more
-            pass
+        self._notify(self)
 
     # --- consumer side ---------------------------------------------------------------
     def _take(self) -> tuple[list[Any], bool]:
@@ -67,7 +64,6 @@ class EventChannel:
         with self._lock:
             items, self._items = self._items, []
             self._notified = False
-            self._ready.clear()
             ended = self._ended
         if self._stage is None:
             return items, ended
@@ -88,12 +84,13 @@ def _unpack(items: list[Any]) -> Iterator[Any]:
 def consume_sync(submit: Callable[[EventChannel], None], cancel: Callable[[], None], *,
                  at_end: bool = False, timeout: float | None = None) -> Iterator[Any]:
     """Submit (on first iteration) and read the events in this thread; leaving before the end calls cancel()."""
-    channel = EventChannel(at_end=at_end)
+    news: queue.SimpleQueue[EventChannel] = queue.SimpleQueue()
+    channel = EventChannel(news.put, at_end=at_end)
     deadline = None if timeout is None else time.monotonic() + timeout
     submit(channel)
     try:
         while True:
-            _wait_in_thread(channel, deadline, timeout)
+            _next_news(news, deadline, timeout)
             items, ended = channel._take()
             for item in items:
                 if isinstance(item, BaseException):
@@ -108,24 +105,28 @@ def consume_sync(submit: Callable[[EventChannel], None], cancel: Callable[[], No
 
 def consume_all_sync(submits: list[Callable[[EventChannel], None]], cancels: list[Callable[[], None]], *,
                      timeout: float | None = None) -> list[Iterable[Any]]:
-    """Submit every request at once (they share the engine's steps), then wait in this thread for each to end (one
-    wake-up each): each one's events, as a list, or for one that failed an iterator that raises its error where it
-    comes. Leaving early (or past `timeout`: GenerationError) cancels those not ended."""
-    channels = [EventChannel(at_end=True) for _ in submits]
+    """Submit every request at once (they share the engine's steps), then wait in this thread until each has ended
+    (one wake-up each, in whatever order they end): each one's events, as a list, or for one that failed an iterator
+    that raises its error where it comes. A channel whose stage must look at its tokens as they come (a stop string)
+    is read at each send, whichever request the batch waits for. Leaving early (or past `timeout`: GenerationError)
+    cancels those not ended."""
+    news: queue.SimpleQueue[EventChannel] = queue.SimpleQueue()
+    channels = [EventChannel(news.put, at_end=True) for _ in submits]
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
         for submit, channel in zip(submits, channels):
             submit(channel)
-        ended = []
-        for channel in channels:
-            items, done = [], False
-            while not done:  # one wake-up, unless its stage must look at its tokens as they come
-                _wait_in_thread(channel, deadline, timeout)
+        items: dict[EventChannel, list[Any]] = {channel: [] for channel in channels}
+        open_channels = set(channels)
+        while open_channels:
+            channel = _next_news(news, deadline, timeout)
+            if channel in open_channels:  # a stage may have ended a request its producer still sends to
                 taken, done = channel._take()
-                items += taken
-            failed = any(isinstance(item, BaseException) for item in items)
-            ended.append(_unpack(items) if failed else items)
-        return ended
+                items[channel] += taken
+                if done:
+                    open_channels.discard(channel)
+        return [_unpack(got) if any(isinstance(item, BaseException) for item in got) else got
+                for got in items.values()]
     finally:
         for channel, cancel in zip(channels, cancels):
             if not channel._ended:
@@ -136,15 +137,17 @@ async def consume_async(submit: Callable[[EventChannel], None], cancel: Callable
                         at_end: bool = False, timeout: float | None = None) -> AsyncIterator[Any]:
     """Submit (on first iteration) and read the events on the running loop; leaving before the end calls cancel()
     in a worker thread."""
-    channel = EventChannel(asyncio.get_running_loop(), at_end=at_end)
+    ready = asyncio.Event()
+    channel = EventChannel(partial(_wake_on, asyncio.get_running_loop(), ready), at_end=at_end)
     deadline = None if timeout is None else time.monotonic() + timeout
     submit(channel)
     try:
         while True:
             try:  # wait_for raises at once for a deadline already past, as events come or not
-                await asyncio.wait_for(channel._ready.wait(), None if deadline is None else deadline - time.monotonic())
+                await asyncio.wait_for(ready.wait(), None if deadline is None else deadline - time.monotonic())
             except TimeoutError:
                 raise _timed_out(timeout) from None
+            ready.clear()  # before the take: a send after it wakes this loop again
             items, ended = channel._take()
             for item in items:
                 if isinstance(item, BaseException):
@@ -157,11 +160,25 @@ async def consume_async(submit: Callable[[EventChannel], None], cancel: Callable
             await asyncio.to_thread(cancel)
 
 
-def _wait_in_thread(channel: EventChannel, deadline: float | None, timeout: float | None) -> None:
-    """Block this thread until the channel has news; past `deadline` GenerationError, even as events come."""
+def _wake_on(loop: asyncio.AbstractEventLoop, ready: asyncio.Event, channel: EventChannel) -> None:
+    """A coroutine consumer's notify: set its event on its own loop."""
+    try:
+        loop.call_soon_threadsafe(ready.set)
+    except RuntimeError:  # the consumer's loop is closed: nobody is listening any more
+        pass
+
+
+def _next_news(news: queue.SimpleQueue[EventChannel], deadline: float | None,
+               timeout: float | None) -> EventChannel:
+    """Block this thread until a channel has news, and name it; past `deadline` GenerationError, even as events
+    come."""
     left = None if deadline is None else deadline - time.monotonic()
-    if (left is not None and left <= 0) or not channel._ready.wait(left):
+    if left is not None and left <= 0:
         raise _timed_out(timeout)
+    try:
+        return news.get(timeout=left)
+    except queue.Empty:
+        raise _timed_out(timeout) from None
 
 
 def _timed_out(timeout: float | None) -> GenerationError:

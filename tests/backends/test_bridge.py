@@ -13,12 +13,13 @@ from inferplug.errors import RequestError
 
 
 def test_everything_sent_before_a_look_comes_in_one_take_and_in_order():
-    channel = EventChannel()
+    woken: list[EventChannel] = []
+    channel = EventChannel(woken.append)
     for i in range(5):
         channel.send([i])
+    assert woken == [channel] and channel._take() == ([0, 1, 2, 3, 4], False)  # one wake-up for five sends
     channel.send([5, 6], last=True)
-    assert channel._ready.is_set() and channel._take() == ([0, 1, 2, 3, 4, 5, 6], True)
-    assert not channel._ready.is_set()
+    assert woken == [channel, channel] and channel._take() == ([5, 6], True)  # woken again after a take
 
 
 def test_a_sync_consumer_gets_every_event_and_an_ended_stream_is_not_cancelled():
@@ -30,12 +31,13 @@ def test_a_sync_consumer_gets_every_event_and_an_ended_stream_is_not_cancelled()
 
 
 def test_at_end_wakes_the_consumer_only_when_the_request_ends():
-    channel = EventChannel(at_end=True)
+    woken: list[EventChannel] = []
+    channel = EventChannel(woken.append, at_end=True)
     channel.send([1])
     channel.send([2])
-    assert not channel._ready.is_set()
+    assert woken == []
     channel.send([3], last=True)
-    assert channel._ready.is_set() and channel._take() == ([1, 2, 3], True)
+    assert woken == [channel] and channel._take() == ([1, 2, 3], True)
     channel.send([4])  # after the end: dropped
     assert channel._take() == ([], True)
 
@@ -142,6 +144,36 @@ def test_consume_all_sync_reads_each_staged_channel_until_it_ends():
     done = consume_all_sync([staged_producer([1, 2, 3], None, []), staged_producer([7, 8], 99, [])], never)
     assert [[token for _, token in events] for events in done] == [[1, 2, 3], [7, 8]]  # the second woken for each send
 
+
+
+def test_consume_all_sync_reads_a_later_request_as_it_comes_while_an_earlier_one_runs():
+    """The batch waits for whichever channel has news: the second request's stop string is acted on when its token
+    comes, not once the first request (300 tokens) has ended."""
+    first_sent: list[int] = []
+    found_after: list[int] = []  # how many tokens the first had sent when the second's stage found its stop
+
+    def produce(channel: EventChannel, tokens: int, log: list[int] | None = None) -> None:
+        def run() -> None:
+            for token in range(tokens):
+                if log is not None:
+                    log.append(token)
+                channel.send([token])
+                time.sleep(0.002)
+            channel.send([], last=True)
+        threading.Thread(target=run, daemon=True).start()
+
+    def stage(items: list[int]) -> tuple[list[int], bool]:
+        if 3 in items:
+            found_after.append(len(first_sent))
+        return items, 3 in items
+
+    def stopping(channel: EventChannel) -> None:
+        channel.read_with(stage, early=True)
+        produce(channel, 10)
+
+    done = consume_all_sync([lambda channel: produce(channel, 300, first_sent), stopping], [lambda: None] * 2)
+    assert done[0] == list(range(300)) and done[1][:4] == [0, 1, 2, 3]
+    assert found_after and found_after[0] < 100
 
 def test_a_fault_in_a_stage_fails_its_request_alone_and_cancels_it():
     def faulty(channel: EventChannel) -> None:
