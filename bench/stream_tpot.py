@@ -70,7 +70,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--label", default="", help="a name for this run in the JSON (e.g. before, after)")
-    ap.add_argument("--out", default="bench/results/stream_tpot.json")
+    ap.add_argument("--out", default="stream_tpot.json")
     args = ap.parse_args()
 
     from inferplug.backends.registry import close_all, get_backend
