@@ -307,26 +307,28 @@ class AsyncEngine:
                     self.engine.abort(rid)
                 except Exception:  # noqa: BLE001 - one broken request must not keep the others' streams open
                     log.exception("aborting request %s failed", rid)
-        with self._inbox_lock:
-            self._open.difference_update(self._streams)
-        for channel in self._streams.values():
+        with self._inbox_lock:  # as _dispatch takes its channels: a dispatch on another thread never sees it half done
+            streams, self._streams = self._streams, {}
+            self._open.difference_update(streams)
+        for channel in streams.values():
             channel.send([exc], last=True)
-        self._streams.clear()
         self._snapshot = self.engine.stats()
 
     def _dispatch(self, events: list[Event]) -> None:
-        """One send per channel: a consumer wakes once per step, whatever its number of events. The requests that
-        end are closed first, all under one take of the inbox lock."""
+        """One send per channel: a consumer wakes once per step, whatever its number of events. The channels are
+        taken, and the requests that end closed, under one take of the inbox lock (the step thread and an abort's
+        thread both dispatch, and a close ends the streams left)."""
         batches: dict[str, list[Event]] = {}
         for event in events:
             batches.setdefault(event.request_id, []).append(event)
-        ended = [rid for rid, batch in batches.items() if batch[-1].usage is not None]
-        if ended:
-            with self._inbox_lock:
-                self._open.difference_update(ended)
-        for rid, batch in batches.items():
-            last = batch[-1].usage is not None
-            channel = self._streams.pop(rid, None) if last else self._streams.get(rid)
+        sends = []
+        with self._inbox_lock:
+            for rid, batch in batches.items():
+                last = batch[-1].usage is not None
+                if last:
+                    self._open.discard(rid)
+                sends.append((self._streams.pop(rid, None) if last else self._streams.get(rid), batch, last))
+        for channel, batch, last in sends:
             if channel is not None:
                 channel.send(batch, last=last)
 

@@ -148,10 +148,12 @@ class GeneratorWorker:
         elif kind == "cancel":
             request_id, index, done = args
             request = self.requests.get(request_id)
-            if request is not None:
-                cancelled = [i for i in sorted(request.running) if index in (None, i)]
-                self._cancel(request, cancelled, [("abort", i, None, time.perf_counter()) for i in cancelled])
-            done.set_result(None)
+            try:
+                if request is not None:
+                    cancelled = [i for i in sorted(request.running) if index in (None, i)]
+                    self._cancel(request, cancelled, [("abort", i, None, time.perf_counter()) for i in cancelled])
+            finally:  # a cancel that breaks the generator (the worker dies) must not leave its caller waiting
+                done.set_result(None)
 
     def _refused(self, request: Submitted, index: int, exc: Exception) -> None:
         """enqueue raised for the request's job `index`: its jobs already queued are cancelled (pages freed) and the

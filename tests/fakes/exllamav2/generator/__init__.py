@@ -257,6 +257,7 @@ class ExLlamaV2DynamicGenerator:
         return job.serial_number
 
     def cancel(self, job):
+        self.num_remaining_jobs()  # as the real one, which defragments the cache once no job is left
         if job in self.pending_jobs:
             self.pending_jobs.remove(job)
         elif job in self.active_jobs:
