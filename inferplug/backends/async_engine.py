@@ -239,8 +239,9 @@ class AsyncEngine:
 
     # --- the engine thread's side (the lock held) ------------------------------------
     def _admit(self) -> None:
-        while self._inbox:
-            request, channel, prompt = self._inbox.popleft()
+        with self._inbox_lock:  # taken whole: abort_now rebuilds the inbox under this lock, never mid-pop
+            queued, self._inbox = self._inbox, deque()
+        for request, channel, prompt in queued:
             try:
                 self.engine.add_request(request, prompt)
             except Exception as exc:  # noqa: BLE001 - a bad request (RequestError) fails alone, before any event

@@ -8,12 +8,13 @@ the last once none of the request's jobs runs, their pages freed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import queue
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,7 +114,7 @@ class GeneratorWorker:
                 self.open.discard(command[1].request_id)
                 command[1].channel.send([error], last=True)
             elif command is not None and command[0] == "cancel":
-                command[3].set_result(None)
+                _resolve(command[3])
 
     def _serve(self) -> None:
         while True:
@@ -153,7 +154,7 @@ class GeneratorWorker:
                     cancelled = [i for i in sorted(request.running) if index in (None, i)]
                     self._cancel(request, cancelled, [("abort", i, None, time.perf_counter()) for i in cancelled])
             finally:  # a cancel that breaks the generator (the worker dies) must not leave its caller waiting
-                done.set_result(None)
+                _resolve(done)
 
     def _refused(self, request: Submitted, index: int, exc: Exception) -> None:
         """enqueue raised for the request's job `index`: its jobs already queued are cancelled (pages freed) and the
@@ -215,6 +216,13 @@ class GeneratorWorker:
                 ended.setdefault(request, []).append(index)
         for request, mine in items.items():  # one send per request per step
             self._send(request, mine, ended.get(request, []))
+
+
+def _resolve(done: Future) -> None:
+    """A cancel's future, done. Its caller may have given up on it: an asyncio task awaiting it through
+    wrap_future (the server's abort) cancels it when the task is cancelled, and a cancelled future refuses a result."""
+    with contextlib.suppress(InvalidStateError):
+        done.set_result(None)
 
 
 def _logprobs(r: dict[str, Any], ids: list[int]) -> list[tuple[float | None, list]]:

@@ -254,7 +254,27 @@ def test_a_dying_worker_ends_every_open_stream_and_refuses_later_requests(make_b
     with pytest.raises(BackendUnavailable):
         backend.generate_sync(Request(prompt="hi", params=SamplingParams(max_tokens=2)))
     backend.cancel_now(long.request_id)
+    backend._worker._thread.join(timeout=10)  # the stream ended before the worker finished draining
     assert not backend._worker._thread.is_alive() and not backend._worker.open and not backend._worker.requests
+
+
+def test_a_cancel_its_caller_gave_up_on_leaves_the_worker_serving(make_backend, sent, tiny_llama_dir):
+    """A cancel's future cancelled before the worker takes the command (the server's abort awaits it through
+    wrap_future, which cancels it with its task): the worker still cancels the request and goes on serving."""
+    from concurrent.futures import Future
+
+    backend = make_backend(tiny_llama_dir)
+    long = Request(prompt="the weather", params=SamplingParams(temperature=0, max_tokens=400, ignore_eos=True))
+    stream = backend.stream_sync(long)
+    next(stream)
+    given_up: Future = Future()
+    given_up.cancel()
+    backend._worker.commands.put(("cancel", long.request_id, None, given_up))
+    assert {e.finish_reason for e in stream} >= {"abort"}
+    after = backend.generate_sync(Request(prompt="hi", params=SamplingParams(temperature=0, max_tokens=3,
+                                                                             ignore_eos=True)))
+    assert after[-1].usage.completion_tokens == 3 and backend._worker._thread.is_alive()
+    assert all_jobs_released(backend, sent)
 
 
 SAMPLED = dict(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05, repetition_penalty=1.1, presence_penalty=0.3,
