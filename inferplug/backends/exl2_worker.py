@@ -102,12 +102,7 @@ class GeneratorWorker:
         still queued ends now (a request with `error`, a cancel at once)."""
         with self._lock:
             self._closed = True
-        for request in list(self.requests.values()):
-            try:
-                self._cancel(request, sorted(request.running), [error])
-            except Exception:  # noqa: BLE001 - the generator may be what broke: end the stream anyway
-                log.exception("cancelling the jobs of request %s failed", request.request_id)
-                self._send(request, [error], sorted(request.running))
+        self._end_all(error)
         while not self.commands.empty():
             command = self.commands.get_nowait()
             if command is not None and command[0] == "add":
@@ -130,7 +125,7 @@ class GeneratorWorker:
                 except queue.Empty:
                     break
             if command is None:
-                self._end_all()
+                self._end_all(BackendUnavailable(CLOSED))
                 return
             if self.generator.num_remaining_jobs():
                 self._step()
@@ -165,10 +160,14 @@ class GeneratorWorker:
                                 "length against the profile's context and its sampling options")
         self._send(request, [error], sorted(request.running))
 
-    def _end_all(self) -> None:
-        """The worker stops: every request still open ends with BackendUnavailable, its jobs' pages freed."""
+    def _end_all(self, error: BackendUnavailable) -> None:
+        """The worker stops (closed, or dying): every request still open ends with `error`, its jobs' pages freed."""
         for request in list(self.requests.values()):
-            self._cancel(request, sorted(request.running), [BackendUnavailable(CLOSED)])
+            try:
+                self._cancel(request, sorted(request.running), [error])
+            except Exception:  # noqa: BLE001 - the generator may be what broke: end the stream anyway
+                log.exception("cancelling the jobs of request %s failed", request.request_id)
+                self._send(request, [error], sorted(request.running))
 
     def _cancel(self, request: Submitted, choices: list[int], items: list) -> None:
         """The generator drops these choices' jobs (their pages freed now); the request gets `items`, its last once

@@ -145,7 +145,6 @@ def test_consume_all_sync_reads_each_staged_channel_until_it_ends():
     assert [[token for _, token in events] for events in done] == [[1, 2, 3], [7, 8]]  # the second woken for each send
 
 
-
 def test_consume_all_sync_reads_a_later_request_as_it_comes_while_an_earlier_one_runs():
     """The batch waits for whichever channel has news: the second request's stop string is acted on when its token
     comes, not once the first request (300 tokens) has ended."""
@@ -174,6 +173,7 @@ def test_consume_all_sync_reads_a_later_request_as_it_comes_while_an_earlier_one
     done = consume_all_sync([lambda channel: produce(channel, 300, first_sent), stopping], [lambda: None] * 2)
     assert done[0] == list(range(300)) and done[1][:4] == [0, 1, 2, 3]
     assert found_after and found_after[0] < 100
+
 
 def test_a_fault_in_a_stage_fails_its_request_alone_and_cancels_it():
     def faulty(channel: EventChannel) -> None:

@@ -206,15 +206,12 @@ def test_abort_cancels_the_job(make_backend, sent, tiny_llama_dir, abort_midway)
     assert all_jobs_released(backend, sent) and backend.stats()["running"] == 0
 
 
-
 def test_a_job_the_generator_refuses_fails_its_request_alone(make_backend, sent, tiny_llama_dir, monkeypatch):
     """enqueue raising (ExLlamaV2 asserts that a job's pages fit its cache) fails that request with the reason: its
     choices already queued are cancelled, their pages freed, and the worker goes on."""
     backend = make_backend(tiny_llama_dir)
     generator = backend._worker.generator
-    real_enqueue = generator.enqueue
-
-    full = generator.max_pages
+    real_enqueue, full = generator.enqueue, generator.max_pages
 
     def enqueue(job):  # the second choice's job finds no page in the cache
         generator.max_pages = full if job.identifier == 0 else 0
