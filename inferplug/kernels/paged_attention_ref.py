@@ -52,11 +52,12 @@ def random_pool(*, batch, heads, kv_heads, head_dim, block_size, seq_lens, devic
 def paged_attention_ref(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     query_starts: torch.Tensor, context_lens: torch.Tensor, scale: float, dtype: torch.dtype = torch.float64,
+    window: int = 0,
 ) -> torch.Tensor:  # fmt: skip
     """Causal attention for chunks of new query rows: sequence s has q rows [query_starts[s], query_starts[s + 1]),
     the last at position context_lens[s] - 1, each attending to the positions up to its own (its cached prefix
-    and the chunk's rows before it). Computed in `dtype` (fp64: the kernels' errors are measured against it).
-    Returns [tokens, heads, D] in `dtype`."""
+    and the chunk's rows before it; with a `window`, only the last `window` of them). Computed in `dtype` (fp64: the
+    kernels' errors are measured against it). Returns [tokens, heads, D] in `dtype`."""
     heads, block_size = q.shape[1], k_cache.shape[2]
     out = torch.empty(q.shape, dtype=dtype)
     for s in range(len(context_lens)):
@@ -68,5 +69,7 @@ def paged_attention_ref(
         scores = torch.einsum("thd,hsd->hts", q[start:end].to(dtype), keys) * scale
         positions = torch.arange(length - (end - start), length)
         scores.masked_fill_(torch.arange(length)[None, :] > positions[:, None], float("-inf"))
+        if window:
+            scores.masked_fill_(torch.arange(length)[None, :] <= positions[:, None] - window, float("-inf"))
         out[start:end] = torch.einsum("hts,hsd->thd", scores.softmax(dim=-1), values)
     return out

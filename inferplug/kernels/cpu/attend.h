@@ -132,7 +132,8 @@ void tile_softmax(float* s, int64_t n, float* max, float* sum, float* rescale) {
   V::store(sum, V::add(V::mul(V::load(sum), factor), V::sums_of(part)));
 }
 
-// Rows r of `w` (each with `group` query heads, head_dim apart) attend to keys [0, first_length + r).
+// Rows r of `w` (each with `group` query heads, head_dim apart) attend to keys [0, first_length + r), or to the
+// last w.window of them.
 // scratch: attend_scratch(w.rows, group, head_dim) floats.
 template <typename V, typename T>
 void attend(const inferplug_isa::Pool<T>& pool, int64_t kv_head, const int64_t* blocks,
@@ -159,8 +160,11 @@ void attend(const inferplug_isa::Pool<T>& pool, int64_t kv_head, const int64_t* 
   else
     k = k_pool, v = v_pool;
   const int64_t longest = w.first_length + w.rows - 1;
+  // A sliding window: row r's keys start at first_length + r - window. Tiles before row 0's window are skipped,
+  // and a row whose window starts past a tile sits that tile out (its scores would all be masked).
+  const auto window_start = [&](int64_t r) { return w.window ? std::max<int64_t>(0, w.first_length + r - w.window) : 0; };
   int64_t keys[TILE];  // the tile's K/V row offsets in k and v
-  for (int64_t t0 = 0; t0 < longest; t0 += TILE) {
+  for (int64_t t0 = window_start(0) / TILE * TILE; t0 < longest; t0 += TILE) {
     const int64_t in_tile = std::min(TILE, longest - t0);
     for (int64_t i = 0, b = t0 / bs, o = t0 % bs; i < in_tile; i++) {
       keys[i] = (blocks[b] * bs + o) * d;
@@ -170,25 +174,36 @@ void attend(const inferplug_isa::Pool<T>& pool, int64_t kv_head, const int64_t* 
     std::fill(keys + in_tile, keys + TILE, keys[in_tile - 1]);  // past the end: scored, then masked
     // Rows are by ascending length: those that end before the tile are done.
     const int64_t first = std::max<int64_t>(0, t0 + 1 - w.first_length);
+    // rows [first, last) have keys in this tile: the later ones' windows start past it
+    const int64_t last = w.window ? std::min<int64_t>(w.rows, t0 + TILE + w.window - w.first_length) : w.rows;
+    const int64_t in_queries = last * group;
     const auto query = [&](int64_t i) { return w.q + i / group * w.q_stride + i % group * d; };
     int64_t a = first * group;
-    for (; a + 1 < queries; a += 2) {
+    for (; a + 1 < in_queries; a += 2) {
       const float* q[2] = {query(a), query(a + 1)};
       float* s[2] = {scores + a * TILE, scores + (a + 1) * TILE};
       tile_scores<V, 2>(q, k, keys, d, scale, s);
     }
-    if (a < queries) {  // a lone last query (a decode row of an MHA model): half the work of pairing it with itself
+    if (a < in_queries) {  // a lone last query (a decode row of an MHA model): half the work of pairing it with itself
       const float* q[1] = {query(a)};
       float* s[1] = {scores + a * TILE};
       tile_scores<V, 1>(q, k, keys, d, scale, s);
     }
     const auto valid = [&](int64_t r) { return std::min(TILE, w.first_length + r - t0); };  // row r's keys here
-    for (int64_t r = first; r < w.rows; r++)
-      for (float* s = scores + r * group * TILE; s < scores + (r + 1) * group * TILE; s += TILE)
+    for (int64_t r = first; r < last; r++) {
+      const int64_t before = std::max<int64_t>(0, window_start(r) - t0);  // keys before the row's window
+      for (float* s = scores + r * group * TILE; s < scores + (r + 1) * group * TILE; s += TILE) {
+        std::fill(s, s + before, -INFINITY);
         std::fill(s + valid(r), s + TILE, -INFINITY);
-    for (int64_t q0 = first * group; q0 < queries; q0 += V::LANES)
-      tile_softmax<V>(scores + q0 * TILE, std::min(V::LANES, queries - q0), max + q0, sum + q0, rescale + q0);
-    for (int64_t r = first; r < w.rows; r++) {
+      }
+    }
+    for (int64_t q0 = first * group; q0 < in_queries; q0 += V::LANES)
+      tile_softmax<V>(scores + q0 * TILE, std::min(V::LANES, in_queries - q0), max + q0, sum + q0, rescale + q0);
+    // tile_softmax wrote its vector's spare lanes: where those are rows whose windows start later, they have
+    // seen no key yet, so their statistics go back to the start
+    std::fill(max + in_queries, max + std::min(queries, in_queries + inferplug_isa::MAX_LANES), -INFINITY);
+    std::fill(sum + in_queries, sum + std::min(queries, in_queries + inferplug_isa::MAX_LANES), 0.f);
+    for (int64_t r = first; r < last; r++) {
       for (int64_t query = r * group; query < (r + 1) * group; query++) {
         if (rescale[query] == 1.f) continue;
         float* out = acc + query * d;

@@ -1,5 +1,5 @@
 // Every decoder layer of a decode step in one call, when the layers' weights are Q4_1 / Q4_G128 / Q4_K / Q8_0 blocks: the
-// same kernels, in the same order, as LlamaModel.forward calls them one by one from Python, so the result
+// same kernels, in the same order, as DecoderModel.forward calls them one by one from Python, so the result
 // is bit for bit the same. At one token a step the Python between ~300 kernel calls cost about as much
 // as the layers' arithmetic.
 // GPTQ act-order weights (desc_act) have their input columns permuted at load; the matmul gathers their inputs in
@@ -10,6 +10,7 @@
 #include <torch/library.h>
 
 #include <optional>
+#include <tuple>
 
 namespace {
 
@@ -21,21 +22,33 @@ c10::TypedOperatorHandle<Signature> op(const char* name) {
 using Matmul = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&);
 
 // x: the step's hidden states [T, hidden], one row per sequence, updated in place to the last layer's
-// residual stream. Per layer i: norms[2i], norms[2i+1] (input and post-attention RMSNorm weights);
+// residual stream. Per layer: its input and post-attention RMSNorm weights, then with QK-norm (Qwen3, Gemma 3) q's and
+// k's per-head weights (applied before RoPE), then with `sandwich` (Gemma 3) the norms of the attention's and the
+// MLP's outputs (applied before each residual add): 2, 4 or 6 norms a layer;
 // weights[5i..5i+4] (qkv, a second qkv part, o, gate_up, down blocks) with kinds[5i..5i+4] (4: Q4_1, 5: Q4_K,
 // 6: Q4_G128, 7: Q6_K, 8: Q8_0, 9: Q5_K; 0 for no second qkv part: its weight is then unused) and orders[5i..5i+4] (an act-order
 // weight's input permutation, empty for a weight whose inputs are in order). A second qkv part is the next output
 // rows in another format (quant/checkpoint_layers.py RowPartsLinear: a Q4_K_M's Q6_K attn_v beside Q4_K q/k); its K/V pools
 // (float32 or float16: rope_write_kv_ and paged_decode take either).
-// Ends with x plus the last layer's MLP output in x (LlamaModel.forward's result).
+// `windows` (empty, or one a layer): a layer's sliding window (0: none), its attention then reading only that many
+// keys, and its RoPE from local_cos / local_sin where given (Gemma 3's 10k base). `gelu`: GeGLU (tanh) for SwiGLU.
+// Ends with x plus the last layer's MLP output in x (DecoderModel.forward's result).
 void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, at::IntArrayRef kinds,
                    at::TensorList orders, at::TensorList k_caches, at::TensorList v_caches, const at::Tensor& positions,
                    const at::Tensor& cos, const at::Tensor& signed_sin, const at::Tensor& slots, const at::Tensor& block_tables,
-                   const at::Tensor& lengths, int64_t num_heads, double scale, double eps) {
+                   const at::Tensor& lengths, int64_t num_heads, double scale, double eps, at::IntArrayRef windows,
+                   const c10::optional<at::Tensor>& local_cos, const c10::optional<at::Tensor>& local_sin, bool sandwich,
+                   bool gelu) {
   const int64_t layers = static_cast<int64_t>(k_caches.size());
-  TORCH_CHECK(layers > 0 && v_caches.size() == k_caches.size() && norms.size() == 2 * k_caches.size() &&
-              weights.size() == 5 * k_caches.size() && kinds.size() == weights.size() && orders.size() == weights.size(),
-              "decode_layers: per layer, 2 norms, 5 weights with their kinds and input orders and a K and a V pool");
+  const int64_t per_layer = k_caches.size() ? static_cast<int64_t>(norms.size()) / layers : 0;  // 2, 4 or 6
+  const bool qk_norm = per_layer - (sandwich ? 2 : 0) == 4;
+  TORCH_CHECK(layers > 0 && v_caches.size() == k_caches.size() && per_layer - (sandwich ? 2 : 0) >= 2 &&
+              per_layer <= 6 && static_cast<int64_t>(norms.size()) == per_layer * layers &&
+              weights.size() == 5 * k_caches.size() && kinds.size() == weights.size() && orders.size() == weights.size() &&
+              (windows.empty() || static_cast<int64_t>(windows.size()) == layers) &&
+              local_cos.has_value() == local_sin.has_value(),
+              "decode_layers: per layer, 2 norms (4 with QK-norm, 2 more with sandwich norms), 5 weights with their "
+              "kinds and input orders, a K and a V pool, and a window (or none for every layer)");
   static const auto q4 = op<Matmul>("inferplug::q4_matmul"), q4_k = op<Matmul>("inferplug::q4_k_matmul"),
                     q4_g128 = op<Matmul>("inferplug::q4_g128_matmul"), q6_k = op<Matmul>("inferplug::q6_k_matmul"),
                     q8 = op<Matmul>("inferplug::q8_matmul"), q5_k = op<Matmul>("inferplug::q5_k_matmul");
@@ -45,6 +58,9 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
                                             at::Tensor&, const at::Tensor&, int64_t)>("inferplug::rope_write_kv_");
   static const auto paged_decode = op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                  const at::Tensor&, double)>("inferplug::paged_decode");
+  static const auto paged_attention = op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                    const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                                                    const c10::optional<at::Tensor>&, int64_t)>("inferplug::paged_attention");
   static const auto silu_mul = op<at::Tensor(const at::Tensor&)>("inferplug::silu_mul");
   auto linear = [&](const at::Tensor& in, int64_t w) {
     TORCH_CHECK(kinds[w] >= 4 && kinds[w] <= 9,
@@ -57,16 +73,44 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
   };
 
   const int64_t tokens = x.size(0), head_dim = k_caches[0].size(3);
+  const at::Tensor starts = at::arange(tokens + 1, at::kLong);  // a windowed layer's rows: one a sequence
   std::optional<at::Tensor> delta;
   for (int64_t i = 0; i < layers; i++) {
     at::Tensor k_cache = k_caches[i], v_cache = v_caches[i];
-    at::Tensor h = delta ? add_rms_norm.call(x, *delta, norms[2 * i], eps) : rms_norm.call(x, norms[2 * i], eps);
+    const int64_t n = per_layer * i;  // this layer's first norm
+    at::Tensor h = delta ? add_rms_norm.call(x, *delta, norms[n], eps) : rms_norm.call(x, norms[n], eps);
     at::Tensor qkv = kinds[5 * i + 1] ? at::cat({linear(h, 5 * i), linear(h, 5 * i + 1)}, 1) : linear(h, 5 * i);
-    rope_write_kv.call(qkv, positions, cos, signed_sin, k_cache, v_cache, slots, num_heads);
+    if (qk_norm) {  // each q head, then each k head, as the layer-by-layer path (qk_rms_norm_)
+      const at::Tensor heads = qkv.view({tokens, -1, head_dim});
+      const int64_t kv_heads = (heads.size(1) - num_heads) / 2;
+      for (const auto& [first, count, weight] : {std::tuple{int64_t{0}, num_heads, norms[n + 2]},
+                                                 std::tuple{num_heads, kv_heads, norms[n + 3]}}) {
+        at::Tensor part = heads.narrow(1, first, count);
+        part.copy_(rms_norm.call(part.reshape({-1, head_dim}).contiguous(), weight, eps).view(part.sizes()));
+      }
+    }
+    const int64_t window = windows.empty() ? 0 : windows[i];
+    const bool local = window > 0 && local_cos.has_value();
+    rope_write_kv.call(qkv, positions, local ? *local_cos : cos, local ? *local_sin : signed_sin, k_cache, v_cache, slots,
+                       num_heads);
     const at::Tensor q = qkv.view({tokens, -1, head_dim}).narrow(1, 0, num_heads);
-    const at::Tensor attn = paged_decode.call(q, k_cache, v_cache, block_tables, lengths, scale).view({tokens, -1});
-    h = add_rms_norm.call(x, linear(attn, 5 * i + 2), norms[2 * i + 1], eps);
-    delta = linear(silu_mul.call(linear(h, 5 * i + 3)), 5 * i + 4);
+    const at::Tensor attn = (window > 0 ? paged_attention.call(q, k_cache, v_cache, block_tables, starts, lengths, scale,
+                                                               c10::nullopt, window)
+                                        : paged_decode.call(q, k_cache, v_cache, block_tables, lengths, scale))
+                                .view({tokens, -1});
+    at::Tensor out = linear(attn, 5 * i + 2);
+    if (sandwich) out = rms_norm.call(out, norms[n + per_layer - 2], eps);
+    h = add_rms_norm.call(x, out, norms[n + 1], eps);
+    const at::Tensor gate_up = linear(h, 5 * i + 3);
+    at::Tensor act;
+    if (gelu) {  // as the layer-by-layer path's gelu_tanh_mul: gelu(gate, tanh) * up, the same ATen ops
+      const auto parts = gate_up.chunk(2, -1);
+      act = at::gelu(parts[0], "tanh").mul_(parts[1]);
+    } else {
+      act = silu_mul.call(gate_up);
+    }
+    delta = linear(act, 5 * i + 4);
+    if (sandwich) delta = rms_norm.call(*delta, norms[n + per_layer - 1], eps);
   }
   if (delta) x.add_(*delta);
 }
@@ -76,6 +120,7 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
 TORCH_LIBRARY_FRAGMENT(inferplug, m) {
   m.def("decode_layers(Tensor(a!) x, Tensor[] norms, Tensor[] weights, int[] kinds, Tensor[] orders, "
         "Tensor[] k_caches, Tensor[] v_caches, Tensor positions, Tensor cos, Tensor signed_sin, Tensor slots, Tensor block_tables, "
-        "Tensor lengths, int num_heads, float scale, float eps) -> ()");
+        "Tensor lengths, int num_heads, float scale, float eps, int[] windows=[], Tensor? local_cos=None, "
+        "Tensor? local_sin=None, bool sandwich=False, bool gelu=False) -> ()");
 }
 TORCH_LIBRARY_IMPL(inferplug, CPU, m) { m.impl("decode_layers", &decode_layers); }

@@ -76,6 +76,7 @@ struct QueryRows {
   int64_t q_stride;
   float* out;
   int64_t out_stride, rows, first_length;
+  int64_t window = 0;  // a sliding window: row r attends only to its last `window` keys (0: all of them)
 };
 
 // Floats Attend's scratch holds: per query its scores and output, its max, sum and rescale factor (a vector's
