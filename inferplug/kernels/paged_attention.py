@@ -1,6 +1,6 @@
 """Triton paged-attention decode: one query per sequence, K/V read through block tables.
 
-Pool layout as the engine allocates it (inferplug/models/llama.py allocate_kv_cache):
+Pool layout as the engine allocates it (inferplug/models/decoder.py allocate_kv_cache):
 [kv_heads, num_blocks, block_size, head_dim]. Reference: inferplug/kernels/paged_attention_ref.py. Tests run it under
 TRITON_INTERPRET=1 on the CPU.
 
@@ -37,7 +37,7 @@ _LOG2E = 1.4426950408889634
 
 @triton.jit
 def _paged_decode_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, tables_ptr, lens_ptr, qk_scale, partition, max_parts,
+    q_ptr, k_ptr, v_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, tables_ptr, lens_ptr, qk_scale, partition, max_parts, window,
     stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, stride_tb, stride_ob, stride_oh,
     HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
@@ -48,6 +48,8 @@ def _paged_decode_kernel(
     if start >= length:  # the grid covers the table's capacity; this sequence is shorter
         return
     end = tl.minimum(start + partition, length)
+    # a sliding window reads only the last `window` keys: a partition before it holds nothing (max -inf, sum 0)
+    first = tl.maximum(start, tl.where(window > 0, length - window, 0))
 
     rows = tl.arange(0, GROUP_PAD)
     row_ok = rows < GROUP
@@ -63,7 +65,7 @@ def _paged_decode_kernel(
     running_max = tl.full((GROUP_PAD,), float("-inf"), tl.float32)
     running_sum = tl.zeros((GROUP_PAD,), tl.float32)
     acc = tl.zeros((GROUP_PAD, BLOCK_D), tl.float32)
-    for tile_start in range(start, end, TILE):
+    for tile_start in range(first, end, TILE):
         tokens = tile_start + slots
         valid = tokens < end
         running_max, running_sum, acc = attend_tile(
@@ -118,10 +120,11 @@ def _reduce_partitions_kernel(
 
 def paged_attention_decode(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, *, split_k: bool = True,
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, *, window: int = 0, split_k: bool = True,
     partition_size: int = PARTITION_SIZE, tile: int = TILE, num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES,
 ) -> torch.Tensor:  # fmt: skip
-    """Same contract as paged_attention_decode_ref: q [B, heads, D] -> [B, heads, D].
+    """Same contract as paged_attention_decode_ref: q [B, heads, D] -> [B, heads, D]; `window` > 0: each query
+    reads only its sequence's last `window` keys (a sliding-window layer).
 
     split_k=False runs every sequence in one program per KV head (one partition as long as the table), for
     tests and the benchmark; partition_size (a multiple of tile), tile, num_warps and num_stages are tuning
@@ -144,7 +147,7 @@ def paged_attention_decode(
     group = heads // kv_heads
     block_d = max(16, triton.next_power_of_2(head_dim))  # tl.dot needs every dimension >= 16
     _paged_decode_kernel[(max_parts, batch, kv_heads)](
-        q, k_cache, v_cache, out, m, l, acc, block_tables, seq_lens, scale * _LOG2E, partition, max_parts,
+        q, k_cache, v_cache, out, m, l, acc, block_tables, seq_lens, scale * _LOG2E, partition, max_parts, window,
         q.stride(0), q.stride(1), k_cache.stride(1), k_cache.stride(2), k_cache.stride(0),
         block_tables.stride(0), out.stride(0), out.stride(1),
         HEADS=heads, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size,

@@ -25,7 +25,7 @@ _LOG2E = 1.4426950408889634
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, cu_ptr, ctx_lens_ptr, tables_ptr, qk_scale,
+    q_ptr, k_ptr, v_ptr, out_ptr, cu_ptr, ctx_lens_ptr, tables_ptr, qk_scale, window,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_tb,
     GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
@@ -54,10 +54,13 @@ def _prefill_kernel(
     running_sum = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     end = tl.minimum(ctx_len, prefix + (tile + 1) * BLOCK_M)  # the tile's last query sees no further
-    for key_start in range(0, end, BLOCK_N):
+    # a sliding window: keys from the tile's first query's window on, in key tiles at absolute positions
+    lowest = tl.where(window > 0, tl.maximum(prefix + tile * BLOCK_M - window + 1, 0), 0)
+    for key_start in range(lowest // BLOCK_N * BLOCK_N, end, BLOCK_N):
         keys = key_start + slots
         key_ok = keys < end
         visible = key_ok[None, :] & (keys[None, :] <= positions[:, None])  # causal
+        visible = visible & ((window == 0) | (keys[None, :] > positions[:, None] - window))
         running_max, running_sum, acc = attend_tile(
             q, k_ptr, v_ptr, table, kv_base, keys, key_ok, visible, dims, dim_ok, stride_cb, stride_cs, qk_scale,
             running_max, running_sum, acc, BLOCK_SIZE, PRECISION,
@@ -71,10 +74,11 @@ def _prefill_kernel(
 
 def prefill_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens: torch.Tensor, ctx_lens: torch.Tensor,
-    block_tables: torch.Tensor, scale: float, *, max_q_len: int | None = None, block_m: int = BLOCK_M,
+    block_tables: torch.Tensor, scale: float, *, window: int = 0, max_q_len: int | None = None, block_m: int = BLOCK_M,
     block_n: int = BLOCK_N, num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES,
 ) -> torch.Tensor:  # fmt: skip
-    """prefill_attention_ref's contract: q [T, heads, D] (unit stride over D) -> [T, heads, D].
+    """prefill_attention_ref's contract: q [T, heads, D] (unit stride over D) -> [T, heads, D]; `window` > 0: each
+    query reads only the last `window` positions up to its own (a sliding-window layer).
 
     max_q_len (the longest chunk) sizes the grid without reading cu_seqlens on the host; block_m, block_n,
     num_warps and num_stages are tuning knobs (the benchmark sweeps them)."""
@@ -89,7 +93,7 @@ def prefill_attention(
     if not tokens or not num_seqs:
         return out
     _prefill_kernel[(triton.cdiv(max_q_len, block_m), num_seqs, heads)](
-        q, k_cache, v_cache, out, cu_seqlens, ctx_lens, block_tables, scale * _LOG2E,
+        q, k_cache, v_cache, out, cu_seqlens, ctx_lens, block_tables, scale * _LOG2E, window,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(1), k_cache.stride(2), k_cache.stride(0), block_tables.stride(0),
         GROUP=heads // kv_heads, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
