@@ -52,6 +52,7 @@ class ModelFacts:
     # an AWQ / GPTQ checkpoint's quantization_config: bits and group size (0: not one, or unknown: 4 bits, 128)
     quant_bits: int = 0
     quant_group_size: int = 0
+    family: str = ""  # models/registry.py's name for what decodes it ("": unknown, [model.hints])
 
     def __post_init__(self) -> None:  # the memo's JSON gives lists
         object.__setattr__(self, "gguf_matrices", tuple(tuple(m) for m in self.gguf_matrices))
@@ -60,7 +61,7 @@ class ModelFacts:
     def from_config(cls, config: ModelConfig, origin: str) -> ModelFacts:
         return cls(config.num_parameters(), config.num_hidden_layers, config.num_key_value_heads,
                    config.head_dim, config.max_position_embeddings, origin, config.vocab_size,
-                   config.hidden_size, config.tie_word_embeddings, config.num_attention_heads)
+                   config.hidden_size, config.tie_word_embeddings, config.num_attention_heads, family=config.family)
 
     @property
     def embedding_parameters(self) -> int:
@@ -134,7 +135,7 @@ def facts_from_file(path: Path) -> ModelFacts:
     from inferplug.sources import home, write_atomically
 
     st = path.stat()
-    version = f"v5|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"  # v5: facts gained a checkpoint's bits and groups
+    version = f"v6|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"  # v6: facts gained the model family
     memo = home() / "facts" / f"{hashlib.sha256(version.encode()).hexdigest()[:32]}.json"
     try:
         return ModelFacts(**json.loads(memo.read_text()))

@@ -210,11 +210,10 @@ class DocumentKVCache:
         if self.disk is not None:
             self.disk.touch(key, entry.salt, entry.doc_key)  # a use: the disk's LRU order
         slots = self._slots(seq, seg.start, seg.end)
-        k = rerotate(entry.k.to(slots.device), seg.start - entry.position, self.model.cos,
-                     self.model.signed_sin)
-        v = entry.v.to(slots.device)
-        for layer, (kc, vc) in enumerate(self.kv_caches):
-            write_kv(kc, vc, k[layer], v[layer], slots)
+        k, v = entry.k.to(slots.device), entry.v.to(slots.device)
+        for layer, (kc, vc) in enumerate(self.kv_caches):  # each layer by its own RoPE (Gemma 3's sliding ones)
+            write_kv(kc, vc, rerotate(k[layer], seg.start - entry.position, *self.model.rope_of(layer)), v[layer],
+                     slots)
         seg.done = True
         self.hit_tokens += seg.end - seg.start
         self.injected_segments += 1
@@ -251,11 +250,13 @@ class DocumentKVCache:
 
 
 def rerotate(k: torch.Tensor, delta: int, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """Move post-RoPE keys by `delta` positions: one more RoPE rotation (sin is odd in delta)."""
+    """Move post-RoPE keys by `delta` positions: one more RoPE rotation (sin is odd in delta). The tables' own
+    magnitude (YaRN scales cos and sin; cos at position 0 holds it) is divided out: the keys already carry it."""
     if delta == 0:
         return k
-    c = cos[abs(delta)].float()
-    s = signed_sin[abs(delta)].float() * (1 if delta > 0 else -1)
+    magnitude = cos[0, 0].float()
+    c = cos[abs(delta)].float() / magnitude
+    s = signed_sin[abs(delta)].float() * ((1 if delta > 0 else -1) / magnitude)
     return apply_rope(k.float(), c, s).to(k.dtype)
 
 

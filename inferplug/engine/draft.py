@@ -73,11 +73,11 @@ class _Drafting:
 
 class DraftProposer:
     def __init__(self, draft: DraftModel, config, eos_token_ids: list[int]):
-        from inferplug.models.llama import LlamaModel
+        from inferplug.models.decoder import DecoderModel
 
         self.num_tokens = config.num_speculative_tokens
         self.eos_token_ids = eos_token_ids
-        self.model = LlamaModel(draft.config, draft.weights, dtype=config.torch_dtype, device=config.device,
+        self.model = DecoderModel(draft.config, draft.weights, dtype=config.torch_dtype, device=config.device,
                                 attention=config.attention, kv_dtype=config.torch_kv_dtype)
         # as many blocks as the target's pool: a shadow holds fewer tokens than its sequence
         self.blocks = BlockManager(config.num_kv_blocks, config.block_size, enable_prefix_caching=False)

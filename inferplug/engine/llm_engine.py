@@ -44,7 +44,7 @@ class LLMEngine:
     ):
         """`draft`: the model that proposes tokens when config.speculative_method is "draft" (engine/draft.py).
         `reasoning_parser`: the output stage's parser for think text (stages/reasoning.py; None: no split)."""
-        from inferplug.models.llama import LlamaModel
+        from inferplug.models.decoder import DecoderModel
 
         self.config = config = config or EngineConfig()
         self.model_config, self.tokenizer = model_config, tokenizer
@@ -67,7 +67,7 @@ class LLMEngine:
             self.runner = ParallelRunner(model_config, state_dict, config, sampler=sampler,
                                          threads_per_rank=config.threads_per_rank)
         else:
-            model = LlamaModel(model_config, state_dict, dtype=config.torch_dtype, device=config.device,
+            model = DecoderModel(model_config, state_dict, dtype=config.torch_dtype, device=config.device,
                                attention=config.attention, kv_dtype=config.torch_kv_dtype)
             graphs = config.cuda_graphs and config.device.startswith("cuda")  # decode steps per batch-size bucket
             self.runner = ModelRunner(model, num_blocks=config.num_kv_blocks, block_size=config.block_size,

@@ -8,9 +8,10 @@ from typing import Any
 
 @dataclass
 class ModelConfig:
-    """A Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM). Names follow HF's config.json."""
+    """A decoder of one of the families in models/registry.py. Names follow HF's config.json; the fields after
+    eos_token_ids are the families' differences, left at Llama's where a family has none."""
 
-    architecture: str  # "llama", "mistral", "qwen2"
+    architecture: str  # HF's model_type: "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma3_text"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -27,15 +28,33 @@ class ModelConfig:
     sliding_window: int | None = None
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
+    family: str = "llama"  # models/registry.py's name for what decodes it
+    layer_windows: tuple[int, ...] | None = None  # per layer: a sliding window's size, 0 for full attention
+    rope_local_theta: float | None = None  # the RoPE base of sliding-window layers (Gemma 3), unscaled
+    attention_scale: float | None = None  # None: head_dim ** -0.5
+    final_logit_softcap: float | None = None  # logits = cap * tanh(logits / cap)
+    num_experts: int = 0  # a mixture-of-experts MLP where moe_layers says so (models/moe.py)
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False  # the top-k router weights renormalized to sum to 1
+    moe_layers: tuple[bool, ...] = ()
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.num_experts > 0 and bool(self.moe_layers) and self.moe_layers[layer]
+
+    def window(self, layer: int) -> int:
+        """Layer `layer`'s sliding window (0: it attends to the whole context)."""
+        return self.layer_windows[layer] if self.layer_windows else 0
 
     def num_parameters(self) -> int:
         h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
         q = self.num_attention_heads * self.head_dim
         kv = self.num_key_value_heads * self.head_dim
         attn = h * q + 2 * h * kv + q * h + (q + 2 * kv if self.attention_bias else 0)
-        per_layer = attn + 3 * h * i + 2 * h
+        moe = self.num_experts * (3 * h * self.moe_intermediate_size + h)  # experts and the router
+        mlps = sum(moe if self.is_moe_layer(n) else 3 * h * i for n in range(self.num_hidden_layers))
         head = 0 if self.tie_word_embeddings else v * h
-        return v * h + self.num_hidden_layers * per_layer + h + head
+        return v * h + self.num_hidden_layers * (attn + 2 * h) + mlps + h + head
 
     @staticmethod
     def shared_input(module: str) -> str:
@@ -50,6 +69,18 @@ class ModelConfig:
         return {"self_attn.q_proj": (q, h), "self_attn.k_proj": (kv, h), "self_attn.v_proj": (kv, h),
                 "self_attn.o_proj": (h, q), "mlp.gate_proj": (self.intermediate_size, h),
                 "mlp.up_proj": (self.intermediate_size, h), "mlp.down_proj": (h, self.intermediate_size)}
+
+    def layer_matrices(self, layer: int) -> dict[str, tuple[int, int]]:
+        """Layer `layer`'s matrices as (out, in), by HF name after "model.layers.N.": linear_shapes', or in an MoE
+        layer the router and each expert's projections in place of the dense MLP."""
+        shapes = self.linear_shapes()
+        if not self.is_moe_layer(layer):
+            return shapes
+        h, inter = self.hidden_size, self.moe_intermediate_size
+        attention = {name: shape for name, shape in shapes.items() if not name.startswith("mlp.")}
+        experts = {f"mlp.experts.{e}.{proj}": shape for e in range(self.num_experts)
+                   for proj, shape in (("gate_proj", (inter, h)), ("up_proj", (inter, h)), ("down_proj", (h, inter)))}
+        return {**attention, "mlp.gate": (self.num_experts, h), **experts}
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * dtype_bytes

@@ -26,13 +26,22 @@ GROUP_SIZE = 128
 def dummy_weights(config: ModelConfig, fmt: str, dtype: torch.dtype, device: str, layers_on_kernels: bool,
                   seed: int = 0) -> dict[str, Any]:
     """HF-named random weights; `layers_on_kernels`: the CPU kernels run (block layers can be built)."""
+    from inferplug.models.registry import family
+
+    fam = family(config.family)
+    # a norm that scales by 1 + w (Gemma's, as HF stores it) is zeros for a scale of one
+    norm = (torch.zeros if fam.norms_plus_one else torch.ones)
     generator = torch.Generator().manual_seed(seed)
-    weights: dict[str, Any] = {"model.norm.weight": torch.ones(config.hidden_size, dtype=dtype, device=device)}
+    weights: dict[str, Any] = {"model.norm.weight": norm(config.hidden_size, dtype=dtype, device=device)}
     for name, (rows, cols) in _matrices(config):
         weights[name] = _matrix(name, rows, cols, config, fmt, dtype, device, layers_on_kernels, generator)
     for i in range(config.num_hidden_layers):
-        for norm in ("input_layernorm", "post_attention_layernorm"):
-            weights[f"model.layers.{i}.{norm}.weight"] = torch.ones(config.hidden_size, dtype=dtype, device=device)
+        names = ["input_layernorm", "post_attention_layernorm"]
+        names += ["pre_feedforward_layernorm", "post_feedforward_layernorm"] if fam.sandwich_norms else []
+        for name in names:
+            weights[f"model.layers.{i}.{name}.weight"] = norm(config.hidden_size, dtype=dtype, device=device)
+        for name in ("q_norm", "k_norm") if fam.qk_norm else ():
+            weights[f"model.layers.{i}.self_attn.{name}.weight"] = norm(config.head_dim, dtype=dtype, device=device)
     return weights
 
 
@@ -41,7 +50,7 @@ def _matrices(config: ModelConfig):
     if not config.tie_word_embeddings:
         yield "lm_head.weight", (config.vocab_size, config.hidden_size)
     for i in range(config.num_hidden_layers):
-        for module, shape in config.linear_shapes().items():
+        for module, shape in config.layer_matrices(i).items():
             yield f"model.layers.{i}.{module}.weight", shape
 
 
@@ -51,6 +60,8 @@ def _matrix(name: str, rows: int, cols: int, config: ModelConfig, fmt: str, dtyp
     from inferplug.models.gguf_layers import gguf_layer
 
     std = cols**-0.5
+    if name.endswith(".mlp.gate.weight"):  # an MoE router: float, as every file keeps it
+        return (torch.randn(rows, cols, generator=generator) * std).to(device=device, dtype=dtype)
     outer = name in ("model.embed_tokens.weight", "lm_head.weight")
     head = name == "lm_head.weight" or (outer and config.tie_word_embeddings)
     if fmt == "gguf" and on_kernels:

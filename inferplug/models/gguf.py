@@ -67,6 +67,14 @@ class GGUFFile:
         """An architecture-scoped value, e.g. arch_key("block_count") reads "llama.block_count"."""
         return self.metadata.get(f"{self.architecture}.{key}", default)
 
+    def arch_count(self, key: str, default: int | None = None) -> int:
+        """An architecture size (layers, heads, widths): a positive integer, or a ModelSourceError naming the key."""
+        value = self.arch_key(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ModelSourceError(f"{self.path}: {self.architecture}.{key} is {str(value)[:40]}, not a positive "
+                                   "integer; the file is damaged. Re-download it.")
+        return value
+
     def read_tensor(self, handle, info: GGUFTensorInfo):
         """The raw bytes of one tensor, read from `handle` (this file, opened "rb") into a fresh uint8 torch tensor.
         Read, not mapped: a mapping's pages would count in the process's RSS beside the converted weights."""

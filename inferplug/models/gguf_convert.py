@@ -1,7 +1,12 @@
-"""GGUF -> our ModelConfig and HF-named weights: dequantized, or as the layers that run the file's blocks."""
+"""GGUF -> our ModelConfig and HF-named weights: dequantized, or as the layers that run the file's blocks.
+
+Names and values come out as HF's: a family's own tensor names (models/family.py gguf_layer_names), an MoE's 3-D
+expert tensors cut into HF's per-expert ones (each a view of the file's blocks, no float copy), Gemma's norms
+back from w + 1 to w, and llama.cpp's interleaved Q/K rows back to HF's halves."""
 
 from __future__ import annotations
 
+import math
 import re
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -12,10 +17,6 @@ from inferplug.models.gguf import GGML_TYPES, GGUFFile, GGUFTensorInfo
 
 if TYPE_CHECKING:
     import torch
-
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
-# llama.cpp permutes Q/K rows of these (convert_hf_to_gguf.py LlamaModel.permute) for its RoPE layout.
-_PERMUTED_ARCHITECTURES = ("llama", "mistral")
 
 _TOP_LEVEL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -33,31 +34,27 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-CONVERSION_VERSION = 5  # bump when weights_from_gguf's layers change: cached conversions of the old ones then miss
+# an MoE layer's experts, one 3-D tensor each (experts, out, in) -> HF's per-expert module
+_EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
+CONVERSION_VERSION = 6  # bump when weights_from_gguf's layers change: cached conversions of the old ones then miss
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # Precomputed RoPE factors (llama3 scaling); our RoPE derives them from config.rope_scaling instead.
 _DERIVED_TENSORS = ("rope_freqs.weight",)
 
 
-def check_architecture(gguf: GGUFFile) -> None:
-    if gguf.architecture not in SUPPORTED_ARCHITECTURES:
-        raise ModelSourceError(
-            f"{gguf.path} holds a {gguf.architecture!r} model; inferplug's native engine runs "
-            f"{', '.join(SUPPORTED_ARCHITECTURES)}. Pick a GGUF of a Llama-family model."
-        )
-
-
 def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
-    check_architecture(gguf)
+    from inferplug.models.registry import gguf_family
+
+    family = gguf_family(gguf.architecture, gguf.path)
     meta = gguf.metadata
-    count = lambda key, default=None: _arch_count(gguf, key, default)  # noqa: E731
+    count = lambda key, default=None: gguf.arch_count(key, default)  # noqa: E731
     hidden, heads = count("embedding_length"), count("attention.head_count")
     embedding = gguf.tensors.get("token_embd.weight")
     vocab = count("vocab_size", embedding.shape[0] if embedding is not None else None)
     head_dim = count("attention.key_length", count("rope.dimension_count", hidden // heads))
     eos = [_token_id(gguf, key) for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if key in meta]
     window = gguf.arch_key("attention.sliding_window")
-    return ModelConfig(
+    fields = dict(
         architecture=gguf.architecture,
         vocab_size=vocab,
         hidden_size=hidden,
@@ -75,16 +72,9 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
         sliding_window=None if window is None else count("attention.sliding_window"),
         bos_token_id=_token_id(gguf, "tokenizer.ggml.bos_token_id") if "tokenizer.ggml.bos_token_id" in meta else None,
         eos_token_ids=list(dict.fromkeys(eos)),
+        family=family.name,
     )
-
-
-def _arch_count(gguf: GGUFFile, key: str, default: int | None = None) -> int:
-    """An architecture size (layers, heads, widths): a positive integer, or a ModelSourceError naming the key."""
-    value = gguf.arch_key(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ModelSourceError(f"{gguf.path}: {gguf.architecture}.{key} is {str(value)[:40]}, not a positive integer; "
-                               "the file is damaged or not a Llama-family model. Re-download it.")
-    return value
+    return ModelConfig(**{**fields, **(family.gguf_fields(gguf) if family.gguf_fields else {})})
 
 
 def _arch_number(gguf: GGUFFile, key: str, default: float) -> float:
@@ -111,24 +101,37 @@ def _rope_scaling(gguf: GGUFFile) -> dict | None:
                                "re-download the file.")
     scaling = {"rope_type": kind, "factor": _arch_number(gguf, "rope.scaling.factor", 1.0)}
     if gguf.arch_key("rope.scaling.original_context_length"):
-        scaling["original_max_position_embeddings"] = _arch_count(gguf, "rope.scaling.original_context_length")
+        scaling["original_max_position_embeddings"] = gguf.arch_count("rope.scaling.original_context_length")
     return scaling
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """The HF parameter name of a GGUF tensor; None for tensors we derive instead of load."""
+def hf_name(gguf_name: str, family=None) -> str | None:
+    """The HF parameter name of a GGUF tensor in `family` (models/family.py; None: Llama's names); None for tensors
+    we derive instead of load. An MoE's 3-D expert tensor names all its experts: "...mlp.experts.gate_proj.weight"
+    (expert_names gives each one's)."""
     if gguf_name in _TOP_LEVEL_NAMES:
         return _TOP_LEVEL_NAMES[gguf_name]
     if gguf_name in _DERIVED_TENSORS:
         return None
     match = _LAYER_TENSOR.fullmatch(gguf_name)
-    if match and match.group(2) in _LAYER_NAMES:
+    names = {**_LAYER_NAMES, **(family.gguf_layer_names if family else {})}
+    if match and match.group(2) in names:
         layer, part, kind = match.groups()
-        return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+        return f"model.layers.{layer}.{names[part]}.{kind}"
+    if match and match.group(2) in _EXPERT_NAMES:
+        layer, part, kind = match.groups()
+        return f"model.layers.{layer}.mlp.experts.{_EXPERT_NAMES[part]}.{kind}"
+    family_name = family.name if family else "llama"
     raise ModelSourceError(
-        f"GGUF tensor {gguf_name!r} has no counterpart in a Llama-family model; the file is not a plain "
-        "Llama/Mistral/Qwen2 checkpoint (MoE and multimodal GGUFs are not supported)."
+        f"GGUF tensor {gguf_name!r} has no counterpart in a {family_name} model; the file is not a plain "
+        f"{family_name} checkpoint (multimodal GGUFs are not supported: use the text model's file)."
     )
+
+
+def expert_names(name: str, experts: int) -> list[str]:
+    """HF's per-expert names of a 3-D expert tensor's hf_name."""
+    head, tail = name.split(".experts.")
+    return [f"{head}.experts.{e}.{tail}" for e in range(experts)]
 
 
 def gguf_name(name: str) -> str:
@@ -138,21 +141,27 @@ def gguf_name(name: str) -> str:
         return top[name]
     _, _, layer, rest = name.split(".", 3)
     module, kind = rest.rsplit(".", 1)
-    part = next(g for g, hf in _LAYER_NAMES.items() if hf == module)
+    if module.startswith("mlp.experts."):  # one expert's: its 3-D tensor's name
+        part = next(g for g, hf in _EXPERT_NAMES.items() if module.endswith(hf))
+    else:
+        part = next(g for g, hf in {**_LAYER_NAMES, "ffn_gate_inp": "mlp.gate"}.items() if hf == module)
     return f"blk.{layer}.{part}.{kind}"
 
 
 def matrix_roles(gguf: GGUFFile) -> tuple[tuple[str, str, int], ...]:
     """Each matrix as (role, ggml type, parameters): role "head" for the lm_head or a tied embedding, "embed" for an
     untied embedding, "layer" for the rest (what weights_from_gguf loads each as)."""
+    from inferplug.models.registry import gguf_family
+
+    family = gguf_family(gguf.architecture, gguf.path)
     tied = "output.weight" not in gguf.tensors
     roles = []
     for info in gguf.tensors.values():
-        name = hf_name(info.name)
-        if name is None or len(info.shape) != 2:
+        name = hf_name(info.name, family)
+        if name is None or len(info.shape) < 2:
             continue
         role = {"lm_head.weight": "head", "model.embed_tokens.weight": "head" if tied else "embed"}.get(name, "layer")
-        roles.append((role, info.type_name, info.shape[0] * info.shape[1]))
+        roles.append((role, info.type_name, math.prod(info.shape)))  # an MoE's experts: all of them, as mapped
     return tuple(roles)
 
 
@@ -172,28 +181,39 @@ def weights_from_gguf(gguf: GGUFFile, dtype: "torch.dtype", device="cpu",
 
     from inferplug.models.gguf_layers import gguf_layer, is_quantized
 
+    from inferplug.models.registry import gguf_family, gguf_interleaved_rope
+
     config = config_from_gguf(gguf)
+    family = gguf_family(gguf.architecture, gguf.path)
     head_counts = {".q_proj.": config.num_attention_heads, ".k_proj.": config.num_key_value_heads}
-    if gguf.architecture not in _PERMUTED_ARCHITECTURES:
+    if not gguf_interleaved_rope(gguf.architecture):
         head_counts = {}
     head_names = {"lm_head.weight", *(["model.embed_tokens.weight"] if config.tie_word_embeddings else [])}
-    infos = [info for info in gguf.tensors.values() if hf_name(info.name) is not None]
+    infos = [info for info in gguf.tensors.values() if hf_name(info.name, family) is not None]
     weights = {}
     with one_intra_op_thread(), open(gguf.path, "rb") as handle, \
             tqdm(total=sum(i.nbytes for i in infos), unit="B", unit_scale=True, desc="loading GGUF", disable=None) as bar:
         for info in infos:
-            name = hf_name(info.name)
-            as_layer = layer_format is not None and is_quantized(info.type_name) and len(info.shape) == 2
+            name = hf_name(info.name, family)
+            as_layer = layer_format is not None and is_quantized(info.type_name) and len(info.shape) >= 2
             # whole rows of blocks for a layer: the Q/K row order is undone on their bytes
-            tensor = gguf.read_tensor(handle, info).view(info.shape[0], -1) if as_layer else dequantize_tensor(gguf, handle, info)
+            tensor = gguf.read_tensor(handle, info).view(*info.shape[:-1], -1) if as_layer else \
+                dequantize_tensor(gguf, handle, info)
             for marker, n_head in head_counts.items():
                 if marker in name:
                     tensor = unpermute_rope_rows(tensor, n_head)
-            if as_layer:
-                bits = "gguf" if name == "model.embed_tokens.weight" else layer_format  # an embedding stays as stored
-                weights[name] = gguf_layer(tensor, info.type_name, info.shape, bits, head=name in head_names)
-            else:
-                weights[name] = tensor.to(device=device, dtype=dtype).contiguous()
+            if family.norms_plus_one and name.endswith("norm.weight"):  # llama.cpp stores Gemma's as w + 1
+                tensor = tensor - 1
+            parts = {name: tensor}
+            if len(info.shape) == 3:  # an MoE's experts: each its own matrix, a view of the file's rows
+                parts = dict(zip(expert_names(name, info.shape[0]), tensor.unbind(0)))
+            for part_name, part in parts.items():
+                if as_layer:
+                    bits = "gguf" if part_name == "model.embed_tokens.weight" else layer_format  # an embedding as stored
+                    weights[part_name] = gguf_layer(part, info.type_name, info.shape[-2:], bits,
+                                                    head=part_name in head_names)
+                else:
+                    weights[part_name] = part.to(device=device, dtype=dtype).contiguous()
             bar.update(info.nbytes)
             release_freed_heap()  # each tensor's temporaries: the peak stays the weights so far plus one tensor's
     return weights

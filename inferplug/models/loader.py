@@ -1,4 +1,4 @@
-"""Load a Llama-family model from an HF dir (safetensors, sharded too) or a GGUF file.
+"""Load a model of any family in models/registry.py from an HF dir (safetensors, sharded too) or a GGUF file.
 
     read_config(path)                -> ModelConfig (header only: cheap, for memory planning)
     load_weights(path, dtype, device) -> {HF parameter name: tensor in dtype}, dequantized
@@ -18,9 +18,6 @@ from inferplug.models.config import ModelConfig
 
 if TYPE_CHECKING:
     import torch
-
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-
 
 def gguf_file_of(path: Path) -> Path | None:
     """The GGUF file `path` points at (itself, or the only .gguf in a dir without config.json)."""
@@ -119,20 +116,20 @@ def load_tokenizer(path: Path, override: str | None = None):
 
 def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
     """ModelConfig from an HF config.json dict (transformers 4.x and 5.x spellings)."""
+    from inferplug.models.registry import hf_family
+
     model_type = raw.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ModelSourceError(
-            f"model_type {model_type!r} is not supported by the native engine; it runs "
-            f"{', '.join(SUPPORTED_MODEL_TYPES)}. Use a Llama-family model or another backend."
-        )
+    family = hf_family(model_type)
     rope = raw.get("rope_parameters") or {}  # transformers 5 folds theta and scaling in here
+    if "full_attention" in rope:  # per layer kind (Gemma 3): the full layers' is the model's, the family reads the rest
+        rope = rope["full_attention"]
     scaling = raw.get("rope_scaling") or ({k: v for k, v in rope.items() if k != "rope_theta"} if rope else None)
     if scaling and scaling.get("rope_type", scaling.get("type")) == "default":
         scaling = None
     heads = raw["num_attention_heads"]
     eos = raw.get("eos_token_id")
     use_window = raw.get("use_sliding_window", model_type == "mistral")  # Qwen2 ships a window it does not use
-    return ModelConfig(
+    fields = dict(
         architecture=model_type,
         vocab_size=raw["vocab_size"],
         hidden_size=raw["hidden_size"],
@@ -150,7 +147,9 @@ def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
         sliding_window=raw.get("sliding_window") if use_window else None,
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
+        family=family.name,
     )
+    return ModelConfig(**{**fields, **(family.hf_fields(raw) if family.hf_fields else {})})
 
 
 def _read_json(path: Path) -> dict[str, Any]:

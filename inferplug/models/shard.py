@@ -1,4 +1,5 @@
-"""Each rank's slice of a Llama-family checkpoint (HF names), and the check that a TP size splits the model."""
+"""Each rank's slice of a checkpoint of any family (HF names; an MoE's experts each split as a dense MLP is), and the
+check that a TP size splits the model."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The one ops interface LlamaModel calls (attention, KV store, RoPE, norms, activation), built once when the
+"""The one ops interface DecoderModel calls (attention, KV store, RoPE, norms, activation), built once when the
 model is built by `select_ops`, for the set that `kernel_set.kernel_set` names: nothing else decides which
 kernels run.
 

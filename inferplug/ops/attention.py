@@ -70,7 +70,8 @@ class AttentionContext:
     paged_rows: list[PagedRows] = field(default_factory=list)  # torch, Triton: the decode rows; C++ kernel: every row
     prefills: list[PrefillChunk] = field(default_factory=list)  # torch path: one per prefill sequence
     packed_prefill: PackedPrefill | None = None  # Triton path: every prefill row in one call
-    rope_rows: tuple[torch.Tensor, torch.Tensor] | None = None  # torch path: the step's cos and sin rows, made once
+    # torch path: the step's cos and sin rows, made once per table (a sliding layer may have its own base)
+    rope_rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     probe: Any = None  # engine/rag_recompute.DeviationProbe: rows that stop after an early layer
 
 
@@ -93,40 +94,56 @@ def _gather(cache: torch.Tensor, block_ids: torch.Tensor, rows: int) -> torch.Te
 
 def paged_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    ctx: AttentionContext, scale: float,
+    ctx: AttentionContext, scale: float, window: int = 0,
 ) -> torch.Tensor:
-    """q: [T, heads, D]; k, v: [T, kv_heads, D], already stored in the pools (write_kv). Returns [T, heads * D]."""
+    """q: [T, heads, D]; k, v: [T, kv_heads, D], already stored in the pools (write_kv). Returns [T, heads * D].
+    `window`: each query attends only to the last `window` positions up to its own (0: all of them)."""
     if not ctx.prefills and len(ctx.paged_rows) == 1:  # the common step: no scatter into `out`
-        return _decode(q, k_cache, v_cache, ctx.paged_rows[0], scale).flatten(1)
+        return _decode(q, k_cache, v_cache, ctx.paged_rows[0], scale, window).flatten(1)
     out = torch.empty_like(q)
     for group in ctx.paged_rows:
-        out[group.start : group.end] = _decode(q[group.start : group.end], k_cache, v_cache, group, scale)
+        out[group.start : group.end] = _decode(q[group.start : group.end], k_cache, v_cache, group, scale, window)
     for chunk in ctx.prefills:
         rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
-        out[rows] = _prefill(q[rows], k[rows], v[rows], k_cache, v_cache, chunk, scale)
+        out[rows] = _prefill(q[rows], k[rows], v[rows], k_cache, v_cache, chunk, scale, window)
     return out.flatten(1)
 
 
-def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: PagedRows, scale: float):
+def _window_bias(rows: PagedRows, width: int, window: int, dtype: torch.dtype) -> torch.Tensor:
+    """The decode group's bias with the keys before each row's window masked too: [1, rows, 1, S]."""
+    keys = torch.arange(width, device=rows.bias.device)
+    before = keys[None, :] < (rows.lengths - window)[:, None]
+    return rows.bias.masked_fill(before[None, :, None, :], float("-inf")).to(dtype)
+
+
+def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: PagedRows, scale: float,
+            window: int = 0):
     """One query per sequence: batched matmuls over (kv head, sequence), no repeat_interleave of K/V."""
     batch, heads, head_dim = q.shape
     kv_heads = k_cache.shape[0]
     group = heads // kv_heads
     tables = rows.block_tables.view(-1)
     keys, values = _gather(k_cache, tables, batch), _gather(v_cache, tables, batch)  # [kv_heads * B, S, D]
-    if rows.bias is None:  # one sequence: cut at its length instead of masking
-        keys, values = keys[:, : rows.length], values[:, : rows.length]
+    if rows.bias is None:  # one sequence: cut at its length (and its window) instead of masking
+        first = max(0, rows.length - window) if window else 0
+        keys, values = keys[:, first : rows.length], values[:, first : rows.length]
     # bf16/fp16 (opt-in) score, softmax and sum in fp32, as SDPA's CPU kernels do (no-ops in fp32)
     keys, values = keys.float(), values.float()
     q32 = q.float().view(batch, kv_heads, group, head_dim).transpose(0, 1).reshape(kv_heads * batch, group, head_dim)
     scores = torch.bmm(q32, keys.transpose(1, 2)).mul_(scale)  # [kv_heads * B, group, S]
     if rows.bias is not None:
-        scores.view(kv_heads, batch, group, -1).add_(rows.bias)
+        bias = _window_bias(rows, keys.shape[1], window, rows.bias.dtype) if window else rows.bias
+        scores.view(kv_heads, batch, group, -1).add_(bias)
     out = torch.bmm(torch.softmax(scores, dim=-1), values).view(kv_heads, batch, group, head_dim)
     return out.transpose(0, 1).reshape(batch, heads, head_dim).to(q.dtype)
 
 
-def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk, scale: float) -> torch.Tensor:
+def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk, scale: float, window: int = 0) -> torch.Tensor:
+    mask = chunk.mask
+    if window and chunk.ctx_len > window:  # keys before a query's window are masked too
+        query_pos = torch.arange(chunk.ctx_len - chunk.q_len, chunk.ctx_len, device=q.device)[:, None]
+        keys = torch.arange(chunk.ctx_len, device=q.device)[None, :]
+        mask = (keys <= query_pos) & (keys > query_pos - window)
     if chunk.block_ids is not None:  # part of the context is cached: read it all back through the table
         k = _gather(k_cache, chunk.block_ids, 1)[:, : chunk.ctx_len].to(q.dtype)  # [kv_heads, ctx_len, D]
         v = _gather(v_cache, chunk.block_ids, 1)[:, : chunk.ctx_len].to(q.dtype)
@@ -134,6 +151,6 @@ def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk, scale: float) -> to
         k, v = k.transpose(0, 1), v.transpose(0, 1)
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1), k, v,
-        attn_mask=chunk.mask, is_causal=chunk.mask is None, scale=scale, enable_gqa=True,
+        attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True,
     )
     return out.transpose(0, 1)

@@ -49,12 +49,12 @@ class CpuKernelOps(TorchOps):
         return PagedRows(0, starts[-1], step.padded_tables([s for s, _ in spans], width, device), None,
                            lengths=lengths, query_starts=torch.tensor(starts, dtype=torch.long, device=device))
 
-    def attention(self, q, k, v, k_cache, v_cache, ctx: AttentionContext, scale: float) -> torch.Tensor:
+    def attention(self, q, k, v, k_cache, v_cache, ctx: AttentionContext, scale: float, window: int = 0) -> torch.Tensor:
         if not self.paged_kernel:
-            return super().attention(q, k, v, k_cache, v_cache, ctx, scale)
+            return super().attention(q, k, v, k_cache, v_cache, ctx, scale, window)
         rows = ctx.paged_rows[0]
         return self.kernels.paged_attention(q, k_cache, v_cache, rows.block_tables, rows.query_starts, rows.lengths,
-                                            scale).flatten(1)
+                                            scale, window=window).flatten(1)
 
     def rope_and_store(self, qkv, positions, cos, signed_sin, k_cache, v_cache, ctx: AttentionContext, num_heads: int):
         """RoPE in place on qkv and the K/V store, in one kernel."""
@@ -75,24 +75,33 @@ class CpuKernelOps(TorchOps):
         if blocks is None:
             return False
         group = ctx.paged_rows[0]
+        local_cos, local_sin = model.local_rope or (None, None)
         self.kernels.decode_layers(x, *blocks, [k for k, _ in kv_caches], [v for _, v in kv_caches], positions,
                                    model.cos, model.signed_sin, ctx.slot_mapping, group.block_tables, group.lengths,
-                                   model.num_heads, model.scale, model.config.rms_norm_eps)
+                                   model.num_heads, model.scale, model.config.rms_norm_eps,
+                                   windows=[layer.window for layer in model.layers], local_cos=local_cos,
+                                   local_sin=local_sin, sandwich=model.family.sandwich_norms,
+                                   gelu=model.family.activation == "gelu_tanh")
         return True
 
     def block_layers(self, model, ctx: AttentionContext, tokens: int):
         """(norms, weights, kinds, orders) for decode_layers, or None where the step cannot take it: it must be
         decode rows only (prefill rows take float matmuls), and every layer weight blocks without bias (no qkv bias
         either), run by their kernels (at most KERNEL_MAX_ROWS rows). Per layer five weights: q/k/v, a second part
-        of q/k/v in another format (RowPartsLinear) or none (kind 0), o, gate/up, down. An act-order weight
+        of q/k/v in another format (RowPartsLinear) or none (kind 0), o, gate/up, down; two norms a layer, four
+        with QK-norm, two more with sandwich norms. An act-order weight
         (PermutedLinear) gives its blocks and its input order; the others an empty order."""
         if not self.paged_kernel or ctx.decode_rows != tokens or tokens > KERNEL_MAX_ROWS:
             return None
         norms, weights, kinds, orders = [], [], [], []
         for layer in model.layers:
-            if layer.qkv_bias is not None:  # Qwen2's: the layer-by-layer path adds it
+            if layer.qkv_bias is not None or layer.moe is not None:  # Qwen2's bias, an MoE: the layer-by-layer path
                 return None
             norms += [layer.input_norm, layer.post_norm]
+            if layer.q_norm is not None:  # QK-norm (Qwen3, Gemma 3): two more
+                norms += [layer.q_norm, layer.k_norm]
+            if layer.attn_out_norm is not None:  # sandwich norms (Gemma 3): two more, last
+                norms += [layer.attn_out_norm, layer.mlp_out_norm]
             qkv = list(layer.qkv.parts) if isinstance(layer.qkv, RowPartsLinear) else [layer.qkv, None]
             if len(qkv) != 2:
                 return None

@@ -25,7 +25,7 @@ class FlashOps(TritonOps):
                                "'triton'") from exc
         self.varlen = flash_attn_varlen_func
 
-    def prefill(self, q, k_cache, v_cache, packed: PackedPrefill, scale: float) -> torch.Tensor:
+    def prefill(self, q, k_cache, v_cache, packed: PackedPrefill, scale: float, window: int = 0) -> torch.Tensor:
         block_size = k_cache.shape[2]
         lens = packed.ctx_lens.tolist()
         keys, values = [], []
@@ -35,4 +35,5 @@ class FlashOps(TritonOps):
                 out.append(pool[:, blocks].flatten(1, 2)[:, :length].transpose(0, 1).to(q.dtype))
         cu_k = torch.tensor([0, *lens], device=q.device).cumsum(0).to(torch.int32)
         return self.varlen(q.contiguous(), torch.cat(keys), torch.cat(values), packed.cu_seqlens, cu_k,
-                           packed.max_q_len, max(lens), softmax_scale=scale, causal=True)
+                           packed.max_q_len, max(lens), softmax_scale=scale, causal=True,
+                           window_size=(window - 1, 0) if window else (-1, -1))  # flash-attn's: keys i-left..i

@@ -1,4 +1,4 @@
-"""The collectives a tensor-parallel LlamaModel calls; `SINGLE` is the one-device no-op set."""
+"""The collectives a tensor-parallel DecoderModel calls; `SINGLE` is the one-device no-op set."""
 
 from __future__ import annotations
 

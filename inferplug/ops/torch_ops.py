@@ -22,10 +22,11 @@ GROUP_WIDTH_RATIO, GROUP_MIN_GAP_BLOCKS = 2 / 3, 8
 
 
 class TorchOps:
-    """attention, KV store, RoPE, norms and activation for LlamaModel.forward; `context` builds what `attention`
+    """attention, KV store, RoPE, norms and activation for DecoderModel.forward; `context` builds what `attention`
     reads for one step. Subclasses override only what they run faster or differently."""
 
     name = "torch"
+    grouped_matmul = None  # an MoE's grouped expert GEMM (models/moe.py); None: a matmul pair per expert
 
     def __init__(self, dtype: torch.dtype = torch.float32):
         self.dtype = dtype  # the model's compute dtype
@@ -53,19 +54,22 @@ class TorchOps:
         """RoPE on the q and k heads of qkv ([T, (heads + 2 kv_heads) * head_dim]), K and V stored in the pools at
         ctx.slot_mapping. Returns q, k, v: [T, heads or kv_heads, head_dim]."""
         head_dim = cos.shape[-1]
-        if ctx.rope_rows is None:  # once per step, not per layer
-            ctx.rope_rows = cos[positions].to(qkv.dtype).unsqueeze(1), signed_sin[positions].to(qkv.dtype).unsqueeze(1)
+        rows = ctx.rope_rows.get(cos.data_ptr())
+        if rows is None:  # once per step and table, not per layer
+            rows = cos[positions].to(qkv.dtype).unsqueeze(1), signed_sin[positions].to(qkv.dtype).unsqueeze(1)
+            ctx.rope_rows[cos.data_ptr()] = rows
         qkv = qkv.view(qkv.shape[0], -1, head_dim)
         kv_heads = (qkv.shape[1] - num_heads) // 2
-        qk = apply_rope(qkv[:, : num_heads + kv_heads], *ctx.rope_rows)  # q and k heads in one go
+        qk = apply_rope(qkv[:, : num_heads + kv_heads], *rows)  # q and k heads in one go
         q, k = qk.split([num_heads, kv_heads], dim=1)
         v = qkv[:, num_heads + kv_heads:]
         write_kv(k_cache, v_cache, k, v, ctx.slot_mapping)
         return q, k, v
 
-    def attention(self, q, k, v, k_cache, v_cache, ctx: AttentionContext, scale: float) -> torch.Tensor:
-        """q: [T, heads, D]; k, v: [T, kv_heads, D], already in the pools. Returns [T, heads * D]."""
-        return paged_attention(q, k, v, k_cache, v_cache, ctx, scale)
+    def attention(self, q, k, v, k_cache, v_cache, ctx: AttentionContext, scale: float, window: int = 0) -> torch.Tensor:
+        """q: [T, heads, D]; k, v: [T, kv_heads, D], already in the pools. Returns [T, heads * D]. `window`: a
+        sliding window's size (0: the whole context)."""
+        return paged_attention(q, k, v, k_cache, v_cache, ctx, scale, window)
 
     def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """x += delta in place (when given), then RMSNorm(x); equal to HF's RMSNorm in fp32 (HF rounds to
@@ -79,6 +83,20 @@ class TorchOps:
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate).mul_(up)
+
+    def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """GeGLU (Gemma): gelu with the tanh approximation on the gate."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.gelu(gate, approximate="tanh").mul_(up)
+
+    def qk_rms_norm_(self, qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, num_heads: int,
+                     kv_heads: int, eps: float) -> None:
+        """QK-norm in place on qkv ([T, (heads + 2 kv_heads) * head_dim]): each q head by q_norm, each k head by
+        k_norm (one weight of head_dim for every head)."""
+        heads = qkv.view(qkv.shape[0], -1, q_norm.shape[0])
+        for part, weight in ((heads[:, :num_heads], q_norm), (heads[:, num_heads:num_heads + kv_heads], k_norm)):
+            rows = part.reshape(-1, weight.shape[0]).contiguous()  # one kv head: a strided view, not a copy
+            part.copy_(self.add_rms_norm(rows, None, weight, eps).view(part.shape))
 
     # --- the step's attention metadata ---------------------------------------------------------------
     def paged_rows_of(self, step: StepLayout, seqs: list[Sequence], device: torch.device) -> list[PagedRows]:
@@ -99,9 +117,11 @@ class TorchOps:
         if len(seqs) == 1:  # nothing to pad: attention cuts the keys at the length
             return PagedRows(start, start + 1, tables, None, lengths[0])
         keys = torch.arange(width * step.block_size, device=device)
-        past_end = keys[None, :] >= torch.tensor(lengths, device=device)[:, None]
+        lengths = torch.tensor(lengths, device=device)
+        past_end = keys[None, :] >= lengths[:, None]
         bias = torch.zeros(past_end.shape, dtype=self.dtype, device=device)
-        return PagedRows(start, start + len(seqs), tables, bias.masked_fill_(past_end, float("-inf"))[None, :, None, :])
+        return PagedRows(start, start + len(seqs), tables, bias.masked_fill_(past_end, float("-inf"))[None, :, None, :],
+                         lengths=lengths)  # a sliding window's bias is made from the lengths
 
     def _prefill_chunk(self, step: StepLayout, seq: Sequence, n: int, q_start: int,
                        device: torch.device) -> PrefillChunk:

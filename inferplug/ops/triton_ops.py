@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import torch
 
+
 from inferplug.kernels.layer_ops import add_rms_norm, rope_, store_kv
+from inferplug.kernels.moe_gemm import grouped_matmul
 from inferplug.kernels.paged_attention import paged_attention_decode
 from inferplug.kernels.prefill_attention import prefill_attention
 from inferplug.ops.attention import AttentionContext, PagedRows, PackedPrefill
@@ -19,6 +21,7 @@ from inferplug.ops.torch_ops import TorchOps
 
 class TritonOps(TorchOps):
     name = "triton"
+    grouped_matmul = staticmethod(grouped_matmul)  # every selected expert of an MoE layer in one launch
 
     def context(self, step: StepLayout, slot_mapping: torch.Tensor) -> AttentionContext:
         ctx = AttentionContext(slot_mapping, len(step.decodes), step.verify_rows)
@@ -62,23 +65,23 @@ class TritonOps(TorchOps):
         store_kv(k_cache, v_cache, k, v, ctx.slot_mapping)
         return q, k, v
 
-    def attention(self, q, k, v, k_cache, v_cache, ctx: AttentionContext, scale: float) -> torch.Tensor:
+    def attention(self, q, k, v, k_cache, v_cache, ctx: AttentionContext, scale: float, window: int = 0) -> torch.Tensor:
         rows = ctx.decode_rows
         if ctx.packed_prefill is None:  # a decode step: the kernel writes the whole output
-            return self.decode(q, k_cache, v_cache, ctx.paged_rows[0], scale).flatten(1)
+            return self.decode(q, k_cache, v_cache, ctx.paged_rows[0], scale, window).flatten(1)
         out = torch.empty_like(q)
         if rows:
-            out[:rows] = self.decode(q[:rows], k_cache, v_cache, ctx.paged_rows[0], scale)
-        out[rows:] = self.prefill(q[rows:], k_cache, v_cache, ctx.packed_prefill, scale)
+            out[:rows] = self.decode(q[:rows], k_cache, v_cache, ctx.paged_rows[0], scale, window)
+        out[rows:] = self.prefill(q[rows:], k_cache, v_cache, ctx.packed_prefill, scale, window)
         return out.flatten(1)
 
-    def decode(self, q, k_cache, v_cache, rows: PagedRows, scale: float) -> torch.Tensor:
-        return paged_attention_decode(q, k_cache, v_cache, rows.block_tables, rows.lengths, scale)
+    def decode(self, q, k_cache, v_cache, rows: PagedRows, scale: float, window: int = 0) -> torch.Tensor:
+        return paged_attention_decode(q, k_cache, v_cache, rows.block_tables, rows.lengths, scale, window=window)
 
-    def prefill(self, q, k_cache, v_cache, packed: PackedPrefill, scale: float) -> torch.Tensor:
+    def prefill(self, q, k_cache, v_cache, packed: PackedPrefill, scale: float, window: int = 0) -> torch.Tensor:
         """The prefill rows' attention: each chunk's K/V is in the pools already, with its cached prefix."""
         return prefill_attention(q, k_cache, v_cache, packed.cu_seqlens, packed.ctx_lens, packed.block_tables, scale,
-                                 max_q_len=packed.max_q_len)
+                                 window=window, max_q_len=packed.max_q_len)
 
     def add_rms_norm(self, x, delta, weight, eps: float) -> torch.Tensor:
         return add_rms_norm(x, delta, weight, eps)

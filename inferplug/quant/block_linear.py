@@ -26,7 +26,7 @@ from inferplug.errors import ProfileError
 from inferplug.quant.base import WeightOnlyLinear
 
 BLOCK = 32
-KERNEL_MAX_ROWS = 64  # the longest step decode_layers fuses (models/llama.py)
+KERNEL_MAX_ROWS = 64  # the longest step decode_layers fuses (models/decoder.py)
 PREFILL_GEMMS = ("float32", "bfloat16", "int8")  # how prefill rows multiply: x and weights in this precision
 RUN, WORD = 16, 4  # the quants' interleaving: runs of 16 blocks, 4-byte words
 
@@ -138,13 +138,13 @@ class BlockLinear(WeightOnlyLinear):
 
 
 def set_prefill_gemm(model, path: str) -> None:
-    """Every block layer of `model` (inferplug's LlamaModel, or any nn.Module) multiplies its prefill rows by `path`
+    """Every block layer of `model` (inferplug's DecoderModel, or any nn.Module) multiplies its prefill rows by `path`
     (one of PREFILL_GEMMS), from now on: once per model, never per step, so a prompt's K/V do not depend on when
     it ran."""
     if path not in PREFILL_GEMMS:
         raise ProfileError(f"prefill_gemm = {path!r} is not a prefill path: use one of {', '.join(PREFILL_GEMMS)} (or auto).")
     modules = [model] if isinstance(model, torch.nn.Module) else \
-        [value for layer in model.layers for value in vars(layer).values() if isinstance(value, torch.nn.Module)]
+        [value for layer in model.layers for value in layer.linears() if isinstance(value, torch.nn.Module)]
     for module in (m for top in modules for m in top.modules()):  # an AWQ / GPTQ layer's inner block layer too
         if isinstance(module, BlockLinear):
             module.prefill_gemm = path

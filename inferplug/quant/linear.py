@@ -8,7 +8,7 @@ Decode streams every weight once per step, so it is memory-bound: fewer bytes pe
   path; their fp32 path is ~20x slower than a float matmul), so a float32 model runs these layers in bf16.
 
 Engine wiring (the native engine applies the resolver's Plan.weight_format):
-    quantize_model(model, "int8")          # LlamaModel or any nn.Module, in place
+    quantize_model(model, "int8")          # DecoderModel or any nn.Module, in place
     linear(x, weight, bias)                # in llama.py instead of F.linear: float tensor or quantized layer
 """
 
@@ -26,7 +26,6 @@ from inferplug.quant.block_linear import Q4Linear, Q8HeadLinear, Q8Linear
 # 32 = GGUF's legacy block: a Q4_0/Q4_1 source maps onto the int4 grid almost exactly (SmolLM2 Q4_1:
 # min logit cosine 0.986 at 32 vs -0.18 at 64/128).
 INT4_GROUP_SIZE = 32
-_LLAMA_LAYER_WEIGHTS = ("qkv", "o", "gate_up", "down")
 
 
 class Fp16Linear(WeightOnlyLinear):
@@ -137,7 +136,7 @@ def layer_class(fmt: str, device: str) -> type[WeightOnlyLinear]:
 def quantize_model(model, fmt: str):
     """Replace the model's linear weights by `fmt` ("fp16" / "int8" / "int4") layers in place; returns the model.
 
-    Every layer gets `fmt` but the lm_head, which gets `head_layer`. inferplug's LlamaModel has each layer's
+    Every layer gets `fmt` but the lm_head, which gets `head_layer`. inferplug's DecoderModel has each layer's
     fused qkv / o / gate_up / down weights replaced and its embedding table stays float (a tied lm_head gets
     its own copy); an nn.Module (a transformers model, the tests' reference) has its nn.Linear children
     swapped, its `lm_head` child as the head.
@@ -152,10 +151,8 @@ def quantize_model(model, fmt: str):
         if isinstance(model, nn.Module):
             _swap_linears(model, fmt, layer_cls)
             return model
-        for layer in model.layers:
-            for name in _LLAMA_LAYER_WEIGHTS:
-                if isinstance(getattr(layer, name), torch.Tensor):  # loaded as a layer already, or float
-                    setattr(layer, name, layer_cls.from_float(getattr(layer, name)))
+        for layer in model.layers:  # a weight loaded as a layer already stays as it is
+            layer.map_linears(lambda w: layer_cls.from_float(w) if isinstance(w, torch.Tensor) else w)
         if isinstance(model.lm_head, torch.Tensor):
             model.lm_head = head_layer(model.lm_head, float_fmt)
     return model

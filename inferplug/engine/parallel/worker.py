@@ -25,7 +25,7 @@ class WorkerSpec:
 
 
 def init_rank(spec: WorkerSpec):
-    """Join the process group and build this rank's model: (LlamaModel, device)."""
+    """Join the process group and build this rank's model: (DecoderModel, device)."""
     import torch
     import torch.distributed as dist
 
@@ -44,11 +44,11 @@ def init_rank(spec: WorkerSpec):
 
 
 def rank_model(spec: WorkerSpec, shard: dict, group, device: str):
-    from inferplug.models.llama import LlamaModel
+    from inferplug.models.decoder import DecoderModel
     from inferplug.models.shard import rank_config
 
     config = spec.engine_config
-    return LlamaModel(rank_config(spec.model_config, spec.size), shard, dtype=config.torch_dtype, device=device,
+    return DecoderModel(rank_config(spec.model_config, spec.size), shard, dtype=config.torch_dtype, device=device,
                       attention=config.attention, kv_dtype=config.torch_kv_dtype, parallel=group)
 
 

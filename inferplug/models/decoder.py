@@ -1,0 +1,211 @@
+"""The decoder every family runs (models/registry.py), over paged KV pools: Llama's, with each family's
+differences (models/family.py) switched on where the family has them.
+
+Weights arrive as a HF state dict (HF parameter names and values); q/k/v and gate/up are fused at load so a layer
+runs three big matmuls instead of five small ones. `forward` takes the flat tokens of one engine step and an
+AttentionContext; `compute_logits` runs the head only on rows that sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+
+from inferplug.models.config import ModelConfig
+from inferplug.models.moe import MoeWeights, moe_mlp
+from inferplug.models.registry import family
+from inferplug.models.rope import rope_tables
+from inferplug.ops import select_ops
+from inferplug.ops.attention import AttentionContext
+from inferplug.ops.parallel_group import SINGLE, SingleDevice
+from inferplug.quant.checkpoint_layers import fold_down_order, fuse_rows  # torch.cat, or an AWQ / GPTQ checkpoint's layers
+from inferplug.quant.linear import linear  # F.linear, or a weight-only int8/int4 layer's kernel
+
+LINEARS = ("qkv", "o", "gate_up", "down")  # a layer's linear weights (an MoE layer's MLP is in `moe`)
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv: Any
+    qkv_bias: torch.Tensor | None
+    o: Any
+    post_norm: torch.Tensor  # the MLP's input norm
+    gate_up: Any  # None in an MoE layer
+    down: Any
+    q_norm: torch.Tensor | None = None  # QK-norm: per head, before RoPE
+    k_norm: torch.Tensor | None = None
+    attn_out_norm: torch.Tensor | None = None  # sandwich norms: on the attention and MLP outputs
+    mlp_out_norm: torch.Tensor | None = None
+    moe: MoeWeights | None = None
+    window: int = 0  # the sliding window it attends in (0: the whole context)
+
+    def linears(self) -> Iterator[Any]:
+        """Every linear weight of the layer, its experts' too."""
+        yield from (getattr(self, name) for name in LINEARS if getattr(self, name) is not None)
+        if self.moe is not None:
+            yield from self.moe.gate_up
+            yield from self.moe.down
+
+    def map_linears(self, convert: Callable[[Any], Any]) -> None:
+        for name in LINEARS:
+            if getattr(self, name) is not None:
+                setattr(self, name, convert(getattr(self, name)))
+        if self.moe is not None:
+            self.moe.gate_up[:] = map(convert, self.moe.gate_up)
+            self.moe.down[:] = map(convert, self.moe.down)
+
+
+class DecoderModel:
+    def __init__(self, config: ModelConfig, state_dict: dict[str, torch.Tensor], *, dtype: torch.dtype, device: str = "cpu",
+                 attention: str = "auto", kv_dtype: torch.dtype | None = None, parallel: SingleDevice = SINGLE):
+        """`parallel`: this rank's group under tensor parallelism (engine/parallel): `config` and `state_dict` are
+        then the rank's share of the heads and its slices of the weights. The model consumes `state_dict` (each entry
+        is popped as it is taken), so a fused projection's parts are freed as it is made: at 7B, holding them to the
+        end doubles every q/k/v and gate/up, 2.8 GB."""
+        self.config = config
+        self.family = fam = family(config.family)
+        self.parallel = parallel
+        self.dtype, self.device = dtype, torch.device(device)
+        self.kv_dtype = kv_dtype or dtype  # the pools' dtype (the plan's kv_dtype)
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.scale = config.attention_scale or self.head_dim**-0.5
+
+        def take(name: str) -> Any:
+            if name not in state_dict:
+                raise KeyError(f"weight {name!r} is missing from the checkpoint")
+            weight = state_dict.pop(name)
+            if not isinstance(weight, torch.Tensor):  # an AWQ / GPTQ layer, loaded on its device
+                return weight
+            return weight.to(device=self.device, dtype=dtype).contiguous()
+
+        def norm(name: str) -> torch.Tensor:  # the multiplier the norm applies (Gemma's HF weights are w, for 1 + w)
+            weight = take(name)
+            return weight + 1 if fam.norms_plus_one else weight
+
+        def maybe_norm(name: str) -> torch.Tensor | None:
+            return norm(name) if name in state_dict else None
+
+        self.embed = take("model.embed_tokens.weight")
+        # Gemma scales the embedding by sqrt(hidden), rounded to the model's dtype as HF does
+        self.embed_scale = torch.tensor(config.hidden_size**0.5, dtype=dtype).item() if fam.scaled_embedding else None
+        self.norm = norm("model.norm.weight")
+        if config.tie_word_embeddings or "lm_head.weight" not in state_dict:
+            self.lm_head = self.embed
+        else:
+            self.lm_head = take("lm_head.weight")
+        self.layers = []
+        for i in range(config.num_hidden_layers):
+            p = f"model.layers.{i}."
+            attn = [take(f"{p}self_attn.{n}_proj.weight") for n in "qkv"]
+            bias = None
+            if f"{p}self_attn.q_proj.bias" in state_dict:
+                bias = torch.cat([take(f"{p}self_attn.{n}_proj.bias") for n in "qkv"])
+            gate_up = down = moe = None
+            if config.is_moe_layer(i):
+                moe = MoeWeights.take(take, f"{p}mlp.", config.num_experts)
+            else:
+                gate_up = fuse_rows([take(f"{p}mlp.gate_proj.weight"), take(f"{p}mlp.up_proj.weight")])
+                gate_up, down = fold_down_order(gate_up, take(f"{p}mlp.down_proj.weight"))  # GPTQ act-order's, if any
+            sandwich = fam.sandwich_norms
+            self.layers.append(LayerWeights(
+                input_norm=norm(f"{p}input_layernorm.weight"),
+                qkv=fuse_rows(attn),
+                qkv_bias=bias,
+                o=take(f"{p}self_attn.o_proj.weight"),
+                post_norm=norm(f"{p}pre_feedforward_layernorm.weight" if sandwich else f"{p}post_attention_layernorm.weight"),
+                gate_up=gate_up,
+                down=down,
+                q_norm=maybe_norm(f"{p}self_attn.q_norm.weight"),
+                k_norm=maybe_norm(f"{p}self_attn.k_norm.weight"),
+                attn_out_norm=norm(f"{p}post_attention_layernorm.weight") if sandwich else None,
+                mlp_out_norm=norm(f"{p}post_feedforward_layernorm.weight") if sandwich else None,
+                moe=moe,
+                window=config.window(i),
+            ))
+        self.cos, self.signed_sin = rope_tables(config, self.device)
+        # sliding-window layers with their own RoPE base (Gemma 3's 10k beside its global 1M), unscaled
+        self.local_rope = None
+        if config.rope_local_theta is not None:
+            self.local_rope = rope_tables(config, self.device, theta=config.rope_local_theta, scaling=None)
+        # The ops interface (ops/): C++ CPU kernels, Triton or torch, chosen here once.
+        self.ops = select_ops(attention, self.device, dtype, self.kv_dtype, self.head_dim)
+        self.activation = self.ops.silu_mul if fam.activation == "silu" else self.ops.gelu_tanh_mul
+
+    def rope_of(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `layer`'s RoPE tables (cos, signed sin): a sliding layer's own base where the family has one."""
+        if self.local_rope is not None and self.layers[layer].window:
+            return self.local_rope
+        return self.cos, self.signed_sin
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        shape = (self.num_kv_heads, num_blocks, block_size, self.head_dim)  # heads outermost: see ops/attention.py
+        return [
+            (torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
+             torch.zeros(shape, dtype=self.kv_dtype, device=self.device))
+            for _ in self.layers
+        ]
+
+    def decode_weight_bytes(self) -> int:
+        """Bytes of weights one decode step streams: every layer and the head (the embedding gives one row). An MoE
+        layer counts the experts a token reads (top k of them), not all of them."""
+        def size(w) -> int:
+            return w.nbytes if isinstance(w, torch.Tensor) else w.nbytes()
+
+        total = size(self.lm_head) + self.norm.nbytes
+        for layer in self.layers:
+            total += sum(size(w) for name, w in vars(layer).items() if isinstance(w, torch.Tensor) or
+                         (name in LINEARS and w is not None))
+            if layer.moe is not None:
+                experts = len(layer.moe.down)
+                per_expert = sum(size(w) for w in (*layer.moe.gate_up, *layer.moe.down)) / experts
+                total += size(layer.moe.router) + int(per_expert * self.config.num_experts_per_tok)
+        return total
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext, kv_caches) -> torch.Tensor:
+        x = self.parallel.embed(input_ids, self.embed)
+        if self.embed_scale is not None:
+            x = x * self.embed_scale
+        ops, eps, reduce = self.ops, self.config.rms_norm_eps, self.parallel.all_reduce
+        # every layer in one kernel call (CPU, block weights); not under tensor parallel, which all-reduces between
+        if self.family.fused_decode and self.parallel.size == 1 and ops.run_layers(self, x, positions, ctx, kv_caches):
+            return x
+        delta = None  # each residual branch is added inside the next norm: one fused op
+        # the rows that take decode arithmetic (quant/block_linear.py); None: all of them
+        rows = ctx.decode_rows + ctx.verify_rows
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
+            h = ops.add_rms_norm(x, delta, layer.input_norm, eps)
+            qkv = linear(h, layer.qkv, layer.qkv_bias, rows)
+            if layer.q_norm is not None:
+                ops.qk_rms_norm_(qkv, layer.q_norm, layer.k_norm, self.num_heads, self.num_kv_heads, eps)
+            q, k, v = ops.rope_and_store(qkv, positions, *self.rope_of(i), k_cache, v_cache, ctx, self.num_heads)
+            attn = ops.attention(q, k, v, k_cache, v_cache, ctx, self.scale, layer.window)
+            out = reduce(linear(attn, layer.o, None, rows))
+            if layer.attn_out_norm is not None:
+                out = ops.add_rms_norm(out, None, layer.attn_out_norm, eps)
+            h = ops.add_rms_norm(x, out, layer.post_norm, eps)
+            if layer.moe is not None:
+                delta = reduce(moe_mlp(h, layer.moe, self.config.num_experts_per_tok, self.config.norm_topk_prob,
+                                       self.activation, rows, ops.grouped_matmul))
+            else:
+                delta = reduce(linear(self.activation(linear(h, layer.gate_up, None, rows)), layer.down, None, rows))
+            if layer.mlp_out_norm is not None:
+                delta = ops.add_rms_norm(delta, None, layer.mlp_out_norm, eps)
+            if ctx.probe is not None and i == ctx.probe.layer:  # selective recompute: only the deviating rows go on
+                kept, ctx = ctx.probe.narrow(k)
+                x, delta, positions = x[kept], delta[kept], positions[kept]
+        return x.add_(delta)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 logits for the given rows of hidden states."""
+        logits = linear(self.ops.add_rms_norm(hidden.contiguous(), None, self.norm, self.config.rms_norm_eps),
+                        self.lm_head).float()
+        cap = self.config.final_logit_softcap
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return self.parallel.gather_logits(logits, self.config.vocab_size)

@@ -1,0 +1,39 @@
+"""What a model family is: how its decoder differs from Llama's, and where its config and tensors live.
+
+The decoder (models/decoder.py) is Llama's, with every difference below a switch; a family module
+(models/families/<name>.py) sets the switches that apply to it and reads its own config fields. Adding a family is
+that module, its entry in models/registry.py and its test fixtures: the engine, the scheduler, the server and the
+integrations never see which family runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from inferplug.models.gguf import GGUFFile
+
+ACTIVATIONS = ("silu", "gelu_tanh")  # the gated MLP's: SwiGLU, GeGLU (gelu with the tanh approximation)
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    hf_model_types: tuple[str, ...]  # config.json's model_type values
+    gguf_architectures: tuple[str, ...]  # GGUF general.architecture values
+    qk_norm: bool = False  # a per-head RMSNorm on q and k, before RoPE (Qwen3, Gemma 3)
+    norms_plus_one: bool = False  # a norm scales by 1 + w: HF stores w, llama.cpp's GGUF w + 1 (Gemma)
+    sandwich_norms: bool = False  # norms on the attention and MLP outputs too, before the residual add (Gemma 3)
+    scaled_embedding: bool = False  # the embedding times sqrt(hidden) (Gemma)
+    activation: str = "silu"
+    gguf_interleaved_rope: bool = False  # llama.cpp's converter interleaves Q/K rows (NORM RoPE): undone at load
+    # GGUF layer tensor part -> HF module, where the family's differ from Llama's (models/gguf_convert._LAYER_NAMES)
+    gguf_layer_names: dict[str, str] = field(default_factory=dict)
+    # the family's own config fields (ModelConfig keyword arguments) from config.json, and from a GGUF's metadata
+    hf_fields: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    gguf_fields: Callable[["GGUFFile"], dict[str, Any]] | None = None
+    # which decoder paths cover it (the rest run the layer-by-layer ops): the CPU whole-stack decode kernel, and
+    # what keeps it out (resolve says so)
+    fused_decode: bool = False
+    unfused_why: str = ""

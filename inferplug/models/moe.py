@@ -1,0 +1,94 @@
+"""A mixture-of-experts MLP (Qwen3-MoE): a router picks top-k experts a row, each a gated MLP of its own.
+
+The experts run grouped: each expert the step selected is read once, for all the rows that chose it (vLLM's
+fused_moe and llama.cpp's mul_mat_id group the same way). On the CPU (and for block weights anywhere) that is one
+matmul pair per selected expert, a row's output summing its experts in ascending expert order; where the ops offer
+a grouped GEMM (Triton on CUDA: kernels/moe_gemm.py) every expert runs in one launch a projection, a row's output
+summing its k experts in the router's order. Either way a row's output does not depend on its batch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from inferplug.quant.checkpoint_layers import fuse_rows
+from inferplug.quant.linear import linear
+
+
+@dataclass
+class MoeWeights:
+    router: torch.Tensor  # [experts, hidden]
+    gate_up: list[Any]  # per expert: gate and up rows fused, a tensor or the layer that runs its blocks
+    down: list[Any]
+    _stacked: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+
+    def stacked(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The float experts as [experts, 2 * inter, hidden] and [experts, hidden, inter] (a grouped GEMM's
+        operands), made once; each expert's entry becomes a view of them, so nothing is held twice. None for
+        block weights."""
+        if self._stacked is None and all(isinstance(w, torch.Tensor) for w in (*self.gate_up, *self.down)):
+            self._stacked = torch.stack(self.gate_up), torch.stack(self.down)
+            self.gate_up[:], self.down[:] = self._stacked[0].unbind(0), self._stacked[1].unbind(0)
+        return self._stacked
+
+    @classmethod
+    def take(cls, take: Callable[[str], Any], prefix: str, experts: int) -> "MoeWeights":
+        """The router and experts under `prefix` (e.g. "model.layers.3.mlp."), HF's per-expert names."""
+        gate_up = [fuse_rows([take(f"{prefix}experts.{e}.gate_proj.weight"), take(f"{prefix}experts.{e}.up_proj.weight")])
+                   for e in range(experts)]
+        down = [take(f"{prefix}experts.{e}.down_proj.weight") for e in range(experts)]
+        return cls(take(f"{prefix}gate.weight"), gate_up, down)
+
+
+ROUTER_ROWS = 16  # rows a router product takes at once: [16, experts, hidden] floats (16 MB at 30B-A3B)
+
+
+def router_logits(h: torch.Tensor, router: torch.Tensor) -> torch.Tensor:
+    """h @ router.T with each row's sums in one order whatever the row count (a GEMM's blocking changes with it, and
+    a last-bit change in a router logit can change an expert): products, then a sum over hidden, in row chunks."""
+    return torch.cat([(part[:, None, :] * router[None]).sum(dim=-1) for part in h.split(ROUTER_ROWS)])
+
+
+def moe_mlp(h: torch.Tensor, moe: MoeWeights, top_k: int, renormalize: bool,
+            activation: Callable[[torch.Tensor], torch.Tensor], decode_rows: int | None,
+            grouped_matmul: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
+    """The MoE MLP of rows `h` ([T, hidden]). `decode_rows`: the leading rows that take decode arithmetic in
+    block layers (quant/block_linear.py); None: all of them. `grouped_matmul`: the ops' grouped GEMM, if any."""
+    probs = torch.softmax(router_logits(h, moe.router).float(), dim=-1)
+    weights, chosen = probs.topk(top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    weights = weights.to(h.dtype)
+    stacked = moe.stacked() if grouped_matmul is not None else None
+    if stacked is not None:
+        return _grouped(h, stacked, chosen, weights, activation, grouped_matmul)
+    out = torch.zeros_like(h)
+    for expert in chosen.unique().tolist():  # ascending: each row's sum in one order
+        rows, slot = (chosen == expert).nonzero(as_tuple=True)
+        decode = None if decode_rows is None else int((rows < decode_rows).sum())
+        y = linear(activation(linear(h[rows], moe.gate_up[expert], None, decode)), moe.down[expert], None, decode)
+        out.index_add_(0, rows, y * weights[rows, slot, None])
+    return out
+
+
+def _grouped(h: torch.Tensor, stacked: tuple[torch.Tensor, torch.Tensor], chosen: torch.Tensor, weights: torch.Tensor,
+             activation: Callable[[torch.Tensor], torch.Tensor], grouped_matmul: Callable[..., torch.Tensor]):
+    """Every selected expert in one grouped GEMM a projection: the (row, choice) pairs laid out expert by expert
+    (kernels/moe_gemm_ref.expert_tiles), gate/up from the rows in place, down from those slots, then each row's
+    k outputs summed in the router's order (no atomics: the same bits in any batch)."""
+    from inferplug.kernels.moe_gemm import BLOCK_M
+    from inferplug.kernels.moe_gemm_ref import expert_tiles
+
+    gate_up, down = stacked
+    tokens, top_k = chosen.shape
+    pairs, tiles = expert_tiles(chosen, gate_up.shape[0], BLOCK_M)
+    valid = pairs >= 0
+    rows = torch.where(valid, pairs // top_k, -1)
+    hidden = activation(grouped_matmul(h, gate_up, rows, tiles))  # padding slots: activation(0) = 0, never read
+    slots = torch.where(valid, torch.arange(len(pairs), device=h.device), -1)
+    out = grouped_matmul(hidden.contiguous(), down, slots, tiles)
+    by_pair = torch.empty(tokens * top_k, out.shape[1], dtype=out.dtype, device=out.device)
+    by_pair[pairs[valid]] = out[valid]
+    return (by_pair.view(tokens, top_k, -1) * weights[..., None]).sum(dim=1)

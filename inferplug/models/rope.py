@@ -1,0 +1,70 @@
+"""RoPE tables: fp32 cos and signed sin for every position, with HF's rope_scaling kinds (linear, llama3, yarn)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from inferplug.models.config import ModelConfig
+
+
+def rope_tables(config: ModelConfig, device: torch.device, *, theta: float | None = None,
+                scaling: dict | None | bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 cos and signed sin (see ops/torch_ops.apply_rope) for every position up to max_position_embeddings:
+    [positions, head_dim]. `theta` and `scaling` replace the config's (a sliding layer's own base, unscaled)."""
+    dim = config.head_dim
+    base = config.rope_theta if theta is None else theta
+    scaling = config.rope_scaling if scaling is True else scaling
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    inv_freq, magnitude = scale_inv_freq(inv_freq, scaling, base, dim)
+    positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
+    freqs = torch.outer(positions, inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, signed_sin = emb.cos(), torch.cat((-freqs.sin(), freqs.sin()), dim=-1)
+    if magnitude != 1.0:  # YaRN's attention factor, on cos and sin as HF applies it
+        cos, signed_sin = cos * magnitude, signed_sin * magnitude
+    return cos.to(device), signed_sin.to(device)
+
+
+def scale_inv_freq(inv_freq: torch.Tensor, scaling: dict | None, base: float, dim: int) -> tuple[torch.Tensor, float]:
+    """HF rope_scaling applied: 'linear', 'llama3' and 'yarn'; 'default' or none leaves it alone. Returns the
+    frequencies and the factor on cos and sin (YaRN's; 1 for the others)."""
+    kind = (scaling or {}).get("rope_type") or (scaling or {}).get("type") or "default"
+    if kind == "default":
+        return inv_freq, 1.0
+    factor = float(scaling["factor"])
+    if kind == "linear":
+        return inv_freq / factor, 1.0
+    if kind == "llama3":
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_len = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        return torch.where(medium, smoothed, scaled), 1.0
+    if kind == "yarn":
+        return _yarn(inv_freq, scaling, factor, base, dim)
+    raise ValueError(f"rope_scaling type {kind!r} is not supported; use a model with default, linear, llama3 or "
+                     "yarn RoPE")
+
+
+def _yarn(inv_freq: torch.Tensor, scaling: dict, factor: float, base: float, dim: int) -> tuple[torch.Tensor, float]:
+    """YaRN (arXiv 2309.00071) as HF's _compute_yarn_parameters: high frequencies kept, low ones interpolated by
+    `factor`, a linear ramp between the dims that turn beta_fast and beta_slow times over the original context."""
+    old_len = float(scaling.get("original_max_position_embeddings") or 4096)
+    fast, slow = float(scaling.get("beta_fast") or 32), float(scaling.get("beta_slow") or 1)
+
+    def dim_of(rotations: float) -> float:
+        return dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = max(math.floor(dim_of(fast)), 0), min(math.ceil(dim_of(slow)), dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolated = 1 - ramp
+    mixed = inv_freq / factor * (1 - extrapolated) + inv_freq * extrapolated
+    magnitude = scaling.get("attention_factor") or (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
+    return mixed, float(magnitude)
