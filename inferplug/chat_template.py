@@ -12,18 +12,28 @@ from inferplug.stages.prompt_bound import check_text_fits
 from inferplug.stages.reasoning import detect_parser
 
 
+# what render_chat passes apply_chat_template itself: a request's template variables may not replace them
+_RENDER_ARGUMENTS = {"conversation", "messages", "tools", "chat_template", "tokenize", "add_generation_prompt"}
+
+
 def render_chat(tokenizer: Any, template: str | None, messages: list[dict[str, Any]],
-                tools: list[dict[str, Any]] | None = None) -> str:
+                tools: list[dict[str, Any]] | None = None, template_kwargs: dict[str, Any] | None = None) -> str:
     """The prompt for `messages` (and OpenAI tool schemas), ending with the assistant's turn; `template`: the
-    profile's (profile_template), None for the tokenizer's."""
+    profile's (profile_template), None for the tokenizer's. `template_kwargs`: the request's extra template
+    variables (Request.chat_template_kwargs: Qwen3's enable_thinking)."""
     if template is None and not getattr(tokenizer, "chat_template", None):
         raise RequestError(
             "the model has no chat template: set [model] chat_template in the profile, or send a plain prompt",
             param="messages",
         )
+    clash = _RENDER_ARGUMENTS & set(template_kwargs or {})
+    if clash:
+        raise RequestError(f"chat_template_kwargs may not set {sorted(clash)}: the request gives those itself; "
+                           "drop them from chat_template_kwargs", param="chat_template_kwargs")
     try:
         return tokenizer.apply_chat_template(
-            messages, tools=tools, chat_template=template, tokenize=False, add_generation_prompt=True
+            messages, tools=tools, chat_template=template, tokenize=False, add_generation_prompt=True,
+            **(template_kwargs or {}),
         )
     except Exception as exc:  # noqa: BLE001 - a template error is the request's or profile's problem, reported as such
         raise RequestError(f"the chat template cannot render these messages: {exc}", param="messages") from exc

@@ -39,8 +39,12 @@ class RequestOutput:
     usage: Usage | None = None
     metrics: Timings | None = None
     finished: bool = False
+    # SamplingParams.prompt_logprobs: per prompt token (None for the first), as vLLM's RequestOutput has them
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     def add(self, event: Event) -> None:
+        if event.prompt_logprobs is not None:
+            self.prompt_logprobs = event.prompt_logprobs
         choice = self.outputs[event.index]
         choice.text += event.text
         choice.token_ids += event.token_ids

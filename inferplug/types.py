@@ -154,6 +154,8 @@ class Request:
     # RAG cache hints: spans of the rendered prompt, or documents (rag.RagDocument) the prompt stage finds in it
     documents: list[Any] | None = None
     cache_salt: str | None = None  # isolates this request's prefix-cache entries
+    # extra variables for the chat template, as vLLM's chat_template_kwargs (Qwen3's {"enable_thinking": False})
+    chat_template_kwargs: dict[str, Any] | None = None
     client: str | None = None  # who asked (the server's tenant or remote address): admission is shared out by client
 
     def __post_init__(self) -> None:

@@ -72,12 +72,14 @@ class Backend(ABC):
         return None
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> str:
-        """Render chat messages to prompt text, ending with the assistant's turn."""
+        """Render chat messages to prompt text, ending with the assistant's turn (`template_kwargs`: the template's
+        extra variables, Request.chat_template_kwargs)."""
         from inferplug.chat_template import profile_template, render_chat
 
-        return render_chat(self.tokenizer, profile_template(self.profile), messages, tools)
+        return render_chat(self.tokenizer, profile_template(self.profile), messages, tools, template_kwargs)
 
     @cached_property
     def reasoning_parser(self) -> str | None:

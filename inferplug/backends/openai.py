@@ -231,6 +231,8 @@ class OpenAIBackend(Backend):
                 body.update(logprobs=True, top_logprobs=p.logprobs)
             if (response_format := _response_format(request)) is not None:
                 body["response_format"] = response_format
+            if request.chat_template_kwargs:  # vLLM's and our server's extension; a server without it ignores it
+                body["chat_template_kwargs"] = request.chat_template_kwargs
             return "/chat/completions", body
         if p.json_schema is not None:
             raise RequestError("json_schema needs chat messages on the openai backend", param="json_schema")

@@ -81,12 +81,14 @@ def build_request(
     response_format: dict[str, Any] | None = None,
     documents: list[Any] | None = None,
     memory: DocumentMemory | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> Prepared:
     """A Request for `backend`: sampling `options` (None values: the profile's default; `stop` is merged)
     over the profile's [sampling], tool constraints, the response format's schema, and document cache hints
     for the `documents` given or those `memory` finds in the prompt. `parallel_tool_calls` is OpenAI's: the
     server passes the client's (default true); the integrations constrain to one call, as before. `params`: a
-    SamplingParams taken whole instead (the offline LLM's, as vLLM's), with no options or response format."""
+    SamplingParams taken whole instead (the offline LLM's, as vLLM's), with no options or response format.
+    `chat_template_kwargs`: the chat template's extra variables (Qwen3's enable_thinking), as vLLM takes them."""
     schema = response_schema(response_format) if response_format is not None else None
     if params is None:
         options = dict(options or {})
@@ -117,7 +119,8 @@ def build_request(
     request = Request(prompt=prompt, messages=messages, params=params, tools=offered or None, documents=hints,
                       tool_choice=_openai_tool_choice(offered, required, tool_choice) if offered else None,
                       parallel_tool_calls=parallel if offered else None,
-                      response_format=response_format if schema is not None else None)
+                      response_format=response_format if schema is not None else None,
+                      chat_template_kwargs=chat_template_kwargs or None)
     return Prepared(request, offered, required, parallel, backend)
 
 

@@ -79,7 +79,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     choice = body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump") else body.tool_choice
     prepared = build_request(backend, messages=[m.as_dict() for m in body.messages], options=body.to_options(),
                              tools=tools, tool_choice=choice, parallel_tool_calls=body.parallel_tool_calls,
-                             response_format=body.response_format)
+                             response_format=body.response_format, chat_template_kwargs=body.chat_template_kwargs)
     return await _generate("chat", body, [prepared], request, body.logprobs)
 
 

@@ -149,6 +149,7 @@ class ChatCompletionRequest(_Common):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
     response_format: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension: {"enable_thinking": false} for Qwen3
 
     def to_options(self) -> dict[str, Any]:
         if self.top_logprobs is not None and not self.logprobs:

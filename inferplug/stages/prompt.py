@@ -4,6 +4,7 @@ token limit the room left allows. The native engine and the local third-party ba
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from inferplug.chat_template import encode_chat
@@ -51,12 +52,15 @@ class EncodedPrompt(NamedTuple):
 def encode_prompt(tokenizer: Any, render: Callable[..., str] | None, request: Request,
                   context_length: int) -> EncodedPrompt:
     """The request's prompt as token ids, its text when it had one, and its documents' spans in that text (the native
-    engine and the local backends alike); `render(messages, tools)` renders a chat. A text that surely
+    engine and the local backends alike); `render(messages, tools)` renders a chat (`template_kwargs=` as well
+    when the request has chat_template_kwargs). A text that surely
     overflows `context_length` is refused before it is tokenized (stages/prompt_bound.py). Raises RequestError on
     bad input."""
     if request.messages is not None:
         if render is None:
             raise RequestError("this engine has no chat template; send a prompt instead", param="messages")
+        if request.chat_template_kwargs:
+            render = partial(render, template_kwargs=request.chat_template_kwargs)
         ids, text = encode_chat(tokenizer, render, request.messages, request.tools, context_length)
     elif isinstance(request.prompt, str):
         check_text_fits(tokenizer, request.prompt, context_length, "prompt")

@@ -31,6 +31,9 @@ from langchain_inferplug.tool_stream import ToolCallStream, call_chunk
 class ChatInferPlug(InferPlugFields, BaseChatModel):
     """`ChatInferPlug(profile="smollm2-135m")`: every instance naming a profile shares one loaded engine."""
 
+    chat_template_kwargs: dict[str, Any] | None = None
+    """The chat template's extra variables for every call (a call's own `chat_template_kwargs=` replaces them), as
+    vLLM's: `{"enable_thinking": False}` turns Qwen3's thinking off."""
     max_retries: int = 2
     """LangChain's standard parameter. Nothing here is retried per call: JSON output is constrained (a backend
     that cannot constrain is refused up front), and a remote profile retries as its [openai] max_retries says."""
@@ -50,6 +53,7 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
             tools=kwargs.get("tools"), tool_choice=kwargs.get("tool_choice"),
             response_format=kwargs.get("response_format"), documents=kwargs.get("documents"),
             memory=self.document_memory,
+            chat_template_kwargs=kwargs.get("chat_template_kwargs", self.chat_template_kwargs),
         )
 
     def _message(self, result: Result, prepared: Prepared) -> AIMessage:

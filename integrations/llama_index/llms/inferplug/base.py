@@ -59,6 +59,9 @@ class InferPlug(FunctionCallingLLM):
                                                            "accepts one and ignores it.")
     temperature: float | None = Field(default=None, description="None: the profile's default.")
     max_tokens: int | None = Field(default=None, description="None: the profile's default.")
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None, description="The chat template's extra variables (Qwen3: {'enable_thinking': False}); a call's "
+                                  "own chat_template_kwargs replaces them.")
     additional_kwargs: dict[str, Any] = Field(default_factory=dict,
                                               description="More sampling options (top_p, repetition_penalty, ...).")
     context_window: int | None = Field(default=None, description="None: the context the engine holds.")
@@ -112,7 +115,8 @@ class InferPlug(FunctionCallingLLM):
         options["stop"] = [*(self.additional_kwargs.get("stop") or []), *(kwargs.get("stop") or [])]
         return build_request(self.backend, options=options, messages=to_chat_dicts(list(messages)),
                                tools=kwargs.get("tools"), tool_choice=kwargs.get("tool_choice"),
-                               documents=kwargs.get("documents"), memory=self._memory)
+                               documents=kwargs.get("documents"), memory=self._memory,
+                               chat_template_kwargs=kwargs.get("chat_template_kwargs", self.chat_template_kwargs))
 
     def _response(self, result: Result, prepared: Prepared, delta: str | None = None,
                   call_id: str | None = None) -> ChatResponse:
