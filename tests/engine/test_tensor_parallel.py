@@ -66,6 +66,25 @@ def test_two_ranks_match_one(tiny_model_dir):
     torch.testing.assert_close(torch.tensor(tops[1]), torch.tensor(tops[0]), atol=1e-4, rtol=1e-4)
 
 
+def test_two_ranks_match_one_for_every_family(tiny_family_dir):
+    """Qwen3's QK-norm weights are per head dimension, so every rank holds them whole; Qwen3-MoE splits each expert
+    as a dense MLP is split (gate/up rows, down columns: every rank reads every chosen expert, a slice of each, and
+    the all-reduce sums them), the router whole on every rank so all ranks choose alike; Gemma 3's sandwich norms
+    run on the reduced sums."""
+    prompts = prompts_of([70, 9, 33], vocab=256, seed=5)
+
+    def run(tp):
+        engine = make_engine(tiny_family_dir, tensor_parallel_size=tp, max_num_batched_tokens=32)
+        try:
+            events = run_all(engine, [Request(prompt=p, params=greedy(10), request_id=str(i))
+                                      for i, p in enumerate(prompts)])
+            return {rid: tokens_of(e) for rid, e in events.items()}
+        finally:
+            engine.close()
+
+    assert run(2) == run(1)
+
+
 def test_beam_search_and_prompt_lookup_at_two_ranks_match_one(tiny_llama_dir):
     """A beam's copy on write copies the block on every rank; verification rows split like any other row."""
     prompt = prompts_of([21], seed=8)[0] * 2  # repeats: prompt lookup finds proposals

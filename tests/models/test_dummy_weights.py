@@ -51,3 +51,26 @@ def test_dummy_weights_run_in_each_format(config_dir, tmp_path, fmt):
     assert isinstance(model.lm_head, head)
     out = llm.generate("hello world", SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))[0]
     assert len(out.outputs[0].token_ids) == 4
+
+
+@pytest.mark.parametrize("fmt", ["gguf", "int8", "none"])
+def test_dummy_weights_of_every_family(tiny_family_dir, tmp_path, fmt):
+    """Each family's own tensors (QK-norm, sandwich norms, an MoE's router and experts) at a geometry the block
+    formats divide, built and run."""
+    from inferplug.llm import LLM
+    from inferplug.types import SamplingParams
+
+    out = tmp_path / "config"
+    out.mkdir()
+    for item in tiny_family_dir.iterdir():
+        if not item.name.endswith(".safetensors"):
+            shutil.copy(item, out / item.name)
+    config = json.loads((out / "config.json").read_text())
+    config.update(hidden_size=256, intermediate_size=512, moe_intermediate_size=256, head_dim=64)
+    (out / "config.json").write_text(json.dumps(config))
+    (tmp_path / "dummy.toml").write_text(
+        f'backend = "native"\ndtype = "float32"\n[model]\npath = "{out}"\nload_format = "dummy"\n'
+        f'[quantization]\nformat = "{fmt}"\n[cache]\nmemory = "16MiB"\n')
+    llm = LLM(str(tmp_path / "dummy.toml"))
+    out = llm.generate("hello world", SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))[0]
+    assert len(out.outputs[0].token_ids) == 4

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from inferplug.models.config import ModelConfig
-from inferplug.models.llama import rope_tables
+from inferplug.models.rope import rope_tables
 from inferplug.quant.block_linear import Q4G128Linear, Q4KLinear, Q4Linear, Q5KLinear, Q6KLinear, Q8Linear
 
 HEADS, KV_HEADS, HEAD_DIM, HIDDEN, INTER, LAYERS = 4, 2, 32, 256, 96, 2
@@ -42,7 +42,7 @@ def model(seed: int, act_order: bool):
 
 
 def layer_by_layer(ops, x, norms, weights, k_caches, v_caches, args):
-    """LlamaModel.forward's kernel calls, one by one, an act-order weight's input gathered by index_select."""
+    """DecoderModel.forward's kernel calls, one by one, an act-order weight's input gathered by index_select."""
     positions, cos, signed_sin, slots, tables, lengths = args
 
     def linear(h, w):

@@ -1,4 +1,4 @@
-"""The fused layer ops (kernels/cpu/layer_ops.cpp) against the torch path they replace in models/llama.py."""
+"""The fused layer ops (kernels/cpu/layer_ops.cpp) against the torch path they replace in models/decoder.py."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from inferplug.models.config import ModelConfig
-from inferplug.models.llama import rope_tables
+from inferplug.models.rope import rope_tables
 from inferplug.ops.attention import write_kv
 from inferplug.ops.torch_ops import apply_rope
 
