@@ -96,12 +96,16 @@ def build(profile_name: str, overrides: dict[str, str]):
 
 
 def answers(engine) -> dict[str, tuple[list[int], str]]:
-    """Each FACTS question's greedy answer: (token ids, text)."""
+    """Each FACTS question's greedy answer: (token ids, text); a base model without a chat template (Gemma 3 270M)
+    is asked completion-style."""
     from inferplug.types import Request, SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=FACT_TOKENS)
+    chat = bool(getattr(engine.tokenizer, "chat_template", None))
     for rid, question in FACTS.items():
-        engine.add_request(Request(messages=[{"role": "user", "content": question}], params=params, request_id=rid))
+        asked = dict(messages=[{"role": "user", "content": question}]) if chat else \
+            dict(prompt=f"Question: {question}\nAnswer:")
+        engine.add_request(Request(**asked, params=params, request_id=rid))
     out: dict[str, tuple[list[int], str]] = {rid: ([], "") for rid in FACTS}
     while engine.has_unfinished():
         for event in engine.step():

@@ -18,11 +18,13 @@ the memory bandwidth set (bandwidth as `doctor --bench` measures it). Medians th
     .venv/bin/python bench/real_size.py --layers 4 --formats gguf,awq,gptq
     .venv/bin/python bench/real_size.py --layers 4 --formats gguf --gguf-mix Q5_K_M
     .venv/bin/python bench/real_size.py --formats gguf,awq --json real-size-7b.json     # ~4 GB a file
+    .venv/bin/python bench/real_size.py --geometry qwen3-8b --formats gguf               # Qwen3-8B, ~4.7 GB
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -32,7 +34,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from inferplug.benchmark.machine import machine
-from inferplug.benchmark.real_size_files import GGUF_MIXES, Geometry, decode_bytes, ensure_model, files_of
+from inferplug.benchmark.real_size_files import GEOMETRIES, GGUF_MIXES, decode_bytes, ensure_model, files_of
 from inferplug.benchmark.real_size_workload import Workload
 
 BENCH = Path(__file__).resolve().parent
@@ -213,7 +215,9 @@ def _available_gib() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", type=Path, default=Path("/work/tmp-realsize"))
-    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--geometry", choices=sorted(GEOMETRIES), default="llama-7b",
+                        help="llama-7b: Llama/Mistral-7B; qwen3-8b: Qwen3-8B (QK-norm, vocabulary 151,936)")
+    parser.add_argument("--layers", type=int, default=None, help="fewer layers than the geometry's")
     parser.add_argument("--formats", default="gguf,awq,gptq")
     parser.add_argument("--gguf-mix", choices=GGUF_MIXES, default="Q4_K_M", help="the GGUF's llama.cpp mix")
     parser.add_argument("--engines", default="llama.cpp,inferplug")
@@ -235,7 +239,8 @@ def main() -> None:
     from inferplug.kernels.cpu import ops
 
     tokenizer_gguf = default_model()
-    geometry = Geometry(layers=args.layers)
+    geometry = GEOMETRIES[args.geometry]
+    geometry = dataclasses.replace(geometry, layers=args.layers or geometry.layers)
     w = Workload(context=args.context, threads=args.threads, vocab=geometry.vocab, prefill_tokens=args.prefill_tokens,
                  decode_tokens=args.decode_tokens, streams=args.streams, repeats=args.repeats)
     engines = args.engines.split(",")

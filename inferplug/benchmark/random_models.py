@@ -20,12 +20,13 @@ GROUP = 128  # the checkpoints' group size
 
 
 def write_random_gguf(out, config: ModelConfig, tokenizer_metadata: dict, type_of=q4_k_m_type, seed: int = 0) -> None:
-    """A llama-architecture GGUF at `config`'s geometry: each matrix of `type_of(name, layer, layers)`, F32 norms of
-    ones, and `tokenizer_metadata` (a GGUF's "tokenizer.*" keys, as models/gguf.read_gguf gives them)."""
+    """A GGUF of `config.architecture` ("llama", or "qwen3" with its QK-norm weights) at `config`'s geometry: each
+    matrix of `type_of(name, layer, layers)`, F32 norms of ones, and `tokenizer_metadata` (a GGUF's "tokenizer.*"
+    keys, as models/gguf.read_gguf gives them)."""
     import gguf
     import numpy as np
 
-    writer = gguf.GGUFWriter(out, "llama")
+    writer = gguf.GGUFWriter(out, config.architecture)
     for add, value in ((writer.add_block_count, config.num_hidden_layers),
                        (writer.add_context_length, config.max_position_embeddings),
                        (writer.add_embedding_length, config.hidden_size),
@@ -35,7 +36,8 @@ def write_random_gguf(out, config: ModelConfig, tokenizer_metadata: dict, type_o
                        (writer.add_rope_dimension_count, config.head_dim),
                        (writer.add_rope_freq_base, config.rope_theta),
                        (writer.add_layer_norm_rms_eps, config.rms_norm_eps),
-                       (writer.add_vocab_size, config.vocab_size)):  # fmt: skip
+                       (writer.add_vocab_size, config.vocab_size),
+                       (writer.add_key_length, config.head_dim), (writer.add_value_length, config.head_dim)):  # fmt: skip
         add(value)
     for key, value in tokenizer_metadata.items():
         if isinstance(value, list):
@@ -55,9 +57,13 @@ def write_random_gguf(out, config: ModelConfig, tokenizer_metadata: dict, type_o
                 (config.vocab_size, hidden))]
     matrices += [(f"blk.{i}.{part}.weight", i, shapes[module]) for i in range(layers) for part, module in parts.items()]
     norms = ["output_norm.weight", *(f"blk.{i}.{n}.weight" for i in range(layers) for n in ("attn_norm", "ffn_norm"))]
+    head_norms = [f"blk.{i}.{n}.weight" for i in range(layers) for n in ("attn_q_norm", "attn_k_norm")] \
+        if config.architecture == "qwen3" else []
     # the writer holds what it is given until it writes, so tensors go in as infos first: one in memory at a time
     for name in norms:
         writer.add_tensor_info(name, (hidden,), np.dtype(np.float32), hidden * 4)
+    for name in head_norms:
+        writer.add_tensor_info(name, (config.head_dim,), np.dtype(np.float32), config.head_dim * 4)
     for name, layer, (rows, cols) in matrices:
         qtype = gguf.GGMLQuantizationType[type_of(name, layer, layers)]
         block_elems, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
@@ -69,6 +75,8 @@ def write_random_gguf(out, config: ModelConfig, tokenizer_metadata: dict, type_o
     generator = torch.Generator().manual_seed(seed)
     for _ in norms:
         writer.write_tensor_data(np.ones(hidden, dtype=np.float32))
+    for _ in head_norms:
+        writer.write_tensor_data(np.ones(config.head_dim, dtype=np.float32))
     for name, layer, (rows, cols) in matrices:
         blocks = random_blocks(type_of(name, layer, layers), (rows, cols), cols**-0.5, generator)
         writer.write_tensor_data(blocks.numpy())

@@ -23,24 +23,31 @@ class Geometry:
     heads: int = 32
     kv_heads: int = 8
     ffn: int = 14336
-    vocab: int = 49152  # SmolLM2's tokenizer; Mistral-7B's 32000 would need a truncated BPE vocabulary and merges
+    vocab: int = 49152  # SmolLM2's tokenizer; a larger vocabulary pads it with tokens nobody writes
     context: int = 32768
     rms_eps: float = 1e-5
     rope_theta: float = 10000.0
+    family: str = "llama"  # the GGUF architecture written: "llama", or "qwen3" (QK-norm weights too)
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
 
+# Qwen3-8B (its config.json): 36 layers, width 4096, 32 heads and 8 KV heads of 128, MLP 12288, vocabulary 151,936
+GEOMETRIES = {"llama-7b": Geometry(),
+              "qwen3-8b": Geometry(layers=36, ffn=12288, vocab=151936, context=40960, rms_eps=1e-6, rope_theta=1e6,
+                                   family="qwen3")}
+
+
 def config(g: Geometry):
     """The geometry as the ModelConfig the writers take."""
     from inferplug.models.config import ModelConfig
 
-    return ModelConfig(architecture="llama", vocab_size=g.vocab, hidden_size=g.hidden, intermediate_size=g.ffn,
+    return ModelConfig(architecture=g.family, vocab_size=g.vocab, hidden_size=g.hidden, intermediate_size=g.ffn,
                        num_hidden_layers=g.layers, num_attention_heads=g.heads, num_key_value_heads=g.kv_heads,
                        head_dim=g.head_dim, max_position_embeddings=g.context, rms_norm_eps=g.rms_eps,
-                       rope_theta=g.rope_theta)
+                       rope_theta=g.rope_theta, family=g.family)
 
 
 def check_gguf(path: Path) -> dict[str, float]:
@@ -64,7 +71,7 @@ GGUF_MIXES = ("Q4_K_M", "Q5_K_M")  # llama.cpp's mixes the GGUF can be written i
 
 
 def model_path(root: Path, fmt: str, g: Geometry, mix: str = "Q4_K_M") -> Path:
-    name = f"random-llama-{g.layers}L"
+    name = f"random-{g.family}-{g.layers}L"
     return root / (f"{name}-{mix}.gguf" if fmt == "gguf" else f"{name}-{fmt}-g{GROUP}")
 
 
@@ -82,13 +89,27 @@ def ensure_model(root: Path, fmt: str, g: Geometry, tokenizer_gguf: Path, mix: s
     from inferplug.models.loader import load_tokenizer
 
     if fmt == "gguf":
-        tokenizer = {k: v for k, v in read_gguf(tokenizer_gguf).metadata.items() if k.startswith("tokenizer.")}
+        tokenizer = padded_vocabulary({k: v for k, v in read_gguf(tokenizer_gguf).metadata.items()
+                                       if k.startswith("tokenizer.")}, g.vocab)
         write_random_gguf(path, config(g), tokenizer, {"Q4_K_M": q4_k_m_type, "Q5_K_M": q5_k_m_type}[mix])
         print(f"  gguf-py dequantization, E[w^2] * fan_in: {check_gguf(path)}", flush=True)
     else:
         write_random_checkpoint(path, config(g), fmt, load_tokenizer(tokenizer_gguf))
     stamp.write_text(json.dumps(asdict(g) | {"writer": WRITER}))
     return path
+
+
+def padded_vocabulary(tokenizer: dict, vocab: int) -> dict:
+    """A GGUF's tokenizer keys with its token list padded to `vocab` by user-defined tokens no text encodes to (a
+    Qwen3-size head and embedding over SmolLM2's BPE)."""
+    tokens, types = tokenizer["tokenizer.ggml.tokens"], tokenizer.get("tokenizer.ggml.token_type")
+    extra = vocab - len(tokens)
+    if extra <= 0:
+        return tokenizer
+    padded = {**tokenizer, "tokenizer.ggml.tokens": [*tokens, *(f"<|unused_{i}|>" for i in range(extra))]}
+    if types is not None:
+        padded["tokenizer.ggml.token_type"] = [*types, *([4] * extra)]  # llama.cpp's LLAMA_TOKEN_TYPE_USER_DEFINED
+    return padded
 
 
 def files_of(path: Path) -> list[Path]:
