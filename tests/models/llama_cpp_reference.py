@@ -45,8 +45,10 @@ def need_llama_cpp():
 def convert(hf_dir: Path, out: Path) -> Path:
     """hf_dir as an F32 GGUF, by llama.cpp's convert_hf_to_gguf.py."""
     root = need_converter()
-    subprocess.run([sys.executable, "-c", _CONVERT, str(root), str(hf_dir), "--outtype", "f32", "--outfile", str(out)],
-                   check=True, capture_output=True)
+    done = subprocess.run([sys.executable, "-c", _CONVERT, str(root), str(hf_dir), "--outtype", "f32", "--outfile",
+                           str(out)], capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"llama.cpp's converter failed on {hf_dir}:\n{done.stderr[-3000:]}")
     return out
 
 
