@@ -76,7 +76,8 @@ class OpenAIBackend(Backend):
             self._read_model_list_now()
         return self._context or self.plan.max_model_len or 0
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                            template_kwargs: dict[str, Any] | None = None) -> str:
         raise BackendUnavailable("the openai backend renders chats on the remote server; send messages instead")
 
     async def generate(self, request: Request) -> AsyncIterator[Event]:

@@ -19,9 +19,11 @@ def attend_tile(q, k_ptr, v_ptr, table, kv_base, keys, key_ok, visible, dims, di
     scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [M, N]
     scores = tl.where(visible, scores, float("-inf"))
     new_max = tl.maximum(running_max, tl.max(scores, axis=1))
-    new_max = tl.where(new_max == float("-inf"), 0.0, new_max)  # a row that sees nothing yet stays finite
-    correction = tl.exp2(running_max - new_max)
-    probs = tl.exp2(scores - new_max[:, None])
+    # a row that has seen no key yet (a sliding window's later rows in a tile before theirs) keeps max -inf, sum 0
+    # and acc 0: the tile adds exactly nothing, so its result does not depend on where its query tile starts
+    shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+    correction = tl.exp2(running_max - shift)
+    probs = tl.exp2(scores - shift[:, None])
     v = tl.load(v_ptr + offsets, mask=kv_mask, other=0.0).to(q.dtype)
     acc = acc * correction[:, None] + tl.dot(probs.to(q.dtype), v, input_precision=PRECISION)
     running_sum = running_sum * correction + tl.sum(probs, axis=1)

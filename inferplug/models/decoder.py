@@ -84,7 +84,8 @@ class DecoderModel:
 
         def norm(name: str) -> torch.Tensor:  # the multiplier the norm applies (Gemma's HF weights are w, for 1 + w)
             weight = take(name)
-            return weight + 1 if fam.norms_plus_one else weight
+            # Gemma's 1 + w stays fp32: HF scales the fp32 norm by it and rounds once (ops' add_rms_norm)
+            return weight.float() + 1 if fam.norms_plus_one else weight
 
         def maybe_norm(name: str) -> torch.Tensor | None:
             return norm(name) if name in state_dict else None

@@ -19,6 +19,9 @@ def save_layer_skip_draft(source: Path, out: Path, num_layers: int) -> Path:
     from inferplug.models.loader import load_tokenizer, load_weights, read_config
 
     config = read_config(source)
+    if config.family != "llama":
+        raise ValueError(f"a layer-skip draft is written as a Llama directory, and {source} is a {config.family} "
+                         "model; give [speculative] draft_model a small model of its own family instead")
     if not 1 <= num_layers <= config.num_hidden_layers:
         raise ValueError(f"a draft of {source} keeps 1 to {config.num_hidden_layers} layers, not {num_layers}")
     keep = tuple(f"model.layers.{i}." for i in range(num_layers))

@@ -17,7 +17,7 @@ def rope_tables(config: ModelConfig, device: torch.device, *, theta: float | Non
     base = config.rope_theta if theta is None else theta
     scaling = config.rope_scaling if scaling is True else scaling
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    inv_freq, magnitude = scale_inv_freq(inv_freq, scaling, base, dim)
+    inv_freq, magnitude = scale_inv_freq(inv_freq, scaling, base, dim, config.max_position_embeddings)
     positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
     freqs = torch.outer(positions, inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
@@ -27,7 +27,8 @@ def rope_tables(config: ModelConfig, device: torch.device, *, theta: float | Non
     return cos.to(device), signed_sin.to(device)
 
 
-def scale_inv_freq(inv_freq: torch.Tensor, scaling: dict | None, base: float, dim: int) -> tuple[torch.Tensor, float]:
+def scale_inv_freq(inv_freq: torch.Tensor, scaling: dict | None, base: float, dim: int,
+                   max_positions: int) -> tuple[torch.Tensor, float]:
     """HF rope_scaling applied: 'linear', 'llama3' and 'yarn'; 'default' or none leaves it alone. Returns the
     frequencies and the factor on cos and sin (YaRN's; 1 for the others)."""
     kind = (scaling or {}).get("rope_type") or (scaling or {}).get("type") or "default"
@@ -46,15 +47,17 @@ def scale_inv_freq(inv_freq: torch.Tensor, scaling: dict | None, base: float, di
         medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
         return torch.where(medium, smoothed, scaled), 1.0
     if kind == "yarn":
-        return _yarn(inv_freq, scaling, factor, base, dim)
+        return _yarn(inv_freq, scaling, factor, base, dim, max_positions)
     raise ValueError(f"rope_scaling type {kind!r} is not supported; use a model with default, linear, llama3 or "
                      "yarn RoPE")
 
 
-def _yarn(inv_freq: torch.Tensor, scaling: dict, factor: float, base: float, dim: int) -> tuple[torch.Tensor, float]:
+def _yarn(inv_freq: torch.Tensor, scaling: dict, factor: float, base: float, dim: int,
+          max_positions: int) -> tuple[torch.Tensor, float]:
     """YaRN (arXiv 2309.00071) as HF's _compute_yarn_parameters: high frequencies kept, low ones interpolated by
-    `factor`, a linear ramp between the dims that turn beta_fast and beta_slow times over the original context."""
-    old_len = float(scaling.get("original_max_position_embeddings") or 4096)
+    `factor`, a linear ramp between the dims that turn beta_fast and beta_slow times over the original context
+    (the config's original_max_position_embeddings, else its max_position_embeddings, as HF's default)."""
+    old_len = float(scaling.get("original_max_position_embeddings") or max_positions)
     fast, slow = float(scaling.get("beta_fast") or 32), float(scaling.get("beta_slow") or 1)
 
     def dim_of(rotations: float) -> float:

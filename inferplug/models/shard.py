@@ -50,10 +50,12 @@ def shard_weights(config: ModelConfig, state_dict: dict[str, torch.Tensor], rank
             raise ProfileError(f"tensor parallel slices float or GGUF weights, not the packed layer {name!r} of an AWQ "
                                "/ GPTQ checkpoint; set tensor_parallel_size = 1")
         module = name.rsplit(".", 2)[-2]
-        if module in COLUMN:  # the weight's rows, or the bias
-            w = w.chunk(tp, dim=0)[rank] if widths[COLUMN[module]] % tp == 0 else _bad(name, tp)
+        if module in COLUMN:  # the weight's rows, or the bias; an MoE expert's are its own width
+            width = config.moe_intermediate_size if ".experts." in name else widths[COLUMN[module]]
+            w = w.chunk(tp, dim=0)[rank] if width % tp == 0 else _bad(name, tp)
         elif module in ROW and name.endswith("weight"):
-            w = w.chunk(tp, dim=1)[rank]
+            width = config.moe_intermediate_size if ".experts." in name else w.shape[1]
+            w = w.chunk(tp, dim=1)[rank] if width % tp == 0 else _bad(name, tp)
         elif name in ("model.embed_tokens.weight", "lm_head.weight"):
             w = torch.nn.functional.pad(w, (0, 0, 0, vocab_rows * tp - w.shape[0]))[rank * vocab_rows:(rank + 1) * vocab_rows]
         out[name] = w.clone()

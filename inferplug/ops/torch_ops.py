@@ -78,6 +78,8 @@ class TorchOps:
             x.add_(delta)
         if x.dtype == torch.float32:
             return F.rms_norm(x, weight.shape, weight, eps)
+        if weight.dtype == torch.float32:  # Gemma's 1 + w: scaled in fp32, rounded once (HF's Gemma3RMSNorm)
+            return F.rms_norm(x.float(), weight.shape, weight, eps).to(x.dtype)
         return F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype) * weight  # HF's rounding in bf16/fp16
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:

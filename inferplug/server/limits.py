@@ -255,5 +255,5 @@ async def check_prompt_tokens(backend: Any, prepared: list[Prepared], opts: Serv
 
 
 def _chat_tokens(backend: Any, request: Any) -> int:
-    text = backend.apply_chat_template(request.messages, request.tools)
+    text = backend.apply_chat_template(request.messages, request.tools, request.chat_template_kwargs)
     return len(backend.tokenizer.encode(text, add_special_tokens=False))

@@ -50,3 +50,18 @@ def test_windows_on_cuda_at_gemma3_shapes_in_bf16(poisoned_buffers):
     expected = paged_attention_ref(q.cpu(), k_cache.cpu(), v_cache.cpu(), tables.long().cpu(), cu.long().cpu(),
                                    lens.long().cpu(), 256**-0.5, window=1024)
     assert relative_error(got.cpu(), expected) < 1e-2
+
+
+@pytest.mark.parametrize("window", [5, 40])
+def test_a_windowed_chunk_gets_the_same_bits_alone_and_packed(window):
+    """The kernel's invariance (test_prefill_attention.py's) with a window: a chunk's rows do not depend on what is
+    packed with it, though its later rows see key tiles wholly before their windows (those add exactly nothing)."""
+    q, k_cache, v_cache, cu, lens, tables = random_prefill(chunks=CHUNKS[:6] + [(100, 40)], heads=4, kv_heads=2,
+                                                           head_dim=16, block_size=4)
+    packed = prefill_attention(q, k_cache, v_cache, cu, lens, tables, 0.25, window=window, block_m=16, block_n=16)
+    for i in (5, 6):
+        rows = slice(int(cu[i]), int(cu[i + 1]))
+        alone = prefill_attention(q[rows], k_cache, v_cache, cu[i:i + 2] - cu[i], lens[i:i + 1], tables[i:i + 1],
+                                  0.25, window=window, block_m=16, block_n=16)
+        assert torch.equal(alone, packed[rows]), f"chunk {i}"
+        assert alone.isfinite().all()
