@@ -50,3 +50,17 @@ def onednn_max_isa(hw: Hardware) -> tuple[str | None, str]:
     return BELOW_AMX, (f"AMX advertised but unusable ({hw.amx_tiles}): torch's oneDNN is held to {BELOW_AMX} "
                        f"({ONEDNN_ISA_ENV}, unless set already: a bound of the user's stands); inferplug's kernels "
                        "use AVX-512, which needs no tiles")
+
+
+def decode_path_why(family_name: str, attention: str) -> str:
+    """Which decode path the model family takes on the CPU kernels: every layer in one kernel call, or layer by
+    layer (models/family.py fused_decode)."""
+    from inferplug.models.registry import family
+
+    fam = family(family_name)
+    if attention != "cpu-kernels":
+        return f"model family: {fam.name}, layer by layer on the {attention} ops"
+    if fam.fused_decode:
+        return (f"model family: {fam.name}; decode steps of block weights run every layer in one kernel call "
+                "(decode_layers; a model with q/k/v biases, as Qwen2, runs layer by layer)")
+    return f"model family: {fam.name}; decode runs layer by layer: decode_layers does not take {fam.unfused_why} yet"

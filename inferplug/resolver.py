@@ -21,7 +21,7 @@ from inferplug.memory_plan import (
     plan_memory, weight_bits,
 )
 from inferplug.profile import DEFAULT_CONTEXT_LENGTH, Profile
-from inferplug.compute_path_plan import native_kv_dtype, onednn_max_isa, prefill_gemm
+from inferplug.compute_path_plan import decode_path_why, native_kv_dtype, onednn_max_isa, prefill_gemm
 from inferplug.weight_format_plan import native_weight_format
 
 BACKENDS = ("native", "ctranslate2", "exllamav2", "openai")
@@ -250,26 +250,11 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
     if not gpus:
         plan.onednn_max_isa, amx_why = onednn_max_isa(hw)
         plan.reasons += [amx_why] if amx_why else []
-    if facts is not None and facts.family:
-        plan.reasons.append(decode_path_why(facts.family, attention))
+    plan.reasons += [decode_path_why(facts.family, attention)] if facts is not None and facts.family else []
     plan.prefill_gemm, prefill_why = prefill_gemm(profile, hw)
     if weight_format in ("int4", "int8", "gguf", "awq", "gptq") and not gpus:  # block layers (quant/block_linear.py)
         plan.reasons.append(f"prefill: the block layers multiply prompt rows in {plan.prefill_gemm} ({prefill_why})")
     return plan
-
-
-def decode_path_why(family_name: str, attention: str) -> str:
-    """Which decode path the model family takes on the CPU kernels: every layer in one kernel call, or layer by
-    layer (models/family.py fused_decode)."""
-    from inferplug.models.registry import family
-
-    fam = family(family_name)
-    if attention != "cpu-kernels":
-        return f"model family: {fam.name}, layer by layer on the {attention} ops"
-    if fam.fused_decode:
-        return (f"model family: {fam.name}; decode steps of block weights run every layer in one kernel call "
-                "(decode_layers; a model with q/k/v biases, as Qwen2, runs layer by layer)")
-    return f"model family: {fam.name}; decode runs layer by layer: decode_layers does not take {fam.unfused_why} yet"
 
 
 def _plan_ctranslate2(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Plan:

@@ -33,6 +33,9 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",  # QK-norm (Qwen3, Gemma 3)
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate_inp": "mlp.gate",  # an MoE layer's router
 }
 # an MoE layer's experts, one 3-D tensor each (experts, out, in) -> HF's per-expert module
 _EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
@@ -144,7 +147,7 @@ def gguf_name(name: str) -> str:
     if module.startswith("mlp.experts."):  # one expert's: its 3-D tensor's name
         part = next(g for g, hf in _EXPERT_NAMES.items() if module.endswith(hf))
     else:
-        part = next(g for g, hf in {**_LAYER_NAMES, "ffn_gate_inp": "mlp.gate"}.items() if hf == module)
+        part = next(g for g, hf in _LAYER_NAMES.items() if hf == module)
     return f"blk.{layer}.{part}.{kind}"
 
 

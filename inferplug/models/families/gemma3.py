@@ -47,8 +47,7 @@ FAMILY = Family(
     sandwich_norms=True,
     scaled_embedding=True,
     activation="gelu_tanh",
-    gguf_layer_names={"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-                      "post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+    gguf_layer_names={"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
                       "post_ffw_norm": "post_feedforward_layernorm"},
     fused_decode=True,  # decode_layers takes its sandwich norms, windows, local RoPE and GeGLU
     hf_fields=hf_fields,

@@ -8,5 +8,4 @@ FAMILY = Family(
     gguf_architectures=("qwen3",),
     qk_norm=True,
     fused_decode=True,  # decode_layers takes QK-norm
-    gguf_layer_names={"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"},
 )

@@ -6,7 +6,6 @@ expert is a SwiGLU MLP of moe_intermediate_size (models/moe.py)."""
 from typing import Any
 
 from inferplug.models.family import Family
-from inferplug.models.families.qwen3 import FAMILY as QWEN3
 
 
 def hf_fields(raw: dict[str, Any]) -> dict[str, Any]:
@@ -32,7 +31,6 @@ FAMILY = Family(
     hf_model_types=("qwen3_moe",),
     gguf_architectures=("qwen3moe",),
     qk_norm=True,
-    gguf_layer_names={**QWEN3.gguf_layer_names, "ffn_gate_inp": "mlp.gate"},
     unfused_why="its mixture-of-experts MLP",
     hf_fields=hf_fields,
     gguf_fields=gguf_fields,
