@@ -4,6 +4,7 @@ Paths, each over the same Q4_1 (or Q8_0) weights and M prompt rows:
   unpack+fp32  the path before [native] prefill_gemm: the whole weight dequantized to float32, one F.linear
   float32      inferplug's tiled kernel (kernels/cpu/prefill_gemm.h): a panel dequantized at a time, fp32 FMAs
   bfloat16     the same tiles in bf16 (vdpbf16ps where the CPU has AVX512_BF16), float32 sums
+  bfloat16-onednn  torch's bf16 matmul (oneDNN) over panels dequantized to bf16, in fixed 128-row calls
   int8         the decode kernel (q4_matmul / q8_matmul): x rounded to int8 per block, VNNI / AVX2 dot products
   torch-bf16   a peer, not a path: F.linear over bf16 weights already unpacked (oneDNN), the ceiling torch offers
 Shapes: Llama-7B's qkv, o, gate_up and down, and SmolLM2-135M's. Paths run interleaved within each repeat (a
@@ -31,16 +32,21 @@ SHAPES = {  # (out, in)
     "7b qkv": (6144, 4096), "7b o": (4096, 4096), "7b gate_up": (28672, 4096), "7b down": (4096, 14336),
     "smollm2 qkv": (960, 576), "smollm2 o": (576, 576), "smollm2 gate_up": (3072, 576), "smollm2 down": (576, 1536),
 }
-PATHS = ("unpack+fp32", "float32", "bfloat16", "int8", "torch-bf16")
+PATHS = ("unpack+fp32", "float32", "bfloat16", "bfloat16-onednn", "int8", "torch-bf16")
 
 
 def path_fns(layer, weight_bf16: torch.Tensor, x: torch.Tensor) -> dict:
     ops = cpu_kernels.ops()
     prefill = getattr(ops, layer.kernel.replace("matmul", "prefill_matmul"))
     x_bf16 = x.bfloat16()
+
+    def onednn():
+        layer.prefill_gemm = "bfloat16-onednn"
+        return layer(x, decode_rows=0)
     return {"unpack+fp32": lambda: F.linear(x, getattr(ops, layer.unpack)(layer.blocks)),
             "float32": lambda: prefill(x, layer.blocks, "float32"),
             "bfloat16": lambda: prefill(x, layer.blocks, "bfloat16"),
+            "bfloat16-onednn": onednn,
             "int8": lambda: getattr(ops, layer.kernel)(x, layer.blocks),
             "torch-bf16": lambda: F.linear(x_bf16, weight_bf16)}
 

@@ -39,6 +39,8 @@ PATHS: dict[str, dict[str, str]] = {
     REFERENCE: {"INFERPLUG_DTYPE": "float32", "INFERPLUG_CACHE__KV_DTYPE": "float32"},
     "GGUF blocks as stored (default CPU)": {},
     "GGUF blocks with bf16 prompt GEMMs": {"INFERPLUG_NATIVE__PREFILL_GEMM": "bfloat16"},
+    "GGUF blocks with oneDNN bf16 prompt GEMMs": {"INFERPLUG_NATIVE__PREFILL_GEMM": "bfloat16-onednn"},
+    "GGUF blocks with float32 prompt GEMMs": {"INFERPLUG_NATIVE__PREFILL_GEMM": "float32"},
     "fp16 weights": {"INFERPLUG_QUANTIZATION__FORMAT": "none"},
     "bf16 everywhere": {"INFERPLUG_DTYPE": "bfloat16"},
     RULE: {"INFERPLUG_QUANTIZATION__FORMAT": "int8"},

@@ -5,19 +5,36 @@ prompt rows, and how far torch's oneDNN may go. Each is a default only where the
 from __future__ import annotations
 
 from inferplug.hardware import Hardware
+from inferplug.host_timings import prefill_timings
 from inferplug.profile import Profile
 
 
-def prefill_gemm(profile: Profile, hw: Hardware) -> tuple[str, str]:
-    """How block layers multiply prompt rows on the CPU, and why. auto: bfloat16 where the CPU has AVX512_BF16 (the
-    kernel's vdpbf16ps, ~1.8x float32's rate; elsewhere bf16 is no faster): it passes the quality rule, KLD 1.1e-4
-    against Q8_0 weights' 1.5e-3 on SmolLM2 with its answers kept (docs/profiles.md, "Quality")."""
+# The prompt-row paths a default may take (block_linear.PREFILL_GEMMS), with the quality rule's figure for each
+# (docs/profiles.md, "Quality"). int8 is left out: int8 prompt activations are 1.6-2.5x Q8_0's KLD on SmolLM2 and
+# lose its factual answers.
+PREFILL_RULE = {"float32": "the reference arithmetic",
+                "bfloat16": "vdpbf16ps or FMAs on bf16-rounded x and w, float32 sums: KLD 1.1e-4 on SmolLM2",
+                "bfloat16-onednn": "torch's bf16 matmul (oneDNN; AMX tiles where granted), float32 sums, bf16 out: "
+                                   "KLD 2.5e-4 on SmolLM2"}
+
+
+def prefill_gemm(profile: Profile, hw: Hardware, width: int = 0, threads: int = 1) -> tuple[str, str]:
+    """How block layers `width` inputs wide multiply prompt rows on the CPU under `threads` threads, and why. A pin
+    wins. auto: the fastest path of PREFILL_RULE as timed on this host (host_timings.py); untimed (another host's
+    facts, no width, or no kernels to time): bfloat16 where the CPU has AVX512_BF16, else float32."""
     pinned = profile.native.prefill_gemm
     if pinned != "auto":
         return pinned, f"[native] prefill_gemm = {pinned!r}"
+    timed = prefill_timings(hw, threads, width, tuple(PREFILL_RULE)) if width else None
+    timed = {path: seconds for path, seconds in (timed or {}).items() if path in PREFILL_RULE}
+    if timed:
+        best = min(timed, key=timed.__getitem__)
+        shown = ", ".join(f"{path} {seconds * 1e3:.1f} ms" for path, seconds in sorted(timed.items(), key=lambda kv: kv[1]))
+        return best, (f"auto: the fastest on this host, timed once ({shown}); {PREFILL_RULE[best]}; int8 is no "
+                      "candidate (it fails the quality rule)")
     if "avx512_bf16" in hw.cpu_flags:
-        return "bfloat16", "auto: AVX512_BF16's vdpbf16ps, float32 sums; KLD 1.1e-4 on SmolLM2, inside the quality rule"
-    return "float32", "auto: this CPU has no AVX512_BF16, so bf16 would be no faster"
+        return "bfloat16", "auto, untimed: AVX512_BF16's vdpbf16ps, float32 sums; KLD 1.1e-4 on SmolLM2"
+    return "float32", "auto, untimed: this CPU has no AVX512_BF16, so bf16 would be no faster"
 
 
 def native_kv_dtype(profile: Profile, dtype: str, cpu_kernels_run: bool) -> tuple[str, str]:

@@ -86,6 +86,7 @@ def profile_status(hw: Hardware) -> list[dict[str, Any]]:
                            max_model_len=plan.max_model_len, max_num_seqs=plan.max_num_seqs,
                            seqs_at_full_context=plan.memory.seqs_at_full_context if plan.memory else None,
                            weights_bytes=plan.memory.weights_bytes if plan.memory else None,
+                           prefill=next((r for r in plan.reasons if r.startswith("prefill: ")), None),
                            why=_fit_summary(plan, profile.cache.memory))
         except InferPlugError as exc:
             rejected = getattr(exc, "rejected", None)
@@ -139,6 +140,10 @@ def _kernel_status(hw: Hardware) -> dict[str, str | None]:
 
 
 def run_doctor(as_json: bool = False, bench: bool = False, bench_seconds: float = 20.0) -> int:
+    if bench:  # the profiles' kernel paths are timed again as they resolve (host_timings.py)
+        from inferplug.host_timings import forget
+
+        forget()
     report = collect()
     if bench:
         report["bench"] = _bench(print_report=not as_json, seconds=bench_seconds)
@@ -207,5 +212,11 @@ def print_report(report: dict[str, Any]) -> None:
         ctx = f"{p['max_model_len']} x {p['seqs_at_full_context'] or p['max_num_seqs']}" if p["fits"] else ""
         profiles.add_row(p["name"], fits, runs, ctx, escape(p.get("why", "")))
     console.print(profiles)
+    prefill = Table("profile", "prompt rows of block layers (the paths timed on this host)", title="prefill paths")
+    for p in report["profiles"]:
+        if p.get("prefill"):
+            prefill.add_row(p["name"], escape(p["prefill"].removeprefix("prefill: ")))
+    if prefill.row_count:
+        console.print(prefill)
     if not report["ok"]:
         console.print("[bold red]nothing can run here[/]: install a backend (see above) or add a profile that fits")

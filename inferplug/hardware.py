@@ -110,6 +110,12 @@ def _cpu_info() -> tuple[str, frozenset[str]]:
     return model, flags
 
 
+@functools.cache
+def this_cpu() -> tuple[str, frozenset[str]]:
+    """This host's CPU model and ISA flags, as probe() reports them: whether a Hardware describes this host."""
+    return _cpu_info()
+
+
 AMX_OFF_ENV = "INFERPLUG_NO_AMX"  # 1: answer as a host whose kernel refuses the tiles (tests, a suspect host)
 _ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18  # x86_64 Linux
 

@@ -223,8 +223,9 @@ class Speculative(Table):
 class NativeOptions(Table):
     num_threads: int | None = Field(default=None, ge=1)  # torch intra-op threads on CPU
     # How int4/int8 block layers multiply prompt rows on a CPU (quant/block_linear.py): x and the weights in
-    # float32, bfloat16 (float32 sums) or int8 (the decode kernel). auto: float32, until KL divergence rules.
-    prefill_gemm: Literal["auto", "float32", "bfloat16", "int8"] = "auto"
+    # float32, bfloat16 (float32 sums; our kernel or torch's oneDNN matmul) or int8 (the decode kernel). auto: the
+    # fastest path the quality rule admits, timed once on this host (host_timings.py).
+    prefill_gemm: Literal["auto", "float32", "bfloat16", "bfloat16-onednn", "int8"] = "auto"
 
 
 class CTranslate2Options(Table):

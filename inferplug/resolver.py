@@ -251,8 +251,10 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
         plan.onednn_max_isa, amx_why = onednn_max_isa(hw)
         plan.reasons += [amx_why] if amx_why else []
     plan.reasons += [decode_path_why(facts.family, attention)] if facts is not None and facts.family else []
-    plan.prefill_gemm, prefill_why = prefill_gemm(profile, hw)
-    if weight_format in ("int4", "int8", "gguf", "awq", "gptq") and not gpus:  # block layers (quant/block_linear.py)
+    blocks = weight_format in ("int4", "int8", "gguf", "awq", "gptq") and not gpus  # block layers (quant/block_linear.py)
+    plan.prefill_gemm, prefill_why = prefill_gemm(profile, hw, facts.hidden_size if blocks and facts else 0,
+                                                  profile.native.num_threads or parallel.threads_per_rank or hw.cpu_count)
+    if blocks:
         plan.reasons.append(f"prefill: the block layers multiply prompt rows in {plan.prefill_gemm} ({prefill_why})")
     return plan
 

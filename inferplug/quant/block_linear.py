@@ -12,10 +12,12 @@ fbgemm's 16. Re-quantizing a GGUF Q4_1 / Q8_0 model's dequantized weights gives 
 for bit, so these layers run the file's own weights.
 Prefill rows take `prefill_gemm`, fixed per model (the profile's [native] prefill_gemm; set_prefill_gemm):
 "float32" (the default: int8 activations over a whole prompt turned SmolLM2's "The capital of France is Paris."
-into "L'Étoile, ..."), "bfloat16" or "int8" (the decode kernel). The float paths dequantize a panel of weight rows
-at a time and pass every prompt row over it (kernels/cpu/prefill_gemm.h): no float copy of the weight. The engine
-says which rows decode (`decode_rows`), so a row takes the same path whatever shares its step, and every path
-sums each output in one order whatever the row count (batch invariance).
+into "L'Étoile, ..."), "bfloat16", "bfloat16-onednn" or "int8" (the decode kernel). The float paths dequantize a
+panel of weight rows at a time and pass every prompt row over it (kernels/cpu/prefill_gemm.h): no float copy of the
+weight. "bfloat16-onednn" does the same with torch's bf16 matmul (oneDNN, which runs AMX tiles where the host has
+them) over panels dequantized to bf16. The engine says which rows decode (`decode_rows`), so a row takes the same
+path whatever shares its step, and every path sums each output in one order whatever the row count (batch
+invariance). Which path runs is timed on the user's host (host_timings.py), not read off its ISA flags.
 """
 
 from __future__ import annotations
@@ -27,7 +29,12 @@ from inferplug.quant.base import WeightOnlyLinear
 
 BLOCK = 32
 KERNEL_MAX_ROWS = 64  # the longest step decode_layers fuses (models/decoder.py)
-PREFILL_GEMMS = ("float32", "bfloat16", "int8")  # how prefill rows multiply: x and weights in this precision
+PREFILL_GEMMS = ("float32", "bfloat16", "bfloat16-onednn", "int8")  # how prefill rows multiply: x and weights so
+# bfloat16-onednn: every oneDNN call is [ONEDNN_ROWS, K] x [K, a panel] (the last rows padded), one GEMM shape whatever
+# the step holds, so a row's sums do not depend on its neighbours; a panel of ONEDNN_PANEL weight rows is
+# dequantized at a time (4 MiB of bf16 at K = 4096: no whole copy of the weight). 128 x 512: the best of 64-256 rows
+# and 256-1024 columns on Zen 5, ~700 GFLOP/s on 2 threads at 512 rows (bench/prefill_gemm.py times the path).
+ONEDNN_ROWS, ONEDNN_PANEL = 128, 512
 RUN, WORD = 16, 4  # the quants' interleaving: runs of 16 blocks, 4-byte words
 
 
@@ -121,12 +128,27 @@ class BlockLinear(WeightOnlyLinear):
     def forward(self, x: torch.Tensor, decode_rows: int | None = None) -> torch.Tensor:
         if decode_rows is None or decode_rows >= x.shape[0] or self._prefill is None or self.prefill_gemm == "int8":
             return super().forward(x)  # the head's float kernel takes any rows as they are
-        out = self._prefill(x[decode_rows:].contiguous(), self.blocks, self.prefill_gemm)
+        prompt = x[decode_rows:]
+        out = self._onednn_prefill(prompt) if self.prefill_gemm == "bfloat16-onednn" else \
+            self._prefill(prompt.contiguous(), self.blocks, self.prefill_gemm)
         out = out if self.bias is None else out + self.bias
         return out if decode_rows == 0 else torch.cat([super().forward(x[:decode_rows]), out])
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         return self._kernel(x.contiguous(), self.blocks)
+
+    def _onednn_prefill(self, x: torch.Tensor) -> torch.Tensor:
+        """Prompt rows x [M, K] by torch's bf16 matmul over the weight dequantized to bf16 a panel at a time; the
+        sums are float32 and the result bf16, widened to float32."""
+        rows = x.shape[0]
+        padded = torch.zeros(-(-rows // ONEDNN_ROWS) * ONEDNN_ROWS, self.in_features, dtype=torch.bfloat16)
+        padded[:rows] = x
+        out = torch.empty(padded.shape[0], self.out_features)
+        for first in range(0, self.out_features, ONEDNN_PANEL):
+            panel = self._dequantize(self.blocks[first:first + ONEDNN_PANEL], True).t()  # bf16, in one pass
+            for row in range(0, padded.shape[0], ONEDNN_ROWS):
+                out[row:row + ONEDNN_ROWS, first:first + panel.shape[1]] = torch.mm(padded[row:row + ONEDNN_ROWS], panel)
+        return out[:rows]
 
     @staticmethod
     def _pack(groups: torch.Tensor) -> tuple[torch.Tensor, ...]:  # [out, blocks, 32] float -> per field uint8 [out, blocks, bytes]

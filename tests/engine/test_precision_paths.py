@@ -86,3 +86,47 @@ def test_smollm2_answers_paris_and_chinese_on_each_default_path(smollm2_gguf, sm
     tokens, text = answers["zh"]
     assert any("\u4e00" <= ch <= "\u9fff" for ch in text), f"{path}: no Chinese in {text!r}"
     assert tokens == smollm2_fp32_chinese[0], f"{path}: {text!r}, fp32: {smollm2_fp32_chinese[1]!r}"
+
+
+# The paths the CPU default chooses among by timing them on the host (compute_path_plan.PREFILL_RULE: prompt rows of
+# the GGUF's own blocks), each pinned, with fp16 K/V as the default pools, on every kernel set this CPU runs: the
+# quality rule (docs/profiles.md, "Quality") checked on the host that may choose them, not only where a path was
+# first measured. Bound: Q8_0 weights' KLD (fp32 activations and K/V) on the same chunk.
+QUALITY_TOKENS = 512  # one llama.cpp chunk of the shipped text, its second half scored
+
+
+@pytest.fixture(scope="module")
+def smollm2_chunk_reference(smollm2_gguf):
+    from inferplug.models.loader import load_tokenizer
+    from inferplug.quality import chunks, measure, quality_text, text_logprobs
+
+    ids = load_tokenizer(smollm2_gguf).encode(quality_text(), add_special_tokens=False)
+    chunk_list = chunks(ids, QUALITY_TOKENS, limit=1)
+    reference = list(text_logprobs(make_engine(smollm2_gguf, kv_dtype="float32"), chunk_list))
+    q8 = make_engine(smollm2_gguf, weight_format="int8", prefill_gemm="float32", kv_dtype="float32")
+    return chunk_list, reference, measure(q8, chunk_list, reference).mean_kld
+
+
+@pytest.mark.smollm2
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+@pytest.mark.parametrize("prefill_gemm", ["float32", "bfloat16", "bfloat16-onednn"])
+def test_smollm2_default_candidates_pass_the_quality_rule_on_each_kernel_set(
+        cpu_kernel_ops, smollm2_gguf, smollm2_fp32_chinese, smollm2_chunk_reference, isa, prefill_gemm):
+    from inferplug.compute_path_plan import PREFILL_RULE
+    from inferplug.kernels import cpu as cpu_kernels
+    from inferplug.quality import measure
+
+    assert prefill_gemm in PREFILL_RULE  # the list above is the resolver's
+    if isa not in cpu_kernels.supported_isas():
+        pytest.skip(f"this CPU cannot run the {isa} kernels")
+    cpu_kernels.set_isa(isa)
+    try:
+        engine = make_engine(smollm2_gguf, weight_format="gguf", prefill_gemm=prefill_gemm, kv_dtype="float16")
+        chunk_list, reference, q8_kld = smollm2_chunk_reference
+        quality = measure(engine, chunk_list, reference)
+        answers = _answers(engine, CHINESE_TOKENS)
+    finally:
+        cpu_kernels.set_isa(cpu_kernels.chosen_isa())
+    assert quality.mean_kld <= q8_kld, f"{isa} {prefill_gemm}: KLD {quality.mean_kld:.3e} > Q8_0's {q8_kld:.3e}"
+    assert "Paris" in answers["paris"][1], f"{isa} {prefill_gemm}: {answers['paris'][1]!r}"
+    assert answers["zh"][0] == smollm2_fp32_chinese[0], f"{isa} {prefill_gemm}: {answers['zh'][1]!r}"

@@ -203,21 +203,31 @@ std::string bfloat16_dot() {
   return inferplug_isa::active().prefill_bfloat16.input == inferplug_isa::PrefillInput::BFLOAT16 ? "vdpbf16ps" : "fma";
 }
 
-// The float32 weight [N, K]: the reference the prefill kernels are tested against.
+// The weight [N, K] in float32 (the reference the prefill kernels are tested against) or, with bfloat16, rounded
+// to the nearest bf16 as torch's .to(bfloat16) does (the oneDNN prefill path's panels: one pass, no float copy).
 // INTERLEAVED: the layers' quants by runs (kernels.h); else each block's bytes in a row (the float head's).
 template <typename Format, bool INTERLEAVED>
-at::Tensor dequantize(const at::Tensor& weight) {
+at::Tensor dequantize(const at::Tensor& weight, bool bfloat16) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kByte && weight.is_contiguous(),
               "dequantize: weight must be contiguous uint8 rows of blocks [N, K / 32 * block bytes]");
   const int64_t N = weight.size(0), blocks = RowLayout<Format>::blocks_in(weight.size(1));
   TORCH_CHECK(weight.size(1) == RowLayout<Format>::bytes(blocks), "dequantize: a row's bytes must be whole blocks");
-  at::Tensor out = at::empty({N, blocks * QK}, weight.options().dtype(at::kFloat));
+  at::Tensor out = at::empty({N, blocks * QK}, weight.options().dtype(bfloat16 ? at::kBFloat16 : at::kFloat));
   const uint8_t* w = weight.data_ptr<uint8_t>();
-  float* o = out.data_ptr<float>();
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    float values[QK];
     for (int64_t n = n0; n < n1; n++) {
       const RowLayout<Format> row(w + n * weight.size(1), blocks);
-      for (int64_t b = 0; b < blocks; b++) unpack_block<Format, INTERLEAVED>(row, b, blocks, o + (n * blocks + b) * QK);
+      for (int64_t b = 0; b < blocks; b++) {
+        const int64_t at = (n * blocks + b) * QK;
+        if (!bfloat16) {
+          unpack_block<Format, INTERLEAVED>(row, b, blocks, out.data_ptr<float>() + at);
+          continue;
+        }
+        unpack_block<Format, INTERLEAVED>(row, b, blocks, values);
+        c10::BFloat16* o = out.data_ptr<c10::BFloat16>() + at;
+        for (int i = 0; i < QK; i++) o[i] = c10::BFloat16(values[i]);  // round to nearest, ties to even
+      }
     }
   });
   return out;
@@ -233,13 +243,13 @@ TORCH_LIBRARY_FRAGMENT(inferplug, m) {
   m.def("q6_k_matmul(Tensor x, Tensor weight, Tensor? order=None) -> Tensor");
   m.def("q8_matmul(Tensor x, Tensor weight, Tensor? order=None) -> Tensor");
   m.def("q8_matmul_float(Tensor x, Tensor weight) -> Tensor");
-  m.def("q4_dequantize(Tensor weight) -> Tensor");
-  m.def("q4_g128_dequantize(Tensor weight) -> Tensor");
-  m.def("q4_k_dequantize(Tensor weight) -> Tensor");
-  m.def("q5_k_dequantize(Tensor weight) -> Tensor");
-  m.def("q6_k_dequantize(Tensor weight) -> Tensor");
-  m.def("q8_dequantize(Tensor weight) -> Tensor");
-  m.def("q8_dequantize_plain(Tensor weight) -> Tensor");
+  m.def("q4_dequantize(Tensor weight, bool bfloat16=False) -> Tensor");
+  m.def("q4_g128_dequantize(Tensor weight, bool bfloat16=False) -> Tensor");
+  m.def("q4_k_dequantize(Tensor weight, bool bfloat16=False) -> Tensor");
+  m.def("q5_k_dequantize(Tensor weight, bool bfloat16=False) -> Tensor");
+  m.def("q6_k_dequantize(Tensor weight, bool bfloat16=False) -> Tensor");
+  m.def("q8_dequantize(Tensor weight, bool bfloat16=False) -> Tensor");
+  m.def("q8_dequantize_plain(Tensor weight, bool bfloat16=False) -> Tensor");
   m.def("q4_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
   m.def("q4_g128_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
   m.def("q4_k_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");

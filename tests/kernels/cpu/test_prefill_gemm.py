@@ -66,3 +66,30 @@ def test_an_unknown_precision_is_rejected(ops):
     layer = Q8Linear.from_float(torch.randn(8, 64))
     with pytest.raises(RuntimeError, match="precision must be float32 or bfloat16"):
         ops.q8_prefill_matmul(torch.randn(2, 64), layer.blocks, "int8")
+
+
+@pytest.mark.parametrize("out_features,in_features", [(40, 288), (1100, 576)])  # one panel; two and a partial one
+def test_onednn_path_is_torchs_bf16_matmul_of_the_dequantized_weight(ops, out_features, in_features):
+    """prefill_gemm = "bfloat16-onednn" (BlockLinear._onednn_prefill): x and w rounded to bf16, float32 sums, the
+    result rounded to bf16."""
+    gen = torch.Generator().manual_seed(out_features)
+    layer = Q4Linear.from_float(torch.randn(out_features, in_features, generator=gen) * 0.05)
+    layer.prefill_gemm = "bfloat16-onednn"
+    x = torch.randn(77, in_features, generator=gen)
+    out = layer(x, decode_rows=0)
+    expected = reference(x, layer.dequantized(), "bfloat16")
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), expected, rtol=2 ** -8, atol=2e-6 * in_features ** 0.5)
+
+
+def test_onednn_path_gives_a_row_the_same_bits_whatever_rows_share_its_call(ops):
+    """Every oneDNN call is one GEMM shape ([ONEDNN_ROWS, K] x [K, panel]), the last rows padded: a row's sums do not
+    depend on how many rows a step holds (batch invariance)."""
+    gen = torch.Generator().manual_seed(5)
+    layer = Q4Linear.from_float(torch.randn(1100, 576, generator=gen) * 0.05)
+    layer.prefill_gemm = "bfloat16-onednn"
+    x = torch.randn(200, 576, generator=gen)
+    whole = layer(x, decode_rows=0)
+    for rows in (1, 5, 64, 77):
+        assert torch.equal(layer(x[:rows], decode_rows=0), whole[:rows]), rows
+    assert torch.equal(layer(x[130:], decode_rows=0), whole[130:])
