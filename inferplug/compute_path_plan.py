@@ -4,9 +4,14 @@ prompt rows, and how far torch's oneDNN may go. Each is a default only where the
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from inferplug.hardware import Hardware
 from inferplug.host_timings import prefill_timings
 from inferplug.profile import Profile
+
+if TYPE_CHECKING:
+    from inferplug.memory_plan import ModelFacts
 
 
 # The prompt-row paths a default may take (block_linear.PREFILL_GEMMS), with the quality rule's figure for each
@@ -18,10 +23,22 @@ PREFILL_RULE = {"float32": "the reference arithmetic",
                                    "KLD 2.5e-4 on SmolLM2"}
 
 
-def prefill_gemm(profile: Profile, hw: Hardware, width: int = 0, threads: int = 1) -> tuple[str, str]:
-    """How block layers `width` inputs wide multiply prompt rows on the CPU under `threads` threads, and why. A pin
-    wins. auto: the fastest path of PREFILL_RULE as timed on this host (host_timings.py); untimed (another host's
-    facts, no width, or no kernels to time): bfloat16 where the CPU has AVX512_BF16, else float32."""
+BLOCK_FORMATS = ("int4", "int8", "gguf", "awq", "gptq")  # the weight formats block layers run on the CPU
+
+
+def prefill_gemm(profile: Profile, hw: Hardware, cpu_format: str | None, facts: ModelFacts | None,
+                 threads: int) -> tuple[str, str | None]:
+    """How the CPU's block layers multiply prompt rows, and the plan's reason (None where none runs: `cpu_format`,
+    the plan's weight format on the CPU, is None on a GPU or not a block format). A pin wins. auto: the fastest
+    path of PREFILL_RULE timed on this host under `threads` threads, on a layer of the model's width
+    (host_timings.py); untimed (another host's facts, no width, or no kernels): bfloat16 where the CPU has
+    AVX512_BF16, else float32."""
+    blocks = cpu_format in BLOCK_FORMATS
+    path, why = _prefill_gemm(profile, hw, facts.hidden_size if blocks and facts else 0, threads)
+    return path, f"prefill: the block layers multiply prompt rows in {path} ({why})" if blocks else None
+
+
+def _prefill_gemm(profile: Profile, hw: Hardware, width: int, threads: int) -> tuple[str, str]:
     pinned = profile.native.prefill_gemm
     if pinned != "auto":
         return pinned, f"[native] prefill_gemm = {pinned!r}"

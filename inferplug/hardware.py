@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib.metadata
 import importlib.util
 import os
 import platform
@@ -81,6 +82,14 @@ def probe() -> Hardware:
         ram_available=available, gpus=gpus, cuda_version=cuda, driver_version=driver, packages=packages,
         gpu_note=note, amx_tiles=amx_tiles(flags),
     )
+
+
+def version_of(package: str) -> str:
+    """The installed version of `package`, or "?" where it is not installed."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
 
 
 @functools.cache

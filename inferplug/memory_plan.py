@@ -14,7 +14,7 @@ from pathlib import Path
 
 from inferplug.errors import ProfileError, ResolveError
 from inferplug.models.config import ModelConfig
-from inferplug.profile import ArchitectureHints, ModelSource, Profile
+from inferplug.profile import DEFAULT_CONTEXT_LENGTH, ArchitectureHints, ModelSource, Profile
 from inferplug.quant.formats import (CHECKPOINT_FORMATS, GGUF_FLOAT_TYPES, GGUF_LAYER_FORMATS, LAYER_BITS, Q4_K_BITS, Q5_K_BITS, Q6_K_BITS,
                                      checkpoint_layer_bits, gguf_layer_format, head_format)
 
@@ -132,7 +132,7 @@ def facts_from_file(path: Path) -> ModelFacts:
     large vocabulary takes about a second, too slow for `inferplug doctor` to repeat on every run."""
     from inferplug.models.loader import gguf_matrices, read_config
     from inferplug.models.quant_checkpoint import read_quant_spec
-    from inferplug.sources import home, write_atomically
+    from inferplug.sources import home, write_memo
 
     st = path.stat()
     version = f"v6|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"  # v6: facts gained the model family
@@ -147,12 +147,23 @@ def facts_from_file(path: Path) -> ModelFacts:
         facts = dataclasses.replace(ModelFacts.from_config(read_config(path), origin=str(path)),
                                     gguf_matrices=gguf_matrices(path), quant_bits=spec.bits if spec else 0,
                                     quant_group_size=spec.group_size if spec else 0)
-    try:
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(memo, json.dumps(dataclasses.asdict(facts)).encode())  # no link followed, no half read
-    except OSError:
-        pass  # a read-only cache only costs the re-read next time
+    write_memo(memo, json.dumps(dataclasses.asdict(facts)).encode())
     return facts
+
+
+def plan_context(profile: Profile, facts: ModelFacts) -> tuple[int, str]:
+    """max_model_len and why: the context asked (limits.max_model_len, else model.context_length, else the
+    default, as llama-server's -c), at most the model's maximum (model.context_length overrides the file's)."""
+    ceiling = profile.model.context_length or facts.max_position_embeddings
+    asked = profile.limits.max_model_len or profile.model.context_length
+    if asked is None:
+        if DEFAULT_CONTEXT_LENGTH > ceiling:
+            return ceiling, f"max_model_len {ceiling}: the model's maximum, below the default {DEFAULT_CONTEXT_LENGTH}"
+        return DEFAULT_CONTEXT_LENGTH, (f"max_model_len {DEFAULT_CONTEXT_LENGTH}: the default context (the model "
+                                        f"takes up to {ceiling}: set limits.max_model_len or --ctx-size for more)")
+    if asked > ceiling:
+        return ceiling, f"max_model_len {ceiling}: {asked} tokens were asked, more than the model's maximum"
+    return asked, f"max_model_len {asked}: the context asked (the model takes up to {ceiling})"
 
 
 class DoesNotFit(Exception):

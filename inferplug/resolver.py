@@ -18,9 +18,9 @@ from inferplug.parallel_plan import plan_tensor_parallel
 from inferplug.ops.kernel_set import KERNEL_SETS, cpu_kernels_off, kernel_set
 from inferplug.memory_plan import (
     DTYPE_BYTES, RESERVE_FIXED, RESERVE_SHARE, DoesNotFit, MemoryBreakdown, ModelFacts, draft_facts, gib, model_facts,
-    plan_memory, weight_bits,
+    plan_context, plan_memory, weight_bits,
 )
-from inferplug.profile import DEFAULT_CONTEXT_LENGTH, Profile
+from inferplug.profile import Profile
 from inferplug.compute_path_plan import decode_path_why, native_kv_dtype, onednn_max_isa, prefill_gemm
 from inferplug.weight_format_plan import native_weight_format
 
@@ -251,11 +251,9 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
         plan.onednn_max_isa, amx_why = onednn_max_isa(hw)
         plan.reasons += [amx_why] if amx_why else []
     plan.reasons += [decode_path_why(facts.family, attention)] if facts is not None and facts.family else []
-    blocks = weight_format in ("int4", "int8", "gguf", "awq", "gptq") and not gpus  # block layers (quant/block_linear.py)
-    plan.prefill_gemm, prefill_why = prefill_gemm(profile, hw, facts.hidden_size if blocks and facts else 0,
+    plan.prefill_gemm, prefill_why = prefill_gemm(profile, hw, None if gpus else weight_format, facts,
                                                   profile.native.num_threads or parallel.threads_per_rank or hw.cpu_count)
-    if blocks:
-        plan.reasons.append(f"prefill: the block layers multiply prompt rows in {plan.prefill_gemm} ({prefill_why})")
+    plan.reasons += [prefill_why] if prefill_why else []
     return plan
 
 
@@ -340,7 +338,7 @@ def _local_plan(backend: str, profile: Profile, hw: Hardware, facts: ModelFacts 
     device, kind, available, device_why = _device(gpus, hw)
     kv_dtype = kv_dtype or (dtype if profile.cache.kv_dtype == "auto" else profile.cache.kv_dtype)
     reasons = [device_why, *reasons]
-    max_len, context_why = _context(profile, facts)
+    max_len, context_why = plan_context(profile, facts)
     reasons.append(context_why)
     seqs = profile.limits.max_num_seqs or DEFAULT_MAX_NUM_SEQS[kind]
     memory = plan_memory(profile, facts, device=device, kind=kind, available=available, bits=bits,
@@ -368,21 +366,6 @@ def _local_plan(backend: str, profile: Profile, hw: Hardware, facts: ModelFacts 
     )
 
 
-def _context(profile: Profile, facts: ModelFacts) -> tuple[int, str]:
-    """max_model_len and why: the context asked (limits.max_model_len, else model.context_length, else the
-    default, as llama-server's -c), at most the model's maximum (model.context_length overrides the file's)."""
-    ceiling = profile.model.context_length or facts.max_position_embeddings
-    asked = profile.limits.max_model_len or profile.model.context_length
-    if asked is None:
-        if DEFAULT_CONTEXT_LENGTH > ceiling:
-            return ceiling, f"max_model_len {ceiling}: the model's maximum, below the default {DEFAULT_CONTEXT_LENGTH}"
-        return DEFAULT_CONTEXT_LENGTH, (f"max_model_len {DEFAULT_CONTEXT_LENGTH}: the default context (the model "
-                                        f"takes up to {ceiling}: set limits.max_model_len or --ctx-size for more)")
-    if asked > ceiling:
-        return ceiling, f"max_model_len {ceiling}: {asked} tokens were asked, more than the model's maximum"
-    return asked, f"max_model_len {asked}: the context asked (the model takes up to {ceiling})"
-
-
 def _prefill_while_decoding(limits, kind: str) -> int:
     """The profile's limits.max_prefill_tokens_while_decoding, or the device kind's default (0: no cap)."""
     if limits.max_prefill_tokens_while_decoding is not None:
@@ -396,7 +379,7 @@ def _gpu_need(profile: Profile, facts: ModelFacts | None, kv_bytes: float) -> st
         return ""
     bits, _ = weight_bits(profile, "exllamav2", "float16")
     weights = facts.num_parameters * bits / 8
-    ctx, _ = _context(profile, facts)
+    ctx, _ = plan_context(profile, facts)
     kv = facts.kv_bytes_per_token(kv_bytes) * ctx
     need = weights * (1 + RESERVE_SHARE["cuda"]) + RESERVE_FIXED["cuda"] + kv
     return (f" (it would need one with about {gib(need)} free: {profile.quantization.format.upper()} weights "

@@ -277,6 +277,16 @@ def _temp_beside(target: Path) -> Iterator[tuple[Any, Path]]:
         Path(name).unlink(missing_ok=True)
 
 
+def write_memo(path: Path, data: bytes) -> None:
+    """A cache memo under INFERPLUG_HOME (a model's facts, this host's kernel timings), written atomically with its
+    folder made; a read-only cache only costs working it out again next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, data)  # no link followed, no half read
+    except OSError:
+        pass
+
+
 def write_atomically(path: Path, data: bytes) -> None:
     """`data` as the whole of `path`, through a temp file and os.replace: readers never see half of it, and a symlink
     at `path` is replaced, never written through."""

@@ -6,6 +6,7 @@ control (the real one is timed by `inferplug doctor --bench` and by the first re
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 
@@ -21,11 +22,10 @@ FACTS = ModelFacts(134_515_008, 30, 3, 64, 8192, "test", num_attention_heads=9, 
 
 
 @pytest.fixture
-def timed(monkeypatch, tmp_path):
-    """This host, its timings replaced by `timed.costs` (seconds a path); `timed.calls` counts measurements."""
+def timed(cpu_kernel_ops, monkeypatch, tmp_path):
+    """This host, its timings replaced by `timed.costs` (seconds a path); `timed.calls` lists the measurements."""
     monkeypatch.setenv("INFERPLUG_HOME", str(tmp_path))
-    monkeypatch.setattr(host_timings, "_kernels_run", lambda hw: True)
-    state = dataclasses.make_dataclass("Timed", ["costs", "calls"])({}, [])
+    state = SimpleNamespace(costs={}, calls=[])
 
     def measure(paths, threads, width):
         state.calls.append((paths, threads, width))
@@ -79,6 +79,19 @@ def test_each_thread_count_and_width_is_timed_apart(timed):
         resolve(profile, probe(), FACTS)
     resolve(profile, probe(), dataclasses.replace(FACTS, hidden_size=4096))
     assert [(threads, width) for _, threads, width in timed.calls] == [(1, 576), (2, 576), (1, 4096)]
+
+
+def test_each_kernel_set_is_timed_apart(timed, monkeypatch):
+    """INFERPLUG_CPU_ISA=avx2 runs the AVX2 kernels on an AVX-512 host: their timings are not the AVX-512 set's."""
+    from inferplug.kernels import cpu as cpu_kernels
+
+    if cpu_kernels.supported_isas() != ["avx2", "avx512"]:
+        pytest.skip("this CPU runs one kernel set only")
+    timed.costs = {"float32": 0.030, "bfloat16": 0.020, "bfloat16-onednn": 0.025}
+    for isa in ("avx512", "avx2", "avx512"):
+        monkeypatch.setenv(cpu_kernels.ISA_ENV, isa)
+        resolve(load_profile("smollm2-135m"), probe(), FACTS)
+    assert len(timed.calls) == 2
 
 
 def test_another_hosts_facts_are_not_timed_here(timed):

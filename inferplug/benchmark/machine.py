@@ -3,20 +3,13 @@ bench/*.py: the machine and the peers' versions, the process's memory, the defau
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import platform
 from pathlib import Path
 
+from inferplug.hardware import version_of
+
 REPORTED_PACKAGES = ("inferplug", "torch", "transformers", "ctranslate2", "llama_cpp_python")
-
-
-def version_of(package: str) -> str:
-    """The installed version, or "?" where it is not installed."""
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return "?"
 
 
 def machine(cores: int | None = None) -> dict:
