@@ -3,6 +3,7 @@
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.inferplug-installed
+TEST_STAMP := $(VENV)/.test-references-installed
 # torch goes in first and pinned, and the pin constrains the package install too: then nothing later resolves
 # a multi-GB CUDA build (pyproject does not cap torch, so that a CUDA machine keeps its own). Where the package
 # index serves only CUDA wheels, add: PIP_TORCH_ARGS="--index-url https://download.pytorch.org/whl/cpu"
@@ -14,7 +15,7 @@ LLAMA_CPP_VERSION := 0.3.36
 
 .PHONY: .venv setup demo test clean
 
-.venv setup: $(STAMP)
+.venv setup: $(TEST_STAMP)
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,16 +25,20 @@ $(STAMP): pyproject.toml | $(VENV)/bin/python
 	$(VENV)/bin/pip install $(PIP_TORCH_ARGS) $(TORCH)
 	echo "$(TORCH)" > $(VENV)/torch-pin.txt
 	$(VENV)/bin/pip install -c $(VENV)/torch-pin.txt -e ".[all,test]"
+	touch $(STAMP)
+
+# The tests' references only (a build of minutes): `make demo` does not wait for them.
+$(TEST_STAMP): $(STAMP)
 	CMAKE_ARGS="$$($(VENV)/bin/python tests/fixtures/llama_cpp_cmake_flags.py)" \
 		$(VENV)/bin/pip install -c $(VENV)/torch-pin.txt llama-cpp-python==$(LLAMA_CPP_VERSION)
 	$(VENV)/bin/python tests/fixtures/fetch_llama_cpp_converter.py $(VENV)/llama.cpp $(LLAMA_CPP_VERSION)
-	touch $(STAMP)
+	touch $(TEST_STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/inferplug demo
 
 # pytest exits 5 when it collects nothing: say so instead of failing silently.
-test: $(STAMP)
+test: $(TEST_STAMP)
 	@status=0; $(VENV)/bin/pytest -q $(PYTEST_ARGS) || status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$status
 

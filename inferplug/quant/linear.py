@@ -48,7 +48,16 @@ class Fp16Linear(WeightOnlyLinear):
         return cls(packed, *w.shape)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.quantized.linear_dynamic_fp16(x, self.packed)
+        # fbgemm's AVX2 kernels take rows 1 to 6 at a time, and its 1- and 2-row kernels round otherwise than the
+        # rest: a row's bits would depend on how many rows share its call. A call is padded so that no row takes
+        # them (1 or 2 rows past a multiple of 6 become 3): batch invariance, at no cost (3 rows stream the weights
+        # as 1 does).
+        rows = x.shape[0]
+        short = 3 - rows % 6 if rows % 6 in (1, 2) else 0
+        if short:
+            x = torch.cat([x, x.new_zeros(short, x.shape[1])])
+        out = torch.ops.quantized.linear_dynamic_fp16(x, self.packed)
+        return out[:rows] if short else out
 
     def nbytes(self) -> int:
         return 2 * self.out_features * self.in_features  # the packed matrix is opaque; the bias is negligible

@@ -1,4 +1,4 @@
-"""Weight-only int8/int4 layers against the float layers they replace."""
+"""Weight-only fp16/int8/int4 layers against the float layers they replace, and row for row alike in any batch."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from inferplug.errors import ProfileError
-from inferplug.quant.linear import Int4Linear, Int8Linear, linear, quantize_model
+from inferplug.quant.linear import Fp16Linear, Int4Linear, Int8Linear, linear, quantize_model
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -69,3 +69,13 @@ def test_unknown_format_is_a_clear_error(weight_and_input):
 def test_int4_rejects_widths_it_cannot_group():
     with pytest.raises(ProfileError, match="divisible by 32"):
         Int4Linear.from_float(torch.randn(8, 40))
+
+
+def test_an_fp16_rows_bits_do_not_depend_on_the_rows_beside_it():
+    """fbgemm's 1- and 2-row AVX2 kernels round otherwise than its 3- to 6-row ones; Fp16Linear pads around them."""
+    generator = torch.Generator().manual_seed(0)
+    layer = Fp16Linear.from_float(torch.randn(96, 64, generator=generator))
+    x = torch.randn(200, 64, generator=generator)
+    alone = torch.cat([layer(x[i:i + 1]) for i in range(len(x))])
+    for rows in range(1, len(x)):
+        assert torch.equal(layer(x[:rows]), alone[:rows]), f"{rows} rows"

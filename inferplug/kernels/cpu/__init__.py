@@ -18,6 +18,7 @@ AVX2-only hosts run). `isa()` says which set runs; `set_isa` switches (tests and
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -35,6 +36,8 @@ ISA_ENV = "INFERPLUG_CPU_ISA"  # avx2 or avx512: the kernel set to run instead o
 KV_DTYPES = ("float32", "float16")
 KERNEL_SETS = {"avx2": REQUIRED_FLAGS,  # each set the kernels build, with the CPU flags it needs, lowest first
                "avx512": REQUIRED_FLAGS | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"}}
+
+EXTENSION = "inferplug_cpu_kernels"
 
 log = logging.getLogger(__name__)
 
@@ -128,15 +131,30 @@ def set_isa(name: str) -> None:
 
 def _build() -> None:
     from rich.console import Console
-    from torch.utils.cpp_extension import load
+    from torch.utils.cpp_extension import _get_build_directory, load
 
     here = Path(__file__).parent
     # A spinner: the first build takes about a minute; later loads find the cached library.
-    with Console(stderr=True).status("compiling inferplug's CPU kernels (once per machine, about a minute)"):
+    with Console(stderr=True).status("compiling inferplug's CPU kernels (once per machine, about a minute)"), \
+            _sole_builder(Path(_get_build_directory(EXTENSION, verbose=False))):
         load(
-            name="inferplug_cpu_kernels",
+            name=EXTENSION,
             sources=[str(here / name) for name in SOURCES],
             extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off"],  # no implicit FMAs: rounding as in torch
             extra_ldflags=["-fopenmp"],
             is_python_module=False,
         )
+
+
+@contextlib.contextmanager
+def _sole_builder(build_dir: Path):
+    """Holds an OS lock on the build folder while torch builds or loads the kernels there. torch's own lock is a
+    file (FileBaton) that a builder killed mid-build leaves behind, and every later start then waits on it for ever;
+    the OS drops ours when its holder dies, so a baton found while we hold it is a dead builder's, and goes."""
+    import fcntl
+
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with open(build_dir / "inferplug-builder.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        (build_dir / "lock").unlink(missing_ok=True)  # torch's baton (cpp_extension's FileBaton)
+        yield
