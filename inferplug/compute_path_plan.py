@@ -14,9 +14,9 @@ if TYPE_CHECKING:
     from inferplug.memory_plan import ModelFacts
 
 
-# The prompt-row paths a default may take (block_linear.PREFILL_GEMMS), with the quality rule's figure for each
-# (docs/profiles.md, "Quality"). int8 is left out: int8 prompt activations are 1.6-2.5x Q8_0's KLD on SmolLM2 and
-# lose its factual answers.
+# The prompt-row paths a default may take (block_linear.PREFILL_GEMMS), most accurate first, with the quality rule's
+# figure for each (docs/profiles.md, "Quality"). int8 is left out: int8 prompt activations are 1.6-2.5x Q8_0's KLD
+# on SmolLM2 and lose its factual answers.
 PREFILL_RULE = {"float32": "the reference arithmetic",
                 "bfloat16": "vdpbf16ps or FMAs on bf16-rounded x and w, float32 sums: KLD 1.1e-4 on SmolLM2",
                 "bfloat16-onednn": "torch's bf16 matmul (oneDNN; AMX tiles where granted), float32 sums, bf16 out: "
@@ -24,15 +24,18 @@ PREFILL_RULE = {"float32": "the reference arithmetic",
 
 
 BLOCK_FORMATS = ("int4", "int8", "gguf", "awq", "gptq")  # the weight formats block layers run on the CPU
+# auto takes the most accurate path that times within this factor of the fastest: a less accurate path must win by
+# more than a shared host's timing noise (on an AVX2 EPYC, bfloat16's FMAs timed 8.6 ms against float32's 8.9)
+ACCURACY_MARGIN = 1.10
 
 
 def prefill_gemm(profile: Profile, hw: Hardware, cpu_format: str | None, facts: ModelFacts | None,
                  threads: int) -> tuple[str, str | None]:
     """How the CPU's block layers multiply prompt rows, and the plan's reason (None where none runs: `cpu_format`,
-    the plan's weight format on the CPU, is None on a GPU or not a block format). A pin wins. auto: the fastest
-    path of PREFILL_RULE timed on this host under `threads` threads, on a layer of the model's width
-    (host_timings.py); untimed (another host's facts, no width, or no kernels): bfloat16 where the CPU has
-    AVX512_BF16, else float32."""
+    the plan's weight format on the CPU, is None on a GPU or not a block format). A pin wins. auto: the most
+    accurate path of PREFILL_RULE within ACCURACY_MARGIN of the fastest, timed on this host under `threads`
+    threads on a layer of the model's width (host_timings.py); untimed (another host's facts, no width, or no
+    kernels): bfloat16 where the CPU has AVX512_BF16, else float32."""
     blocks = cpu_format in BLOCK_FORMATS
     path, why = _prefill_gemm(profile, hw, facts.hidden_size if blocks and facts else 0, threads)
     return path, f"prefill: the block layers multiply prompt rows in {path} ({why})" if blocks else None
@@ -45,10 +48,13 @@ def _prefill_gemm(profile: Profile, hw: Hardware, width: int, threads: int) -> t
     timed = prefill_timings(hw, threads, width, tuple(PREFILL_RULE)) if width else None
     timed = {path: seconds for path, seconds in (timed or {}).items() if path in PREFILL_RULE}
     if timed:
-        best = min(timed, key=timed.__getitem__)
-        shown = ", ".join(f"{path} {seconds * 1e3:.1f} ms" for path, seconds in sorted(timed.items(), key=lambda kv: kv[1]))
-        return best, (f"auto: the fastest on this host, timed once ({shown}); {PREFILL_RULE[best]}; int8 is no "
-                      "candidate (it fails the quality rule)")
+        fastest = min(timed.values())
+        best = next(path for path in PREFILL_RULE if timed.get(path, float("inf")) <= fastest * ACCURACY_MARGIN)
+        shown = ", ".join(f"{path} {seconds * 1e3:.1f} ms" for path, seconds in sorted(timed.items(),
+                                                                                   key=lambda kv: kv[1]))
+        return best, (f"auto: timed once on this host ({shown}), the most accurate within "
+                      f"{ACCURACY_MARGIN - 1:.0%} of the fastest; {PREFILL_RULE[best]}; int8 is no candidate (it "
+                      "fails the quality rule)")
     if "avx512_bf16" in hw.cpu_flags:
         return "bfloat16", "auto, untimed: AVX512_BF16's vdpbf16ps, float32 sums; KLD 1.1e-4 on SmolLM2"
     return "float32", "auto, untimed: this CPU has no AVX512_BF16, so bf16 would be no faster"

@@ -224,7 +224,7 @@ class NativeOptions(Table):
     num_threads: int | None = Field(default=None, ge=1)  # torch intra-op threads on CPU
     # How int4/int8 block layers multiply prompt rows on a CPU (quant/block_linear.py): x and the weights in
     # float32, bfloat16 (float32 sums; our kernel or torch's oneDNN matmul) or int8 (the decode kernel). auto: the
-    # fastest path the quality rule admits, timed once on this host (host_timings.py).
+    # most accurate path the quality rule admits within 10% of the fastest, timed once on this host (host_timings.py).
     prefill_gemm: Literal["auto", "float32", "bfloat16", "bfloat16-onednn", "int8"] = "auto"
 
 

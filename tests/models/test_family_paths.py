@@ -11,7 +11,7 @@ import json
 import pytest
 
 from inferplug.types import Request, SamplingParams
-from tests.engine.engine_helpers import greedy, hf_greedy, hf_model, make_engine, prompts_of, run_all, tokens_of
+from tests.engine.engine_helpers import hf_greedy, hf_model, make_engine, prompts_of, run_all, tokens_of
 from tests.engine.test_beam_search import beam, hf_beam, last_event
 from tests.server.conftest import start_server
 
