@@ -80,7 +80,7 @@ def main() -> None:
     ap.add_argument("--output-cap", type=int, default=256, help="cap output lengths (a quick smoke run of the script)")
     ap.add_argument("--quant", default="auto,int4",
                     help="native weight formats to run, comma-separated: auto (the resolver's choice for the default "
-                         "profile here: fp16 on x86 CPUs), none (weights in the dtype), fp16, int8, int4")
+                         "profile here: the GGUF's own blocks on x86 CPUs), none (weights in the dtype), fp16, int8, int4")
     ap.add_argument("--isa", default="", help="CPU kernel sets (avx2,avx512) whose one-stream tok/s to time too, "
                     "taking turns in --isa-rounds rounds; the main runs use the set INFERPLUG_CPU_ISA or the CPU picks")
     ap.add_argument("--isa-rounds", type=int, default=5)
@@ -88,22 +88,23 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from inferplug.engine.config import EngineConfig
+    from inferplug.backends.native import engine_config, gguf_layer_format
     from inferplug.engine.llm_engine import LLMEngine
     from inferplug.models.loader import load_tokenizer, load_weights, read_config
 
     path = Path(args.model) if args.model else default_model()
     plan = _default_plan()
-    dtype = plan.dtype if args.dtype == "auto" else args.dtype
-    config = EngineConfig(dtype=dtype, num_kv_blocks=2048, max_num_seqs=64, max_num_batched_tokens=2048)
+    plan = dataclasses.replace(plan, dtype=plan.dtype if args.dtype == "auto" else args.dtype)
+    config = engine_config(plan)  # the default profile's engine as the native backend builds it
     tokenizer = load_tokenizer(path)
     requests = workload(tokenizer, args.requests, args.output_cap)
     natives = {}
     for fmt in args.quant.split(","):
         fmt = (plan.weight_format or "none") if fmt == "auto" else fmt
         t0 = time.perf_counter()
-        built = dataclasses.replace(config, weight_format=None if fmt == "none" else fmt)  # as the native backend
-        engine = LLMEngine(read_config(path), load_weights(path, built.torch_dtype), tokenizer, built)
+        built = dataclasses.replace(plan, weight_format=None if fmt == "none" else fmt)  # as the native backend
+        weights = load_weights(path, config.torch_dtype, gguf_layers=gguf_layer_format(built, 1))  # a GGUF's blocks
+        engine = LLMEngine(read_config(path), weights, tokenizer, engine_config(built))
         load_s = time.perf_counter() - t0
         run_native(engine, requests[:2])  # warm-up
         natives[fmt] = run_native(engine, requests)
@@ -124,7 +125,7 @@ def main() -> None:
         hf_runs = [run_hf(hf, tokenizer, subset, int(b)) for b in args.hf_batches.split(",")]
     best = max(hf_runs, key=lambda r: r["tok_per_s"]) if hf_runs else None
     llama_cpp = llama_cpp_single_stream(path, requests[0][0], min(128, args.output_cap), args.threads) if path.suffix == ".gguf" else None
-    report = {"workload": {"requests": len(requests), "dtype": dtype, "threads": args.threads,
+    report = {"workload": {"requests": len(requests), "dtype": plan.dtype, "threads": args.threads,
                            "prompt_tokens": [len(p) for p, _ in requests], "output_tokens": [n for _, n in requests]},
               "native": natives, "hf": hf_runs, "llama_cpp_single_stream_tok_per_s": llama_cpp,
               "ratio_vs_best_hf": {fmt: n["tok_per_s"] / best["tok_per_s"] for fmt, n in natives.items()} if best else None}
@@ -152,3 +153,7 @@ def _default_plan():
     return resolve(load_profile("smollm2-135m"), probe())
 
 
+
+
+if __name__ == "__main__":
+    main()

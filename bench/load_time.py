@@ -108,3 +108,5 @@ def main() -> None:
     Path(args.json).write_text(json.dumps({"gguf": str(path), "repeats": args.repeats, "rows": rows}, indent=2))
 
 
+if __name__ == "__main__":
+    main()

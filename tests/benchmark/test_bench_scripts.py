@@ -1,6 +1,7 @@
 """Every bench/*.py imports (so a renamed function one of them imports fails here, not on the day a figure is
 taken), none imports another (their shared code is inferplug/benchmark/'s), and each script whose main() reads its
-own flags answers --help. Imported as `python bench/NAME.py` runs them: with bench/ first on sys.path."""
+own flags calls it when run and answers --help. Imported as `python bench/NAME.py` runs them: with bench/ first on
+sys.path."""
 
 from __future__ import annotations
 
@@ -49,6 +50,9 @@ def test_each_bench_script_imports_and_answers_help(name, as_a_script, monkeypat
     main = getattr(module, "main", None)
     if main is None or any(p.default is p.empty for p in inspect.signature(main).parameters.values()):
         return  # a library of the others (or a worker another starts), or a main() given its paths by its caller
+    tree = ast.parse((BENCH / f"{name}.py").read_text())  # run as a script, it calls main() (a lost guard ran nothing)
+    assert any(isinstance(node, ast.If) and "__main__" in ast.unparse(node.test) and "main()" in ast.unparse(node)
+               for node in tree.body), f"`python bench/{name}.py` never calls main()"
     monkeypatch.setattr(sys, "argv", [f"bench/{name}.py", "--help"])
     with pytest.raises(SystemExit) as exit_:
         main()
