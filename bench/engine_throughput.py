@@ -153,7 +153,5 @@ def _default_plan():
     return resolve(load_profile("smollm2-135m"), probe())
 
 
-
-
 if __name__ == "__main__":
     main()

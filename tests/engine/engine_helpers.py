@@ -55,6 +55,12 @@ def text_of(events: list[Event], index: int = 0) -> str:
     return "".join(e.text for e in events if e.index == index)
 
 
+def logprob_trace(events: list[Event]) -> list:
+    """A request's tokens with their logprobs and top alternatives, exactly as floats, however its events cut them
+    (a speculative step gives several tokens an event)."""
+    return [(lp.token_id, lp.logprob, lp.top) for e in events for lp in e.logprobs]
+
+
 def tokens_and_logprobs(events: dict[str, list[Event]]) -> dict:
     """run_all's events as {request_id: [(token ids, [(token, logprob, top)])]}: what bit-for-bit checks compare."""
     return {rid: [(e.token_ids, [(lp.token_id, lp.logprob, lp.top) for lp in e.logprobs]) for e in ev]

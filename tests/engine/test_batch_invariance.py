@@ -12,7 +12,7 @@ import torch
 
 from inferplug.quant.block_linear import PREFILL_GEMMS
 from inferplug.types import Request, SamplingParams
-from tests.engine.engine_helpers import make_engine, prompts_of, run_all
+from tests.engine.engine_helpers import logprob_trace, make_engine, prompts_of, run_all
 
 
 def _engine(model_dir, fmt, prefill_gemm="float32", **overrides):
@@ -26,11 +26,6 @@ def _engine(model_dir, fmt, prefill_gemm="float32", **overrides):
 def _target(prompt, rid="target") -> Request:
     return Request(prompt=prompt, params=SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=2),
                    request_id=rid)
-
-
-def _trace(events) -> list:
-    """Tokens with their logprobs and top alternatives, exactly as floats."""
-    return [(lp.token_id, lp.logprob, lp.top) for e in events for lp in e.logprobs]
 
 
 def _others(vocab: int) -> list[Request]:
@@ -55,18 +50,19 @@ def test_tiny_greedy_request_is_the_same_alone_in_a_batch_and_after_a_prefix_hit
                                                                                  kv_dtype):
     vocab = 300
     prompt = prompts_of([53], vocab=vocab, seed=4)[0]
-    alone = _trace(run_all(_engine(tiny_model_dir, fmt, prefill_gemm, kv_dtype=kv_dtype), [_target(prompt)])["target"])
+    alone = logprob_trace(run_all(_engine(tiny_model_dir, fmt, prefill_gemm, kv_dtype=kv_dtype),
+                                  [_target(prompt)])["target"])
 
     engine = _engine(tiny_model_dir, fmt, prefill_gemm, kv_dtype=kv_dtype)
     others = _others(vocab)
     batched = run_all(engine, others[:5] + [_target(prompt)], {1: others[5:10], 3: others[10:]})
-    assert _trace(batched["target"]) == alone, "inside a batch of 16"
+    assert logprob_trace(batched["target"]) == alone, "inside a batch of 16"
 
     engine = _engine(tiny_model_dir, fmt, prefill_gemm, kv_dtype=kv_dtype, max_num_batched_tokens=256)  # the prompt in one step
     run_all(engine, [_target(prompt[:40] + [5], "warm")])
     hit = run_all(engine, [_target(prompt)])["target"]
     assert hit[-1].usage.cached_tokens == 32
-    assert _trace(hit) == alone, "after a prefix-cache hit"
+    assert logprob_trace(hit) == alone, "after a prefix-cache hit"
 
 
 @pytest.mark.smollm2
@@ -76,19 +72,19 @@ def test_smollm2_default_path_answer_is_the_same_alone_batched_cached_and_on_one
     target = Request(messages=messages, request_id="target",
                      params=SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=1))
     engine = _engine(smollm2_gguf, "fp16", kv_dtype="float16", max_num_batched_tokens=32)
-    alone = _trace(run_all(engine, [target])["target"])
+    alone = logprob_trace(run_all(engine, [target])["target"])
     assert run_all(engine, [target])["target"][-1].usage.cached_tokens > 0
-    assert _trace(run_all(engine, [target])["target"]) == alone, "after a prefix-cache hit"
+    assert logprob_trace(run_all(engine, [target])["target"]) == alone, "after a prefix-cache hit"
 
     others = _others(vocab=49152)
     batched = run_all(_engine(smollm2_gguf, "fp16", kv_dtype="float16", max_num_batched_tokens=32), others[:5] + [target],
                       {1: others[5:10], 2: others[10:]})
-    assert _trace(batched["target"]) == alone, "inside a batch of 16"
+    assert logprob_trace(batched["target"]) == alone, "inside a batch of 16"
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        single = _trace(run_all(_engine(smollm2_gguf, "fp16", kv_dtype="float16", max_num_batched_tokens=32),
+        single = logprob_trace(run_all(_engine(smollm2_gguf, "fp16", kv_dtype="float16", max_num_batched_tokens=32),
                                 [target])["target"])
     finally:
         torch.set_num_threads(threads)
@@ -105,12 +101,12 @@ def test_tiny_prompt_last_token_computed_alone_takes_prefill_arithmetic(tiny_mod
     def engine_of(**overrides):
         return _engine(tiny_model_dir, "int4", prefill_gemm, **overrides)
 
-    whole = _trace(run_all(engine_of(max_num_batched_tokens=256), [_target(prompt)])["target"])
-    assert _trace(run_all(engine_of(), [_target(prompt)])["target"]) == whole, "chunks 40 + 1"
+    whole = logprob_trace(run_all(engine_of(max_num_batched_tokens=256), [_target(prompt)])["target"])
+    assert logprob_trace(run_all(engine_of(), [_target(prompt)])["target"]) == whole, "chunks 40 + 1"
 
     engine = engine_of(max_num_batched_tokens=256)
     run_all(engine, [_target(prompt[:32] + [7], "warm")])
     cached = run_all(engine, [_target(prompt[:33])])["target"]
     assert cached[-1].usage.cached_tokens == 32
-    alone = _trace(run_all(engine_of(max_num_batched_tokens=256), [_target(prompt[:33])])["target"])
-    assert _trace(cached) == alone, "32 tokens from the prefix cache + 1"
+    alone = logprob_trace(run_all(engine_of(max_num_batched_tokens=256), [_target(prompt[:33])])["target"])
+    assert logprob_trace(cached) == alone, "32 tokens from the prefix cache + 1"

@@ -12,7 +12,7 @@ from inferplug.engine.sequence import Sequence
 from inferplug.engine.spec_decode import NgramProposer
 from inferplug.profile import ModelSource
 from inferplug.types import Request, SamplingParams
-from tests.engine.engine_helpers import make_engine, prompts_of, run_all, text_of, tokens_of
+from tests.engine.engine_helpers import logprob_trace, make_engine, prompts_of, run_all, text_of, tokens_of
 
 TEXT = ("The quick brown fox jumps over the lazy dog. The lazy dog sleeps while the quick brown fox runs. "
         "Repeat after me: the quick brown fox jumps over the lazy dog.")
@@ -42,10 +42,6 @@ def _requests(prompts, max_tokens=24, **kw) -> list[Request]:
                     params=SamplingParams(temperature=0.0, max_tokens=max_tokens - i % 5, ignore_eos=True, logprobs=1,
                                           **kw))
             for i, p in enumerate(prompts)]
-
-
-def _trace(events) -> list:
-    return [(lp.token_id, lp.logprob, lp.top) for e in events for lp in e.logprobs]
 
 
 def test_proposer_takes_the_latest_longest_match_and_respects_the_limit():
@@ -80,7 +76,7 @@ def test_tiny_greedy_speculation_equals_plain_greedy_in_a_batch_of_16(tiny_model
     stats = engine.stats()
     assert stats["spec_accepted_tokens"] > 0 and 0 < stats["spec_acceptance_rate"] <= 1
     for r in requests:
-        assert _trace(spec[r.request_id]) == _trace(plain[r.request_id]), f"request {r.request_id}"
+        assert logprob_trace(spec[r.request_id]) == logprob_trace(plain[r.request_id]), f"request {r.request_id}"
     assert sum(spec[r.request_id][-1].usage.accepted_draft_tokens for r in requests) == stats["spec_accepted_tokens"]
 
 
@@ -137,7 +133,8 @@ def test_a_draft_keeps_to_the_step_budget_and_a_failed_draft_step_costs_only_spe
 
     monkeypatch.setattr(engine.proposer.runner, "forward", failing_forward)
     spec = run_all(engine, requests)
-    assert {rid: _trace(ev) for rid, ev in spec.items()} == {rid: _trace(ev) for rid, ev in plain.items()}
+    assert ({rid: logprob_trace(ev) for rid, ev in spec.items()}
+            == {rid: logprob_trace(ev) for rid, ev in plain.items()})
     # the shadows catch up on prompts of up to 48 tokens at most 16 tokens a step, as the target prefills them
     assert max(rows) == 16 and engine.stats()["spec_accepted_tokens"] > 0
 
@@ -153,7 +150,8 @@ def test_draft_catch_up_beside_other_streams_keeps_to_the_prefill_cap(tiny_llama
     engine = _engine(tiny_llama_dir, "draft", draft_dir=tiny_draft_dir, max_num_batched_tokens=64,
                      max_prefill_tokens_while_decoding=4)
     spec = run_all(engine, requests)
-    assert {rid: _trace(ev) for rid, ev in spec.items()} == {rid: _trace(ev) for rid, ev in plain.items()}
+    assert ({rid: logprob_trace(ev) for rid, ev in spec.items()}
+            == {rid: logprob_trace(ev) for rid, ev in plain.items()})
     # several streams decode: a shadow's catch-up takes at most the 4 prefill tokens a step may carry beside them
     assert budgets and set(budgets) == {4}
 
@@ -223,4 +221,4 @@ def test_smollm2_greedy_speculation_equals_plain_greedy_for_16_mixed_requests(sm
     assert stats["spec_draft_tokens"] > stats["spec_accepted_tokens"] > 0
     for r in requests:
         assert tokens_of(spec[r.request_id]) == tokens_of(plain[r.request_id]), f"request {r.request_id}"
-        assert _trace(spec[r.request_id]) == _trace(plain[r.request_id]), f"request {r.request_id}"
+        assert logprob_trace(spec[r.request_id]) == logprob_trace(plain[r.request_id]), f"request {r.request_id}"

@@ -11,17 +11,14 @@ import json
 import pytest
 
 from inferplug.types import Request, SamplingParams
-from tests.engine.engine_helpers import hf_greedy, hf_model, make_engine, prompts_of, run_all, tokens_of
+from tests.engine.engine_helpers import (hf_greedy, hf_model, logprob_trace, make_engine, prompts_of, run_all,
+                                         tokens_of)
 from tests.engine.test_beam_search import beam, hf_beam, last_event
 from tests.server.conftest import start_server
 
 # bounded everywhere: a random model writes an integer's digits until max_tokens
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6}, "ok": {"type": "boolean"},
                                            "kind": {"enum": ["a", "b"]}}, "required": ["name", "ok", "kind"]}
-
-
-def _trace(events) -> list:
-    return [(lp.token_id, lp.logprob, lp.top) for e in events for lp in e.logprobs]
 
 
 def test_prompt_lookup_speculation_equals_plain_greedy(cpu_kernel_ops, tiny_family_dir):
@@ -36,7 +33,7 @@ def test_prompt_lookup_speculation_equals_plain_greedy(cpu_kernel_ops, tiny_fami
     spec = run_all(engine, requests)
     assert engine.stats()["spec_draft_tokens"] > 0
     for r in requests:
-        assert _trace(spec[r.request_id]) == _trace(plain[r.request_id]), f"request {r.request_id}"
+        assert logprob_trace(spec[r.request_id]) == logprob_trace(plain[r.request_id]), f"request {r.request_id}"
 
 
 def test_top_beam_matches_hf(tiny_family_dir):
