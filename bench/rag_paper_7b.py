@@ -40,7 +40,8 @@ def write_model(out: Path, layers: int) -> Path:
         "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}))
     profile = out / "rag-7b.toml"
     profile.write_text(f'name = "rag-7b-{layers}l"\nbackend = "native"\n[model]\npath = "{out}"\n'
-                       'load_format = "dummy"\n[quantization]\nformat = "gguf"\n[cache]\nmemory = "1GiB"\n')
+                       'load_format = "dummy"\n[quantization]\nformat = "gguf"\n[cache]\nmemory = "1GiB"\n'
+                       'rag_document_cache = true\n')
     return profile
 
 

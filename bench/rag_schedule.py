@@ -39,12 +39,11 @@ SCHEDULES = ("fifo", "cache_aware")
 
 def _engine(profile_name: str, schedule: str, memory: str, prefill_cap: int | None):
     from inferplug.llm import LLM
-    from inferplug.profile import load_profile
+    from inferplug.profile import load_profile, with_tables
 
-    profile = load_profile(profile_name)
-    cache = profile.cache.model_copy(update={"schedule": schedule, "memory": memory})
-    limits = profile.limits.model_copy(update={"max_prefill_tokens_while_decoding": prefill_cap})
-    return LLM(profile.model_copy(update={"cache": cache, "limits": limits})).engine
+    cache = {"schedule": schedule, "memory": memory, "rag_document_cache": True}
+    limits = {"max_prefill_tokens_while_decoding": prefill_cap}
+    return LLM(with_tables(load_profile(profile_name), cache=cache, limits=limits)).engine
 
 
 def poisson_arrivals(n: int, mean_gap: float, seed: int) -> list[int]:

@@ -90,6 +90,12 @@ def load_profile(name_or_path: str | Path | Profile | None = None, *, context_le
     return profile
 
 
+def with_tables(profile: Profile, **changes: dict[str, Any]) -> Profile:
+    """A copy of `profile` with fields of its tables changed: with_tables(p, cache={"rag_document_cache": True})."""
+    return profile.model_copy(update={table: getattr(profile, table).model_copy(update=fields)
+                                      for table, fields in changes.items()})
+
+
 def _load_toml(path: Path) -> Profile:
     data = read_toml(path)
     profile = _build(path, data, str(path))

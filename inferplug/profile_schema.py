@@ -115,7 +115,9 @@ class Cache(Table):
     # most 90% of that memory.
     memory: str | float = "auto"
     prefix_caching: bool = True
-    rag_document_cache: bool = True
+    # reuse retrieved documents' KV wherever they land (docs/rag_cache.md): off by default, since reused KV moved
+    # the measured models' answers past the quality bound (rag_cache_plan.py says so in `resolve`)
+    rag_document_cache: bool = False
     rag_recompute: Literal["deviation", "chunk_heads", "none"] = "none"  # engine/rag_recompute.py, docs/profiles.md
     rag_recompute_fraction: float = Field(default=0.15, ge=0.0, le=1.0)
     # waiting requests with cached prefix or documents first, within an aging bound (engine/cache_aware.py)

@@ -22,6 +22,7 @@ from inferplug.memory_plan import (
 )
 from inferplug.profile import Profile
 from inferplug.compute_path_plan import decode_path_why, native_kv_dtype, onednn_max_isa, prefill_gemm
+from inferplug.rag_cache_plan import document_cache_why
 from inferplug.weight_format_plan import native_weight_format
 
 BACKENDS = ("native", "ctranslate2", "exllamav2", "openai")
@@ -78,7 +79,7 @@ class Plan:
     prefill_gemm: str = "float32"  # native: how int4/int8 block layers multiply prompt rows (quant/block_linear.py)
     onednn_max_isa: str | None = None  # native on a CPU: the ISA torch's oneDNN is held to (None: its own choice)
     prefix_caching: bool = True
-    rag_document_cache: bool = True
+    rag_document_cache: bool = False
     model_path: Path | None = None  # the local model, when it is already on disk
     memory: MemoryBreakdown | None = None
     reasons: list[str] = field(default_factory=list)
@@ -254,6 +255,7 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
     plan.prefill_gemm, prefill_why = prefill_gemm(profile, hw, None if gpus else weight_format, facts,
                                                   profile.native.num_threads or parallel.threads_per_rank or hw.cpu_count)
     plan.reasons += [prefill_why] if prefill_why else []
+    plan.reasons.append(document_cache_why(profile.cache))
     return plan
 
 

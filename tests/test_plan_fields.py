@@ -21,7 +21,7 @@ REPORTS = {"inferplug/commands/resolve.py", "inferplug/doctor.py"}
 NATIVE_CHANGES = {"device": "cuda:0", "dtype": "bfloat16", "attention": "triton", "block_size": 32, "num_kv_blocks": 7,
                   "max_model_len": 99, "max_num_seqs": 3, "max_num_batched_tokens": 77,
                   "max_prefill_tokens_while_decoding": 5, "kv_dtype": "float16", "prefix_caching": False,
-                  "rag_document_cache": False, "tensor_parallel_size": 3, "threads_per_rank": 2,
+                  "rag_document_cache": True, "tensor_parallel_size": 3, "threads_per_rank": 2,
                   "weight_format": "int4", "prefill_gemm": "int8"}
 
 

@@ -1,12 +1,14 @@
 """A RAG workload shaped like CacheBlend's (arXiv 2405.16444): long chunks, top-6 in random order, multi-hop
-questions with short answers, planted facts to score. Written here, offline, from a seed (no download).
+questions with short gold answers, planted facts to score. Written here, offline, from a seed (no download).
 
 The corpus has workshops and people. A workshop's chunk plants who founded it; a person's chunk plants the town
-they were born in. "Who founded X, and in which town was that person born?" needs both chunks (two hops); its
-short answer is scored by the planted facts it names (the founder, the town). Each chunk pads its planted facts with neutral filler
-(weather, trade, buildings; never a town or a person) to ~300-400 words, which SmolLM2's tokenizer makes
-~350-512 tokens. A query's six chunks are its two plus four others, shuffled: the retrieval order a plain app
-sends; the integrations put them in canonical order.
+they were born in. Every question needs both chunks of one pair (two hops), in one of three forms:
+  "Who founded X, and in which town was that person born?"    gold "<founder>, <town>"
+  "In which town was the founder of X born?"                   gold "<town>"
+  "Which workshop was founded by the person born in <town>?"   gold "<workshop>"
+Each chunk pads its planted facts with neutral filler (weather, trade, buildings; never a town or a person) to
+about `words_per_chunk` words. A query's six chunks are its two plus four others, shuffled: the retrieval order a
+plain app sends; the integrations put them in canonical order.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ WORDS = {
 class PaperWorkload:
     chunks: list[str]
     questions: list[str]
-    answers: list[tuple[str, str]]  # the planted facts each question asks for: the founder, their birthplace
+    answers: list[tuple[str, ...]]  # the planted facts each question asks for
+    gold: list[str]  # each question's gold answer, a few words (scored by token F1: rag_fidelity.f1_score)
     retrieved: list[list[int]]  # six chunk indices per question, in (random) retrieval order
 
 
@@ -77,14 +80,26 @@ def make_paper_workload(num_queries: int, num_entities: int = 12, top_k: int = 6
         half = words_per_chunk // 2
         chunks.append(f"This is the story of {person}. {_filler(rng, half)} "
                       f"{person} was born in the town of {towns[i]}. {_filler(rng, half)}")
-    questions, answers, retrieved = [], [], []
+    questions, answers, gold, retrieved = [], [], [], []
     for _ in range(num_queries):
         j = rng.randrange(num_entities)
+        founder, town = people[founders[j]], towns[founders[j]]
+        form = rng.randrange(3)
+        if form == 0:
+            questions.append(f"Who founded {workshops[j]}, and in which town was that person born?")
+            answers.append((founder, town))
+            gold.append(f"{founder}, {town}")
+        elif form == 1:
+            questions.append(f"In which town was the founder of {workshops[j]} born?")
+            answers.append((town,))
+            gold.append(town)
+        else:
+            questions.append(f"Which workshop was founded by the person born in the town of {town}?")
+            answers.append((workshops[j].removeprefix("the "),))
+            gold.append(workshops[j])
         needed = [j, num_entities + founders[j]]
         others = rng.sample([c for c in range(len(chunks)) if c not in needed], top_k - 2)
         order = needed + others
         rng.shuffle(order)
-        questions.append(f"Who founded {workshops[j]}, and in which town was that person born?")
-        answers.append((people[founders[j]], towns[founders[j]]))
         retrieved.append(order)
-    return PaperWorkload(chunks, questions, answers, retrieved)
+    return PaperWorkload(chunks, questions, answers, gold, retrieved)

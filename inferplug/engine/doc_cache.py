@@ -86,21 +86,22 @@ class DocumentKVCache:
         self.hit_tokens = self.stored_segments = self.injected_segments = 0
 
     # --- planning ---------------------------------------------------------------------
-    def plan(self, seq: Any, prompt_text: str | None, documents: list[DocumentSpan] | None) -> None:
-        """Map the request's document spans to token segments of seq's prompt."""
+    def plan(self, seq: Any, prompt_text: str | None, documents: list[DocumentSpan] | None, covered: int) -> None:
+        """Map the request's document spans to token segments of seq's prompt, whose first `covered` tokens the text
+        is (all of them, but for a scored continuation: LLMEngine.prompt_logprob_rows)."""
         if not documents or prompt_text is None:
             return
         enc = self.tokenizer(prompt_text, add_special_tokens=False, return_offsets_mapping=True)
         ids, offsets = enc["input_ids"], enc["offset_mapping"]
-        shift = len(seq.prompt_ids) - len(ids)  # special tokens the engine prepended
-        if shift < 0 or seq.prompt_ids[shift:] != ids:
+        shift = covered - len(ids)  # special tokens the engine prepended
+        if shift < 0 or seq.prompt_ids[shift:covered] != ids:
             return  # the engine tokenized differently: no hints, plain computing
         spans = sorted(documents, key=lambda d: d.start)
         # a segment is the document's own tokens: with the separator to the next document in it, a document
         # that moves to or from the last place (no separator after it) would never match its cached KV
         starts = [_first_token_at(offsets, s.start) for s in spans]
         ends = [_first_token_at(offsets, s.end) for s in spans]
-        last = len(seq.prompt_ids) - 1  # the last prompt token is always computed, for its logits
+        last = covered - 1  # the last prompt token is always computed, for its logits
         segments = []
         salt = seq.cache_salt or None
         shared = self.shared_salt if self.shared_salt != salt else None

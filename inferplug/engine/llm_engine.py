@@ -101,8 +101,9 @@ class LLMEngine:
         (stages/prompt.py). Raises RequestError on bad input."""
         return encode_prompt(self.tokenizer, self.render_chat, request, self.max_model_len)
 
-    def add_request(self, request: Request, prompt: EncodedPrompt | None = None) -> None:
-        """prompt: encode(request)'s, when the caller has it (a prompt worker)."""
+    def add_request(self, request: Request, prompt: EncodedPrompt | None = None, *, score_from: int = 0) -> None:
+        """prompt: encode(request)'s, when the caller has it (a prompt worker). score_from (prompt_logprob_rows): the
+        first prompt row scored; prompt's text and documents then cover the tokens up to it."""
         if request.request_id in self.requests:
             raise RequestError(f"request id {request.request_id!r} is already running; use a new id", param="request_id")
         prompt_ids, text, documents = prompt if prompt is not None else self.encode(request)
@@ -115,9 +116,10 @@ class LLMEngine:
         state = RequestState.create(request, prompt_ids, self.max_model_len, self.tokenizer, self.config.device,
                                     self.eos_token_ids, self.reasoning_parser)
         first, *rest = state.seqs
-        if self.doc_cache is not None and request.params.prompt_logprobs is None:  # map document spans to tokens
-            # (not with prompt logprobs: a document's KV from the cache has no logits)
-            self.doc_cache.plan(first, text, documents)
+        first.score_from = score_from
+        if self.doc_cache is not None and (request.params.prompt_logprobs is None or score_from):
+            # map document spans to tokens (not where logprobs are scored: a document's KV from the cache has none)
+            self.doc_cache.plan(first, text, documents, covered=score_from + 1 if score_from else len(prompt_ids))
         self.scheduler.add(first, siblings=[] if state.beams else rest)  # beams join by forking from the first
         self.requests[request.request_id] = state  # only now: a request that failed above must not linger
 
@@ -276,15 +278,25 @@ class LLMEngine:
                 events.append(self._closed(state, seq.output.finish("error", message)))
         return events
 
-    def prompt_logprob_rows(self, prompt_ids: list[int]) -> torch.Tensor:
+    def prompt_logprob_rows(self, prompt_ids: list[int], *, after: EncodedPrompt | None = None,
+                            cache_salt: str | None = None) -> torch.Tensor:
         """Teacher forcing through this engine's own prefill: fp32 log-softmax rows [len(prompt_ids) - 1, vocab],
         row p the distribution of token p + 1 given tokens 0..p (inferplug/quality.py). It steps the engine until
-        the prompt is done, so the engine must be idle."""
+        the prompt is done, so the engine must be idle.
+
+        after: a prompt as encode() gives it, which prompt_ids continue (a RAG answer after its prompt). Then the
+        rows [len(prompt_ids), vocab] score the continuation's tokens only, and the prompt's KV comes from the prefix
+        and document caches as a generation's would (under cache_salt): the RAG cache's fidelity
+        (inferplug/benchmark/rag_fidelity.py)."""
         if self.requests:
             raise RequestError("prompt_logprob_rows steps the engine itself: finish or abort its requests first")
-        request = Request(prompt=list(prompt_ids), params=SamplingParams(temperature=0.0, max_tokens=1,
-                                                                         prompt_logprobs=0))
-        self.add_request(request)
+        ids = list(prompt_ids) if after is None else after.ids + list(prompt_ids)
+        request = Request(prompt=ids, params=SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0),
+                          cache_salt=cache_salt)
+        if after is None:
+            self.add_request(request)
+        else:
+            self.add_request(request, EncodedPrompt(ids, after.text, after.documents), score_from=len(after.ids) - 1)
         collector = self.requests[request.request_id].seqs[0].output.prompt
         collector.keep_rows()
         while self.requests:

@@ -89,9 +89,11 @@ class ModelRunner:
             if i >= len(decodes):
                 inputs.prefills.append((seq, n))
             start, tokens = seq.num_computed_tokens, seq.token_ids + seq.spec_token_ids
-            if score_prompts and (scored := scored_rows(seq, start, n)):
-                inputs.prompt_rows += range(len(inputs.input_ids), len(inputs.input_ids) + scored)
-                spans.append((seq, start, scored))
+            first, scored = scored_rows(seq, start, n) if score_prompts else (start, 0)
+            if scored:
+                row = len(inputs.input_ids) + first - start
+                inputs.prompt_rows += range(row, row + scored)
+                spans.append((seq, first, scored))
             inputs.input_ids += tokens[start:start + n]
             inputs.positions += range(start, start + n)
             inputs.slots += [self._slot(seq, p) for p in range(start, start + n)]

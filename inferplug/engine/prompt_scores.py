@@ -2,8 +2,10 @@
 
 A prefill chunk's row at position p predicts prompt token p + 1, so the runner takes the logits of those rows
 along with the sampled rows' (ModelRunner.layout) and the engine hands each chunk's rows to the request's output
-stage (stages/prompt_logprobs.py). Such a prompt is computed, not read from the prefix cache
-(Scheduler._prefix_hits), since a cached block has no logits.
+stage (stages/prompt_logprobs.py). Such a prompt is computed from its first scored row on, not read from the
+prefix cache or the document cache (Scheduler._prefix_hits), since a cached block has no logits. The rows before
+`Sequence.score_from` are not scored: a continuation scored after a RAG prompt (LLMEngine.prompt_logprob_rows) takes
+that prompt's cached KV, as a generation would.
 """
 
 from __future__ import annotations
@@ -20,11 +22,18 @@ def wants_prompt_logprobs(seq: Sequence) -> bool:
     return seq.params.prompt_logprobs is not None and seq.index == 0 and seq.num_output_tokens == 0
 
 
-def scored_rows(seq: Sequence, start: int, n: int) -> int:
-    """How many rows of seq's chunk [start, start + n) predict a prompt token (the last prompt row samples)."""
+def scored_rows(seq: Sequence, start: int, n: int) -> tuple[int, int]:
+    """(first position, count) of the rows of seq's chunk [start, start + n) that score a prompt token: from
+    seq.score_from to the last prompt row but one (that row samples)."""
     if not wants_prompt_logprobs(seq):
-        return 0
-    return max(0, min(start + n, seq.num_prompt_tokens - 1) - start)
+        return start, 0
+    first = max(start, seq.score_from)
+    return first, max(0, min(start + n, seq.num_prompt_tokens - 1) - first)
+
+
+def cacheable_blocks(seq: Sequence, block_size: int) -> int | None:
+    """How many leading blocks of seq may come from a cache (None: any): those wholly before its first scored row."""
+    return seq.score_from // block_size if wants_prompt_logprobs(seq) else None
 
 
 @dataclass

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from inferplug.engine.block_manager import BlockManager
 from inferplug.engine.cache_aware import CacheAwareOrder
-from inferplug.engine.prompt_scores import wants_prompt_logprobs
+from inferplug.engine.prompt_scores import cacheable_blocks
 from inferplug.engine.rag_recompute import RecomputePolicy
 from inferplug.engine.sequence import Sequence, SequenceStatus
 
@@ -297,12 +297,13 @@ class Scheduler:
 
     def _prefix_hits(self, seq: Sequence) -> list[int]:
         """Cached blocks of seq's longest cached prefix, exact first, then blocks filled from the prefix source."""
-        if wants_prompt_logprobs(seq):  # its prompt rows' logits are asked for: a cached block has none
+        limit = cacheable_blocks(seq, self.blocks.block_size)  # a scored row's logits are asked for: a cached
+        if limit == 0:  # block has none
             return []
-        hits = self.blocks.lookup_prefix(seq)
+        hits = self.blocks.lookup_prefix(seq)[:limit]
         if self.prefix_source is not None and self.prefix_source.has_spans(seq):
             # a request with the same documents would fill these blocks with the same KV: take them instead
-            more = self.blocks.approximate_run(seq, len(hits))
+            more = self.blocks.approximate_run(seq, len(hits))[:None if limit is None else limit - len(hits)]
             if more:
                 self.blocks.mark_approximate(seq, len(hits))
                 hits = hits + more

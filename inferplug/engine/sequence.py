@@ -46,6 +46,7 @@ class Sequence:
     num_spec_steps: int = 0  # steps that verified proposals
     siblings_waiting: list[Sequence] = field(default_factory=list)  # n > 1: admitted once our prompt is cached
     first_scheduled_time: float | None = None
+    score_from: int = 0  # prompt_logprobs: the first prompt row scored (LLMEngine.prompt_logprob_rows' continuation)
 
     def __post_init__(self) -> None:
         if not self.token_ids:

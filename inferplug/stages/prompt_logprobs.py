@@ -38,15 +38,13 @@ class PromptLogprobs:
             if self.rows is not None:
                 self.rows[start + i] = logprobs[i]
 
-    @property
-    def complete(self) -> bool:
-        return len(self.chosen) == len(self.prompt_ids) - 1
-
     def entries(self, tokenizer: Any) -> list[TokenLogprob | None]:
-        """vLLM's shape: None for the first prompt token, then each token's logprob and the top alternatives."""
+        """vLLM's shape: None for the first prompt token, then each token's logprob and the top alternatives (None
+        for a token before the first scored row: Sequence.score_from)."""
         text = tokenizer.decode
         return [None] + [
             TokenLogprob(token, text([token]), self.chosen[p], [(t, text([t]), lp) for t, lp in self.alternatives[p]])
+            if p in self.chosen else None
             for p, token in enumerate(self.prompt_ids[1:])
         ]
 

@@ -15,7 +15,7 @@ DOCS = ["The red fox lives in the northern forest and eats berries.",
 def _profile_file(tmp_path, model_dir, cache: str):
     path = tmp_path / "disk.toml"
     path.write_text(f'name = "tiny-disk"\nbackend = "native"\ndtype = "float32"\n'
-                    f'[model]\npath = "{model_dir}"\nserved_name = "tiny"\n[cache]\n{cache}\n')
+                    f'[model]\npath = "{model_dir}"\nserved_name = "tiny"\n[cache]\nrag_document_cache = true\n{cache}\n')
     return path
 
 

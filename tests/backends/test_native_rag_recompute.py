@@ -16,7 +16,7 @@ def test_the_profile_policy_recomputes_and_metrics_count_it(tmp_path, tiny_llama
 
     path = tmp_path / "blend.toml"
     path.write_text(f'name = "tiny-blend"\nbackend = "native"\ndtype = "float32"\n[model]\npath = "{tiny_llama_dir}"\n'
-                    '[cache]\nrag_recompute = "chunk_heads"\nrag_recompute_fraction = 0.3\n')
+                    '[cache]\nrag_document_cache = true\nrag_recompute = "chunk_heads"\nrag_recompute_fraction = 0.3\n')
     backend = get_backend(path)
     try:
         for session, docs in (("a", DOCS), ("b", DOCS[::-1])):  # stored, then reused next to other text

@@ -66,7 +66,7 @@ def test_reused_document_kv_against_full_recompute(tiny_llama_dir):
     rounding: fp32 angles p * theta (theta <= 1) are rounded to 2^-24 relative, the three rotations involved
     (old, new, delta) so to <= (p_old + p_new + |delta|) * 2^-24 rad, plus ~4 ulp from cos/sin and the
     rotation's multiply-adds. V has no position: equal. Later layers differ by what the other neighbours'
-    cross-attention changes (CacheBlend recomputes that; bench/rag_cache.py measures greedy agreement)."""
+    cross-attention changes (CacheBlend recomputes that; bench/rag_quality.py judges what it does to answers)."""
     stored = make_engine(tiny_llama_dir)
     run_all(stored, [_request("q1", DOCS[:2], "a")])
     full = make_engine(tiny_llama_dir)  # DOCS[1] computed in full after another neighbour and a longer line

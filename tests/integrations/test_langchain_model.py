@@ -42,10 +42,17 @@ def test_uncompilable_tool_schema_is_a_clear_error_at_the_call(chat):
         chat.bind_tools([bad], tool_choice="f").invoke("call f")
 
 
-def test_documents_hit_the_cache_next_to_new_neighbours(chat):
-    """format_documents remembers the chunks; a later prompt holding one of them reuses its KV."""
+def test_documents_hit_the_cache_next_to_new_neighbours():
+    """With the document cache on (an opt-in), format_documents remembers the chunks; a later prompt holding one
+    of them reuses its KV."""
     from langchain_core.documents import Document
     from langchain_core.prompts import ChatPromptTemplate
+    from langchain_inferplug import ChatInferPlug
+
+    from inferplug.profile import load_profile, with_tables
+
+    chat = ChatInferPlug(profile=with_tables(load_profile("smollm2-135m"), cache={"rag_document_cache": True}),
+                         temperature=0, max_tokens=24)
 
     prompt = ChatPromptTemplate.from_messages([("system", "Answer from the context.\n\n{context}"), ("human", "{q}")])
     chain = prompt | chat

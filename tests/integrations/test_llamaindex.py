@@ -86,11 +86,11 @@ def test_streaming_query_engine_offline_with_document_cache(llm):
     from inferplug.commands.demo import build_query_engine
 
     engine, demo_llm, _ = build_query_engine("smollm2-135m", top_k=3, max_tokens=16)
-    assert demo_llm.backend is llm.backend
-    before = llm.backend.stats()["doc_cache_stored"]
+    assert demo_llm.backend.plan.rag_document_cache and not llm.backend.plan.rag_document_cache  # the demo opts in
+    before = demo_llm.backend.stats()["doc_cache_stored"]
     text = "".join(engine.query("What does the RAG-aware cache do?").response_gen)
     assert text.strip()
-    assert llm.backend.stats()["doc_cache_stored"] > before
+    assert demo_llm.backend.stats()["doc_cache_stored"] > before
 
 
 def test_additional_kwargs_fields_and_per_call_overrides_reach_the_request(llm):

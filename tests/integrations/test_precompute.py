@@ -16,14 +16,16 @@ DOCS = ["The Grand forge of Arden was founded in 1702 by Ada Holt and makes iron
 
 @pytest.fixture(scope="module")
 def disk_profile(tmp_path_factory):
-    """The shipped SmolLM2 profile with a disk tier of its own (another name: another engine)."""
+    """The shipped SmolLM2 profile with the document cache on and a disk tier of its own (another name: another
+    engine)."""
     from inferplug.backends.registry import close_backend
     from inferplug.profile import SHIPPED_PROFILES_DIR
 
     folder = tmp_path_factory.mktemp("precompute")
     text = (SHIPPED_PROFILES_DIR / "smollm2-135m.toml").read_text().replace('name = "smollm2-135m"',
                                                                             'name = "smollm2-disk"')
-    text = text.replace("[cache]\n", f'[cache]\nrag_disk_size = "256MiB"\nrag_disk_dir = "{folder / "kv"}"\n')
+    text = text.replace("[cache]\n", f'[cache]\nrag_document_cache = true\nrag_disk_size = "256MiB"\n'
+                                    f'rag_disk_dir = "{folder / "kv"}"\n')
     path = folder / "smollm2-disk.toml"
     path.write_text(text)
     yield str(path), folder / "kv"
