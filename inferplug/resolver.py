@@ -248,6 +248,7 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
                         *([parallel.reason] if parallel.reason else [])], draft=draft_facts(profile), kv_dtype=kv_dtype)
     plan.weight_format = weight_format
     plan.threads_per_rank = parallel.threads_per_rank
+    plan.reasons.append(document_cache_why(profile.cache))
     if not gpus:
         plan.onednn_max_isa, amx_why = onednn_max_isa(hw)
         plan.reasons += [amx_why] if amx_why else []
@@ -255,7 +256,6 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
     plan.prefill_gemm, prefill_why = prefill_gemm(profile, hw, None if gpus else weight_format, facts,
                                                   profile.native.num_threads or parallel.threads_per_rank or hw.cpu_count)
     plan.reasons += [prefill_why] if prefill_why else []
-    plan.reasons.append(document_cache_why(profile.cache))
     return plan
 
 

@@ -223,14 +223,26 @@ def counted_renders(monkeypatch, tokenizer) -> list:
     return renders
 
 
-def test_a_request_with_documents_renders_its_chat_once(tiny_profile, monkeypatch):
+@pytest.fixture(scope="module")
+def rag_profile(tiny_llama_dir, tmp_path_factory):
+    """The tiny model's profile with the RAG document cache on (an opt-in)."""
+    from inferplug.backends.registry import close_backend
+
+    path = tmp_path_factory.mktemp("rag") / "tiny-rag.toml"
+    path.write_text(f'name = "tiny-rag"\nbackend = "native"\ndtype = "float32"\n[model]\npath = "{tiny_llama_dir}"\n'
+                    'served_name = "tiny"\n[cache]\nrag_document_cache = true\n')
+    yield str(path)
+    close_backend(str(path))
+
+
+def test_a_request_with_documents_renders_its_chat_once(rag_profile, monkeypatch):
     """The front end hands the documents down; the prompt stage finds them in the one text it renders
     (stages/prompt.document_hints), and the engine stores each document's KV where that text places it."""
     from inferplug.backends.registry import get_backend
     from inferplug.frontend.calls import generate_all
     from inferplug.rag import rag_messages
 
-    backend = get_backend(tiny_profile)
+    backend = get_backend(rag_profile)
     renders = counted_renders(monkeypatch, backend.tokenizer)
     docs = ["The blue door is on Elm Street, next to the old bakery.", "Cats purr when they are warm and content."]
     stored = backend.engine.engine.doc_cache.stored_segments
@@ -242,7 +254,7 @@ def test_a_request_with_documents_renders_its_chat_once(tiny_profile, monkeypatc
 
 
 @pytest.mark.parametrize("caller", ["llm", "backend"])
-def test_a_precompute_request_stores_each_document_and_counts_what_it_stored(tiny_profile, monkeypatch, caller):
+def test_a_precompute_request_stores_each_document_and_counts_what_it_stored(rag_profile, monkeypatch, caller):
     """A precompute request (rag/precompute.py) carries its document, and the prompt stage finds its span. The
     offline LLM keeps the prompt stage's result, so it renders each document once; over the Backend protocol that
     result does not come back, so frontend/precompute renders once more to leave out a document the template does
@@ -251,7 +263,7 @@ def test_a_precompute_request_stores_each_document_and_counts_what_it_stored(tin
     from inferplug.backends.registry import get_backend
     from inferplug.frontend.precompute import precompute_documents
 
-    target = LLM(tiny_profile, num_kv_blocks=32) if caller == "llm" else get_backend(tiny_profile)
+    target = LLM(rag_profile, num_kv_blocks=32) if caller == "llm" else get_backend(rag_profile)
     engine = target.engine if caller == "llm" else target.engine.engine
     renders = counted_renders(monkeypatch, target.tokenizer)
     docs = ["The green gate is on Oak Lane, past the mill.", "Owls hunt at dusk over the wet meadows."]
@@ -272,7 +284,7 @@ def test_a_document_the_template_does_not_keep_verbatim_is_not_precomputed(tiny_
     path = tmp_path / "upper.toml"
     template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] | upper }} {% endfor %}assistant:"
     path.write_text(f'name = "upper"\nbackend = "native"\ndtype = "float32"\n[model]\npath = "{tiny_llama_dir}"\n'
-                    f'served_name = "upper"\nchat_template = "{template}"\n')
+                    f'served_name = "upper"\nchat_template = "{template}"\n[cache]\nrag_document_cache = true\n')
     target = LLM(str(path), num_kv_blocks=32) if caller == "llm" else get_backend(str(path))
     try:
         engine = target.engine if caller == "llm" else target.engine.engine
