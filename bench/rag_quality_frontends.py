@@ -6,8 +6,8 @@ On the QA set (bench/data/rag_qa_set.json): each query's six chunks go through L
 synthesizer with `llm.document_hints()` over the same chunks as nodes; greedy answers, token F1 against gold, paired
 (on minus off) with a bootstrap 95% interval, and the document-cache tokens reused counted (the corpus is not stored
 first: the cache fills as queries come, as in an app; the two front ends share one engine, whose prefix cache also
-serves a prompt the other already sent, so both caches' reused tokens count). On the demo's corpus (`inferplug demo`'s four questions,
-retrieved by its own MiniLM index): each answer's F1 against its planted fact, on and off.
+serves a prompt the other already sent, so both caches' reused tokens count). On the demo's corpus (`inferplug
+demo`'s four questions, retrieved by its own MiniLM index): each answer's F1 against its planted fact, on and off.
 
     nice .venv/bin/python bench/rag_quality_frontends.py --queries 150 --json rag-quality-frontends.json
 """

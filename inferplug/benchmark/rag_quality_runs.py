@@ -6,9 +6,8 @@ Each configuration is an engine of its own (LLM(profile).engine), one request at
   floor     the same full prefill along another numeric path the product ships (another prefill chunk size, or
             another prompt-row GEMM path): the KL any two equal computations differ by.
   POLICY@F  the corpus stored first (six chunks a request in the queries' layout, as an index precomputes them),
-            then each query with its
-            document hints: its own greedy answer (F1, cached tokens) and the full answer teacher-forced under
-            the reused KV (inferplug/benchmark/rag_fidelity.py).
+            then each query with its document hints: its own greedy answer (F1, the document cache's reused
+            tokens) and the full answer teacher-forced under the reused KV (inferplug/benchmark/rag_fidelity.py).
 """
 
 from __future__ import annotations
@@ -49,6 +48,7 @@ class ConfigResult:
     answers: list[Answer] = field(default_factory=list)
     f1: list[float] = field(default_factory=list)
     fidelity: list[AnswerFidelity] = field(default_factory=list)
+    doc_hit_tokens: int = 0  # prompt tokens the document cache gave the queries (not the prefix cache's)
 
 
 def make_engine(profile: Any, **changes: dict[str, Any]):
@@ -116,7 +116,9 @@ def run_policy(llm, qa: QASet, chat: bool, full: ConfigResult, full_rows: list[t
         generate(llm.engine, rag_request("warm up", qa.chunks[i:i + 6], chat, RAG_SALT, True, 1))
     out = ConfigResult()
     for q in progress(range(len(qa.questions)), label):
+        before = llm.engine.stats()["doc_cache_hit_tokens"]
         prompt, answer = generate(llm.engine, query_request(qa, q, chat, RAG_SALT, True, max_tokens))
+        out.doc_hit_tokens += llm.engine.stats()["doc_cache_hit_tokens"] - before
         out.answers.append(answer)
         out.f1.append(f1_score(answer.text, qa.gold[q]))
         rows = llm.engine.prompt_logprob_rows(full.answers[q].ids, after=prompt, cache_salt=RAG_SALT)

@@ -297,17 +297,15 @@ class Scheduler:
 
     def _prefix_hits(self, seq: Sequence) -> list[int]:
         """Cached blocks of seq's longest cached prefix, exact first, then blocks filled from the prefix source."""
-        limit = cacheable_blocks(seq, self.blocks.block_size)  # a scored row's logits are asked for: a cached
-        if limit == 0:  # block has none
-            return []
-        hits = self.blocks.lookup_prefix(seq)[:limit]
+        hits = self.blocks.lookup_prefix(seq)
         if self.prefix_source is not None and self.prefix_source.has_spans(seq):
             # a request with the same documents would fill these blocks with the same KV: take them instead
-            more = self.blocks.approximate_run(seq, len(hits))[:None if limit is None else limit - len(hits)]
+            more = self.blocks.approximate_run(seq, len(hits))
             if more:
                 self.blocks.mark_approximate(seq, len(hits))
                 hits = hits + more
-        return hits
+        # a scored prompt row's logits are asked for, and a cached block has none: only the blocks before it
+        return hits[:cacheable_blocks(seq, self.blocks.block_size)]
 
     def _admit(self, seq: Sequence, computed: int) -> None:
         seq.num_computed_tokens = computed
