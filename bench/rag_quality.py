@@ -78,6 +78,8 @@ def main() -> None:
     ap.add_argument("--floor-queries", type=int, default=40, help="queries the noise floor is measured on")
     ap.add_argument("--answer-tokens", type=int, default=24)
     ap.add_argument("--fractions", default="0.05,0.15,0.3")
+    ap.add_argument("--policies", default="none," + ",".join(POLICIES),
+                    help="the policies to judge (the full recompute and the floor always run: they set the bound)")
     ap.add_argument("--set", type=Path, default=SET_FILE)
     ap.add_argument("--write-set", type=int, metavar="QUERIES", help="write the QA set (--seed) to --set and stop")
     ap.add_argument("--seed", type=int, default=0)
@@ -100,7 +102,9 @@ def main() -> None:
     floor = max(rows[name]["mean_kld"] for name in floors)
     bound = KL_BOUND_FACTOR * floor
     print(f"noise floor {floor:.3g} nats/token: the gate-2 bound is {KL_BOUND_FACTOR} x that = {bound:.3g}")
-    configs = [("none", 0.0)] + [(p, float(f)) for p in POLICIES for f in args.fractions.split(",") if f]
+    policies = args.policies.split(",")
+    configs = [("none", 0.0)] * ("none" in policies) + \
+        [(p, float(f)) for p in POLICIES if p in policies for f in args.fractions.split(",") if f]
     for policy, fraction in configs:
         llm.engine.close()
         llm = make_engine(profile, cache={"rag_document_cache": True, "rag_recompute": policy,
