@@ -20,9 +20,9 @@ GROUP = 128  # the checkpoints' group size
 
 
 def write_random_gguf(out, config: ModelConfig, tokenizer_metadata: dict, type_of=q4_k_m_type, seed: int = 0) -> None:
-    """A GGUF of `config.architecture` ("llama", or "qwen3" with its QK-norm weights) at `config`'s geometry: each
-    matrix of `type_of(name, layer, layers)`, F32 norms of ones, and `tokenizer_metadata` (a GGUF's "tokenizer.*"
-    keys, as models/gguf.read_gguf gives them)."""
+    """A GGUF of `config.architecture` ("llama", "qwen3" with its QK-norm weights, or "qwen3moe" with an MoE in every
+    layer: an F32 router, 3-D expert tensors) at `config`'s geometry: each matrix of `type_of(name, layer, layers)`,
+    F32 norms of ones, and `tokenizer_metadata` (a GGUF's "tokenizer.*" keys, as models/gguf.read_gguf gives them)."""
     import gguf
     import numpy as np
 
@@ -39,6 +39,11 @@ def write_random_gguf(out, config: ModelConfig, tokenizer_metadata: dict, type_o
                        (writer.add_vocab_size, config.vocab_size),
                        (writer.add_key_length, config.head_dim), (writer.add_value_length, config.head_dim)):  # fmt: skip
         add(value)
+    experts = config.num_experts
+    if experts:
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(config.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(config.moe_intermediate_size)
     for key, value in tokenizer_metadata.items():
         if isinstance(value, list):
             writer.add_array(key, value)
@@ -55,20 +60,30 @@ def write_random_gguf(out, config: ModelConfig, tokenizer_metadata: dict, type_o
     shapes = config.linear_shapes()
     matrices = [("token_embd.weight", 0, (config.vocab_size, hidden)), ("output.weight", layers - 1,
                 (config.vocab_size, hidden))]
-    matrices += [(f"blk.{i}.{part}.weight", i, shapes[module]) for i in range(layers) for part, module in parts.items()]
+    if experts:  # each expert tensor (experts, out, in): its experts' matrices one after another
+        inter = config.moe_intermediate_size
+        parts = {part: module for part, module in parts.items() if not part.startswith("ffn_")}
+        parts |= {"ffn_gate_exps": (experts * inter, hidden), "ffn_up_exps": (experts * inter, hidden),
+                  "ffn_down_exps": (experts * hidden, inter)}
+    matrices += [(f"blk.{i}.{part}.weight", i, module if isinstance(module, tuple) else shapes[module])
+                 for i in range(layers) for part, module in parts.items()]
     norms = ["output_norm.weight", *(f"blk.{i}.{n}.weight" for i in range(layers) for n in ("attn_norm", "ffn_norm"))]
     head_norms = [f"blk.{i}.{n}.weight" for i in range(layers) for n in ("attn_q_norm", "attn_k_norm")] \
-        if config.architecture == "qwen3" else []
+        if config.architecture in ("qwen3", "qwen3moe") else []
+    routers = [f"blk.{i}.ffn_gate_inp.weight" for i in range(layers)] if experts else []
     # the writer holds what it is given until it writes, so tensors go in as infos first: one in memory at a time
     for name in norms:
         writer.add_tensor_info(name, (hidden,), np.dtype(np.float32), hidden * 4)
     for name in head_norms:
         writer.add_tensor_info(name, (config.head_dim,), np.dtype(np.float32), config.head_dim * 4)
+    for name in routers:
+        writer.add_tensor_info(name, (experts, hidden), np.dtype(np.float32), experts * hidden * 4)
     for name, layer, (rows, cols) in matrices:
         qtype = gguf.GGMLQuantizationType[type_of(name, layer, layers)]
         block_elems, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
         nbytes = rows * cols // block_elems * block_bytes
-        writer.add_tensor_info(name, (rows, nbytes // rows), np.dtype(np.uint8), nbytes, raw_dtype=qtype)
+        shape = (experts, rows // experts, nbytes // rows) if "_exps." in name else (rows, nbytes // rows)
+        writer.add_tensor_info(name, shape, np.dtype(np.uint8), nbytes, raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
@@ -77,9 +92,11 @@ def write_random_gguf(out, config: ModelConfig, tokenizer_metadata: dict, type_o
         writer.write_tensor_data(np.ones(hidden, dtype=np.float32))
     for _ in head_norms:
         writer.write_tensor_data(np.ones(config.head_dim, dtype=np.float32))
+    for _ in routers:
+        writer.write_tensor_data((torch.randn(experts, hidden, generator=generator) * hidden**-0.5).numpy())
     for name, layer, (rows, cols) in matrices:
         blocks = random_blocks(type_of(name, layer, layers), (rows, cols), cols**-0.5, generator)
-        writer.write_tensor_data(blocks.numpy())
+        writer.write_tensor_data(blocks.numpy().reshape(experts, rows // experts, -1) if "_exps." in name else blocks.numpy())
     writer.close()
 
 

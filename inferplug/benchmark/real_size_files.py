@@ -27,27 +27,39 @@ class Geometry:
     context: int = 32768
     rms_eps: float = 1e-5
     rope_theta: float = 10000.0
-    family: str = "llama"  # the GGUF architecture written: "llama", or "qwen3" (QK-norm weights too)
+    family: str = "llama"  # the GGUF architecture written: "llama", "qwen3" (QK-norm weights too) or "qwen3moe"
+    head_dim_override: int = 0  # a head width other than hidden / heads (Qwen3-30B-A3B: 128 at width 2048)
+    experts: int = 0  # an MoE in every layer (qwen3moe): its experts, those a token uses, and each one's MLP width
+    experts_used: int = 0
+    expert_ffn: int = 0
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_dim_override or self.hidden // self.heads
 
 
 # Qwen3-8B (its config.json): 36 layers, width 4096, 32 heads and 8 KV heads of 128, MLP 12288, vocabulary 151,936
 GEOMETRIES = {"llama-7b": Geometry(),
               "qwen3-8b": Geometry(layers=36, ffn=12288, vocab=151936, context=40960, rms_eps=1e-6, rope_theta=1e6,
-                                   family="qwen3")}
+                                   family="qwen3"),
+              # Qwen3-30B-A3B (its config.json): 48 layers, width 2048, 32 heads and 4 KV heads of 128, 128 experts of
+              # MLP 768 with 8 a token, vocabulary 151,936
+              "qwen3-30b-a3b": Geometry(layers=48, hidden=2048, kv_heads=4, ffn=6144, vocab=151936, context=40960,
+                                        rms_eps=1e-6, rope_theta=1e6, family="qwen3moe", head_dim_override=128,
+                                        experts=128, experts_used=8, expert_ffn=768)}
 
 
 def config(g: Geometry):
     """The geometry as the ModelConfig the writers take."""
     from inferplug.models.config import ModelConfig
+    from inferplug.models.registry import gguf_family
 
     return ModelConfig(architecture=g.family, vocab_size=g.vocab, hidden_size=g.hidden, intermediate_size=g.ffn,
                        num_hidden_layers=g.layers, num_attention_heads=g.heads, num_key_value_heads=g.kv_heads,
                        head_dim=g.head_dim, max_position_embeddings=g.context, rms_norm_eps=g.rms_eps,
-                       rope_theta=g.rope_theta, family=g.family)
+                       rope_theta=g.rope_theta, family=gguf_family(g.family, g.family).name, num_experts=g.experts,
+                       num_experts_per_tok=g.experts_used, moe_intermediate_size=g.expert_ffn, norm_topk_prob=True,
+                       moe_layers=(g.experts > 0,) * g.layers)
 
 
 def check_gguf(path: Path) -> dict[str, float]:
@@ -58,10 +70,11 @@ def check_gguf(path: Path) -> dict[str, float]:
     picks = [t for t in reader.tensors if t.name.startswith("blk.0.") or t.name == "output.weight"]
     out = {}
     for t in picks:
-        w = gguf.quants.dequantize(t.data[:64], t.tensor_type)  # 64 rows are enough for the statistics
+        data = t.data.reshape(-1, t.data.shape[-1])  # an MoE's experts: their rows one after another
+        w = gguf.quants.dequantize(data[:64], t.tensor_type)  # 64 rows are enough for the statistics
         if not np.isfinite(w).all():
             raise ValueError(f"{t.name} dequantizes to non-finite values")
-        out[t.name] = float(np.mean(w.astype(np.float64) ** 2) * w.shape[-1]) if w.ndim == 2 else float(w.mean())
+        out[t.name] = float(np.mean(w.astype(np.float64) ** 2) * w.shape[-1]) if len(t.shape) > 1 else float(w.mean())
     return out
 
 
@@ -117,11 +130,19 @@ def files_of(path: Path) -> list[Path]:
 
 
 def decode_bytes(path: Path) -> int:
-    """The bytes one decode step streams from the file: every weight but the embedding (one row of it is read)."""
+    """The bytes one decode step of one stream reads from the file: every weight but the embedding (one row of it is
+    read), and of an MoE's expert tensors the share its used experts hold."""
     if path.is_file():
         import gguf
 
-        return sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors if t.name != "token_embd.weight")
+        reader = gguf.GGUFReader(path)
+        fields = {f.name: f for f in reader.fields.values()}
+        arch = bytes(fields["general.architecture"].parts[-1]).decode()
+        share = 1.0
+        if f"{arch}.expert_count" in fields:
+            share = int(fields[f"{arch}.expert_used_count"].parts[-1][0]) / int(fields[f"{arch}.expert_count"].parts[-1][0])
+        return round(sum(int(t.n_bytes) * (share if "_exps." in t.name else 1.0) for t in reader.tensors
+                         if t.name != "token_embd.weight"))
     from safetensors import safe_open
 
     total = 0

@@ -54,8 +54,7 @@ class LayerWeights:
             if getattr(self, name) is not None:
                 setattr(self, name, convert(getattr(self, name)))
         if self.moe is not None:
-            self.moe.gate_up[:] = map(convert, self.moe.gate_up)
-            self.moe.down[:] = map(convert, self.moe.down)
+            self.moe.map(convert)
 
 
 class DecoderModel:
@@ -191,7 +190,7 @@ class DecoderModel:
             h = ops.add_rms_norm(x, out, layer.post_norm, eps)
             if layer.moe is not None:
                 delta = reduce(moe_mlp(h, layer.moe, self.config.num_experts_per_tok, self.config.norm_topk_prob,
-                                       self.activation, rows, ops.grouped_matmul))
+                                       self.activation, rows, ops))
             else:
                 delta = reduce(linear(self.activation(linear(h, layer.gate_up, None, rows)), layer.down, None, rows))
             if layer.mlp_out_norm is not None:

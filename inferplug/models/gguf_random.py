@@ -40,9 +40,10 @@ def random_blocks(type_name: str, shape: tuple[int, int], std: float, generator:
 
 def q4_k_m_type(gguf_name: str, layer: int, num_layers: int, base: str = "Q4_K") -> str:
     """The ggml type llama.cpp's Q4_K_M gives a tensor (llama-quant.cpp): Q6_K for the output, and for attn_v and
-    ffn_down in the layers `use_more_bits` picks (the first and last eighth, every third between); `base` elsewhere."""
+    ffn_down (an MoE's ffn_down_exps too) in the layers `use_more_bits` picks (the first and last eighth, every third
+    between); `base` elsewhere."""
     more_bits = layer < num_layers // 8 or layer >= 7 * num_layers // 8 or (layer - num_layers // 8) % 3 == 2
-    if gguf_name == "output.weight" or (more_bits and (".attn_v." in gguf_name or ".ffn_down." in gguf_name)):
+    if gguf_name == "output.weight" or (more_bits and (".attn_v." in gguf_name or ".ffn_down" in gguf_name)):
         return "Q6_K"
     return base
 

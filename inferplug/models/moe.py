@@ -1,10 +1,12 @@
 """A mixture-of-experts MLP (Qwen3-MoE): a router picks top-k experts a row, each a gated MLP of its own.
 
 The experts run grouped: each expert the step selected is read once, for all the rows that chose it (vLLM's
-fused_moe and llama.cpp's mul_mat_id group the same way). On the CPU (and for block weights anywhere) that is one
-matmul pair per selected expert, a row's output summing its experts in ascending expert order; where the ops offer
-a grouped GEMM (Triton on CUDA: kernels/moe_gemm.py) every expert runs in one launch a projection, a row's output
-summing its k experts in the router's order. Either way a row's output does not depend on its batch."""
+fused_moe and llama.cpp's mul_mat_id group the same way). Where the ops run an MoE layer's block experts in one call
+(the CPU kernels: kernels/cpu/moe_experts.cpp) that is the whole layer after the router; where they offer a grouped
+GEMM (Triton on CUDA: kernels/moe_gemm.py) every expert runs in one launch a projection, a row's output summing its
+k experts in the router's order; otherwise one matmul pair per selected expert, a row's output summing its experts
+in ascending expert order (the CPU call's order too, so both give the same bits). Either way a row's output does
+not depend on its batch."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from typing import Any, Callable
 
 import torch
 
+from inferplug.quant.block_linear import BlockLinear
 from inferplug.quant.checkpoint_layers import fuse_rows
 from inferplug.quant.linear import linear
 
@@ -23,6 +26,7 @@ class MoeWeights:
     gate_up: list[Any]  # per expert: gate and up rows fused, a tensor or the layer that runs its blocks
     down: list[Any]
     _stacked: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+    _blocks: tuple | None = field(default=None, repr=False)
 
     def stacked(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The float experts as [experts, 2 * inter, hidden] and [experts, hidden, inter] (a grouped GEMM's
@@ -33,6 +37,21 @@ class MoeWeights:
             self.gate_up[:], self.down[:] = self._stacked[0].unbind(0), self._stacked[1].unbind(0)
         return self._stacked
 
+    def blocks(self) -> tuple[torch.Tensor, torch.Tensor, int, str, str] | None:
+        """The block experts as the CPU kernels' MoE call takes them, made once: each expert's gate/up and down blocks
+        as int64 tables of their addresses (one operand a projection: a list of 128 tensors costs an op ~0.1 ms, and
+        a stacked copy would cost a load the experts' bytes twice), gate/up's rows, and the two formats (the block
+        layers' kernel prefixes). The layers stay in this object, so the addresses stay valid. None unless each
+        projection is one block format, contiguous and without bias."""
+        if self._blocks is None:
+            self._blocks = _expert_table(self.gate_up, self.down) or ()
+        return self._blocks or None
+
+    def map(self, convert: Callable[[Any], Any]) -> None:
+        """Every expert's weights replaced by convert(weight) (quantize_model's layers)."""
+        self.gate_up[:], self.down[:] = map(convert, self.gate_up), map(convert, self.down)
+        self._stacked = self._blocks = None
+
     @classmethod
     def take(cls, take: Callable[[str], Any], prefix: str, experts: int) -> "MoeWeights":
         """The router and experts under `prefix` (e.g. "model.layers.3.mlp."), HF's per-expert names."""
@@ -40,6 +59,18 @@ class MoeWeights:
                    for e in range(experts)]
         down = [take(f"{prefix}experts.{e}.down_proj.weight") for e in range(experts)]
         return cls(take(f"{prefix}gate.weight"), gate_up, down)
+
+
+def _expert_table(gate_up: list[Any], down: list[Any]) -> tuple[torch.Tensor, torch.Tensor, int, str, str] | None:
+    kinds = [{type(w) for w in ws} for ws in (gate_up, down)]
+    if any(len(k) != 1 or not issubclass(next(iter(k)), BlockLinear) for k in kinds):
+        return None
+    if any(w.bias is not None or not w.blocks.is_contiguous() for w in (*gate_up, *down)) or \
+            len({w.blocks.shape for w in gate_up}) != 1 or len({w.blocks.shape for w in down}) != 1 or \
+            gate_up[0].out_features != 2 * down[0].in_features or gate_up[0].in_features != down[0].out_features:
+        return None
+    tables = [torch.tensor([w.blocks.data_ptr() for w in ws], dtype=torch.long) for ws in (gate_up, down)]
+    return (*tables, gate_up[0].out_features, *(type(ws[0]).kernel.removesuffix("_matmul") for ws in (gate_up, down)))
 
 
 ROUTER_ROWS = 16  # rows a router product takes at once: [16, experts, hidden] floats (16 MB at 30B-A3B)
@@ -52,18 +83,21 @@ def router_logits(h: torch.Tensor, router: torch.Tensor) -> torch.Tensor:
 
 
 def moe_mlp(h: torch.Tensor, moe: MoeWeights, top_k: int, renormalize: bool,
-            activation: Callable[[torch.Tensor], torch.Tensor], decode_rows: int | None,
-            grouped_matmul: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
+            activation: Callable[[torch.Tensor], torch.Tensor], decode_rows: int | None, ops) -> torch.Tensor:
     """The MoE MLP of rows `h` ([T, hidden]). `decode_rows`: the leading rows that take decode arithmetic in
-    block layers (quant/block_linear.py); None: all of them. `grouped_matmul`: the ops' grouped GEMM, if any."""
+    block layers (quant/block_linear.py); None: all of them. `ops`: the model's ops (ops/), whose MoE call or
+    grouped GEMM runs the experts where it can."""
     probs = torch.softmax(router_logits(h, moe.router).float(), dim=-1)
     weights, chosen = probs.topk(top_k, dim=-1)
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     weights = weights.to(h.dtype)
-    stacked = moe.stacked() if grouped_matmul is not None else None
+    out = ops.moe_experts(h, chosen, weights, moe, decode_rows, activation)
+    if out is not None:
+        return out
+    stacked = moe.stacked() if ops.grouped_matmul is not None else None
     if stacked is not None:
-        return _grouped(h, stacked, chosen, weights, activation, grouped_matmul)
+        return _grouped(h, stacked, chosen, weights, activation, ops.grouped_matmul)
     out = torch.zeros_like(h)
     for expert in chosen.unique().tolist():  # ascending: each row's sum in one order
         rows, slot = (chosen == expert).nonzero(as_tuple=True)

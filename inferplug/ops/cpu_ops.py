@@ -68,6 +68,22 @@ class CpuKernelOps(TorchOps):
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return self.kernels.silu_mul(gate_up)
 
+    def moe_experts(self, h, chosen, weights, moe, decode_rows, activation):
+        """Block experts in one kernel call a layer (kernels/cpu/moe_experts.cpp): decode rows on the int8 kernels,
+        prefill rows on the layers' prefill path. None, for the per-expert loop, where the call does not fit: float
+        experts, gate and up in two formats, another activation than SiLU, or prefill rows through oneDNN."""
+        blocks = moe.blocks()
+        if blocks is None or activation != self.silu_mul or h.shape[1] != moe.down[0].out_features:
+            return None
+        rows = h.shape[0] if decode_rows is None else min(decode_rows, h.shape[0])
+        prefill = moe.gate_up[0].prefill_gemm
+        if rows < h.shape[0] and prefill == "bfloat16-onednn":
+            return None
+        parts = [(0, rows, "int8"), (rows, h.shape[0], "int8" if prefill == "int8" else prefill)]
+        outs = [self.kernels.moe_experts(h[a:b], chosen[a:b], weights[a:b], *blocks, precision)
+                for a, b, precision in parts if b > a]
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
     def run_layers(self, model, x, positions, ctx: AttentionContext, kv_caches) -> bool:
         """Decode steps whose every layer weight is blocks the kernels run (GPTQ act-order ones too, their inputs
         gathered in the call): every layer in one C++ call, the same kernels without Python between them."""

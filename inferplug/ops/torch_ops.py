@@ -82,6 +82,11 @@ class TorchOps:
             return F.rms_norm(x.float(), weight.shape, weight, eps).to(x.dtype)
         return F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype) * weight  # HF's rounding in bf16/fp16
 
+    def moe_experts(self, h: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, moe, decode_rows: int | None,
+                    activation) -> torch.Tensor | None:
+        """An MoE layer's experts (models/moe.py) in one call, or None where these ops have none for them."""
+        return None
+
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate).mul_(up)

@@ -1,5 +1,6 @@
-"""Two layers at Llama-7B width, written as a Q4_K_M-style GGUF of random weights: they load in the file's bits, no
-matrix as float, and the process's peak RSS after load and a first request is what `resolve` promised."""
+"""Two layers at Llama-7B width, and two at Qwen3-30B-A3B's (an MoE of 128 experts), written as Q4_K_M-style GGUFs of
+random weights: they load in the file's bits, no matrix as float, and the process's peak RSS after load and a first
+request is what `resolve` promised."""
 
 from __future__ import annotations
 
@@ -21,19 +22,34 @@ GEOMETRY = dict(architecture="llama", hidden_size=4096, intermediate_size=14336,
                 rms_norm_eps=1e-5, rope_theta=1e6)  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def wide_gguf(smollm2_gguf, tmp_path_factory) -> Path:
+def wide_config(geometry: str, vocab: int):
+    """Two layers of `geometry`: Llama-7B's width, or Qwen3-30B-A3B's (bench/real_size.py's geometry)."""
+    import dataclasses
+
+    from inferplug.benchmark.real_size_files import GEOMETRIES, config
     from inferplug.models.config import ModelConfig
+
+    if geometry == "llama-7b":
+        return ModelConfig(vocab_size=vocab, **GEOMETRY)
+    return config(dataclasses.replace(GEOMETRIES[geometry], layers=2, vocab=vocab))
+
+
+@pytest.fixture(scope="module", params=["llama-7b", "qwen3-30b-a3b"])
+def wide_gguf(request, smollm2_gguf, tmp_path_factory) -> tuple[Path, int]:
+    """The file, and the block layers it loads as: four a dense layer, 2 + 2 x 128 an MoE one, the embedding and
+    the head."""
     from inferplug.models.gguf import read_gguf
     from inferplug.benchmark.random_models import write_random_gguf
 
     tokenizer = {k: v for k, v in read_gguf(smollm2_gguf).metadata.items() if k.startswith("tokenizer.")}
-    out = tmp_path_factory.mktemp("wide") / "wide-q4_k_m.gguf"
-    write_random_gguf(out, ModelConfig(vocab_size=len(tokenizer["tokenizer.ggml.tokens"]), **GEOMETRY), tokenizer)
-    return out
+    config = wide_config(request.param, len(tokenizer["tokenizer.ggml.tokens"]))
+    out = tmp_path_factory.mktemp("wide") / f"{request.param}-q4_k_m.gguf"
+    write_random_gguf(out, config, tokenizer)
+    return out, 2 + 2 * (2 + 2 * config.num_experts if config.num_experts else 4)
 
 
-def test_a_7b_wide_q4_k_m_gguf_loads_in_its_bits_within_the_plans_memory(wide_gguf, tmp_path):
+def test_a_wide_q4_k_m_gguf_loads_in_its_bits_within_the_plans_memory(wide_gguf, tmp_path):
+    wide_gguf, block_layers = wide_gguf
     profile = tmp_path / "wide.toml"
     profile.write_text(f'backend = "native"\n[model]\npath = "{wide_gguf}"\n[quantization]\nformat = "gguf"\n'
                        '[cache]\nmemory = "128MiB"\n[limits]\nmax_model_len = 1024\nmax_num_seqs = 4\n')
@@ -42,5 +58,5 @@ def test_a_7b_wide_q4_k_m_gguf_loads_in_its_bits_within_the_plans_memory(wide_gg
     done = subprocess.run([sys.executable, str(probe), str(profile)], capture_output=True, text=True, timeout=600, env=home)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["float_matrices"] == 0 and result["layers"] == 10
+    assert result["float_matrices"] == 0 and result["layers"] == block_layers
     assert abs(result["peak_rss"] - result["planned"]) <= 0.10 * result["planned"], result

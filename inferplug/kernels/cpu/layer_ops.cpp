@@ -5,11 +5,11 @@
 #include <torch/library.h>
 #include <immintrin.h>
 
-#include <cmath>
 #include <cstring>
 #include <type_traits>
 
 #include "checks.h"
+#include "glu.h"
 #include "simd.h"
 
 namespace {
@@ -91,19 +91,8 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   float* o = out.data_ptr<float>();
   at::parallel_for(0, tokens, 8, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; t++) {
-      const float *gate = in + t * 2 * n, *up = gate + n;
-      float* row = o + t * n;
-      int64_t i = 0;
-      // silu(g) = g / (1 + e^-g), as torch computes it; for g < 0, g e^g / (1 + e^g), so the exp never overflows.
-      const __m256 one = _mm256_set1_ps(1.f), sign = _mm256_set1_ps(-0.f);
-      for (; i + 8 <= n; i += 8) {
-        const __m256 g = _mm256_loadu_ps(gate + i);
-        const __m256 e = exp_nonpositive<F256>(_mm256_or_ps(g, sign));  // e^-|g|
-        const __m256 numerator = _mm256_blendv_ps(g, _mm256_mul_ps(g, e), g);  // blend on g's sign bit
-        const __m256 silu = _mm256_div_ps(numerator, _mm256_add_ps(one, e));
-        _mm256_storeu_ps(row + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
-      }
-      for (; i < n; i++) row[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+      const float* gate = in + t * 2 * n;
+      silu_mul_row(gate, gate + n, o + t * n, n);
     }
   });
   return out;

@@ -1,0 +1,129 @@
+// x as the matmul kernels take it: quantized to int8 per block of 32 inputs (kernels.h's QuantizedRows), once a call
+// for every ISA so every ISA multiplies the same values, or float32 / bf16 for the prefill kernels; and how a matmul
+// splits over threads. Shared by the dense matmuls (quant_matmul.cpp) and an MoE layer's experts (moe_experts.cpp).
+#pragma once
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "kernels.h"
+#include "prefill_gemm.h"
+#include "quant_dot.h"
+
+namespace {
+
+inline int64_t padded(int64_t blocks) { return (blocks + inferplug_isa::RUN - 1) / inferplug_isa::RUN * inferplug_isa::RUN; }
+
+inline float hmax(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// x quantized (kernels.h's QuantizedRows), owning its buffers. Computed here, once for every ISA, so every
+// ISA multiplies the same int8 values.
+struct QuantizedX {
+  int64_t blocks;
+  std::vector<int8_t> q;
+  std::vector<float> scale, sum;
+  std::vector<int32_t> qsum, qsum_low;
+  inferplug_isa::QuantizedRows view() const {
+    return {blocks, q.data(), scale.data(), sum.data(), qsum.data(), qsum_low.data()};
+  }
+};
+
+// One block of 32 floats to int8: q = round-half-even(x * 127 / amax), its words RUN_WORDS_BYTES apart at q
+// (x's runs, kernels.h); returns sum(q), and the sum of its first 16 in low_sum.
+inline int quantize_block(const float* src, float amax, int8_t* q, int& low_sum) {
+  const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+  __m256i v[4];
+  for (int j = 0; j < 4; j++) v[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(src + 8 * j), inv));  // MXCSR: nearest-even
+  const __m256i low = _mm256_add_epi32(v[0], v[1]), sum = _mm256_add_epi32(low, _mm256_add_epi32(v[2], v[3]));
+  // packs interleaves the 128-bit lanes: the permute puts the 32 bytes back in order.
+  const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+  const __m256i words = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  alignas(32) int32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), words);
+  for (int k = 0; k < 8; k++) std::memcpy(q + k * inferplug_isa::RUN_WORDS_BYTES, &lanes[k], inferplug_isa::WORD);
+  low_sum = static_cast<int>(F256::sum(_mm256_cvtepi32_ps(low)));  // |sum| <= 32 * 127: exact in float
+  return static_cast<int>(F256::sum(_mm256_cvtepi32_ps(sum)));
+}
+
+// order (k entries, or null): quantize x[:, order] instead of x, gathering each block's 32 inputs on the way (a
+// GPTQ act-order weight's inputs, permuted at load), so no permuted copy of x is made.
+QuantizedX quantize_rows(const float* x, int64_t rows, int64_t k, const int64_t* order) {
+  const int64_t blocks = k / QK, width = padded(blocks);
+  QuantizedX out{width, std::vector<int8_t>(rows * width * QK), std::vector<float>(rows * width), std::vector<float>(rows * width),
+                 std::vector<int32_t>(rows * width), std::vector<int32_t>(rows * width)};
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  at::parallel_for(0, rows, 8, [&](int64_t m0, int64_t m1) {
+    alignas(32) float gathered[QK];
+    for (int64_t m = m0; m < m1; m++) {
+      for (int64_t b = 0; b < blocks; b++) {
+        const float* src = x + m * k + b * QK;
+        if (order) {
+          for (int j = 0; j < QK; j++) gathered[j] = x[m * k + order[b * QK + j]];
+          src = gathered;
+        }
+        __m256 amax = _mm256_and_ps(_mm256_loadu_ps(src), abs_mask);
+        for (int j = 1; j < 4; j++) amax = _mm256_max_ps(amax, _mm256_and_ps(_mm256_loadu_ps(src + 8 * j), abs_mask));
+        const float max = hmax(amax);
+        const int64_t run = b / inferplug_isa::RUN * inferplug_isa::RUN;
+        int low_sum;
+        const int sum =
+            quantize_block(src, max, out.q.data() + (m * width + run) * QK + (b - run) * inferplug_isa::WORD, low_sum);
+        out.scale[m * width + b] = max / 127.f;
+        out.sum[m * width + b] = max / 127.f * static_cast<float>(sum);
+        out.qsum[m * width + b] = sum;
+        out.qsum_low[m * width + b] = low_sum;
+      }
+    }
+  });
+  return out;
+}
+
+// Calls tile(n0, n1, m, rows) for tiles of 16 weight rows and every slice [m, m + rows) of x's M rows,
+// rows <= MAX_ROWS. A tile stays in L2 while every slice of x passes over it.
+template <typename Tile>
+void over_tiles(int64_t M, int64_t N, const Tile& tile) {
+  constexpr int64_t ROWS_PER_TILE = 16;
+  at::parallel_for(0, (N + ROWS_PER_TILE - 1) / ROWS_PER_TILE, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t n0 = t0 * ROWS_PER_TILE; n0 < std::min(N, t1 * ROWS_PER_TILE); n0 += ROWS_PER_TILE) {
+      const int64_t n1 = std::min(N, n0 + ROWS_PER_TILE);
+      for (int64_t m = 0; m < M; m += inferplug_isa::MAX_ROWS) tile(n0, n1, m, std::min(inferplug_isa::MAX_ROWS, M - m));
+    }
+  });
+}
+
+// The entry of a kernel table for Format.
+template <typename Format, typename Table>
+auto for_format(const Table& table) {
+  if constexpr (std::is_same_v<Format, Q4_1>) return table.q4;
+  else if constexpr (std::is_same_v<Format, Q4_G128>) return table.q4_g128;
+  else if constexpr (std::is_same_v<Format, Q4_K>) return table.q4_k;
+  else if constexpr (std::is_same_v<Format, Q5_K>) return table.q5_k;
+  else if constexpr (std::is_same_v<Format, Q6_K>) return table.q6_k;
+  else return table.q8;
+}
+
+// The weight rows a prefill panel takes: narrower panels where wide ones would leave a thread idle; the width
+// changes no result (prefill_gemm.h).
+inline int64_t prefill_cols(int64_t N) {
+  return N >= 4 * at::get_num_threads() * inferplug_isa::PREFILL_COLS ? inferplug_isa::PREFILL_COLS : 64;
+}
+
+// x [M, K] float32 as a prefill kernel table takes it (its `input`).
+inline at::Tensor prefill_input(const at::Tensor& x, inferplug_isa::PrefillInput input) {
+  using inferplug_isa::PrefillInput;
+  return input == PrefillInput::FLOAT32            ? x
+         : input == PrefillInput::ROUNDED_BFLOAT16 ? x.to(at::kBFloat16).to(at::kFloat)
+                                                   : x.to(at::kBFloat16);
+}
+
+}  // namespace

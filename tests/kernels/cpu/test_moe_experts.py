@@ -1,0 +1,112 @@
+"""An MoE layer's block experts in one kernel call (kernels/cpu/moe_experts.cpp, through models/moe.py) against the
+per-expert loop of the same block layers: the same bits on every format and path, rows independent of their batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inferplug.models.moe import MoeWeights, moe_mlp
+from inferplug.ops.cpu_ops import CpuKernelOps
+from inferplug.ops.torch_ops import TorchOps
+from inferplug.quant.block_linear import Q4G128Linear, Q4KLinear, Q4Linear, Q5KLinear, Q6KLinear, Q8Linear, set_prefill_gemm
+
+HIDDEN, INTER, EXPERTS, TOP_K = 256, 256, 8, 3  # whole Q4_K super-blocks; 8 experts, 3 a row: most picked, one or two not
+
+
+def make_moe(gate_up_cls, down_cls, seed=0) -> MoeWeights:
+    g = torch.Generator().manual_seed(seed)
+    gate_up = [[gate_up_cls.from_float(torch.randn(INTER, HIDDEN, generator=g) * 0.05) for _ in "gu"] for _ in range(EXPERTS)]
+    down = [down_cls.from_float(torch.randn(HIDDEN, INTER, generator=g) * 0.05) for _ in range(EXPERTS)]
+    return MoeWeights.take({"gate.weight": torch.randn(EXPERTS, HIDDEN, generator=g), **{
+        f"experts.{e}.{name}_proj.weight": w for e in range(EXPERTS)
+        for name, w in (("gate", gate_up[e][0]), ("up", gate_up[e][1]), ("down", down[e]))}}.pop, "", EXPERTS)
+
+
+def rows(n, seed=1):
+    return torch.randn(n, HIDDEN, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture
+def kernel_ops(ops):
+    return CpuKernelOps(ops, head_dim=64)
+
+
+def run(moe, h, ops, decode_rows, activation):
+    return moe_mlp(h, moe, TOP_K, True, activation, decode_rows, ops)
+
+
+def both(moe, h, kernel_ops, decode_rows):
+    """The one call, and the per-expert loop (torch ops have no MoE call) with the same activation kernel."""
+    calls, call = [], kernel_ops.moe_experts
+    kernel_ops.moe_experts = lambda *args: calls.append(call(*args)) or calls[-1]
+    fused = run(moe, h, kernel_ops, decode_rows, kernel_ops.silu_mul)
+    assert calls[0] is not None  # the call ran the layer, not the loop
+    return fused, run(moe, h, TorchOps(), decode_rows, kernel_ops.silu_mul)
+
+
+@pytest.mark.parametrize("layer_cls", [Q4Linear, Q4G128Linear, Q4KLinear, Q5KLinear, Q6KLinear, Q8Linear])
+@pytest.mark.parametrize("prefill", ["float32", "bfloat16", "int8"])
+def test_one_call_equals_the_per_expert_loop(kernel_ops, layer_cls, prefill):
+    """Decode rows (int8 kernels) and prefill rows (the layers' prefill path) in one step, bit for bit."""
+    moe = make_moe(layer_cls, layer_cls)
+    set_prefill_gemm(torch.nn.ModuleList([*moe.gate_up, *moe.down]), prefill)
+    h = rows(11)
+    fused, loop = both(moe, h, kernel_ops, decode_rows=4)
+    assert torch.equal(fused, loop)
+    assert fused.abs().sum() > 0
+
+
+def test_experts_converted_after_load_run_in_the_call(kernel_ops):
+    """quantize_model's layers (a float MoE converted expert by expert: MoeWeights.map) take the call as loaded ones do."""
+    loaded = make_moe(Q8Linear, Q8Linear)
+    converted = MoeWeights(loaded.router, [w.dequantized() for w in loaded.gate_up], [w.dequantized() for w in loaded.down])
+    assert converted.blocks() is None  # float experts: the loop
+    converted.map(Q8Linear.from_float)
+    h = rows(5)
+    assert torch.equal(both(converted, h, kernel_ops, None)[0], run(loaded, h, kernel_ops, None, kernel_ops.silu_mul))
+
+
+def test_a_q4_k_m_layer_mixes_formats_across_projections(kernel_ops):
+    """Q4_K gate/up beside Q6_K down, as a Q4_K_M file stores an MoE layer."""
+    moe = make_moe(Q4KLinear, Q6KLinear)
+    fused, loop = both(moe, rows(9), kernel_ops, decode_rows=None)
+    assert torch.equal(fused, loop)
+
+
+def test_a_row_does_not_depend_on_its_batch(kernel_ops):
+    """Each row alone, and each in a batch of 16 sharing experts, give the same bits (decode rows)."""
+    moe = make_moe(Q4KLinear, Q6KLinear)
+    h = rows(16)
+    together = run(moe, h, kernel_ops, None, kernel_ops.silu_mul)
+    alone = torch.cat([run(moe, h[i:i + 1], kernel_ops, None, kernel_ops.silu_mul) for i in range(16)])
+    assert torch.equal(together, alone)
+
+
+def test_a_prefill_row_does_not_depend_on_the_prompt_around_it(kernel_ops):
+    moe = make_moe(Q4KLinear, Q4KLinear)
+    h = rows(40)
+    silu = kernel_ops.silu_mul
+    assert torch.equal(run(moe, h, kernel_ops, 0, silu)[30:], run(moe, h[30:], kernel_ops, 0, silu))
+
+
+def test_the_loop_runs_where_the_call_does_not_fit(kernel_ops):
+    """Float experts, gate and up in two formats, GELU, and prefill rows through oneDNN keep the per-expert loop."""
+    h, chosen, weights = rows(3), torch.zeros(3, TOP_K, dtype=torch.long), torch.ones(3, TOP_K)
+    float_moe = MoeWeights(torch.randn(EXPERTS, HIDDEN), [torch.randn(2 * INTER, HIDDEN)] * EXPERTS,
+                           [torch.randn(HIDDEN, INTER)] * EXPERTS)
+    assert kernel_ops.moe_experts(h, chosen, weights, float_moe, None, kernel_ops.silu_mul) is None
+    moe = make_moe(Q4KLinear, Q4KLinear)
+    mixed = MoeWeights(moe.router, [*moe.gate_up[:-1], Q8Linear.from_float(moe.gate_up[-1].dequantized())], moe.down)
+    assert kernel_ops.moe_experts(h, chosen, weights, mixed, None, kernel_ops.silu_mul) is None
+    assert kernel_ops.moe_experts(h, chosen, weights, moe, None, kernel_ops.gelu_tanh_mul) is None
+    set_prefill_gemm(torch.nn.ModuleList([*moe.gate_up, *moe.down]), "bfloat16-onednn")
+    assert kernel_ops.moe_experts(h, chosen, weights, moe, 1, kernel_ops.silu_mul) is None
+    assert kernel_ops.moe_experts(h, chosen, weights, moe, None, kernel_ops.silu_mul) is not None  # decode rows only
+
+
+def test_an_expert_out_of_range_is_refused(ops):
+    moe = make_moe(Q8Linear, Q8Linear)
+    chosen = torch.tensor([[0, EXPERTS]])
+    with pytest.raises(RuntimeError, match=f"expert {EXPERTS} is outside 0..{EXPERTS - 1}"):
+        ops.moe_experts(rows(1), chosen, torch.ones(1, 2), *moe.blocks(), "int8")
