@@ -60,7 +60,7 @@ def _save_tiny(kind: str, out: Path) -> Path:
     import torch
     import transformers
 
-    torch.manual_seed({"llama": 0, "qwen2": 1, "mistral": 2, "qwen3": 3, "qwen3_moe": 4, "gemma3": 5}[kind])
+    torch.manual_seed({"llama": 0, "qwen2": 1, "mistral": 2, "qwen3": 3, "qwen3_moe": 4, "gemma3": 5, "gpt_oss": 6}[kind])
     if kind in NEW_FAMILIES:
         model = _tiny_new_family(kind)
     elif kind == "llama":
@@ -82,8 +82,9 @@ def _save_tiny(kind: str, out: Path) -> Path:
 
 # The families the model layer brought (models/families/): tiny ones from HF's own config classes, with 4 layers
 # (Gemma 3: 6, one full layer after five windowed) and, for MoE, 8 experts of which 2 run.
-NEW_FAMILIES = ("qwen3", "qwen3_moe", "gemma3")
+NEW_FAMILIES = ("qwen3", "qwen3_moe", "gemma3", "gpt_oss")
 GEMMA3_TINY_WINDOW = 24  # shorter than the tests' long prompts, so both kinds of layer run
+GPT_OSS_TINY_WINDOW = 16
 
 
 def _tiny_new_family(kind: str):
@@ -97,6 +98,8 @@ def _tiny_new_family(kind: str):
         config = transformers.Qwen3MoeConfig(**common, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
                                              norm_topk_prob=True, tie_word_embeddings=False)
         return transformers.Qwen3MoeForCausalLM(config)
+    if kind == "gpt_oss":
+        return _tiny_gpt_oss(common)
     config = transformers.Gemma3TextConfig(**{**common, "num_hidden_layers": 6}, sliding_window=GEMMA3_TINY_WINDOW,
                                            query_pre_attn_scalar=16, tie_word_embeddings=True)
     model = transformers.Gemma3ForCausalLM(config)
@@ -104,6 +107,26 @@ def _tiny_new_family(kind: str):
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.normal_(0.0, 0.2)
+    return model
+
+
+def _tiny_gpt_oss(common: dict):
+    """gpt-oss with windowed and full layers alternating, YaRN RoPE as the real config has it (factor 32 over 4096),
+    and its sinks, biases and norms given spread (HF initializes some at 0 or 1, where a wrong use would not show)."""
+    import transformers
+
+    config = transformers.GptOssConfig(**{**common, "intermediate_size": 32}, num_local_experts=8,
+                                       num_experts_per_tok=2, sliding_window=GPT_OSS_TINY_WINDOW,
+                                       tie_word_embeddings=False)
+    model = transformers.GptOssForCausalLM(config)
+    with torch_no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("sinks", "bias")):
+                param.normal_(0.0, 0.5)
+            elif name.endswith("norm.weight"):
+                param.normal_(1.0, 0.2)
+            elif ".experts." in name:
+                param.normal_(0.0, 0.1)
     return model
 
 
@@ -169,6 +192,15 @@ def tiny_family_gguf(tiny_family_dir, tmp_path_factory) -> Path:
     from tests.models.llama_cpp_reference import convert
 
     return convert(tiny_family_dir, tmp_path_factory.mktemp("gguf") / f"{tiny_family_dir.name}.gguf")
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt_oss_gguf(tmp_path_factory) -> Path:
+    """The tiny gpt-oss alone, as llama.cpp's converter writes it (F32): for what only gpt-oss files hold (MXFP4)."""
+    from tests.models.llama_cpp_reference import convert
+
+    hf_dir = _save_tiny("gpt_oss", tmp_path_factory.mktemp("tiny-gpt_oss"))
+    return convert(hf_dir, tmp_path_factory.mktemp("gguf") / "gpt_oss.gguf")
 
 
 @pytest.fixture(scope="session")

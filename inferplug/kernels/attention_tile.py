@@ -30,6 +30,21 @@ def attend_tile(q, k_ptr, v_ptr, table, kv_base, keys, key_ok, visible, dims, di
     return new_max, running_sum, acc
 
 
+@triton.jit
+def with_sinks(acc, running_max, running_sum, sink):
+    """acc [M, D] normalized by each row's softmax denominator with its attention sink's term in it, exp2(sink -
+    max) (sink [M] in the scores' log2 units), taken at the larger of the two maxima so neither overflows."""
+    top = tl.maximum(running_max, sink)
+    shift = tl.exp2(running_max - top)
+    return acc * (shift / (running_sum * shift + tl.exp2(sink - top)))[:, None]
+
+
+def sink_logits(sinks, q):
+    """The kernels' sinks operand: [heads] fp32 in log2 units (the scores carry log2(e)), or q as a placeholder
+    the kernel never reads (HAS_SINKS False)."""
+    return q if sinks is None else (sinks.float() * 1.4426950408889634).contiguous()
+
+
 def pool_geometry(heads: int, k_cache) -> tuple[int, int]:
     """(kv_heads, block_size) of a [kv_heads, blocks, block_size, head_dim] pool, checked for the kernels."""
     kv_heads, block_size = k_cache.shape[0], k_cache.shape[2]

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from inferplug.kernels.attention_tile import attend_tile, pool_geometry
+from inferplug.kernels.attention_tile import attend_tile, pool_geometry, sink_logits, with_sinks
 
 # Tokens per split-K partition. 256 at 7B geometry: batch 1 with a 4k context gives 8 KV heads x 16 partitions
 # = 128 programs, about one per SM on an H200 (132), while the partials (GROUP x (D + 2) fp32 per partition and
@@ -37,10 +37,11 @@ _LOG2E = 1.4426950408889634
 
 @triton.jit
 def _paged_decode_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, tables_ptr, lens_ptr, qk_scale, partition, max_parts, window,
-    stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, stride_tb, stride_ob, stride_oh,
+    q_ptr, k_ptr, v_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, tables_ptr, lens_ptr, sinks_ptr, qk_scale, partition,
+    max_parts, window, stride_qb, stride_qh, stride_cb, stride_cs, stride_ch, stride_tb, stride_ob, stride_oh,
     HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):  # fmt: skip
     part, seq, kv_head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     length = tl.load(lens_ptr + seq)
@@ -74,7 +75,10 @@ def _paged_decode_kernel(
         )  # fmt: skip
 
     if length <= partition:  # one partition: the final output, no reduction pass
-        out = acc / running_sum[:, None]
+        if HAS_SINKS:
+            out = with_sinks(acc, running_max, running_sum, tl.load(sinks_ptr + heads, mask=row_ok, other=0.0))
+        else:
+            out = acc / running_sum[:, None]
         out_offsets = seq * stride_ob + heads[:, None] * stride_oh + dims[None, :]
         tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=q_mask)
     else:
@@ -86,8 +90,8 @@ def _paged_decode_kernel(
 
 @triton.jit
 def _reduce_partitions_kernel(
-    out_ptr, m_ptr, l_ptr, acc_ptr, lens_ptr, partition, max_parts, stride_ob, stride_oh,
-    HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr,
+    out_ptr, m_ptr, l_ptr, acc_ptr, lens_ptr, sinks_ptr, partition, max_parts, stride_ob, stride_oh,
+    HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):  # fmt: skip
     seq, head = tl.program_id(0), tl.program_id(1)
     num_parts = tl.cdiv(tl.load(lens_ptr + seq), partition)
@@ -114,17 +118,24 @@ def _reduce_partitions_kernel(
         partial = tl.load(acc_ptr + (base + parts)[:, None] * HEAD_DIM + dims[None, :],
                           mask=ok[:, None] & dim_ok[None, :], other=0.0)  # fmt: skip
         acc += tl.sum(weights[:, None] * partial, axis=0)
-    out = acc / total
+    if HAS_SINKS:  # the sink's term in the denominator, at the larger max (with_sinks' arithmetic)
+        sink = tl.load(sinks_ptr + head)
+        top = tl.maximum(global_max, sink)
+        shift = tl.exp2(global_max - top)
+        out = acc * (shift / (total * shift + tl.exp2(sink - top)))
+    else:
+        out = acc / total
     tl.store(out_ptr + seq * stride_ob + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty), mask=dim_ok)
 
 
 def paged_attention_decode(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, *, window: int = 0, split_k: bool = True,
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, *, window: int = 0,
+    sinks: torch.Tensor | None = None, split_k: bool = True,
     partition_size: int = PARTITION_SIZE, tile: int = TILE, num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES,
 ) -> torch.Tensor:  # fmt: skip
     """Same contract as paged_attention_decode_ref: q [B, heads, D] -> [B, heads, D]; `window` > 0: each query
-    reads only its sequence's last `window` keys (a sliding-window layer).
+    reads only its sequence's last `window` keys (a sliding-window layer); `sinks` [heads]: attention-sink logits.
 
     split_k=False runs every sequence in one program per KV head (one partition as long as the table), for
     tests and the benchmark; partition_size (a multiple of tile), tile, num_warps and num_stages are tuning
@@ -147,17 +158,19 @@ def paged_attention_decode(
     group = heads // kv_heads
     block_d = max(16, triton.next_power_of_2(head_dim))  # tl.dot needs every dimension >= 16
     _paged_decode_kernel[(max_parts, batch, kv_heads)](
-        q, k_cache, v_cache, out, m, l, acc, block_tables, seq_lens, scale * _LOG2E, partition, max_parts, window,
+        q, k_cache, v_cache, out, m, l, acc, block_tables, seq_lens, sink_logits(sinks, q), scale * _LOG2E, partition,
+        max_parts, window,
         q.stride(0), q.stride(1), k_cache.stride(1), k_cache.stride(2), k_cache.stride(0),
         block_tables.stride(0), out.stride(0), out.stride(1),
         HEADS=heads, GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim, BLOCK_D=block_d, TILE=tile,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 inputs stay fp32; tf32 is ignored for 16-bit
+        HAS_SINKS=sinks is not None,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     if max_parts > 1:
         _reduce_partitions_kernel[(batch, heads)](
-            out, m, l, acc, seq_lens, partition, max_parts, out.stride(0), out.stride(1),
-            HEADS=heads, HEAD_DIM=head_dim, BLOCK_D=block_d, CHUNK=_REDUCE_CHUNK,
+            out, m, l, acc, seq_lens, sink_logits(sinks, q), partition, max_parts, out.stride(0), out.stride(1),
+            HEADS=heads, HEAD_DIM=head_dim, BLOCK_D=block_d, CHUNK=_REDUCE_CHUNK, HAS_SINKS=sinks is not None,
         )  # fmt: skip
     return out

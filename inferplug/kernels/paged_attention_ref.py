@@ -52,12 +52,13 @@ def random_pool(*, batch, heads, kv_heads, head_dim, block_size, seq_lens, devic
 def paged_attention_ref(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     query_starts: torch.Tensor, context_lens: torch.Tensor, scale: float, dtype: torch.dtype = torch.float64,
-    window: int = 0,
+    window: int = 0, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """Causal attention for chunks of new query rows: sequence s has q rows [query_starts[s], query_starts[s + 1]),
     the last at position context_lens[s] - 1, each attending to the positions up to its own (its cached prefix
-    and the chunk's rows before it; with a `window`, only the last `window` of them). Computed in `dtype` (fp64: the
-    kernels' errors are measured against it). Returns [tokens, heads, D] in `dtype`."""
+    and the chunk's rows before it; with a `window`, only the last `window` of them). `sinks` [heads]: each head's
+    attention-sink logit, a last column in its softmax that is then dropped (gpt-oss, as HF's eager attention).
+    Computed in `dtype` (fp64: the kernels' errors are measured against it). Returns [tokens, heads, D] in `dtype`."""
     heads, block_size = q.shape[1], k_cache.shape[2]
     out = torch.empty(q.shape, dtype=dtype)
     for s in range(len(context_lens)):
@@ -71,5 +72,10 @@ def paged_attention_ref(
         scores.masked_fill_(torch.arange(length)[None, :] > positions[:, None], float("-inf"))
         if window:
             scores.masked_fill_(torch.arange(length)[None, :] <= positions[:, None] - window, float("-inf"))
-        out[start:end] = torch.einsum("hts,hsd->thd", scores.softmax(dim=-1), values)
+        if sinks is None:
+            probs = scores.softmax(dim=-1)
+        else:
+            sink = sinks.to(dtype)[:, None, None].expand(-1, end - start, 1)
+            probs = torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]
+        out[start:end] = torch.einsum("hts,hsd->thd", probs, values)
     return out

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from inferplug.kernels.attention_tile import attend_tile, pool_geometry
+from inferplug.kernels.attention_tile import attend_tile, pool_geometry, sink_logits, with_sinks
 
 BLOCK_M, BLOCK_N = 64, 64
 NUM_WARPS, NUM_STAGES = 4, 2
@@ -25,10 +25,10 @@ _LOG2E = 1.4426950408889634
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, cu_ptr, ctx_lens_ptr, tables_ptr, qk_scale, window,
+    q_ptr, k_ptr, v_ptr, out_ptr, cu_ptr, ctx_lens_ptr, tables_ptr, sinks_ptr, qk_scale, window,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ch, stride_tb,
     GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):  # fmt: skip
     tile, seq, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     first = tl.load(cu_ptr + seq)
@@ -66,7 +66,10 @@ def _prefill_kernel(
             running_max, running_sum, acc, BLOCK_SIZE, PRECISION,
         )  # fmt: skip
 
-    out = acc / tl.where(row_ok, running_sum, 1.0)[:, None]
+    if HAS_SINKS:  # rows past the chunk see keys too (their positions run on): their max and sum are finite
+        out = with_sinks(acc, running_max, running_sum, tl.full((BLOCK_M,), 0.0, tl.float32) + tl.load(sinks_ptr + head))
+    else:
+        out = acc / tl.where(row_ok, running_sum, 1.0)[:, None]
     o_rows = (first + rows).to(tl.int64)
     tl.store(out_ptr + o_rows[:, None] * stride_ot + head * stride_oh + dims[None, :],
              out.to(out_ptr.dtype.element_ty), mask=q_mask)  # fmt: skip
@@ -74,11 +77,13 @@ def _prefill_kernel(
 
 def prefill_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens: torch.Tensor, ctx_lens: torch.Tensor,
-    block_tables: torch.Tensor, scale: float, *, window: int = 0, max_q_len: int | None = None, block_m: int = BLOCK_M,
+    block_tables: torch.Tensor, scale: float, *, window: int = 0, sinks: torch.Tensor | None = None,
+    max_q_len: int | None = None, block_m: int = BLOCK_M,
     block_n: int = BLOCK_N, num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES,
 ) -> torch.Tensor:  # fmt: skip
     """prefill_attention_ref's contract: q [T, heads, D] (unit stride over D) -> [T, heads, D]; `window` > 0: each
-    query reads only the last `window` positions up to its own (a sliding-window layer).
+    query reads only the last `window` positions up to its own (a sliding-window layer); `sinks` [heads]:
+    attention-sink logits.
 
     max_q_len (the longest chunk) sizes the grid without reading cu_seqlens on the host; block_m, block_n,
     num_warps and num_stages are tuning knobs (the benchmark sweeps them)."""
@@ -93,12 +98,12 @@ def prefill_attention(
     if not tokens or not num_seqs:
         return out
     _prefill_kernel[(triton.cdiv(max_q_len, block_m), num_seqs, heads)](
-        q, k_cache, v_cache, out, cu_seqlens, ctx_lens, block_tables, scale * _LOG2E, window,
+        q, k_cache, v_cache, out, cu_seqlens, ctx_lens, block_tables, sink_logits(sinks, q), scale * _LOG2E, window,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(1), k_cache.stride(2), k_cache.stride(0), block_tables.stride(0),
         GROUP=heads // kv_heads, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_M=block_m, BLOCK_N=block_n,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", HAS_SINKS=sinks is not None,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out

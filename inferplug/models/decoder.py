@@ -41,6 +41,8 @@ class LayerWeights:
     mlp_out_norm: torch.Tensor | None = None
     moe: MoeWeights | None = None
     window: int = 0  # the sliding window it attends in (0: the whole context)
+    o_bias: torch.Tensor | None = None
+    sinks: torch.Tensor | None = None  # attention sinks: a logit per head (fp32), in each query's softmax
 
     def linears(self) -> Iterator[Any]:
         """Every linear weight of the layer, its experts' too."""
@@ -106,7 +108,7 @@ class DecoderModel:
                 bias = torch.cat([take(f"{p}self_attn.{n}_proj.bias") for n in "qkv"])
             gate_up = down = moe = None
             if config.is_moe_layer(i):
-                moe = MoeWeights.take(take, f"{p}mlp.", config.num_experts)
+                moe = MoeWeights.take(take, f"{p}mlp.", config.num_experts, biased=fam.all_biases)
             else:
                 gate_up = fuse_rows([take(f"{p}mlp.gate_proj.weight"), take(f"{p}mlp.up_proj.weight")])
                 gate_up, down = fold_down_order(gate_up, take(f"{p}mlp.down_proj.weight"))  # GPTQ act-order's, if any
@@ -125,6 +127,8 @@ class DecoderModel:
                 mlp_out_norm=norm(f"{p}post_feedforward_layernorm.weight") if sandwich else None,
                 moe=moe,
                 window=config.window(i),
+                o_bias=take(f"{p}self_attn.o_proj.bias") if fam.all_biases else None,
+                sinks=take(f"{p}self_attn.sinks").float() if fam.attention_sinks else None,
             ))
         self.cos, self.signed_sin = rope_tables(config, self.device)
         # sliding-window layers with their own RoPE base (Gemma 3's 10k beside its global 1M), unscaled
@@ -133,7 +137,8 @@ class DecoderModel:
             self.local_rope = rope_tables(config, self.device, theta=config.rope_local_theta, scaling=None)
         # The ops interface (ops/): C++ CPU kernels, Triton or torch, chosen here once.
         self.ops = select_ops(attention, self.device, dtype, self.kv_dtype, self.head_dim)
-        self.activation = self.ops.silu_mul if fam.activation == "silu" else self.ops.gelu_tanh_mul
+        self.activation = {"silu": self.ops.silu_mul, "gelu_tanh": self.ops.gelu_tanh_mul,
+                           "swiglu_oai": self.ops.swiglu_oai_mul}[fam.activation]
 
     def rope_of(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer `layer`'s RoPE tables (cos, signed sin): a sliding layer's own base where the family has one."""
@@ -183,8 +188,8 @@ class DecoderModel:
             if layer.q_norm is not None:
                 ops.qk_rms_norm_(qkv, layer.q_norm, layer.k_norm, self.num_heads, self.num_kv_heads, eps)
             q, k, v = ops.rope_and_store(qkv, positions, *self.rope_of(i), k_cache, v_cache, ctx, self.num_heads)
-            attn = ops.attention(q, k, v, k_cache, v_cache, ctx, self.scale, layer.window)
-            out = reduce(linear(attn, layer.o, None, rows))
+            attn = ops.attention(q, k, v, k_cache, v_cache, ctx, self.scale, layer.window, layer.sinks)
+            out = reduce(linear(attn, layer.o, layer.o_bias, rows))  # under tensor parallel a rank adds bias / tp
             if layer.attn_out_norm is not None:
                 out = ops.add_rms_norm(out, None, layer.attn_out_norm, eps)
             h = ops.add_rms_norm(x, out, layer.post_norm, eps)

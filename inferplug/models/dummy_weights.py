@@ -42,6 +42,11 @@ def dummy_weights(config: ModelConfig, fmt: str, dtype: torch.dtype, device: str
             weights[f"model.layers.{i}.{name}.weight"] = norm(config.hidden_size, dtype=dtype, device=device)
         for name in ("q_norm", "k_norm") if fam.qk_norm else ():
             weights[f"model.layers.{i}.self_attn.{name}.weight"] = norm(config.head_dim, dtype=dtype, device=device)
+        for module, (rows, _) in config.layer_matrices(i).items() if fam.all_biases else ():  # zeros: no effect
+            weights[f"model.layers.{i}.{module}.bias"] = torch.zeros(rows, dtype=dtype, device=device)
+        if fam.attention_sinks:  # logits of minus infinity: no effect either
+            weights[f"model.layers.{i}.self_attn.sinks"] = torch.full((config.num_attention_heads,), float("-inf"),
+                                                                       dtype=dtype, device=device)
     return weights
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 if TYPE_CHECKING:
     from inferplug.models.gguf import GGUFFile
 
-ACTIVATIONS = ("silu", "gelu_tanh")  # the gated MLP's: SwiGLU, GeGLU (gelu with the tanh approximation)
+ACTIVATIONS = ("silu", "gelu_tanh", "swiglu_oai")  # the gated MLP's: SwiGLU, GeGLU (tanh gelu), gpt-oss's clamped SwiGLU
 
 
 @dataclass(frozen=True)
@@ -27,12 +27,16 @@ class Family:
     sandwich_norms: bool = False  # norms on the attention and MLP outputs too, before the residual add (Gemma 3)
     scaled_embedding: bool = False  # the embedding times sqrt(hidden) (Gemma)
     activation: str = "silu"
+    attention_sinks: bool = False  # one learned logit per head joins each query's softmax, then is dropped (gpt-oss)
+    all_biases: bool = False  # biases on q/k/v/o, the router and every expert (gpt-oss)
     gguf_interleaved_rope: bool = False  # llama.cpp's converter interleaves Q/K rows (NORM RoPE): undone at load
     # GGUF layer tensor part -> HF module, where the family's differ from Llama's (models/gguf_convert._LAYER_NAMES)
     gguf_layer_names: dict[str, str] = field(default_factory=dict)
     # the family's own config fields (ModelConfig keyword arguments) from config.json, and from a GGUF's metadata
     hf_fields: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     gguf_fields: Callable[["GGUFFile"], dict[str, Any]] | None = None
+    # an HF checkpoint's tensors (name -> tensor) renamed and cut as the decoder takes them, given the expert count
+    hf_weights: Callable[[dict[str, Any], int], dict[str, Any]] | None = None
     # which decoder paths cover it (the rest run the layer-by-layer ops): the CPU whole-stack decode kernel, and
     # what keeps it out (resolve says so)
     fused_decode: bool = False

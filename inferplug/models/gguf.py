@@ -40,6 +40,7 @@ GGML_TYPES: dict[str, tuple[int, int, int]] = {
     "Q5_K": (13, 256, 176),
     "Q6_K": (14, 256, 210),
     "BF16": (30, 1, 2),
+    "MXFP4": (39, 32, 17),
 }
 GGML_TYPE_NAMES = {type_id: name for name, (type_id, _, _) in GGML_TYPES.items()}
 

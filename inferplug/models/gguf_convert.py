@@ -40,6 +40,7 @@ _LAYER_NAMES = {
 # an MoE layer's experts, one 3-D tensor each (experts, out, in) -> HF's per-expert module
 _EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 CONVERSION_VERSION = 6  # bump when weights_from_gguf's layers change: cached conversions of the old ones then miss
+_BARE_PARAMETERS = ("self_attn.sinks",)  # HF parameters, not modules: no ".weight" in their names (gpt-oss's sinks)
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # Precomputed RoPE factors (llama3 scaling); our RoPE derives them from config.rope_scaling instead.
 _DERIVED_TENSORS = ("rope_freqs.weight",)
@@ -120,7 +121,8 @@ def hf_name(gguf_name: str, family=None) -> str | None:
     names = {**_LAYER_NAMES, **(family.gguf_layer_names if family else {})}
     if match and match.group(2) in names:
         layer, part, kind = match.groups()
-        return f"model.layers.{layer}.{names[part]}.{kind}"
+        name = f"model.layers.{layer}.{names[part]}.{kind}"
+        return name.removesuffix(".weight") if names[part] in _BARE_PARAMETERS else name
     if match and match.group(2) in _EXPERT_NAMES:
         layer, part, kind = match.groups()
         return f"model.layers.{layer}.mlp.experts.{_EXPERT_NAMES[part]}.{kind}"
@@ -161,7 +163,7 @@ def matrix_roles(gguf: GGUFFile) -> tuple[tuple[str, str, int], ...]:
     roles = []
     for info in gguf.tensors.values():
         name = hf_name(info.name, family)
-        if name is None or len(info.shape) < 2:
+        if name is None or len(info.shape) < 2 or name.endswith(".bias"):  # an MoE's expert biases are 2-D
             continue
         role = {"lm_head.weight": "head", "model.embed_tokens.weight": "head" if tied else "embed"}.get(name, "layer")
         roles.append((role, info.type_name, math.prod(info.shape)))  # an MoE's experts: all of them, as mapped
@@ -208,7 +210,7 @@ def weights_from_gguf(gguf: GGUFFile, dtype: "torch.dtype", device="cpu",
             if family.norms_plus_one and name.endswith("norm.weight"):  # llama.cpp stores Gemma's as w + 1
                 tensor = tensor - 1
             parts = {name: tensor}
-            if len(info.shape) == 3:  # an MoE's experts: each its own matrix, a view of the file's rows
+            if ".experts." in name:  # an MoE's experts: each its own matrix (or bias), a view of the file's rows
                 parts = dict(zip(expert_names(name, info.shape[0]), tensor.unbind(0)))
             for part_name, part in parts.items():
                 if as_layer:

@@ -1,4 +1,4 @@
-"""Vectorised torch dequantization of ggml block formats (legacy Q4/Q5/Q8 and the K-quants).
+"""Vectorised torch dequantization of ggml block formats (legacy Q4/Q5/Q8, the K-quants and MXFP4).
 
 Each function takes the raw bytes as a uint8 tensor of shape [n_blocks, block_bytes] and returns
 float32 values of shape [n_blocks, block_elements]. Arithmetic follows ggml's reference
@@ -9,6 +9,8 @@ to what transformers' GGUF loader produces. Block layouts: ggml/src/ggml-common.
 from __future__ import annotations
 
 import torch
+
+from inferplug.quant.block_linear import MXFP4_VALUES
 
 QK_K = 256  # elements per K-quant super-block
 
@@ -144,6 +146,24 @@ def dequant_q6_k(blocks: torch.Tensor) -> torch.Tensor:
     return (dl * q).view(n, QK_K)
 
 
+def mxfp4_parts(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An MXFP4 block's exponent byte e (int32 [n]) and its 32 values as int8 codes (MXFP4_VALUES, [n, 32]): its
+    values are codes * 2^(e - 128)."""
+    nibbles = _unpack(blocks[:, 1:], 16, [0, 4], 0x0F)
+    return blocks[:, 0].to(torch.int32), MXFP4_VALUES[nibbles.long()]
+
+
+def mxfp4_scale(e: torch.Tensor) -> torch.Tensor:
+    """2^(e - 128) in float32, exactly as ggml's ggml_e8m0_to_fp32_half (e of 0 and 1 give subnormals)."""
+    bits = torch.where(e < 2, 0x00200000 << e.clamp(max=1), (e - 1) << 23)
+    return bits.to(torch.int32).view(torch.float32)
+
+
+def dequant_mxfp4(blocks: torch.Tensor) -> torch.Tensor:
+    e, codes = mxfp4_parts(blocks)
+    return mxfp4_scale(e)[:, None] * codes.to(torch.float32)
+
+
 BLOCK_DEQUANTIZERS = {
     "Q4_0": dequant_q4_0,
     "Q4_1": dequant_q4_1,
@@ -155,6 +175,7 @@ BLOCK_DEQUANTIZERS = {
     "Q4_K": dequant_q4_k,
     "Q5_K": dequant_q5_k,
     "Q6_K": dequant_q6_k,
+    "MXFP4": dequant_mxfp4,
 }
 _FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 

@@ -6,6 +6,10 @@ gguf_layer_format picks the block):
 - Q4_1 and Q8_0: the file's bytes, reordered into our field-by-field rows.
 - Q4_0 as Q4_1 exactly: d * (q - 8) = d * q + (-8 d), and -8 d is exact in fp16.
 - Q5_0 as Q8_0 exactly: its codes q - 16 fit int8, with the same scale.
+- MXFP4 (gpt-oss's experts) as MXFP4 blocks (MXFP4Linear): its codes as they are, its E8M0 scale 2^(e - 128) as
+  an fp16, exact for e - 128 in [-24, 15] (below, a block's values are all under 4e-7 and its scale rounds), 4.5
+  bits a weight. Pinned "int8": the same values as Q8_0 blocks (E2M1's values doubled are the int8 codes 0, ±1, ...,
+  ±12).
 - Q4_K as Q4_K blocks (Q4KLinear): its d, dmin, 6-bit codes and nibbles, exactly (the codes a byte each).
 - Q5_K as Q5_K blocks (Q5KLinear): its d, dmin, 6-bit codes (a byte each) and 5-bit codes, exactly.
 - Q6_K as Q6_K blocks (Q6KLinear): its d, int8 scales and 6-bit codes, exactly, in as many bytes.
@@ -19,10 +23,12 @@ from __future__ import annotations
 
 import torch
 
+from inferplug.errors import ModelSourceError
 from inferplug.models.gguf import GGML_TYPES
-from inferplug.models.gguf_dequant import dequantize, q4_k_parts, q5_0_codes, q5_k_parts, q6_k_parts
-from inferplug.quant.block_linear import (BlockLinear, Q4KLinear, Q4Linear, Q5KLinear, Q6KLinear, Q8HeadLinear, Q8Linear,
-                                          pack_six_bits)
+from inferplug.models.gguf_dequant import (dequantize, mxfp4_parts, mxfp4_scale, q4_k_parts, q5_0_codes, q5_k_parts,
+                                          q6_k_parts)
+from inferplug.quant.block_linear import (BlockLinear, MXFP4Linear, Q4KLinear, Q4Linear, Q5KLinear, Q6KLinear,
+                                          Q8HeadLinear, Q8Linear, pack_six_bits)
 from inferplug.quant.formats import GGUF_FLOAT_TYPES, gguf_layer_format
 
 CHUNK_ELEMENTS = 1 << 22  # weights converted at once: 16 MB of float at most for a requantized chunk
@@ -37,7 +43,7 @@ def gguf_layer(raw: torch.Tensor, type_name: str, shape: tuple[int, int], target
     rows, cols = shape
     fmt = gguf_layer_format(type_name, target, head)
     cls = Q8HeadLinear if head else {"int4": Q4Linear, "q4_k": Q4KLinear, "q5_k": Q5KLinear, "q6_k": Q6KLinear,
-                                         "int8": Q8Linear}[fmt]
+                                         "mxfp4": MXFP4Linear, "int8": Q8Linear}[fmt]
     raw = raw.reshape(rows, -1)
     step = max(1, CHUNK_ELEMENTS // cols)
     blocks = None
@@ -73,6 +79,14 @@ def _convert(raw: torch.Tensor, type_name: str, cols: int, cls: type[BlockLinear
         return fields(blocks[:, 0:2], blocks[:, 2:34])
     if issubclass(cls, Q8Linear) and type_name == "Q5_0":
         return fields(blocks[:, 0:2], q5_0_codes(blocks).view(torch.uint8))
+    if type_name == "MXFP4" and cls in (MXFP4Linear, Q8Linear):
+        e, codes = mxfp4_parts(blocks)
+        if (e > 128 + 15).any():
+            raise ModelSourceError(f"an MXFP4 block's scale is 2^{int(e.max()) - 128}, no weight's: the file is corrupt;"
+                                   " re-download it")
+        # scales under 2^-24 round in fp16: their blocks' values are under 12 * 2^-25 (an all-zero block has e = 0)
+        scale = mxfp4_scale(e).half()[:, None].view(torch.uint8)
+        return fields(scale, blocks[:, 1:17] if cls is MXFP4Linear else codes.view(torch.uint8))
     values = dequantize(raw.reshape(-1), type_name, (rows, cols), block_bytes)
     return cls.from_float(values).blocks
 

@@ -3,6 +3,8 @@ tests' inputs (gguf-py quantizes no K-quant, so those are made from random bytes
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from inferplug.models.gguf import GGML_TYPES
@@ -15,7 +17,7 @@ _FP16_FIELDS = {
     "Q4_1": (0, 2, -7.5), "Q5_1": (0, 2, -15.5),
     "Q2_K": (80, 82, 1.5), "Q3_K": (108, None, 0.0), "Q4_K": (0, 2, 7.5), "Q5_K": (0, 2, 15.5), "Q6_K": (208, None, 0.0),
 }
-RANDOM_TYPES = tuple(_FP16_FIELDS)
+RANDOM_TYPES = (*_FP16_FIELDS, "MXFP4")
 
 
 def random_blocks(type_name: str, shape: tuple[int, int], std: float, generator: torch.Generator) -> torch.Tensor:
@@ -23,6 +25,8 @@ def random_blocks(type_name: str, shape: tuple[int, int], std: float, generator:
     rows, cols = shape
     _, block_elems, block_bytes = GGML_TYPES[type_name]
     raw = torch.randint(0, 256, (rows * cols // block_elems, block_bytes), dtype=torch.uint8, generator=generator)
+    if type_name == "MXFP4":
+        return _random_mxfp4(raw, std, generator).reshape(rows, -1)
     scale_at, min_at, min_per_scale = _FP16_FIELDS[type_name]
     d = torch.empty(raw.shape[0], 1).uniform_(0.5, 1.0, generator=generator)
 
@@ -36,6 +40,17 @@ def random_blocks(type_name: str, shape: tuple[int, int], std: float, generator:
     spread = dequantize(raw[:sample].reshape(-1), type_name, (sample * block_elems,), block_bytes).std().item()
     set_fields(d * (std / spread))
     return raw.reshape(rows, -1)
+
+
+def _random_mxfp4(raw: torch.Tensor, std: float, generator: torch.Generator) -> torch.Tensor:
+    """MXFP4 blocks (an E8M0 exponent byte, then the codes) of spread `std`: each block's exponent one of two
+    neighbours, in the share that gives the spread (a power of two alone would miss it by up to a factor of 1.4)."""
+    raw[:, 0] = 128  # scale 1
+    unit = dequantize(raw[:4096].reshape(-1), "MXFP4", (min(raw.shape[0], 4096) * 32,), 17).std().item()
+    base = math.floor(math.log2(std / unit))
+    upper = ((std / unit / 2**base) ** 2 - 1) / 3  # the share at base + 1: (1 - p) + 4 p = (std / (unit 2^base))^2
+    raw[:, 0] = 128 + base + (torch.rand(raw.shape[0], generator=generator) < upper).to(torch.uint8)
+    return raw
 
 
 def q4_k_m_type(gguf_name: str, layer: int, num_layers: int, base: str = "Q4_K") -> str:

@@ -86,11 +86,15 @@ def load_weights(path: Path, dtype: "torch.dtype", device: str = "cpu",
         return cached_weights(["gguf", CONVERSION_VERSION, gguf_layers, dtype, file_identity(gguf_path)], convert)
     from inferplug.models.quant_checkpoint import check_profile_format, read_quant_spec
 
-    read_config(path)  # rejects unsupported architectures before reading gigabytes
+    config = read_config(path)  # rejects unsupported architectures before reading gigabytes
     spec = read_quant_spec(Path(path))
     if declared_format is not None:
         check_profile_format(declared_format, spec, Path(path))
-    return _load_safetensors(Path(path), spec, dtype, device)
+    weights = _load_safetensors(Path(path), spec, dtype, device)
+    from inferplug.models.registry import family
+
+    reshape = family(config.family).hf_weights
+    return reshape(weights, config.num_experts) if reshape else weights
 
 
 def load_tokenizer(path: Path, override: str | None = None):

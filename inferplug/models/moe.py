@@ -25,6 +25,9 @@ class MoeWeights:
     router: torch.Tensor  # [experts, hidden]
     gate_up: list[Any]  # per expert: gate and up rows fused, a tensor or the layer that runs its blocks
     down: list[Any]
+    router_bias: torch.Tensor | None = None  # gpt-oss's router and experts carry biases: [experts]
+    gate_up_bias: torch.Tensor | None = None  # [experts, 2 * inter]
+    down_bias: torch.Tensor | None = None  # [experts, hidden]
     _stacked: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
     _blocks: tuple | None = field(default=None, repr=False)
 
@@ -53,12 +56,19 @@ class MoeWeights:
         self._stacked = self._blocks = None
 
     @classmethod
-    def take(cls, take: Callable[[str], Any], prefix: str, experts: int) -> "MoeWeights":
-        """The router and experts under `prefix` (e.g. "model.layers.3.mlp."), HF's per-expert names."""
-        gate_up = [fuse_rows([take(f"{prefix}experts.{e}.gate_proj.weight"), take(f"{prefix}experts.{e}.up_proj.weight")])
-                   for e in range(experts)]
+    def take(cls, take: Callable[[str], Any], prefix: str, experts: int, biased: bool = False) -> "MoeWeights":
+        """The router and experts under `prefix` (e.g. "model.layers.3.mlp."), HF's per-expert names; `biased`:
+        with the router's and experts' biases."""
+        def pair(e: int, kind: str) -> list[Any]:
+            return [take(f"{prefix}experts.{e}.{proj}.{kind}") for proj in ("gate_proj", "up_proj")]
+
+        gate_up = [fuse_rows(pair(e, "weight")) for e in range(experts)]
         down = [take(f"{prefix}experts.{e}.down_proj.weight") for e in range(experts)]
-        return cls(take(f"{prefix}gate.weight"), gate_up, down)
+        if not biased:
+            return cls(take(f"{prefix}gate.weight"), gate_up, down)
+        return cls(take(f"{prefix}gate.weight"), gate_up, down, take(f"{prefix}gate.bias"),
+                   torch.stack([torch.cat(pair(e, "bias")) for e in range(experts)]),
+                   torch.stack([take(f"{prefix}experts.{e}.down_proj.bias") for e in range(experts)]))
 
 
 def _expert_table(gate_up: list[Any], down: list[Any]) -> tuple[torch.Tensor, torch.Tensor, int, str, str] | None:
@@ -87,7 +97,10 @@ def moe_mlp(h: torch.Tensor, moe: MoeWeights, top_k: int, renormalize: bool,
     """The MoE MLP of rows `h` ([T, hidden]). `decode_rows`: the leading rows that take decode arithmetic in
     block layers (quant/block_linear.py); None: all of them. `ops`: the model's ops (ops/), whose MoE call or
     grouped GEMM runs the experts where it can."""
-    probs = torch.softmax(router_logits(h, moe.router).float(), dim=-1)
+    logits = router_logits(h, moe.router)
+    if moe.router_bias is not None:
+        logits = logits + moe.router_bias
+    probs = torch.softmax(logits.float(), dim=-1)
     weights, chosen = probs.topk(top_k, dim=-1)
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -95,14 +108,17 @@ def moe_mlp(h: torch.Tensor, moe: MoeWeights, top_k: int, renormalize: bool,
     out = ops.moe_experts(h, chosen, weights, moe, decode_rows, activation)
     if out is not None:
         return out
-    stacked = moe.stacked() if ops.grouped_matmul is not None else None
+    biased = moe.down_bias is not None  # the grouped GEMM takes no expert biases: the loop runs them
+    stacked = moe.stacked() if ops.grouped_matmul is not None and not biased else None
     if stacked is not None:
         return _grouped(h, stacked, chosen, weights, activation, ops.grouped_matmul)
     out = torch.zeros_like(h)
     for expert in chosen.unique().tolist():  # ascending: each row's sum in one order
         rows, slot = (chosen == expert).nonzero(as_tuple=True)
         decode = None if decode_rows is None else int((rows < decode_rows).sum())
-        y = linear(activation(linear(h[rows], moe.gate_up[expert], None, decode)), moe.down[expert], None, decode)
+        gate_up_bias, down_bias = (moe.gate_up_bias[expert], moe.down_bias[expert]) if biased else (None, None)
+        hidden = activation(linear(h[rows], moe.gate_up[expert], gate_up_bias, decode))
+        y = linear(hidden, moe.down[expert], down_bias, decode)
         out.index_add_(0, rows, y * weights[rows, slot, None])
     return out
 

@@ -56,14 +56,18 @@ def _yarn(inv_freq: torch.Tensor, scaling: dict, factor: float, base: float, dim
           max_positions: int) -> tuple[torch.Tensor, float]:
     """YaRN (arXiv 2309.00071) as HF's _compute_yarn_parameters: high frequencies kept, low ones interpolated by
     `factor`, a linear ramp between the dims that turn beta_fast and beta_slow times over the original context
-    (the config's original_max_position_embeddings, else its max_position_embeddings, as HF's default)."""
+    (the config's original_max_position_embeddings, else its max_position_embeddings, as HF's default); the ramp's
+    bounds rounded out to whole dims unless the config says `truncate: false`."""
     old_len = float(scaling.get("original_max_position_embeddings") or max_positions)
     fast, slow = float(scaling.get("beta_fast") or 32), float(scaling.get("beta_slow") or 1)
 
     def dim_of(rotations: float) -> float:
         return dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
 
-    low, high = max(math.floor(dim_of(fast)), 0), min(math.ceil(dim_of(slow)), dim - 1)
+    low, high = dim_of(fast), dim_of(slow)
+    if scaling.get("truncate", True):  # HF's default; gpt-oss's config turns it off
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001
     ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)

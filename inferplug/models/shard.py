@@ -1,5 +1,6 @@
-"""Each rank's slice of a checkpoint of any family (HF names; an MoE's experts each split as a dense MLP is), and the
-check that a TP size splits the model."""
+"""Each rank's slice of a checkpoint of any family (HF names; an MoE's experts each split as a dense MLP is; gpt-oss's
+sinks by head, and its row-parallel biases a 1 / tp share on each rank), and the check that a TP size splits the
+model."""
 
 from __future__ import annotations
 
@@ -56,6 +57,10 @@ def shard_weights(config: ModelConfig, state_dict: dict[str, torch.Tensor], rank
         elif module in ROW and name.endswith("weight"):
             width = config.moe_intermediate_size if ".experts." in name else w.shape[1]
             w = w.chunk(tp, dim=1)[rank] if width % tp == 0 else _bad(name, tp)
+        elif module in ROW:  # a row-parallel bias: each rank adds its share to its partial sum, the all-reduce the whole
+            w = w / tp
+        elif name.endswith(".self_attn.sinks"):  # one per query head: the rank's heads'
+            w = w.chunk(tp, dim=0)[rank]
         elif name in ("model.embed_tokens.weight", "lm_head.weight"):
             w = torch.nn.functional.pad(w, (0, 0, 0, vocab_rows * tp - w.shape[0]))[rank * vocab_rows:(rank + 1) * vocab_rows]
         out[name] = w.clone()

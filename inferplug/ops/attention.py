@@ -94,18 +94,20 @@ def _gather(cache: torch.Tensor, block_ids: torch.Tensor, rows: int) -> torch.Te
 
 def paged_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    ctx: AttentionContext, scale: float, window: int = 0,
+    ctx: AttentionContext, scale: float, window: int = 0, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q: [T, heads, D]; k, v: [T, kv_heads, D], already stored in the pools (write_kv). Returns [T, heads * D].
-    `window`: each query attends only to the last `window` positions up to its own (0: all of them)."""
+    `window`: each query attends only to the last `window` positions up to its own (0: all of them). `sinks`:
+    [heads] fp32 logits, one more term in each query's softmax denominator (gpt-oss)."""
     if not ctx.prefills and len(ctx.paged_rows) == 1:  # the common step: no scatter into `out`
-        return _decode(q, k_cache, v_cache, ctx.paged_rows[0], scale, window).flatten(1)
+        return _decode(q, k_cache, v_cache, ctx.paged_rows[0], scale, window, sinks).flatten(1)
     out = torch.empty_like(q)
     for group in ctx.paged_rows:
-        out[group.start : group.end] = _decode(q[group.start : group.end], k_cache, v_cache, group, scale, window)
+        out[group.start : group.end] = _decode(q[group.start : group.end], k_cache, v_cache, group, scale, window,
+                                               sinks)
     for chunk in ctx.prefills:
         rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
-        out[rows] = _prefill(q[rows], k[rows], v[rows], k_cache, v_cache, chunk, scale, window)
+        out[rows] = _prefill(q[rows], k[rows], v[rows], k_cache, v_cache, chunk, scale, window, sinks)
     return out.flatten(1)
 
 
@@ -117,7 +119,7 @@ def _window_bias(rows: PagedRows, width: int, window: int, dtype: torch.dtype) -
 
 
 def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: PagedRows, scale: float,
-            window: int = 0):
+            window: int = 0, sinks: torch.Tensor | None = None):
     """One query per sequence: batched matmuls over (kv head, sequence), no repeat_interleave of K/V."""
     batch, heads, head_dim = q.shape
     kv_heads = k_cache.shape[0]
@@ -134,11 +136,17 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows:
     if rows.bias is not None:
         bias = _window_bias(rows, keys.shape[1], window, rows.bias.dtype) if window else rows.bias
         scores.view(kv_heads, batch, group, -1).add_(bias)
-    out = torch.bmm(torch.softmax(scores, dim=-1), values).view(kv_heads, batch, group, head_dim)
+    if sinks is not None:  # a last column of each head's sink logit, in the softmax, then dropped
+        sink = sinks.view(kv_heads, 1, group, 1).expand(kv_heads, batch, group, 1).reshape(kv_heads * batch, group, 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    out = torch.bmm(probs, values).view(kv_heads, batch, group, head_dim)
     return out.transpose(0, 1).reshape(batch, heads, head_dim).to(q.dtype)
 
 
-def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk, scale: float, window: int = 0) -> torch.Tensor:
+def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk, scale: float, window: int = 0,
+             sinks: torch.Tensor | None = None) -> torch.Tensor:
     mask = chunk.mask
     if window and chunk.ctx_len > window:  # keys before a query's window are masked too
         query_pos = torch.arange(chunk.ctx_len - chunk.q_len, chunk.ctx_len, device=q.device)[:, None]
@@ -149,8 +157,24 @@ def _prefill(q, k, v, k_cache, v_cache, chunk: PrefillChunk, scale: float, windo
         v = _gather(v_cache, chunk.block_ids, 1)[:, : chunk.ctx_len].to(q.dtype)
     else:
         k, v = k.transpose(0, 1), v.transpose(0, 1)
+    if sinks is not None:
+        k, v, mask = _with_sink_key(k, v, mask, sinks, chunk)
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1), k, v,
         attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True,
     )
     return out.transpose(0, 1)
+
+
+def _with_sink_key(k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, sinks: torch.Tensor,
+                   chunk: PrefillChunk) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention sinks through SDPA: one more key and value of zeros, whose score (q . 0 plus the float mask's last
+    column) is each head's sink logit, and whose value adds nothing."""
+    kv_heads, _, head_dim = k.shape
+    if mask is None:
+        query_pos = torch.arange(chunk.ctx_len - chunk.q_len, chunk.ctx_len, device=k.device)[:, None]
+        mask = torch.arange(chunk.ctx_len, device=k.device)[None, :] <= query_pos
+    zero = k.new_zeros(kv_heads, 1, head_dim)
+    bias = torch.zeros(mask.shape, dtype=k.dtype, device=k.device).masked_fill_(~mask, float("-inf"))
+    sink = sinks.to(k.dtype)[:, None, None].expand(-1, chunk.q_len, 1)
+    return torch.cat([k, zero], dim=1), torch.cat([v, zero], dim=1), torch.cat([bias.expand(len(sinks), -1, -1), sink], 2)

@@ -49,12 +49,13 @@ class CpuKernelOps(TorchOps):
         return PagedRows(0, starts[-1], step.padded_tables([s for s, _ in spans], width, device), None,
                            lengths=lengths, query_starts=torch.tensor(starts, dtype=torch.long, device=device))
 
-    def attention(self, q, k, v, k_cache, v_cache, ctx: AttentionContext, scale: float, window: int = 0) -> torch.Tensor:
+    def attention(self, q, k, v, k_cache, v_cache, ctx: AttentionContext, scale: float, window: int = 0,
+                  sinks: torch.Tensor | None = None) -> torch.Tensor:
         if not self.paged_kernel:
-            return super().attention(q, k, v, k_cache, v_cache, ctx, scale, window)
+            return super().attention(q, k, v, k_cache, v_cache, ctx, scale, window, sinks)
         rows = ctx.paged_rows[0]
         return self.kernels.paged_attention(q, k_cache, v_cache, rows.block_tables, rows.query_starts, rows.lengths,
-                                            scale, window=window).flatten(1)
+                                            scale, window=window, sinks=sinks).flatten(1)
 
     def rope_and_store(self, qkv, positions, cos, signed_sin, k_cache, v_cache, ctx: AttentionContext, num_heads: int):
         """RoPE in place on qkv and the K/V store, in one kernel."""
@@ -68,19 +69,25 @@ class CpuKernelOps(TorchOps):
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return self.kernels.silu_mul(gate_up)
 
+    def swiglu_oai_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return self.kernels.swiglu_oai_mul(gate_up)
+
     def moe_experts(self, h, chosen, weights, moe, decode_rows, activation):
         """Block experts in one kernel call a layer (kernels/cpu/moe_experts.cpp): decode rows on the int8 kernels,
-        prefill rows on the layers' prefill path. None, for the per-expert loop, where the call does not fit: float
-        experts, gate and up in two formats, another activation than SiLU, or prefill rows through oneDNN."""
+        prefill rows on the layers' prefill path, with gpt-oss's biases and activation. None, for the per-expert
+        loop, where the call does not fit: float experts, gate and up in two formats, GeGLU, or prefill rows
+        through oneDNN."""
         blocks = moe.blocks()
-        if blocks is None or activation != self.silu_mul or h.shape[1] != moe.down[0].out_features:
+        name = {self.silu_mul: "silu", self.swiglu_oai_mul: "swiglu_oai"}.get(activation)
+        if blocks is None or name is None or h.shape[1] != moe.down[0].out_features:
             return None
         rows = h.shape[0] if decode_rows is None else min(decode_rows, h.shape[0])
         prefill = moe.gate_up[0].prefill_gemm
         if rows < h.shape[0] and prefill == "bfloat16-onednn":
             return None
         parts = [(0, rows, "int8"), (rows, h.shape[0], "int8" if prefill == "int8" else prefill)]
-        outs = [self.kernels.moe_experts(h[a:b], chosen[a:b], weights[a:b], *blocks, precision)
+        biases = [None if b is None else b.float() for b in (moe.gate_up_bias, moe.down_bias)]  # fp32: a no-op
+        outs = [self.kernels.moe_experts(h[a:b], chosen[a:b], weights[a:b], *blocks, precision, *biases, name)
                 for a, b, precision in parts if b > a]
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 

@@ -25,7 +25,10 @@ class FlashOps(TritonOps):
                                "'triton'") from exc
         self.varlen = flash_attn_varlen_func
 
-    def prefill(self, q, k_cache, v_cache, packed: PackedPrefill, scale: float, window: int = 0) -> torch.Tensor:
+    def prefill(self, q, k_cache, v_cache, packed: PackedPrefill, scale: float, window: int = 0,
+                sinks: torch.Tensor | None = None) -> torch.Tensor:
+        if sinks is not None:  # flash-attn's varlen kernel has no sinks: the Triton kernel takes them
+            return super().prefill(q, k_cache, v_cache, packed, scale, window, sinks)
         block_size = k_cache.shape[2]
         lens = packed.ctx_lens.tolist()
         keys, values = [], []

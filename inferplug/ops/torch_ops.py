@@ -66,10 +66,11 @@ class TorchOps:
         write_kv(k_cache, v_cache, k, v, ctx.slot_mapping)
         return q, k, v
 
-    def attention(self, q, k, v, k_cache, v_cache, ctx: AttentionContext, scale: float, window: int = 0) -> torch.Tensor:
+    def attention(self, q, k, v, k_cache, v_cache, ctx: AttentionContext, scale: float, window: int = 0,
+                  sinks: torch.Tensor | None = None) -> torch.Tensor:
         """q: [T, heads, D]; k, v: [T, kv_heads, D], already in the pools. Returns [T, heads * D]. `window`: a
-        sliding window's size (0: the whole context)."""
-        return paged_attention(q, k, v, k_cache, v_cache, ctx, scale, window)
+        sliding window's size (0: the whole context); `sinks`: [heads] fp32 attention-sink logits, or None."""
+        return paged_attention(q, k, v, k_cache, v_cache, ctx, scale, window, sinks)
 
     def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """x += delta in place (when given), then RMSNorm(x); equal to HF's RMSNorm in fp32 (HF rounds to
@@ -95,6 +96,13 @@ class TorchOps:
         """GeGLU (Gemma): gelu with the tanh approximation on the gate."""
         gate, up = gate_up.chunk(2, dim=-1)
         return F.gelu(gate, approximate="tanh").mul_(up)
+
+    def swiglu_oai_mul(self, gate_up: torch.Tensor, limit: float = 7.0, alpha: float = 1.702) -> torch.Tensor:
+        """gpt-oss's expert activation: gate = min(g, limit), up = clamp(u, -limit, limit),
+        gate * sigmoid(alpha * gate) * (up + 1)."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        gate = gate.clamp(max=limit)
+        return (gate * torch.sigmoid(gate * alpha)).mul_(up.clamp(-limit, limit) + 1)
 
     def qk_rms_norm_(self, qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, num_heads: int,
                      kv_heads: int, eps: float) -> None:

@@ -66,23 +66,27 @@ class TritonOps(TorchOps):
         store_kv(k_cache, v_cache, k, v, ctx.slot_mapping)
         return q, k, v
 
-    def attention(self, q, k, v, k_cache, v_cache, ctx: AttentionContext, scale: float, window: int = 0) -> torch.Tensor:
+    def attention(self, q, k, v, k_cache, v_cache, ctx: AttentionContext, scale: float, window: int = 0,
+                  sinks: torch.Tensor | None = None) -> torch.Tensor:
         rows = ctx.decode_rows
         if ctx.packed_prefill is None:  # a decode step: the kernel writes the whole output
-            return self.decode(q, k_cache, v_cache, ctx.paged_rows[0], scale, window).flatten(1)
+            return self.decode(q, k_cache, v_cache, ctx.paged_rows[0], scale, window, sinks).flatten(1)
         out = torch.empty_like(q)
         if rows:
-            out[:rows] = self.decode(q[:rows], k_cache, v_cache, ctx.paged_rows[0], scale, window)
-        out[rows:] = self.prefill(q[rows:], k_cache, v_cache, ctx.packed_prefill, scale, window)
+            out[:rows] = self.decode(q[:rows], k_cache, v_cache, ctx.paged_rows[0], scale, window, sinks)
+        out[rows:] = self.prefill(q[rows:], k_cache, v_cache, ctx.packed_prefill, scale, window, sinks)
         return out.flatten(1)
 
-    def decode(self, q, k_cache, v_cache, rows: PagedRows, scale: float, window: int = 0) -> torch.Tensor:
-        return paged_attention_decode(q, k_cache, v_cache, rows.block_tables, rows.lengths, scale, window=window)
+    def decode(self, q, k_cache, v_cache, rows: PagedRows, scale: float, window: int = 0,
+               sinks: torch.Tensor | None = None) -> torch.Tensor:
+        return paged_attention_decode(q, k_cache, v_cache, rows.block_tables, rows.lengths, scale, window=window,
+                                      sinks=sinks)
 
-    def prefill(self, q, k_cache, v_cache, packed: PackedPrefill, scale: float, window: int = 0) -> torch.Tensor:
+    def prefill(self, q, k_cache, v_cache, packed: PackedPrefill, scale: float, window: int = 0,
+                sinks: torch.Tensor | None = None) -> torch.Tensor:
         """The prefill rows' attention: each chunk's K/V is in the pools already, with its cached prefix."""
         return prefill_attention(q, k_cache, v_cache, packed.cu_seqlens, packed.ctx_lens, packed.block_tables, scale,
-                                 window=window, max_q_len=packed.max_q_len)
+                                 window=window, sinks=sinks, max_q_len=packed.max_q_len)
 
     def add_rms_norm(self, x, delta, weight, eps: float) -> torch.Tensor:
         return add_rms_norm(x, delta, weight, eps)

@@ -36,6 +36,8 @@ PREFILL_GEMMS = ("float32", "bfloat16", "bfloat16-onednn", "int8")  # how prefil
 # and 256-1024 columns on Zen 5, ~700 GFLOP/s on 2 threads at 512 rows (bench/prefill_gemm.py times the path).
 ONEDNN_ROWS, ONEDNN_PANEL = 128, 512
 RUN, WORD = 16, 4  # the quants' interleaving: runs of 16 blocks, 4-byte words
+# E2M1's values doubled (ggml's kvalues_mxfp4): an MXFP4 code's value is this times 2^(e - 128), e its block's E8M0 byte
+MXFP4_VALUES = torch.tensor([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=torch.int8)
 
 
 class BlockLinear(WeightOnlyLinear):
@@ -361,6 +363,30 @@ class Q8Linear(BlockLinear):
     @staticmethod
     def _unpack(scale, q):
         return q.view(torch.int8).float() * _floats(scale)
+
+
+class MXFP4Linear(BlockLinear):
+    """gpt-oss's MXFP4 experts as the file holds them: per 32 inputs a scale 2^(e - 128) (the E8M0 byte, as an exact
+    fp16) and 16 bytes of 4-bit codes, each indexing E2M1's values doubled (0, ±1, ±2, ±3, ±4, ±6, ±8, ±12). The
+    kernels look the codes up as int8 weights (kernels/cpu/block_formats.h). A GGUF's load as they are
+    (models/gguf_layers.py); from_float quantizes as llama.cpp's quantize_row_mxfp4_ref does."""
+
+    fields, kernel, prefill, unpack = (2, 16), "mxfp4_matmul", "mxfp4_prefill_matmul", "mxfp4_dequantize"
+
+    @staticmethod
+    def _pack(groups):
+        # llama.cpp's scale: e = floor(log2(amax)) - 2 + 127, so 2^(e - 128) = 2^floor(log2 amax) / 8 (its largest
+        # value 12 times that: 1.5 * 2^floor(log2 amax)); each weight the nearest value, the first on a tie
+        amax = groups.abs().amax(dim=-1, keepdim=True)
+        scale = torch.exp2(torch.floor(torch.log2(amax.clamp(min=2.0**-126))) - 3).half()
+        values = MXFP4_VALUES.float() * scale.float()[..., None]  # [out, blocks, 1, 16]
+        q = (values - groups[..., None]).abs().argmin(dim=-1).to(torch.uint8)
+        return scale.view(torch.uint8), q[..., :16] | (q[..., 16:] << 4)
+
+    @staticmethod
+    def _unpack(scale, nibbles):
+        codes = torch.cat([nibbles & 15, nibbles >> 4], dim=-1).long()
+        return MXFP4_VALUES[codes].float() * _floats(scale)
 
 
 class Q8HeadLinear(Q8Linear):

@@ -42,13 +42,14 @@ GGUF_Q4_SOURCES = ("Q4_0", "Q4_1", "Q4_K")
 Q4_K_BITS = 4.625  # per 256 weights: fp16 d and dmin, 16 one-byte codes, 128 bytes of nibbles
 Q5_K_BITS = 5.625  # per 256 weights: fp16 d and dmin, 16 one-byte codes, 128 bytes of nibbles, 32 of high bits
 Q6_K_BITS = 6.5625  # per 256 weights: an fp16 d, 16 int8 scales, 192 bytes of 6-bit codes (the file's own)
+MXFP4_BITS = 4.5  # per 32 weights: the E8M0 scale as an fp16, 16 bytes of 4-bit codes (the file's 4.25 + a byte)
 GGUF_Q8_EXACT = ("Q8_0", "Q5_0")
 GGUF_FLOAT_TYPES = ("F32", "F16", "BF16")
 GGUF_LAYER_FORMATS = ("gguf", "int4", "int8")  # the formats a GGUF loads straight into as layers, on the CPU kernels
 
 
 def gguf_layer_format(type_name: str, target: str, head: bool = False) -> str:
-    """The block format ("int4" Q4_1 / "q4_k" Q4_K / "q5_k" Q5_K / "q6_k" Q6_K / "int8" Q8_0) a GGUF tensor of `type_name` is stored
+    """The block format ("int4" Q4_1 / "q4_k" Q4_K / "q5_k" Q5_K / "q6_k" Q6_K / "mxfp4" MXFP4 / "int8" Q8_0) a GGUF tensor of `type_name` is stored
     in under quantization.format `target` ("gguf": the file's own bits; "int4" / "int8": pinned; a Q4_K is 4-bit as
     it is).
     A head is Q8_0 on float activations whatever the file holds (int4 heads and int8-activation heads flip SmolLM2's
@@ -57,7 +58,7 @@ def gguf_layer_format(type_name: str, target: str, head: bool = False) -> str:
         return "int8"
     if type_name == "Q4_K":
         return "q4_k"
-    if type_name in ("Q5_K", "Q6_K") and target == "gguf":
+    if type_name in ("Q5_K", "Q6_K", "MXFP4") and target == "gguf":
         return type_name.lower()
     if target == "int4":
         return "int4"

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from inferplug.models.loader import read_config
+from inferplug.models.registry import family
 from inferplug.types import Request, SamplingParams
 from tests.conftest import GEMMA3_TINY_WINDOW
 from tests.engine.engine_helpers import greedy, hf_greedy, hf_model, make_engine, prompts_of, run_all, tokens_of
@@ -90,9 +91,28 @@ def test_llama_cpp_quantized_file_runs_in_its_bits_as_llama_cpp_runs_it(cpu_kern
     assert (ours - reference).abs().mean() < QUANTIZED_GAP * effect
 
 
+def test_gpt_oss_mxfp4_experts_run_in_their_values_as_llama_cpp_runs_them(cpu_kernel_ops, tiny_gpt_oss_gguf, tmp_path):
+    """llama.cpp's MXFP4_MOE file (the form gpt-oss ships in: MXFP4 experts, Q8_0 elsewhere) loads in its own bits
+    (MXFP4 blocks, no float copy: models/gguf_layers.py) and runs as llama.cpp runs it, within the quantized files'
+    gap above."""
+    from inferplug.models.gguf import read_gguf
+    from inferplug.models.gguf_convert import weights_from_gguf
+    from inferplug.quant.block_linear import MXFP4Linear
+
+
+    quantized = llama_cpp.quantize(tiny_gpt_oss_gguf, tmp_path / "mxfp4.gguf", "MXFP4_MOE")
+    weights = weights_from_gguf(read_gguf(quantized), torch.float32, layer_format="gguf")
+    assert isinstance(weights["model.layers.0.mlp.experts.3.down_proj.weight"], MXFP4Linear)
+    prompt = prompts_of([LONG], vocab=VOCAB, seed=4)[0]
+    reference = llama_cpp.prompt_logprobs(quantized, prompt)
+    effect = (reference - llama_cpp.prompt_logprobs(tiny_gpt_oss_gguf, prompt)).abs().mean()
+    ours = engine_logprobs(quantized, prompt, weight_format="gguf")
+    assert (ours - reference).abs().mean() < QUANTIZED_GAP * effect
+
+
 def test_decode_steps_in_one_kernel_call_equal_the_layer_by_layer_path(cpu_kernel_ops, tiny_family_dir, monkeypatch):
     """Qwen3's QK-norm and Gemma 3's sandwich norms, sliding windows (with their own RoPE base) and GeGLU run inside
-    decode_layers: bit for bit the Python loop's tokens and logprobs. Qwen3-MoE keeps the loop (its experts)."""
+    decode_layers: bit for bit the Python loop's tokens and logprobs. The MoE families keep the loop (their experts)."""
     from tests.engine.engine_helpers import spy_fused_steps, tokens_and_logprobs, unfuse_steps
 
     def generate():
@@ -103,7 +123,7 @@ def test_decode_steps_in_one_kernel_call_equal_the_layer_by_layer_path(cpu_kerne
 
     fused_steps = spy_fused_steps(monkeypatch)
     fused = generate()
-    assert any(fused_steps) == (read_config(tiny_family_dir).family != "qwen3_moe")
+    assert any(fused_steps) == family(read_config(tiny_family_dir).family).fused_decode
     unfuse_steps(monkeypatch)
     assert generate() == fused
 

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(cpu_kernels.ops() is None, reason="the CPU kerne
 
 SHAPE = (48, 512)  # 48 output rows, 512 inputs: two K-quant super-blocks a row
 EXACT = {("Q4_0", "gguf"), ("Q4_1", "gguf"), ("Q4_K", "gguf"), ("Q5_K", "gguf"), ("Q6_K", "gguf"), ("Q8_0", "gguf"), ("Q5_0", "gguf"), ("Q4_0", "int4"),
-         ("Q4_1", "int4"), ("Q4_K", "int4"), ("Q8_0", "int8"), ("Q5_0", "int8")}
+         ("Q4_1", "int4"), ("Q4_K", "int4"), ("Q8_0", "int8"), ("Q5_0", "int8"), ("MXFP4", "gguf"), ("MXFP4", "int8")}
 
 
 def _reference(raw: torch.Tensor, type_name: str) -> torch.Tensor:

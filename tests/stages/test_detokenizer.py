@@ -29,6 +29,17 @@ def test_multibyte_text_streams_without_replacement_chars(tiny_llama_dir):
     assert not any("\ufffd" in p for p in pieces)
 
 
+def test_text_that_ends_inside_a_character_comes_out_as_the_tokenizers_decode_gives_it(tiny_llama_dir):
+    """A generation cut inside a multi-byte character (max_tokens, or a model that writes stray bytes, as a random
+    one does) loses nothing: its last bytes come out as U+FFFD at the end, as tokenizer.decode gives them."""
+    tokenizer = load_tokenizer(tiny_llama_dir)
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)
+    cut = next(n for n in range(1, len(ids)) if tokenizer.decode(ids[:n]).endswith("\ufffd"))
+    pieces, _ = _stream(tokenizer, ids[:cut])
+    assert "".join(pieces) == tokenizer.decode(ids[:cut])
+    assert "\ufffd" not in "".join(pieces[:-1])  # held back while the stream ran
+
+
 def test_stop_string_spanning_tokens_is_cut_and_never_leaked(tiny_llama_dir):
     tokenizer = load_tokenizer(tiny_llama_dir)
     ids = tokenizer.encode(TEXT, add_special_tokens=False)

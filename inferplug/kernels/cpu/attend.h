@@ -215,7 +215,12 @@ void attend(const inferplug_isa::Pool<T>& pool, int64_t kv_head, const int64_t* 
   for (int64_t r = 0; r < w.rows; r++)
     for (int64_t j = 0; j < group; j++) {
       const int64_t query = r * group + j;
-      const auto inverse = V::set1(1.f / sum[query]);
+      float denominator = sum[query];
+      if (w.sinks) {  // the sink's term exp(sink - max) joins the denominator; the sum is taken at the larger max
+        const float top = std::max(max[query], w.sinks[j]), shift = std::exp(max[query] - top);
+        denominator = (sum[query] * shift + std::exp(w.sinks[j] - top)) / shift;
+      }
+      const auto inverse = V::set1(1.f / denominator);
       for (int64_t x = 0; x < d; x += V::LANES)
         V::store(w.out + r * w.out_stride + j * d + x, V::mul(V::load(acc + query * d + x), inverse));
     }

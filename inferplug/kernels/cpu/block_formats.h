@@ -68,6 +68,24 @@ struct Q6_K {
   static constexpr int64_t SUPER = 8;
 };
 
+// gpt-oss's MXFP4 (OCP microscaling FP4): w = scale * v, v one of E2M1's values doubled (mxfp4_values: ggml's
+// kvalues_mxfp4) indexed by a 4-bit code in Q4_1's nibble order, and scale = 2^(e - 128) from the file's E8M0 byte,
+// held as an fp16 (exact where e - 128 is in [-24, 15]; models/gguf_layers.py checks). 4.5 bits a weight, the
+// file's 4.25; the decode kernels look the codes up as int8 weights (Q8_0's signed dot products).
+struct MXFP4 {
+  static constexpr int64_t QUANT_BYTES = 16;
+  static constexpr int BITS = 4;
+  static constexpr bool HAS_MIN = false;
+};
+
+// Whether a format's 4-bit codes index a table of int8 values (MXFP4's) instead of being the values.
+template <typename Format>
+constexpr bool LOOKUP = false;
+template <>
+constexpr bool LOOKUP<MXFP4> = true;
+
+inline __m128i mxfp4_values() { return _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12); }
+
 // The n <= 8 fp16 values at p as floats, zeros past n.
 inline __m256 load_halves(const uint8_t* p, int64_t n) {
   if (n == GROUP) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));

@@ -60,7 +60,8 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
                                                  const at::Tensor&, double)>("inferplug::paged_decode");
   static const auto paged_attention = op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                     const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
-                                                    const c10::optional<at::Tensor>&, int64_t)>("inferplug::paged_attention");
+                                                    const c10::optional<at::Tensor>&, int64_t,
+                                                    const c10::optional<at::Tensor>&)>("inferplug::paged_attention");
   static const auto silu_mul = op<at::Tensor(const at::Tensor&)>("inferplug::silu_mul");
   auto linear = [&](const at::Tensor& in, int64_t w) {
     TORCH_CHECK(kinds[w] >= 4 && kinds[w] <= 9,
@@ -95,7 +96,7 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
                        num_heads);
     const at::Tensor q = qkv.view({tokens, -1, head_dim}).narrow(1, 0, num_heads);
     const at::Tensor attn = (window > 0 ? paged_attention.call(q, k_cache, v_cache, block_tables, starts, lengths, scale,
-                                                               c10::nullopt, window)
+                                                               c10::nullopt, window, c10::nullopt)
                                         : paged_decode.call(q, k_cache, v_cache, block_tables, lengths, scale))
                                 .view({tokens, -1});
     at::Tensor out = linear(attn, 5 * i + 2);

@@ -81,10 +81,11 @@ void rope_write_kv_(at::Tensor& qkv, const at::Tensor& positions, const at::Tens
     store(k_cache.data_ptr<float>(), v_cache.data_ptr<float>());
 }
 
-// gate_up: [T, 2 * I], gate then up -> silu(gate) * up: [T, I].
-at::Tensor silu_mul(const at::Tensor& gate_up) {
-  checks::float_cpu(gate_up, "silu_mul", "gate_up");
-  TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0, "silu_mul: gate_up must be [tokens, 2 * intermediate]");
+// gate_up: [T, 2 * I], gate then up -> the activation's rows (silu(gate) * up, or gpt-oss's swiglu_oai): [T, I].
+template <GluRow ROW>
+at::Tensor glu(const at::Tensor& gate_up) {
+  checks::float_cpu(gate_up, "glu", "gate_up");
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0, "glu: gate_up must be [tokens, 2 * intermediate]");
   const int64_t tokens = gate_up.size(0), n = gate_up.size(1) / 2;
   at::Tensor out = at::empty({tokens, n}, gate_up.options());
   const float* in = gate_up.data_ptr<float>();
@@ -92,7 +93,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   at::parallel_for(0, tokens, 8, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; t++) {
       const float* gate = in + t * 2 * n;
-      silu_mul_row(gate, gate + n, o + t * n, n);
+      ROW(gate, gate + n, o + t * n, n);
     }
   });
   return out;
@@ -104,8 +105,10 @@ TORCH_LIBRARY_FRAGMENT(inferplug, m) {
   m.def("rope_write_kv_(Tensor(a!) qkv, Tensor positions, Tensor cos, Tensor signed_sin, Tensor(b!) k_cache, "
         "Tensor(c!) v_cache, Tensor slots, int num_heads) -> ()");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def("swiglu_oai_mul(Tensor gate_up) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(inferplug, CPU, m) {
   m.impl("rope_write_kv_", &rope_write_kv_);
-  m.impl("silu_mul", &silu_mul);
+  m.impl("silu_mul", &glu<&silu_mul_row>);
+  m.impl("swiglu_oai_mul", &glu<&swiglu_oai_row>);
 }

@@ -109,6 +109,7 @@ auto for_format(const Table& table) {
   else if constexpr (std::is_same_v<Format, Q4_K>) return table.q4_k;
   else if constexpr (std::is_same_v<Format, Q5_K>) return table.q5_k;
   else if constexpr (std::is_same_v<Format, Q6_K>) return table.q6_k;
+  else if constexpr (std::is_same_v<Format, MXFP4>) return table.mxfp4;
   else return table.q8;
 }
 

@@ -39,7 +39,8 @@ void with_format(const std::string& name, const F& f) {
   else if (name == "q5_k") f(Tag<Q5_K>{});
   else if (name == "q6_k") f(Tag<Q6_K>{});
   else if (name == "q8") f(Tag<Q8_0>{});
-  else TORCH_CHECK(false, "moe_experts: unknown block format '", name, "' (q4, q4_g128, q4_k, q5_k, q6_k or q8)");
+  else if (name == "mxfp4") f(Tag<MXFP4>{});
+  else TORCH_CHECK(false, "moe_experts: unknown block format '", name, "' (q4, q4_g128, q4_k, q5_k, q6_k, q8 or mxfp4)");
 }
 
 // The pairs laid out expert by expert (a row's choices in its own order within an expert).
@@ -168,12 +169,33 @@ at::Tensor grouped_matmul(const Groups& g, const std::vector<const uint8_t*>& we
   return y;
 }
 
+// y[p] += bias[the expert of pair p] for every pair (gpt-oss's experts' biases), as torch's out + bias.
+void add_expert_bias(at::Tensor& y, const Groups& g, const c10::optional<at::Tensor>& bias, int64_t experts,
+                     const char* name) {
+  if (!bias) return;
+  const int64_t n = y.size(1);
+  TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->dim() == 2 && bias->size(0) == experts &&
+                  bias->size(1) == n,
+              "moe_experts: ", name, " must be contiguous float32 [", experts, " experts, ", n, "]");
+  const float* b = bias->data_ptr<float>();
+  float* out = y.data_ptr<float>();
+  at::parallel_for(0, static_cast<int64_t>(g.experts.size()), 1, [&](int64_t e0, int64_t e1) {
+    for (int64_t e = e0; e < e1; e++)
+      for (int64_t p = g.offsets[e]; p < g.offsets[e + 1]; p++)
+        for (int64_t i = 0; i < n; i++) out[p * n + i] = out[p * n + i] + b[g.experts[e] * n + i];
+  });
+}
+
 // The MoE MLP of rows x [T, H]: chosen [T, k] experts with their router weights [T, k]; gate_up and down the tables
 // of each expert's blocks, [2 * I, H / 32 blocks] (its gate rows, then its up rows) and [H, I / 32 blocks]. precision: "int8" (decode rows' kernels) or the prefill
-// rows' "float32" / "bfloat16".
+// rows' "float32" / "bfloat16". gate_up_bias [E, 2 * I] and down_bias [E, H]: each expert's biases, or none;
+// activation: "silu" or gpt-oss's "swiglu_oai" (glu.h).
 at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& chosen, const at::Tensor& router_weights,
                        const at::Tensor& gate_up, const at::Tensor& down, int64_t gate_up_rows,
-                       const std::string& gate_up_format, const std::string& down_format, const std::string& precision) {
+                       const std::string& gate_up_format, const std::string& down_format, const std::string& precision,
+                       const c10::optional<at::Tensor>& gate_up_bias, const c10::optional<at::Tensor>& down_bias,
+                       const std::string& activation) {
+  const GluRow glu = glu_row(activation);
   checks::float_cpu(x, "moe_experts", "x");
   checks::float_cpu(router_weights, "moe_experts", "router_weights");
   TORCH_CHECK(precision == "int8" || precision == "float32" || precision == "bfloat16",
@@ -192,12 +214,13 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& chosen, const at::
     up = grouped_matmul<Format>(g, expert_rows(gate_up, E, "gate_up"), N_up, H,
                                 pair_input(x, &g.row, precision), precision, x.options());
   });
+  add_expert_bias(up, g, gate_up_bias, E, "gate_up_bias");
   const int64_t pairs = T * k;
   at::Tensor hidden = at::empty({pairs, I}, x.options());
   const float* u = up.data_ptr<float>();
   float* h = hidden.data_ptr<float>();
   at::parallel_for(0, pairs, 8, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; p++) silu_mul_row(u + p * N_up, u + p * N_up + I, h + p * I, I);
+    for (int64_t p = p0; p < p1; p++) glu(u + p * N_up, u + p * N_up + I, h + p * I, I);
   });
   at::Tensor y;
   with_format(down_format, [&](auto tag) {
@@ -205,6 +228,7 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& chosen, const at::
     y = grouped_matmul<Format>(g, expert_rows(down, E, "down"), H, I, pair_input(hidden, nullptr, precision),
                                precision, x.options());
   });
+  add_expert_bias(y, g, down_bias, E, "down_bias");
   // Each row's outputs weighted and added in ascending expert order, each product rounded before its sum (as
   // torch's y * w and index_add_ in the per-expert loop; -ffp-contract=off keeps the compiler from fusing them).
   const int64_t* c = chosen.data_ptr<int64_t>();
@@ -231,6 +255,7 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& chosen, const at::
 
 TORCH_LIBRARY_FRAGMENT(inferplug, m) {
   m.def("moe_experts(Tensor x, Tensor chosen, Tensor router_weights, Tensor gate_up, Tensor down, "
-        "int gate_up_rows, str gate_up_format, str down_format, str precision) -> Tensor");
+        "int gate_up_rows, str gate_up_format, str down_format, str precision, Tensor? gate_up_bias=None, "
+        "Tensor? down_bias=None, str activation='silu') -> Tensor");
 }
 TORCH_LIBRARY_IMPL(inferplug, CPU, m) { m.impl("moe_experts", &moe_experts); }

@@ -5,7 +5,8 @@
 // work item, its query heads and rows sharing every K/V tile read. This file checks and splits the items
 // over threads; attend.h, in the chosen ISA's table, does each. The pools may be float32 or float16 (read back
 // to fp32 tile by tile); q, the output and all arithmetic stay float32. `window` > 0: a sliding-window layer's
-// rows each attend to their last `window` keys only (Gemma 3, Mistral).
+// rows each attend to their last `window` keys only (Gemma 3, Mistral). `sinks`: one logit per query head that
+// joins each of its queries' softmax denominators (gpt-oss).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -24,7 +25,8 @@ struct Item {
 // Sequence s: q rows [starts[s], starts[s + 1]), the last of them at position lens[s] - 1.
 at::Tensor attention(const char* op, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_tables, const int64_t* starts, const at::Tensor& context_lens,
-                     double scale, const c10::optional<at::Tensor>& out_arg, int64_t window) {
+                     double scale, const c10::optional<at::Tensor>& out_arg, int64_t window,
+                     const c10::optional<at::Tensor>& sinks) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4, op, ": q must be [tokens, heads, head_dim] and the pools "
               "[kv_heads, num_blocks, block_size, head_dim]");
   const int64_t tokens = q.size(0), heads = q.size(1), d = q.size(2);
@@ -49,6 +51,10 @@ at::Tensor attention(const char* op, const at::Tensor& q, const at::Tensor& k_ca
   TORCH_CHECK(starts[0] == 0 && starts[seqs] == tokens, op, ": the sequences' query rows must cover q's ", tokens,
               " rows");
 
+  TORCH_CHECK(!sinks || (sinks->scalar_type() == at::kFloat && sinks->dim() == 1 && sinks->numel() == heads &&
+                          sinks->is_contiguous() && sinks->device().is_cpu()), op,
+              ": sinks must be a contiguous float32 CPU tensor of one logit per query head (", heads, ")");
+  const float* sink_data = sinks ? sinks->data_ptr<float>() : nullptr;
   const int64_t num_blocks = k_cache.size(1);
   const int64_t max_blocks = block_tables.size(1);
   const int64_t* tables = block_tables.data_ptr<int64_t>();
@@ -88,7 +94,8 @@ at::Tensor attention(const char* op, const at::Tensor& q, const at::Tensor& k_ca
           const int64_t row = starts[it.seq] + it.row, rows = starts[it.seq + 1] - starts[it.seq];
           const inferplug_isa::QueryRows w{q_data + row * q.stride(0) + it.kv_head * group * d, q.stride(0),
                                            out_data + row * heads * d + it.kv_head * group * d, heads * d, it.rows,
-                                           lens[it.seq] - rows + it.row + 1, window};
+                                           lens[it.seq] - rows + it.row + 1, window,
+                                           sink_data ? sink_data + it.kv_head * group : nullptr};
           attend(pool, it.kv_head, tables + it.seq * max_blocks, w, group, static_cast<float>(scale), scratch.data());
         }
     });
@@ -108,13 +115,13 @@ at::Tensor attention(const char* op, const at::Tensor& q, const at::Tensor& k_ca
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& block_tables, const at::Tensor& query_starts,
                            const at::Tensor& context_lens, double scale, const c10::optional<at::Tensor>& out,
-                           int64_t window) {
+                           int64_t window, const c10::optional<at::Tensor>& sinks) {
   TORCH_CHECK(window >= 0, "paged_attention: window must be 0 (none) or a window's size, got ", window);
   TORCH_CHECK(query_starts.scalar_type() == at::kLong && query_starts.dim() == 1 && query_starts.is_contiguous() &&
               query_starts.numel() == context_lens.numel() + 1,
               "paged_attention: query_starts must be int64 [sequences + 1], contiguous");
   return attention("paged_attention", q, k_cache, v_cache, block_tables, query_starts.data_ptr<int64_t>(), context_lens,
-                   scale, out, window);
+                   scale, out, window, sinks);
 }
 
 at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -122,14 +129,14 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
   std::vector<int64_t> starts(context_lens.numel() + 1);  // row b is sequence b
   for (int64_t b = 0; b < static_cast<int64_t>(starts.size()); b++) starts[b] = b;
   return attention("paged_decode", q, k_cache, v_cache, block_tables, starts.data(), context_lens, scale, c10::nullopt,
-                   0);
+                   0, c10::nullopt);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(inferplug, m) {
   m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor query_starts, "
-        "Tensor context_lens, float scale, Tensor(a!)? out=None, int window=0) -> Tensor");
+        "Tensor context_lens, float scale, Tensor(a!)? out=None, int window=0, Tensor? sinks=None) -> Tensor");
   m.def("paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor context_lens, float scale)"
         " -> Tensor");
 }

@@ -1,4 +1,4 @@
-// Prefill's many-row matmul over Q4_1 / Q4_K / Q5_K / Q6_K / Q8_0 weight rows (quant_matmul.cpp has the torch op): a panel of up to
+// Prefill's many-row matmul over Q4_1 / Q4_K / Q5_K / Q6_K / Q8_0 / MXFP4 weight rows (quant_matmul.cpp has the torch op): a panel of up to
 // PREFILL_COLS weight rows is dequantized one K block at a time into an L2-sized buffer laid out for the
 // micro-kernel, and every x row passes over it. No float copy of the whole weight, and each weight is unpacked
 // once per call, whatever M. Two precisions: float32 x against float32 weights (FMAs), or both rounded to
@@ -37,7 +37,11 @@ inline void dequantize_block(const uint8_t* quants, float scale, float min, floa
   const __m256 scales = _mm256_set1_ps(scale), mins = _mm256_set1_ps(min);
   for (int j = 0; j < QK; j += 8) {
     __m256i q;
-    if constexpr (Format::HAS_MIN) {  // byte i: weight i in its low nibble, weight i + 16 in its high one
+    if constexpr (LOOKUP<Format>) {  // the nibbles as Q4_1's, each the index of its int8 value
+      const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(quants + j % 16));
+      const __m128i codes = _mm_and_si128(j < 16 ? bytes : _mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F));
+      q = _mm256_cvtepi8_epi32(_mm_shuffle_epi8(mxfp4_values(), codes));
+    } else if constexpr (Format::HAS_MIN) {  // byte i: weight i in its low nibble, weight i + 16 in its high one
       const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(quants + j % 16));
       q = _mm256_cvtepu8_epi32(_mm_and_si128(j < 16 ? bytes : _mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F)));
       if constexpr (Format::BITS == 5) q = _mm256_or_si256(q, five_bits_high(quants, j));
@@ -215,7 +219,8 @@ void prefill_matmul_cols(const inferplug_isa::WeightRows& w, int64_t n0, int64_t
 template <typename Panel>
 inferplug_isa::PrefillKernels prefill_kernels(inferplug_isa::PrefillInput input) {
   return {&prefill_matmul_cols<Panel, Q4_1>, &prefill_matmul_cols<Panel, Q4_G128>, &prefill_matmul_cols<Panel, Q4_K>,
-          &prefill_matmul_cols<Panel, Q5_K>, &prefill_matmul_cols<Panel, Q6_K>, &prefill_matmul_cols<Panel, Q8_0>, input};
+          &prefill_matmul_cols<Panel, Q5_K>, &prefill_matmul_cols<Panel, Q6_K>, &prefill_matmul_cols<Panel, Q8_0>,
+          &prefill_matmul_cols<Panel, MXFP4>, input};
 }
 
 }  // namespace

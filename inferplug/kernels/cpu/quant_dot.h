@@ -3,7 +3,7 @@
 // compiled per ISA.
 //
 // Every policy gives the same exact integer sums, and the float part (scales, mins, the running sum) is
-// 8 lanes wide in every ISA, so Q4_1 / Q4_G128 / Q4_K / Q5_K / Q6_K / Q8_0 results are bit-identical across ISAs.
+// 8 lanes wide in every ISA, so Q4_1 / Q4_G128 / Q4_K / Q5_K / Q6_K / Q8_0 / MXFP4 results are bit-identical across ISAs.
 #pragma once
 #include <immintrin.h>
 
@@ -50,14 +50,14 @@ typename Dot::R dot_sub_scales(const typename Dot::template Weights<Format>& w, 
                   Dot::mul(Dot::widen_scales(sc_high), Dot::sub(s.high, Dot::times_32(x_high))));
 }
 
-// The weight bytes the integer policies multiply are unsigned: Q4_1's nibbles as they are, Q8_0's as |q|,
-// with x's bytes negated where q < 0. Each policy's load() takes `n` blocks' words (n <= BLOCKS, the rest
+// The weight bytes the integer policies multiply are unsigned: Q4_1's nibbles as they are, Q8_0's (and MXFP4's
+// looked-up values) as |q|, with x's bytes negated where q < 0. Each policy's load() takes `n` blocks' words (n <= BLOCKS, the rest
 // zeros), word row k at words + k * stride; dot() gives each block's int32 sum in its lane.
 struct DotAvx2 {  // 8 blocks a step: u8 x s8 pairs to int16, then int32
   using R = __m256i;
   static constexpr int64_t BLOCKS = 8;
   template <typename Format>
-  struct Weights { R bytes[8], signs[Format::BITS == 8 ? 8 : 1]; };
+  struct Weights { R bytes[8], signs[Format::BITS == 8 || LOOKUP<Format> ? 8 : 1]; };
   struct Halves { R low, high; };  // each block's sums over its weights 0..15 and 16..31
 
   static R load_words(const uint8_t* p, int64_t n) {
@@ -73,6 +73,13 @@ struct DotAvx2 {  // 8 blocks a step: u8 x s8 pairs to int16, then int32
         const R packed = load_words(words + k * stride, n);
         w.bytes[k] = _mm256_and_si256(packed, _mm256_set1_epi8(0x0F));
         w.bytes[k + 4] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), _mm256_set1_epi8(0x0F));
+      }
+      if constexpr (LOOKUP<Format>) {  // the codes' int8 values, as Q8_0's: |value| and its sign
+        const R table = _mm256_broadcastsi128_si256(mxfp4_values());
+        for (int k = 0; k < 8; k++) {
+          w.signs[k] = _mm256_shuffle_epi8(table, w.bytes[k]);
+          w.bytes[k] = _mm256_sign_epi8(w.signs[k], w.signs[k]);
+        }
       }
     } else if constexpr (Format::BITS == 5 || Format::BITS == 6) {  // Q5_K: one high word for both halves
       const R high[2] = {load_words(words + 4 * stride, n), load_words(words + (Format::BITS == 6 ? 5 : 4) * stride, n)};
@@ -118,7 +125,7 @@ struct DotAvx2 {  // 8 blocks a step: u8 x s8 pairs to int16, then int32
   static R dot(const Weights<Format>& w, const int8_t* x, const int32_t*) {
     const R ones = _mm256_set1_epi16(1);
     auto xk = [&](int k) { return _mm256_loadu_si256(reinterpret_cast<const R*>(x + k * RUN_WORDS_BYTES)); };
-    if constexpr (Format::BITS <= 5) {  // int16 holds 8 maddubs of 4-bit codes (8 x 2 x 15 x 127), 4 of 5-bit ones
+    if constexpr (Format::BITS <= 5 && !LOOKUP<Format>) {  // int16 holds 8 maddubs of 4-bit codes (8 x 2 x 15 x 127), 4 of 5-bit ones
       constexpr int IN_INT16 = Format::BITS == 4 ? 8 : 4;
       R sums = _mm256_setzero_si256();
       for (int k0 = 0; k0 < 8; k0 += IN_INT16) {
@@ -151,6 +158,7 @@ struct I512 {  // AVX-512 + VNNI: 16 blocks a step, two groups of 8
   static R minus_128_times(R sums, R q_sums) { return _mm512_sub_epi32(sums, _mm512_slli_epi32(q_sums, 7)); }
   static R low_nibbles(R v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
   static R high_nibbles(R v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
+  static R lookup(__m128i table, R codes) { return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(table), codes); }
   static R dpbusd(R acc, R u, R s) { return _mm512_dpbusd_epi32(acc, u, s); }
   static R zero() { return _mm512_setzero_si512(); }
   static R either(R a, R b) { return _mm512_or_si512(a, b); }
@@ -169,8 +177,8 @@ struct I512 {  // AVX-512 + VNNI: 16 blocks a step, two groups of 8
 };
 
 // VNNI: u8 x s8 quads straight into each block's int32 lane, at the width of I (a 256-bit I measured no
-// faster than I512 here). Q8_0's signed weights go in as q + 128 (their sign bit flipped), and 128 times the
-// block's sum of x's codes comes off after: the same exact integers as |q| against sign-flipped x, one op a vector
+// faster than I512 here). Q8_0's signed weights go in as q + 128 (their sign bit flipped; MXFP4's codes look up
+// their values + 128), and 128 times the block's sum of x's codes comes off after: the same exact integers as |q| against sign-flipped x, one op a vector
 // instead of three (int32 sums cannot overflow: 32 x 255 x 127 per block).
 template <typename I>
 struct DotVnni {
@@ -188,6 +196,10 @@ struct DotVnni {
         const R packed = I::load_words(words + k * stride, n);
         w.bytes[k] = I::low_nibbles(packed);
         w.bytes[k + 4] = I::high_nibbles(packed);
+      }
+      if constexpr (LOOKUP<Format>) {
+        const __m128i plus_128 = _mm_xor_si128(mxfp4_values(), _mm_set1_epi8(static_cast<char>(0x80)));
+        for (int k = 0; k < 8; k++) w.bytes[k] = I::lookup(plus_128, w.bytes[k]);
       }
     } else if constexpr (Format::BITS == 5 || Format::BITS == 6) {  // as DotAvx2's; dpbusd takes 0..31 as it is
       const R high[2] = {I::load_words(words + 4 * stride, n), I::load_words(words + (Format::BITS == 6 ? 5 : 4) * stride, n)};
@@ -207,7 +219,7 @@ struct DotVnni {
   static R dot(const Weights<Format>& w, const int8_t* x, const int32_t* q_sums) {
     R sums = I::zero();
     for (int k = 0; k < 8; k++) sums = I::dpbusd(sums, w.bytes[k], I::load(x + k * RUN_WORDS_BYTES));
-    if constexpr (Format::BITS == 8) sums = I::minus_128_times(sums, I::load_sums(q_sums));
+    if constexpr (Format::BITS == 8 || LOOKUP<Format>) sums = I::minus_128_times(sums, I::load_sums(q_sums));
     return sums;
   }
   static Halves dot_halves(const R* bytes, const int8_t* x) {
@@ -366,7 +378,8 @@ void float_matmul_rows(const inferplug_isa::WeightRows& w, int64_t n0, int64_t n
 template <typename Dot>
 inferplug_isa::QuantKernels quant_kernels() {
   return {&quant_matmul_rows<Dot, Q4_1>, &quant_matmul_rows<Dot, Q4_G128>, &quant_matmul_rows<Dot, Q4_K>,
-          &quant_matmul_rows<Dot, Q5_K>, &quant_matmul_rows<Dot, Q6_K>, &quant_matmul_rows<Dot, Q8_0>};
+          &quant_matmul_rows<Dot, Q5_K>, &quant_matmul_rows<Dot, Q6_K>, &quant_matmul_rows<Dot, Q8_0>,
+          &quant_matmul_rows<Dot, MXFP4>};
 }
 
 }  // namespace

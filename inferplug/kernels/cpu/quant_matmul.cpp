@@ -1,4 +1,4 @@
-// y = x @ w.T with w in GGUF's Q4_1, Q4_K, Q5_K, Q6_K or Q8_0 blocks (or Q4_1 blocks sharing a scale per 128 inputs, Q4_G128) and x quantized per 32 inputs to int8 (llama.cpp's
+// y = x @ w.T with w in GGUF's Q4_1, Q4_K, Q5_K, Q6_K, Q8_0 or MXFP4 blocks (or Q4_1 blocks sharing a scale per 128 inputs, Q4_G128) and x quantized per 32 inputs to int8 (llama.cpp's
 // Q4_1 x Q8_1 and Q8_0 x Q8_0 dot products): integer multiply-adds on 32 weights at a time instead of
 // unpacking them to floats.
 //
@@ -144,6 +144,7 @@ TORCH_LIBRARY_FRAGMENT(inferplug, m) {
   m.def("q5_k_matmul(Tensor x, Tensor weight, Tensor? order=None) -> Tensor");
   m.def("q6_k_matmul(Tensor x, Tensor weight, Tensor? order=None) -> Tensor");
   m.def("q8_matmul(Tensor x, Tensor weight, Tensor? order=None) -> Tensor");
+  m.def("mxfp4_matmul(Tensor x, Tensor weight, Tensor? order=None) -> Tensor");
   m.def("q8_matmul_float(Tensor x, Tensor weight) -> Tensor");
   m.def("q4_dequantize(Tensor weight, bool bfloat16=False) -> Tensor");
   m.def("q4_g128_dequantize(Tensor weight, bool bfloat16=False) -> Tensor");
@@ -152,12 +153,14 @@ TORCH_LIBRARY_FRAGMENT(inferplug, m) {
   m.def("q6_k_dequantize(Tensor weight, bool bfloat16=False) -> Tensor");
   m.def("q8_dequantize(Tensor weight, bool bfloat16=False) -> Tensor");
   m.def("q8_dequantize_plain(Tensor weight, bool bfloat16=False) -> Tensor");
+  m.def("mxfp4_dequantize(Tensor weight, bool bfloat16=False) -> Tensor");
   m.def("q4_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
   m.def("q4_g128_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
   m.def("q4_k_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
   m.def("q5_k_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
   m.def("q6_k_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
   m.def("q8_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
+  m.def("mxfp4_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
   m.def("bfloat16_dot() -> str", &bfloat16_dot);
 }
 TORCH_LIBRARY_IMPL(inferplug, CPU, m) {
@@ -167,6 +170,7 @@ TORCH_LIBRARY_IMPL(inferplug, CPU, m) {
   m.impl("q5_k_matmul", &quant_matmul<Q5_K>);
   m.impl("q6_k_matmul", &quant_matmul<Q6_K>);
   m.impl("q8_matmul", &quant_matmul<Q8_0>);
+  m.impl("mxfp4_matmul", &quant_matmul<MXFP4>);
   m.impl("q8_matmul_float", &q8_matmul_float);
   m.impl("q4_dequantize", &dequantize<Q4_1, true>);
   m.impl("q4_g128_dequantize", &dequantize<Q4_G128, true>);
@@ -175,10 +179,12 @@ TORCH_LIBRARY_IMPL(inferplug, CPU, m) {
   m.impl("q6_k_dequantize", &dequantize<Q6_K, true>);
   m.impl("q8_dequantize", &dequantize<Q8_0, true>);
   m.impl("q8_dequantize_plain", &dequantize<Q8_0, false>);
+  m.impl("mxfp4_dequantize", &dequantize<MXFP4, true>);
   m.impl("q4_prefill_matmul", &prefill_matmul<Q4_1>);
   m.impl("q4_g128_prefill_matmul", &prefill_matmul<Q4_G128>);
   m.impl("q4_k_prefill_matmul", &prefill_matmul<Q4_K>);
   m.impl("q5_k_prefill_matmul", &prefill_matmul<Q5_K>);
   m.impl("q6_k_prefill_matmul", &prefill_matmul<Q6_K>);
   m.impl("q8_prefill_matmul", &prefill_matmul<Q8_0>);
+  m.impl("mxfp4_prefill_matmul", &prefill_matmul<MXFP4>);
 }

@@ -1,4 +1,4 @@
-"""Q4_1 / Q4_K / Q5_K / Q6_K / Q8_0 block layers (quant/block_linear.py) and their kernels against float matmuls."""
+"""Q4_1 / Q4_K / Q5_K / Q6_K / Q8_0 / MXFP4 block layers (quant/block_linear.py) and their kernels against float matmuls."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from inferplug.errors import ProfileError
-from inferplug.quant.block_linear import (KERNEL_MAX_ROWS, PREFILL_GEMMS, Q4G128Linear, Q4KLinear, Q4Linear, Q5KLinear, Q6KLinear, Q8HeadLinear,
-                                         Q8Linear, set_prefill_gemm)
+from inferplug.quant.block_linear import (KERNEL_MAX_ROWS, PREFILL_GEMMS, MXFP4Linear, Q4G128Linear, Q4KLinear, Q4Linear,
+                                         Q5KLinear, Q6KLinear, Q8HeadLinear, Q8Linear, set_prefill_gemm)
 from inferplug.quant.linear import Fp16Linear, head_layer
 
 
@@ -26,7 +26,7 @@ def on_threads(threads: int, fn, *args):
 
 
 WIDTH = 768  # 24 blocks: a run of 16 and a short one, in whole Q4_K super-blocks of 8
-LAYERS = [Q4Linear, Q4G128Linear, Q4KLinear, Q5KLinear, Q6KLinear, Q8Linear]
+LAYERS = [Q4Linear, Q4G128Linear, Q4KLinear, Q5KLinear, Q6KLinear, Q8Linear, MXFP4Linear]
 
 
 @pytest.fixture
@@ -36,12 +36,18 @@ def weight():
 
 # Q5_K's simplified packer is not idempotent: under a 6-bit sub-scale a block's largest weight may take code 30 of 31,
 # and repacking then lowers sc. A file's Q5_K blocks load as stored (test_gguf_layers), and its codes round-trip below.
+# MXFP4's scale follows a block's largest value: a block whose largest code is under ±8 repacks at half its scale and
+# twice its codes, the same values.
 @pytest.mark.parametrize("layer_cls", [cls for cls in LAYERS if cls is not Q5KLinear])
 def test_packing_round_trips(ops, layer_cls, weight):
     """Re-quantizing a block layer's own dequantized weight gives its blocks back bit for bit (so a GGUF
     Q4_1 / Q8_0 model runs its file's weights: the SmolLM2 test below checks that)."""
     layer = layer_cls.from_float(weight)
-    assert torch.equal(layer_cls.from_float(layer.dequantized()).blocks, layer.blocks)
+    repacked = layer_cls.from_float(layer.dequantized())
+    if layer_cls is MXFP4Linear:
+        assert torch.equal(repacked.dequantized(), layer.dequantized())
+    else:
+        assert torch.equal(repacked.blocks, layer.blocks)
 
 
 @pytest.mark.parametrize("layer_cls,levels", [(Q4KLinear, 16), (Q5KLinear, 32)])
@@ -53,7 +59,7 @@ def test_k_quant_codes_round_trip_through_their_quant_bytes(layer_cls, levels):
 
 
 @pytest.mark.parametrize("layer_cls,bound", [(Q4Linear, 0.12), (Q4G128Linear, 0.15), (Q4KLinear, 0.12), (Q5KLinear, 0.06),
-                                             (Q6KLinear, 0.03), (Q8Linear, 0.01)])
+                                             (Q6KLinear, 0.03), (Q8Linear, 0.01), (MXFP4Linear, 0.15)])
 def test_quantization_error_against_the_float_weight(ops, layer_cls, bound, weight):
     layer = layer_cls.from_float(weight)
     assert relative_error(layer.dequantized(), weight) < bound  # 4 bits: ~7%; 8 bits: ~0.5%

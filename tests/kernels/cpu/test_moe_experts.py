@@ -9,18 +9,25 @@ import torch
 from inferplug.models.moe import MoeWeights, moe_mlp
 from inferplug.ops.cpu_ops import CpuKernelOps
 from inferplug.ops.torch_ops import TorchOps
-from inferplug.quant.block_linear import Q4G128Linear, Q4KLinear, Q4Linear, Q5KLinear, Q6KLinear, Q8Linear, set_prefill_gemm
+from inferplug.quant.block_linear import (MXFP4Linear, Q4G128Linear, Q4KLinear, Q4Linear, Q5KLinear, Q6KLinear, Q8Linear,
+                                         set_prefill_gemm)
 
 HIDDEN, INTER, EXPERTS, TOP_K = 256, 256, 8, 3  # whole Q4_K super-blocks; 8 experts, 3 a row: most picked, one or two not
 
 
-def make_moe(gate_up_cls, down_cls, seed=0) -> MoeWeights:
+def make_moe(gate_up_cls, down_cls, seed=0, biased=False) -> MoeWeights:
+    """Random block experts; `biased`: with gpt-oss's router and expert biases."""
     g = torch.Generator().manual_seed(seed)
     gate_up = [[gate_up_cls.from_float(torch.randn(INTER, HIDDEN, generator=g) * 0.05) for _ in "gu"] for _ in range(EXPERTS)]
     down = [down_cls.from_float(torch.randn(HIDDEN, INTER, generator=g) * 0.05) for _ in range(EXPERTS)]
-    return MoeWeights.take({"gate.weight": torch.randn(EXPERTS, HIDDEN, generator=g), **{
+    weights = {"gate.weight": torch.randn(EXPERTS, HIDDEN, generator=g), **{
         f"experts.{e}.{name}_proj.weight": w for e in range(EXPERTS)
-        for name, w in (("gate", gate_up[e][0]), ("up", gate_up[e][1]), ("down", down[e]))}}.pop, "", EXPERTS)
+        for name, w in (("gate", gate_up[e][0]), ("up", gate_up[e][1]), ("down", down[e]))}}
+    if biased:
+        weights["gate.bias"] = torch.randn(EXPERTS, generator=g)
+        weights |= {f"experts.{e}.{name}_proj.bias": torch.randn(width, generator=g) for e in range(EXPERTS)
+                    for name, width in (("gate", INTER), ("up", INTER), ("down", HIDDEN))}
+    return MoeWeights.take(weights.pop, "", EXPERTS, biased=biased)
 
 
 def rows(n, seed=1):
@@ -36,16 +43,16 @@ def run(moe, h, ops, decode_rows, activation):
     return moe_mlp(h, moe, TOP_K, True, activation, decode_rows, ops)
 
 
-def both(moe, h, kernel_ops, decode_rows):
+def both(moe, h, kernel_ops, decode_rows, activation="silu_mul"):
     """The one call, and the per-expert loop (torch ops have no MoE call) with the same activation kernel."""
     calls, call = [], kernel_ops.moe_experts
     kernel_ops.moe_experts = lambda *args: calls.append(call(*args)) or calls[-1]
-    fused = run(moe, h, kernel_ops, decode_rows, kernel_ops.silu_mul)
+    fused = run(moe, h, kernel_ops, decode_rows, getattr(kernel_ops, activation))
     assert calls[0] is not None  # the call ran the layer, not the loop
-    return fused, run(moe, h, TorchOps(), decode_rows, kernel_ops.silu_mul)
+    return fused, run(moe, h, TorchOps(), decode_rows, getattr(kernel_ops, activation))
 
 
-@pytest.mark.parametrize("layer_cls", [Q4Linear, Q4G128Linear, Q4KLinear, Q5KLinear, Q6KLinear, Q8Linear])
+@pytest.mark.parametrize("layer_cls", [Q4Linear, Q4G128Linear, Q4KLinear, Q5KLinear, Q6KLinear, Q8Linear, MXFP4Linear])
 @pytest.mark.parametrize("prefill", ["float32", "bfloat16", "int8"])
 def test_one_call_equals_the_per_expert_loop(kernel_ops, layer_cls, prefill):
     """Decode rows (int8 kernels) and prefill rows (the layers' prefill path) in one step, bit for bit."""
@@ -55,6 +62,26 @@ def test_one_call_equals_the_per_expert_loop(kernel_ops, layer_cls, prefill):
     fused, loop = both(moe, h, kernel_ops, decode_rows=4)
     assert torch.equal(fused, loop)
     assert fused.abs().sum() > 0
+
+
+@pytest.mark.parametrize("prefill", ["float32", "int8"])
+def test_gpt_oss_experts_with_biases_and_swiglu_oai_in_one_call(kernel_ops, prefill):
+    """MXFP4 experts with gpt-oss's router and expert biases and its clamped SwiGLU: the one call equals the loop
+    bit for bit (both add a bias as torch's out + bias does, and run the same activation row)."""
+    moe = make_moe(MXFP4Linear, MXFP4Linear, biased=True)
+    set_prefill_gemm(torch.nn.ModuleList([*moe.gate_up, *moe.down]), prefill)
+    h = rows(11) * 4  # gate and up values past the clamp at 7
+    fused, loop = both(moe, h, kernel_ops, 4, "swiglu_oai_mul")
+    assert torch.equal(fused, loop)
+    reference = run(moe, h, TorchOps(), 4, TorchOps().swiglu_oai_mul)  # torch's own activation: the formula
+    assert (fused - reference).abs().max() <= 1e-4 * reference.abs().max()
+
+
+def test_swiglu_oai_kernel_matches_the_torch_formula(kernel_ops):
+    """The C++ activation row against HF's swiglu_oai in torch, over the clamp on both sides and both signs."""
+    gate_up = torch.randn(7, 2 * 264, generator=torch.Generator().manual_seed(4)) * 6  # 264: a scalar tail of 8 too
+    torch.testing.assert_close(kernel_ops.swiglu_oai_mul(gate_up), TorchOps().swiglu_oai_mul(gate_up), rtol=1e-6,
+                               atol=1e-6)
 
 
 def test_experts_converted_after_load_run_in_the_call(kernel_ops):
@@ -91,7 +118,7 @@ def test_a_prefill_row_does_not_depend_on_the_prompt_around_it(kernel_ops):
 
 
 def test_the_loop_runs_where_the_call_does_not_fit(kernel_ops):
-    """Float experts, gate and up in two formats, GELU, and prefill rows through oneDNN keep the per-expert loop."""
+    """Float experts, gate and up in two formats, GeGLU, and prefill rows through oneDNN keep the per-expert loop."""
     h, chosen, weights = rows(3), torch.zeros(3, TOP_K, dtype=torch.long), torch.ones(3, TOP_K)
     float_moe = MoeWeights(torch.randn(EXPERTS, HIDDEN), [torch.randn(2 * INTER, HIDDEN)] * EXPERTS,
                            [torch.randn(HIDDEN, INTER)] * EXPERTS)
