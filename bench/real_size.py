@@ -19,6 +19,7 @@ the memory bandwidth set (bandwidth as `doctor --bench` measures it). Medians th
     .venv/bin/python bench/real_size.py --layers 4 --formats gguf --gguf-mix Q5_K_M
     .venv/bin/python bench/real_size.py --formats gguf,awq --json real-size-7b.json     # ~4 GB a file
     .venv/bin/python bench/real_size.py --geometry qwen3-8b --formats gguf               # Qwen3-8B, ~4.7 GB
+    .venv/bin/python bench/real_size.py --geometry gpt-oss-20b --formats gguf            # gpt-oss-20b, ~12 GB
 """
 
 from __future__ import annotations
@@ -216,7 +217,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", type=Path, default=Path("/work/tmp-realsize"))
     parser.add_argument("--geometry", choices=sorted(GEOMETRIES), default="llama-7b",
-                        help="llama-7b: Llama/Mistral-7B; qwen3-8b: Qwen3-8B (QK-norm, vocabulary 151,936)")
+                        help="llama-7b: Llama/Mistral-7B; qwen3-8b: Qwen3-8B (QK-norm, vocabulary 151,936); "
+                        "qwen3-30b-a3b, gpt-oss-20b: MoE (gpt-oss in MXFP4 and Q8_0, its files' mix)")
     parser.add_argument("--layers", type=int, default=None, help="fewer layers than the geometry's")
     parser.add_argument("--formats", default="gguf,awq,gptq")
     parser.add_argument("--gguf-mix", choices=GGUF_MIXES, default="Q4_K_M", help="the GGUF's llama.cpp mix")

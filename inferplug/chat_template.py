@@ -39,6 +39,14 @@ def render_chat(tokenizer: Any, template: str | None, messages: list[dict[str, A
         raise RequestError(f"the chat template cannot render these messages: {exc}", param="messages") from exc
 
 
+def template_variables(chat_template_kwargs: dict[str, Any] | None,
+                       reasoning_effort: str | None) -> dict[str, Any] | None:
+    """A request's template variables: OpenAI's reasoning_effort as the variable gpt-oss's template reads (as vLLM
+    passes it), then chat_template_kwargs, which win; None for none."""
+    effort = {"reasoning_effort": reasoning_effort} if reasoning_effort else {}
+    return {**effort, **(chat_template_kwargs or {})} or None
+
+
 def profile_template(profile: Any) -> str | None:
     """[model] chat_template: inline Jinja, or the path of a file holding it."""
     model = getattr(profile, "model", None)

@@ -164,10 +164,11 @@ def _save_byte_tokenizer(out: Path) -> None:
     fast.save_pretrained(out)
     import json
 
-    cfg_path = out / "config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg.update(bos_token_id=vocab_size_of(fast, "<|endoftext|>"), eos_token_id=vocab_size_of(fast, "<|im_end|>"))
-    cfg_path.write_text(json.dumps(cfg, indent=2))
+    ids = {"bos_token_id": vocab_size_of(fast, "<|endoftext|>"), "eos_token_id": vocab_size_of(fast, "<|im_end|>")}
+    for name in ("config.json", "generation_config.json"):  # both name the tokenizer's ends, as a real model's do
+        path = out / name
+        if path.is_file():
+            path.write_text(json.dumps({**json.loads(path.read_text()), **ids}, indent=2))
 
 
 def vocab_size_of(tokenizer, token: str) -> int:

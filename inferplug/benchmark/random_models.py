@@ -20,12 +20,16 @@ GROUP = 128  # the checkpoints' group size
 
 
 def write_random_gguf(out, config: ModelConfig, tokenizer_metadata: dict, type_of=q4_k_m_type, seed: int = 0) -> None:
-    """A GGUF of `config.architecture` ("llama", "qwen3" with its QK-norm weights, or "qwen3moe" with an MoE in every
-    layer: an F32 router, 3-D expert tensors) at `config`'s geometry: each matrix of `type_of(name, layer, layers)`,
-    F32 norms of ones, and `tokenizer_metadata` (a GGUF's "tokenizer.*" keys, as models/gguf.read_gguf gives them)."""
+    """A GGUF of `config.architecture` ("llama", "qwen3" with its QK-norm weights, "qwen3moe" with an MoE in every
+    layer: an F32 router, 3-D expert tensors; or "gpt-oss": its MoE with biases everywhere, attention sinks, YaRN and
+    alternating windows, in the mix its files ship, `gpt_oss_type`) at `config`'s geometry: each matrix of
+    `type_of(name, layer, layers)`, F32 norms of ones, and `tokenizer_metadata` (a GGUF's "tokenizer.*" keys, as
+    models/gguf.read_gguf gives them)."""
     import gguf
     import numpy as np
 
+    gpt_oss = config.architecture == "gpt-oss"
+    type_of = gpt_oss_type if gpt_oss else type_of
     writer = gguf.GGUFWriter(out, config.architecture)
     for add, value in ((writer.add_block_count, config.num_hidden_layers),
                        (writer.add_context_length, config.max_position_embeddings),
@@ -44,6 +48,11 @@ def write_random_gguf(out, config: ModelConfig, tokenizer_metadata: dict, type_o
         writer.add_expert_count(experts)
         writer.add_expert_used_count(config.num_experts_per_tok)
         writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+    if gpt_oss:  # gpt-oss-20b's: a 128-token window on every other layer, YaRN 32x over 4096
+        writer.add_sliding_window(GPT_OSS_WINDOW)
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(32.0)
+        writer.add_rope_scaling_orig_ctx_len(4096)
     for key, value in tokenizer_metadata.items():
         if isinstance(value, list):
             writer.add_array(key, value)
@@ -67,17 +76,25 @@ def write_random_gguf(out, config: ModelConfig, tokenizer_metadata: dict, type_o
                   "ffn_down_exps": (experts * hidden, inter)}
     matrices += [(f"blk.{i}.{part}.weight", i, module if isinstance(module, tuple) else shapes[module])
                  for i in range(layers) for part, module in parts.items()]
-    norms = ["output_norm.weight", *(f"blk.{i}.{n}.weight" for i in range(layers) for n in ("attn_norm", "ffn_norm"))]
-    head_norms = [f"blk.{i}.{n}.weight" for i in range(layers) for n in ("attn_q_norm", "attn_k_norm")] \
-        if config.architecture in ("qwen3", "qwen3moe") else []
-    routers = [f"blk.{i}.ffn_gate_inp.weight" for i in range(layers)] if experts else []
+    # the F32 tensors: (name, shape, spread; None for ones: the norms)
+    post_norm = "post_attention_norm" if gpt_oss else "ffn_norm"
+    floats = [("output_norm.weight", (hidden,), None),
+              *((f"blk.{i}.{n}.weight", (hidden,), None) for i in range(layers) for n in ("attn_norm", post_norm))]
+    if config.architecture in ("qwen3", "qwen3moe"):
+        floats += [(f"blk.{i}.{n}.weight", (config.head_dim,), None) for i in range(layers)
+                   for n in ("attn_q_norm", "attn_k_norm")]
+    if experts:
+        floats += [(f"blk.{i}.ffn_gate_inp.weight", (experts, hidden), hidden**-0.5) for i in range(layers)]
+    if gpt_oss:  # biases of a small spread, and sinks (one logit a head)
+        q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
+        biases = {"attn_q": (q,), "attn_k": (kv,), "attn_v": (kv,), "attn_output": (hidden,),
+                  "ffn_gate_inp": (experts,), "ffn_gate_exps": (experts, inter), "ffn_up_exps": (experts, inter),
+                  "ffn_down_exps": (experts, hidden)}  # fmt: skip
+        floats += [(f"blk.{i}.{part}.bias", shape, 0.02) for i in range(layers) for part, shape in biases.items()]
+        floats += [(f"blk.{i}.attn_sinks.weight", (config.num_attention_heads,), 1.0) for i in range(layers)]
     # the writer holds what it is given until it writes, so tensors go in as infos first: one in memory at a time
-    for name in norms:
-        writer.add_tensor_info(name, (hidden,), np.dtype(np.float32), hidden * 4)
-    for name in head_norms:
-        writer.add_tensor_info(name, (config.head_dim,), np.dtype(np.float32), config.head_dim * 4)
-    for name in routers:
-        writer.add_tensor_info(name, (experts, hidden), np.dtype(np.float32), experts * hidden * 4)
+    for name, shape, _ in floats:
+        writer.add_tensor_info(name, shape, np.dtype(np.float32), 4 * int(np.prod(shape)))
     for name, layer, (rows, cols) in matrices:
         qtype = gguf.GGMLQuantizationType[type_of(name, layer, layers)]
         block_elems, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
@@ -88,16 +105,22 @@ def write_random_gguf(out, config: ModelConfig, tokenizer_metadata: dict, type_o
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     generator = torch.Generator().manual_seed(seed)
-    for _ in norms:
-        writer.write_tensor_data(np.ones(hidden, dtype=np.float32))
-    for _ in head_norms:
-        writer.write_tensor_data(np.ones(config.head_dim, dtype=np.float32))
-    for _ in routers:
-        writer.write_tensor_data((torch.randn(experts, hidden, generator=generator) * hidden**-0.5).numpy())
+    for _, shape, std in floats:
+        writer.write_tensor_data(np.ones(shape, dtype=np.float32) if std is None
+                                 else (torch.randn(shape, generator=generator) * std).numpy())
     for name, layer, (rows, cols) in matrices:
         blocks = random_blocks(type_of(name, layer, layers), (rows, cols), cols**-0.5, generator)
         writer.write_tensor_data(blocks.numpy().reshape(experts, rows // experts, -1) if "_exps." in name else blocks.numpy())
     writer.close()
+
+
+GPT_OSS_WINDOW = 128
+
+
+def gpt_oss_type(gguf_name: str, layer: int, num_layers: int) -> str:
+    """The ggml type of a tensor in gpt-oss's own GGUFs (ggml-org's gpt-oss-20b-mxfp4): MXFP4 experts, Q8_0 for the
+    rest (attention, embedding, head)."""
+    return "MXFP4" if "_exps." in gguf_name else "Q8_0"
 
 
 def write_random_checkpoint(out: Path, config: ModelConfig, method: str, tokenizer=None, seed: int = 0) -> Path:

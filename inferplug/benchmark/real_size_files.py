@@ -27,7 +27,7 @@ class Geometry:
     context: int = 32768
     rms_eps: float = 1e-5
     rope_theta: float = 10000.0
-    family: str = "llama"  # the GGUF architecture written: "llama", "qwen3" (QK-norm weights too) or "qwen3moe"
+    family: str = "llama"  # the GGUF architecture written: "llama", "qwen3" (QK-norm weights too), "qwen3moe", "gpt-oss"
     head_dim_override: int = 0  # a head width other than hidden / heads (Qwen3-30B-A3B: 128 at width 2048)
     experts: int = 0  # an MoE in every layer (qwen3moe): its experts, those a token uses, and each one's MLP width
     experts_used: int = 0
@@ -46,7 +46,12 @@ GEOMETRIES = {"llama-7b": Geometry(),
               # MLP 768 with 8 a token, vocabulary 151,936
               "qwen3-30b-a3b": Geometry(layers=48, hidden=2048, kv_heads=4, ffn=6144, vocab=151936, context=40960,
                                         rms_eps=1e-6, rope_theta=1e6, family="qwen3moe", head_dim_override=128,
-                                        experts=128, experts_used=8, expert_ffn=768)}
+                                        experts=128, experts_used=8, expert_ffn=768),
+              # gpt-oss-20b (its config.json): 24 layers, width 2880, 64 heads and 8 KV heads of 64, 32 experts of MLP
+              # 2880 with 4 a token, vocabulary 201,088; MXFP4 experts, Q8_0 elsewhere (random_models.gpt_oss_type)
+              "gpt-oss-20b": Geometry(layers=24, hidden=2880, heads=64, kv_heads=8, ffn=2880, vocab=201088,
+                                      context=131072, rms_eps=1e-5, rope_theta=150000.0, family="gpt-oss",
+                                      head_dim_override=64, experts=32, experts_used=4, expert_ffn=2880)}
 
 
 def config(g: Geometry):
@@ -85,6 +90,7 @@ GGUF_MIXES = ("Q4_K_M", "Q5_K_M")  # llama.cpp's mixes the GGUF can be written i
 
 def model_path(root: Path, fmt: str, g: Geometry, mix: str = "Q4_K_M") -> Path:
     name = f"random-{g.family}-{g.layers}L"
+    mix = "MXFP4" if g.family == "gpt-oss" else mix  # its files' own mix (random_models.gpt_oss_type)
     return root / (f"{name}-{mix}.gguf" if fmt == "gguf" else f"{name}-{fmt}-g{GROUP}")
 
 

@@ -30,6 +30,9 @@ class Family:
     attention_sinks: bool = False  # one learned logit per head joins each query's softmax, then is dropped (gpt-oss)
     all_biases: bool = False  # biases on q/k/v/o, the router and every expert (gpt-oss)
     gguf_interleaved_rope: bool = False  # llama.cpp's converter interleaves Q/K rows (NORM RoPE): undone at load
+    # tokens that end a reply besides the GGUF's EOS / EOT ids, found by their text as llama.cpp finds its EOG tokens
+    # (gpt-oss: <|return|> and <|call|>; an HF dir lists them in generation_config.json)
+    end_tokens: tuple[str, ...] = ()
     # GGUF layer tensor part -> HF module, where the family's differ from Llama's (models/gguf_convert._LAYER_NAMES)
     gguf_layer_names: dict[str, str] = field(default_factory=dict)
     # the family's own config fields (ModelConfig keyword arguments) from config.json, and from a GGUF's metadata

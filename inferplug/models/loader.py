@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,7 +47,11 @@ def read_config(path: Path) -> ModelConfig:
         from inferplug.models.gguf_convert import config_from_gguf
 
         return config_from_gguf(read_gguf(gguf_path))
-    return config_from_hf(_read_json(Path(path) / "config.json"))
+    config = config_from_hf(_read_json(Path(path) / "config.json"))
+    generation = Path(path) / "generation_config.json"  # where HF lists every token that ends a reply
+    ends = _read_json(generation).get("eos_token_id") if generation.is_file() else None
+    ends = [] if ends is None else [ends] if isinstance(ends, int) else list(ends)
+    return dataclasses.replace(config, eos_token_ids=list(dict.fromkeys([*config.eos_token_ids, *ends])))
 
 
 def gguf_matrices(path: Path) -> tuple[tuple[str, str, int], ...]:

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from inferplug.chat_template import template_variables
 from inferplug.errors import RequestError
 from inferplug.frontend.requests import Prepared, build_request
 from inferplug.server.admission import until_disconnect
@@ -79,7 +80,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     choice = body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump") else body.tool_choice
     prepared = build_request(backend, messages=[m.as_dict() for m in body.messages], options=body.to_options(),
                              tools=tools, tool_choice=choice, parallel_tool_calls=body.parallel_tool_calls,
-                             response_format=body.response_format, chat_template_kwargs=body.chat_template_kwargs)
+                             response_format=body.response_format, chat_template_kwargs=template_variables(body.chat_template_kwargs, body.reasoning_effort))
     return await _generate("chat", body, [prepared], request, body.logprobs)
 
 

@@ -150,6 +150,7 @@ class ChatCompletionRequest(_Common):
     parallel_tool_calls: bool = True
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension: {"enable_thinking": false} for Qwen3
+    reasoning_effort: Literal["low", "medium", "high"] | None = None  # OpenAI's; gpt-oss's template reads it
 
     def to_options(self) -> dict[str, Any]:
         if self.top_logprobs is not None and not self.logprobs:

@@ -14,8 +14,11 @@ _PROMPT_CONTEXT = 4  # a few prompt tokens decoded alongside so leading spaces c
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Any, prompt_ids: list[int], stop: list[str], include_stop: bool = False):
+    def __init__(self, tokenizer: Any, prompt_ids: list[int], stop: list[str], include_stop: bool = False,
+                 keep_special: bool = False):
+        """`keep_special`: special tokens are text too (gpt-oss's harmony control tokens, for its parser)."""
         self.tokenizer = tokenizer
+        self.skip_special = not keep_special
         self.ids = list(prompt_ids[-_PROMPT_CONTEXT:])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
@@ -35,7 +38,7 @@ class IncrementalDetokenizer:
 
     def _read(self, complete_only: bool) -> str | None:
         """Append the text of the tokens not yet read: only once their last character is complete, unless told."""
-        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)  # noqa: E731
         prefix = decode(self.ids[self.prefix_offset:self.read_offset])
         full = decode(self.ids[self.prefix_offset:])
         if len(full) > len(prefix) and not (complete_only and full.endswith("\ufffd")):

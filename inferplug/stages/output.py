@@ -1,8 +1,8 @@
 """The output stage: sampled token ids in, Events out, the same for our engine and the local backends.
 
 A ChoiceOutput turns one choice's tokens into text (incremental detokenizing; a reasoning model's
-think part moved to Event.reasoning), ends the choice on a stop token id, EOS, a stop string, the
-end of its grammar or its length, and formats logprobs. A
+think part moved to Event.reasoning, gpt-oss's harmony tool calls to Event.tool_calls), ends the choice on a stop
+token id, EOS, a stop string, the end of its grammar or its length, and formats logprobs. A
 RequestChoices holds a request's choices and puts usage and timings on its last event. (It was also named
 RequestOutput, the public type's name: inferplug.RequestOutput is the one request output.)
 Engines hand over raw token ids only; nothing here touches KV blocks or token counts.
@@ -17,6 +17,7 @@ from typing import Any
 
 from inferplug.stages.detokenizer import IncrementalDetokenizer
 from inferplug.stages.prompt_logprobs import PromptLogprobs
+from inferplug.stages.harmony import HarmonySplitter
 from inferplug.stages.reasoning import ReasoningSplitter
 from inferplug.types import Event, FinishReason, SamplingParams, Timings, TokenLogprob, Usage
 
@@ -28,6 +29,11 @@ class TokenEnd:
     reason: FinishReason | None = None
     stop_reason: int | None = None
     by_id: bool = False  # a stop token id or EOS: its text is not decoded
+
+
+def splitter(parser: str) -> ReasoningSplitter | HarmonySplitter:
+    """The output splitter a reasoning parser names: harmony's channels (gpt-oss) or think tags."""
+    return HarmonySplitter() if parser == "openai_gptoss" else ReasoningSplitter(parser)
 
 
 def stop_ids(params: SamplingParams, eos_ids: Collection[int]) -> set[int]:
@@ -43,9 +49,11 @@ class ChoiceOutput:
     def __init__(self, request_id: str, index: int, tokenizer: Any, prompt_ids: list[int], params: SamplingParams,
                  eos_ids: Collection[int], max_tokens: int, reasoning_parser: str | None = None):
         self.request_id, self.index, self.tokenizer = request_id, index, tokenizer
-        self.reasoning = ReasoningSplitter(reasoning_parser) if reasoning_parser else None
+        self.reasoning = splitter(reasoning_parser) if reasoning_parser else None
         self.params, self.end_ids, self.max_tokens = params, stop_ids(params, eos_ids), max_tokens
-        self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids, params.stop, params.include_stop_str_in_output)
+        self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids, params.stop, params.include_stop_str_in_output,
+                                                  keep_special=self.reasoning is not None
+                                                  and self.reasoning.reads_control_tokens)
         self.num_tokens = 0  # tokens whose text is out (usage counts these)
         self.sampled = 0  # tokens counted where they are sampled (count_token): ahead of num_tokens by a step or so
         self.finish_reason: FinishReason | None = None
@@ -118,6 +126,7 @@ class ChoiceOutput:
         event.text = self.detokenizer.delta(final=final)
         if self.reasoning is not None:
             event.text, event.reasoning = self.reasoning.feed(event.text, final=final)
+            event.tool_calls = self.reasoning.take_calls()
         return event
 
 

@@ -1,4 +1,5 @@
-"""A reasoning model's `<think>...</think>` text, split from its answer as vLLM's reasoning parsers do.
+"""A reasoning model's `<think>...</think>` text, split from its answer as vLLM's reasoning parsers do
+(gpt-oss's harmony channels: stages/harmony.py).
 
 `deepseek_r1`: the chat template opens `<think>` in the prompt (DeepSeek-R1 and its Qwen/Llama distills),
 so the output is reasoning until `</think>` (a leading `<think>` the model writes anyway is dropped), and an
@@ -12,16 +13,21 @@ import re
 from typing import Any
 
 from inferplug.profile_schema import REASONING_PARSERS as PARSERS
+from inferplug.types import ToolCallDelta
 
 START, END = "<think>", "</think>"
+THINK_PARSERS = tuple(p for p in PARSERS if p != "openai_gptoss")  # harmony's parser is stages/harmony.py
+HARMONY_CHANNEL = "<|channel|>"
 
 
 class ReasoningSplitter:
     """One choice's text deltas in, (content, reasoning) deltas out."""
 
+    reads_control_tokens = False  # <think> tags are plain added tokens
+
     def __init__(self, parser: str) -> None:
-        if parser not in PARSERS:
-            raise ValueError(f"unknown reasoning parser {parser!r}; use one of {list(PARSERS)} or 'none'")
+        if parser not in THINK_PARSERS:
+            raise ValueError(f"unknown reasoning parser {parser!r}; use one of {list(THINK_PARSERS)} or 'none'")
         self.parser = parser
         self.in_reasoning = parser == "deepseek_r1"
         self._opened = False  # deepseek_r1: a leading <think> is dropped once
@@ -40,7 +46,7 @@ class ReasoningSplitter:
             tags = self._watched()
             found = [(buf.find(t), t) for t in tags if t in buf]
             if not found:
-                keep = 0 if final else _partial_tag_suffix(buf, tags)
+                keep = 0 if final else partial_tag_suffix(buf, tags)
                 out[self.in_reasoning].append(buf[: len(buf) - keep])
                 self._held = buf[len(buf) - keep:]
                 break
@@ -54,8 +60,12 @@ class ReasoningSplitter:
                 self._opened = True
         return "".join(out[False]), "".join(out[True])
 
+    def take_calls(self) -> list[ToolCallDelta]:
+        """Think tags carry no tool calls (the tool parser reads them from the content)."""
+        return []
 
-def _partial_tag_suffix(text: str, tags: list[str]) -> int:
+
+def partial_tag_suffix(text: str, tags: list[str]) -> int:
     """The length of the longest end of `text` that could begin one of `tags`."""
     return max((n for tag in tags for n in range(1, len(tag)) if text.endswith(tag[:n])), default=0)
 
@@ -66,8 +76,10 @@ def split_reasoning(text: str, parser: str) -> tuple[str, str]:
 
 
 def detect_parser(template: Any, generation_prompt: str) -> str | None:
-    """The parser a chat template implies: none without `</think>`, deepseek_r1 when the rendered
-    assistant turn already opens `<think>`, else qwen3."""
+    """The parser a chat template implies: openai_gptoss for a harmony template (gpt-oss's channels), none without
+    `</think>`, deepseek_r1 when the rendered assistant turn already opens `<think>`, else qwen3."""
+    if HARMONY_CHANNEL in str(template or ""):
+        return "openai_gptoss"
     if END not in str(template or ""):
         return None
     return "deepseek_r1" if re.search(re.escape(START) + r"\s*$", generation_prompt) else "qwen3"

@@ -16,6 +16,7 @@ from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
+from inferplug.chat_template import template_variables
 from inferplug.errors import RequestError
 from inferplug.frontend.calls import Result, ResultBuilder, acollect, generate_all
 from inferplug.frontend.openai_logprobs import chat_logprobs
@@ -34,6 +35,8 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
     chat_template_kwargs: dict[str, Any] | None = None
     """The chat template's extra variables for every call (a call's own `chat_template_kwargs=` replaces them), as
     vLLM's: `{"enable_thinking": False}` turns Qwen3's thinking off."""
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
+    """ChatOpenAI's parameter: gpt-oss's template reads it (its "Reasoning:" line); `chat_template_kwargs` win."""
     max_retries: int = 2
     """LangChain's standard parameter. Nothing here is retried per call: JSON output is constrained (a backend
     that cannot constrain is refused up front), and a remote profile retries as its [openai] max_retries says."""
@@ -48,12 +51,14 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
             raise RequestError(f"response_format needs constrained decoding, which the {backend.name} backend "
                                "does not do; use a ToolStrategy (create_agent) or with_structured_output, or a "
                                "native or openai profile", param="response_format")
+        variables = kwargs.get("chat_template_kwargs", self.chat_template_kwargs)
+        if effort := kwargs.get("reasoning_effort", self.reasoning_effort):
+            variables = template_variables(variables, effort)
         return build_request(
             backend, options=self._options(stop, kwargs), messages=[chat_dict(m) for m in messages],
             tools=kwargs.get("tools"), tool_choice=kwargs.get("tool_choice"),
             response_format=kwargs.get("response_format"), documents=kwargs.get("documents"),
-            memory=self.document_memory,
-            chat_template_kwargs=kwargs.get("chat_template_kwargs", self.chat_template_kwargs),
+            memory=self.document_memory, chat_template_kwargs=variables,
         )
 
     def _message(self, result: Result, prepared: Prepared) -> AIMessage:

@@ -110,3 +110,32 @@ def test_a_variable_the_request_gives_itself_is_refused(thinking_profile):
 
     with pytest.raises(RequestError, match=r"chat_template_kwargs may not set \['tools'\]"):
         prompt_token_ids(backend, prepared.request)
+
+
+def test_reasoning_effort_from_every_front_end(thinking_profile, rendered):
+    """OpenAI's reasoning_effort (gpt-oss's template reads it as a variable) from LangChain, LlamaIndex and the
+    official openai client's own parameter; chat_template_kwargs win over it."""
+    from langchain_core.messages import HumanMessage
+    from llama_index.core.base.llms.types import ChatMessage
+
+    from inferplug.backends.registry import get_backend
+    from langchain_inferplug import ChatInferPlug
+    from llama_index.llms.inferplug import InferPlug
+    from tests.server.conftest import start_server
+
+    HIGH = {"reasoning_effort": "high"}
+    ChatInferPlug(profile=thinking_profile, temperature=0, max_tokens=2, reasoning_effort="high").invoke("hi")
+    assert rendered[-1][0] == HIGH
+    ChatInferPlug(profile=thinking_profile, temperature=0, max_tokens=2).invoke([HumanMessage("hi")],
+                                                                               reasoning_effort="low")
+    assert rendered[-1][0] == {"reasoning_effort": "low"}
+    InferPlug(profile=thinking_profile, temperature=0.0, max_tokens=2, reasoning_effort="high",
+              chat_template_kwargs=OFF).chat([ChatMessage(role="user", content="hi")])
+    assert rendered[-1][0] == HIGH | OFF
+    server = start_server(get_backend(thinking_profile))
+    try:
+        server.client().chat.completions.create(model="thinking", messages=[{"role": "user", "content": "hi"}],
+                                                max_tokens=2, temperature=0, reasoning_effort="high")
+        assert rendered[-1][0] == HIGH
+    finally:
+        server.stop()

@@ -1,6 +1,7 @@
-"""Two layers at Llama-7B width, and two at Qwen3-30B-A3B's (an MoE of 128 experts), written as Q4_K_M-style GGUFs of
-random weights: they load in the file's bits, no matrix as float, and the process's peak RSS after load and a first
-request is what `resolve` promised."""
+"""Two layers at Llama-7B width, two at Qwen3-30B-A3B's (an MoE of 128 experts), written as Q4_K_M-style GGUFs of
+random weights, and two at gpt-oss-20b's (32 MXFP4 experts, Q8_0 elsewhere, as its files ship): they load in the
+file's bits, no matrix as float, and the process's peak RSS after load and a first request is what `resolve`
+promised."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ GEOMETRY = dict(architecture="llama", hidden_size=4096, intermediate_size=14336,
 
 
 def wide_config(geometry: str, vocab: int):
-    """Two layers of `geometry`: Llama-7B's width, or Qwen3-30B-A3B's (bench/real_size.py's geometry)."""
+    """Two layers of `geometry`: Llama-7B's width, or Qwen3-30B-A3B's or gpt-oss-20b's (bench/real_size.py's)."""
     import dataclasses
 
     from inferplug.benchmark.real_size_files import GEOMETRIES, config
@@ -34,16 +35,16 @@ def wide_config(geometry: str, vocab: int):
     return config(dataclasses.replace(GEOMETRIES[geometry], layers=2, vocab=vocab))
 
 
-@pytest.fixture(scope="module", params=["llama-7b", "qwen3-30b-a3b"])
+@pytest.fixture(scope="module", params=["llama-7b", "qwen3-30b-a3b", "gpt-oss-20b"])
 def wide_gguf(request, smollm2_gguf, tmp_path_factory) -> tuple[Path, int]:
-    """The file, and the block layers it loads as: four a dense layer, 2 + 2 x 128 an MoE one, the embedding and
-    the head."""
+    """The file, and the block layers it loads as: four a dense layer, 2 + 2 x its experts an MoE one, the embedding
+    and the head."""
     from inferplug.models.gguf import read_gguf
     from inferplug.benchmark.random_models import write_random_gguf
 
     tokenizer = {k: v for k, v in read_gguf(smollm2_gguf).metadata.items() if k.startswith("tokenizer.")}
     config = wide_config(request.param, len(tokenizer["tokenizer.ggml.tokens"]))
-    out = tmp_path_factory.mktemp("wide") / f"{request.param}-q4_k_m.gguf"
+    out = tmp_path_factory.mktemp("wide") / f"{request.param}.gguf"
     write_random_gguf(out, config, tokenizer)
     return out, 2 + 2 * (2 + 2 * config.num_experts if config.num_experts else 4)
 

@@ -77,6 +77,7 @@ FAMILY = Family(
     attention_sinks=True,
     all_biases=True,
     activation="swiglu_oai",
+    end_tokens=("<|return|>", "<|call|>"),  # harmony: the answer's end, and a tool call's (the caller runs it)
     gguf_layer_names={"post_attention_norm": "post_attention_layernorm", "attn_sinks": "self_attn.sinks"},
     unfused_why="its mixture-of-experts MLP",
     hf_fields=hf_fields,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from llama_index.core.base.llms.types import (
     ChatMessage,
@@ -28,6 +28,7 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.llms.utils import parse_partial_json
 
+from inferplug.chat_template import template_variables
 from inferplug.frontend.binding import bind_profile, usage_counts
 from inferplug.frontend.calls import Result, ResultBuilder, acollect, generate_all
 from inferplug.frontend.forced_call import ForcedCallStream
@@ -62,6 +63,9 @@ class InferPlug(FunctionCallingLLM):
     chat_template_kwargs: dict[str, Any] | None = Field(
         default=None, description="The chat template's extra variables (Qwen3: {'enable_thinking': False}); a call's "
                                   "own chat_template_kwargs replaces them.")
+    reasoning_effort: Literal["low", "medium", "high"] | None = Field(
+        default=None, description="OpenAI's reasoning effort, which gpt-oss's template reads; chat_template_kwargs "
+                                  "win.")
     additional_kwargs: dict[str, Any] = Field(default_factory=dict,
                                               description="More sampling options (top_p, repetition_penalty, ...).")
     context_window: int | None = Field(default=None, description="None: the context the engine holds.")
@@ -116,7 +120,9 @@ class InferPlug(FunctionCallingLLM):
         return build_request(self.backend, options=options, messages=to_chat_dicts(list(messages)),
                                tools=kwargs.get("tools"), tool_choice=kwargs.get("tool_choice"),
                                documents=kwargs.get("documents"), memory=self._memory,
-                               chat_template_kwargs=kwargs.get("chat_template_kwargs", self.chat_template_kwargs))
+                               chat_template_kwargs=template_variables(
+                                   kwargs.get("chat_template_kwargs", self.chat_template_kwargs),
+                                   kwargs.get("reasoning_effort", self.reasoning_effort)))
 
     def _response(self, result: Result, prepared: Prepared, delta: str | None = None,
                   call_id: str | None = None) -> ChatResponse:

@@ -1,0 +1,105 @@
+"""gpt-oss's harmony output split into content, reasoning and tool calls, as vLLM's `openai_gptoss` parser does.
+
+A harmony reply is a run of messages, each a header then a body: `<|channel|>analysis<|message|>...<|end|>`, then
+`<|start|>assistant<|channel|>final<|message|>...` up to `<|return|>` (the prompt ends at `<|start|>assistant`, so
+the reply opens with a header). The header names the channel and maybe a recipient, in the role part (`assistant
+to=functions.get_weather<|channel|>commentary json`) or after the channel (`<|channel|>commentary
+to=functions.get_weather <|constrain|>json`). The analysis channel is reasoning; the final channel and commentary
+with no recipient (a preamble the user sees) are content; a message to `functions.NAME` is a call to tool NAME whose
+body streams as its arguments, ending at `<|call|>`; a message to any other recipient (a built-in tool we do not run)
+is reasoning. These control tokens are special tokens, so the detokenizer keeps them in the text for this parser
+(`reads_control_tokens`). Splitting runs on the stream: a control token cut across two deltas is held back.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from inferplug.stages.reasoning import partial_tag_suffix
+from inferplug.types import ToolCallDelta
+
+START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
+ENDS = ("<|end|>", "<|call|>", "<|return|>")  # <|call|> and <|return|> end the reply too (EOS ids): seldom seen here
+TAGS = (START, CHANNEL, MESSAGE, CONSTRAIN, *ENDS)
+_CHANNEL = re.compile(re.escape(CHANNEL) + r"\s*([\w-]+)")
+_RECIPIENT = re.compile(r"\bto=([^\s<]+)")
+FUNCTIONS = "functions."
+
+
+class HarmonySplitter:
+    """One choice's text deltas, control tokens included, in; (content, reasoning) deltas out, and the tool calls'
+    pieces by `take_calls`."""
+
+    reads_control_tokens = True
+
+    def __init__(self) -> None:
+        self._header: str | None = ""  # the header read so far; None inside a message's body
+        self._target = "content"  # where the body goes: "content", "reasoning" or "call"
+        self._held = ""
+        self._calls: list[ToolCallDelta] = []
+        self._num_calls = 0
+        self._opened = False  # a message has begun
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, str]:
+        """The (content, reasoning) this delta completes; `final` flushes what a control-token prefix held back (a
+        reply that never opened a message is given as content: the model wrote plain text)."""
+        buf, self._held = self._held + text, ""
+        out = {"content": [], "reasoning": []}
+        while buf:
+            found = [(at, tag) for tag in TAGS if (at := buf.find(tag)) >= 0]
+            if not found:
+                keep = 0 if final else partial_tag_suffix(buf, TAGS)
+                self._read(buf[: len(buf) - keep], out)
+                self._held = buf[len(buf) - keep:]
+                break
+            at, tag = min(found)
+            self._read(buf[:at], out)
+            self._control(tag, out)
+            buf = buf[at + len(tag):]
+        if final and not self._opened and self._header:
+            out["content"].append(self._header)  # never a message: plain text
+            self._header = ""
+        return "".join(out["content"]), "".join(out["reasoning"])
+
+    def take_calls(self) -> list[ToolCallDelta]:
+        """The tool-call pieces the deltas fed since the last take completed."""
+        calls, self._calls = self._calls, []
+        return calls
+
+    def _read(self, text: str, out: dict[str, list[str]]) -> None:
+        if not text:
+            return
+        if self._header is not None:
+            self._header += text
+        elif self._target == "call":
+            self._calls.append(ToolCallDelta(index=self._num_calls - 1, arguments=text))
+        else:
+            out[self._target].append(text)
+
+    def _control(self, tag: str, out: dict[str, list[str]]) -> None:
+        if tag == START:  # a new message's header (the role first)
+            self._header = ""
+        elif tag in (CHANNEL, CONSTRAIN):  # part of the header; a body does not hold them
+            if self._header is None:
+                self._header = ""  # a model that skips <|end|><|start|>: a new header
+            self._header += tag
+        elif tag == MESSAGE:
+            self._open(self._header or "")
+        else:  # an end: what follows is the next message's header
+            self._header = ""
+
+    def _open(self, header: str) -> None:
+        """The body that follows `header` goes where its channel and recipient say."""
+        self._header, self._opened = None, True
+        channel = _CHANNEL.search(header)
+        recipient = _RECIPIENT.search(header)
+        if recipient and recipient.group(1).startswith(FUNCTIONS):
+            self._target = "call"
+            self._num_calls += 1
+            self._calls.append(ToolCallDelta(index=self._num_calls - 1, id=f"call_{uuid.uuid4().hex[:24]}",
+                                             name=recipient.group(1)[len(FUNCTIONS):]))
+        elif recipient is None and channel is not None and channel.group(1) in ("final", "commentary"):
+            self._target = "content"
+        else:
+            self._target = "reasoning"

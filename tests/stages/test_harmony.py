@@ -1,0 +1,135 @@
+"""gpt-oss's harmony replies split into content, reasoning and tool calls (stages/harmony.py), with OpenAI's own chat
+template as llama.cpp ships it for the reference: an assistant turn the template renders (its thinking, answer or tool
+call, in harmony) is fed back as the model's reply, token by token through the output stage, and must come out as
+the fields it was rendered from. The tokenizer is a real byte-level BPE with harmony's control tokens as special
+tokens, as o200k_harmony has them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from inferplug.chat_template import render_chat, template_variables
+from inferplug.frontend.tool_calls import calls_from_deltas
+from inferplug.stages.harmony import HarmonySplitter
+from inferplug.stages.output import ChoiceOutput
+from inferplug.stages.reasoning import detect_parser
+from inferplug.types import SamplingParams
+
+TEMPLATE = Path(__file__).resolve().parents[2] / ".venv" / "llama.cpp" / "models" / "templates" / \
+    "openai-gpt-oss-120b.jinja"
+CONTROL = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>", "<|return|>", "<|call|>"]
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                            "parameters": {"type": "object",
+                                                           "properties": {"location": {"type": "string"}}}}}
+USER = {"role": "user", "content": "What is the weather in Paris?"}
+
+
+@pytest.fixture(scope="module")
+def template() -> str:
+    if not TEMPLATE.is_file():
+        pytest.fail(f"{TEMPLATE} is missing: `make setup` fetches it (tests/fixtures/fetch_llama_cpp_converter.py)")
+    return TEMPLATE.read_text()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(template):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(CONTROL)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|return|>", chat_template=template)
+
+
+def reply_to(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> str:
+    """The model's side of the last turn as the template renders it: the chat rendered whole (no generation prompt)
+    less the prompt that asks for that turn, which ends at `<|start|>assistant`."""
+    prompt = render_chat(tokenizer, None, [USER], tools)
+    whole = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=False)
+    assert prompt.endswith("<|start|>assistant") and whole.startswith(prompt)
+    return whole[len(prompt):]
+
+
+def run_reply(tokenizer, reply: str, max_tokens: int = 1000) -> tuple[str, str, list, str]:
+    """(content, reasoning, tool-call pieces, finish reason) of the reply's tokens through the output stage, EOS
+    being gpt-oss's <|return|> and <|call|>."""
+    eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|return|>", "<|call|>")]
+    choice = ChoiceOutput("r", 0, tokenizer, tokenizer.encode("<|start|>assistant"), SamplingParams(), eos,
+                          max_tokens, reasoning_parser="openai_gptoss")
+    content, reasoning, calls, finish = "", "", [], None
+    for token in tokenizer.encode(reply, add_special_tokens=False):
+        event = choice.on_token(token)
+        content, reasoning, calls = content + event.text, reasoning + event.reasoning, calls + event.tool_calls
+        finish = event.finish_reason
+        if choice.done:
+            break
+    return content, reasoning, calls, finish
+
+
+def test_the_template_implies_the_harmony_parser(template, tokenizer):
+    assert detect_parser(template, render_chat(tokenizer, None, [USER])) == "openai_gptoss"
+
+
+def test_analysis_is_reasoning_and_final_is_content(tokenizer):
+    thinking, answer = "The user asks about Paris. <think> is not a tag here.", "It is sunny, 21 °C, in Paris."
+    reply = reply_to(tokenizer, [USER, {"role": "assistant", "thinking": thinking, "content": answer}])
+    assert reply.startswith("<|channel|>analysis<|message|>") and reply.endswith("<|return|>")
+    assert run_reply(tokenizer, reply) == (answer, thinking, [], "stop")
+
+
+def test_a_call_to_a_function_is_a_tool_call_with_its_arguments(tokenizer):
+    arguments = {"location": "Paris, France", "unit": "celsius"}
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}
+    turn = {"role": "assistant", "thinking": "I need the weather tool.", "tool_calls": [call]}
+    reply = reply_to(tokenizer, [USER, turn, {"role": "tool", "content": "sunny"}], [WEATHER])
+    reply = reply[: reply.index("<|call|>") + len("<|call|>")]  # the model's turn ends at its call
+    assert "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>" in reply
+    content, reasoning, pieces, finish = run_reply(tokenizer, reply)
+    assert (content, reasoning, finish) == ("", "I need the weather tool.", "stop")
+    [got] = calls_from_deltas(pieces)
+    assert (got.name, got.arguments, got.id.startswith("call_")) == ("get_weather", arguments, True)
+
+
+def test_the_recipient_after_the_channel_and_a_constrain_token(tokenizer):
+    """The other header harmony allows (OpenAI's format guide): `<|channel|>commentary to=functions.NAME
+    <|constrain|>json<|message|>`, after a preamble on commentary, which the user sees."""
+    reply = ("<|channel|>commentary<|message|>Checking the weather.<|end|><|start|>assistant<|channel|>commentary "
+             'to=functions.get_weather <|constrain|>json<|message|>{"location": "Oslo"}<|call|>')
+    content, reasoning, pieces, _ = run_reply(tokenizer, reply)
+    [got] = calls_from_deltas(pieces)
+    assert (content, reasoning, got.name, got.arguments) == ("Checking the weather.", "", "get_weather",
+                                                              {"location": "Oslo"})
+
+
+def test_a_reply_cut_short_keeps_what_it_had(tokenizer):
+    reply = reply_to(tokenizer, [USER, {"role": "assistant", "thinking": "Let me think it over", "content": "x"}])
+    content, reasoning, _, finish = run_reply(tokenizer, reply, max_tokens=20)
+    assert (content, finish) == ("", "length") and "Let me think it over".startswith(reasoning) and reasoning
+
+
+def test_every_cut_of_a_stream_gives_the_whole_split():
+    reply = ("<|channel|>analysis<|message|>a <|ch b<|end|><|start|>assistant<|channel|>final<|message|>ok <| "
+             "done")
+    whole = HarmonySplitter().feed(reply, final=True)
+    assert whole == ("ok <| done", "a <|ch b")
+    for cut in range(len(reply) + 1):
+        splitter = HarmonySplitter()
+        parts = [splitter.feed(reply[:cut]), splitter.feed(reply[cut:], final=True)]
+        assert ("".join(p[0] for p in parts), "".join(p[1] for p in parts)) == whole, cut
+
+
+def test_plain_text_with_no_message_is_content():
+    """A model that ignores the format (or a reply cut inside its first header) still shows its text."""
+    assert HarmonySplitter().feed("just words", final=True) == ("just words", "")
+
+
+def test_reasoning_effort_reaches_the_template(tokenizer):
+    prompt = render_chat(tokenizer, None, [USER], template_kwargs=template_variables(None, "high"))
+    assert "Reasoning: high" in prompt and "Reasoning: medium" in render_chat(tokenizer, None, [USER])
+    assert template_variables({"reasoning_effort": "low"}, "high") == {"reasoning_effort": "low"}
+    assert template_variables(None, None) is None
