@@ -55,7 +55,7 @@ class HarmonySplitter:
                 break
             at, tag = min(found)
             self._read(buf[:at], out)
-            self._control(tag, out)
+            self._control(tag)
             buf = buf[at + len(tag):]
         if final and not self._opened and self._header:
             out["content"].append(self._header)  # never a message: plain text
@@ -77,7 +77,7 @@ class HarmonySplitter:
         else:
             out[self._target].append(text)
 
-    def _control(self, tag: str, out: dict[str, list[str]]) -> None:
+    def _control(self, tag: str) -> None:
         if tag == START:  # a new message's header (the role first)
             self._header = ""
         elif tag in (CHANNEL, CONSTRAIN):  # part of the header; a body does not hold them
