@@ -111,3 +111,50 @@ def test_server_and_remote_backend_carry_reasoning_content(thinking_backend):
         remote.close()
     finally:
         server.stop()
+
+
+# gpt-oss's harmony reply, forced on the tiny model as a JSON string (its byte tokens spell the control tokens, which
+# the openai_gptoss parser reads as text): its analysis, then a call to the one tool with empty arguments
+HARMONY_CALL = {"type": "string", "pattern": r"<\|channel\|>analysis<\|message\|>[a-z]{2,6}<\|end\|><\|start\|>"
+                                             r"assistant to=functions\.clock<\|channel\|>commentary json"
+                                             r"<\|message\|>\{\}<\|call\|>"}
+CLOCK = {"type": "function", "function": {"name": "clock", "description": "The time now",
+                                          "parameters": {"type": "object", "properties": {}}}}
+
+
+@pytest.fixture(scope="module")
+def harmony_backend(tiny_llama_dir):
+    from inferplug.backends.registry import close_backend, get_backend
+    from inferplug.profile import ModelSource, Profile
+
+    profile = Profile(name="tiny-harmony", backend="native", dtype="float32",
+                      model=ModelSource(path=tiny_llama_dir, served_name="tiny-harmony",
+                                        reasoning_parser="openai_gptoss"))
+    yield get_backend(profile)
+    close_backend(profile)
+
+
+def test_a_harmony_reply_through_the_server_is_reasoning_and_a_tool_call(harmony_backend):
+    """The official openai client gets the analysis as reasoning_content and the functions.clock message as a
+    tool call (whole and streamed), finishing "tool_calls"."""
+    from tests.server.conftest import start_server
+
+    server = start_server(harmony_backend)
+    try:
+        client = server.client()
+        fmt = {"type": "json_schema", "json_schema": {"name": "t", "schema": HARMONY_CALL}}
+        kw = dict(model="tiny-harmony", messages=[{"role": "user", "content": "time?"}], temperature=0,
+                  max_tokens=200, response_format=fmt, tools=[CLOCK])
+        choice = client.chat.completions.create(**kw).choices[0]
+        reasoning = choice.message.model_extra["reasoning_content"]
+        [call] = choice.message.tool_calls
+        assert reasoning.isalpha() and 2 <= len(reasoning) <= 6
+        assert (call.function.name, call.function.arguments, choice.finish_reason) == ("clock", "{}", "tool_calls")
+        assert not choice.message.content
+        chunks = [c.choices[0] for c in client.chat.completions.create(stream=True, **kw) if c.choices]
+        assert "".join((c.delta.model_extra or {}).get("reasoning_content") or "" for c in chunks) == reasoning
+        streamed = [t for c in chunks for t in c.delta.tool_calls or []]
+        assert streamed[0].function.name == "clock" and chunks[-1].finish_reason == "tool_calls"
+        assert "".join(t.function.arguments or "" for t in streamed) == "{}"
+    finally:
+        server.stop()
