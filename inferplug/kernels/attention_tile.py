@@ -6,6 +6,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+LOG2E = 1.4426950408889634  # the kernels' scores carry scale * log2(e), so exp2 replaces exp
+
 
 @triton.jit
 def attend_tile(q, k_ptr, v_ptr, table, kv_base, keys, key_ok, visible, dims, dim_ok, stride_cb, stride_cs, qk_scale,
@@ -31,18 +33,19 @@ def attend_tile(q, k_ptr, v_ptr, table, kv_base, keys, key_ok, visible, dims, di
 
 
 @triton.jit
-def with_sinks(acc, running_max, running_sum, sink):
-    """acc [M, D] normalized by each row's softmax denominator with its attention sink's term in it, exp2(sink -
-    max) (sink [M] in the scores' log2 units), taken at the larger of the two maxima so neither overflows."""
+def sink_normalizer(running_max, running_sum, sink):
+    """What multiplies the accumulated values (rows or one row) to normalize them by a softmax denominator with the
+    attention sink's term in it, exp2(sink - max) (sink in the scores' log2 units), taken at the larger of the two
+    maxima so neither overflows."""
     top = tl.maximum(running_max, sink)
     shift = tl.exp2(running_max - top)
-    return acc * (shift / (running_sum * shift + tl.exp2(sink - top)))[:, None]
+    return shift / (running_sum * shift + tl.exp2(sink - top))
 
 
 def sink_logits(sinks, q):
-    """The kernels' sinks operand: [heads] fp32 in log2 units (the scores carry log2(e)), or q as a placeholder
-    the kernel never reads (HAS_SINKS False)."""
-    return q if sinks is None else (sinks.float() * 1.4426950408889634).contiguous()
+    """The kernels' sinks operand: [heads] fp32 in log2 units, or q as a placeholder the kernel never reads
+    (HAS_SINKS False)."""
+    return q if sinks is None else (sinks.float() * LOG2E).contiguous()
 
 
 def pool_geometry(heads: int, k_cache) -> tuple[int, int]:

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from inferplug.kernels.attention_tile import attend_tile, pool_geometry, sink_logits, with_sinks
+from inferplug.kernels.attention_tile import LOG2E, attend_tile, pool_geometry, sink_logits, sink_normalizer
 
 # Tokens per split-K partition. 256 at 7B geometry: batch 1 with a 4k context gives 8 KV heads x 16 partitions
 # = 128 programs, about one per SM on an H200 (132), while the partials (GROUP x (D + 2) fp32 per partition and
@@ -32,7 +32,6 @@ PARTITION_SIZE = 256
 TILE = 64  # tokens per loop iteration: K and V tiles of 16 KiB each at head_dim 128 in bf16
 NUM_WARPS, NUM_STAGES = 4, 3
 _REDUCE_CHUNK = 16  # partitions merged per iteration of the reduction kernel
-_LOG2E = 1.4426950408889634
 
 
 @triton.jit
@@ -76,7 +75,8 @@ def _paged_decode_kernel(
 
     if length <= partition:  # one partition: the final output, no reduction pass
         if HAS_SINKS:
-            out = with_sinks(acc, running_max, running_sum, tl.load(sinks_ptr + heads, mask=row_ok, other=0.0))
+            sink = tl.load(sinks_ptr + heads, mask=row_ok, other=0.0)
+            out = acc * sink_normalizer(running_max, running_sum, sink)[:, None]
         else:
             out = acc / running_sum[:, None]
         out_offsets = seq * stride_ob + heads[:, None] * stride_oh + dims[None, :]
@@ -118,11 +118,8 @@ def _reduce_partitions_kernel(
         partial = tl.load(acc_ptr + (base + parts)[:, None] * HEAD_DIM + dims[None, :],
                           mask=ok[:, None] & dim_ok[None, :], other=0.0)  # fmt: skip
         acc += tl.sum(weights[:, None] * partial, axis=0)
-    if HAS_SINKS:  # the sink's term in the denominator, at the larger max (with_sinks' arithmetic)
-        sink = tl.load(sinks_ptr + head)
-        top = tl.maximum(global_max, sink)
-        shift = tl.exp2(global_max - top)
-        out = acc * (shift / (total * shift + tl.exp2(sink - top)))
+    if HAS_SINKS:  # the sink's term in the denominator
+        out = acc * sink_normalizer(global_max, total, tl.load(sinks_ptr + head))
     else:
         out = acc / total
     tl.store(out_ptr + seq * stride_ob + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty), mask=dim_ok)
@@ -157,8 +154,9 @@ def paged_attention_decode(
     acc = torch.empty((batch, heads, max_parts, head_dim), dtype=torch.float32, device=q.device)
     group = heads // kv_heads
     block_d = max(16, triton.next_power_of_2(head_dim))  # tl.dot needs every dimension >= 16
+    sink_log2 = sink_logits(sinks, q)  # the decode kernel's and the reduction's
     _paged_decode_kernel[(max_parts, batch, kv_heads)](
-        q, k_cache, v_cache, out, m, l, acc, block_tables, seq_lens, sink_logits(sinks, q), scale * _LOG2E, partition,
+        q, k_cache, v_cache, out, m, l, acc, block_tables, seq_lens, sink_log2, scale * LOG2E, partition,
         max_parts, window,
         q.stride(0), q.stride(1), k_cache.stride(1), k_cache.stride(2), k_cache.stride(0),
         block_tables.stride(0), out.stride(0), out.stride(1),
@@ -170,7 +168,7 @@ def paged_attention_decode(
     )  # fmt: skip
     if max_parts > 1:
         _reduce_partitions_kernel[(batch, heads)](
-            out, m, l, acc, seq_lens, sink_logits(sinks, q), partition, max_parts, out.stride(0), out.stride(1),
+            out, m, l, acc, seq_lens, sink_log2, partition, max_parts, out.stride(0), out.stride(1),
             HEADS=heads, HEAD_DIM=head_dim, BLOCK_D=block_d, CHUNK=_REDUCE_CHUNK, HAS_SINKS=sinks is not None,
         )  # fmt: skip
     return out

@@ -16,11 +16,10 @@ import torch
 import triton
 import triton.language as tl
 
-from inferplug.kernels.attention_tile import attend_tile, pool_geometry, sink_logits, with_sinks
+from inferplug.kernels.attention_tile import LOG2E, attend_tile, pool_geometry, sink_logits, sink_normalizer
 
 BLOCK_M, BLOCK_N = 64, 64
 NUM_WARPS, NUM_STAGES = 4, 2
-_LOG2E = 1.4426950408889634
 
 
 @triton.jit
@@ -67,7 +66,7 @@ def _prefill_kernel(
         )  # fmt: skip
 
     if HAS_SINKS:  # rows past the chunk see keys too (their positions run on): their max and sum are finite
-        out = with_sinks(acc, running_max, running_sum, tl.full((BLOCK_M,), 0.0, tl.float32) + tl.load(sinks_ptr + head))
+        out = acc * sink_normalizer(running_max, running_sum, tl.load(sinks_ptr + head))[:, None]
     else:
         out = acc / tl.where(row_ok, running_sum, 1.0)[:, None]
     o_rows = (first + rows).to(tl.int64)
@@ -98,7 +97,7 @@ def prefill_attention(
     if not tokens or not num_seqs:
         return out
     _prefill_kernel[(triton.cdiv(max_q_len, block_m), num_seqs, heads)](
-        q, k_cache, v_cache, out, cu_seqlens, ctx_lens, block_tables, sink_logits(sinks, q), scale * _LOG2E, window,
+        q, k_cache, v_cache, out, cu_seqlens, ctx_lens, block_tables, sink_logits(sinks, q), scale * LOG2E, window,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(1), k_cache.stride(2), k_cache.stride(0), block_tables.stride(0),
         GROUP=heads // kv_heads, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,

@@ -49,8 +49,7 @@ def read_config(path: Path) -> ModelConfig:
         return config_from_gguf(read_gguf(gguf_path))
     config = config_from_hf(_read_json(Path(path) / "config.json"))
     generation = Path(path) / "generation_config.json"  # where HF lists every token that ends a reply
-    ends = _read_json(generation).get("eos_token_id") if generation.is_file() else None
-    ends = [] if ends is None else [ends] if isinstance(ends, int) else list(ends)
+    ends = _token_ids(_read_json(generation).get("eos_token_id")) if generation.is_file() else []
     return dataclasses.replace(config, eos_token_ids=list(dict.fromkeys([*config.eos_token_ids, *ends])))
 
 
@@ -155,10 +154,15 @@ def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
         attention_bias=model_type == "qwen2" or bool(raw.get("attention_bias", False)),
         sliding_window=raw.get("sliding_window") if use_window else None,
         bos_token_id=raw.get("bos_token_id"),
-        eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
+        eos_token_ids=_token_ids(eos),
         family=family.name,
     )
     return ModelConfig(**{**fields, **(family.hf_fields(raw) if family.hf_fields else {})})
+
+
+def _token_ids(value: int | list[int] | None) -> list[int]:
+    """An HF config's eos_token_id (one id, a list, or none) as a list."""
+    return [] if value is None else [value] if isinstance(value, int) else list(value)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -86,10 +86,12 @@ def _expert_table(gate_up: list[Any], down: list[Any]) -> tuple[torch.Tensor, to
 ROUTER_ROWS = 16  # rows a router product takes at once: [16, experts, hidden] floats (16 MB at 30B-A3B)
 
 
-def router_logits(h: torch.Tensor, router: torch.Tensor) -> torch.Tensor:
-    """h @ router.T with each row's sums in one order whatever the row count (a GEMM's blocking changes with it, and
-    a last-bit change in a router logit can change an expert): products, then a sum over hidden, in row chunks."""
-    return torch.cat([(part[:, None, :] * router[None]).sum(dim=-1) for part in h.split(ROUTER_ROWS)])
+def router_logits(h: torch.Tensor, moe: MoeWeights) -> torch.Tensor:
+    """h @ router.T (+ the router's bias, gpt-oss's) with each row's sums in one order whatever the row count (a
+    GEMM's blocking changes with it, and a last-bit change in a router logit can change an expert): products, then a
+    sum over hidden, in row chunks."""
+    logits = torch.cat([(part[:, None, :] * moe.router[None]).sum(dim=-1) for part in h.split(ROUTER_ROWS)])
+    return logits if moe.router_bias is None else logits + moe.router_bias
 
 
 def moe_mlp(h: torch.Tensor, moe: MoeWeights, top_k: int, renormalize: bool,
@@ -97,10 +99,7 @@ def moe_mlp(h: torch.Tensor, moe: MoeWeights, top_k: int, renormalize: bool,
     """The MoE MLP of rows `h` ([T, hidden]). `decode_rows`: the leading rows that take decode arithmetic in
     block layers (quant/block_linear.py); None: all of them. `ops`: the model's ops (ops/), whose MoE call or
     grouped GEMM runs the experts where it can."""
-    logits = router_logits(h, moe.router)
-    if moe.router_bias is not None:
-        logits = logits + moe.router_bias
-    probs = torch.softmax(logits.float(), dim=-1)
+    probs = torch.softmax(router_logits(h, moe).float(), dim=-1)
     weights, chosen = probs.topk(top_k, dim=-1)
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)

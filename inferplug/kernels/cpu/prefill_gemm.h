@@ -30,6 +30,13 @@ inline __m256i five_bits_high(const uint8_t* quants, int j) {
   return _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(word), shifts), _mm256_set1_epi32(1)), 4);
 }
 
+// The nibbles of weights j..j + 7 (j a multiple of 8), a byte each: byte i holds weight i in its low nibble and
+// weight i + 16 in its high one (Q4_1's order, which Q5_K, Q6_K and MXFP4 share).
+inline __m128i nibble_codes(const uint8_t* quants, int j) {
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(quants + j % 16));
+  return _mm_and_si128(j < 16 ? bytes : _mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F));
+}
+
 // One block's 32 weights as floats, 8 at a time: q * scale + min, a multiply then an add, as torch's reference
 // rounds (BlockLinear._unpack; the build has no implicit FMAs).
 template <typename Format>
@@ -37,13 +44,10 @@ inline void dequantize_block(const uint8_t* quants, float scale, float min, floa
   const __m256 scales = _mm256_set1_ps(scale), mins = _mm256_set1_ps(min);
   for (int j = 0; j < QK; j += 8) {
     __m256i q;
-    if constexpr (LOOKUP<Format>) {  // the nibbles as Q4_1's, each the index of its int8 value
-      const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(quants + j % 16));
-      const __m128i codes = _mm_and_si128(j < 16 ? bytes : _mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F));
-      q = _mm256_cvtepi8_epi32(_mm_shuffle_epi8(mxfp4_values(), codes));
-    } else if constexpr (Format::HAS_MIN) {  // byte i: weight i in its low nibble, weight i + 16 in its high one
-      const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(quants + j % 16));
-      q = _mm256_cvtepu8_epi32(_mm_and_si128(j < 16 ? bytes : _mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F)));
+    if constexpr (LOOKUP<Format>) {  // each code the index of its int8 value
+      q = _mm256_cvtepi8_epi32(_mm_shuffle_epi8(mxfp4_values(), nibble_codes(quants, j)));
+    } else if constexpr (Format::HAS_MIN) {
+      q = _mm256_cvtepu8_epi32(nibble_codes(quants, j));
       if constexpr (Format::BITS == 5) q = _mm256_or_si256(q, five_bits_high(quants, j));
     } else {
       q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(quants + j)));
@@ -56,8 +60,7 @@ inline void dequantize_block(const uint8_t* quants, float scale, float min, floa
 // bit pair above: weight w's pair is bits 2k, 2k + 1 of byte w % 4 of high word w / 16, k = w % 16 / 4 (quant_dot.h).
 inline void dequantize_six_bits(const uint8_t* quants, float scale_low, float scale_high, float* out) {
   for (int j = 0; j < QK; j += 8) {
-    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(quants + j % 16));
-    const __m256i low = _mm256_cvtepu8_epi32(_mm_and_si128(j < 16 ? bytes : _mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F)));
+    const __m256i low = _mm256_cvtepu8_epi32(nibble_codes(quants, j));
     int32_t word;
     std::memcpy(&word, quants + 16 + 4 * (j / 16), 4);
     const __m256i shifts = _mm256_add_epi32(_mm256_setr_epi32(0, 8, 16, 24, 2, 10, 18, 26), _mm256_set1_epi32(2 * (j % 16 / 4)));
