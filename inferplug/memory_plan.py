@@ -53,6 +53,10 @@ class ModelFacts:
     quant_bits: int = 0
     quant_group_size: int = 0
     family: str = ""  # models/registry.py's name for what decodes it ("": unknown, [model.hints])
+    # K and V values a token keeps over all layers, where layers differ (Gemma 4: head sizes, shared KV); 0: every
+    # layer's num_key_value_heads * head_dim
+    kv_values_per_token: int = 0
+    rope_widths: int = 0  # the RoPE tables' widths, one a head size rotated alike (0: head_dim's one)
 
     def __post_init__(self) -> None:  # the memo's JSON gives lists
         object.__setattr__(self, "gguf_matrices", tuple(tuple(m) for m in self.gguf_matrices))
@@ -61,7 +65,8 @@ class ModelFacts:
     def from_config(cls, config: ModelConfig, origin: str) -> ModelFacts:
         return cls(config.num_parameters(), config.num_hidden_layers, config.num_key_value_heads,
                    config.head_dim, config.max_position_embeddings, origin, config.vocab_size,
-                   config.hidden_size, config.tie_word_embeddings, config.num_attention_heads, family=config.family)
+                   config.hidden_size, config.tie_word_embeddings, config.num_attention_heads, family=config.family,
+                   kv_values_per_token=config.kv_bytes_per_token(1), rope_widths=sum(config.rope_table_dims()))
 
     @property
     def embedding_parameters(self) -> int:
@@ -73,8 +78,14 @@ class ModelFacts:
                    hints.max_position_embeddings, "the profile's [model.hints]", hints.vocab_size or 0,
                    hints.hidden_size or 0)
 
+    def rope_table_bytes(self, positions: int) -> int:
+        """The fp32 cos and sin tables of `positions` rows (models/rope.py): 4 MB at 7B's width and 4k, 805 MB at
+        Gemma 4's two widths (512 and 256) and 131k."""
+        return 2 * 4 * positions * (self.rope_widths or self.head_dim)
+
     def kv_bytes_per_token(self, dtype_bytes: float) -> int:
-        return int(2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * dtype_bytes)
+        values = self.kv_values_per_token or 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim
+        return int(values * dtype_bytes)
 
 
 @dataclass
@@ -135,7 +146,7 @@ def facts_from_file(path: Path) -> ModelFacts:
     from inferplug.sources import home, write_memo
 
     st = path.stat()
-    version = f"v6|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"  # v6: facts gained the model family
+    version = f"v7|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"  # v7: facts gained per-layer KV sizes
     memo = home() / "facts" / f"{hashlib.sha256(version.encode()).hexdigest()[:32]}.json"
     try:
         return ModelFacts(**json.loads(memo.read_text()))
@@ -250,7 +261,8 @@ def plan_memory(profile: Profile, facts: ModelFacts, *, device: str, kind: str, 
     target's, count too."""
     models = [facts, *([draft] if draft else [])]
     weights = sum(int(m.num_parameters * bits / 8) for m in models)
-    reserve = int(RESERVE_FIXED[kind] + RESERVE_SHARE[kind] * weights)
+    reserve = int(RESERVE_FIXED[kind] + RESERVE_SHARE[kind] * weights) + \
+        sum(m.rope_table_bytes(context_tokens) for m in models)
     left = available - weights - reserve
     if left <= 0:
         raise DoesNotFit(

@@ -22,7 +22,7 @@ def plan_tensor_parallel(tp: int, hw: Hardware, facts: ModelFacts | None, on_gpu
         return ParallelPlan(None)
     if facts is not None:
         heads = facts.num_attention_heads or facts.num_key_value_heads  # [model.hints] may not give the heads
-        problem = check_tensor_parallel(heads, facts.num_key_value_heads, tp)
+        problem = check_tensor_parallel(heads, facts.num_key_value_heads, tp, facts.family)
         if problem:
             return ParallelPlan(problem)
     split = ("q/k/v and gate/up by columns, o and down by rows with an all-reduce after each, the KV pool by KV "

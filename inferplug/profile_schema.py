@@ -25,9 +25,9 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)\s*$",
 # The context a profile gets unless it asks for one (limits.max_model_len, model.context_length, `--ctx-size`):
 # llama-server's -c default. The model's own maximum is a ceiling, not the default.
 DEFAULT_CONTEXT_LENGTH = 4096
-# the parsers the output stage runs (stages/reasoning.py, stages/harmony.py for gpt-oss's harmony format): [model]
-# reasoning_parser's values besides "none"; vLLM's names
-REASONING_PARSERS = ("deepseek_r1", "qwen3", "openai_gptoss")
+# the parsers the output stage runs (stages/reasoning.py; for gpt-oss and Gemma 4 stages/harmony.py and
+# gemma4_channels.py): [model] reasoning_parser's values besides "none"; vLLM's names
+REASONING_PARSERS = ("deepseek_r1", "qwen3", "openai_gptoss", "gemma4")
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -61,7 +61,8 @@ class ModelSource(Table):
     chat_template: str | None = None  # inline Jinja text, or a path to a file holding it
     context_length: int | None = Field(default=None, gt=0)
     served_name: str | None = None
-    reasoning_parser: str | None = None  # "deepseek_r1", "qwen3", "openai_gptoss" or "none"; unset: detected from the chat template
+    # "deepseek_r1", "qwen3", "openai_gptoss", "gemma4" or "none"; unset: detected from the chat template
+    reasoning_parser: str | None = None
     # "dummy": random weights at the geometry of the source's config.json or GGUF header, in quantization.format
     # (vLLM's --load-format dummy: benchmarks and memory tests at 7B without the download)
     load_format: Literal["auto", "dummy"] = "auto"

@@ -11,7 +11,13 @@ from __future__ import annotations
 from inferplug.profile_schema import Cache
 
 
-def document_cache_why(cache: Cache) -> str:
+def document_cache_why(cache: Cache, family: str = "") -> str:
+    """`family`: models/registry.py's name of the model's family ("": unknown)."""
+    from inferplug.models.registry import family as family_of
+
+    unfit = family_of(family).document_cache_why if family else ""
+    if cache.rag_document_cache and unfit:
+        return f"RAG document cache off: the profile opts in, but it does not take a {family} model yet ({unfit})"
     if not cache.rag_document_cache:
         return ("RAG document cache off (the default): reused document KV moved SmolLM2's answers 560x the noise "
                 "floor in KL, and 320x with 30% of each document recomputed, past the quality bound "

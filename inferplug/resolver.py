@@ -248,7 +248,7 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
                         *([parallel.reason] if parallel.reason else [])], draft=draft_facts(profile), kv_dtype=kv_dtype)
     plan.weight_format = weight_format
     plan.threads_per_rank = parallel.threads_per_rank
-    plan.reasons.append(document_cache_why(profile.cache))
+    plan.reasons.append(document_cache_why(profile.cache, facts.family if facts is not None else ""))
     if not gpus:
         plan.onednn_max_isa, amx_why = onednn_max_isa(hw)
         plan.reasons += [amx_why] if amx_why else []

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.gemma_tokenizer import SIZE as GEMMA_TOKENIZER_SIZE, save_gemma_tokenizer
+
 # Tests never reach a model hub, and keep their cache out of the user's home.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -60,7 +62,8 @@ def _save_tiny(kind: str, out: Path) -> Path:
     import torch
     import transformers
 
-    torch.manual_seed({"llama": 0, "qwen2": 1, "mistral": 2, "qwen3": 3, "qwen3_moe": 4, "gemma3": 5, "gpt_oss": 6}[kind])
+    torch.manual_seed({"llama": 0, "qwen2": 1, "mistral": 2, "qwen3": 3, "qwen3_moe": 4, "gemma3": 5, "gpt_oss": 6,
+                       "gemma4": 7}[kind])
     if kind in NEW_FAMILIES:
         model = _tiny_new_family(kind)
     elif kind == "llama":
@@ -76,13 +79,16 @@ def _save_tiny(kind: str, out: Path) -> Path:
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)
     model.save_pretrained(out, safe_serialization=True)
-    _save_byte_tokenizer(out)
+    if kind == "gemma4":  # llama.cpp's Gemma 4 converter reads only a SentencePiece-style vocabulary
+        save_gemma_tokenizer(out)
+    else:
+        _save_byte_tokenizer(out)
     return out
 
 
 # The families the model layer brought (models/families/): tiny ones from HF's own config classes, with 4 layers
 # (Gemma 3: 6, one full layer after five windowed) and, for MoE, 8 experts of which 2 run.
-NEW_FAMILIES = ("qwen3", "qwen3_moe", "gemma3", "gpt_oss")
+NEW_FAMILIES = ("qwen3", "qwen3_moe", "gemma3", "gpt_oss", "gemma4")
 GEMMA3_TINY_WINDOW = 24  # shorter than the tests' long prompts, so both kinds of layer run
 GPT_OSS_TINY_WINDOW = 16
 
@@ -100,6 +106,8 @@ def _tiny_new_family(kind: str):
         return transformers.Qwen3MoeForCausalLM(config)
     if kind == "gpt_oss":
         return _tiny_gpt_oss(common)
+    if kind == "gemma4":
+        return _tiny_gemma4({**common, "vocab_size": GEMMA_TOKENIZER_SIZE})
     config = transformers.Gemma3TextConfig(**{**common, "num_hidden_layers": 6}, sliding_window=GEMMA3_TINY_WINDOW,
                                            query_pre_attn_scalar=16, tie_word_embeddings=True)
     model = transformers.Gemma3ForCausalLM(config)
@@ -127,6 +135,29 @@ def _tiny_gpt_oss(common: dict):
                 param.normal_(1.0, 0.2)
             elif ".experts." in name:
                 param.normal_(0.0, 0.1)
+    return model
+
+
+def _tiny_gemma4(common: dict):
+    """Gemma 4 with everything its sizes differ by: windowed and full layers (the full ones with twice the head size,
+    one KV head, V from K and proportional RoPE), the last two layers reading earlier layers' KV (the last two
+    before them a window layer then a full one, as the released models have them: llama.cpp assumes it), per-layer
+    inputs, and 26B-A4B's experts beside the dense MLP; norms, scales, layer scalars and the router given spread."""
+    import transformers
+
+    kinds = ["sliding_attention"] * 3 + ["full_attention", "sliding_attention", "full_attention"]
+    config = transformers.Gemma4TextConfig(
+        **{**common, "num_hidden_layers": 6}, layer_types=kinds, sliding_window=GEMMA3_TINY_WINDOW, global_head_dim=32,
+        num_global_key_value_heads=1, attention_k_eq_v=True, num_kv_shared_layers=2, hidden_size_per_layer_input=32,
+        vocab_size_per_layer_input=common["vocab_size"], final_logit_softcapping=30.0, tie_word_embeddings=True,
+        enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=32)
+    model = transformers.Gemma4ForCausalLM(config)
+    with torch_no_grad():
+        for name, value in [*model.named_parameters(), *model.named_buffers()]:
+            if "norm" in name or name.endswith(("scale", "layer_scalar")):
+                value.normal_(1.0, 0.2)
+            elif name.endswith("router.proj.weight"):  # decisive routing: HF's init leaves top-2 gaps of 1e-6
+                value.normal_(0.0, 2.0)
     return model
 
 

@@ -26,7 +26,6 @@ def write_random_gguf(out, config: ModelConfig, tokenizer_metadata: dict, type_o
     `type_of(name, layer, layers)`, F32 norms of ones, and `tokenizer_metadata` (a GGUF's "tokenizer.*" keys, as
     models/gguf.read_gguf gives them)."""
     import gguf
-    import numpy as np
 
     gpt_oss = config.architecture == "gpt-oss"
     type_of = gpt_oss_type if gpt_oss else type_of
@@ -53,15 +52,7 @@ def write_random_gguf(out, config: ModelConfig, tokenizer_metadata: dict, type_o
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         writer.add_rope_scaling_factor(32.0)
         writer.add_rope_scaling_orig_ctx_len(4096)
-    for key, value in tokenizer_metadata.items():
-        if isinstance(value, list):
-            writer.add_array(key, value)
-        elif isinstance(value, bool):
-            writer.add_bool(key, value)
-        elif isinstance(value, int):
-            writer.add_uint32(key, value)
-        else:
-            writer.add_string(key, value)
+    add_metadata(writer, tokenizer_metadata)
     layers, hidden = config.num_hidden_layers, config.hidden_size
     parts = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
              "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
@@ -92,11 +83,34 @@ def write_random_gguf(out, config: ModelConfig, tokenizer_metadata: dict, type_o
                   "ffn_down_exps": (experts, hidden)}  # fmt: skip
         floats += [(f"blk.{i}.{part}.bias", shape, 0.02) for i in range(layers) for part, shape in biases.items()]
         floats += [(f"blk.{i}.attn_sinks.weight", (config.num_attention_heads,), 1.0) for i in range(layers)]
-    # the writer holds what it is given until it writes, so tensors go in as infos first: one in memory at a time
+    write_tensors(writer, floats, matrices, lambda name, layer: type_of(name, layer, layers), experts, seed)
+
+
+def add_metadata(writer, metadata: dict) -> None:
+    """GGUF keys as read_gguf gives them (a GGUF's "tokenizer.*" keys): lists, bools, ints and strings."""
+    for key, value in metadata.items():
+        if isinstance(value, list):
+            writer.add_array(key, value)
+        elif isinstance(value, bool):
+            writer.add_bool(key, value)
+        elif isinstance(value, int):
+            writer.add_uint32(key, value)
+        else:
+            writer.add_string(key, value)
+
+
+def write_tensors(writer, floats: list, matrices: list, type_of, experts: int, seed: int) -> None:
+    """The header, then each tensor's data, one in memory at a time (the writer holds what it is given until it
+    writes, so tensors go in as infos first): `floats` as (name, shape, spread; None for ones) in F32, `matrices` as
+    (name, layer, (rows, cols)) random blocks of type_of(name, layer), an MoE's "_exps." ones 3-D by expert. A
+    float's spread may be its values instead (a numpy array)."""
+    import gguf
+    import numpy as np
+
     for name, shape, _ in floats:
         writer.add_tensor_info(name, shape, np.dtype(np.float32), 4 * int(np.prod(shape)))
     for name, layer, (rows, cols) in matrices:
-        qtype = gguf.GGMLQuantizationType[type_of(name, layer, layers)]
+        qtype = gguf.GGMLQuantizationType[type_of(name, layer)]
         block_elems, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
         nbytes = rows * cols // block_elems * block_bytes
         shape = (experts, rows // experts, nbytes // rows) if "_exps." in name else (rows, nbytes // rows)
@@ -106,10 +120,13 @@ def write_random_gguf(out, config: ModelConfig, tokenizer_metadata: dict, type_o
     writer.write_ti_data_to_file()
     generator = torch.Generator().manual_seed(seed)
     for _, shape, std in floats:
-        writer.write_tensor_data(np.ones(shape, dtype=np.float32) if std is None
-                                 else (torch.randn(shape, generator=generator) * std).numpy())
+        if isinstance(std, np.ndarray):
+            writer.write_tensor_data(std.astype(np.float32))
+        else:
+            writer.write_tensor_data(np.ones(shape, dtype=np.float32) if std is None
+                                     else (torch.randn(shape, generator=generator) * std).numpy())
     for name, layer, (rows, cols) in matrices:
-        blocks = random_blocks(type_of(name, layer, layers), (rows, cols), cols**-0.5, generator)
+        blocks = random_blocks(type_of(name, layer), (rows, cols), cols**-0.5, generator)
         writer.write_tensor_data(blocks.numpy().reshape(experts, rows // experts, -1) if "_exps." in name else blocks.numpy())
     writer.close()
 

@@ -6,6 +6,7 @@ with SmolLM2's tokenizer (so vocab 49152), written by inferplug/benchmark/random
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,6 +33,10 @@ class Geometry:
     experts: int = 0  # an MoE in every layer (qwen3moe): its experts, those a token uses, and each one's MLP width
     experts_used: int = 0
     expert_ffn: int = 0
+    # Gemma 4: its full layers' head width and KV heads (V from K there), and the window of the other five in six
+    global_head_dim: int = 0
+    global_kv_heads: int = 0
+    window: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -51,20 +56,39 @@ GEOMETRIES = {"llama-7b": Geometry(),
               # 2880 with 4 a token, vocabulary 201,088; MXFP4 experts, Q8_0 elsewhere (random_models.gpt_oss_type)
               "gpt-oss-20b": Geometry(layers=24, hidden=2880, heads=64, kv_heads=8, ffn=2880, vocab=201088,
                                       context=131072, rms_eps=1e-5, rope_theta=150000.0, family="gpt-oss",
-                                      head_dim_override=64, experts=32, experts_used=4, expert_ffn=2880)}
+                                      head_dim_override=64, experts=32, experts_used=4, expert_ffn=2880),
+              # Gemma 4 26B-A4B (its config.json): 30 layers, width 2816, 16 heads; window layers 8 KV heads of 256, full
+              # ones (every sixth) 2 of 512 with V from K; a dense MLP of 2112 beside 128 experts of 704 with 8 a
+              # token; vocabulary 262,144; here at 12 layers (--geometry gemma4-26b-a4b: 30)
+              "gemma4-26b-a4b-12l": Geometry(layers=12, hidden=2816, heads=16, kv_heads=8, ffn=2112, vocab=262144,
+                                             context=131072, rms_eps=1e-6, rope_theta=1e6, family="gemma4",
+                                             head_dim_override=256, experts=128, experts_used=8, expert_ffn=704,
+                                             global_head_dim=512, global_kv_heads=2, window=1024)}
+GEOMETRIES["gemma4-26b-a4b"] = dataclasses.replace(GEOMETRIES["gemma4-26b-a4b-12l"], layers=30)
 
 
 def config(g: Geometry):
     """The geometry as the ModelConfig the writers take."""
     from inferplug.models.config import ModelConfig
+    from inferplug.models.families import gemma4
     from inferplug.models.registry import gguf_family
 
+    extra = {}
+    if g.family == "gemma4":  # five window layers to a full one, the full ones wider with V from K
+        kinds = ["full_attention" if (i + 1) % gemma4.SLIDING_PATTERN == 0 else "sliding_attention"
+                 for i in range(g.layers)]
+        full = [kind == "full_attention" for kind in kinds]
+        extra = {**gemma4.layer_geometry(kinds, g.window, g.head_dim, g.global_head_dim,
+                                         [g.global_kv_heads if f else g.kv_heads for f in full], 0, full),
+                 "dense_beside_moe": True,
+                 "rope_scaling": {"rope_type": "proportional", "partial_rotary_factor": 0.25},
+                 "rope_local_theta": 10000.0, "final_logit_softcap": 30.0, "tie_word_embeddings": True}
     return ModelConfig(architecture=g.family, vocab_size=g.vocab, hidden_size=g.hidden, intermediate_size=g.ffn,
                        num_hidden_layers=g.layers, num_attention_heads=g.heads, num_key_value_heads=g.kv_heads,
                        head_dim=g.head_dim, max_position_embeddings=g.context, rms_norm_eps=g.rms_eps,
                        rope_theta=g.rope_theta, family=gguf_family(g.family, g.family).name, num_experts=g.experts,
                        num_experts_per_tok=g.experts_used, moe_intermediate_size=g.expert_ffn, norm_topk_prob=True,
-                       moe_layers=(g.experts > 0,) * g.layers)
+                       moe_layers=(g.experts > 0,) * g.layers, **extra)
 
 
 def check_gguf(path: Path) -> dict[str, float]:
@@ -110,7 +134,12 @@ def ensure_model(root: Path, fmt: str, g: Geometry, tokenizer_gguf: Path, mix: s
     if fmt == "gguf":
         tokenizer = padded_vocabulary({k: v for k, v in read_gguf(tokenizer_gguf).metadata.items()
                                        if k.startswith("tokenizer.")}, g.vocab)
-        write_random_gguf(path, config(g), tokenizer, {"Q4_K_M": q4_k_m_type, "Q5_K_M": q5_k_m_type}[mix])
+        if g.family == "gemma4":
+            from inferplug.benchmark.random_gemma4 import write_random_gemma4_gguf
+
+            write_random_gemma4_gguf(path, config(g), tokenizer)
+        else:
+            write_random_gguf(path, config(g), tokenizer, {"Q4_K_M": q4_k_m_type, "Q5_K_M": q5_k_m_type}[mix])
         print(f"  gguf-py dequantization, E[w^2] * fan_in: {check_gguf(path)}", flush=True)
     else:
         write_random_checkpoint(path, config(g), fmt, load_tokenizer(tokenizer_gguf))

@@ -78,7 +78,8 @@ class DraftProposer:
         self.num_tokens = config.num_speculative_tokens
         self.eos_token_ids = eos_token_ids
         self.model = DecoderModel(draft.config, draft.weights, dtype=config.torch_dtype, device=config.device,
-                                attention=config.attention, kv_dtype=config.torch_kv_dtype)
+                                attention=config.attention, kv_dtype=config.torch_kv_dtype,
+                                max_positions=config.max_model_len or 0)
         # as many blocks as the target's pool: a shadow holds fewer tokens than its sequence
         self.blocks = BlockManager(config.num_kv_blocks, config.block_size, enable_prefix_caching=False)
         self.pools = (self.blocks,)

@@ -30,6 +30,7 @@ from inferplug.engine.spec_decode import make_proposer
 from inferplug.engine.spec_verify import spec_stats
 from inferplug.errors import GenerationError, RequestError
 from inferplug.models.config import ModelConfig
+from inferplug.models.registry import family
 from inferplug.stages.prompt import EncodedPrompt, encode_prompt
 from inferplug.types import Event, FinishReason, Request, SamplingParams
 
@@ -68,16 +69,19 @@ class LLMEngine:
                                          threads_per_rank=config.threads_per_rank)
         else:
             model = DecoderModel(model_config, state_dict, dtype=config.torch_dtype, device=config.device,
-                               attention=config.attention, kv_dtype=config.torch_kv_dtype)
+                               attention=config.attention, kv_dtype=config.torch_kv_dtype,
+                               max_positions=self.max_model_len)
             graphs = config.cuda_graphs and config.device.startswith("cuda")  # decode steps per batch-size bucket
             self.runner = ModelRunner(model, num_blocks=config.num_kv_blocks, block_size=config.block_size,
                                       sampler=sampler, max_num_seqs=config.max_num_seqs if graphs else 0,
                                       max_model_len=self.max_model_len, weight_format=config.weight_format,
                                       prefill_gemm=config.prefill_gemm)
         # RAG document KV reuse (engine/doc_cache.py), a prefix source the scheduler asks; inert without
-        # Request.documents. Not under tensor parallel: it copies KV on rank 0 only, which holds a slice of the heads.
+        # Request.documents. Not under tensor parallel: it copies KV on rank 0 only, which holds a slice of the heads;
+        # nor for a family it does not take (rag_cache_plan.py says why).
         self.doc_cache = None
-        if config.rag_document_cache and config.tensor_parallel_size == 1:
+        if config.rag_document_cache and config.tensor_parallel_size == 1 and \
+                not family(model_config.family).document_cache_why:
             disk = open_disk_tier(config, model_config, self.runner.kv_caches[0][0].dtype)  # None: memory only
             self.doc_cache = DocumentKVCache(self.runner.model, self.runner.kv_caches, config.block_size, tokenizer,
                                              disk=disk, shared_salt=config.rag_shared_salt)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,34 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False  # the top-k router weights renormalized to sum to 1
     moe_layers: tuple[bool, ...] = ()
+    # Gemma 4's per-layer geometry: each layer's head size and KV heads where they differ from the model's (its full
+    # layers are wider), the layer whose KV each attends over (its own, or an earlier one's: shared KV), the layers
+    # whose V is their K projection (attention_k_eq_v), and its per-layer input embeddings' width (0: none)
+    layer_head_dims: tuple[int, ...] = ()
+    layer_kv_heads: tuple[int, ...] = ()
+    kv_sources: tuple[int, ...] = ()
+    v_from_k: tuple[bool, ...] = ()
+    per_layer_input_size: int = 0
+    dense_beside_moe: bool = False  # Gemma 4's MoE layers run a dense MLP beside the experts
+
+    def head_dim_of(self, layer: int) -> int:
+        return self.layer_head_dims[layer] if self.layer_head_dims else self.head_dim
+
+    def kv_heads_of(self, layer: int) -> int:
+        return self.layer_kv_heads[layer] if self.layer_kv_heads else self.num_key_value_heads
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose KV `layer` attends over: itself, unless it reads an earlier layer's (shared KV)."""
+        return self.kv_sources[layer] if self.kv_sources else layer
+
+    def rope_table_dims(self) -> tuple[int, ...]:
+        """The head sizes of the decoder's RoPE tables: its full layers', and its window layers' where those have a
+        base of their own (Gemma 3 and 4)."""
+        def first(window: bool) -> int:
+            return next((self.head_dim_of(i) for i in range(self.num_hidden_layers) if bool(self.window(i)) == window),
+                        self.head_dim)
+
+        return (first(False),) if self.rope_local_theta is None else (first(False), first(True))
 
     def is_moe_layer(self, layer: int) -> bool:
         return self.num_experts > 0 and bool(self.moe_layers) and self.moe_layers[layer]
@@ -47,14 +76,13 @@ class ModelConfig:
         return self.layer_windows[layer] if self.layer_windows else 0
 
     def num_parameters(self) -> int:
-        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
-        q = self.num_attention_heads * self.head_dim
-        kv = self.num_key_value_heads * self.head_dim
-        attn = h * q + 2 * h * kv + q * h + (q + 2 * kv if self.attention_bias else 0)
-        moe = self.num_experts * (3 * h * self.moe_intermediate_size + h)  # experts and the router
-        mlps = sum(moe if self.is_moe_layer(n) else 3 * h * i for n in range(self.num_hidden_layers))
+        h, v, ple = self.hidden_size, self.vocab_size, self.per_layer_input_size
+        layers = sum(math.prod(shape) for n in range(self.num_hidden_layers) for shape in self.layer_matrices(n).values())
+        biases = sum(self.num_attention_heads * self.head_dim_of(n) + 2 * self.kv_heads_of(n) * self.head_dim_of(n)
+                     for n in range(self.num_hidden_layers)) if self.attention_bias else 0
+        per_layer_inputs = (v + h) * self.num_hidden_layers * ple  # their embedding and their projection
         head = 0 if self.tie_word_embeddings else v * h
-        return v * h + self.num_hidden_layers * (attn + 2 * h) + mlps + h + head
+        return v * h + layers + biases + self.num_hidden_layers * 2 * h + per_layer_inputs + h + head
 
     @staticmethod
     def shared_input(module: str) -> str:
@@ -71,16 +99,29 @@ class ModelConfig:
                 "mlp.up_proj": (self.intermediate_size, h), "mlp.down_proj": (h, self.intermediate_size)}
 
     def layer_matrices(self, layer: int) -> dict[str, tuple[int, int]]:
-        """Layer `layer`'s matrices as (out, in), by HF name after "model.layers.N.": linear_shapes', or in an MoE
-        layer the router and each expert's projections in place of the dense MLP."""
-        shapes = self.linear_shapes()
+        """Layer `layer`'s matrices as (out, in), by HF name after "model.layers.N.": linear_shapes' at its own
+        geometry (no K and V where it reads another layer's KV, no V where V is K), its per-layer input's two, or in
+        an MoE layer the router and each expert's projections in place of the dense MLP."""
+        h, q, kv = self.hidden_size, self.num_attention_heads * self.head_dim_of(layer), \
+            self.kv_heads_of(layer) * self.head_dim_of(layer)
+        shapes = {**self.linear_shapes(), "self_attn.q_proj": (q, h), "self_attn.k_proj": (kv, h),
+                  "self_attn.v_proj": (kv, h), "self_attn.o_proj": (h, q)}
+        if self.kv_source(layer) != layer:
+            del shapes["self_attn.k_proj"], shapes["self_attn.v_proj"]
+        elif self.v_from_k and self.v_from_k[layer]:
+            del shapes["self_attn.v_proj"]
+        if self.per_layer_input_size:
+            shapes.update({"per_layer_input_gate": (self.per_layer_input_size, h),
+                           "per_layer_projection": (h, self.per_layer_input_size)})
         if not self.is_moe_layer(layer):
             return shapes
         h, inter = self.hidden_size, self.moe_intermediate_size
         attention = {name: shape for name, shape in shapes.items() if not name.startswith("mlp.")}
         experts = {f"mlp.experts.{e}.{proj}": shape for e in range(self.num_experts)
                    for proj, shape in (("gate_proj", (inter, h)), ("up_proj", (inter, h)), ("down_proj", (h, inter)))}
-        return {**attention, "mlp.gate": (self.num_experts, h), **experts}
+        return {**(shapes if self.dense_beside_moe else attention), "mlp.gate": (self.num_experts, h), **experts}
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * dtype_bytes
+        """K and V of every layer that keeps its own (a layer reading another's KV adds none)."""
+        return sum(2 * self.kv_heads_of(n) * self.head_dim_of(n) * dtype_bytes
+                   for n in range(self.num_hidden_layers) if self.kv_source(n) == n)

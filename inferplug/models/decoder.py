@@ -8,10 +8,12 @@ AttentionContext; `compute_logits` runs the head only on rows that sample.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
+import torch.nn.functional as F
 
 from inferplug.models.config import ModelConfig
 from inferplug.models.moe import MoeWeights, moe_mlp
@@ -23,7 +25,8 @@ from inferplug.ops.parallel_group import SINGLE, SingleDevice
 from inferplug.quant.checkpoint_layers import fold_down_order, fuse_rows  # torch.cat, or an AWQ / GPTQ checkpoint's layers
 from inferplug.quant.linear import linear  # F.linear, or a weight-only int8/int4 layer's kernel
 
-LINEARS = ("qkv", "o", "gate_up", "down")  # a layer's linear weights (an MoE layer's MLP is in `moe`)
+# a layer's linear weights (an MoE layer's MLP is in `moe`)
+LINEARS = ("qkv", "o", "gate_up", "down", "per_layer_embed", "per_layer_gate", "per_layer_proj")
 
 
 @dataclass
@@ -43,6 +46,22 @@ class LayerWeights:
     window: int = 0  # the sliding window it attends in (0: the whole context)
     o_bias: torch.Tensor | None = None
     sinks: torch.Tensor | None = None  # attention sinks: a logit per head (fp32), in each query's softmax
+    # Gemma 4: this layer's geometry, the layer whose KV it attends over (itself unless shared), V from K's
+    # projection, its per-layer input (its rows of the embedding's projection; its gate, projection and norm), and
+    # the scale on its output
+    kv_heads: int = 0
+    head_dim: int = 0
+    kv_source: int = 0
+    v_from_k: bool = False
+    per_layer_embed: Any = None
+    per_layer_gate: Any = None
+    per_layer_proj: Any = None
+    per_layer_norm: torch.Tensor | None = None
+    scalar: float | None = None
+    # Gemma 4's MoE layers: the dense MLP and the experts side by side, each between its own norms
+    experts_in_norm: torch.Tensor | None = None
+    dense_out_norm: torch.Tensor | None = None
+    experts_out_norm: torch.Tensor | None = None
 
     def linears(self) -> Iterator[Any]:
         """Every linear weight of the layer, its experts' too."""
@@ -59,11 +78,20 @@ class LayerWeights:
             self.moe.map(convert)
 
 
+def row_slice(weight: Any, start: int, stop: int) -> Any:
+    """Rows start:stop of a weight: a float tensor's, or a GGUF block layer's (quant/block_linear.py)."""
+    if isinstance(weight, torch.Tensor):
+        return weight[start:stop].contiguous()
+    return type(weight)(weight.blocks[start:stop].contiguous())
+
+
 class DecoderModel:
     def __init__(self, config: ModelConfig, state_dict: dict[str, torch.Tensor], *, dtype: torch.dtype, device: str = "cpu",
-                 attention: str = "auto", kv_dtype: torch.dtype | None = None, parallel: SingleDevice = SINGLE):
-        """`parallel`: this rank's group under tensor parallelism (engine/parallel): `config` and `state_dict` are
-        then the rank's share of the heads and its slices of the weights. The model consumes `state_dict` (each entry
+                 attention: str = "auto", kv_dtype: torch.dtype | None = None, parallel: SingleDevice = SINGLE,
+                 max_positions: int = 0):
+        """`max_positions`: the positions the RoPE tables hold (the engine's max_model_len; 0: the model's
+        max_position_embeddings). `parallel`: this rank's group under tensor parallelism (engine/parallel): `config`
+        and `state_dict` are then the rank's share of the heads and its slices of the weights. The model consumes `state_dict` (each entry
         is popped as it is taken), so a fused projection's parts are freed as it is made: at 7B, holding them to the
         end doubles every q/k/v and gate/up, 2.8 GB."""
         self.config = config
@@ -99,19 +127,32 @@ class DecoderModel:
             self.lm_head = self.embed
         else:
             self.lm_head = take("lm_head.weight")
+        self.per_layer_inputs = None  # Gemma 4: (their embedding table, the norm of the embedding's projection)
+        width = config.per_layer_input_size
+        if width:
+            self.per_layer_inputs = (take("model.embed_tokens_per_layer.weight"),
+                                     take("model.per_layer_projection_norm.weight"))
+            projection = take("model.per_layer_model_projection.weight")  # each layer takes its rows
         self.layers = []
         for i in range(config.num_hidden_layers):
             p = f"model.layers.{i}."
-            attn = [take(f"{p}self_attn.{n}_proj.weight") for n in "qkv"]
+            # what this layer projects: q, and k and v unless it reads another layer's KV; v unless V is K
+            own_kv, v_from_k = config.kv_source(i) == i, bool(config.v_from_k and config.v_from_k[i])
+            parts = "qkv"[: 1 if not own_kv else 2 if v_from_k else 3]
+            for unused in ("k_proj.weight", "v_proj.weight", "k_norm.weight") if not own_kv else ():
+                state_dict.pop(f"{p}self_attn.{unused}", None)  # shipped for shared layers by some checkpoints
+            attn = [take(f"{p}self_attn.{n}_proj.weight") for n in parts]
             bias = None
             if f"{p}self_attn.q_proj.bias" in state_dict:
-                bias = torch.cat([take(f"{p}self_attn.{n}_proj.bias") for n in "qkv"])
+                bias = torch.cat([take(f"{p}self_attn.{n}_proj.bias") for n in parts])
             gate_up = down = moe = None
             if config.is_moe_layer(i):
-                moe = MoeWeights.take(take, f"{p}mlp.", config.num_experts, biased=fam.all_biases)
-            else:
+                moe = MoeWeights.take(take, f"{p}mlp.", config.num_experts, biased=fam.all_biases,
+                                      scaled=config.dense_beside_moe)
+            if moe is None or config.dense_beside_moe:
                 gate_up = fuse_rows([take(f"{p}mlp.gate_proj.weight"), take(f"{p}mlp.up_proj.weight")])
                 gate_up, down = fold_down_order(gate_up, take(f"{p}mlp.down_proj.weight"))  # GPTQ act-order's, if any
+            beside = moe is not None and config.dense_beside_moe
             sandwich = fam.sandwich_norms
             self.layers.append(LayerWeights(
                 input_norm=norm(f"{p}input_layernorm.weight"),
@@ -129,14 +170,29 @@ class DecoderModel:
                 window=config.window(i),
                 o_bias=take(f"{p}self_attn.o_proj.bias") if fam.all_biases else None,
                 sinks=take(f"{p}self_attn.sinks").float() if fam.attention_sinks else None,
+                kv_heads=config.kv_heads_of(i),
+                head_dim=config.head_dim_of(i),
+                kv_source=config.kv_source(i),
+                v_from_k=v_from_k,
+                per_layer_embed=row_slice(projection, i * width, (i + 1) * width) if width else None,
+                per_layer_gate=take(f"{p}per_layer_input_gate.weight") if width else None,
+                per_layer_proj=take(f"{p}per_layer_projection.weight") if width else None,
+                per_layer_norm=maybe_norm(f"{p}post_per_layer_input_norm.weight"),
+                scalar=take(f"{p}layer_scalar.weight").item() if f"{p}layer_scalar.weight" in state_dict else None,
+                experts_in_norm=norm(f"{p}pre_feedforward_layernorm_2.weight") if beside else None,
+                dense_out_norm=norm(f"{p}post_feedforward_layernorm_1.weight") if beside else None,
+                experts_out_norm=norm(f"{p}post_feedforward_layernorm_2.weight") if beside else None,
             ))
-        self.cos, self.signed_sin = rope_tables(config, self.device)
+        dims, positions = config.rope_table_dims(), max_positions or config.max_position_embeddings
+        self.cos, self.signed_sin = rope_tables(config, self.device, dim=dims[0], positions=positions)
         # sliding-window layers with their own RoPE base (Gemma 3's 10k beside its global 1M), unscaled
         self.local_rope = None
         if config.rope_local_theta is not None:
-            self.local_rope = rope_tables(config, self.device, theta=config.rope_local_theta, scaling=None)
+            self.local_rope = rope_tables(config, self.device, theta=config.rope_local_theta, scaling=None,
+                                          dim=dims[1], positions=positions)
         # The ops interface (ops/): C++ CPU kernels, Triton or torch, chosen here once.
-        self.ops = select_ops(attention, self.device, dtype, self.kv_dtype, self.head_dim)
+        self.ops = select_ops(attention, self.device, dtype, self.kv_dtype,
+                              math.gcd(*(layer.head_dim for layer in self.layers)))
         self.activation = {"silu": self.ops.silu_mul, "gelu_tanh": self.ops.gelu_tanh_mul,
                            "swiglu_oai": self.ops.swiglu_oai_mul}[fam.activation]
 
@@ -147,12 +203,14 @@ class DecoderModel:
         return self.cos, self.signed_sin
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        shape = (self.num_kv_heads, num_blocks, block_size, self.head_dim)  # heads outermost: see ops/attention.py
-        return [
-            (torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
-             torch.zeros(shape, dtype=self.kv_dtype, device=self.device))
-            for _ in self.layers
-        ]
+        """A K and a V pool per layer, at its own geometry; a layer reading another's KV gets that layer's pools."""
+        pools = []
+        for layer in self.layers:
+            shape = (layer.kv_heads, num_blocks, block_size, layer.head_dim)  # heads outermost: see ops/attention.py
+            pools.append(pools[layer.kv_source] if layer.kv_source != len(pools) else
+                         (torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
+                          torch.zeros(shape, dtype=self.kv_dtype, device=self.device)))
+        return pools
 
     def decode_weight_bytes(self) -> int:
         """Bytes of weights one decode step streams: every layer and the head (the embedding gives one row). An MoE
@@ -182,28 +240,76 @@ class DecoderModel:
         delta = None  # each residual branch is added inside the next norm: one fused op
         # the rows that take decode arithmetic (quant/block_linear.py); None: all of them
         rows = ctx.decode_rows + ctx.verify_rows
+        per_layer = None if self.per_layer_inputs is None else \
+            (x.clone(), self.parallel.embed(input_ids, self.per_layer_inputs[0]))  # the embedding, the table's rows
+        step_kv = {}  # this step's K and V rows of each layer that keeps its own: what a shared layer attends to
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             h = ops.add_rms_norm(x, delta, layer.input_norm, eps)
             qkv = linear(h, layer.qkv, layer.qkv_bias, rows)
-            if layer.q_norm is not None:
-                ops.qk_rms_norm_(qkv, layer.q_norm, layer.k_norm, self.num_heads, self.num_kv_heads, eps)
-            q, k, v = ops.rope_and_store(qkv, positions, *self.rope_of(i), k_cache, v_cache, ctx, self.num_heads)
+            if layer.kv_source == i:
+                if layer.v_from_k:  # V is K's projection, before K's norm and RoPE
+                    q_size = self.num_heads * layer.head_dim
+                    qkv = torch.cat([qkv, qkv[:, q_size:q_size + layer.kv_heads * layer.head_dim]], dim=1)
+                if layer.q_norm is not None:
+                    ops.qk_rms_norm_(qkv, layer.q_norm, layer.k_norm, self.num_heads, layer.kv_heads, eps,
+                                     v_norm=self.family.v_norm)
+                q, k, v = ops.rope_and_store(qkv, positions, *self.rope_of(i), k_cache, v_cache, ctx, self.num_heads)
+                step_kv[i] = k, v
+            else:  # q alone, over the KV an earlier layer stored in these pools this step
+                ops.qk_rms_norm_(qkv, layer.q_norm, None, self.num_heads, 0, eps)
+                q = ops.rope_q(qkv, positions, *self.rope_of(i), ctx)
+                k, v = step_kv[layer.kv_source]
             attn = ops.attention(q, k, v, k_cache, v_cache, ctx, self.scale, layer.window, layer.sinks)
             out = reduce(linear(attn, layer.o, layer.o_bias, rows))  # under tensor parallel a rank adds bias / tp
             if layer.attn_out_norm is not None:
                 out = ops.add_rms_norm(out, None, layer.attn_out_norm, eps)
             h = ops.add_rms_norm(x, out, layer.post_norm, eps)
-            if layer.moe is not None:
+            if layer.experts_in_norm is not None:
+                delta = self.dense_and_experts(x, h, layer, rows)
+            elif layer.moe is not None:
                 delta = reduce(moe_mlp(h, layer.moe, self.config.num_experts_per_tok, self.config.norm_topk_prob,
                                        self.activation, rows, ops))
             else:
                 delta = reduce(linear(self.activation(linear(h, layer.gate_up, None, rows)), layer.down, None, rows))
             if layer.mlp_out_norm is not None:
                 delta = ops.add_rms_norm(delta, None, layer.mlp_out_norm, eps)
+            if layer.per_layer_gate is not None or layer.scalar is not None:
+                x, delta = x.add_(delta), None
+                if layer.per_layer_gate is not None:  # the layer's own input, gated by the stream into it
+                    gated = F.gelu(linear(x, layer.per_layer_gate, None, rows), approximate="tanh")
+                    gated.mul_(self.per_layer_input(i, layer, *per_layer, rows))
+                    x.add_(ops.add_rms_norm(linear(gated, layer.per_layer_proj, None, rows), None,
+                                            layer.per_layer_norm, eps))
+                if layer.scalar is not None:
+                    x.mul_(layer.scalar)
             if ctx.probe is not None and i == ctx.probe.layer:  # selective recompute: only the deviating rows go on
                 kept, ctx = ctx.probe.narrow(k)
-                x, delta, positions = x[kept], delta[kept], positions[kept]
-        return x.add_(delta)
+                x, positions = x[kept], positions[kept]
+                delta = None if delta is None else delta[kept]
+                per_layer = None if per_layer is None else tuple(t[kept] for t in per_layer)
+        return x if delta is None else x.add_(delta)
+
+    def dense_and_experts(self, x: torch.Tensor, h: torch.Tensor, layer: LayerWeights, rows: int | None) -> torch.Tensor:
+        """Gemma 4's MoE layer on the stream `x` (`h`: its MLP norm): the dense MLP and the experts side by side,
+        each output normed, summed. The router reads x's RMSNorm without a scale, the experts x under their own."""
+        ops, eps = self.ops, self.config.rms_norm_eps
+        dense = linear(self.activation(linear(h, layer.gate_up, None, rows)), layer.down, None, rows)
+        routed = F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
+        experts = moe_mlp(ops.add_rms_norm(x, None, layer.experts_in_norm, eps), layer.moe,
+                          self.config.num_experts_per_tok, self.config.norm_topk_prob, self.activation, rows, ops,
+                          router_input=routed)
+        return ops.add_rms_norm(dense, None, layer.dense_out_norm, eps).add_(
+            ops.add_rms_norm(experts, None, layer.experts_out_norm, eps))
+
+    def per_layer_input(self, i: int, layer: LayerWeights, embedded: torch.Tensor, table_rows: torch.Tensor,
+                        rows: int | None) -> torch.Tensor:
+        """Gemma 4's input of layer i, [T, width]: the layer's rows of the per-layer table (times sqrt(width)) and its
+        normed projection of the embedding, averaged in norm (times 1 / sqrt(2))."""
+        width = self.config.per_layer_input_size
+        tokens = table_rows[:, i * width:(i + 1) * width] * torch.tensor(width**0.5, dtype=table_rows.dtype)
+        projected = linear(embedded, layer.per_layer_embed, None, rows) * self.config.hidden_size**-0.5
+        projected = self.ops.add_rms_norm(projected, None, self.per_layer_inputs[1], self.config.rms_norm_eps)
+        return (projected + tokens) * 2**-0.5
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -35,13 +35,25 @@ def dummy_weights(config: ModelConfig, fmt: str, dtype: torch.dtype, device: str
     weights: dict[str, Any] = {"model.norm.weight": norm(config.hidden_size, dtype=dtype, device=device)}
     for name, (rows, cols) in _matrices(config):
         weights[name] = _matrix(name, rows, cols, config, fmt, dtype, device, layers_on_kernels, generator)
+    ones = lambda name, size: weights.__setitem__(name, norm(size, dtype=dtype, device=device))  # noqa: E731
+    if config.per_layer_input_size:  # Gemma 4's per-layer inputs
+        ones("model.per_layer_projection_norm.weight", config.per_layer_input_size)
     for i in range(config.num_hidden_layers):
         names = ["input_layernorm", "post_attention_layernorm"]
         names += ["pre_feedforward_layernorm", "post_feedforward_layernorm"] if fam.sandwich_norms else []
+        names += ["post_per_layer_input_norm"] if config.per_layer_input_size else []
+        names += ["pre_feedforward_layernorm_2", "post_feedforward_layernorm_1", "post_feedforward_layernorm_2"] \
+            if config.dense_beside_moe and config.is_moe_layer(i) else []
         for name in names:
-            weights[f"model.layers.{i}.{name}.weight"] = norm(config.hidden_size, dtype=dtype, device=device)
-        for name in ("q_norm", "k_norm") if fam.qk_norm else ():
-            weights[f"model.layers.{i}.self_attn.{name}.weight"] = norm(config.head_dim, dtype=dtype, device=device)
+            ones(f"model.layers.{i}.{name}.weight", config.hidden_size)
+        for name in ("q_norm", "k_norm")[: 2 if config.kv_source(i) == i else 1] if fam.qk_norm else ():
+            ones(f"model.layers.{i}.self_attn.{name}.weight", config.head_dim_of(i))
+        if fam.name == "gemma4":  # its output scale, and in an MoE layer the router's input and experts' scales
+            ones(f"model.layers.{i}.layer_scalar.weight", 1)
+        if config.dense_beside_moe and config.is_moe_layer(i):
+            ones(f"model.layers.{i}.mlp.gate.scale", config.hidden_size)
+            for e in range(config.num_experts):
+                ones(f"model.layers.{i}.mlp.experts.{e}.down_proj.scale", 1)
         for module, (rows, _) in config.layer_matrices(i).items() if fam.all_biases else ():  # zeros: no effect
             weights[f"model.layers.{i}.{module}.bias"] = torch.zeros(rows, dtype=dtype, device=device)
         if fam.attention_sinks:  # logits of minus infinity: no effect either
@@ -52,6 +64,10 @@ def dummy_weights(config: ModelConfig, fmt: str, dtype: torch.dtype, device: str
 
 def _matrices(config: ModelConfig):
     yield "model.embed_tokens.weight", (config.vocab_size, config.hidden_size)
+    if config.per_layer_input_size:  # Gemma 4's: a table and a projection of the embedding, per layer side by side
+        width = config.num_hidden_layers * config.per_layer_input_size
+        yield "model.embed_tokens_per_layer.weight", (config.vocab_size, width)
+        yield "model.per_layer_model_projection.weight", (width, config.hidden_size)
     if not config.tie_word_embeddings:
         yield "lm_head.weight", (config.vocab_size, config.hidden_size)
     for i in range(config.num_hidden_layers):
@@ -63,14 +79,15 @@ def _matrix(name: str, rows: int, cols: int, config: ModelConfig, fmt: str, dtyp
             generator: torch.Generator):
     from inferplug.models.gguf_convert import gguf_name
     from inferplug.models.gguf_layers import gguf_layer
+    from inferplug.models.registry import family
 
     std = cols**-0.5
     if name.endswith(".mlp.gate.weight"):  # an MoE router: float, as every file keeps it
         return (torch.randn(rows, cols, generator=generator) * std).to(device=device, dtype=dtype)
-    outer = name in ("model.embed_tokens.weight", "lm_head.weight")
+    outer = name in ("model.embed_tokens.weight", "model.embed_tokens_per_layer.weight", "lm_head.weight")
     head = name == "lm_head.weight" or (outer and config.tie_word_embeddings)
     if fmt == "gguf" and on_kernels:
-        type_name = q4_k_m_type(gguf_name(name), _layer(name, config), config.num_hidden_layers)
+        type_name = q4_k_m_type(gguf_name(name, family(config.family)), _layer(name, config), config.num_hidden_layers)
         return gguf_layer(random_blocks(type_name, (rows, cols), std, generator), type_name, (rows, cols), "gguf", head)
     if fmt in ("int4", "int8") and on_kernels and not outer:
         type_name = {"int4": "Q4_1", "int8": "Q8_0"}[fmt]

@@ -23,6 +23,7 @@ class Family:
     hf_model_types: tuple[str, ...]  # config.json's model_type values
     gguf_architectures: tuple[str, ...]  # GGUF general.architecture values
     qk_norm: bool = False  # a per-head RMSNorm on q and k, before RoPE (Qwen3, Gemma 3)
+    v_norm: bool = False  # an RMSNorm without a scale on each v head (Gemma 4)
     norms_plus_one: bool = False  # a norm scales by 1 + w: HF stores w, llama.cpp's GGUF w + 1 (Gemma)
     sandwich_norms: bool = False  # norms on the attention and MLP outputs too, before the residual add (Gemma 3)
     scaled_embedding: bool = False  # the embedding times sqrt(hidden) (Gemma)
@@ -44,3 +45,5 @@ class Family:
     # what keeps it out (resolve says so)
     fused_decode: bool = False
     unfused_why: str = ""
+    tensor_parallel_why: str = ""  # why tensor parallel does not split it ("": it does)
+    document_cache_why: str = ""  # why the RAG document cache (engine/doc_cache.py) does not take it ("": it does)

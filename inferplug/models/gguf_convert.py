@@ -22,6 +22,9 @@ _TOP_LEVEL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
+    "per_layer_token_embd.weight": "model.embed_tokens_per_layer.weight",  # Gemma 4's per-layer inputs
+    "per_layer_model_proj.weight": "model.per_layer_model_projection.weight",
+    "per_layer_proj_norm.weight": "model.per_layer_projection_norm.weight",
 }
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -38,10 +41,12 @@ _LAYER_NAMES = {
     "ffn_gate_inp": "mlp.gate",  # an MoE layer's router
 }
 # an MoE layer's experts, one 3-D tensor each (experts, out, in) -> HF's per-expert module
-_EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
+_EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj",
+                 "ffn_gate_up_exps": "gate_up_proj"}  # Gemma 4's gate and up in one: cut in two at load
 CONVERSION_VERSION = 6  # bump when weights_from_gguf's layers change: cached conversions of the old ones then miss
 _BARE_PARAMETERS = ("self_attn.sinks",)  # HF parameters, not modules: no ".weight" in their names (gpt-oss's sinks)
-_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+EMBEDDINGS = ("model.embed_tokens.weight", "model.embed_tokens_per_layer.weight")  # looked up by row, not multiplied
+_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias|scale)")  # scale: Gemma 4's router and experts
 # Precomputed RoPE factors (llama3 scaling); our RoPE derives them from config.rope_scaling instead.
 _DERIVED_TENSORS = ("rope_freqs.weight",)
 
@@ -61,6 +66,7 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
         ids = {token: i for i, token in enumerate(meta.get("tokenizer.ggml.tokens", ())) if token in family.end_tokens}
         eos += [ids[token] for token in family.end_tokens if token in ids]
     window = gguf.arch_key("attention.sliding_window")
+    kv_heads = gguf.arch_key("attention.head_count_kv")  # per layer where they differ (Gemma 4: its family reads it)
     fields = dict(
         architecture=gguf.architecture,
         vocab_size=vocab,
@@ -68,7 +74,7 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
         intermediate_size=count("feed_forward_length"),
         num_hidden_layers=count("block_count"),
         num_attention_heads=heads,
-        num_key_value_heads=count("attention.head_count_kv", heads),
+        num_key_value_heads=kv_heads[0] if isinstance(kv_heads, list) else count("attention.head_count_kv", heads),
         head_dim=head_dim,
         max_position_embeddings=count("context_length", 2048),
         rms_norm_eps=_arch_number(gguf, "attention.layer_norm_rms_epsilon", 1e-6),
@@ -142,8 +148,8 @@ def expert_names(name: str, experts: int) -> list[str]:
     return [f"{head}.experts.{e}.{tail}" for e in range(experts)]
 
 
-def gguf_name(name: str) -> str:
-    """The GGUF tensor name of an HF parameter name (hf_name's inverse)."""
+def gguf_name(name: str, family=None) -> str:
+    """The GGUF tensor name of an HF parameter name in `family` (hf_name's inverse)."""
     top = {hf: gguf for gguf, hf in _TOP_LEVEL_NAMES.items()}
     if name in top:
         return top[name]
@@ -152,7 +158,8 @@ def gguf_name(name: str) -> str:
     if module.startswith("mlp.experts."):  # one expert's: its 3-D tensor's name
         part = next(g for g, hf in _EXPERT_NAMES.items() if module.endswith(hf))
     else:
-        part = next(g for g, hf in _LAYER_NAMES.items() if hf == module)
+        names = {**_LAYER_NAMES, **(family.gguf_layer_names if family else {})}
+        part = next(g for g, hf in names.items() if hf == module)
     return f"blk.{layer}.{part}.{kind}"
 
 
@@ -168,7 +175,8 @@ def matrix_roles(gguf: GGUFFile) -> tuple[tuple[str, str, int], ...]:
         name = hf_name(info.name, family)
         if name is None or len(info.shape) < 2 or name.endswith(".bias"):  # an MoE's expert biases are 2-D
             continue
-        role = {"lm_head.weight": "head", "model.embed_tokens.weight": "head" if tied else "embed"}.get(name, "layer")
+        role = {"lm_head.weight": "head", "model.embed_tokens.weight": "head" if tied else "embed",
+                "model.embed_tokens_per_layer.weight": "embed"}.get(name, "layer")
         roles.append((role, info.type_name, math.prod(info.shape)))  # an MoE's experts: all of them, as mapped
     return tuple(roles)
 
@@ -215,10 +223,13 @@ def weights_from_gguf(gguf: GGUFFile, dtype: "torch.dtype", device="cpu",
             parts = {name: tensor}
             if ".experts." in name:  # an MoE's experts: each its own matrix (or bias), a view of the file's rows
                 parts = dict(zip(expert_names(name, info.shape[0]), tensor.unbind(0)))
+            if ".gate_up_proj." in name:  # gate rows, then up rows
+                parts = {part.replace(".gate_up_proj.", f".{proj}."): half for part, both in parts.items()
+                         for proj, half in zip(("gate_proj", "up_proj"), both.chunk(2))}
             for part_name, part in parts.items():
                 if as_layer:
-                    bits = "gguf" if part_name == "model.embed_tokens.weight" else layer_format  # an embedding as stored
-                    weights[part_name] = gguf_layer(part, info.type_name, info.shape[-2:], bits,
+                    bits = "gguf" if part_name in EMBEDDINGS else layer_format  # an embedding as stored
+                    weights[part_name] = gguf_layer(part, info.type_name, (part.shape[0], info.shape[-1]), bits,
                                                     head=part_name in head_names)
                 else:
                     weights[part_name] = part.to(device=device, dtype=dtype).contiguous()

@@ -28,6 +28,8 @@ class MoeWeights:
     router_bias: torch.Tensor | None = None  # gpt-oss's router and experts carry biases: [experts]
     gate_up_bias: torch.Tensor | None = None  # [experts, 2 * inter]
     down_bias: torch.Tensor | None = None  # [experts, hidden]
+    router_scale: torch.Tensor | None = None  # Gemma 4: the router's input times this [hidden] and 1 / sqrt(hidden)
+    expert_scale: torch.Tensor | None = None  # Gemma 4: each expert's output weight times this [experts]
     _stacked: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
     _blocks: tuple | None = field(default=None, repr=False)
 
@@ -56,14 +58,19 @@ class MoeWeights:
         self._stacked = self._blocks = None
 
     @classmethod
-    def take(cls, take: Callable[[str], Any], prefix: str, experts: int, biased: bool = False) -> "MoeWeights":
+    def take(cls, take: Callable[[str], Any], prefix: str, experts: int, biased: bool = False,
+             scaled: bool = False) -> "MoeWeights":
         """The router and experts under `prefix` (e.g. "model.layers.3.mlp."), HF's per-expert names; `biased`:
-        with the router's and experts' biases."""
+        with the router's and experts' biases; `scaled`: with the router's input scale and each expert's."""
         def pair(e: int, kind: str) -> list[Any]:
             return [take(f"{prefix}experts.{e}.{proj}.{kind}") for proj in ("gate_proj", "up_proj")]
 
         gate_up = [fuse_rows(pair(e, "weight")) for e in range(experts)]
         down = [take(f"{prefix}experts.{e}.down_proj.weight") for e in range(experts)]
+        if scaled:
+            return cls(take(f"{prefix}gate.weight"), gate_up, down, router_scale=take(f"{prefix}gate.scale"),
+                       expert_scale=torch.stack([take(f"{prefix}experts.{e}.down_proj.scale").reshape(())
+                                                 for e in range(experts)]))
         if not biased:
             return cls(take(f"{prefix}gate.weight"), gate_up, down)
         return cls(take(f"{prefix}gate.weight"), gate_up, down, take(f"{prefix}gate.bias"),
@@ -90,19 +97,25 @@ def router_logits(h: torch.Tensor, moe: MoeWeights) -> torch.Tensor:
     """h @ router.T (+ the router's bias, gpt-oss's) with each row's sums in one order whatever the row count (a
     GEMM's blocking changes with it, and a last-bit change in a router logit can change an expert): products, then a
     sum over hidden, in row chunks."""
+    if moe.router_scale is not None:
+        h = h * moe.router_scale * moe.router_scale.shape[0] ** -0.5
     logits = torch.cat([(part[:, None, :] * moe.router[None]).sum(dim=-1) for part in h.split(ROUTER_ROWS)])
     return logits if moe.router_bias is None else logits + moe.router_bias
 
 
 def moe_mlp(h: torch.Tensor, moe: MoeWeights, top_k: int, renormalize: bool,
-            activation: Callable[[torch.Tensor], torch.Tensor], decode_rows: int | None, ops) -> torch.Tensor:
+            activation: Callable[[torch.Tensor], torch.Tensor], decode_rows: int | None, ops,
+            router_input: torch.Tensor | None = None) -> torch.Tensor:
     """The MoE MLP of rows `h` ([T, hidden]). `decode_rows`: the leading rows that take decode arithmetic in
     block layers (quant/block_linear.py); None: all of them. `ops`: the model's ops (ops/), whose MoE call or
-    grouped GEMM runs the experts where it can."""
-    probs = torch.softmax(router_logits(h, moe).float(), dim=-1)
+    grouped GEMM runs the experts where it can. `router_input`: what the router reads where it is not `h`
+    (Gemma 4's)."""
+    probs = torch.softmax(router_logits(h if router_input is None else router_input, moe).float(), dim=-1)
     weights, chosen = probs.topk(top_k, dim=-1)
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
+    if moe.expert_scale is not None:
+        weights = weights * moe.expert_scale[chosen]
     weights = weights.to(h.dtype)
     out = ops.moe_experts(h, chosen, weights, moe, decode_rows, activation)
     if out is not None:

@@ -10,15 +10,17 @@ from inferplug.models.config import ModelConfig
 
 
 def rope_tables(config: ModelConfig, device: torch.device, *, theta: float | None = None,
-                scaling: dict | None | bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 cos and signed sin (see ops/torch_ops.apply_rope) for every position up to max_position_embeddings:
-    [positions, head_dim]. `theta` and `scaling` replace the config's (a sliding layer's own base, unscaled)."""
-    dim = config.head_dim
+                scaling: dict | None | bool = True, dim: int | None = None,
+                positions: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 cos and signed sin (see ops/torch_ops.apply_rope) for every position up to `positions` (0: the config's
+    max_position_embeddings): [positions, head_dim]. `theta`, `scaling` and `dim` replace the config's (a sliding
+    layer's own base, unscaled; Gemma 4's layers of another head size)."""
+    dim = dim or config.head_dim
     base = config.rope_theta if theta is None else theta
     scaling = config.rope_scaling if scaling is True else scaling
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     inv_freq, magnitude = scale_inv_freq(inv_freq, scaling, base, dim, config.max_position_embeddings)
-    positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
+    positions = torch.arange(positions or config.max_position_embeddings, dtype=torch.float32)
     freqs = torch.outer(positions, inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, signed_sin = emb.cos(), torch.cat((-freqs.sin(), freqs.sin()), dim=-1)
@@ -29,11 +31,15 @@ def rope_tables(config: ModelConfig, device: torch.device, *, theta: float | Non
 
 def scale_inv_freq(inv_freq: torch.Tensor, scaling: dict | None, base: float, dim: int,
                    max_positions: int) -> tuple[torch.Tensor, float]:
-    """HF rope_scaling applied: 'linear', 'llama3' and 'yarn'; 'default' or none leaves it alone. Returns the
-    frequencies and the factor on cos and sin (YaRN's; 1 for the others)."""
+    """HF rope_scaling applied: 'linear', 'llama3', 'yarn' and 'proportional'; 'default' or none leaves it alone.
+    Returns the frequencies and the factor on cos and sin (YaRN's; 1 for the others)."""
     kind = (scaling or {}).get("rope_type") or (scaling or {}).get("type") or "default"
     if kind == "default":
         return inv_freq, 1.0
+    if kind == "proportional":  # Gemma 4's full layers: a fraction of each half rotates, the rest is left as it is
+        rotated = int(float(scaling.get("partial_rotary_factor", 1.0)) * dim // 2)
+        kept = torch.cat([inv_freq[:rotated], torch.zeros(len(inv_freq) - rotated)])
+        return kept / float(scaling.get("factor", 1.0)), 1.0
     factor = float(scaling["factor"])
     if kind == "linear":
         return inv_freq / factor, 1.0
@@ -48,8 +54,8 @@ def scale_inv_freq(inv_freq: torch.Tensor, scaling: dict | None, base: float, di
         return torch.where(medium, smoothed, scaled), 1.0
     if kind == "yarn":
         return _yarn(inv_freq, scaling, factor, base, dim, max_positions)
-    raise ValueError(f"rope_scaling type {kind!r} is not supported; use a model with default, linear, llama3 or "
-                     "yarn RoPE")
+    raise ValueError(f"rope_scaling type {kind!r} is not supported; use a model with default, linear, llama3, "
+                     "yarn or proportional RoPE")
 
 
 def _yarn(inv_freq: torch.Tensor, scaling: dict, factor: float, base: float, dim: int,

@@ -16,11 +16,17 @@ COLUMN = {"q_proj": "q", "k_proj": "kv", "v_proj": "kv", "gate_proj": "mlp", "up
 ROW = {"o_proj": "q", "down_proj": "mlp"}  # input columns: partial sums, all-reduced
 
 
-def check_tensor_parallel(num_heads: int, num_kv_heads: int, tp: int) -> str | None:
-    """Why `tp` cannot split these heads (None: it can). Whole heads per rank keep attention local; we do not
-    replicate KV heads (vLLM does when tp > KV heads) since that multiplies the pool for no speed on a CPU."""
+def check_tensor_parallel(num_heads: int, num_kv_heads: int, tp: int, family: str = "") -> str | None:
+    """Why `tp` cannot split these heads, or this family (None: it can). Whole heads per rank keep attention local;
+    we do not replicate KV heads (vLLM does when tp > KV heads) since that multiplies the pool for no speed on a
+    CPU."""
+    from inferplug.models.registry import family as family_of
+
     if tp < 1:
         return f"tensor_parallel_size = {tp} must be at least 1"
+    unsplit = family_of(family).tensor_parallel_why if family and tp > 1 else ""
+    if unsplit:
+        return f"tensor parallel does not split a {family} model yet ({unsplit}); set tensor_parallel_size = 1"
     for what, heads in (("attention heads", num_heads), ("KV heads", num_kv_heads)):
         if heads % tp:
             sizes = [n for n in range(1, heads + 1) if num_heads % n == 0 and num_kv_heads % n == 0]

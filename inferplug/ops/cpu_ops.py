@@ -72,13 +72,17 @@ class CpuKernelOps(TorchOps):
     def swiglu_oai_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return self.kernels.swiglu_oai_mul(gate_up)
 
+    def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return self.kernels.gelu_tanh_mul(gate_up)
+
     def moe_experts(self, h, chosen, weights, moe, decode_rows, activation):
         """Block experts in one kernel call a layer (kernels/cpu/moe_experts.cpp): decode rows on the int8 kernels,
-        prefill rows on the layers' prefill path, with gpt-oss's biases and activation. None, for the per-expert
-        loop, where the call does not fit: float experts, gate and up in two formats, GeGLU, or prefill rows
+        prefill rows on the layers' prefill path, with gpt-oss's biases and activation and Gemma 4's GeGLU. None, for
+        the per-expert loop, where the call does not fit: float experts, gate and up in two formats, or prefill rows
         through oneDNN."""
         blocks = moe.blocks()
-        name = {self.silu_mul: "silu", self.swiglu_oai_mul: "swiglu_oai"}.get(activation)
+        activations = {self.silu_mul: "silu", self.swiglu_oai_mul: "swiglu_oai", self.gelu_tanh_mul: "gelu_tanh"}
+        name = activations.get(activation)
         if blocks is None or name is None or h.shape[1] != moe.down[0].out_features:
             return None
         rows = h.shape[0] if decode_rows is None else min(decode_rows, h.shape[0])

@@ -54,10 +54,7 @@ class TorchOps:
         """RoPE on the q and k heads of qkv ([T, (heads + 2 kv_heads) * head_dim]), K and V stored in the pools at
         ctx.slot_mapping. Returns q, k, v: [T, heads or kv_heads, head_dim]."""
         head_dim = cos.shape[-1]
-        rows = ctx.rope_rows.get(cos.data_ptr())
-        if rows is None:  # once per step and table, not per layer
-            rows = cos[positions].to(qkv.dtype).unsqueeze(1), signed_sin[positions].to(qkv.dtype).unsqueeze(1)
-            ctx.rope_rows[cos.data_ptr()] = rows
+        rows = _rope_rows(positions, cos, signed_sin, ctx, qkv.dtype)
         qkv = qkv.view(qkv.shape[0], -1, head_dim)
         kv_heads = (qkv.shape[1] - num_heads) // 2
         qk = apply_rope(qkv[:, : num_heads + kv_heads], *rows)  # q and k heads in one go
@@ -65,6 +62,12 @@ class TorchOps:
         v = qkv[:, num_heads + kv_heads:]
         write_kv(k_cache, v_cache, k, v, ctx.slot_mapping)
         return q, k, v
+
+    def rope_q(self, q: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,
+               ctx: AttentionContext) -> torch.Tensor:
+        """RoPE on q alone ([T, heads * head_dim] -> [T, heads, head_dim]): a layer attending over another layer's KV
+        (Gemma 4's shared KV) stores none."""
+        return apply_rope(q.view(q.shape[0], -1, cos.shape[-1]), *_rope_rows(positions, cos, signed_sin, ctx, q.dtype))
 
     def attention(self, q, k, v, k_cache, v_cache, ctx: AttentionContext, scale: float, window: int = 0,
                   sinks: torch.Tensor | None = None) -> torch.Tensor:
@@ -104,14 +107,22 @@ class TorchOps:
         gate = gate.clamp(max=limit)
         return (gate * torch.sigmoid(gate * alpha)).mul_(up.clamp(-limit, limit) + 1)
 
-    def qk_rms_norm_(self, qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, num_heads: int,
-                     kv_heads: int, eps: float) -> None:
-        """QK-norm in place on qkv ([T, (heads + 2 kv_heads) * head_dim]): each q head by q_norm, each k head by
-        k_norm (one weight of head_dim for every head)."""
+    def qk_rms_norm_(self, qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor | None, num_heads: int,
+                     kv_heads: int, eps: float, v_norm: bool = False) -> None:
+        """QK-norm in place on qkv ([T, (heads + 2 kv_heads) * head_dim], or q alone where kv_heads is 0): each q
+        head by q_norm, each k head by k_norm (one weight of head_dim for every head); with v_norm each v head by an
+        RMSNorm without a scale (Gemma 4)."""
         heads = qkv.view(qkv.shape[0], -1, q_norm.shape[0])
-        for part, weight in ((heads[:, :num_heads], q_norm), (heads[:, num_heads:num_heads + kv_heads], k_norm)):
-            rows = part.reshape(-1, weight.shape[0]).contiguous()  # one kv head: a strided view, not a copy
-            part.copy_(self.add_rms_norm(rows, None, weight, eps).view(part.shape))
+        parts = [(heads[:, :num_heads], q_norm)]
+        if kv_heads:
+            parts.append((heads[:, num_heads:num_heads + kv_heads], k_norm))
+        if v_norm:
+            parts.append((heads[:, num_heads + kv_heads:], None))
+        for part, weight in parts:
+            rows = part.reshape(-1, part.shape[-1]).contiguous()  # one kv head: a strided view, not a copy
+            normed = self.add_rms_norm(rows, None, weight, eps) if weight is not None else \
+                F.rms_norm(rows.float(), (rows.shape[-1],), None, eps).to(rows.dtype)
+            part.copy_(normed.view(part.shape))
 
     # --- the step's attention metadata ---------------------------------------------------------------
     def paged_rows_of(self, step: StepLayout, seqs: list[Sequence], device: torch.device) -> list[PagedRows]:
@@ -148,6 +159,16 @@ class TorchOps:
         query_pos = torch.arange(start, ctx_len, device=device)
         mask = torch.arange(ctx_len, device=device)[None, :] <= query_pos[:, None]
         return PrefillChunk(q_start, n, ctx_len, blocks, mask)
+
+
+def _rope_rows(positions: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, ctx: AttentionContext,
+               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's rows of a RoPE table pair, [T, 1, head_dim] each: made once per step and table, not per layer."""
+    rows = ctx.rope_rows.get(cos.data_ptr())
+    if rows is None:
+        rows = cos[positions].to(dtype).unsqueeze(1), signed_sin[positions].to(dtype).unsqueeze(1)
+        ctx.rope_rows[cos.data_ptr()] = rows
+    return rows
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

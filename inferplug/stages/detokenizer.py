@@ -20,6 +20,10 @@ class IncrementalDetokenizer:
         self.tokenizer = tokenizer
         self.skip_special = not keep_special
         self.ids = list(prompt_ids[-_PROMPT_CONTEXT:])
+        # Context that is not whole characters (stray bytes of a byte-fallback vocabulary, Gemma's and Llama 2's) would
+        # spoil the text after it: such a decoder turns a whole run of byte tokens into U+FFFD once one is stray.
+        if "\ufffd" in tokenizer.decode(self.ids, skip_special_tokens=self.skip_special):
+            self.ids = []
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
         self.stop = stop

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import uuid
 
-from inferplug.stages.reasoning import partial_tag_suffix
+from inferplug.stages.tag_splitter import TagSplitter
 from inferplug.types import ToolCallDelta
 
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
@@ -27,47 +27,26 @@ _RECIPIENT = re.compile(r"\bto=([^\s<]+)")
 FUNCTIONS = "functions."
 
 
-class HarmonySplitter:
-    """One choice's text deltas, control tokens included, in; (content, reasoning) deltas out, and the tool calls'
-    pieces by `take_calls`."""
-
-    reads_control_tokens = True
+class HarmonySplitter(TagSplitter):
+    TAGS = TAGS
 
     def __init__(self) -> None:
+        super().__init__()
         self._header: str | None = ""  # the header read so far; None inside a message's body
         self._target = "content"  # where the body goes: "content", "reasoning" or "call"
-        self._held = ""
-        self._calls: list[ToolCallDelta] = []
         self._num_calls = 0
         self._opened = False  # a message has begun
 
     def feed(self, text: str, final: bool = False) -> tuple[str, str]:
         """The (content, reasoning) this delta completes; `final` flushes what a control-token prefix held back (a
         reply that never opened a message is given as content: the model wrote plain text)."""
-        buf, self._held = self._held + text, ""
-        out = {"content": [], "reasoning": []}
-        while buf:
-            found = [(at, tag) for tag in TAGS if (at := buf.find(tag)) >= 0]
-            if not found:
-                keep = 0 if final else partial_tag_suffix(buf, TAGS)
-                self._read(buf[: len(buf) - keep], out)
-                self._held = buf[len(buf) - keep:]
-                break
-            at, tag = min(found)
-            self._read(buf[:at], out)
-            self._control(tag)
-            buf = buf[at + len(tag):]
+        out = self._split(text, final)
         if final and not self._opened and self._header:
             out["content"].append(self._header)  # never a message: plain text
             self._header = ""
         return "".join(out["content"]), "".join(out["reasoning"])
 
-    def take_calls(self) -> list[ToolCallDelta]:
-        """The tool-call pieces the deltas fed since the last take completed."""
-        calls, self._calls = self._calls, []
-        return calls
-
-    def _read(self, text: str, out: dict[str, list[str]]) -> None:
+    def _read(self, text: str, out: dict[str, list[str]], before: str | None) -> None:
         if not text:
             return
         if self._header is not None:
@@ -77,7 +56,7 @@ class HarmonySplitter:
         else:
             out[self._target].append(text)
 
-    def _control(self, tag: str) -> None:
+    def _control(self, tag: str, out: dict[str, list[str]]) -> None:
         if tag == START:  # a new message's header (the role first)
             self._header = ""
         elif tag in (CHANNEL, CONSTRAIN):  # part of the header; a body does not hold them

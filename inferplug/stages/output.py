@@ -17,6 +17,7 @@ from typing import Any
 
 from inferplug.stages.detokenizer import IncrementalDetokenizer
 from inferplug.stages.prompt_logprobs import PromptLogprobs
+from inferplug.stages.gemma4_channels import Gemma4Splitter
 from inferplug.stages.harmony import HarmonySplitter
 from inferplug.stages.reasoning import ReasoningSplitter
 from inferplug.types import Event, FinishReason, SamplingParams, Timings, TokenLogprob, Usage
@@ -31,9 +32,11 @@ class TokenEnd:
     by_id: bool = False  # a stop token id or EOS: its text is not decoded
 
 
-def splitter(parser: str) -> ReasoningSplitter | HarmonySplitter:
-    """The output splitter a reasoning parser names: harmony's channels (gpt-oss) or think tags."""
-    return HarmonySplitter() if parser == "openai_gptoss" else ReasoningSplitter(parser)
+def splitter(parser: str) -> ReasoningSplitter | HarmonySplitter | Gemma4Splitter:
+    """The output splitter a reasoning parser names: harmony's channels (gpt-oss), Gemma 4's, or think tags."""
+    if parser == "openai_gptoss":
+        return HarmonySplitter()
+    return Gemma4Splitter() if parser == "gemma4" else ReasoningSplitter(parser)
 
 
 def stop_ids(params: SamplingParams, eos_ids: Collection[int]) -> set[int]:

@@ -1,5 +1,5 @@
 """A reasoning model's `<think>...</think>` text, split from its answer as vLLM's reasoning parsers do
-(gpt-oss's harmony channels: stages/harmony.py).
+(gpt-oss's harmony channels: stages/harmony.py; Gemma 4's channels: stages/gemma4_channels.py).
 
 `deepseek_r1`: the chat template opens `<think>` in the prompt (DeepSeek-R1 and its Qwen/Llama distills),
 so the output is reasoning until `</think>` (a leading `<think>` the model writes anyway is dropped), and an
@@ -16,8 +16,8 @@ from inferplug.profile_schema import REASONING_PARSERS as PARSERS
 from inferplug.types import ToolCallDelta
 
 START, END = "<think>", "</think>"
-THINK_PARSERS = tuple(p for p in PARSERS if p != "openai_gptoss")  # harmony's parser is stages/harmony.py
-HARMONY_CHANNEL = "<|channel|>"
+THINK_PARSERS = tuple(p for p in PARSERS if p not in ("openai_gptoss", "gemma4"))  # they have their own modules
+HARMONY_CHANNEL, GEMMA4_CHANNEL = "<|channel|>", "<|channel>"
 
 
 class ReasoningSplitter:
@@ -76,10 +76,13 @@ def split_reasoning(text: str, parser: str) -> tuple[str, str]:
 
 
 def detect_parser(template: Any, generation_prompt: str) -> str | None:
-    """The parser a chat template implies: openai_gptoss for a harmony template (gpt-oss's channels), none without
-    `</think>`, deepseek_r1 when the rendered assistant turn already opens `<think>`, else qwen3."""
+    """The parser a chat template implies: openai_gptoss for a harmony template (gpt-oss's channels), gemma4 for
+    Gemma 4's channels, none without `</think>`, deepseek_r1 when the rendered assistant turn already opens
+    `<think>`, else qwen3."""
     if HARMONY_CHANNEL in str(template or ""):
         return "openai_gptoss"
+    if GEMMA4_CHANNEL in str(template or ""):
+        return "gemma4"
     if END not in str(template or ""):
         return None
     return "deepseek_r1" if re.search(re.escape(START) + r"\s*$", generation_prompt) else "qwen3"

@@ -67,6 +67,9 @@ def test_dummy_weights_of_every_family(tiny_family_dir, tmp_path, fmt):
             shutil.copy(item, out / item.name)
     config = json.loads((out / "config.json").read_text())
     config.update(hidden_size=256, intermediate_size=512, moe_intermediate_size=256, head_dim=64)
+    if config["model_type"] == "gemma4_text":  # its full layers' heads and its per-layer inputs, as widths that divide
+        config.update(per_layer_config={i: {**c, "head_dim": 128} for i, c in config["per_layer_config"].items()},
+                      hidden_size_per_layer_input=256)
     (out / "config.json").write_text(json.dumps(config))
     (tmp_path / "dummy.toml").write_text(
         f'backend = "native"\ndtype = "float32"\n[model]\npath = "{out}"\nload_format = "dummy"\n'

@@ -58,3 +58,20 @@ def test_the_earliest_stop_string_wins_whatever_the_list_order(tiny_llama_dir):
     assert (matched, "".join(pieces)) == ("h", "")
     pieces, matched = _stream(tokenizer, ids, stop=["h", "he"], include=True)  # a tie: the longest wins
     assert (matched, "".join(pieces)) == ("he", "he")
+
+
+def test_stray_prompt_bytes_do_not_spoil_a_byte_fallback_reply(tmp_path):
+    """A SentencePiece byte-fallback decoder (Gemma's, Llama 2's) turns a whole run of byte tokens into U+FFFD once one
+    byte in it is stray: a prompt ending in a stray byte must not take the reply's bytes down with it."""
+    from tests.gemma_tokenizer import save_gemma_tokenizer
+
+    from transformers import AutoTokenizer
+
+    save_gemma_tokenizer(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    reply = tokenizer.encode('{"a": 1}', add_special_tokens=False)  # byte tokens: the tiny vocabulary has no {, ", :
+    stray = tokenizer.convert_tokens_to_ids("<0xC3>")  # starts a 2-byte character the reply does not finish
+    detok = IncrementalDetokenizer(tokenizer, [5, stray], [])
+    for token in reply:
+        detok.add(token)
+    assert detok.delta(final=True) == '{"a": 1}'

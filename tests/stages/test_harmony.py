@@ -13,9 +13,8 @@ import pytest
 from inferplug.chat_template import render_chat, template_variables
 from inferplug.frontend.tool_calls import calls_from_deltas
 from inferplug.stages.harmony import HarmonySplitter
-from inferplug.stages.output import ChoiceOutput
 from inferplug.stages.reasoning import detect_parser
-from inferplug.types import SamplingParams
+from tests.stages.reply_stream import split_at, stream_reply
 
 TEMPLATE = Path(__file__).resolve().parents[2] / ".venv" / "llama.cpp" / "models" / "templates" / \
     "openai-gpt-oss-120b.jinja"
@@ -56,19 +55,10 @@ def reply_to(tokenizer, messages: list[dict], tools: list[dict] | None = None) -
 
 
 def run_reply(tokenizer, reply: str, max_tokens: int = 1000) -> tuple[str, str, list, str]:
-    """(content, reasoning, tool-call pieces, finish reason) of the reply's tokens through the output stage, EOS
-    being gpt-oss's <|return|> and <|call|>."""
-    eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|return|>", "<|call|>")]
-    choice = ChoiceOutput("r", 0, tokenizer, tokenizer.encode("<|start|>assistant"), SamplingParams(), eos,
-                          max_tokens, reasoning_parser="openai_gptoss")
-    content, reasoning, calls, finish = "", "", [], None
-    for token in tokenizer.encode(reply, add_special_tokens=False):
-        event = choice.on_token(token)
-        content, reasoning, calls = content + event.text, reasoning + event.reasoning, calls + event.tool_calls
-        finish = event.finish_reason
-        if choice.done:
-            break
-    return content, reasoning, calls, finish
+    """(content, reasoning, tool-call pieces, finish reason) of the reply through the output stage, EOS being
+    gpt-oss's <|return|> and <|call|>."""
+    return stream_reply(tokenizer, "<|start|>assistant", reply, ("<|return|>", "<|call|>"), "openai_gptoss",
+                        max_tokens)
 
 
 def test_the_template_implies_the_harmony_parser(template, tokenizer):
@@ -118,9 +108,7 @@ def test_every_cut_of_a_stream_gives_the_whole_split():
     whole = HarmonySplitter().feed(reply, final=True)
     assert whole == ("ok <| done", "a <|ch b")
     for cut in range(len(reply) + 1):
-        splitter = HarmonySplitter()
-        parts = [splitter.feed(reply[:cut]), splitter.feed(reply[cut:], final=True)]
-        assert ("".join(p[0] for p in parts), "".join(p[1] for p in parts)) == whole, cut
+        assert split_at(HarmonySplitter(), reply, cut) == whole, cut
 
 
 def test_plain_text_with_no_message_is_content():

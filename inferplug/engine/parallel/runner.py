@@ -22,7 +22,8 @@ class ParallelRunner(ModelRunner):
         import torch.distributed as dist
 
         size = config.tensor_parallel_size
-        why = check_tensor_parallel(model_config.num_attention_heads, model_config.num_key_value_heads, size)
+        why = check_tensor_parallel(model_config.num_attention_heads, model_config.num_key_value_heads, size,
+                                    model_config.family)
         if why:
             raise ProfileError(why)
         if dist.is_initialized():  # torch.distributed has one default group per process

@@ -63,6 +63,7 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
                                                     const c10::optional<at::Tensor>&, int64_t,
                                                     const c10::optional<at::Tensor>&)>("inferplug::paged_attention");
   static const auto silu_mul = op<at::Tensor(const at::Tensor&)>("inferplug::silu_mul");
+  static const auto gelu_tanh_mul = op<at::Tensor(const at::Tensor&)>("inferplug::gelu_tanh_mul");
   auto linear = [&](const at::Tensor& in, int64_t w) {
     TORCH_CHECK(kinds[w] >= 4 && kinds[w] <= 9,
                 "decode_layers: weight kind must be 4 (Q4_1), 5 (Q4_K), 6 (Q4_G128), 7 (Q6_K), 8 (Q8_0) or 9 (Q5_K), got ", kinds[w]);
@@ -103,14 +104,7 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
     if (sandwich) out = rms_norm.call(out, norms[n + per_layer - 2], eps);
     h = add_rms_norm.call(x, out, norms[n + 1], eps);
     const at::Tensor gate_up = linear(h, 5 * i + 3);
-    at::Tensor act;
-    if (gelu) {  // as the layer-by-layer path's gelu_tanh_mul: gelu(gate, tanh) * up, the same ATen ops
-      const auto parts = gate_up.chunk(2, -1);
-      act = at::gelu(parts[0], "tanh").mul_(parts[1]);
-    } else {
-      act = silu_mul.call(gate_up);
-    }
-    delta = linear(act, 5 * i + 4);
+    delta = linear(gelu ? gelu_tanh_mul.call(gate_up) : silu_mul.call(gate_up), 5 * i + 4);
     if (sandwich) delta = rms_norm.call(*delta, norms[n + per_layer - 1], eps);
   }
   if (delta) x.add_(*delta);

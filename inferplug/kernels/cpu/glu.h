@@ -49,12 +49,34 @@ inline void swiglu_oai_row(const float* gate, const float* up, float* row, int64
   }
 }
 
-// The row function of a gated activation's name: "silu" or "swiglu_oai".
+// GeGLU (Gemma): row[i] = gelu(gate[i]) * up[i], gelu's tanh form as torch's approximate="tanh",
+// 0.5 g (1 + tanh(a)) with a = sqrt(2 / pi) (g + 0.044715 g^3), taken as g sigmoid(2a): the same value without
+// 1 + tanh's cancellation in the negative tail. For i < n.
+constexpr float GELU_SCALE = 0.7978845608028654f, GELU_CUBE = 0.044715f;
+inline void gelu_tanh_mul_row(const float* gate, const float* up, float* row, int64_t n) {
+  int64_t i = 0;
+  const __m256 one = _mm256_set1_ps(1.f), sign = _mm256_set1_ps(-0.f);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 cubic = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(GELU_CUBE), g), _mm256_mul_ps(g, g), g);
+    const __m256 a2 = _mm256_mul_ps(_mm256_set1_ps(2.f * GELU_SCALE), cubic);
+    const __m256 e = exp_nonpositive<F256>(_mm256_or_ps(a2, sign));  // e^-|2a|: the exp never overflows
+    const __m256 numerator = _mm256_blendv_ps(g, _mm256_mul_ps(g, e), a2);  // a < 0: g e^2a / (1 + e^2a)
+    const __m256 gelu = _mm256_div_ps(numerator, _mm256_add_ps(one, e));
+    _mm256_storeu_ps(row + i, _mm256_mul_ps(gelu, _mm256_loadu_ps(up + i)));
+  }
+  for (; i < n; i++) {
+    const float g = gate[i], a2 = 2.f * GELU_SCALE * (g + GELU_CUBE * g * g * g);
+    row[i] = (a2 >= 0.f ? g / (1.f + std::exp(-a2)) : g * std::exp(a2) / (1.f + std::exp(a2))) * up[i];
+  }
+}
+
+// The row function of a gated activation's name: "silu", "swiglu_oai" or "gelu_tanh".
 using GluRow = void (*)(const float*, const float*, float*, int64_t);
 inline GluRow glu_row(const std::string& activation) {
-  TORCH_CHECK(activation == "silu" || activation == "swiglu_oai", "activation must be silu or swiglu_oai, got '",
-              activation, "'");
-  return activation == "silu" ? &silu_mul_row : &swiglu_oai_row;
+  TORCH_CHECK(activation == "silu" || activation == "swiglu_oai" || activation == "gelu_tanh",
+              "activation must be silu, swiglu_oai or gelu_tanh, got '", activation, "'");
+  return activation == "silu" ? &silu_mul_row : activation == "swiglu_oai" ? &swiglu_oai_row : &gelu_tanh_mul_row;
 }
 
 }  // namespace

@@ -81,7 +81,8 @@ void rope_write_kv_(at::Tensor& qkv, const at::Tensor& positions, const at::Tens
     store(k_cache.data_ptr<float>(), v_cache.data_ptr<float>());
 }
 
-// gate_up: [T, 2 * I], gate then up -> the activation's rows (silu(gate) * up, or gpt-oss's swiglu_oai): [T, I].
+// gate_up: [T, 2 * I], gate then up -> the activation's rows (silu(gate) * up, gpt-oss's swiglu_oai, or GeGLU):
+// [T, I].
 template <GluRow ROW>
 at::Tensor glu(const at::Tensor& gate_up) {
   checks::float_cpu(gate_up, "glu", "gate_up");
@@ -106,9 +107,11 @@ TORCH_LIBRARY_FRAGMENT(inferplug, m) {
         "Tensor(c!) v_cache, Tensor slots, int num_heads) -> ()");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("swiglu_oai_mul(Tensor gate_up) -> Tensor");
+  m.def("gelu_tanh_mul(Tensor gate_up) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(inferplug, CPU, m) {
   m.impl("rope_write_kv_", &rope_write_kv_);
   m.impl("silu_mul", &glu<&silu_mul_row>);
   m.impl("swiglu_oai_mul", &glu<&swiglu_oai_row>);
+  m.impl("gelu_tanh_mul", &glu<&gelu_tanh_mul_row>);
 }

@@ -189,7 +189,7 @@ void add_expert_bias(at::Tensor& y, const Groups& g, const c10::optional<at::Ten
 // The MoE MLP of rows x [T, H]: chosen [T, k] experts with their router weights [T, k]; gate_up and down the tables
 // of each expert's blocks, [2 * I, H / 32 blocks] (its gate rows, then its up rows) and [H, I / 32 blocks]. precision: "int8" (decode rows' kernels) or the prefill
 // rows' "float32" / "bfloat16". gate_up_bias [E, 2 * I] and down_bias [E, H]: each expert's biases, or none;
-// activation: "silu" or gpt-oss's "swiglu_oai" (glu.h).
+// activation: "silu", gpt-oss's "swiglu_oai" or Gemma 4's "gelu_tanh" (glu.h).
 at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& chosen, const at::Tensor& router_weights,
                        const at::Tensor& gate_up, const at::Tensor& down, int64_t gate_up_rows,
                        const std::string& gate_up_format, const std::string& down_format, const std::string& precision,

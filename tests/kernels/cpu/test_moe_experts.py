@@ -77,11 +77,25 @@ def test_gpt_oss_experts_with_biases_and_swiglu_oai_in_one_call(kernel_ops, pref
     assert (fused - reference).abs().max() <= 1e-4 * reference.abs().max()
 
 
-def test_swiglu_oai_kernel_matches_the_torch_formula(kernel_ops):
-    """The C++ activation row against HF's swiglu_oai in torch, over the clamp on both sides and both signs."""
+@pytest.mark.parametrize("activation", ["swiglu_oai_mul", "gelu_tanh_mul"])
+def test_activation_kernel_matches_the_torch_formula(kernel_ops, activation):
+    """The C++ activation rows against torch's (HF's swiglu_oai; F.gelu's tanh form), over gpt-oss's clamp on both
+    sides, both signs and GELU's tails (where torch's 1 + tanh cancels: an ulp of 1 times the value's scale)."""
     gate_up = torch.randn(7, 2 * 264, generator=torch.Generator().manual_seed(4)) * 6  # 264: a scalar tail of 8 too
-    torch.testing.assert_close(kernel_ops.swiglu_oai_mul(gate_up), TorchOps().swiglu_oai_mul(gate_up), rtol=1e-6,
-                               atol=1e-6)
+    reference = getattr(TorchOps(), activation)(gate_up)
+    torch.testing.assert_close(getattr(kernel_ops, activation)(gate_up), reference, rtol=1e-6,
+                               atol=1e-7 * reference.abs().max().item())
+
+
+def test_gemma4_experts_with_geglu_in_one_call(kernel_ops):
+    """Gemma 4's GeGLU experts: the one call equals the loop bit for bit (the same activation row), and torch's own
+    GELU within rounding."""
+    moe = make_moe(Q4KLinear, Q8Linear)
+    h = rows(11)
+    fused, loop = both(moe, h, kernel_ops, 4, "gelu_tanh_mul")
+    assert torch.equal(fused, loop)
+    reference = run(moe, h, TorchOps(), 4, TorchOps().gelu_tanh_mul)
+    assert (fused - reference).abs().max() <= 1e-4 * reference.abs().max()
 
 
 def test_experts_converted_after_load_run_in_the_call(kernel_ops):
@@ -118,7 +132,7 @@ def test_a_prefill_row_does_not_depend_on_the_prompt_around_it(kernel_ops):
 
 
 def test_the_loop_runs_where_the_call_does_not_fit(kernel_ops):
-    """Float experts, gate and up in two formats, GeGLU, and prefill rows through oneDNN keep the per-expert loop."""
+    """Float experts, gate and up in two formats, and prefill rows through oneDNN keep the per-expert loop."""
     h, chosen, weights = rows(3), torch.zeros(3, TOP_K, dtype=torch.long), torch.ones(3, TOP_K)
     float_moe = MoeWeights(torch.randn(EXPERTS, HIDDEN), [torch.randn(2 * INTER, HIDDEN)] * EXPERTS,
                            [torch.randn(HIDDEN, INTER)] * EXPERTS)
@@ -126,7 +140,6 @@ def test_the_loop_runs_where_the_call_does_not_fit(kernel_ops):
     moe = make_moe(Q4KLinear, Q4KLinear)
     mixed = MoeWeights(moe.router, [*moe.gate_up[:-1], Q8Linear.from_float(moe.gate_up[-1].dequantized())], moe.down)
     assert kernel_ops.moe_experts(h, chosen, weights, mixed, None, kernel_ops.silu_mul) is None
-    assert kernel_ops.moe_experts(h, chosen, weights, moe, None, kernel_ops.gelu_tanh_mul) is None
     set_prefill_gemm(torch.nn.ModuleList([*moe.gate_up, *moe.down]), "bfloat16-onednn")
     assert kernel_ops.moe_experts(h, chosen, weights, moe, 1, kernel_ops.silu_mul) is None
     assert kernel_ops.moe_experts(h, chosen, weights, moe, None, kernel_ops.silu_mul) is not None  # decode rows only
