@@ -20,6 +20,7 @@ the memory bandwidth set (bandwidth as `doctor --bench` measures it). Medians th
     .venv/bin/python bench/real_size.py --formats gguf,awq --json real-size-7b.json     # ~4 GB a file
     .venv/bin/python bench/real_size.py --geometry qwen3-8b --formats gguf               # Qwen3-8B, ~4.7 GB
     .venv/bin/python bench/real_size.py --geometry gpt-oss-20b --formats gguf            # gpt-oss-20b, ~12 GB
+    .venv/bin/python bench/real_size.py --geometry gemma4-26b-a4b --layers 12 --formats gguf  # ~7 GB
 """
 
 from __future__ import annotations

@@ -6,7 +6,6 @@ with SmolLM2's tokenizer (so vocab 49152), written by inferplug/benchmark/random
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -59,12 +58,11 @@ GEOMETRIES = {"llama-7b": Geometry(),
                                       head_dim_override=64, experts=32, experts_used=4, expert_ffn=2880),
               # Gemma 4 26B-A4B (its config.json): 30 layers, width 2816, 16 heads; window layers 8 KV heads of 256, full
               # ones (every sixth) 2 of 512 with V from K; a dense MLP of 2112 beside 128 experts of 704 with 8 a
-              # token; vocabulary 262,144; here at 12 layers (--geometry gemma4-26b-a4b: 30)
-              "gemma4-26b-a4b-12l": Geometry(layers=12, hidden=2816, heads=16, kv_heads=8, ffn=2112, vocab=262144,
-                                             context=131072, rms_eps=1e-6, rope_theta=1e6, family="gemma4",
-                                             head_dim_override=256, experts=128, experts_used=8, expert_ffn=704,
-                                             global_head_dim=512, global_kv_heads=2, window=1024)}
-GEOMETRIES["gemma4-26b-a4b"] = dataclasses.replace(GEOMETRIES["gemma4-26b-a4b-12l"], layers=30)
+              # token; vocabulary 262,144 (bench/real_size.py --layers 12: the depth that fits beside a peer)
+              "gemma4-26b-a4b": Geometry(layers=30, hidden=2816, heads=16, kv_heads=8, ffn=2112, vocab=262144,
+                                         context=131072, rms_eps=1e-6, rope_theta=1e6, family="gemma4",
+                                         head_dim_override=256, experts=128, experts_used=8, expert_ffn=704,
+                                         global_head_dim=512, global_kv_heads=2, window=1024)}
 
 
 def config(g: Geometry):
