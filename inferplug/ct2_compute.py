@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from inferplug.memory_plan import DTYPE_BYTES
 
+# models/registry.py's families whose GGUF the CTranslate2 backend converts (backends/ct2_convert.py writes it as an
+# HF dir of LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM)
+GGUF_FAMILIES = ("llama",)
+
 
 def choose_compute_type(pinned: str, quantized: bool, dtype: str, device: str,
                         supported: frozenset[str]) -> tuple[str | None, str]:

@@ -251,18 +251,18 @@ def _native_quantized_bits(fmt: str, dtype: str, facts: ModelFacts | None, head_
 
 def plan_memory(profile: Profile, facts: ModelFacts, *, device: str, kind: str, available: int, bits: float,
                 kv_dtype_bytes: float, context_tokens: int, useful_tokens: int,
-                draft: ModelFacts | None = None) -> MemoryBreakdown:
+                draft: ModelFacts | None = None, rope_tables: bool = False) -> MemoryBreakdown:
     """Size the KV cache from what the weights leave; DoesNotFit when nothing useful remains.
 
     An "auto" cache holds, on the CPU, `context_tokens` (max_model_len) in whole blocks, as llama.cpp's -c sizes
     its cache: the context asked, not what RAM could hold; on CUDA at most 90% of what is left, capped by
     `useful_tokens` (max_num_seqs x max_model_len): more would never be filled. Either way no more than is left.
     `draft`: a draft model's weights (quantized alike) and its KV pool, which holds as many blocks as the
-    target's, count too."""
+    target's, count too. `rope_tables`: the native decoder's RoPE tables of `context_tokens` rows count too."""
     models = [facts, *([draft] if draft else [])]
     weights = sum(int(m.num_parameters * bits / 8) for m in models)
     reserve = int(RESERVE_FIXED[kind] + RESERVE_SHARE[kind] * weights) + \
-        sum(m.rope_table_bytes(context_tokens) for m in models)
+        (sum(m.rope_table_bytes(context_tokens) for m in models) if rope_tables else 0)
     left = available - weights - reserve
     if left <= 0:
         raise DoesNotFit(

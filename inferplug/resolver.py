@@ -264,6 +264,9 @@ def _plan_ctranslate2(profile: Profile, hw: Hardware, facts: ModelFacts | None) 
     problems = [] if hw.has("ctranslate2") else ["not installed (pip install 'inferplug[ctranslate2]')"]
     if fmt in ("awq", "gptq", "exl2"):
         problems.append(f"cannot load {fmt.upper()} weights; it converts unquantized HF or GGUF models")
+    if facts is not None and facts.gguf_matrices and facts.family not in ("", *ct2_compute.GGUF_FAMILIES):
+        problems.append(f"converts a GGUF of {', '.join(ct2_compute.GGUF_FAMILIES)} models only (through an HF "
+                        f"dir), and this is a {facts.family} model: use the native backend")
     problems += _single_device(profile)
     if problems:
         raise _Rejected("; ".join(problems))
@@ -345,7 +348,7 @@ def _local_plan(backend: str, profile: Profile, hw: Hardware, facts: ModelFacts 
     seqs = profile.limits.max_num_seqs or DEFAULT_MAX_NUM_SEQS[kind]
     memory = plan_memory(profile, facts, device=device, kind=kind, available=available, bits=bits,
                          kv_dtype_bytes=kv_bytes or DTYPE_BYTES[kv_dtype], context_tokens=max_len,
-                         useful_tokens=seqs * max_len, draft=draft)
+                         useful_tokens=seqs * max_len, draft=draft, rope_tables=backend == "native")
     if memory.cache_tokens < max_len:
         fix = "free memory" if profile.cache.memory == "auto" else "raise cache.memory"
         reasons.append(f"max_model_len {memory.cache_tokens}: the KV cache holds only that many tokens "

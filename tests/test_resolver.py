@@ -137,6 +137,14 @@ def test_awq_on_a_cpu_too_small_says_what_it_needs():
         resolve(load_profile("zephyr-awq"), cpu(ram_free=4 * GiB))
 
 
+def test_ct2_refuses_a_gguf_of_a_family_it_cannot_convert():
+    """CTranslate2 reads a GGUF through an HF dir our loader writes, for Llama-family files only: a profile pinning it
+    for a Qwen3 GGUF is refused with the reason and the fix, before any conversion starts."""
+    facts = dataclasses.replace(SMOLLM2, family="qwen3", gguf_matrices=(("layer", "Q4_K", 1000),))
+    with pytest.raises(ResolveError, match="converts a GGUF of llama models only .* use the native backend"):
+        resolve(load_profile("smollm2-135m-ct2"), cpu(), facts)
+
+
 def test_ct2_profile_on_cpu_uses_int8():
     plan = resolve(load_profile("smollm2-135m-ct2"), cpu(), SMOLLM2)
     assert (plan.backend, plan.compute_type, plan.attention) == ("ctranslate2", "int8", "ctranslate2")

@@ -18,6 +18,7 @@ from pathlib import Path
 from inferplug.errors import ModelSourceError
 from inferplug.models.config import ModelConfig
 
+# the GGUF architectures write_hf_dir writes as an HF dir: ct2_compute.GGUF_FAMILIES' (the resolver refuses others)
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 _DONE_MARKER = "inferplug-converted.json"
 
