@@ -46,6 +46,9 @@ def read_quant_spec(model_dir: Path) -> QuantSpec | None:
     if raw is None:
         return None
     method = str(raw.get("quant_method", "gptq")).lower()
+    if method == "mxfp4":  # gpt-oss's release: its GGUF holds the same MXFP4 experts, which the engine runs as stored
+        raise ProfileError(f"{model_dir} keeps its experts in MXFP4, which the native engine reads from a GGUF only "
+                           "for now: use the model's GGUF (llama.cpp's converter keeps the MXFP4 bits as they are)")
     if method not in ("awq", "gptq"):
         raise ProfileError(f"{model_dir} is quantized with {method!r}; the native engine reads AWQ and GPTQ int4 "
                            "checkpoints only: use an unquantized, GGUF, AWQ or GPTQ model")
