@@ -57,6 +57,7 @@ class ModelFacts:
     # layer's num_key_value_heads * head_dim
     kv_values_per_token: int = 0
     rope_widths: int = 0  # the RoPE tables' widths, one a head size rotated alike (0: head_dim's one)
+    state_bytes_per_sequence: int = 0  # a hybrid model's DeltaNet state a running sequence holds (fp32 counted)
 
     def __post_init__(self) -> None:  # the memo's JSON gives lists
         object.__setattr__(self, "gguf_matrices", tuple(tuple(m) for m in self.gguf_matrices))
@@ -66,7 +67,8 @@ class ModelFacts:
         return cls(config.num_parameters(), config.num_hidden_layers, config.num_key_value_heads,
                    config.head_dim, config.max_position_embeddings, origin, config.vocab_size,
                    config.hidden_size, config.tie_word_embeddings, config.num_attention_heads, family=config.family,
-                   kv_values_per_token=config.kv_bytes_per_token(1), rope_widths=sum(config.rope_table_dims()))
+                   kv_values_per_token=config.kv_bytes_per_token(1), rope_widths=sum(config.rope_table_dims()),
+                   state_bytes_per_sequence=config.state_bytes_per_sequence(4))
 
     @property
     def embedding_parameters(self) -> int:
@@ -101,11 +103,13 @@ class MemoryBreakdown:
     seqs_at_full_context: int = 0  # concurrent sequences of max_model_len tokens (the resolver sets it)
     ranks: int = 1  # tensor parallel: each rank holds 1/ranks of the weights and of every token's KV
     with_draft: bool = False  # the weights and KV bytes include a draft model's (speculative decoding)
+    state_bytes: int = 0  # a hybrid model's DeltaNet states, one per running sequence (max_num_seqs)
 
     def summary(self) -> str:
         draft = ", draft model included" if self.with_draft else ""
+        states = f" + DeltaNet states {gib(self.state_bytes)}" if self.state_bytes else ""
         return (f"weights {gib(self.weights_bytes)} ({self.weight_bits:.3g} bits/param{draft}) + reserve "
-                f"{gib(self.reserve_bytes)} + KV cache {gib(self.kv_budget_bytes)} "
+                f"{gib(self.reserve_bytes)}{states} + KV cache {gib(self.kv_budget_bytes)} "
                 f"({self.kv_bytes_per_token / 1024:.1f} KiB/token -> {self.cache_tokens} tokens) "
                 f"of {gib(self.available_bytes)} available on {self.device}"
                 + (f"; per rank of {self.ranks}: weights {gib(self.weights_bytes / self.ranks)} + KV cache "
@@ -146,7 +150,7 @@ def facts_from_file(path: Path) -> ModelFacts:
     from inferplug.sources import home, write_memo
 
     st = path.stat()
-    version = f"v7|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"  # v7: facts gained per-layer KV sizes
+    version = f"v8|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"  # v8: facts gained DeltaNet state sizes
     memo = home() / "facts" / f"{hashlib.sha256(version.encode()).hexdigest()[:32]}.json"
     try:
         return ModelFacts(**json.loads(memo.read_text()))
@@ -251,24 +255,28 @@ def _native_quantized_bits(fmt: str, dtype: str, facts: ModelFacts | None, head_
 
 def plan_memory(profile: Profile, facts: ModelFacts, *, device: str, kind: str, available: int, bits: float,
                 kv_dtype_bytes: float, context_tokens: int, useful_tokens: int,
-                draft: ModelFacts | None = None, rope_tables: bool = False) -> MemoryBreakdown:
+                draft: ModelFacts | None = None, rope_tables: bool = False, seqs: int = 0) -> MemoryBreakdown:
     """Size the KV cache from what the weights leave; DoesNotFit when nothing useful remains.
 
     An "auto" cache holds, on the CPU, `context_tokens` (max_model_len) in whole blocks, as llama.cpp's -c sizes
     its cache: the context asked, not what RAM could hold; on CUDA at most 90% of what is left, capped by
     `useful_tokens` (max_num_seqs x max_model_len): more would never be filled. Either way no more than is left.
     `draft`: a draft model's weights (quantized alike) and its KV pool, which holds as many blocks as the
-    target's, count too. `rope_tables`: the native decoder's RoPE tables of `context_tokens` rows count too."""
+    target's, count too. `rope_tables`: the native decoder's RoPE tables of `context_tokens` rows count too.
+    `seqs`: the running sequences a hybrid model holds a DeltaNet state for (max_num_seqs), fixed beside the
+    weights."""
     models = [facts, *([draft] if draft else [])]
     weights = sum(int(m.num_parameters * bits / 8) for m in models)
     reserve = int(RESERVE_FIXED[kind] + RESERVE_SHARE[kind] * weights) + \
         (sum(m.rope_table_bytes(context_tokens) for m in models) if rope_tables else 0)
-    left = available - weights - reserve
+    states = facts.state_bytes_per_sequence * seqs
+    left = available - weights - reserve - states
     if left <= 0:
         raise DoesNotFit(
             f"weights need {gib(weights)} ({sum(m.num_parameters for m in models) / 1e9:.2f}B params x {bits:g} "
             f"bits{', draft model included' if draft else ''}) + "
-            f"{gib(reserve)} reserve, but only {gib(available)} is available on {device}"
+            f"{gib(reserve)} reserve{f' + {gib(states)} of DeltaNet states' if states else ''}, but only "
+            f"{gib(available)} is available on {device}"
         )
     per_token = sum(m.kv_bytes_per_token(kv_dtype_bytes) for m in models)
     block = profile.cache.block_size
@@ -289,4 +297,5 @@ def plan_memory(profile: Profile, facts: ModelFacts, *, device: str, kind: str, 
             f"than one block of {block}; raise cache.memory"
         )
     return MemoryBreakdown(device, available, bits, weights, reserve, budget, per_token, tokens,
-                           ranks=profile.parallel.tensor_parallel_size, with_draft=draft is not None)
+                           ranks=profile.parallel.tensor_parallel_size, with_draft=draft is not None,
+                           state_bytes=states)

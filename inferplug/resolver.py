@@ -249,6 +249,12 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
     plan.weight_format = weight_format
     plan.threads_per_rank = parallel.threads_per_rank
     plan.reasons.append(document_cache_why(profile.cache, facts.family if facts is not None else ""))
+    from inferplug.models.registry import family as family_of
+
+    recurrent = family_of(facts.family).recurrent_why if facts is not None and facts.family else ""
+    if recurrent:  # the engine keeps its blocks unhashed likewise (engine/llm_engine.py)
+        plan.prefix_caching = False
+        plan.reasons.append(f"prefix caching off, and no speculative decoding or beam search: {recurrent}")
     if not gpus:
         plan.onednn_max_isa, amx_why = onednn_max_isa(hw)
         plan.reasons += [amx_why] if amx_why else []
@@ -348,7 +354,8 @@ def _local_plan(backend: str, profile: Profile, hw: Hardware, facts: ModelFacts 
     seqs = profile.limits.max_num_seqs or DEFAULT_MAX_NUM_SEQS[kind]
     memory = plan_memory(profile, facts, device=device, kind=kind, available=available, bits=bits,
                          kv_dtype_bytes=kv_bytes or DTYPE_BYTES[kv_dtype], context_tokens=max_len,
-                         useful_tokens=seqs * max_len, draft=draft, rope_tables=backend == "native")
+                         useful_tokens=seqs * max_len, draft=draft, rope_tables=backend == "native",
+                         seqs=seqs if backend == "native" else 0)
     if memory.cache_tokens < max_len:
         fix = "free memory" if profile.cache.memory == "auto" else "raise cache.memory"
         reasons.append(f"max_model_len {memory.cache_tokens}: the KV cache holds only that many tokens "

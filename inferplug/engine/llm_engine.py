@@ -28,8 +28,9 @@ from inferplug.engine.scheduler import Scheduler
 from inferplug.engine.sequence import Sequence
 from inferplug.engine.spec_decode import make_proposer
 from inferplug.engine.spec_verify import spec_stats
-from inferplug.errors import GenerationError, RequestError
+from inferplug.errors import GenerationError, ProfileError, RequestError
 from inferplug.models.config import ModelConfig
+from inferplug.models.delta_net import CHUNK as DELTA_CHUNK
 from inferplug.models.registry import family
 from inferplug.stages.prompt import EncodedPrompt, encode_prompt
 from inferplug.types import Event, FinishReason, Request, SamplingParams
@@ -60,7 +61,14 @@ class LLMEngine:
             self.eos_token_ids = {tokenizer.eos_token_id}
         if draft is not None:
             check_draft(model_config, tokenizer, draft, self.max_model_len)
-        self.blocks = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
+        # a hybrid model's DeltaNet layers keep a state per running sequence, which a cached prefix's blocks lack
+        self.recurrent_why = recurrent_why = family(model_config.family).recurrent_why
+        state_slots = config.max_num_seqs if recurrent_why else 0
+        if recurrent_why and config.speculative_method != "none":
+            raise ProfileError(f"speculative decoding does not run on {model_config.family}: {recurrent_why}; set "
+                               "[speculative] method = \"none\"")
+        self.blocks = BlockManager(config.num_kv_blocks, config.block_size,
+                                   config.enable_prefix_caching and not recurrent_why)
         sampler = Sampler(sorted(self.eos_token_ids))
         if config.tensor_parallel_size > 1:  # rank 0 here, the other ranks in their own processes
             from inferplug.engine.parallel.runner import ParallelRunner
@@ -71,11 +79,12 @@ class LLMEngine:
             model = DecoderModel(model_config, state_dict, dtype=config.torch_dtype, device=config.device,
                                attention=config.attention, kv_dtype=config.torch_kv_dtype,
                                max_positions=self.max_model_len)
-            graphs = config.cuda_graphs and config.device.startswith("cuda")  # decode steps per batch-size bucket
+            # decode steps per batch-size bucket (not over DeltaNet states)
+            graphs = config.cuda_graphs and config.device.startswith("cuda") and not recurrent_why
             self.runner = ModelRunner(model, num_blocks=config.num_kv_blocks, block_size=config.block_size,
                                       sampler=sampler, max_num_seqs=config.max_num_seqs if graphs else 0,
                                       max_model_len=self.max_model_len, weight_format=config.weight_format,
-                                      prefill_gemm=config.prefill_gemm)
+                                      prefill_gemm=config.prefill_gemm, state_slots=state_slots)
         # RAG document KV reuse (engine/doc_cache.py), a prefix source the scheduler asks; inert without
         # Request.documents. Not under tensor parallel: it copies KV on rank 0 only, which holds a slice of the heads;
         # nor for a family it does not take (rag_cache_plan.py says why).
@@ -94,7 +103,7 @@ class LLMEngine:
             prefix_source=self.doc_cache, proposer=self.proposer,
             recompute=RecomputePolicy(config.rag_recompute, config.rag_recompute_fraction,
                                       min(DEVIATION_LAYER, model_config.num_hidden_layers - 1)),
-            schedule=config.schedule,
+            schedule=config.schedule, state_slots=state_slots, state_chunk=DELTA_CHUNK if recurrent_why else 0,
         )
         self.requests: dict[str, RequestState] = {}
         self.text_stopped: deque[Sequence] = deque()  # ended by a stop string in the output stage, still scheduled
@@ -116,7 +125,7 @@ class LLMEngine:
                              max_step_tokens=self.scheduler.max_num_batched_tokens, num_blocks=self.blocks.num_blocks,
                              speculative=self.scheduler.proposer is not None, block_size=self.blocks.block_size,
                              max_seq_len=min(len(prompt_ids) + (request.params.max_tokens or self.max_model_len),
-                                             self.max_model_len))
+                                             self.max_model_len), recurrent_why=self.recurrent_why)
         state = RequestState.create(request, prompt_ids, self.max_model_len, self.tokenizer, self.config.device,
                                     self.eos_token_ids, self.reasoning_parser)
         first, *rest = state.seqs

@@ -26,11 +26,12 @@ def is_decode_row(seq: Sequence, tokens: int) -> bool:
 
 class ModelRunner:
     def __init__(self, model, *, num_blocks: int, block_size: int, sampler: Sampler, max_num_seqs: int = 0,
-                 max_model_len: int = 0, weight_format: str | None = None, prefill_gemm: str = "float32"):
+                 max_model_len: int = 0, weight_format: str | None = None, prefill_gemm: str = "float32",
+                 state_slots: int = 0):
         """The model is put in its final format first: weight_format's weight-only layers (quant/linear.py; None:
         as loaded) and prefill_gemm, how its block layers multiply prompt rows (quant/block_linear.py), before the
         KV pools take their memory. max_num_seqs and max_model_len size the decode CUDA graphs (0: none), where the
-        ops set offers them."""
+        ops set offers them. state_slots: the sequences a hybrid model's DeltaNet layers hold a state for."""
         from inferplug.quant.block_linear import set_prefill_gemm
         from inferplug.quant.linear import quantize_model
 
@@ -39,7 +40,8 @@ class ModelRunner:
         set_prefill_gemm(model, prefill_gemm)  # once per model, never per step
         self.model = model
         self.block_size = block_size
-        self.kv_caches = model.allocate_kv_cache(num_blocks, block_size)
+        self.kv_caches = model.allocate_kv_cache(num_blocks, block_size, state_slots)
+        self.keeps_states = state_slots > 0
         self.sampler = sampler
         self.device = model.device
         self.graphs = None
@@ -94,6 +96,8 @@ class ModelRunner:
                 row = len(inputs.input_ids) + first - start
                 inputs.prompt_rows += range(row, row + scored)
                 spans.append((seq, first, scored))
+            if self.keeps_states:  # from zero state at its first token, else from its slot's
+                inputs.states.append((n, seq.state_slot, start == 0))
             inputs.input_ids += tokens[start:start + n]
             inputs.positions += range(start, start + n)
             inputs.slots += [self._slot(seq, p) for p in range(start, start + n)]
@@ -119,6 +123,7 @@ class ModelRunner:
         """Run the model over the step's rows; the fp32 logits of its sample rows, then of its prompt rows (None:
         neither)."""
         ctx = self.model.ops.context(inputs, self._tensor(inputs.slots))
+        ctx.states = inputs.states
         if inputs.probes:
             probed = self._tensor([r for a, b, _ in inputs.probes for r in range(a, b)])
             ctx.probe = DeviationProbe(inputs.probe_layer, inputs.probes,

@@ -24,10 +24,14 @@ def validate_prompt(prompt_ids: list[int], params: SamplingParams, vocab_size: i
 
 
 def validate_beam_search(params: SamplingParams, *, max_num_seqs: int, max_step_tokens: int, speculative: bool,
-                         num_blocks: int, block_size: int, max_seq_len: int) -> None:
-    """Raise RequestError for a beam search this engine cannot run (SamplingParams checked the rest)."""
+                         num_blocks: int, block_size: int, max_seq_len: int, recurrent_why: str = "") -> None:
+    """Raise RequestError for a beam search this engine cannot run (SamplingParams checked the rest).
+    `recurrent_why`: why the model's per-sequence state keeps beams from forking ("": it has none)."""
     if not params.use_beam_search:
         return
+    if recurrent_why:
+        raise RequestError(f"beam search does not run on this model: {recurrent_why}; drop use_beam_search "
+                           "(sample n choices instead)", param="use_beam_search")
     if params.beam_width > max_num_seqs:
         raise RequestError(f"beam_width={params.beam_width} is above this engine's limit of {max_num_seqs} running "
                            "sequences (max_num_seqs): lower beam_width or raise [limits] max_num_seqs",

@@ -7,6 +7,12 @@ admission goes to a client with the fewest running sequences). When the pool run
 short, the newest running sequence is preempted by recompute: its blocks go back to the pool,
 its full blocks usually stay cached, and it rejoins the front of the queue.
 
+A hybrid model (Qwen3.5) keeps a fixed-size state per running sequence in its DeltaNet layers: a sequence is admitted
+only with a state slot free, holds it while it runs, and gives it back when it finishes or is preempted (the state is
+freed, not kept: a preempted sequence computes its tokens again from the start, as the prefix cache is off for it).
+Its prompt's chunks end on the DeltaNet's chunk grid (state_chunk), so the chunked delta rule cuts the prompt the
+same way however the steps split it: a sequence's state and outputs do not depend on what shares its steps.
+
 The scheduler is the one writer of a sequence's token counts, tokens and blocks: it admits,
 advances (`update_after_step`, `append_token`), preempts and finishes. A prefix source (the RAG
 document cache) is asked, never given the pool: where a prefill chunk must stop, which cached
@@ -78,10 +84,12 @@ class Scheduler:
     def __init__(self, blocks: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
                  max_prefill_tokens_while_decoding: int = 0, prefix_source: PrefixSource | None = None,
                  proposer: Proposer | None = None, recompute: RecomputePolicy = RecomputePolicy(),
-                 schedule: str = "fifo"):
+                 schedule: str = "fifo", state_slots: int = 0, state_chunk: int = 0):
         """max_prefill_tokens_while_decoding: prefill tokens a step may carry beside decode rows (0: the whole
         budget), so a long prompt's chunks stretch the running streams' steps by a bounded amount. schedule:
-        "cache_aware" admits waiting requests with cached tokens early, each wait within 2x FIFO's (cache_aware.py)."""
+        "cache_aware" admits waiting requests with cached tokens early, each wait within 2x FIFO's (cache_aware.py).
+        state_slots: a hybrid model's per-sequence DeltaNet states (0: the model keeps none), and state_chunk the
+        chunk its delta rule cuts a prompt into."""
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -91,6 +99,9 @@ class Scheduler:
         self.recompute = recompute  # which tokens of a segment the prefix source filled are computed again
         self.num_recomputed_tokens = 0
         self.num_draft_tokens = self.num_accepted_tokens = self.num_spec_steps = 0
+        self.free_state_slots = list(range(state_slots))[::-1]
+        self.needs_state = state_slots > 0
+        self.state_chunk = state_chunk
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -130,6 +141,9 @@ class Scheduler:
                 i += 1  # step: one with room for them, or else one no other prefill shares (over the budget)
                 continue
             n = self._chunk(seq, seq.num_computed_tokens, max(limit - extra, 1))
+            if not n:  # no whole chunk fits beside this step's other rows: the next step
+                i += 1
+                continue
             if seq.spec_token_ids and not self.blocks.allocate(seq, seq.num_computed_tokens + n):
                 self._trim_proposal(seq, 0)  # no room to speculate: decode plainly rather than preempt another
                 n = self._chunk(seq, seq.num_computed_tokens, budget)
@@ -153,12 +167,15 @@ class Scheduler:
         seats = sum(seq.seats for seq in self.running)
         self._order_waiting(seats)
         while (self.waiting and min(budget, prefill_budget) > 0
+               and (self.free_state_slots or not self.needs_state)
                and seats + (seq := self._next_waiting()).seats <= self.max_num_seqs):
             hits = self._prefix_hits(seq)
             computed = len(hits) * self.blocks.block_size
             # a cached document starting where the hit ends is filled now, and seq computes on from it next step
             fills = self._source_fills_at(seq, computed)
             n = 0 if fills else self._chunk(seq, computed, min(budget, prefill_budget))
+            if not n and not fills:
+                break
             if not self.blocks.allocate(seq, computed + n, hits):
                 break
             self.waiting.remove(seq)
@@ -246,6 +263,10 @@ class Scheduler:
         n = min(len(seq.token_ids) + len(seq.spec_token_ids) - computed, budget)
         if self.prefix_source is not None and self.prefix_source.has_spans(seq):
             n = self.prefix_source.chunk_end(seq, computed, n)
+        if self.state_chunk and computed + n < len(seq.token_ids):  # a piece of a hybrid model's prompt
+            aligned = (computed + n) // self.state_chunk * self.state_chunk - computed
+            # 0: wait for a step with room, unless no step ever has it (then the grid is left, and met again later)
+            n = aligned if aligned > 0 or self.max_num_batched_tokens >= self.state_chunk else n
         return n
 
     def _propose(self, budget: int) -> None:
@@ -315,6 +336,8 @@ class Scheduler:
             self.blocks.hit_tokens += seq.num_cached_tokens
         seq.first_scheduled_time = seq.first_scheduled_time or time.perf_counter()
         seq.status = SequenceStatus.RUNNING
+        if self.needs_state:
+            seq.state_slot = self.free_state_slots.pop()
         self.running.append(seq)
 
     def _order_waiting(self, seats: int) -> None:
@@ -349,6 +372,9 @@ class Scheduler:
 
     def _release(self, seq: Sequence) -> None:
         self.blocks.release(seq)
+        if seq.state_slot >= 0:
+            self.free_state_slots.append(seq.state_slot)
+            seq.state_slot = -1
         seq.recompute = []
         if self.proposer is not None:
             self.proposer.release(seq)

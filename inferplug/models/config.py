@@ -47,7 +47,18 @@ class ModelConfig:
     kv_sources: tuple[int, ...] = ()
     v_from_k: tuple[bool, ...] = ()
     per_layer_input_size: int = 0
+    layer_intermediate_sizes: tuple[int, ...] = ()  # the dense MLP's width per layer where it differs (E2B's doubles)
     dense_beside_moe: bool = False  # Gemma 4's MoE layers run a dense MLP beside the experts
+    # Qwen3.5's hybrid stack: the Gated DeltaNet layers (models/delta_net.py; the rest attend), their geometry, and
+    # the sigmoid gate on the attention layers' output (q_proj's second half of each head)
+    linear_layers: tuple[bool, ...] = ()
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
+    linear_heads_tiled: bool = False  # value head j reads q/k head j % key heads (llama.cpp's order), not j // ratio
+    attention_output_gate: bool = False
 
     def head_dim_of(self, layer: int) -> int:
         return self.layer_head_dims[layer] if self.layer_head_dims else self.head_dim
@@ -67,6 +78,25 @@ class ModelConfig:
                         self.head_dim)
 
         return (first(False),) if self.rope_local_theta is None else (first(False), first(True))
+
+    def is_linear_layer(self, layer: int) -> bool:
+        """Whether layer `layer` is a Gated DeltaNet (a recurrent state per sequence, no KV)."""
+        return bool(self.linear_layers) and self.linear_layers[layer]
+
+    def delta_net_sizes(self) -> tuple[int, int, int]:
+        """A DeltaNet layer's q/k width, v width and conv channels (q, k and v pass the conv)."""
+        key = self.linear_num_key_heads * self.linear_key_head_dim
+        value = self.linear_num_value_heads * self.linear_value_head_dim
+        return key, value, 2 * key + value
+
+    def state_bytes_per_sequence(self, dtype_bytes: int) -> int:
+        """The fixed memory one sequence holds in the DeltaNet layers: its conv window (`dtype_bytes` a value) and
+        its fp32 recurrent state, [value heads, key dim, value dim], per layer."""
+        if not self.linear_layers:
+            return 0
+        conv = self.delta_net_sizes()[2] * (self.linear_conv_kernel_dim - 1) * dtype_bytes
+        recurrent = self.linear_num_value_heads * self.linear_key_head_dim * self.linear_value_head_dim * 4
+        return sum(self.linear_layers) * (conv + recurrent)
 
     def is_moe_layer(self, layer: int) -> bool:
         return self.num_experts > 0 and bool(self.moe_layers) and self.moe_layers[layer]
@@ -104,8 +134,19 @@ class ModelConfig:
         an MoE layer the router and each expert's projections in place of the dense MLP."""
         h, q, kv = self.hidden_size, self.num_attention_heads * self.head_dim_of(layer), \
             self.kv_heads_of(layer) * self.head_dim_of(layer)
+        inter = self.layer_intermediate_sizes[layer] if self.layer_intermediate_sizes else self.intermediate_size
         shapes = {**self.linear_shapes(), "self_attn.q_proj": (q, h), "self_attn.k_proj": (kv, h),
-                  "self_attn.v_proj": (kv, h), "self_attn.o_proj": (h, q)}
+                  "self_attn.v_proj": (kv, h), "self_attn.o_proj": (h, q), "mlp.gate_proj": (inter, h),
+                  "mlp.up_proj": (inter, h), "mlp.down_proj": (h, inter)}
+        if self.is_linear_layer(layer):  # a DeltaNet in place of attention
+            key, value, conv = self.delta_net_sizes()
+            heads = self.linear_num_value_heads
+            shapes = {name: shape for name, shape in shapes.items() if not name.startswith("self_attn.")}
+            shapes.update({"linear_attn.in_proj_qkv": (conv, h), "linear_attn.in_proj_z": (value, h),
+                           "linear_attn.in_proj_b": (heads, h), "linear_attn.in_proj_a": (heads, h),
+                           "linear_attn.out_proj": (h, value)})
+        elif self.attention_output_gate:  # q_proj carries the gate
+            shapes["self_attn.q_proj"] = (2 * q, h)
         if self.kv_source(layer) != layer:
             del shapes["self_attn.k_proj"], shapes["self_attn.v_proj"]
         elif self.v_from_k and self.v_from_k[layer]:
@@ -124,4 +165,4 @@ class ModelConfig:
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """K and V of every layer that keeps its own (a layer reading another's KV adds none)."""
         return sum(2 * self.kv_heads_of(n) * self.head_dim_of(n) * dtype_bytes
-                   for n in range(self.num_hidden_layers) if self.kv_source(n) == n)
+                   for n in range(self.num_hidden_layers) if self.kv_source(n) == n and not self.is_linear_layer(n))

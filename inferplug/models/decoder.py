@@ -16,9 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from inferplug.models.config import ModelConfig
+from inferplug.models.delta_net import DeltaNetWeights, allocate_states, delta_net
 from inferplug.models.moe import MoeWeights, moe_mlp
 from inferplug.models.registry import family
-from inferplug.models.rope import rope_tables
+from inferplug.models.rope import partial_rope_order, rope_tables
 from inferplug.ops import select_ops
 from inferplug.ops.attention import AttentionContext
 from inferplug.ops.parallel_group import SINGLE, SingleDevice
@@ -32,7 +33,7 @@ LINEARS = ("qkv", "o", "gate_up", "down", "per_layer_embed", "per_layer_gate", "
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor
-    qkv: Any
+    qkv: Any  # None in a DeltaNet layer (its weights are in `delta`); q, k, v, then the output gate's rows if any
     qkv_bias: torch.Tensor | None
     o: Any
     post_norm: torch.Tensor  # the MLP's input norm
@@ -62,6 +63,8 @@ class LayerWeights:
     experts_in_norm: torch.Tensor | None = None
     dense_out_norm: torch.Tensor | None = None
     experts_out_norm: torch.Tensor | None = None
+    delta: DeltaNetWeights | None = None  # Qwen3.5: a Gated DeltaNet in place of attention (models/delta_net.py)
+    gate_rows: int = 0  # Qwen3.5's attention: qkv's last rows gate its output (sigmoid)
 
     def linears(self) -> Iterator[Any]:
         """Every linear weight of the layer, its experts' too."""
@@ -69,6 +72,8 @@ class LayerWeights:
         if self.moe is not None:
             yield from self.moe.gate_up
             yield from self.moe.down
+        if self.delta is not None:
+            yield from (getattr(self.delta, name) for name in DeltaNetWeights.LINEARS)
 
     def map_linears(self, convert: Callable[[Any], Any]) -> None:
         for name in LINEARS:
@@ -76,13 +81,17 @@ class LayerWeights:
                 setattr(self, name, convert(getattr(self, name)))
         if self.moe is not None:
             self.moe.map(convert)
+        if self.delta is not None:
+            for name in DeltaNetWeights.LINEARS:
+                setattr(self.delta, name, convert(getattr(self.delta, name)))
 
 
-def row_slice(weight: Any, start: int, stop: int) -> Any:
-    """Rows start:stop of a weight: a float tensor's, or a GGUF block layer's (quant/block_linear.py)."""
+def row_slice(weight: Any, rows: slice | torch.Tensor) -> Any:
+    """Some rows of a weight (a slice, or their indices): a float tensor's, or a GGUF block layer's
+    (quant/block_linear.py)."""
     if isinstance(weight, torch.Tensor):
-        return weight[start:stop].contiguous()
-    return type(weight)(weight.blocks[start:stop].contiguous())
+        return weight[rows].contiguous()
+    return type(weight)(weight.blocks[rows].contiguous())
 
 
 class DecoderModel:
@@ -133,6 +142,10 @@ class DecoderModel:
             self.per_layer_inputs = (take("model.embed_tokens_per_layer.weight"),
                                      take("model.per_layer_projection_norm.weight"))
             projection = take("model.per_layer_model_projection.weight")  # each layer takes its rows
+        scaling = config.rope_scaling or {}
+        # partial RoPE (Qwen3.5): each head's rotated dims moved to the pairs the tables rotate (rope.py)
+        order = partial_rope_order(config.head_dim, scaling["partial_rotary_factor"]) \
+            if scaling.get("rope_type") == "partial" else None
         self.layers = []
         for i in range(config.num_hidden_layers):
             p = f"model.layers.{i}."
@@ -141,8 +154,19 @@ class DecoderModel:
             parts = "qkv"[: 1 if not own_kv else 2 if v_from_k else 3]
             for unused in ("k_proj.weight", "v_proj.weight", "k_norm.weight") if not own_kv else ():
                 state_dict.pop(f"{p}self_attn.{unused}", None)  # shipped for shared layers by some checkpoints
-            attn = [take(f"{p}self_attn.{n}_proj.weight") for n in parts]
-            bias = None
+            delta = attn = bias = q_norm = k_norm = None
+            if config.is_linear_layer(i):
+                delta = self.delta_net_weights(take, p)
+            else:
+                attn = [take(f"{p}self_attn.{n}_proj.weight") for n in parts]
+                q_norm, k_norm = maybe_norm(f"{p}self_attn.q_norm.weight"), maybe_norm(f"{p}self_attn.k_norm.weight")
+            if config.attention_output_gate and attn:  # q_proj's heads: q rows then gate rows; the gate goes last
+                heads = torch.arange(2 * self.q_size).view(self.num_heads, 2, -1)
+                attn = [row_slice(attn[0], heads[:, 0].flatten()), *attn[1:], row_slice(attn[0], heads[:, 1].flatten())]
+            if order is not None and attn:
+                attn[0] = row_slice(attn[0], (torch.arange(self.q_size).view(self.num_heads, -1)[:, order]).flatten())
+                attn[1] = row_slice(attn[1], (torch.arange(self.kv_size).view(self.num_kv_heads, -1)[:, order]).flatten())
+                q_norm, k_norm = q_norm[order], k_norm[order]
             if f"{p}self_attn.q_proj.bias" in state_dict:
                 bias = torch.cat([take(f"{p}self_attn.{n}_proj.bias") for n in parts])
             gate_up = down = moe = None
@@ -156,14 +180,14 @@ class DecoderModel:
             sandwich = fam.sandwich_norms
             self.layers.append(LayerWeights(
                 input_norm=norm(f"{p}input_layernorm.weight"),
-                qkv=fuse_rows(attn),
+                qkv=fuse_rows(attn) if attn else None,
                 qkv_bias=bias,
-                o=take(f"{p}self_attn.o_proj.weight"),
+                o=take(f"{p}self_attn.o_proj.weight") if attn else None,
                 post_norm=norm(f"{p}pre_feedforward_layernorm.weight" if sandwich else f"{p}post_attention_layernorm.weight"),
                 gate_up=gate_up,
                 down=down,
-                q_norm=maybe_norm(f"{p}self_attn.q_norm.weight"),
-                k_norm=maybe_norm(f"{p}self_attn.k_norm.weight"),
+                q_norm=q_norm,
+                k_norm=k_norm,
                 attn_out_norm=norm(f"{p}post_attention_layernorm.weight") if sandwich else None,
                 mlp_out_norm=norm(f"{p}post_feedforward_layernorm.weight") if sandwich else None,
                 moe=moe,
@@ -174,7 +198,7 @@ class DecoderModel:
                 head_dim=config.head_dim_of(i),
                 kv_source=config.kv_source(i),
                 v_from_k=v_from_k,
-                per_layer_embed=row_slice(projection, i * width, (i + 1) * width) if width else None,
+                per_layer_embed=row_slice(projection, slice(i * width, (i + 1) * width)) if width else None,
                 per_layer_gate=take(f"{p}per_layer_input_gate.weight") if width else None,
                 per_layer_proj=take(f"{p}per_layer_projection.weight") if width else None,
                 per_layer_norm=maybe_norm(f"{p}post_per_layer_input_norm.weight"),
@@ -182,6 +206,8 @@ class DecoderModel:
                 experts_in_norm=norm(f"{p}pre_feedforward_layernorm_2.weight") if beside else None,
                 dense_out_norm=norm(f"{p}post_feedforward_layernorm_1.weight") if beside else None,
                 experts_out_norm=norm(f"{p}post_feedforward_layernorm_2.weight") if beside else None,
+                delta=delta,
+                gate_rows=self.q_size if config.attention_output_gate and attn else 0,
             ))
         dims, positions = config.rope_table_dims(), max_positions or config.max_position_embeddings
         self.cos, self.signed_sin = rope_tables(config, self.device, dim=dims[0], positions=positions)
@@ -196,17 +222,40 @@ class DecoderModel:
         self.activation = {"silu": self.ops.silu_mul, "gelu_tanh": self.ops.gelu_tanh_mul,
                            "swiglu_oai": self.ops.swiglu_oai_mul}[fam.activation]
 
+    def delta_net_weights(self, take: Callable[[str], Any], p: str) -> DeltaNetWeights:
+        """A Gated DeltaNet layer's weights (HF's names; A as -exp(A_log), dt_bias as dt.bias: models/families/qwen35.py)."""
+        c = self.config
+        def small(name: str) -> torch.Tensor:  # per-head constants stay fp32, as HF computes the decay
+            return take(f"{p}linear_attn.{name}").float()
+
+        heads = torch.arange(c.linear_num_value_heads)
+        ratio = c.linear_num_value_heads // c.linear_num_key_heads
+        return DeltaNetWeights(
+            qkv=take(f"{p}linear_attn.in_proj_qkv.weight"), z=take(f"{p}linear_attn.in_proj_z.weight"),
+            b=take(f"{p}linear_attn.in_proj_b.weight"), a=take(f"{p}linear_attn.in_proj_a.weight"),
+            conv=take(f"{p}linear_attn.conv1d.weight").reshape(c.delta_net_sizes()[2], -1),
+            dt_bias=small("dt.bias"), neg_a=small("A"), norm=take(f"{p}linear_attn.norm.weight"),
+            out=take(f"{p}linear_attn.out_proj.weight"), key_heads=c.linear_num_key_heads,
+            value_heads=c.linear_num_value_heads, key_dim=c.linear_key_head_dim, value_dim=c.linear_value_head_dim,
+            # HF groups a q/k head's value heads together; llama.cpp's GGUF tiles them (its converter's reorder)
+            key_of_value=(heads % c.linear_num_key_heads if c.linear_heads_tiled else heads // ratio).to(self.device))
+
     def rope_of(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer `layer`'s RoPE tables (cos, signed sin): a sliding layer's own base where the family has one."""
         if self.local_rope is not None and self.layers[layer].window:
             return self.local_rope
         return self.cos, self.signed_sin
 
-    def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """A K and a V pool per layer, at its own geometry; a layer reading another's KV gets that layer's pools."""
+    def allocate_kv_cache(self, num_blocks: int, block_size: int,
+                          state_slots: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """A K and a V pool per layer, at its own geometry; a layer reading another's KV gets that layer's pools; a
+        DeltaNet layer its `state_slots` sequences' state pools instead (models/delta_net.py)."""
         pools = []
         for layer in self.layers:
             shape = (layer.kv_heads, num_blocks, block_size, layer.head_dim)  # heads outermost: see ops/attention.py
+            if layer.delta is not None:
+                pools.append(allocate_states(layer.delta, state_slots, self.dtype, self.device))
+                continue
             pools.append(pools[layer.kv_source] if layer.kv_source != len(pools) else
                          (torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
                           torch.zeros(shape, dtype=self.kv_dtype, device=self.device)))
@@ -222,6 +271,8 @@ class DecoderModel:
         for layer in self.layers:
             total += sum(size(w) for name, w in vars(layer).items() if isinstance(w, torch.Tensor) or
                          (name in LINEARS and w is not None))
+            if layer.delta is not None:
+                total += sum(size(getattr(layer.delta, name)) for name in DeltaNetWeights.LINEARS)
             if layer.moe is not None:
                 experts = len(layer.moe.down)
                 per_expert = sum(size(w) for w in (*layer.moe.gate_up, *layer.moe.down)) / experts
@@ -243,24 +294,12 @@ class DecoderModel:
         per_layer = None if self.per_layer_inputs is None else \
             (x.clone(), self.parallel.embed(input_ids, self.per_layer_inputs[0]))  # the embedding, the table's rows
         step_kv = {}  # this step's K and V rows of each layer that keeps its own: what a shared layer attends to
-        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
+        for i, (layer, pools) in enumerate(zip(self.layers, kv_caches)):
             h = ops.add_rms_norm(x, delta, layer.input_norm, eps)
-            qkv = linear(h, layer.qkv, layer.qkv_bias, rows)
-            if layer.kv_source == i:
-                if layer.v_from_k:  # V is K's projection, before K's norm and RoPE
-                    q_size = self.num_heads * layer.head_dim
-                    qkv = torch.cat([qkv, qkv[:, q_size:q_size + layer.kv_heads * layer.head_dim]], dim=1)
-                if layer.q_norm is not None:
-                    ops.qk_rms_norm_(qkv, layer.q_norm, layer.k_norm, self.num_heads, layer.kv_heads, eps,
-                                     v_norm=self.family.v_norm)
-                q, k, v = ops.rope_and_store(qkv, positions, *self.rope_of(i), k_cache, v_cache, ctx, self.num_heads)
-                step_kv[i] = k, v
-            else:  # q alone, over the KV an earlier layer stored in these pools this step
-                ops.qk_rms_norm_(qkv, layer.q_norm, None, self.num_heads, 0, eps)
-                q = ops.rope_q(qkv, positions, *self.rope_of(i), ctx)
-                k, v = step_kv[layer.kv_source]
-            attn = ops.attention(q, k, v, k_cache, v_cache, ctx, self.scale, layer.window, layer.sinks)
-            out = reduce(linear(attn, layer.o, layer.o_bias, rows))  # under tensor parallel a rank adds bias / tp
+            if layer.delta is not None:  # a recurrence over each sequence's state (pools: the layer's state pools)
+                out = delta_net(h, layer.delta, pools, ctx.states, eps, rows)
+            else:
+                out = self.attend(i, layer, h, positions, ctx, pools, step_kv, rows)
             if layer.attn_out_norm is not None:
                 out = ops.add_rms_norm(out, None, layer.attn_out_norm, eps)
             h = ops.add_rms_norm(x, out, layer.post_norm, eps)
@@ -283,11 +322,37 @@ class DecoderModel:
                 if layer.scalar is not None:
                     x.mul_(layer.scalar)
             if ctx.probe is not None and i == ctx.probe.layer:  # selective recompute: only the deviating rows go on
-                kept, ctx = ctx.probe.narrow(k)
+                kept, ctx = ctx.probe.narrow(step_kv[layer.kv_source][0])
                 x, positions = x[kept], positions[kept]
                 delta = None if delta is None else delta[kept]
                 per_layer = None if per_layer is None else tuple(t[kept] for t in per_layer)
         return x if delta is None else x.add_(delta)
+
+    def attend(self, i: int, layer: LayerWeights, h: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext,
+               kv_cache: tuple[torch.Tensor, torch.Tensor], step_kv: dict, rows: int | None) -> torch.Tensor:
+        """Layer i's attention over the normed rows `h`, its output projected: it stores this step's K and V in its
+        pools (and in step_kv, for the layers that share them), or reads an earlier layer's."""
+        ops, eps, (k_cache, v_cache) = self.ops, self.config.rms_norm_eps, kv_cache
+        qkv = linear(h, layer.qkv, layer.qkv_bias, rows)
+        if layer.gate_rows:
+            qkv, gate = qkv[:, :-layer.gate_rows].contiguous(), qkv[:, -layer.gate_rows:]
+        if layer.kv_source == i:
+            if layer.v_from_k:  # V is K's projection, before K's norm and RoPE
+                q_size = self.num_heads * layer.head_dim
+                qkv = torch.cat([qkv, qkv[:, q_size:q_size + layer.kv_heads * layer.head_dim]], dim=1)
+            if layer.q_norm is not None:
+                ops.qk_rms_norm_(qkv, layer.q_norm, layer.k_norm, self.num_heads, layer.kv_heads, eps,
+                                 v_norm=self.family.v_norm)
+            q, k, v = ops.rope_and_store(qkv, positions, *self.rope_of(i), k_cache, v_cache, ctx, self.num_heads)
+            step_kv[i] = k, v
+        else:  # q alone, over the KV an earlier layer stored in these pools this step
+            ops.qk_rms_norm_(qkv, layer.q_norm, None, self.num_heads, 0, eps)
+            q = ops.rope_q(qkv, positions, *self.rope_of(i), ctx)
+            k, v = step_kv[layer.kv_source]
+        attn = ops.attention(q, k, v, k_cache, v_cache, ctx, self.scale, layer.window, layer.sinks)
+        if layer.gate_rows:
+            attn = attn * torch.sigmoid(gate).view_as(attn)
+        return self.parallel.all_reduce(linear(attn, layer.o, layer.o_bias, rows))  # a rank adds bias / tp
 
     def dense_and_experts(self, x: torch.Tensor, h: torch.Tensor, layer: LayerWeights, rows: int | None) -> torch.Tensor:
         """Gemma 4's MoE layer on the stream `x` (`h`: its MLP norm): the dense MLP and the experts side by side,

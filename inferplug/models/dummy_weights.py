@@ -46,8 +46,17 @@ def dummy_weights(config: ModelConfig, fmt: str, dtype: torch.dtype, device: str
             if config.dense_beside_moe and config.is_moe_layer(i) else []
         for name in names:
             ones(f"model.layers.{i}.{name}.weight", config.hidden_size)
-        for name in ("q_norm", "k_norm")[: 2 if config.kv_source(i) == i else 1] if fam.qk_norm else ():
+        for name in ("q_norm", "k_norm")[: 2 if config.kv_source(i) == i else 1] \
+                if fam.qk_norm and not config.is_linear_layer(i) else ():
             ones(f"model.layers.{i}.self_attn.{name}.weight", config.head_dim_of(i))
+        if config.is_linear_layer(i):  # a DeltaNet's conv (random), dt bias, decay rate and plain output norm
+            p, heads, channels = f"model.layers.{i}.linear_attn.", config.linear_num_value_heads, \
+                config.delta_net_sizes()[2]
+            weights[f"{p}conv1d.weight"] = (torch.randn(channels, 1, config.linear_conv_kernel_dim, generator=generator)
+                                            * 0.5).to(device=device, dtype=dtype)
+            weights[f"{p}dt.bias"] = torch.zeros(heads, dtype=dtype, device=device)
+            weights[f"{p}A"] = -torch.ones(heads, dtype=dtype, device=device)
+            weights[f"{p}norm.weight"] = torch.ones(config.linear_value_head_dim, dtype=dtype, device=device)
         if fam.name == "gemma4":  # its output scale, and in an MoE layer the router's input and experts' scales
             ones(f"model.layers.{i}.layer_scalar.weight", 1)
         if config.dense_beside_moe and config.is_moe_layer(i):

@@ -24,7 +24,8 @@ class Family:
     gguf_architectures: tuple[str, ...]  # GGUF general.architecture values
     qk_norm: bool = False  # a per-head RMSNorm on q and k, before RoPE (Qwen3, Gemma 3)
     v_norm: bool = False  # an RMSNorm without a scale on each v head (Gemma 4)
-    norms_plus_one: bool = False  # a norm scales by 1 + w: HF stores w, llama.cpp's GGUF w + 1 (Gemma)
+    norms_plus_one: bool = False  # a norm scales by 1 + w: HF stores w, llama.cpp's GGUF w + 1 (Gemma, Qwen3.5)
+    plain_norms: tuple[str, ...] = ()  # norms (HF module names) that scale by w even so (Qwen3.5's DeltaNet output's)
     sandwich_norms: bool = False  # norms on the attention and MLP outputs too, before the residual add (Gemma 3)
     scaled_embedding: bool = False  # the embedding times sqrt(hidden) (Gemma)
     activation: str = "silu"
@@ -47,3 +48,6 @@ class Family:
     unfused_why: str = ""
     tensor_parallel_why: str = ""  # why tensor parallel does not split it ("": it does)
     document_cache_why: str = ""  # why the RAG document cache (engine/doc_cache.py) does not take it ("": it does)
+    # a recurrent state per sequence (Qwen3.5's DeltaNet layers): why prefix caching, speculative decoding and beam
+    # search are off for it ("": none, they run)
+    recurrent_why: str = ""

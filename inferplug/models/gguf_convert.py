@@ -46,7 +46,8 @@ _EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_do
 CONVERSION_VERSION = 6  # bump when weights_from_gguf's layers change: cached conversions of the old ones then miss
 _BARE_PARAMETERS = ("self_attn.sinks",)  # HF parameters, not modules: no ".weight" in their names (gpt-oss's sinks)
 EMBEDDINGS = ("model.embed_tokens.weight", "model.embed_tokens_per_layer.weight")  # looked up by row, not multiplied
-_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias|scale)")  # scale: Gemma 4's router and experts
+# scale: Gemma 4's router and experts; no suffix: a bare parameter (Qwen3.5's ssm_a)
+_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+?)(?:\.(weight|bias|scale))?")
 # Precomputed RoPE factors (llama3 scaling); our RoPE derives them from config.rope_scaling instead.
 _DERIVED_TENSORS = ("rope_freqs.weight",)
 
@@ -66,12 +67,13 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
         ids = {token: i for i, token in enumerate(meta.get("tokenizer.ggml.tokens", ())) if token in family.end_tokens}
         eos += [ids[token] for token in family.end_tokens if token in ids]
     window = gguf.arch_key("attention.sliding_window")
-    kv_heads = gguf.arch_key("attention.head_count_kv")  # per layer where they differ (Gemma 4: its family reads it)
+    # per layer where they differ (Gemma 4: its family reads them)
+    kv_heads, ffn = gguf.arch_key("attention.head_count_kv"), gguf.arch_key("feed_forward_length")
     fields = dict(
         architecture=gguf.architecture,
         vocab_size=vocab,
         hidden_size=hidden,
-        intermediate_size=count("feed_forward_length"),
+        intermediate_size=ffn[0] if isinstance(ffn, list) else count("feed_forward_length"),
         num_hidden_layers=count("block_count"),
         num_attention_heads=heads,
         num_key_value_heads=kv_heads[0] if isinstance(kv_heads, list) else count("attention.head_count_kv", heads),
@@ -130,7 +132,7 @@ def hf_name(gguf_name: str, family=None) -> str | None:
     names = {**_LAYER_NAMES, **(family.gguf_layer_names if family else {})}
     if match and match.group(2) in names:
         layer, part, kind = match.groups()
-        name = f"model.layers.{layer}.{names[part]}.{kind}"
+        name = f"model.layers.{layer}.{names[part]}" + (f".{kind}" if kind else "")
         return name.removesuffix(".weight") if names[part] in _BARE_PARAMETERS else name
     if match and match.group(2) in _EXPERT_NAMES:
         layer, part, kind = match.groups()
@@ -218,7 +220,8 @@ def weights_from_gguf(gguf: GGUFFile, dtype: "torch.dtype", device="cpu",
             for marker, n_head in head_counts.items():
                 if marker in name:
                     tensor = unpermute_rope_rows(tensor, n_head)
-            if family.norms_plus_one and name.endswith("norm.weight"):  # llama.cpp stores Gemma's as w + 1
+            if family.norms_plus_one and name.endswith("norm.weight") and \
+                    not name.removesuffix(".weight").endswith(family.plain_norms):  # llama.cpp stores them as w + 1
                 tensor = tensor - 1
             parts = {name: tensor}
             if ".experts." in name:  # an MoE's experts: each its own matrix (or bias), a view of the file's rows

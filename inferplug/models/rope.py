@@ -31,11 +31,16 @@ def rope_tables(config: ModelConfig, device: torch.device, *, theta: float | Non
 
 def scale_inv_freq(inv_freq: torch.Tensor, scaling: dict | None, base: float, dim: int,
                    max_positions: int) -> tuple[torch.Tensor, float]:
-    """HF rope_scaling applied: 'linear', 'llama3', 'yarn' and 'proportional'; 'default' or none leaves it alone.
+    """HF rope_scaling applied: 'linear', 'llama3', 'yarn', 'proportional' and 'partial'; 'default' or none leaves it
+    alone.
     Returns the frequencies and the factor on cos and sin (YaRN's; 1 for the others)."""
     kind = (scaling or {}).get("rope_type") or (scaling or {}).get("type") or "default"
     if kind == "default":
         return inv_freq, 1.0
+    if kind == "partial":  # Qwen3.5: the first pairs rotate at frequencies of the rotated width, the rest stay
+        rotated = int(float(scaling["partial_rotary_factor"]) * dim)  # (its decoder moves those dims to the pairs)
+        own = 1.0 / (base ** (torch.arange(0, rotated, 2, dtype=torch.int64).float() / rotated))
+        return torch.cat([own, torch.zeros(len(inv_freq) - len(own))]), 1.0
     if kind == "proportional":  # Gemma 4's full layers: a fraction of each half rotates, the rest is left as it is
         rotated = int(float(scaling.get("partial_rotary_factor", 1.0)) * dim // 2)
         kept = torch.cat([inv_freq[:rotated], torch.zeros(len(inv_freq) - rotated)])
@@ -55,7 +60,7 @@ def scale_inv_freq(inv_freq: torch.Tensor, scaling: dict | None, base: float, di
     if kind == "yarn":
         return _yarn(inv_freq, scaling, factor, base, dim, max_positions)
     raise ValueError(f"rope_scaling type {kind!r} is not supported; use a model with default, linear, llama3, "
-                     "yarn or proportional RoPE")
+                     "yarn, proportional or partial RoPE")
 
 
 def _yarn(inv_freq: torch.Tensor, scaling: dict, factor: float, base: float, dim: int,
@@ -81,3 +86,14 @@ def _yarn(inv_freq: torch.Tensor, scaling: dict, factor: float, base: float, dim
     mixed = inv_freq / factor * (1 - extrapolated) + inv_freq * extrapolated
     magnitude = scaling.get("attention_factor") or (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
     return mixed, float(magnitude)
+
+
+def partial_rope_order(head_dim: int, factor: float) -> torch.Tensor:
+    """The head dims in the order that lets partial RoPE (HF's: the first `factor` of a head rotates, dim i with
+    i + rotated / 2) run on full-width tables, whose pairs are (i, i + head_dim / 2): the rotated halves go to the
+    pairs' first slots, the dims left alone after each. q and k rows (and their norms) permuted alike leave every
+    score as it was; the "partial" tables (scale_inv_freq) give the pairs past the rotated ones frequency 0."""
+    rotated, half = int(factor * head_dim) // 2, head_dim // 2
+    kept = torch.arange(2 * rotated, head_dim)
+    return torch.cat([torch.arange(rotated), kept[: half - rotated], torch.arange(rotated, 2 * rotated),
+                      kept[half - rotated:]])

@@ -73,6 +73,8 @@ class AttentionContext:
     # torch path: the step's cos and sin rows, made once per table (a sliding layer may have its own base)
     rope_rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     probe: Any = None  # engine/rag_recompute.DeviationProbe: rows that stop after an early layer
+    # a hybrid model's DeltaNet layers (models/delta_net.py): each sequence's (rows, state slot, fresh), in row order
+    states: list[tuple[int, int, bool]] = field(default_factory=list)
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:

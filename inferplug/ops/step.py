@@ -39,6 +39,7 @@ class StepLayout:
     prompt_rows: list[int] = field(default_factory=list)  # rows scoring the next prompt token (prompt_logprobs)
     probes: list[tuple[int, int, int]] = field(default_factory=list)  # rag_recompute.DeviationProbe.segments
     probe_layer: int = 0
+    states: list[tuple[int, int, bool]] = field(default_factory=list)  # AttentionContext.states: a hybrid model's
 
     def padded_tables(self, seqs: list[Sequence | SeqView], width: int, device: torch.device,
                       dtype=torch.long) -> torch.Tensor:

@@ -16,6 +16,7 @@ import torch
 
 from inferplug.errors import ProfileError
 from inferplug.models.loader import read_config
+from inferplug.models.registry import family
 from inferplug.types import Request, SamplingParams
 from tests.engine.engine_helpers import greedy, make_engine, prompts_of, run_all, tokens_of
 
@@ -71,10 +72,11 @@ def test_two_ranks_match_one_for_every_family(tiny_family_dir):
     """Qwen3's QK-norm weights are per head dimension, so every rank holds them whole; Qwen3-MoE splits each expert
     as a dense MLP is split (gate/up rows, down columns: every rank reads every chosen expert, a slice of each, and
     the all-reduce sums them), the router whole on every rank so all ranks choose alike; Gemma 3's sandwich norms
-    run on the reduced sums. Gemma 4 is refused, and says why."""
+    run on the reduced sums. Gemma 4 and Qwen3.5 are refused, and say why."""
     prompts = prompts_of([70, 9, 33], vocab=256, seed=5)
-    if read_config(tiny_family_dir).family == "gemma4":
-        with pytest.raises(ProfileError, match="does not split a gemma4 model"):
+    name = read_config(tiny_family_dir).family
+    if family(name).tensor_parallel_why:
+        with pytest.raises(ProfileError, match=f"does not split a {name} model"):
             make_engine(tiny_family_dir, tensor_parallel_size=2)
         return
 

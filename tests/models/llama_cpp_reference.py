@@ -7,6 +7,7 @@ models' byte-level BPE (tests/conftest.py) is in no list, so it is named for the
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -45,8 +46,10 @@ def need_llama_cpp():
 def convert(hf_dir: Path, out: Path) -> Path:
     """hf_dir as an F32 GGUF, by llama.cpp's convert_hf_to_gguf.py."""
     root = need_converter()
+    # Qwen3.5's converter expects multi-token-prediction layers unless told the checkpoint has none (ours)
+    no_mtp = ["--no-mtp"] if json.loads((hf_dir / "config.json").read_text())["model_type"].startswith("qwen3_5") else []
     done = subprocess.run([sys.executable, "-c", _CONVERT, str(root), str(hf_dir), "--outtype", "f32", "--outfile",
-                           str(out)], capture_output=True, text=True)
+                           str(out), *no_mtp], capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"llama.cpp's converter failed on {hf_dir}:\n{done.stderr[-3000:]}")
     return out

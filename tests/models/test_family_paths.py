@@ -2,7 +2,8 @@
 random HF checkpoints, fp32): speculative decoding equals plain greedy bit for bit, beam search's top beam and
 score equal HF's generate(num_beams=3), guided decoding gives schema-valid JSON, and the server (through the
 official openai client) and LangChain's ChatInferPlug give HF's greedy answer. These paths hold no family code; the
-tests show that no family difference leaks past the model layer."""
+tests show that no family difference leaks past the model layer. A hybrid family (Qwen3.5: a DeltaNet state per
+sequence) refuses speculation and beam search, and says why."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import json
 
 import pytest
 
+from inferplug.errors import ProfileError, RequestError
+from inferplug.models.loader import read_config
+from inferplug.models.registry import family
 from inferplug.types import Request, SamplingParams
 from tests.engine.engine_helpers import (hf_greedy, hf_model, logprob_trace, make_engine, prompts_of, run_all,
                                          tokens_of)
@@ -26,6 +30,10 @@ def test_prompt_lookup_speculation_equals_plain_greedy(cpu_kernel_ops, tiny_fami
     requests = [Request(prompt=p * (1 + i % 3), request_id=str(i),
                         params=SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, logprobs=1))
                 for i, p in enumerate(phrases)]
+    if family(read_config(tiny_family_dir).family).recurrent_why:
+        with pytest.raises(ProfileError, match="speculative decoding does not run on qwen35: its Gated DeltaNet"):
+            make_engine(tiny_family_dir, speculative_method="ngram")
+        return
     # fp16 weights: the C++ kernels give a row the same bits in any step (torch's fp32 GEMMs round by row count)
     plain = run_all(make_engine(tiny_family_dir, weight_format="fp16"), requests)
     engine = make_engine(tiny_family_dir, weight_format="fp16", speculative_method="ngram", num_speculative_tokens=4,
@@ -40,6 +48,11 @@ def test_top_beam_matches_hf(tiny_family_dir):
     engine = make_engine(tiny_family_dir, block_size=4)
     prompts = prompts_of([5, 14, 30], vocab=260, seed=4)  # 30 tokens: past the tiny Gemma 3's window of 24
     params = beam(3, 10, ignore_eos=True)
+    if family(read_config(tiny_family_dir).family).recurrent_why:
+        with pytest.raises(RequestError, match="beam search does not run on this model: its Gated DeltaNet"):
+            engine.add_request(Request(prompt=prompts[0], params=params, request_id="0"))
+        assert not engine.has_unfinished()
+        return
     events = run_all(engine, [Request(prompt=p, params=params, request_id=str(i)) for i, p in enumerate(prompts)])
     for i, prompt in enumerate(prompts):
         tokens, score = hf_beam(hf_model(tiny_family_dir), prompt, params, [])

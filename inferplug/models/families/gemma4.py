@@ -56,6 +56,11 @@ def hf_fields(raw: dict[str, Any]) -> dict[str, Any]:
             "rope_local_theta": float((rope.get("sliding_attention") or {}).get("rope_theta", 10000.0)),
             "final_logit_softcap": raw.get("final_logit_softcapping"),
             "per_layer_input_size": raw.get("hidden_size_per_layer_input") or 0,
+            # E2B: the layers that read another's KV run an MLP twice as wide
+            "layer_intermediate_sizes": tuple(raw["intermediate_size"] * (2 if raw.get("use_double_wide_mlp") and
+                                                                          source != i else 1)
+                                              for i, source in enumerate(shared_kv_sources(
+                                                  kinds, raw.get("num_kv_shared_layers") or 0))),
             **(moe_fields(layers, raw["num_experts"], raw["top_k_experts"], raw["moe_intermediate_size"])
                if raw.get("enable_moe_block") else {})}
 
@@ -92,6 +97,8 @@ def gguf_fields(gguf) -> dict[str, Any]:
             "rope_local_theta": float(gguf.arch_key("rope.freq_base_swa", 10000.0)),
             "final_logit_softcap": gguf.arch_key("final_logit_softcapping"),
             "per_layer_input_size": gguf.arch_key("embedding_length_per_layer_input", 0),
+            "layer_intermediate_sizes": tuple(ffn) if isinstance(ffn := gguf.arch_key("feed_forward_length"), list)
+            else tuple([ffn] * layers),
             **(moe_fields(layers, gguf.arch_count("expert_count"), gguf.arch_count("expert_used_count"),
                     gguf.arch_count("expert_feed_forward_length")) if gguf.arch_key("expert_count") else {})}
 

@@ -1,0 +1,163 @@
+"""Gated DeltaNet, the linear-attention layer of Qwen3.5's hybrid stack (HF's Qwen3_5GatedDeltaNet, llama.cpp's
+delta-net-base.cpp): q, k and v through a short causal conv with SiLU, q and k L2-normed, then the gated delta rule
+
+    S_t = exp(g_t) S_{t-1} + k_t beta_t (v_t - exp(g_t) S_{t-1}^T k_t)^T,    o_t = S_t^T q_t / sqrt(key dim),
+
+with beta = sigmoid(b . x) and g = -exp(A_log) softplus(a . x + dt_bias); the output RMS-normed per head, gated by
+silu(z . x) and projected out.
+
+A sequence's memory here is fixed-size: the conv's last kernel - 1 inputs and S [value heads, key dim, value dim]
+(fp32), in its slot of the layer's state pools (allocate_states). Prompt rows take the chunked (WY) form: within a
+chunk of 64 tokens the updates become two triangular solves and a few matmuls, between chunks S carries. Decode rows
+take one step of the recurrence, every decode row of the step at once, in elementwise ops and sums, so a row's state
+and output do not depend on the step's other rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from inferplug.quant.linear import linear
+
+CHUNK = 64  # the chunked form's tokens per chunk (flash-linear-attention's and HF's)
+LANES = 32  # floats in two AVX-512 vectors: ATen's vector loop's step (its tail runs scalar code)
+
+
+@dataclass
+class DeltaNetWeights:
+    qkv: Any  # in_proj_qkv: [2 * key + value, hidden]
+    z: Any  # the output gate's projection: [value, hidden]
+    b: Any  # beta's: [value heads, hidden]
+    a: Any  # the decay's: [value heads, hidden]
+    conv: torch.Tensor  # the depthwise causal conv: [channels, kernel]
+    dt_bias: torch.Tensor  # [value heads] fp32
+    neg_a: torch.Tensor  # -exp(A_log): [value heads] fp32
+    norm: torch.Tensor  # the gated RMSNorm's scale: [value dim] (used as stored)
+    out: Any  # out_proj: [hidden, value]
+    key_heads: int
+    value_heads: int
+    key_dim: int
+    value_dim: int
+    key_of_value: torch.Tensor  # [value heads] the q/k head each value head reads
+
+    LINEARS = ("qkv", "z", "b", "a", "out")
+
+
+def allocate_states(w: DeltaNetWeights, slots: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A layer's state pools: each slot's conv window [kernel - 1, channels] (`dtype`) and recurrent state
+    [value heads, key dim, value dim] (fp32)."""
+    channels, kernel = w.conv.shape
+    return (torch.zeros(slots, kernel - 1, channels, dtype=dtype, device=device),
+            torch.zeros(slots, w.value_heads, w.key_dim, w.value_dim, dtype=torch.float32, device=device))
+
+
+def delta_net(h: torch.Tensor, w: DeltaNetWeights, pools: tuple[torch.Tensor, torch.Tensor],
+              sequences: list[tuple[int, int, bool]], eps: float, rows: int | None = None) -> torch.Tensor:
+    """The layer's output for the step's normed rows `h` [T, hidden]. `sequences`: each sequence's (rows, state
+    slot, fresh) in row order; a fresh one starts from zero state, the others from their slot's, and every slot is
+    left holding its sequence's state after its last row. `rows`: the decode rows (quant/block_linear.py)."""
+    conv_pool, state_pool = pools
+    mixed = linear(h, w.qkv, None, rows)
+    beta = _by_rows(torch.sigmoid, linear(h, w.b, None, rows).float())
+    g = w.neg_a * _by_rows(F.softplus, linear(h, w.a, None, rows).float() + w.dt_bias)  # log of the decay, <= 0
+    out = torch.empty(h.shape[0], w.value_heads, w.value_dim, dtype=torch.float32, device=h.device)
+    steps = [(row, slot) for row, (n, slot, fresh) in zip(_starts(sequences), sequences) if n == 1 and not fresh]
+    if steps:  # one step of the recurrence for every decode row at once
+        rows_at, slots = (torch.tensor(v, device=h.device) for v in zip(*steps))
+        x = _conv(mixed[rows_at].unsqueeze(1), conv_pool, slots, w.conv, fresh=False).squeeze(1)
+        q, k, v = _heads(x, w)
+        out[rows_at] = _recurrent_step(q, k, v, g[rows_at], beta[rows_at], state_pool, slots)
+    for row, (n, slot, fresh) in zip(_starts(sequences), sequences):
+        if n == 1 and not fresh:
+            continue
+        span, slots = slice(row, row + n), torch.tensor([slot], device=h.device)
+        x = _conv(mixed[span].unsqueeze(0), conv_pool, slots, w.conv, fresh).squeeze(0)
+        q, k, v = _heads(x, w)
+        initial = torch.zeros_like(state_pool[slot]) if fresh else state_pool[slot]
+        out[span], state_pool[slot] = _chunked(q, k, v, g[span], beta[span], initial)
+    return linear(_gated_norm(out, linear(h, w.z, None, rows), w.norm, eps), w.out, None, rows)
+
+
+def _by_rows(fn, x: torch.Tensor) -> torch.Tensor:
+    """fn over [rows, heads], each row padded to whole vector steps. ATen runs a tensor's last elements through scalar
+    libm and the rest through SIMD code, which round transcendentals differently: unpadded, a row's value would
+    depend on how many rows share the call (batch invariance)."""
+    return fn(F.pad(x, (0, -x.shape[-1] % LANES)))[..., :x.shape[-1]]
+
+
+def _starts(sequences: list[tuple[int, int, bool]]) -> list[int]:
+    starts, row = [], 0
+    for n, _, _ in sequences:
+        starts.append(row)
+        row += n
+    return starts
+
+
+def _conv(x: torch.Tensor, conv_pool: torch.Tensor, slots: torch.Tensor, weight: torch.Tensor,
+          fresh: bool) -> torch.Tensor:
+    """The causal conv with SiLU over [B, n, channels] rows, each batch row's window read from and left in its slot."""
+    window = torch.zeros_like(conv_pool[slots]) if fresh else conv_pool[slots]
+    full = torch.cat([window, x.to(conv_pool.dtype)], dim=1)  # [B, kernel - 1 + n, channels]
+    conv_pool[slots] = full[:, -window.shape[1]:]
+    taps = full.unfold(1, weight.shape[1], 1)  # [B, n, channels, kernel]
+    return F.silu((taps * weight).sum(-1)).to(x.dtype)
+
+
+def _heads(x: torch.Tensor, w: DeltaNetWeights) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k (L2-normed, fp32, q scaled by 1 / sqrt(key dim), one per value head) and v, [..., value heads, dim]."""
+    key = w.key_heads * w.key_dim
+    q, k, v = x.float().split([key, key, w.value_heads * w.value_dim], dim=-1)
+    q, k = (t.unflatten(-1, (w.key_heads, w.key_dim)) for t in (q, k))
+    q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6) * w.key_dim**-0.5
+    k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    return (q.index_select(-2, w.key_of_value), k.index_select(-2, w.key_of_value),
+            v.unflatten(-1, (w.value_heads, w.value_dim)))
+
+
+def _recurrent_step(q, k, v, g, beta, state_pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """One token of each batch row ([B, heads, dim]; g, beta [B, heads]) through its slot's state; its output."""
+    state = state_pool[slots] * _by_rows(torch.exp, g)[..., None, None]  # [B, heads, key dim, value dim]
+    delta = (v - (state * k.unsqueeze(-1)).sum(-2)) * beta.unsqueeze(-1)
+    state += k.unsqueeze(-1) * delta.unsqueeze(-2)
+    state_pool[slots] = state
+    return (state * q.unsqueeze(-1)).sum(-2)
+
+
+def _chunked(q, k, v, g, beta, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence's n tokens ([n, heads, dim]; g, beta [n, heads]) from `state` [heads, key dim, value dim]:
+    their outputs [n, heads, value dim] and the state after them. Per chunk of CHUNK tokens, with the decays
+    cumulated from its start (c), the delta rule's updates solve (I + L) U = beta V and (I + L) W = beta K exp(c),
+    L the strictly lower part of beta K K^T exp(c_i - c_j); then each chunk reads S, corrects U by what S predicts,
+    and moves S on."""
+    n = q.shape[0]
+    pad = -n % CHUNK
+    q, k, v = (F.pad(t.transpose(0, 1), (0, 0, 0, pad)).unflatten(1, (-1, CHUNK)) for t in (q, k, v))
+    g, beta = (F.pad(t.transpose(0, 1), (0, pad)).unflatten(1, (-1, CHUNK)) for t in (g, beta))
+    decay = g.cumsum(-1)  # [heads, chunks, CHUNK]
+    later = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).triu(1)
+    pair = (decay.unsqueeze(-1) - decay.unsqueeze(-2)).masked_fill(later, float("-inf")).exp()
+    k_beta = k * beta.unsqueeze(-1)
+    system = (k_beta @ k.transpose(-1, -2)) * pair  # its diagonal is taken as 1 (unitriangular)
+    u = torch.linalg.solve_triangular(system, v * beta.unsqueeze(-1), upper=False, unitriangular=True)
+    w = torch.linalg.solve_triangular(system, k_beta * decay.exp().unsqueeze(-1), upper=False, unitriangular=True)
+    inner = (q @ k.transpose(-1, -2)) * pair
+    q_decayed = q * decay.exp().unsqueeze(-1)
+    k_to_end = k * (decay[..., -1:] - decay).exp().unsqueeze(-1)
+    chunk_decay = decay[..., -1].exp()[..., None, None]
+    out = torch.empty_like(u)
+    for c in range(q.shape[1]):
+        new = u[:, c] - w[:, c] @ state
+        out[:, c] = q_decayed[:, c] @ state + inner[:, c] @ new
+        state = state * chunk_decay[:, c] + k_to_end[:, c].transpose(-1, -2) @ new
+    return out.flatten(1, 2)[:, :n].transpose(0, 1), state
+
+
+def _gated_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of each head's output (fp32, rounded to z's dtype, times the scale) times silu(z), as HF rounds it."""
+    dtype = z.dtype
+    normed = (o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + eps)).to(dtype) * weight
+    return (normed * F.silu(z.float().unflatten(-1, o.shape[-2:]))).to(dtype).flatten(-2)
