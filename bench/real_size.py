@@ -21,6 +21,7 @@ the memory bandwidth set (bandwidth as `doctor --bench` measures it). Medians th
     .venv/bin/python bench/real_size.py --geometry qwen3-8b --formats gguf               # Qwen3-8B, ~4.7 GB
     .venv/bin/python bench/real_size.py --geometry gpt-oss-20b --formats gguf            # gpt-oss-20b, ~12 GB
     .venv/bin/python bench/real_size.py --geometry gemma4-26b-a4b --layers 12 --formats gguf  # ~7 GB
+    .venv/bin/python bench/real_size.py --geometry qwen35-9b --formats gguf  # Qwen3.5's hybrid stack, ~5.6 GB
 """
 
 from __future__ import annotations

@@ -263,8 +263,8 @@ def plan_memory(profile: Profile, facts: ModelFacts, *, device: str, kind: str, 
     `useful_tokens` (max_num_seqs x max_model_len): more would never be filled. Either way no more than is left.
     `draft`: a draft model's weights (quantized alike) and its KV pool, which holds as many blocks as the
     target's, count too. `rope_tables`: the native decoder's RoPE tables of `context_tokens` rows count too.
-    `seqs`: the running sequences a hybrid model holds a DeltaNet state for (max_num_seqs), fixed beside the
-    weights."""
+    `seqs`: the states a hybrid model holds in its DeltaNet layers (max_num_seqs running, and its prefix cache's
+    snapshots), fixed beside the weights."""
     models = [facts, *([draft] if draft else [])]
     weights = sum(int(m.num_parameters * bits / 8) for m in models)
     reserve = int(RESERVE_FIXED[kind] + RESERVE_SHARE[kind] * weights) + \

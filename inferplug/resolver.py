@@ -22,6 +22,7 @@ from inferplug.memory_plan import (
 )
 from inferplug.profile import Profile
 from inferplug.compute_path_plan import decode_path_why, native_kv_dtype, onednn_max_isa, prefill_gemm
+from inferplug.models.config import STATE_SNAPSHOTS
 from inferplug.rag_cache_plan import document_cache_why
 from inferplug.weight_format_plan import native_weight_format
 
@@ -252,9 +253,11 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
     from inferplug.models.registry import family as family_of
 
     recurrent = family_of(facts.family).recurrent_why if facts is not None and facts.family else ""
-    if recurrent:  # the engine keeps its blocks unhashed likewise (engine/llm_engine.py)
-        plan.prefix_caching = False
-        plan.reasons.append(f"prefix caching off, and no speculative decoding or beam search: {recurrent}")
+    if recurrent:
+        plan.reasons.append(f"no speculative decoding or beam search: {recurrent}")
+        if plan.prefix_caching:
+            plan.reasons.append(f"prefix caching: a hit resumes from a snapshot of the DeltaNet state at a 64-token "
+                                f"point, {STATE_SNAPSHOTS} kept beside the running sequences' (memory: DeltaNet states)")
     if not gpus:
         plan.onednn_max_isa, amx_why = onednn_max_isa(hw)
         plan.reasons += [amx_why] if amx_why else []
@@ -355,7 +358,8 @@ def _local_plan(backend: str, profile: Profile, hw: Hardware, facts: ModelFacts 
     memory = plan_memory(profile, facts, device=device, kind=kind, available=available, bits=bits,
                          kv_dtype_bytes=kv_bytes or DTYPE_BYTES[kv_dtype], context_tokens=max_len,
                          useful_tokens=seqs * max_len, draft=draft, rope_tables=backend == "native",
-                         seqs=seqs if backend == "native" else 0)
+                         # a hybrid model's states: the running sequences' and the prefix cache's snapshots
+                         seqs=seqs + STATE_SNAPSHOTS * profile.cache.prefix_caching if backend == "native" else 0)
     if memory.cache_tokens < max_len:
         fix = "free memory" if profile.cache.memory == "auto" else "raise cache.memory"
         reasons.append(f"max_model_len {memory.cache_tokens}: the KV cache holds only that many tokens "

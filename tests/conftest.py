@@ -63,7 +63,7 @@ def _save_tiny(kind: str, out: Path) -> Path:
     import transformers
 
     torch.manual_seed({"llama": 0, "qwen2": 1, "mistral": 2, "qwen3": 3, "qwen3_moe": 4, "gemma3": 5, "gpt_oss": 6,
-                       "gemma4": 7, "qwen35": 8}[kind])
+                       "gemma4": 7, "qwen35": 8, "qwen35_moe": 9}[kind])
     if kind in NEW_FAMILIES:
         model = _tiny_new_family(kind)
     elif kind == "llama":
@@ -88,7 +88,7 @@ def _save_tiny(kind: str, out: Path) -> Path:
 
 # The families the model layer brought (models/families/): tiny ones from HF's own config classes, with 4 layers
 # (Gemma 3: 6, one full layer after five windowed) and, for MoE, 8 experts of which 2 run.
-NEW_FAMILIES = ("qwen3", "qwen3_moe", "gemma3", "gpt_oss", "gemma4", "qwen35")
+NEW_FAMILIES = ("qwen3", "qwen3_moe", "gemma3", "gpt_oss", "gemma4", "qwen35", "qwen35_moe")
 GEMMA3_TINY_WINDOW = 24  # shorter than the tests' long prompts, so both kinds of layer run
 GPT_OSS_TINY_WINDOW = 16
 
@@ -108,8 +108,8 @@ def _tiny_new_family(kind: str):
         return _tiny_gpt_oss(common)
     if kind == "gemma4":
         return _tiny_gemma4({**common, "vocab_size": GEMMA_TOKENIZER_SIZE})
-    if kind == "qwen35":
-        return _tiny_qwen35(common)
+    if kind in ("qwen35", "qwen35_moe"):
+        return _tiny_qwen35(common, moe=kind == "qwen35_moe")
     config = transformers.Gemma3TextConfig(**{**common, "num_hidden_layers": 6}, sliding_window=GEMMA3_TINY_WINDOW,
                                            query_pre_attn_scalar=16, tie_word_embeddings=True)
     model = transformers.Gemma3ForCausalLM(config)
@@ -164,24 +164,31 @@ def _tiny_gemma4(common: dict):
     return model
 
 
-def _tiny_qwen35(common: dict):
+def _tiny_qwen35(common: dict, moe: bool):
     """Qwen3.5: three Gated DeltaNet layers then an attending one, twice; twice the value heads as q/k heads (so the
     grouped and tiled head orders differ), partial RoPE on a quarter of each head; norms, the conv, dt_bias and the
-    gated norm given spread (HF initializes the 1 + w norms at 0)."""
+    gated norm given spread (HF initializes the 1 + w norms at 0). Its MoE: 8 experts of which 2 run, and the shared
+    expert with its gate."""
     import transformers
 
-    config = transformers.Qwen3_5TextConfig(
-        **{**common, "num_hidden_layers": 8}, linear_num_key_heads=2, linear_num_value_heads=4,
-        linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
-                         "mrope_section": [1, 1, 0], "mrope_interleaved": True})
-    model = transformers.Qwen3_5ForCausalLM(config)
+    kwargs = dict(**{**common, "num_hidden_layers": 8}, linear_num_key_heads=2, linear_num_value_heads=4,
+                  linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4, tie_word_embeddings=False,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                                   "mrope_section": [1, 1, 0], "mrope_interleaved": True})
+    if moe:
+        config = transformers.Qwen3_5MoeTextConfig(**kwargs, num_experts=8, num_experts_per_tok=2,
+                                                   moe_intermediate_size=32, shared_expert_intermediate_size=64)
+        model = transformers.Qwen3_5MoeForCausalLM(config)
+    else:
+        model = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(**kwargs))
     with torch_no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.normal_(1.0 if name.endswith("linear_attn.norm.weight") else 0.0, 0.2)
             elif name.endswith(("dt_bias", "conv1d.weight")):
                 param.normal_(0.0, 0.5)
+            elif name.endswith("mlp.gate.weight"):  # decisive routing (HF's init leaves near-ties)
+                param.normal_(0.0, 2.0)
     return model
 
 

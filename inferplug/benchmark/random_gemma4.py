@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from inferplug.benchmark.random_models import add_metadata, write_tensors
+from inferplug.benchmark.random_models import add_geometry, add_metadata, write_tensors
 from inferplug.models.config import ModelConfig
 from inferplug.models.gguf_random import q4_k_m_type
 
@@ -28,15 +28,8 @@ def write_random_gemma4_gguf(out, config: ModelConfig, tokenizer_metadata: dict,
     windows = [config.window(i) for i in range(layers)]
     full_dim = next(config.head_dim_of(i) for i in range(layers) if not windows[i])
     writer = gguf.GGUFWriter(out, "gemma4")
-    writer.add_block_count(layers)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(hidden)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(heads)
-    writer.add_head_count_kv([config.kv_heads_of(i) for i in range(layers)])
-    writer.add_rope_freq_base(config.rope_theta)
+    add_geometry(writer, config, [config.kv_heads_of(i) for i in range(layers)])
     writer.add_rope_freq_base_swa(config.rope_local_theta)
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_key_length(full_dim)
     writer.add_value_length(full_dim)
     writer.add_key_length_swa(config.head_dim)
@@ -48,7 +41,6 @@ def write_random_gemma4_gguf(out, config: ModelConfig, tokenizer_metadata: dict,
     writer.add_shared_kv_layers(0)
     writer.add_embedding_length_per_layer_input(0)
     writer.add_final_logit_softcapping(config.final_logit_softcap)
-    writer.add_vocab_size(config.vocab_size)
     experts = config.num_experts
     if experts:
         writer.add_expert_count(experts)

@@ -30,16 +30,8 @@ def write_random_gguf(out, config: ModelConfig, tokenizer_metadata: dict, type_o
     gpt_oss = config.architecture == "gpt-oss"
     type_of = gpt_oss_type if gpt_oss else type_of
     writer = gguf.GGUFWriter(out, config.architecture)
-    for add, value in ((writer.add_block_count, config.num_hidden_layers),
-                       (writer.add_context_length, config.max_position_embeddings),
-                       (writer.add_embedding_length, config.hidden_size),
-                       (writer.add_feed_forward_length, config.intermediate_size),
-                       (writer.add_head_count, config.num_attention_heads),
-                       (writer.add_head_count_kv, config.num_key_value_heads),
-                       (writer.add_rope_dimension_count, config.head_dim),
-                       (writer.add_rope_freq_base, config.rope_theta),
-                       (writer.add_layer_norm_rms_eps, config.rms_norm_eps),
-                       (writer.add_vocab_size, config.vocab_size),
+    add_geometry(writer, config, config.num_key_value_heads)
+    for add, value in ((writer.add_rope_dimension_count, config.head_dim),
                        (writer.add_key_length, config.head_dim), (writer.add_value_length, config.head_dim)):  # fmt: skip
         add(value)
     experts = config.num_experts
@@ -84,6 +76,20 @@ def write_random_gguf(out, config: ModelConfig, tokenizer_metadata: dict, type_o
         floats += [(f"blk.{i}.{part}.bias", shape, 0.02) for i in range(layers) for part, shape in biases.items()]
         floats += [(f"blk.{i}.attn_sinks.weight", (config.num_attention_heads,), 1.0) for i in range(layers)]
     write_tensors(writer, floats, matrices, lambda name, layer: type_of(name, layer, layers), experts, seed)
+
+
+def add_geometry(writer, config: ModelConfig, kv_heads) -> None:
+    """The keys every architecture's header has: depth, context, widths, heads (`kv_heads`: one count or one a
+    layer), RoPE base, norm epsilon, vocabulary."""
+    for add, value in ((writer.add_block_count, config.num_hidden_layers),
+                       (writer.add_context_length, config.max_position_embeddings),
+                       (writer.add_embedding_length, config.hidden_size),
+                       (writer.add_feed_forward_length, config.intermediate_size),
+                       (writer.add_head_count, config.num_attention_heads), (writer.add_head_count_kv, kv_heads),
+                       (writer.add_rope_freq_base, config.rope_theta),
+                       (writer.add_layer_norm_rms_eps, config.rms_norm_eps),
+                       (writer.add_vocab_size, config.vocab_size)):  # fmt: skip
+        add(value)
 
 
 def add_metadata(writer, metadata: dict) -> None:

@@ -36,6 +36,10 @@ class Geometry:
     global_head_dim: int = 0
     global_kv_heads: int = 0
     window: int = 0
+    # Qwen3.5: its Gated DeltaNet layers' q/k and value heads (of linear_head_dim), three to every attending layer
+    linear_key_heads: int = 0
+    linear_value_heads: int = 0
+    linear_head_dim: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -62,7 +66,14 @@ GEOMETRIES = {"llama-7b": Geometry(),
               "gemma4-26b-a4b": Geometry(layers=30, hidden=2816, heads=16, kv_heads=8, ffn=2112, vocab=262144,
                                          context=131072, rms_eps=1e-6, rope_theta=1e6, family="gemma4",
                                          head_dim_override=256, experts=128, experts_used=8, expert_ffn=704,
-                                         global_head_dim=512, global_kv_heads=2, window=1024)}
+                                         global_head_dim=512, global_kv_heads=2, window=1024),
+              # Qwen3.5-9B (its model card): 32 layers, width 4096, 8 x (3 Gated DeltaNet (16 q/k and 32 value heads
+              # of 128) then 1 gated attention (16 heads and 4 KV heads of 256, RoPE on 64 dims of each)), MLP 12288,
+              # vocabulary 248,320
+              "qwen35-9b": Geometry(layers=32, hidden=4096, heads=16, kv_heads=4, ffn=12288, vocab=248320,
+                                    context=262144, rms_eps=1e-6, rope_theta=1e7, family="qwen35",
+                                    head_dim_override=256, linear_key_heads=16, linear_value_heads=32,
+                                    linear_head_dim=128)}
 
 
 def config(g: Geometry):
@@ -72,6 +83,14 @@ def config(g: Geometry):
     from inferplug.models.registry import gguf_family
 
     extra = {}
+    if g.family == "qwen35":
+        from inferplug.models.families import qwen35
+
+        extra = {"linear_layers": tuple((i + 1) % qwen35.FULL_ATTENTION_INTERVAL != 0 for i in range(g.layers)),
+                 "linear_num_key_heads": g.linear_key_heads, "linear_num_value_heads": g.linear_value_heads,
+                 "linear_key_head_dim": g.linear_head_dim, "linear_value_head_dim": g.linear_head_dim,
+                 "linear_conv_kernel_dim": 4, "attention_output_gate": True,
+                 "rope_scaling": {"rope_type": "partial", "partial_rotary_factor": 0.25}}
     if g.family == "gemma4":  # five window layers to a full one, the full ones wider with V from K
         kinds = ["full_attention" if (i + 1) % gemma4.SLIDING_PATTERN == 0 else "sliding_attention"
                  for i in range(g.layers)]
@@ -136,6 +155,10 @@ def ensure_model(root: Path, fmt: str, g: Geometry, tokenizer_gguf: Path, mix: s
             from inferplug.benchmark.random_gemma4 import write_random_gemma4_gguf
 
             write_random_gemma4_gguf(path, config(g), tokenizer)
+        elif g.family == "qwen35":
+            from inferplug.benchmark.random_qwen35 import write_random_qwen35_gguf
+
+            write_random_qwen35_gguf(path, config(g), tokenizer)
         else:
             write_random_gguf(path, config(g), tokenizer, {"Q4_K_M": q4_k_m_type, "Q5_K_M": q5_k_m_type}[mix])
         print(f"  gguf-py dequantization, E[w^2] * fan_in: {check_gguf(path)}", flush=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from inferplug.models.config import STATE_SNAPSHOTS
+
 
 @dataclass
 class EngineConfig:
@@ -16,6 +18,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 1024
     max_prefill_tokens_while_decoding: int = 0  # prefill tokens a step with decode rows may carry (0: no cap)
     enable_prefix_caching: bool = True  # False: no block hashing or prefix reuse (profile cache.prefix_caching)
+    state_snapshots: int = STATE_SNAPSHOTS  # a hybrid model's prefix cache: DeltaNet states kept (state_snapshots.py)
     rag_document_cache: bool = True  # doc_cache: reuse RAG documents' KV given Request.documents
     rag_recompute: str = "none"  # rag_recompute.py: "deviation" | "chunk_heads" | "none", what of a reused document
     rag_recompute_fraction: float = 0.0  # is computed again: this fraction of each one's tokens

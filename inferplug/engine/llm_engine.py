@@ -9,6 +9,7 @@ them). A stop string found there ends its sequence at the start of the next `ste
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +29,7 @@ from inferplug.engine.scheduler import Scheduler
 from inferplug.engine.sequence import Sequence
 from inferplug.engine.spec_decode import make_proposer
 from inferplug.engine.spec_verify import spec_stats
+from inferplug.engine.state_snapshots import StateSnapshots
 from inferplug.errors import GenerationError, ProfileError, RequestError
 from inferplug.models.config import ModelConfig
 from inferplug.models.delta_net import CHUNK as DELTA_CHUNK
@@ -61,14 +63,13 @@ class LLMEngine:
             self.eos_token_ids = {tokenizer.eos_token_id}
         if draft is not None:
             check_draft(model_config, tokenizer, draft, self.max_model_len)
-        # a hybrid model's DeltaNet layers keep a state per running sequence, which a cached prefix's blocks lack
+        # a hybrid model's DeltaNet layers keep a state per running sequence: a prefix hit needs a snapshot of it
         self.recurrent_why = recurrent_why = family(model_config.family).recurrent_why
         state_slots = config.max_num_seqs if recurrent_why else 0
         if recurrent_why and config.speculative_method != "none":
             raise ProfileError(f"speculative decoding does not run on {model_config.family}: {recurrent_why}; set "
                                "[speculative] method = \"none\"")
-        self.blocks = BlockManager(config.num_kv_blocks, config.block_size,
-                                   config.enable_prefix_caching and not recurrent_why)
+        self.blocks = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
         sampler = Sampler(sorted(self.eos_token_ids))
         if config.tensor_parallel_size > 1:  # rank 0 here, the other ranks in their own processes
             from inferplug.engine.parallel.runner import ParallelRunner
@@ -94,6 +95,10 @@ class LLMEngine:
             disk = open_disk_tier(config, model_config, self.runner.kv_caches[0][0].dtype)  # None: memory only
             self.doc_cache = DocumentKVCache(self.runner.model, self.runner.kv_caches, config.block_size, tokenizer,
                                              disk=disk, shared_salt=config.rag_shared_salt)
+        self.snapshots = None  # a hybrid model's prefix cache: its DeltaNet states at 64-token points
+        if recurrent_why and config.enable_prefix_caching and config.state_snapshots:
+            self.snapshots = StateSnapshots(self.runner, math.lcm(DELTA_CHUNK, config.block_size), config.block_size,
+                                            config.state_snapshots)
         self.proposer = make_proposer(config, draft, sorted(self.eos_token_ids))  # a draft runs on rank 0 whole
         self.kv_pools = (self.blocks, *(self.proposer.pools if self.proposer else ()))  # a draft model's too
         self.scheduler = Scheduler(
@@ -104,6 +109,7 @@ class LLMEngine:
             recompute=RecomputePolicy(config.rag_recompute, config.rag_recompute_fraction,
                                       min(DEVIATION_LAYER, model_config.num_hidden_layers - 1)),
             schedule=config.schedule, state_slots=state_slots, state_chunk=DELTA_CHUNK if recurrent_why else 0,
+            snapshots=self.snapshots,
         )
         self.requests: dict[str, RequestState] = {}
         self.text_stopped: deque[Sequence] = deque()  # ended by a stop string in the output stage, still scheduled

@@ -164,6 +164,19 @@ class ModelRunner:
                 raw = kv.view(torch.uint8)  # as bytes: index_copy_ has no float8 kernel
                 raw.index_copy_(1, copies, raw.index_select(1, sources))
 
+    def read_state(self, slot: int) -> list[torch.Tensor]:
+        """A copy of a hybrid model's DeltaNet state in `slot`: each DeltaNet layer's conv window and recurrent
+        state (engine/state_snapshots.py)."""
+        return [pool[slot].clone() for pools in self._state_pools() for pool in pools]
+
+    def write_state(self, slot: int, state: list[torch.Tensor]) -> None:
+        """read_state's copy back into `slot`."""
+        for pool, values in zip((pool for pools in self._state_pools() for pool in pools), state):
+            pool[slot].copy_(values)
+
+    def _state_pools(self):
+        return (pools for layer, pools in zip(self.model.layers, self.kv_caches) if layer.delta is not None)
+
     def close(self) -> None:
         """Nothing to release on one device (engine/parallel's runner stops its workers)."""
 

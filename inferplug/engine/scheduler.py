@@ -9,9 +9,10 @@ its full blocks usually stay cached, and it rejoins the front of the queue.
 
 A hybrid model (Qwen3.5) keeps a fixed-size state per running sequence in its DeltaNet layers: a sequence is admitted
 only with a state slot free, holds it while it runs, and gives it back when it finishes or is preempted (the state is
-freed, not kept: a preempted sequence computes its tokens again from the start, as the prefix cache is off for it).
-Its prompt's chunks end on the DeltaNet's chunk grid (state_chunk), so the chunked delta rule cuts the prompt the
-same way however the steps split it: a sequence's state and outputs do not depend on what shares its steps.
+freed, not kept). Its prompt's chunks end on the DeltaNet's chunk grid (state_chunk), so the chunked delta rule
+cuts the prompt the same way however the steps split it: a sequence's state and outputs do not depend on what shares
+its steps. A prefix hit is cut back to the longest one a state snapshot continues (engine/state_snapshots.py), whose
+state the sequence starts from; a prompt's last chunk starts at its snapshot point, so that its state is kept there.
 
 The scheduler is the one writer of a sequence's token counts, tokens and blocks: it admits,
 advances (`update_after_step`, `append_token`), preempts and finishes. A prefix source (the RAG
@@ -84,12 +85,13 @@ class Scheduler:
     def __init__(self, blocks: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
                  max_prefill_tokens_while_decoding: int = 0, prefix_source: PrefixSource | None = None,
                  proposer: Proposer | None = None, recompute: RecomputePolicy = RecomputePolicy(),
-                 schedule: str = "fifo", state_slots: int = 0, state_chunk: int = 0):
+                 schedule: str = "fifo", state_slots: int = 0, state_chunk: int = 0, snapshots=None):
         """max_prefill_tokens_while_decoding: prefill tokens a step may carry beside decode rows (0: the whole
         budget), so a long prompt's chunks stretch the running streams' steps by a bounded amount. schedule:
         "cache_aware" admits waiting requests with cached tokens early, each wait within 2x FIFO's (cache_aware.py).
-        state_slots: a hybrid model's per-sequence DeltaNet states (0: the model keeps none), and state_chunk the
-        chunk its delta rule cuts a prompt into."""
+        state_slots: a hybrid model's per-sequence DeltaNet states (0: the model keeps none), state_chunk the
+        chunk its delta rule cuts a prompt into, and snapshots its engine/state_snapshots.StateSnapshots (None: a
+        prefix hit gives it nothing)."""
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -102,6 +104,7 @@ class Scheduler:
         self.free_state_slots = list(range(state_slots))[::-1]
         self.needs_state = state_slots > 0
         self.state_chunk = state_chunk
+        self.snapshots = snapshots
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -180,6 +183,8 @@ class Scheduler:
                 break
             self.waiting.remove(seq)
             self._admit(seq, computed)
+            if self.needs_state and computed:  # from the snapshot its hit ends at (_prefix_hits)
+                self.snapshots.restore(seq, len(hits))
             seats += seq.seats
             self._order_waiting(seats)
             if fills:
@@ -205,6 +210,8 @@ class Scheduler:
             self.num_recomputed_tokens += sum(r.keep for r in seq.recompute)  # done in this step, with the chunk
             seq.recompute = []
             self.blocks.commit(seq)
+            if self.snapshots is not None:
+                self.snapshots.keep(seq)
             if self.prefix_source is not None and self.prefix_source.has_spans(seq):
                 self._fill_from_source(seq)
 
@@ -263,6 +270,8 @@ class Scheduler:
         n = min(len(seq.token_ids) + len(seq.spec_token_ids) - computed, budget)
         if self.prefix_source is not None and self.prefix_source.has_spans(seq):
             n = self.prefix_source.chunk_end(seq, computed, n)
+        if self.snapshots is not None and computed < (point := self.snapshots.prompt_point(seq)) < computed + n:
+            n = point - computed  # the state there is kept for prefix hits (state_snapshots.py)
         if self.state_chunk and computed + n < len(seq.token_ids):  # a piece of a hybrid model's prompt
             aligned = (computed + n) // self.state_chunk * self.state_chunk - computed
             # 0: wait for a step with room, unless no step ever has it (then the grid is left, and met again later)
@@ -326,7 +335,10 @@ class Scheduler:
                 self.blocks.mark_approximate(seq, len(hits))
                 hits = hits + more
         # a scored prompt row's logits are asked for, and a cached block has none: only the blocks before it
-        return hits[:cacheable_blocks(seq, self.blocks.block_size)]
+        hits = hits[:cacheable_blocks(seq, self.blocks.block_size)]
+        if self.needs_state:  # a hybrid model's state must continue from the hit's end
+            hits = hits[:self.snapshots.usable_blocks(seq, len(hits))] if self.snapshots is not None else []
+        return hits
 
     def _admit(self, seq: Sequence, computed: int) -> None:
         seq.num_computed_tokens = computed
@@ -375,6 +387,8 @@ class Scheduler:
         if seq.state_slot >= 0:
             self.free_state_slots.append(seq.state_slot)
             seq.state_slot = -1
+        if self.snapshots is not None:
+            self.snapshots.forget(seq)
         seq.recompute = []
         if self.proposer is not None:
             self.proposer.release(seq)

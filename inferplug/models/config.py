@@ -7,6 +7,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+# A hybrid model's prefix cache keeps this many snapshots of a sequence's DeltaNet state (engine/state_snapshots.py):
+# a chat's turns, a shared system prompt; each one sequence's state (state_bytes_per_sequence)
+STATE_SNAPSHOTS = 8
+
+
 @dataclass
 class ModelConfig:
     """A decoder of one of the families in models/registry.py. Names follow HF's config.json; the fields after
@@ -59,6 +64,7 @@ class ModelConfig:
     linear_conv_kernel_dim: int = 0
     linear_heads_tiled: bool = False  # value head j reads q/k head j % key heads (llama.cpp's order), not j // ratio
     attention_output_gate: bool = False
+    shared_expert_intermediate_size: int = 0  # Qwen3.5-MoE: a shared expert beside the routed ones (0: none)
 
     def head_dim_of(self, layer: int) -> int:
         return self.layer_head_dims[layer] if self.layer_head_dims else self.head_dim
@@ -160,6 +166,10 @@ class ModelConfig:
         attention = {name: shape for name, shape in shapes.items() if not name.startswith("mlp.")}
         experts = {f"mlp.experts.{e}.{proj}": shape for e in range(self.num_experts)
                    for proj, shape in (("gate_proj", (inter, h)), ("up_proj", (inter, h)), ("down_proj", (h, inter)))}
+        shared = self.shared_expert_intermediate_size
+        if shared:  # every row runs it, gated by one logit
+            experts.update({"mlp.shared_expert.gate_proj": (shared, h), "mlp.shared_expert.up_proj": (shared, h),
+                            "mlp.shared_expert.down_proj": (h, shared), "mlp.shared_expert_gate": (1, h)})
         return {**(shapes if self.dense_beside_moe else attention), "mlp.gate": (self.num_experts, h), **experts}
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:

@@ -23,11 +23,13 @@ from inferplug.models.rope import partial_rope_order, rope_tables
 from inferplug.ops import select_ops
 from inferplug.ops.attention import AttentionContext
 from inferplug.ops.parallel_group import SINGLE, SingleDevice
+from inferplug.ops.row_math import row_gate
 from inferplug.quant.checkpoint_layers import fold_down_order, fuse_rows  # torch.cat, or an AWQ / GPTQ checkpoint's layers
 from inferplug.quant.linear import linear  # F.linear, or a weight-only int8/int4 layer's kernel
 
 # a layer's linear weights (an MoE layer's MLP is in `moe`)
-LINEARS = ("qkv", "o", "gate_up", "down", "per_layer_embed", "per_layer_gate", "per_layer_proj")
+LINEARS = ("qkv", "o", "gate_up", "down", "per_layer_embed", "per_layer_gate", "per_layer_proj", "shared_gate_up",
+           "shared_down")
 
 
 @dataclass
@@ -65,6 +67,10 @@ class LayerWeights:
     experts_out_norm: torch.Tensor | None = None
     delta: DeltaNetWeights | None = None  # Qwen3.5: a Gated DeltaNet in place of attention (models/delta_net.py)
     gate_rows: int = 0  # Qwen3.5's attention: qkv's last rows gate its output (sigmoid)
+    # Qwen3.5-MoE: a shared expert every row runs beside the routed ones, scaled by sigmoid(shared_gate . x)
+    shared_gate_up: Any = None
+    shared_down: Any = None
+    shared_gate: Any = None
 
     def linears(self) -> Iterator[Any]:
         """Every linear weight of the layer, its experts' too."""
@@ -177,6 +183,7 @@ class DecoderModel:
                 gate_up = fuse_rows([take(f"{p}mlp.gate_proj.weight"), take(f"{p}mlp.up_proj.weight")])
                 gate_up, down = fold_down_order(gate_up, take(f"{p}mlp.down_proj.weight"))  # GPTQ act-order's, if any
             beside = moe is not None and config.dense_beside_moe
+            shared = f"{p}mlp.shared_expert." if moe is not None and config.shared_expert_intermediate_size else None
             sandwich = fam.sandwich_norms
             self.layers.append(LayerWeights(
                 input_norm=norm(f"{p}input_layernorm.weight"),
@@ -208,6 +215,11 @@ class DecoderModel:
                 experts_out_norm=norm(f"{p}post_feedforward_layernorm_2.weight") if beside else None,
                 delta=delta,
                 gate_rows=self.q_size if config.attention_output_gate and attn else 0,
+                shared_gate_up=fuse_rows([take(f"{shared}gate_proj.weight"), take(f"{shared}up_proj.weight")])
+                if shared else None,
+                shared_down=take(f"{shared}down_proj.weight") if shared else None,
+                # [1, hidden]; a quantized GGUF stores it as a vector
+                shared_gate=take(f"{p}mlp.shared_expert_gate.weight").reshape(1, -1) if shared else None,
             ))
         dims, positions = config.rope_table_dims(), max_positions or config.max_position_embeddings
         self.cos, self.signed_sin = rope_tables(config, self.device, dim=dims[0], positions=positions)
@@ -308,6 +320,10 @@ class DecoderModel:
             elif layer.moe is not None:
                 delta = reduce(moe_mlp(h, layer.moe, self.config.num_experts_per_tok, self.config.norm_topk_prob,
                                        self.activation, rows, ops))
+                if layer.shared_gate is not None:
+                    shared = linear(self.activation(linear(h, layer.shared_gate_up, None, rows)), layer.shared_down,
+                                    None, rows)
+                    delta = delta + row_gate(h, layer.shared_gate) * reduce(shared)
             else:
                 delta = reduce(linear(self.activation(linear(h, layer.gate_up, None, rows)), layer.down, None, rows))
             if layer.mlp_out_norm is not None:

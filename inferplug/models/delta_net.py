@@ -21,10 +21,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from inferplug.ops.row_math import by_rows
 from inferplug.quant.linear import linear
 
 CHUNK = 64  # the chunked form's tokens per chunk (flash-linear-attention's and HF's)
-LANES = 32  # floats in two AVX-512 vectors: ATen's vector loop's step (its tail runs scalar code)
 
 
 @dataclass
@@ -62,8 +62,9 @@ def delta_net(h: torch.Tensor, w: DeltaNetWeights, pools: tuple[torch.Tensor, to
     left holding its sequence's state after its last row. `rows`: the decode rows (quant/block_linear.py)."""
     conv_pool, state_pool = pools
     mixed = linear(h, w.qkv, None, rows)
-    beta = _by_rows(torch.sigmoid, linear(h, w.b, None, rows).float())
-    g = w.neg_a * _by_rows(F.softplus, linear(h, w.a, None, rows).float() + w.dt_bias)  # log of the decay, <= 0
+    # per-head values on whole vector steps, so a row's bits do not depend on its step (ops/row_math.py)
+    beta = by_rows(torch.sigmoid, linear(h, w.b, None, rows).float())
+    g = w.neg_a * by_rows(F.softplus, linear(h, w.a, None, rows).float() + w.dt_bias)  # log of the decay, <= 0
     out = torch.empty(h.shape[0], w.value_heads, w.value_dim, dtype=torch.float32, device=h.device)
     steps = [(row, slot) for row, (n, slot, fresh) in zip(_starts(sequences), sequences) if n == 1 and not fresh]
     if steps:  # one step of the recurrence for every decode row at once
@@ -80,13 +81,6 @@ def delta_net(h: torch.Tensor, w: DeltaNetWeights, pools: tuple[torch.Tensor, to
         initial = torch.zeros_like(state_pool[slot]) if fresh else state_pool[slot]
         out[span], state_pool[slot] = _chunked(q, k, v, g[span], beta[span], initial)
     return linear(_gated_norm(out, linear(h, w.z, None, rows), w.norm, eps), w.out, None, rows)
-
-
-def _by_rows(fn, x: torch.Tensor) -> torch.Tensor:
-    """fn over [rows, heads], each row padded to whole vector steps. ATen runs a tensor's last elements through scalar
-    libm and the rest through SIMD code, which round transcendentals differently: unpadded, a row's value would
-    depend on how many rows share the call (batch invariance)."""
-    return fn(F.pad(x, (0, -x.shape[-1] % LANES)))[..., :x.shape[-1]]
 
 
 def _starts(sequences: list[tuple[int, int, bool]]) -> list[int]:
@@ -120,7 +114,7 @@ def _heads(x: torch.Tensor, w: DeltaNetWeights) -> tuple[torch.Tensor, torch.Ten
 
 def _recurrent_step(q, k, v, g, beta, state_pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """One token of each batch row ([B, heads, dim]; g, beta [B, heads]) through its slot's state; its output."""
-    state = state_pool[slots] * _by_rows(torch.exp, g)[..., None, None]  # [B, heads, key dim, value dim]
+    state = state_pool[slots] * by_rows(torch.exp, g)[..., None, None]  # [B, heads, key dim, value dim]
     delta = (v - (state * k.unsqueeze(-1)).sum(-2)) * beta.unsqueeze(-1)
     state += k.unsqueeze(-1) * delta.unsqueeze(-2)
     state_pool[slots] = state

@@ -91,7 +91,7 @@ def _matrix(name: str, rows: int, cols: int, config: ModelConfig, fmt: str, dtyp
     from inferplug.models.registry import family
 
     std = cols**-0.5
-    if name.endswith(".mlp.gate.weight"):  # an MoE router: float, as every file keeps it
+    if name.endswith((".mlp.gate.weight", ".mlp.shared_expert_gate.weight")):  # an MoE's routers: float, as files keep them
         return (torch.randn(rows, cols, generator=generator) * std).to(device=device, dtype=dtype)
     outer = name in ("model.embed_tokens.weight", "model.embed_tokens_per_layer.weight", "lm_head.weight")
     head = name == "lm_head.weight" or (outer and config.tie_word_embeddings)

@@ -48,6 +48,6 @@ class Family:
     unfused_why: str = ""
     tensor_parallel_why: str = ""  # why tensor parallel does not split it ("": it does)
     document_cache_why: str = ""  # why the RAG document cache (engine/doc_cache.py) does not take it ("": it does)
-    # a recurrent state per sequence (Qwen3.5's DeltaNet layers): why prefix caching, speculative decoding and beam
-    # search are off for it ("": none, they run)
+    # a recurrent state per sequence (Qwen3.5's DeltaNet layers): why speculative decoding and beam search do not
+    # run on it ("": none, they run); its prefix cache runs from snapshots of the state (engine/state_snapshots.py)
     recurrent_why: str = ""

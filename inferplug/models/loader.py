@@ -126,6 +126,9 @@ def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
     """ModelConfig from an HF config.json dict (transformers 4.x and 5.x spellings)."""
     from inferplug.models.registry import hf_family
 
+    if isinstance(raw.get("text_config"), dict):  # a multimodal checkpoint (Qwen3.5, Gemma 4): its language model's
+        raw = {**{k: raw[k] for k in ("bos_token_id", "eos_token_id", "tie_word_embeddings") if k in raw},
+               **raw["text_config"]}
     model_type = raw.get("model_type")
     family = hf_family(model_type)
     rope = raw.get("rope_parameters") or {}  # transformers 5 folds theta and scaling in here
@@ -141,7 +144,7 @@ def config_from_hf(raw: dict[str, Any]) -> ModelConfig:
         architecture=model_type,
         vocab_size=raw["vocab_size"],
         hidden_size=raw["hidden_size"],
-        intermediate_size=raw["intermediate_size"],
+        intermediate_size=raw.get("intermediate_size", 0),  # none in an MoE-only config (Qwen3.5-MoE)
         num_hidden_layers=raw["num_hidden_layers"],
         num_attention_heads=heads,
         num_key_value_heads=raw.get("num_key_value_heads") or heads,

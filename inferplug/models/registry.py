@@ -5,11 +5,11 @@ A new family is one module in models/families/ and one entry in FAMILIES (see do
 from __future__ import annotations
 
 from inferplug.errors import ModelSourceError
-from inferplug.models.families import gemma3, gemma4, gpt_oss, llama, qwen3, qwen3_moe, qwen35
+from inferplug.models.families import gemma3, gemma4, gpt_oss, llama, qwen3, qwen3_moe, qwen35, qwen35_moe
 from inferplug.models.family import Family
 
 FAMILIES: tuple[Family, ...] = (llama.FAMILY, qwen3.FAMILY, qwen3_moe.FAMILY, gemma3.FAMILY, gpt_oss.FAMILY,
-                                gemma4.FAMILY, qwen35.FAMILY)
+                                gemma4.FAMILY, qwen35.FAMILY, qwen35_moe.FAMILY)
 _BY_NAME = {f.name: f for f in FAMILIES}
 _BY_HF = {t: f for f in FAMILIES for t in f.hf_model_types}
 _BY_GGUF = {a: f for f in FAMILIES for a in f.gguf_architectures}

@@ -70,8 +70,8 @@ def test_dummy_weights_of_every_family(tiny_family_dir, tmp_path, fmt):
     if config["model_type"] == "gemma4_text":  # its full layers' heads and its per-layer inputs, as widths that divide
         config.update(per_layer_config={i: {**c, "head_dim": 128} for i, c in config["per_layer_config"].items()},
                       hidden_size_per_layer_input=256)
-    if config["model_type"] == "qwen3_5_text":  # its DeltaNet's value width too
-        config.update(linear_value_head_dim=64)
+    if config["model_type"].startswith("qwen3_5"):  # its DeltaNet's value width and its shared expert's too
+        config.update(linear_value_head_dim=64, shared_expert_intermediate_size=256)
     (out / "config.json").write_text(json.dumps(config))
     (tmp_path / "dummy.toml").write_text(
         f'backend = "native"\ndtype = "float32"\n[model]\npath = "{out}"\nload_format = "dummy"\n'

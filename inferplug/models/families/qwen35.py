@@ -87,8 +87,8 @@ FAMILY = Family(
     tensor_parallel_why="its Gated DeltaNet layers' state is not split between ranks yet",
     document_cache_why="three layers in four are Gated DeltaNet, whose state is not position-independent: a "
                        "document's state cannot move to another place in the prompt",
-    recurrent_why="its Gated DeltaNet layers keep one state per sequence, which a rejected draft token or a "
-                  "cached prefix would have to roll back or restore",
+    recurrent_why="its Gated DeltaNet layers keep one state per sequence, which a rejected draft token would have "
+                  "to roll back and a beam's fork to copy",
     hf_fields=hf_fields,
     gguf_fields=gguf_fields,
     hf_weights=hf_weights,
