@@ -128,7 +128,9 @@ def _apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
     if p.repetition_penalty != 1.0:
         seen = torch.tensor(sorted(set(seq.token_ids)), dtype=torch.long, device=logits.device)
         values = logits[seen]
-        logits[seen] = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
+        # a tiny penalty would lift a positive logit to inf, and softmax would give NaN: the largest float instead
+        boosted = (values / p.repetition_penalty).clamp(max=torch.finfo(logits.dtype).max)
+        logits[seen] = torch.where(values > 0, boosted, values * p.repetition_penalty)
     if (p.presence_penalty or p.frequency_penalty) and seq.num_output_tokens:
         output = torch.tensor(seq.output_ids, dtype=torch.long, device=logits.device)
         counts = torch.bincount(output, minlength=logits.numel()).float()

@@ -59,3 +59,16 @@ def test_seeded_penalised_rows_sample_on_the_logits_device(device, tiny_llama_di
         assert [r.error for r in results] == [None, None]
         draws.append([r.token_id for r in results])
     assert draws[0] == draws[1]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_tiny_repetition_penalty_keeps_the_logits_finite(temperature):
+    """A valid (positive) but tiny penalty divides a seen token's positive logit past float32's range: it stays the
+    largest float, so the row samples a seen token instead of failing on inf and NaN (the fuzzer's
+    repetition_penalty=5.6e-258 failed the request)."""
+    logits = torch.randn(1, 32)
+    logits[0, 4] = 2.0  # a seen (prompt) token with a positive logit
+    params = SamplingParams(temperature=temperature, seed=3, repetition_penalty=5.568074533987348e-258)
+    seq = _seq(params, generator=torch.Generator().manual_seed(3))
+    ((result,),) = Sampler(eos_token_ids=[0])(logits, [seq])
+    assert result.error is None and result.token_id in (3, 4, 5)
