@@ -2,7 +2,8 @@
 
 A call is the JSON object {"name": ..., "arguments": {...}}. With a required tool choice the
 output is constrained to that schema, so even a small model emits a well-formed call; with
-"auto" we parse it out of the text (bare, fenced or inside <tool_call> tags).
+"auto" we parse it out of the text (bare, fenced or inside <tool_call> tags), or in Qwen3-Coder's and Qwen3.5's
+XML form inside the tags (vLLM's qwen3_coder parser's).
 """
 
 from __future__ import annotations
@@ -88,6 +89,9 @@ def parse_tool_calls(text: str, tools: list[dict[str, Any]]) -> list[ToolCall]:
     candidates = _tagged(text) or [text]
     calls = []
     for candidate in candidates:
+        if _FUNCTION in candidate:
+            calls += _xml_calls(candidate, tools)
+            continue
         for value in _json_values(candidate):
             for item in value if isinstance(value, list) else [value]:
                 call = as_call(item, known)
@@ -105,6 +109,47 @@ def _tagged(text: str) -> list[str]:
         found.append(text[start:end if end >= 0 else len(text)].strip())
         i = text.find(_OPEN, end + len(_CLOSE)) if end >= 0 else -1
     return found
+
+
+_FUNCTION, _END_FUNCTION, _PARAMETER, _END_PARAMETER = "<function=", "</function>", "<parameter=", "</parameter>"
+
+
+def _xml_calls(text: str, tools: list[dict[str, Any]]) -> list[ToolCall]:
+    """Qwen3-Coder's and Qwen3.5's calls: <function=NAME>, a <parameter=KEY> VALUE </parameter> for each argument,
+    </function>. A value is its text where the tool's schema says string (or nothing), else its JSON (a number,
+    a boolean, an object), as vLLM's qwen3_coder parser reads it. A call without its </function> (cut short) is
+    none. Linear in the text's length."""
+    schemas = {t["function"]["name"]: (t["function"].get("parameters") or {}).get("properties") or {} for t in tools}
+    calls, i = [], text.find(_FUNCTION)
+    while i >= 0 and (head := text.find(">", i)) >= 0 and (end := text.find(_END_FUNCTION, head)) >= 0:
+        name = text[i + len(_FUNCTION):head].strip()
+        if name in schemas:
+            calls.append(ToolCall(name=name, arguments=_xml_arguments(text[head + 1:end], schemas[name])))
+        i = text.find(_FUNCTION, end)
+    return calls
+
+
+def _xml_arguments(body: str, properties: dict[str, Any]) -> dict[str, Any]:
+    arguments, i = {}, body.find(_PARAMETER)
+    while i >= 0 and (head := body.find(">", i)) >= 0:
+        nxt = body.find(_PARAMETER, head)
+        bound = nxt if nxt >= 0 else len(body)  # an unclosed one ends where the next starts
+        end = body.find(_END_PARAMETER, head, bound)
+        stop = end if end >= 0 else bound
+        key, value = body[i + len(_PARAMETER):head].strip(), body[head + 1:stop]
+        value = value.removeprefix("\n").removesuffix("\n")
+        arguments[key] = _xml_value(value, (properties.get(key) or {}).get("type"))
+        i = nxt
+    return arguments
+
+
+def _xml_value(text: str, kind: Any) -> Any:
+    if kind in (None, "string"):
+        return text
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        return text
 
 
 def calls_from_deltas(deltas: list[ToolCallDelta]) -> list[ToolCall]:

@@ -309,7 +309,7 @@ class DecoderModel:
         for i, (layer, pools) in enumerate(zip(self.layers, kv_caches)):
             h = ops.add_rms_norm(x, delta, layer.input_norm, eps)
             if layer.delta is not None:  # a recurrence over each sequence's state (pools: the layer's state pools)
-                out = delta_net(h, layer.delta, pools, ctx.states, eps, rows)
+                out = delta_net(h, layer.delta, pools, ctx.states, eps, rows, ops)
             else:
                 out = self.attend(i, layer, h, positions, ctx, pools, step_kv, rows)
             if layer.attn_out_norm is not None:

@@ -56,10 +56,11 @@ def allocate_states(w: DeltaNetWeights, slots: int, dtype: torch.dtype, device) 
 
 
 def delta_net(h: torch.Tensor, w: DeltaNetWeights, pools: tuple[torch.Tensor, torch.Tensor],
-              sequences: list[tuple[int, int, bool]], eps: float, rows: int | None = None) -> torch.Tensor:
+              sequences: list[tuple[int, int, bool]], eps: float, rows: int | None, ops) -> torch.Tensor:
     """The layer's output for the step's normed rows `h` [T, hidden]. `sequences`: each sequence's (rows, state
     slot, fresh) in row order; a fresh one starts from zero state, the others from their slot's, and every slot is
-    left holding its sequence's state after its last row. `rows`: the decode rows (quant/block_linear.py)."""
+    left holding its sequence's state after its last row. `rows`: the decode rows (quant/block_linear.py); `ops`:
+    the model's ops set, whose delta_rule_step runs the decode rows' recurrence."""
     conv_pool, state_pool = pools
     mixed = linear(h, w.qkv, None, rows)
     # per-head values on whole vector steps, so a row's bits do not depend on its step (ops/row_math.py)
@@ -71,7 +72,7 @@ def delta_net(h: torch.Tensor, w: DeltaNetWeights, pools: tuple[torch.Tensor, to
         rows_at, slots = (torch.tensor(v, device=h.device) for v in zip(*steps))
         x = _conv(mixed[rows_at].unsqueeze(1), conv_pool, slots, w.conv, fresh=False).squeeze(1)
         q, k, v = _heads(x, w)
-        out[rows_at] = _recurrent_step(q, k, v, g[rows_at], beta[rows_at], state_pool, slots)
+        out[rows_at] = ops.delta_rule_step(state_pool, slots, q, k, v, g[rows_at], beta[rows_at])
     for row, (n, slot, fresh) in zip(_starts(sequences), sequences):
         if n == 1 and not fresh:
             continue
@@ -110,15 +111,6 @@ def _heads(x: torch.Tensor, w: DeltaNetWeights) -> tuple[torch.Tensor, torch.Ten
     k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
     return (q.index_select(-2, w.key_of_value), k.index_select(-2, w.key_of_value),
             v.unflatten(-1, (w.value_heads, w.value_dim)))
-
-
-def _recurrent_step(q, k, v, g, beta, state_pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """One token of each batch row ([B, heads, dim]; g, beta [B, heads]) through its slot's state; its output."""
-    state = state_pool[slots] * by_rows(torch.exp, g)[..., None, None]  # [B, heads, key dim, value dim]
-    delta = (v - (state * k.unsqueeze(-1)).sum(-2)) * beta.unsqueeze(-1)
-    state += k.unsqueeze(-1) * delta.unsqueeze(-2)
-    state_pool[slots] = state
-    return (state * q.unsqueeze(-1)).sum(-2)
 
 
 def _chunked(q, k, v, g, beta, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -69,6 +69,11 @@ class CpuKernelOps(TorchOps):
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return self.kernels.silu_mul(gate_up)
 
+    def delta_rule_step(self, state_pool, slots, q, k, v, g, beta) -> torch.Tensor:
+        """In place on the slots' states, one pass (kernels/cpu/delta_rule.cpp)."""
+        return self.kernels.delta_rule_step_(state_pool, slots, q.contiguous(), k.contiguous(), v.contiguous(),
+                                             g.contiguous(), beta.contiguous())
+
     def swiglu_oai_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return self.kernels.swiglu_oai_mul(gate_up)
 

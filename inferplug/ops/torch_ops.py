@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from inferplug.ops.attention import AttentionContext, PagedRows, PrefillChunk, paged_attention, write_kv
+from inferplug.ops.row_math import by_rows
 from inferplug.ops.step import StepLayout
 
 if TYPE_CHECKING:  # the ops read a row's block table and computed count; they never import the engine
@@ -106,6 +107,16 @@ class TorchOps:
         gate, up = gate_up.chunk(2, dim=-1)
         gate = gate.clamp(max=limit)
         return (gate * torch.sigmoid(gate * alpha)).mul_(up.clamp(-limit, limit) + 1)
+
+    def delta_rule_step(self, state_pool: torch.Tensor, slots: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                        v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+        """One token of each row ([B, heads, dim]; g, beta [B, heads]) through the gated delta rule, from and back
+        into its slot's state (models/delta_net.py); its output [B, heads, value dim]."""
+        state = state_pool[slots] * by_rows(torch.exp, g)[..., None, None]  # [B, heads, key dim, value dim]
+        delta = (v - (state * k.unsqueeze(-1)).sum(-2)) * beta.unsqueeze(-1)
+        state += k.unsqueeze(-1) * delta.unsqueeze(-2)
+        state_pool[slots] = state
+        return (state * q.unsqueeze(-1)).sum(-2)
 
     def qk_rms_norm_(self, qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor | None, num_heads: int,
                      kv_heads: int, eps: float, v_norm: bool = False) -> None:

@@ -74,3 +74,29 @@ def test_arguments_that_are_not_json_are_a_cut_calls_text_even_nested_deep(live_
     reply = httpx.post(live_server.url + "/chat/completions", timeout=60,
                        json={"model": "tiny-llama", "messages": history, "max_tokens": 2})
     assert reply.status_code == 400 and "the context holds 512" in reply.json()["error"]["message"], reply.text
+
+
+def test_qwen35s_xml_calls_are_parsed_with_their_schemas_types():
+    """Qwen3-Coder's and Qwen3.5's call form (vLLM's qwen3_coder parser): a string stays text, lines and all; a
+    number, a boolean and an object are their JSON; an unknown function and a call cut short are none."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"},
+        "where": {"type": "object"}}}}},
+        {"type": "function", "function": {"name": "note", "parameters": {"type": "object"}}}]
+    text = ("I'll check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSan Francisco\nCA\n</parameter>\n"
+            "<parameter=days>\n3\n</parameter>\n<parameter=metric>\ntrue\n</parameter>\n"
+            '<parameter=where>\n{"lat": 37.7}\n</parameter>\n</function>\n</tool_call>\n'
+            "<tool_call>\n<function=note>\n<parameter=text>\n42\n</parameter>\n</function>\n</tool_call>\n"
+            "<tool_call>\n<function=unknown>\n</function>\n</tool_call>\n"
+            "<tool_call>\n<function=note>\n<parameter=text>\ncut")
+    calls = [(c.name, c.arguments) for c in parse_tool_calls(text, tools)]
+    assert calls == [("get_weather", {"city": "San Francisco\nCA", "days": 3, "metric": True, "where": {"lat": 37.7}}),
+                     ("note", {"text": "42"})]
+
+
+def test_hostile_xml_calls_parse_within_a_bound():
+    started = time.monotonic()
+    text = "<tool_call><function=f>" + "<parameter=x>" * 20000 + "</function>"
+    assert [c.name for c in parse_tool_calls(text, TOOLS)] == ["f"]
+    assert parse_tool_calls("<tool_call>" + "<function=f>" * 20000, TOOLS) == []
+    assert time.monotonic() - started < 1.0  # a bound for a hang

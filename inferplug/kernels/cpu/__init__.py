@@ -27,7 +27,7 @@ from pathlib import Path
 from inferplug.errors import ProfileError
 
 SOURCES = ("dispatch.cpp", "isa_avx2.cpp", "isa_avx512.cpp", "quant_matmul.cpp", "rms_norm.cpp", "paged_attention.cpp",
-           "layer_ops.cpp", "decode_layers.cpp", "moe_experts.cpp")
+           "layer_ops.cpp", "decode_layers.cpp", "moe_experts.cpp", "delta_rule.cpp")
 REQUIRED_FLAGS = frozenset({"avx2", "fma", "f16c"})
 DISABLE_ENV = "INFERPLUG_NO_CPU_KERNELS"  # set to 1 to force the torch paths (comparisons, debugging)
 ISA_ENV = "INFERPLUG_CPU_ISA"  # avx2 or avx512: the kernel set to run instead of the best the CPU has
