@@ -8,9 +8,10 @@ silu(z . x) and projected out.
 
 A sequence's memory here is fixed-size: the conv's last kernel - 1 inputs and S [value heads, key dim, value dim]
 (fp32), in its slot of the layer's state pools (allocate_states). Prompt rows take the chunked (WY) form: within a
-chunk of 64 tokens the updates become two triangular solves and a few matmuls, between chunks S carries. Decode rows
-take one step of the recurrence, every decode row of the step at once, in elementwise ops and sums, so a row's state
-and output do not depend on the step's other rows.
+chunk of 64 tokens the updates become two triangular solves and a few matmuls, between chunks S carries. A lone row
+(a decode row) takes one step of the recurrence, every such row of the step in one ops.delta_rule_step call (on CPUs
+one C++ kernel, in place on the slots), each row's arithmetic its own, so its state and output do not depend on the
+step's other rows.
 """
 
 from __future__ import annotations
