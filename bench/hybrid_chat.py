@@ -56,8 +56,7 @@ def inferplug_ttft(path: Path, turn1: list[int], reply: int, new: list[int], cac
 
 
 def llama_cpp_ttft(path: Path, turn1: list[int], reply: list[int], new: list[int], threads: int) -> dict:
-    from real_size_engines import LlamaCpp  # bench/, this script's folder
-
+    from inferplug.benchmark.llama_cpp_engine import LlamaCpp
     from inferplug.benchmark.real_size_workload import Workload
 
     w = Workload(context=len(turn1) + len(reply) + len(new) + 16, threads=threads, vocab=0, prefill_tokens=0,
@@ -69,15 +68,15 @@ def llama_cpp_ttft(path: Path, turn1: list[int], reply: list[int], new: list[int
         start = time.perf_counter()
         for i in range(0, len(tokens), 512):
             chunk = tokens[i:i + 512]
-            engine._decode([(t, first + i + j, 0, i + j == len(tokens) - 1) for j, t in enumerate(chunk)])
-        engine._argmax(len(tokens) - 1 - (len(tokens) - 1) // 512 * 512)
+            engine.decode([(t, first + i + j, 0, i + j == len(tokens) - 1) for j, t in enumerate(chunk)])
+        engine.argmax(len(tokens) - 1 - (len(tokens) - 1) // 512 * 512)
         return time.perf_counter() - start
 
     lc = engine.lc
     lc.llama_memory_clear(lc.llama_get_memory(engine.ctx), True)
     ttft1 = feed(turn1, 0)
     for i, t in enumerate(reply[:-1]):  # the reply's tokens, one a step (its last is turn 2's first new input)
-        engine._decode([(t, len(turn1) + i, 0, True)])
+        engine.decode([(t, len(turn1) + i, 0, True)])
     kept = feed([reply[-1], *new], len(turn1) + len(reply) - 1)
     lc.llama_memory_clear(lc.llama_get_memory(engine.ctx), True)
     whole = feed(turn1 + reply + new, 0)

@@ -12,6 +12,10 @@ import os
 import httpx
 import pytest
 import schemathesis
+# schemathesis imports its OpenAPI adapters on first use, deep in the test's stack, where CPython 3.11.7 once failed
+# compiling one (SystemError: AST constructor recursion depth mismatch, in CI): imported here, at collection
+import schemathesis.specs.openapi.adapter.v2  # noqa: F401
+import schemathesis.specs.openapi.adapter.v3_0  # noqa: F401
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
