@@ -92,6 +92,20 @@ def onednn_max_isa(hw: Hardware) -> tuple[str | None, str]:
                        "use AVX-512, which needs no tiles")
 
 
+def recurrent_state_why(family_name: str, prefix_caching: bool) -> list[str]:
+    """What a family with a state per sequence (Qwen3.5's DeltaNet layers) runs without, and how its prefix cache
+    works (engine/state_snapshots.py); none for the others."""
+    from inferplug.models.config import STATE_SNAPSHOTS
+    from inferplug.models.registry import family
+
+    recurrent = family(family_name).recurrent_why
+    if not recurrent:
+        return []
+    return [f"no speculative decoding or beam search: {recurrent}"] + (
+        [f"prefix caching: a hit resumes from a snapshot of the DeltaNet state at a 64-token point, {STATE_SNAPSHOTS} "
+         "kept beside the running sequences' (memory: DeltaNet states)"] if prefix_caching else [])
+
+
 def decode_path_why(family_name: str, attention: str) -> str:
     """Which decode path the model family takes on the CPU kernels: every layer in one kernel call, or layer by
     layer (models/family.py fused_decode)."""

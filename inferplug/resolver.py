@@ -21,7 +21,8 @@ from inferplug.memory_plan import (
     plan_context, plan_memory, weight_bits,
 )
 from inferplug.profile import Profile
-from inferplug.compute_path_plan import decode_path_why, native_kv_dtype, onednn_max_isa, prefill_gemm
+from inferplug.compute_path_plan import (decode_path_why, native_kv_dtype, onednn_max_isa, prefill_gemm,
+                                         recurrent_state_why)
 from inferplug.models.config import STATE_SNAPSHOTS
 from inferplug.rag_cache_plan import document_cache_why
 from inferplug.weight_format_plan import native_weight_format
@@ -250,14 +251,7 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
     plan.weight_format = weight_format
     plan.threads_per_rank = parallel.threads_per_rank
     plan.reasons.append(document_cache_why(profile.cache, facts.family if facts is not None else ""))
-    from inferplug.models.registry import family as family_of
-
-    recurrent = family_of(facts.family).recurrent_why if facts is not None and facts.family else ""
-    if recurrent:
-        plan.reasons.append(f"no speculative decoding or beam search: {recurrent}")
-        if plan.prefix_caching:
-            plan.reasons.append(f"prefix caching: a hit resumes from a snapshot of the DeltaNet state at a 64-token "
-                                f"point, {STATE_SNAPSHOTS} kept beside the running sequences' (memory: DeltaNet states)")
+    plan.reasons += recurrent_state_why(facts.family, plan.prefix_caching) if facts is not None and facts.family else []
     if not gpus:
         plan.onednn_max_isa, amx_why = onednn_max_isa(hw)
         plan.reasons += [amx_why] if amx_why else []

@@ -58,9 +58,8 @@ class StateSnapshots:
         if not generating and at != self.prompt_point(seq):
             return
         key = seq.block_hashes[at // self.block_size - 1]
-        if generating and (old := self.reply_key.pop(seq, None)) is not None:
-            self.snapshots.pop(old, None)
-        if generating:
+        if generating:  # its previous reply snapshot goes
+            self.snapshots.pop(self.reply_key.get(seq), None)
             self.reply_key[seq] = key
         self.snapshots[key] = self.runner.read_state(seq.state_slot)
         self.snapshots.move_to_end(key)

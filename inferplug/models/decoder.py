@@ -162,7 +162,7 @@ class DecoderModel:
                 state_dict.pop(f"{p}self_attn.{unused}", None)  # shipped for shared layers by some checkpoints
             delta = attn = bias = q_norm = k_norm = None
             if config.is_linear_layer(i):
-                delta = self.delta_net_weights(take, p)
+                delta = DeltaNetWeights.take(take, f"{p}linear_attn.", config, self.device)
             else:
                 attn = [take(f"{p}self_attn.{n}_proj.weight") for n in parts]
                 q_norm, k_norm = maybe_norm(f"{p}self_attn.q_norm.weight"), maybe_norm(f"{p}self_attn.k_norm.weight")
@@ -233,24 +233,6 @@ class DecoderModel:
                               math.gcd(*(layer.head_dim for layer in self.layers)))
         self.activation = {"silu": self.ops.silu_mul, "gelu_tanh": self.ops.gelu_tanh_mul,
                            "swiglu_oai": self.ops.swiglu_oai_mul}[fam.activation]
-
-    def delta_net_weights(self, take: Callable[[str], Any], p: str) -> DeltaNetWeights:
-        """A Gated DeltaNet layer's weights (HF's names; A as -exp(A_log), dt_bias as dt.bias: models/families/qwen35.py)."""
-        c = self.config
-        def small(name: str) -> torch.Tensor:  # per-head constants stay fp32, as HF computes the decay
-            return take(f"{p}linear_attn.{name}").float()
-
-        heads = torch.arange(c.linear_num_value_heads)
-        ratio = c.linear_num_value_heads // c.linear_num_key_heads
-        return DeltaNetWeights(
-            qkv=take(f"{p}linear_attn.in_proj_qkv.weight"), z=take(f"{p}linear_attn.in_proj_z.weight"),
-            b=take(f"{p}linear_attn.in_proj_b.weight"), a=take(f"{p}linear_attn.in_proj_a.weight"),
-            conv=take(f"{p}linear_attn.conv1d.weight").reshape(c.delta_net_sizes()[2], -1),
-            dt_bias=small("dt.bias"), neg_a=small("A"), norm=take(f"{p}linear_attn.norm.weight"),
-            out=take(f"{p}linear_attn.out_proj.weight"), key_heads=c.linear_num_key_heads,
-            value_heads=c.linear_num_value_heads, key_dim=c.linear_key_head_dim, value_dim=c.linear_value_head_dim,
-            # HF groups a q/k head's value heads together; llama.cpp's GGUF tiles them (its converter's reorder)
-            key_of_value=(heads % c.linear_num_key_heads if c.linear_heads_tiled else heads // ratio).to(self.device))
 
     def rope_of(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer `layer`'s RoPE tables (cos, signed sin): a sliding layer's own base where the family has one."""

@@ -17,11 +17,12 @@ step's other rows.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
+from inferplug.models.config import ModelConfig
 from inferplug.ops.row_math import by_rows
 from inferplug.quant.linear import linear
 
@@ -47,6 +48,25 @@ class DeltaNetWeights:
 
     LINEARS = ("qkv", "z", "b", "a", "out")
 
+    @classmethod
+    def take(cls, take: Callable[[str], Any], prefix: str, c: ModelConfig, device) -> "DeltaNetWeights":
+        """The layer's weights under `prefix` (e.g. "model.layers.0.linear_attn."), HF's names but A as -exp(A_log)
+        and dt_bias as dt.bias (models/families/qwen35.py), taken by `take`."""
+        def small(name: str) -> torch.Tensor:  # per-head constants stay fp32, as HF computes the decay
+            return take(f"{prefix}{name}").float()
+
+        heads = torch.arange(c.linear_num_value_heads)
+        ratio = c.linear_num_value_heads // c.linear_num_key_heads
+        return cls(
+            qkv=take(f"{prefix}in_proj_qkv.weight"), z=take(f"{prefix}in_proj_z.weight"),
+            b=take(f"{prefix}in_proj_b.weight"), a=take(f"{prefix}in_proj_a.weight"),
+            conv=take(f"{prefix}conv1d.weight").reshape(c.delta_net_sizes()[2], -1),
+            dt_bias=small("dt.bias"), neg_a=small("A"), norm=take(f"{prefix}norm.weight"),
+            out=take(f"{prefix}out_proj.weight"), key_heads=c.linear_num_key_heads,
+            value_heads=c.linear_num_value_heads, key_dim=c.linear_key_head_dim, value_dim=c.linear_value_head_dim,
+            # HF groups a q/k head's value heads together; llama.cpp's GGUF tiles them (its converter's reorder)
+            key_of_value=(heads % c.linear_num_key_heads if c.linear_heads_tiled else heads // ratio).to(device))
+
 
 def allocate_states(w: DeltaNetWeights, slots: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
     """A layer's state pools: each slot's conv window [kernel - 1, channels] (`dtype`) and recurrent state
@@ -68,13 +88,14 @@ def delta_net(h: torch.Tensor, w: DeltaNetWeights, pools: tuple[torch.Tensor, to
     beta = by_rows(torch.sigmoid, linear(h, w.b, None, rows).float())
     g = w.neg_a * by_rows(F.softplus, linear(h, w.a, None, rows).float() + w.dt_bias)  # log of the decay, <= 0
     out = torch.empty(h.shape[0], w.value_heads, w.value_dim, dtype=torch.float32, device=h.device)
-    steps = [(row, slot) for row, (n, slot, fresh) in zip(_starts(sequences), sequences) if n == 1 and not fresh]
+    starts = _starts(sequences)
+    steps = [(row, slot) for row, (n, slot, fresh) in zip(starts, sequences) if n == 1 and not fresh]
     if steps:  # one step of the recurrence for every decode row at once
         rows_at, slots = (torch.tensor(v, device=h.device) for v in zip(*steps))
         x = _conv(mixed[rows_at].unsqueeze(1), conv_pool, slots, w.conv, fresh=False).squeeze(1)
         q, k, v = _heads(x, w)
         out[rows_at] = ops.delta_rule_step(state_pool, slots, q, k, v, g[rows_at], beta[rows_at])
-    for row, (n, slot, fresh) in zip(_starts(sequences), sequences):
+    for row, (n, slot, fresh) in zip(starts, sequences):
         if n == 1 and not fresh:
             continue
         span, slots = slice(row, row + n), torch.tensor([slot], device=h.device)
