@@ -39,6 +39,7 @@ from pathlib import Path
 from inferplug.benchmark.machine import machine
 from inferplug.benchmark.real_size_files import GEOMETRIES, GGUF_MIXES, decode_bytes, ensure_model, files_of
 from inferplug.benchmark.real_size_workload import Workload
+from inferplug.memory_plan import PROMISED_PARTS
 
 BENCH = Path(__file__).resolve().parent
 GIB = 2**30
@@ -149,7 +150,7 @@ def measure(engine: str, fmt: str, model: Path, w: Workload, args) -> dict:
             return row | {"error": str(exc)}
         row["resolve"] = {k: plan.get(k) for k in ("backend", "dtype", "weight_format", "num_kv_blocks")}
         row["resolve"]["memory"] = plan["memory"]
-        row["promised_bytes"] = sum(plan["memory"][k] for k in ("weights_bytes", "reserve_bytes", "kv_budget_bytes"))
+        row["promised_bytes"] = sum(plan["memory"][k] for k in PROMISED_PARTS)
         files += files_of(args.dir / "inferplug-home")
     log = args.dir / f"{model.name}.{engine}.log"
     print(f"{fmt} / {engine}: cold load ...", flush=True)

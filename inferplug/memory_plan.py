@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inferplug.errors import ProfileError, ResolveError
-from inferplug.models.config import ModelConfig
+from inferplug.models.config import ModelConfig, window_pool_blocks
 from inferplug.profile import DEFAULT_CONTEXT_LENGTH, ArchitectureHints, ModelSource, Profile
 from inferplug.quant.formats import (CHECKPOINT_FORMATS, GGUF_FLOAT_TYPES, GGUF_LAYER_FORMATS, LAYER_BITS, MXFP4_BITS, Q4_K_BITS,
                                      Q5_K_BITS, Q6_K_BITS, checkpoint_layer_bits, gguf_layer_format, head_format)
@@ -58,6 +58,8 @@ class ModelFacts:
     kv_values_per_token: int = 0
     rope_widths: int = 0  # the RoPE tables' widths, one a head size rotated alike (0: head_dim's one)
     state_bytes_per_sequence: int = 0  # a hybrid model's DeltaNet state a running sequence holds (fp32 counted)
+    kv_window: int = 0  # the widest sliding window of the layers that keep their own KV (0: none)
+    window_kv_values_per_token: int = 0  # kv_values_per_token's share of those sliding-window layers
 
     def __post_init__(self) -> None:  # the memo's JSON gives lists
         object.__setattr__(self, "gguf_matrices", tuple(tuple(m) for m in self.gguf_matrices))
@@ -68,7 +70,8 @@ class ModelFacts:
                    config.head_dim, config.max_position_embeddings, origin, config.vocab_size,
                    config.hidden_size, config.tie_word_embeddings, config.num_attention_heads, family=config.family,
                    kv_values_per_token=config.kv_bytes_per_token(1), rope_widths=sum(config.rope_table_dims()),
-                   state_bytes_per_sequence=config.state_bytes_per_sequence(4))
+                   state_bytes_per_sequence=config.state_bytes_per_sequence(4), kv_window=config.kv_window(),
+                   window_kv_values_per_token=config.window_kv_bytes_per_token(1))
 
     @property
     def embedding_parameters(self) -> int:
@@ -85,9 +88,17 @@ class ModelFacts:
         Gemma 4's two widths (512 and 256) and 131k."""
         return 2 * 4 * positions * (self.rope_widths or self.head_dim)
 
-    def kv_bytes_per_token(self, dtype_bytes: float) -> int:
+    def kv_bytes_per_token(self, dtype_bytes: float, windows_apart: bool = False) -> int:
+        """windows_apart: without the sliding-window layers' share (they keep their own blocks)."""
         values = self.kv_values_per_token or 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim
-        return int(values * dtype_bytes)
+        return int((values - (self.window_kv_values_per_token if windows_apart else 0)) * dtype_bytes)
+
+    def window_kv_bytes_per_token(self, dtype_bytes: float) -> int:
+        return int(self.window_kv_values_per_token * dtype_bytes)
+
+
+# MemoryBreakdown's fields that add up to what the engine holds once loaded
+PROMISED_PARTS = ("weights_bytes", "reserve_bytes", "state_bytes", "window_bytes", "kv_budget_bytes")
 
 
 @dataclass
@@ -104,16 +115,25 @@ class MemoryBreakdown:
     ranks: int = 1  # tensor parallel: each rank holds 1/ranks of the weights and of every token's KV
     with_draft: bool = False  # the weights and KV bytes include a draft model's (speculative decoding)
     state_bytes: int = 0  # a hybrid model's DeltaNet states, one per running sequence (max_num_seqs)
+    window_bytes: int = 0  # the sliding-window layers' own KV blocks (models/config.window_pool_blocks)
+    window: int = 0  # their window, where they keep only it
+
+    @property
+    def promised_bytes(self) -> int:
+        """What the loaded engine holds, all told: the peak RSS `resolve` promises."""
+        return sum(getattr(self, name) for name in PROMISED_PARTS)
 
     def summary(self) -> str:
         draft = ", draft model included" if self.with_draft else ""
         states = f" + DeltaNet states {gib(self.state_bytes)}" if self.state_bytes else ""
+        if self.window_bytes:
+            states += f" + sliding-window KV {gib(self.window_bytes)} (each sequence's last {self.window} tokens)"
         return (f"weights {gib(self.weights_bytes)} ({self.weight_bits:.3g} bits/param{draft}) + reserve "
                 f"{gib(self.reserve_bytes)}{states} + KV cache {gib(self.kv_budget_bytes)} "
                 f"({self.kv_bytes_per_token / 1024:.1f} KiB/token -> {self.cache_tokens} tokens) "
                 f"of {gib(self.available_bytes)} available on {self.device}"
                 + (f"; per rank of {self.ranks}: weights {gib(self.weights_bytes / self.ranks)} + KV cache "
-                   f"{gib(self.kv_budget_bytes / self.ranks)}" if self.ranks > 1 else ""))
+                   f"{gib((self.kv_budget_bytes + self.window_bytes) / self.ranks)}" if self.ranks > 1 else ""))
 
 
 def model_facts(profile: Profile) -> ModelFacts:
@@ -150,7 +170,7 @@ def facts_from_file(path: Path) -> ModelFacts:
     from inferplug.sources import home, write_memo
 
     st = path.stat()
-    version = f"v8|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"  # v8: facts gained DeltaNet state sizes
+    version = f"v9|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"  # v9: facts gained sliding-window KV sizes
     memo = home() / "facts" / f"{hashlib.sha256(version.encode()).hexdigest()[:32]}.json"
     try:
         return ModelFacts(**json.loads(memo.read_text()))
@@ -255,7 +275,8 @@ def _native_quantized_bits(fmt: str, dtype: str, facts: ModelFacts | None, head_
 
 def plan_memory(profile: Profile, facts: ModelFacts, *, device: str, kind: str, available: int, bits: float,
                 kv_dtype_bytes: float, context_tokens: int, useful_tokens: int,
-                draft: ModelFacts | None = None, rope_tables: bool = False, seqs: int = 0) -> MemoryBreakdown:
+                draft: ModelFacts | None = None, rope_tables: bool = False, seqs: int = 0,
+                window_pool: tuple[int, int] | None = None) -> MemoryBreakdown:
     """Size the KV cache from what the weights leave; DoesNotFit when nothing useful remains.
 
     An "auto" cache holds, on the CPU, `context_tokens` (max_model_len) in whole blocks, as llama.cpp's -c sizes
@@ -264,22 +285,33 @@ def plan_memory(profile: Profile, facts: ModelFacts, *, device: str, kind: str, 
     `draft`: a draft model's weights (quantized alike) and its KV pool, which holds as many blocks as the
     target's, count too. `rope_tables`: the native decoder's RoPE tables of `context_tokens` rows count too.
     `seqs`: the states a hybrid model holds in its DeltaNet layers (max_num_seqs running, and its prefix cache's
-    snapshots), fixed beside the weights."""
+    snapshots), fixed beside the weights. `window_pool`: (max_num_seqs, step tokens) where the sliding-window layers
+    keep only their window, in blocks of their own (engine/window_blocks.py): those blocks are fixed beside the
+    weights too, and the cache's tokens count the other layers' KV alone."""
     models = [facts, *([draft] if draft else [])]
     weights = sum(int(m.num_parameters * bits / 8) for m in models)
     reserve = int(RESERVE_FIXED[kind] + RESERVE_SHARE[kind] * weights) + \
         (sum(m.rope_table_bytes(context_tokens) for m in models) if rope_tables else 0)
     states = facts.state_bytes_per_sequence * seqs
-    left = available - weights - reserve - states
+    block = profile.cache.block_size
+    windows_apart = bool(window_pool and facts.kv_window)
+
+    def window_bytes_of(cache_blocks: int) -> int:  # the window pools, capped at the other pools' blocks
+        return window_pool_blocks(facts.kv_window, block, *window_pool, cache_blocks) * block * \
+            facts.window_kv_bytes_per_token(kv_dtype_bytes) if windows_apart else 0
+
+    window_bytes = window_bytes_of(available)  # uncapped here: the other pools are sized from what it leaves
+    left = available - weights - reserve - states - window_bytes
     if left <= 0:
         raise DoesNotFit(
             f"weights need {gib(weights)} ({sum(m.num_parameters for m in models) / 1e9:.2f}B params x {bits:g} "
             f"bits{', draft model included' if draft else ''}) + "
-            f"{gib(reserve)} reserve{f' + {gib(states)} of DeltaNet states' if states else ''}, but only "
+            f"{gib(reserve)} reserve{f' + {gib(states)} of DeltaNet states' if states else ''}"
+            f"{f' + {gib(window_bytes)} of sliding-window KV' if window_bytes else ''}, but only "
             f"{gib(available)} is available on {device}"
         )
-    per_token = sum(m.kv_bytes_per_token(kv_dtype_bytes) for m in models)
-    block = profile.cache.block_size
+    per_token = facts.kv_bytes_per_token(kv_dtype_bytes, windows_apart) + \
+        (draft.kv_bytes_per_token(kv_dtype_bytes) if draft else 0)
     budget = profile.cache.memory_bytes(left)
     if budget is None and kind == "cuda":
         budget = min(int(0.9 * left), useful_tokens * per_token)
@@ -290,12 +322,15 @@ def plan_memory(profile: Profile, facts: ModelFacts, *, device: str, kind: str, 
             f"cache.memory = {profile.cache.memory!r} asks for {gib(budget)}, but only {gib(left)} is left on "
             f"{device} after the weights ({gib(weights)}); lower cache.memory or give a fraction such as 0.5"
         )
-    tokens = budget // per_token // block * block
+    # no layer keeps KV beside the window pools (every attending layer in a window): the context's blocks, empty
+    tokens = budget // per_token // block * block if per_token else -(-context_tokens // block) * block
+    budget = budget if per_token else 0
     if tokens < block:
         raise DoesNotFit(
             f"a KV cache of {gib(budget)} holds {budget // per_token} tokens at {per_token} bytes/token, less "
             f"than one block of {block}; raise cache.memory"
         )
+    window_bytes = window_bytes_of(tokens // block)  # what the engine allocates beside those (llm_engine.py)
     return MemoryBreakdown(device, available, bits, weights, reserve, budget, per_token, tokens,
                            ranks=profile.parallel.tensor_parallel_size, with_draft=draft is not None,
-                           state_bytes=states)
+                           state_bytes=states, window_bytes=window_bytes, window=facts.kv_window if windows_apart else 0)

@@ -24,7 +24,7 @@ from inferplug.profile import Profile
 from inferplug.compute_path_plan import (decode_path_why, native_kv_dtype, onednn_max_isa, prefill_gemm,
                                          recurrent_state_why)
 from inferplug.models.config import STATE_SNAPSHOTS
-from inferplug.rag_cache_plan import document_cache_why
+from inferplug.rag_cache_plan import document_cache_on, document_cache_why
 from inferplug.weight_format_plan import native_weight_format
 
 BACKENDS = ("native", "ctranslate2", "exllamav2", "openai")
@@ -349,18 +349,22 @@ def _local_plan(backend: str, profile: Profile, hw: Hardware, facts: ModelFacts 
     max_len, context_why = plan_context(profile, facts)
     reasons.append(context_why)
     seqs = profile.limits.max_num_seqs or DEFAULT_MAX_NUM_SEQS[kind]
+    batched = max(profile.limits.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS[kind], seqs)
+    # the document cache keeps a document's every layer; else the sliding-window layers keep only their window
+    windows_apart = backend == "native" and not document_cache_on(profile.cache, facts.family,
+                                                                   profile.parallel.tensor_parallel_size)
     memory = plan_memory(profile, facts, device=device, kind=kind, available=available, bits=bits,
                          kv_dtype_bytes=kv_bytes or DTYPE_BYTES[kv_dtype], context_tokens=max_len,
                          useful_tokens=seqs * max_len, draft=draft, rope_tables=backend == "native",
                          # a hybrid model's states: the running sequences' and the prefix cache's snapshots
-                         seqs=seqs + STATE_SNAPSHOTS * profile.cache.prefix_caching if backend == "native" else 0)
+                         seqs=seqs + STATE_SNAPSHOTS * profile.cache.prefix_caching if backend == "native" else 0,
+                         window_pool=(seqs, max(batched, profile.cache.block_size)) if windows_apart else None)
     if memory.cache_tokens < max_len:
         fix = "free memory" if profile.cache.memory == "auto" else "raise cache.memory"
         reasons.append(f"max_model_len {memory.cache_tokens}: the KV cache holds only that many tokens "
                        f"({fix} for the full {max_len})")
         max_len = memory.cache_tokens
     memory.seqs_at_full_context = memory.cache_tokens // max_len
-    batched = max(profile.limits.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS[kind], seqs)
     reasons.append(f"memory: {memory.summary()}; {memory.seqs_at_full_context} sequence(s) at the full "
                    f"{max_len}-token context (architecture from {facts.origin})")
     from inferplug.sources import cached_path

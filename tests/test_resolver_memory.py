@@ -119,3 +119,36 @@ def test_the_smollm2_gguf_named_directly_gets_the_default_context_not_its_maximu
     assert plan.memory.kv_budget_bytes == 4096 * per_token
     plan = resolve(load_profile(named, context_length=32768), cpu())
     assert (plan.max_model_len, plan.num_kv_blocks) == (8192, 512)
+
+
+# Gemma 3 4B's config.json: 34 layers, five in six in a 1,024-token window, 4 KV heads of 256
+GEMMA3_4B = {"model_type": "gemma3_text", "vocab_size": 262208, "hidden_size": 2560, "intermediate_size": 10240,
+             "num_hidden_layers": 34, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+             "max_position_embeddings": 131072, "sliding_window": 1024, "query_pre_attn_scalar": 256,
+             "rope_theta": 1e6, "rms_norm_eps": 1e-6}
+
+
+@pytest.mark.parametrize("documents", [False, True])
+def test_sliding_window_layers_keep_only_their_window(documents):
+    """At a 32k context, Gemma 3 4B's KV is under 40% of a whole-context cache's: the 29 windowed layers keep their
+    last 1,024 tokens (a running sequence's, in blocks of their own), the 5 full ones the whole context. The
+    document cache (opted in) keeps every layer's KV of a document, so then every layer keeps the whole context."""
+    from inferplug.memory_plan import ModelFacts
+    from inferplug.models.config import window_pool_blocks
+    from inferplug.models.loader import config_from_hf
+
+    facts = ModelFacts.from_config(config_from_hf(GEMMA3_4B), "Gemma 3 4B's config.json")
+    assert facts.kv_window == 1024
+    profile = Profile(backend="native", dtype="bfloat16", model={"pypi": "x==1", "file": "m.gguf"},
+                      limits={"max_model_len": 32768, "max_num_seqs": 4, "max_num_batched_tokens": 512},
+                      cache={"rag_document_cache": documents})
+    memory = resolve(profile, cpu(), facts).memory
+    whole = 32768 * 2 * 34 * 4 * 256 * 2  # bf16 K and V
+    kv = memory.kv_budget_bytes + memory.window_bytes
+    if documents:
+        assert (memory.window_bytes, kv) == (0, whole)
+        return
+    assert memory.kv_bytes_per_token == 2 * 5 * 4 * 256 * 2 and memory.cache_tokens == 32768
+    assert memory.window_bytes == window_pool_blocks(1024, 16, 4, 512, 2048) * 16 * 2 * 29 * 4 * 256 * 2
+    assert kv <= 0.40 * whole, kv / whole
+    assert "sliding-window KV" in memory.summary() and "last 1024 tokens" in memory.summary()

@@ -21,13 +21,14 @@ GROUP = 128  # the checkpoints' group size
 
 def write_random_gguf(out, config: ModelConfig, tokenizer_metadata: dict, type_of=q4_k_m_type, seed: int = 0) -> None:
     """A GGUF of `config.architecture` ("llama", "qwen3" with its QK-norm weights, "qwen3moe" with an MoE in every
-    layer: an F32 router, 3-D expert tensors; or "gpt-oss": its MoE with biases everywhere, attention sinks, YaRN and
-    alternating windows, in the mix its files ship, `gpt_oss_type`) at `config`'s geometry: each matrix of
+    layer: an F32 router, 3-D expert tensors; "gpt-oss": its MoE with biases everywhere, attention sinks, YaRN and
+    alternating windows, in the mix its files ship, `gpt_oss_type`; or "gemma3": QK and sandwich norms, five window
+    layers to a full one, linear RoPE scaling, the embedding tied to the head) at `config`'s geometry: each matrix of
     `type_of(name, layer, layers)`, F32 norms of ones, and `tokenizer_metadata` (a GGUF's "tokenizer.*" keys, as
     models/gguf.read_gguf gives them)."""
     import gguf
 
-    gpt_oss = config.architecture == "gpt-oss"
+    gpt_oss, gemma3 = config.architecture == "gpt-oss", config.architecture == "gemma3"
     type_of = gpt_oss_type if gpt_oss else type_of
     writer = gguf.GGUFWriter(out, config.architecture)
     add_geometry(writer, config, config.num_key_value_heads)
@@ -44,14 +45,18 @@ def write_random_gguf(out, config: ModelConfig, tokenizer_metadata: dict, type_o
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         writer.add_rope_scaling_factor(32.0)
         writer.add_rope_scaling_orig_ctx_len(4096)
+    if gemma3:  # 4B and up: 1,024-token windows, the full layers' RoPE scaled 8x (linear)
+        writer.add_sliding_window(config.kv_window())
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(config.rope_scaling["factor"])
     add_metadata(writer, tokenizer_metadata)
     layers, hidden = config.num_hidden_layers, config.hidden_size
     parts = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
              "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
              "ffn_down": "mlp.down_proj"}  # fmt: skip
     shapes = config.linear_shapes()
-    matrices = [("token_embd.weight", 0, (config.vocab_size, hidden)), ("output.weight", layers - 1,
-                (config.vocab_size, hidden))]
+    matrices = [("token_embd.weight", 0, (config.vocab_size, hidden))] + \
+        ([] if gemma3 else [("output.weight", layers - 1, (config.vocab_size, hidden))])
     if experts:  # each expert tensor (experts, out, in): its experts' matrices one after another
         inter = config.moe_intermediate_size
         parts = {part: module for part, module in parts.items() if not part.startswith("ffn_")}
@@ -63,9 +68,13 @@ def write_random_gguf(out, config: ModelConfig, tokenizer_metadata: dict, type_o
     post_norm = "post_attention_norm" if gpt_oss else "ffn_norm"
     floats = [("output_norm.weight", (hidden,), None),
               *((f"blk.{i}.{n}.weight", (hidden,), None) for i in range(layers) for n in ("attn_norm", post_norm))]
-    if config.architecture in ("qwen3", "qwen3moe"):
+    if config.architecture in ("qwen3", "qwen3moe", "gemma3"):
         floats += [(f"blk.{i}.{n}.weight", (config.head_dim,), None) for i in range(layers)
                    for n in ("attn_q_norm", "attn_k_norm")]
+    if gemma3:
+        floats += [(f"blk.{i}.{n}.weight", (hidden,), None) for i in range(layers)
+                   for n in ("post_attention_norm", "post_ffw_norm")]
+        type_of = tied_head(type_of)
     if experts:
         floats += [(f"blk.{i}.ffn_gate_inp.weight", (experts, hidden), hidden**-0.5) for i in range(layers)]
     if gpt_oss:  # biases of a small spread, and sinks (one logit a head)
@@ -76,6 +85,11 @@ def write_random_gguf(out, config: ModelConfig, tokenizer_metadata: dict, type_o
         floats += [(f"blk.{i}.{part}.bias", shape, 0.02) for i in range(layers) for part, shape in biases.items()]
         floats += [(f"blk.{i}.attn_sinks.weight", (config.num_attention_heads,), 1.0) for i in range(layers)]
     write_tensors(writer, floats, matrices, lambda name, layer: type_of(name, layer, layers), experts, seed)
+
+
+def tied_head(type_of):
+    """A mix whose embedding is also the head (Gemma's): the embedding in the head's type, Q6_K."""
+    return lambda name, layer, layers: "Q6_K" if name == "token_embd.weight" else type_of(name, layer, layers)
 
 
 def add_geometry(writer, config: ModelConfig, kv_heads) -> None:

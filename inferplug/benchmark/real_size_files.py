@@ -67,6 +67,11 @@ GEOMETRIES = {"llama-7b": Geometry(),
                                          context=131072, rms_eps=1e-6, rope_theta=1e6, family="gemma4",
                                          head_dim_override=256, experts=128, experts_used=8, expert_ffn=704,
                                          global_head_dim=512, global_kv_heads=2, window=1024),
+              # Gemma 3 4B (its config.json): 34 layers, width 2560, 8 heads and 4 KV heads of 256, five layers in six
+              # in a 1,024-token window, MLP 10240, vocabulary 262,208 (the GGUF's: 262,144 here)
+              "gemma3-4b": Geometry(layers=34, hidden=2560, heads=8, kv_heads=4, ffn=10240, vocab=262144,
+                                    context=131072, rms_eps=1e-6, rope_theta=1e6, family="gemma3",
+                                    head_dim_override=256, window=1024),
               # Qwen3.5-9B (its model card): 32 layers, width 4096, 8 x (3 Gated DeltaNet (16 q/k and 32 value heads
               # of 128) then 1 gated attention (16 heads and 4 KV heads of 256, RoPE on 64 dims of each)), MLP 12288,
               # vocabulary 248,320
@@ -91,6 +96,12 @@ def config(g: Geometry):
                  "linear_key_head_dim": g.linear_head_dim, "linear_value_head_dim": g.linear_head_dim,
                  "linear_conv_kernel_dim": 4, "attention_output_gate": True,
                  "rope_scaling": {"rope_type": "partial", "partial_rotary_factor": 0.25}}
+    if g.family == "gemma3":
+        from inferplug.models.families import gemma3
+
+        extra = {"layer_windows": tuple(0 if (i + 1) % gemma3.SLIDING_PATTERN == 0 else g.window for i in range(g.layers)),
+                 "rope_local_theta": 10000.0, "attention_scale": g.head_dim**-0.5, "tie_word_embeddings": True,
+                 "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
     if g.family == "gemma4":  # five window layers to a full one, the full ones wider with V from K
         kinds = ["full_attention" if (i + 1) % gemma4.SLIDING_PATTERN == 0 else "sliding_attention"
                  for i in range(g.layers)]

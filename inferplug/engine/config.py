@@ -36,6 +36,7 @@ class EngineConfig:
     weight_format: str | None = None  # the linears' weight-only format (quant/linear.py), made before the KV pools
     prefill_gemm: str = "float32"  # how block layers multiply prompt rows (quant/block_linear.PREFILL_GEMMS)
     cuda_graphs: bool = True  # decode steps replay captured CUDA graphs (Triton attention on CUDA only)
+    window_kv_blocks: int = 0  # the sliding-window layers' own pools (engine/window_blocks.py); the engine sets it
     tensor_parallel_size: int = 1  # >1: engine/parallel, one process per rank (gloo on CPU, NCCL on CUDA)
     threads_per_rank: int = 0  # tensor parallel on CPU: torch threads of each rank (0: torch's default)
 

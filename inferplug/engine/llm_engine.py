@@ -9,6 +9,7 @@ them). A stop string found there ends its sequence at the start of the next `ste
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from collections.abc import Callable
@@ -30,8 +31,9 @@ from inferplug.engine.sequence import Sequence
 from inferplug.engine.spec_decode import make_proposer
 from inferplug.engine.spec_verify import spec_stats
 from inferplug.engine.state_snapshots import StateSnapshots
+from inferplug.engine.window_blocks import WindowBlocks
 from inferplug.errors import GenerationError, ProfileError, RequestError
-from inferplug.models.config import ModelConfig
+from inferplug.models.config import ModelConfig, window_pool_blocks
 from inferplug.models.delta_net import CHUNK as DELTA_CHUNK
 from inferplug.models.registry import family
 from inferplug.stages.prompt import EncodedPrompt, encode_prompt
@@ -69,7 +71,16 @@ class LLMEngine:
         if recurrent_why and config.speculative_method != "none":
             raise ProfileError(f"speculative decoding does not run on {model_config.family}: {recurrent_why}; set "
                                "[speculative] method = \"none\"")
-        self.blocks = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
+        # the document cache keeps every layer's KV of a document; else the sliding-window layers keep only a window's
+        doc_cache = config.rag_document_cache and config.tensor_parallel_size == 1 and \
+            not family(model_config.family).document_cache_why
+        window = 0 if doc_cache else model_config.kv_window()
+        step_tokens = max(config.max_num_batched_tokens, config.block_size)
+        self.config = config = dataclasses.replace(config, window_kv_blocks=window and window_pool_blocks(
+            window, config.block_size, config.max_num_seqs, step_tokens, config.num_kv_blocks))
+        self.blocks = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching,
+                                   window=window and WindowBlocks(config.window_kv_blocks, config.block_size, window,
+                                                                  config.enable_prefix_caching) or None)
         sampler = Sampler(sorted(self.eos_token_ids))
         if config.tensor_parallel_size > 1:  # rank 0 here, the other ranks in their own processes
             from inferplug.engine.parallel.runner import ParallelRunner
@@ -81,17 +92,17 @@ class LLMEngine:
                                attention=config.attention, kv_dtype=config.torch_kv_dtype,
                                max_positions=self.max_model_len)
             # decode steps per batch-size bucket (not over DeltaNet states)
-            graphs = config.cuda_graphs and config.device.startswith("cuda") and not recurrent_why
+            graphs = config.cuda_graphs and config.device.startswith("cuda") and not recurrent_why and not window
             self.runner = ModelRunner(model, num_blocks=config.num_kv_blocks, block_size=config.block_size,
                                       sampler=sampler, max_num_seqs=config.max_num_seqs if graphs else 0,
                                       max_model_len=self.max_model_len, weight_format=config.weight_format,
-                                      prefill_gemm=config.prefill_gemm, state_slots=state_slots)
+                                      prefill_gemm=config.prefill_gemm, state_slots=state_slots,
+                                      window_blocks=config.window_kv_blocks)
         # RAG document KV reuse (engine/doc_cache.py), a prefix source the scheduler asks; inert without
         # Request.documents. Not under tensor parallel: it copies KV on rank 0 only, which holds a slice of the heads;
         # nor for a family it does not take (rag_cache_plan.py says why).
         self.doc_cache = None
-        if config.rag_document_cache and config.tensor_parallel_size == 1 and \
-                not family(model_config.family).document_cache_why:
+        if doc_cache:
             disk = open_disk_tier(config, model_config, self.runner.kv_caches[0][0].dtype)  # None: memory only
             self.doc_cache = DocumentKVCache(self.runner.model, self.runner.kv_caches, config.block_size, tokenizer,
                                              disk=disk, shared_salt=config.rag_shared_salt)
@@ -103,7 +114,7 @@ class LLMEngine:
         self.kv_pools = (self.blocks, *(self.proposer.pools if self.proposer else ()))  # a draft model's too
         self.scheduler = Scheduler(
             self.blocks, max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=max(config.max_num_batched_tokens, config.block_size),
+            max_num_batched_tokens=step_tokens,
             max_prefill_tokens_while_decoding=config.max_prefill_tokens_while_decoding,
             prefix_source=self.doc_cache, proposer=self.proposer,
             recompute=RecomputePolicy(config.rag_recompute, config.rag_recompute_fraction,

@@ -27,11 +27,13 @@ def is_decode_row(seq: Sequence, tokens: int) -> bool:
 class ModelRunner:
     def __init__(self, model, *, num_blocks: int, block_size: int, sampler: Sampler, max_num_seqs: int = 0,
                  max_model_len: int = 0, weight_format: str | None = None, prefill_gemm: str = "float32",
-                 state_slots: int = 0):
+                 state_slots: int = 0, window_blocks: int = 0):
         """The model is put in its final format first: weight_format's weight-only layers (quant/linear.py; None:
         as loaded) and prefill_gemm, how its block layers multiply prompt rows (quant/block_linear.py), before the
         KV pools take their memory. max_num_seqs and max_model_len size the decode CUDA graphs (0: none), where the
-        ops set offers them. state_slots: the sequences a hybrid model's DeltaNet layers hold a state for."""
+        ops set offers them. state_slots: the sequences a hybrid model's DeltaNet layers hold a state for.
+        window_blocks: the blocks of the sliding-window layers' own pools (engine/window_blocks.py; 0: they keep
+        their KV in num_blocks-block pools, as the other layers do)."""
         from inferplug.quant.block_linear import set_prefill_gemm
         from inferplug.quant.linear import quantize_model
 
@@ -40,8 +42,9 @@ class ModelRunner:
         set_prefill_gemm(model, prefill_gemm)  # once per model, never per step
         self.model = model
         self.block_size = block_size
-        self.kv_caches = model.allocate_kv_cache(num_blocks, block_size, state_slots)
+        self.kv_caches = model.allocate_kv_cache(num_blocks, block_size, state_slots, window_blocks)
         self.keeps_states = state_slots > 0
+        self.windowed_pools = window_blocks > 0
         self.sampler = sampler
         self.device = model.device
         self.graphs = None
@@ -100,7 +103,9 @@ class ModelRunner:
                 inputs.states.append((n, seq.state_slot, start == 0))
             inputs.input_ids += tokens[start:start + n]
             inputs.positions += range(start, start + n)
-            inputs.slots += [self._slot(seq, p) for p in range(start, start + n)]
+            inputs.slots += [self._slot(seq.block_table, p) for p in range(start, start + n)]
+            if self.windowed_pools:
+                inputs.window_slots += [self._slot(seq.window_table, p) for p in range(start, start + n)]
             if start + n == len(tokens):
                 inputs.sample_rows += range(len(inputs.input_ids) - 1 - len(seq.spec_token_ids), len(inputs.input_ids))
                 sample_seqs.append(seq)
@@ -114,7 +119,7 @@ class ModelRunner:
             inputs.prefills.append((SeqView(r.start, seq.block_table), r.rows))
             inputs.input_ids += seq.token_ids[r.start:r.end]
             inputs.positions += range(r.start, r.end)
-            inputs.slots += [self._slot(seq, p) for p in range(r.start, r.end)]
+            inputs.slots += [self._slot(seq.block_table, p) for p in range(r.start, r.end)]
             if r.probe_layer is not None:
                 inputs.probe_layer = r.probe_layer
                 inputs.probes.append((first, first + r.rows, r.keep))
@@ -124,6 +129,8 @@ class ModelRunner:
         neither)."""
         ctx = self.model.ops.context(inputs, self._tensor(inputs.slots))
         ctx.states = inputs.states
+        if self.windowed_pools:
+            ctx.window = self.model.ops.context(inputs.windowed(), self._tensor(inputs.window_slots))
         if inputs.probes:
             probed = self._tensor([r for a, b, _ in inputs.probes for r in range(a, b)])
             ctx.probe = DeviationProbe(inputs.probe_layer, inputs.probes,
@@ -154,15 +161,24 @@ class ModelRunner:
             row += n
         return self.model.ops.context(dataclasses.replace(inputs, prefills=prefills), slots[kept])
 
-    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        """Copy whole KV blocks, (source, destination) pairs: a beam's copy on write of a shared partial block."""
-        if not pairs:
-            return
-        sources, copies = self._tensor([s for s, _ in pairs]), self._tensor([c for _, c in pairs])
-        for pool in self.kv_caches:
-            for kv in pool:  # [kv heads, blocks, block size, head dim]; index_put_ took 0.3 s a fork (SmolLM2)
-                raw = kv.view(torch.uint8)  # as bytes: index_copy_ has no float8 kernel
-                raw.index_copy_(1, copies, raw.index_select(1, sources))
+    def copy_blocks(self, pairs: list[tuple[int, int, bool]]) -> None:
+        """Copy whole KV blocks, (source, destination, windowed) each: a beam's copy on write of a shared partial
+        block, in the sliding-window layers' own pools where windowed."""
+        for windowed in (False, True):
+            group = [(s, c) for s, c, w in pairs if w == windowed]
+            if not group:
+                continue
+            sources, copies = self._tensor([s for s, _ in group]), self._tensor([c for _, c in group])
+            for layer, pool in zip(self.model.layers, self.kv_caches):
+                if layer.delta is not None or self._windowed(layer) != windowed:
+                    continue
+                for kv in pool:  # [kv heads, blocks, block size, head dim]; index_put_ took 0.3 s a fork (SmolLM2)
+                    raw = kv.view(torch.uint8)  # as bytes: index_copy_ has no float8 kernel
+                    raw.index_copy_(1, copies, raw.index_select(1, sources))
+
+    def _windowed(self, layer) -> bool:
+        """Whether `layer` keeps its KV in the sliding-window layers' own pools."""
+        return self.windowed_pools and self.model.layers[layer.kv_source].window > 0
 
     def read_state(self, slot: int) -> list[torch.Tensor]:
         """A copy of a hybrid model's DeltaNet state in `slot`: each DeltaNet layer's conv window and recurrent
@@ -180,8 +196,8 @@ class ModelRunner:
     def close(self) -> None:
         """Nothing to release on one device (engine/parallel's runner stops its workers)."""
 
-    def _slot(self, seq: Sequence, position: int) -> int:
-        return seq.block_table[position // self.block_size] * self.block_size + position % self.block_size
+    def _slot(self, table: list[int], position: int) -> int:
+        return table[position // self.block_size] * self.block_size + position % self.block_size
 
     def _tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)

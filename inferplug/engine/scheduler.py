@@ -226,15 +226,15 @@ class Scheduler:
         """Beam search moved on: beams[i] becomes parents[i] plus tokens[i] (a beam may be its own or another's
         parent; a beam not yet running joins). Beams share their parents' blocks; a shared partial block, where
         the next token is written, is copied (copy on write), or the beam is preempted when no block is free.
-        Returns the (source, copy) block pairs whose KV the runner must copy before the next step."""
-        states = [(list(p.token_ids), list(p.block_table), list(p.block_hashes), p.num_committed_blocks,
+        Returns the (source, copy, windowed) blocks whose KV the runner must copy before the next step."""
+        states = [(list(p.token_ids), self.blocks.which_tables(p), list(p.block_hashes), p.num_committed_blocks,
                    p.num_computed_tokens, p.num_cached_tokens) for p in parents]
         for state in states:  # take the new tables before the old ones go, so shared blocks stay
             self.blocks.retain(state[1])
         for beam in beams:
             self.blocks.release(beam)
-        for beam, (token_ids, table, hashes, committed, computed, cached), token in zip(beams, states, tokens):
-            beam.token_ids, beam.block_table, beam.block_hashes = token_ids + [token], table, hashes
+        for beam, (token_ids, tables, hashes, committed, computed, cached), token in zip(beams, states, tokens):
+            beam.token_ids, (beam.block_table, beam.window_table), beam.block_hashes = token_ids + [token], tables, hashes
             beam.num_committed_blocks, beam.num_computed_tokens = committed, computed
             beam.num_cached_tokens = cached if beam.num_cached_tokens is None else beam.num_cached_tokens
             if beam.status is not SequenceStatus.RUNNING:
@@ -244,8 +244,8 @@ class Scheduler:
         for beam in beams:
             if not self.blocks.needs_copy(beam):
                 continue
-            if self.blocks.num_free:
-                copies.append(self.blocks.copy_on_write(beam))
+            if self.blocks.can_copy(beam):
+                copies += self.blocks.copy_on_write(beam)
             else:
                 self.running.remove(beam)
                 self._preempt(beam)
@@ -338,6 +338,8 @@ class Scheduler:
         hits = hits[:cacheable_blocks(seq, self.blocks.block_size)]
         if self.needs_state:  # a hybrid model's state must continue from the hit's end
             hits = hits[:self.snapshots.usable_blocks(seq, len(hits))] if self.snapshots is not None else []
+        if self.blocks.window is not None:  # and its sliding-window layers' KV must reach back a window from there
+            hits = self.blocks.window.usable(seq, hits)
         return hits
 
     def _admit(self, seq: Sequence, computed: int) -> None:

@@ -36,6 +36,7 @@ class Sequence:
     num_computed_tokens: int = 0
     num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache at first admission
     block_table: list[int] = field(default_factory=list)
+    window_table: list[int] = field(default_factory=list)  # the sliding-window layers' own blocks (window_blocks.py)
     state_slot: int = -1  # a hybrid model's: its slot in the DeltaNet layers' state pools while running (-1: none)
     block_hashes: list[bytes] = field(default_factory=list)  # keys of the full blocks of token_ids so far
     num_committed_blocks: int = 0  # leading blocks already offered to the prefix cache

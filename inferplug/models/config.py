@@ -12,6 +12,17 @@ from typing import Any
 STATE_SNAPSHOTS = 8
 
 
+def window_pool_blocks(window: int, block_size: int, max_num_seqs: int, max_step_tokens: int, num_blocks: int) -> int:
+    """The blocks a model's sliding-window layers keep in their own pools (engine/window_blocks.py), so that they
+    never run short before the other layers' pools (num_blocks) do: each running sequence's window and one token
+    more (a beam's rewind) straddling one more block, a partial block each, the step's new tokens, and the null
+    block; never more than the other pools' blocks and the null one (a sequence holds no more blocks in this group
+    than in the other). As llama.cpp sizes its SWA cache: a window per parallel sequence and a batch. The engine
+    allocates and the memory plan counts exactly these."""
+    per_seq = -(-(window + 1) // block_size) + 2
+    return 1 + min(max_num_seqs * per_seq + -(-max_step_tokens // block_size), num_blocks)
+
+
 @dataclass
 class ModelConfig:
     """A decoder of one of the families in models/registry.py. Names follow HF's config.json; the fields after
@@ -171,6 +182,16 @@ class ModelConfig:
             experts.update({"mlp.shared_expert.gate_proj": (shared, h), "mlp.shared_expert.up_proj": (shared, h),
                             "mlp.shared_expert.down_proj": (h, shared), "mlp.shared_expert_gate": (1, h)})
         return {**(shapes if self.dense_beside_moe else attention), "mlp.gate": (self.num_experts, h), **experts}
+
+    def kv_window(self) -> int:
+        """The widest sliding window of the layers that keep their own KV (0: none attends in a window)."""
+        return max((self.window(n) for n in range(self.num_hidden_layers)
+                    if self.kv_source(n) == n and not self.is_linear_layer(n)), default=0)
+
+    def window_kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """kv_bytes_per_token's share of the sliding-window layers."""
+        return sum(2 * self.kv_heads_of(n) * self.head_dim_of(n) * dtype_bytes for n in range(self.num_hidden_layers)
+                   if self.kv_source(n) == n and not self.is_linear_layer(n) and self.window(n))
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """K and V of every layer that keeps its own (a layer reading another's KV adds none)."""

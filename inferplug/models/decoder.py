@@ -240,13 +240,15 @@ class DecoderModel:
             return self.local_rope
         return self.cos, self.signed_sin
 
-    def allocate_kv_cache(self, num_blocks: int, block_size: int,
-                          state_slots: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def allocate_kv_cache(self, num_blocks: int, block_size: int, state_slots: int = 0,
+                          window_blocks: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """A K and a V pool per layer, at its own geometry; a layer reading another's KV gets that layer's pools; a
-        DeltaNet layer its `state_slots` sequences' state pools instead (models/delta_net.py)."""
+        DeltaNet layer its `state_slots` sequences' state pools instead (models/delta_net.py). A sliding-window
+        layer's pools hold window_blocks blocks where that is given (engine/window_blocks.py), else num_blocks."""
         pools = []
         for layer in self.layers:
-            shape = (layer.kv_heads, num_blocks, block_size, layer.head_dim)  # heads outermost: see ops/attention.py
+            blocks = window_blocks if window_blocks and layer.window else num_blocks
+            shape = (layer.kv_heads, blocks, block_size, layer.head_dim)  # heads outermost: see ops/attention.py
             if layer.delta is not None:
                 pools.append(allocate_states(layer.delta, state_slots, self.dtype, self.device))
                 continue
@@ -331,6 +333,8 @@ class DecoderModel:
         """Layer i's attention over the normed rows `h`, its output projected: it stores this step's K and V in its
         pools (and in step_kv, for the layers that share them), or reads an earlier layer's."""
         ops, eps, (k_cache, v_cache) = self.ops, self.config.rms_norm_eps, kv_cache
+        if ctx.window is not None and self.layers[layer.kv_source].window:  # its KV in the window group's pools
+            ctx = ctx.window
         qkv = linear(h, layer.qkv, layer.qkv_bias, rows)
         if layer.gate_rows:
             qkv, gate = qkv[:, :-layer.gate_rows].contiguous(), qkv[:, -layer.gate_rows:]

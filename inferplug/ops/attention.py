@@ -75,6 +75,7 @@ class AttentionContext:
     probe: Any = None  # engine/rag_recompute.DeviationProbe: rows that stop after an early layer
     # a hybrid model's DeltaNet layers (models/delta_net.py): each sequence's (rows, state slot, fresh), in row order
     states: list[tuple[int, int, bool]] = field(default_factory=list)
+    window: AttentionContext | None = None  # the sliding-window layers', where they keep their own pools
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:

@@ -108,12 +108,15 @@ class CpuKernelOps(TorchOps):
             return False
         group = ctx.paged_rows[0]
         local_cos, local_sin = model.local_rope or (None, None)
+        own = ctx.window  # the sliding-window layers' own pools, where they have them
         self.kernels.decode_layers(x, *blocks, [k for k, _ in kv_caches], [v for _, v in kv_caches], positions,
                                    model.cos, model.signed_sin, ctx.slot_mapping, group.block_tables, group.lengths,
                                    model.num_heads, model.scale, model.config.rms_norm_eps,
                                    windows=[layer.window for layer in model.layers], local_cos=local_cos,
                                    local_sin=local_sin, sandwich=model.family.sandwich_norms,
-                                   gelu=model.family.activation == "gelu_tanh")
+                                   gelu=model.family.activation == "gelu_tanh",
+                                   window_slots=None if own is None else own.slot_mapping,
+                                   window_tables=None if own is None else own.paged_rows[0].block_tables)
         return True
 
     def block_layers(self, model, ctx: AttentionContext, tokens: int):

@@ -19,6 +19,7 @@ class SeqView:
 
     num_computed_tokens: int
     block_table: list[int]
+    window_table: list[int] = field(default_factory=list)  # the sliding-window layers' (engine/window_blocks.py)
 
 
 @dataclass
@@ -40,6 +41,16 @@ class StepLayout:
     probes: list[tuple[int, int, int]] = field(default_factory=list)  # rag_recompute.DeviationProbe.segments
     probe_layer: int = 0
     states: list[tuple[int, int, bool]] = field(default_factory=list)  # AttentionContext.states: a hybrid model's
+    window_slots: list[int] = field(default_factory=list)  # each row's slot in the sliding-window layers' own pools
+
+    def windowed(self) -> StepLayout:
+        """The step as the sliding-window layers see it, where they keep their KV in a pool of their own: the same
+        rows, each sequence read through its window table and each row stored in its window slot."""
+        def view(rows):
+            return [(SeqView(s.num_computed_tokens, s.window_table), n) for s, n in rows]
+
+        return StepLayout(view(self.decodes), view(self.prefills), self.block_size, self.verify_rows,
+                          slots=self.window_slots)
 
     def padded_tables(self, seqs: list[Sequence | SeqView], width: int, device: torch.device,
                       dtype=torch.long) -> torch.Tensor:

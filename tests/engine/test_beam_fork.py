@@ -26,7 +26,7 @@ def test_beams_share_full_blocks_and_copy_the_partial_one():
     scheduler, parent, beam = parent_and_beam(num_blocks=3)
     full, partial = parent.block_table
     copies = scheduler.fork([parent, beam], [parent, parent], [9, 10])
-    assert copies == [(partial, parent.block_table[1])]  # the first holder copies, the last keeps the block
+    assert copies == [(partial, parent.block_table[1], False)]  # the first holder copies, the last keeps the block
     assert (parent.token_ids[-1], beam.token_ids[-1]) == (9, 10)
     assert parent.block_table[0] == beam.block_table[0] == full and beam.block_table[1] == partial
     assert scheduler.blocks.ref_counts[full] == 2 and scheduler.blocks.num_free == 0
@@ -50,17 +50,24 @@ def test_a_beam_without_a_free_block_for_its_copy_is_preempted():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn])
 def test_block_copies_take_any_pool_dtype(dtype):
-    """A beam's copy on write copies a block's bytes: torch's index_copy_ has no float8 kernel."""
+    """A beam's copy on write copies a block's bytes (torch's index_copy_ has no float8 kernel), each in its own
+    group's pools: layer 1 keeps a sliding window in pools of its own (engine/window_blocks.py)."""
     from types import SimpleNamespace
 
     from inferplug.engine.model_runner import ModelRunner
 
     pools = [tuple(torch.randn(2, 4, 8, 16).to(dtype) for _ in range(2)) for _ in range(3)]  # [heads, blocks, size, dim]
     before = [[kv.clone() for kv in pool] for pool in pools]
-    runner = SimpleNamespace(kv_caches=pools, _tensor=lambda values: torch.tensor(values, dtype=torch.long))
-    ModelRunner.copy_blocks(runner, [(1, 3), (0, 2)])
-    for pool, old in zip(pools, before):
+    layers = [SimpleNamespace(delta=None, kv_source=i, window=8 * (i == 1)) for i in range(3)]
+    runner = SimpleNamespace(kv_caches=pools, _tensor=lambda values: torch.tensor(values, dtype=torch.long),
+                             model=SimpleNamespace(layers=layers), windowed_pools=True)
+    runner._windowed = lambda layer: ModelRunner._windowed(runner, layer)
+    ModelRunner.copy_blocks(runner, [(1, 3, False), (0, 2, False), (2, 1, True)])
+    for i, (pool, old) in enumerate(zip(pools, before)):
         for kv, was in zip(pool, old):
             expected = was.clone()
-            expected[:, 3], expected[:, 2] = was[:, 1], was[:, 0]
+            if i == 1:
+                expected[:, 1] = was[:, 2]
+            else:
+                expected[:, 3], expected[:, 2] = was[:, 1], was[:, 0]
             assert torch.equal(kv.view(torch.uint8), expected.view(torch.uint8))

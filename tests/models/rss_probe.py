@@ -27,7 +27,7 @@ def main(profile_path: str) -> None:
     llm.generate("The weights of a large model " * 8, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
     model = llm.engine.runner.model
     matrices = [model.embed, model.lm_head, *(w for layer in model.layers for w in layer.linears())]  # experts too
-    print(json.dumps({"peak_rss": peak_rss_bytes(), "planned": memory.weights_bytes + memory.reserve_bytes + memory.kv_budget_bytes,
+    print(json.dumps({"peak_rss": peak_rss_bytes(), "planned": memory.promised_bytes,
                       "float_matrices": sum(isinstance(m, torch.Tensor) for m in matrices),
                       "layers": sum(isinstance(m, WeightOnlyLinear) for m in matrices)}))
 

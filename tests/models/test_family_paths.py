@@ -2,7 +2,8 @@
 random HF checkpoints, fp32): speculative decoding equals plain greedy bit for bit, beam search's top beam and
 score equal HF's generate(num_beams=3), guided decoding gives schema-valid JSON, and the server (through the
 official openai client) and LangChain's ChatInferPlug give HF's greedy answer. These paths hold no family code; the
-tests show that no family difference leaks past the model layer. A hybrid family (Qwen3.5: a DeltaNet state per
+tests show that no family difference leaks past the model layer. The speculating, beam and guided engines keep a
+sliding-window layer's KV in blocks of its own, as a profile's engine does; plain greedy keeps the whole context. A hybrid family (Qwen3.5: a DeltaNet state per
 sequence) refuses speculation and beam search, and says why."""
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
                                            "kind": {"enum": ["a", "b"]}}, "required": ["name", "ok", "kind"]}
 
 
+def _engine(model_dir, **overrides):
+    """As a profile makes it by default: no document cache, so the sliding-window layers of Gemma 3, gpt-oss and
+    Gemma 4 keep only their window's KV, in blocks of their own (engine/window_blocks.py)."""
+    return make_engine(model_dir, rag_document_cache=False, **overrides)
+
+
 def test_prompt_lookup_speculation_equals_plain_greedy(cpu_kernel_ops, tiny_family_dir):
     phrases = prompts_of([5, 9, 3, 12, 7, 30], vocab=260, seed=3)
     requests = [Request(prompt=p * (1 + i % 3), request_id=str(i),
@@ -36,7 +43,7 @@ def test_prompt_lookup_speculation_equals_plain_greedy(cpu_kernel_ops, tiny_fami
         return
     # fp16 weights: the C++ kernels give a row the same bits in any step (torch's fp32 GEMMs round by row count)
     plain = run_all(make_engine(tiny_family_dir, weight_format="fp16"), requests)
-    engine = make_engine(tiny_family_dir, weight_format="fp16", speculative_method="ngram", num_speculative_tokens=4,
+    engine = _engine(tiny_family_dir, weight_format="fp16", speculative_method="ngram", num_speculative_tokens=4,
                          ngram_min=1, ngram_max=3)
     spec = run_all(engine, requests)
     assert engine.stats()["spec_draft_tokens"] > 0
@@ -45,7 +52,7 @@ def test_prompt_lookup_speculation_equals_plain_greedy(cpu_kernel_ops, tiny_fami
 
 
 def test_top_beam_matches_hf(tiny_family_dir):
-    engine = make_engine(tiny_family_dir, block_size=4)
+    engine = _engine(tiny_family_dir, block_size=4)
     prompts = prompts_of([5, 14, 30], vocab=260, seed=4)  # 30 tokens: past the tiny Gemma 3's window of 24
     params = beam(3, 10, ignore_eos=True)
     if family(read_config(tiny_family_dir).family).recurrent_why:
@@ -61,7 +68,7 @@ def test_top_beam_matches_hf(tiny_family_dir):
 
 
 def test_guided_json_is_valid_for_the_schema(tiny_family_dir):
-    engine = make_engine(tiny_family_dir)
+    engine = _engine(tiny_family_dir)
     prompts = prompts_of([6, 20], vocab=260, seed=5)
     events = run_all(engine, [Request(prompt=p, request_id=str(i),
                                       params=SamplingParams(temperature=0.0, max_tokens=200, json_schema=SCHEMA))

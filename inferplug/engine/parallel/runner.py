@@ -39,7 +39,8 @@ class ParallelRunner(ModelRunner):
             # rank 0 puts its slice in config's format while the workers put theirs (worker.py); no CUDA graphs: a
             # captured step would have to capture the collectives too
             super().__init__(model, num_blocks=config.num_kv_blocks, block_size=config.block_size, sampler=sampler,
-                             weight_format=config.weight_format, prefill_gemm=config.prefill_gemm)
+                             weight_format=config.weight_format, prefill_gemm=config.prefill_gemm,
+                             window_blocks=config.window_kv_blocks)
             self._expect("ready")  # every rank's model in its final format, its pools allocated
         except BaseException:  # no worker outlives a failed start (Ctrl-C included)
             self.close()
@@ -80,7 +81,7 @@ class ParallelRunner(ModelRunner):
                                                   prefills=_views(inputs.prefills)))
         return super().execute(inputs)
 
-    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+    def copy_blocks(self, pairs: list[tuple[int, int, bool]]) -> None:
         if pairs:
             self._send("copy_blocks", pairs)
         super().copy_blocks(pairs)
@@ -118,7 +119,7 @@ def stop_workers(workers: list, pipes: list) -> None:
 
 
 def _views(rows: list) -> list:
-    return [(SeqView(seq.num_computed_tokens, seq.block_table), n) for seq, n in rows]
+    return [(SeqView(seq.num_computed_tokens, seq.block_table, seq.window_table), n) for seq, n in rows]
 
 
 def free_port() -> int:

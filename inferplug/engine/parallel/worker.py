@@ -67,7 +67,8 @@ def worker_main(spec: WorkerSpec, shard: dict, conn) -> None:
         del shard
         config = spec.engine_config
         runner = ModelRunner(model, num_blocks=config.num_kv_blocks, block_size=config.block_size, sampler=None,
-                             weight_format=config.weight_format, prefill_gemm=config.prefill_gemm)  # rank 0's format
+                             weight_format=config.weight_format, prefill_gemm=config.prefill_gemm,
+                             window_blocks=config.window_kv_blocks)  # rank 0's format and pools
         conn.send("ready")
         while True:
             try:

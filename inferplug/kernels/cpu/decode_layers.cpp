@@ -31,14 +31,16 @@ using Matmul = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optio
 // rows in another format (quant/checkpoint_layers.py RowPartsLinear: a Q4_K_M's Q6_K attn_v beside Q4_K q/k); its K/V pools
 // (float32 or float16: rope_write_kv_ and paged_decode take either).
 // `windows` (empty, or one a layer): a layer's sliding window (0: none), its attention then reading only that many
-// keys, and its RoPE from local_cos / local_sin where given (Gemma 3's 10k base). `gelu`: GeGLU (tanh) for SwiGLU.
+// keys, and its RoPE from local_cos / local_sin where given (Gemma 3's 10k base), its K/V stored at window_slots and
+// read through window_tables where given (the window group's own pools: engine/window_blocks.py). `gelu`: GeGLU (tanh)
+// for SwiGLU.
 // Ends with x plus the last layer's MLP output in x (DecoderModel.forward's result).
 void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, at::IntArrayRef kinds,
                    at::TensorList orders, at::TensorList k_caches, at::TensorList v_caches, const at::Tensor& positions,
                    const at::Tensor& cos, const at::Tensor& signed_sin, const at::Tensor& slots, const at::Tensor& block_tables,
                    const at::Tensor& lengths, int64_t num_heads, double scale, double eps, at::IntArrayRef windows,
                    const c10::optional<at::Tensor>& local_cos, const c10::optional<at::Tensor>& local_sin, bool sandwich,
-                   bool gelu) {
+                   bool gelu, const c10::optional<at::Tensor>& window_slots, const c10::optional<at::Tensor>& window_tables) {
   const int64_t layers = static_cast<int64_t>(k_caches.size());
   const int64_t per_layer = k_caches.size() ? static_cast<int64_t>(norms.size()) / layers : 0;  // 2, 4 or 6
   const bool qk_norm = per_layer - (sandwich ? 2 : 0) == 4;
@@ -46,7 +48,7 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
               per_layer <= 6 && static_cast<int64_t>(norms.size()) == per_layer * layers &&
               weights.size() == 5 * k_caches.size() && kinds.size() == weights.size() && orders.size() == weights.size() &&
               (windows.empty() || static_cast<int64_t>(windows.size()) == layers) &&
-              local_cos.has_value() == local_sin.has_value(),
+              local_cos.has_value() == local_sin.has_value() && window_slots.has_value() == window_tables.has_value(),
               "decode_layers: per layer, 2 norms (4 with QK-norm, 2 more with sandwich norms), 5 weights with their "
               "kinds and input orders, a K and a V pool, and a window (or none for every layer)");
   static const auto q4 = op<Matmul>("inferplug::q4_matmul"), q4_k = op<Matmul>("inferplug::q4_k_matmul"),
@@ -93,11 +95,12 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
     }
     const int64_t window = windows.empty() ? 0 : windows[i];
     const bool local = window > 0 && local_cos.has_value();
-    rope_write_kv.call(qkv, positions, local ? *local_cos : cos, local ? *local_sin : signed_sin, k_cache, v_cache, slots,
-                       num_heads);
+    const bool own_pools = window > 0 && window_slots.has_value();
+    rope_write_kv.call(qkv, positions, local ? *local_cos : cos, local ? *local_sin : signed_sin, k_cache, v_cache,
+                       own_pools ? *window_slots : slots, num_heads);
     const at::Tensor q = qkv.view({tokens, -1, head_dim}).narrow(1, 0, num_heads);
-    const at::Tensor attn = (window > 0 ? paged_attention.call(q, k_cache, v_cache, block_tables, starts, lengths, scale,
-                                                               c10::nullopt, window, c10::nullopt)
+    const at::Tensor attn = (window > 0 ? paged_attention.call(q, k_cache, v_cache, own_pools ? *window_tables : block_tables,
+                                                               starts, lengths, scale, c10::nullopt, window, c10::nullopt)
                                         : paged_decode.call(q, k_cache, v_cache, block_tables, lengths, scale))
                                 .view({tokens, -1});
     at::Tensor out = linear(attn, 5 * i + 2);
@@ -116,6 +119,7 @@ TORCH_LIBRARY_FRAGMENT(inferplug, m) {
   m.def("decode_layers(Tensor(a!) x, Tensor[] norms, Tensor[] weights, int[] kinds, Tensor[] orders, "
         "Tensor[] k_caches, Tensor[] v_caches, Tensor positions, Tensor cos, Tensor signed_sin, Tensor slots, Tensor block_tables, "
         "Tensor lengths, int num_heads, float scale, float eps, int[] windows=[], Tensor? local_cos=None, "
-        "Tensor? local_sin=None, bool sandwich=False, bool gelu=False) -> ()");
+        "Tensor? local_sin=None, bool sandwich=False, bool gelu=False, Tensor? window_slots=None, "
+        "Tensor? window_tables=None) -> ()");
 }
 TORCH_LIBRARY_IMPL(inferplug, CPU, m) { m.impl("decode_layers", &decode_layers); }
