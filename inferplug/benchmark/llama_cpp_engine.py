@@ -27,6 +27,7 @@ class LlamaCpp:
         params = lc.llama_context_default_params()
         params.n_ctx, params.n_seq_max, params.kv_unified = self.w.context * self.w.streams, self.w.streams, False
         params.n_batch = params.n_ubatch = 512
+        params.swa_full = False  # llama-server's and llama-cli's default: window layers keep their window (and a batch)
         params.n_threads = params.n_threads_batch = self.w.threads
         self.ctx = lc.llama_init_from_model(self.model, params)
         if not self.ctx:
