@@ -140,6 +140,43 @@ def test_preemption_and_speculation(windowed_dir, cpu_kernel_ops):
         assert logprob_trace(got[r.request_id]) == logprob_trace(want[r.request_id]), r.request_id
 
 
+def test_a_mixed_load_equals_whole_context_pools(tmp_path_factory, monkeypatch):
+    """Twelve requests of random lengths arriving over the first steps, some of them n = 2 sampled with a seed,
+    some repeating an earlier prompt (prefix hits), in a pool small enough to preempt: each one's tokens and logprobs
+    equal whole pools', and both groups' invariants hold after every step. fp16 weights: a row's bits do not depend
+    on its step."""
+    import random
+
+    from inferplug.engine.llm_engine import LLMEngine
+
+    model_dir = _save_tiny("gemma3", tmp_path_factory.mktemp("tiny-gemma3-mixed"))
+    rng = random.Random(11)
+    prompts = prompts_of([rng.randint(1, 100) for _ in range(8)], vocab=260, seed=12)
+    prompts += [prompts[rng.randrange(8)] + prompts_of([rng.randint(1, 9)], vocab=260, seed=13 + i)[0]
+                for i in range(4)]
+    arrivals: dict[int, list[Request]] = {}
+    for i, prompt in enumerate(prompts):
+        n = 2 if i % 3 == 0 else 1
+        params = SamplingParams(temperature=0.9 if n > 1 else 0.0, n=n, seed=i, max_tokens=rng.randint(1, 30),
+                                ignore_eos=True, logprobs=1)
+        arrivals.setdefault(rng.randrange(6), []).append(Request(prompt=prompt, request_id=str(i), params=params))
+    step = LLMEngine.step
+
+    def checked_step(self):
+        out = step(self)
+        self.blocks.check_invariants()
+        return out
+
+    monkeypatch.setattr(LLMEngine, "step", checked_step)
+    own, whole = _pair(model_dir, num_kv_blocks=40, weight_format="fp16", max_num_seqs=6)
+    got, want = run_all(own, [], arrivals), run_all(whole, [], arrivals)
+    assert own.stats()["preemptions"] > 0 and own.stats()["prefix_hit_tokens"] > 0
+    assert set(got) == set(want) == {str(i) for i in range(12)}
+    for rid in want:
+        assert [(e.index, e.token_ids, [(lp.token_id, lp.logprob) for lp in e.logprobs]) for e in got[rid]] == \
+            [(e.index, e.token_ids, [(lp.token_id, lp.logprob) for lp in e.logprobs]) for e in want[rid]], rid
+
+
 def _seq(tokens: int) -> Sequence:
     return Sequence("r", 0, list(range(1, tokens + 1)), SamplingParams(max_tokens=4), max_tokens=4)
 
