@@ -92,7 +92,7 @@ class LLMEngine:
                                attention=config.attention, kv_dtype=config.torch_kv_dtype,
                                max_positions=self.max_model_len)
             # decode steps per batch-size bucket (not over DeltaNet states)
-            graphs = config.cuda_graphs and config.device.startswith("cuda") and not recurrent_why and not window
+            graphs = config.cuda_graphs and config.device.startswith("cuda") and not recurrent_why
             self.runner = ModelRunner(model, num_blocks=config.num_kv_blocks, block_size=config.block_size,
                                       sampler=sampler, max_num_seqs=config.max_num_seqs if graphs else 0,
                                       max_model_len=self.max_model_len, weight_format=config.weight_format,

@@ -138,7 +138,8 @@ class ModelRunner:
                                        partial(self._narrowed, inputs, ctx.slot_mapping), len(inputs.input_ids))
         ids, pos = self._tensor(inputs.input_ids), self._tensor(inputs.positions)
         if self._graph_sizes is not None and not inputs.prefills:
-            self.graphs = self.model.ops.decode_graphs(self.model, self.kv_caches, **self._graph_sizes)
+            self.graphs = self.model.ops.decode_graphs(self.model, self.kv_caches, **self._graph_sizes,
+                                                       windowed=self.windowed_pools)
             self._graph_sizes = None
         if self.graphs is not None and self.graphs.fits(ctx, len(inputs.input_ids)):
             hidden = self.graphs.replay(ids, pos, ctx)

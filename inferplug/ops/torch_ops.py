@@ -42,8 +42,9 @@ class TorchOps:
             q_start += n
         return ctx
 
-    def decode_graphs(self, model, kv_caches, *, max_num_seqs: int, max_blocks: int):
-        """Captured CUDA graphs for decode steps (ops/cuda_graphs.py), or None where this set offers none."""
+    def decode_graphs(self, model, kv_caches, *, max_num_seqs: int, max_blocks: int, windowed: bool = False):
+        """Captured CUDA graphs for decode steps (ops/cuda_graphs.py), or None where this set offers none. windowed:
+        the sliding-window layers keep their own pools (AttentionContext.window)."""
         return None
 
     def run_layers(self, model, x: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext, kv_caches) -> bool:

@@ -36,14 +36,14 @@ class TritonOps(TorchOps):
             ctx.packed_prefill = self.pack_prefill(step, device)
         return ctx
 
-    def decode_graphs(self, model, kv_caches, *, max_num_seqs: int, max_blocks: int):
+    def decode_graphs(self, model, kv_caches, *, max_num_seqs: int, max_blocks: int, windowed: bool = False):
         """On CUDA: decode steps never sync with the host on this path (lengths stay on the device), so they replay.
         Not for an MoE model: its routing lays the experts' rows out anew each step, on the host's side."""
         if model.device.type != "cuda" or any(layer.moe is not None for layer in model.layers):
             return None
         from inferplug.ops.cuda_graphs import DecodeGraphs
 
-        graphs = DecodeGraphs(model, kv_caches, max_num_seqs=max_num_seqs, max_blocks=max_blocks)
+        graphs = DecodeGraphs(model, kv_caches, max_num_seqs=max_num_seqs, max_blocks=max_blocks, windowed=windowed)
         graphs.capture()
         return graphs
 

@@ -42,3 +42,62 @@ def test_graph_replays_match_eager_decode_on_cuda(tiny_llama_dir, dtype):
     assert graphed.runner.graphs is not None and graphed.runner.graphs.replays > 5
     assert eager.runner.graphs is None
     assert graph_tokens == eager_tokens
+
+
+class _EagerGraph:
+    """torch.cuda.CUDAGraph's replay() for the interpreter: the captured forward, run again over the same static
+    buffers (what a replay computes), writing the same output tensor."""
+
+    def __init__(self, graphs, rows: int):
+        self.graphs, self.rows = graphs, rows
+
+    @torch.inference_mode()
+    def replay(self) -> None:
+        self.graphs.outputs[self.rows].copy_(self.graphs._forward(self.rows))
+
+
+def test_window_buffers_carry_the_window_groups_slots_and_tables(tmp_path_factory):
+    """A Gemma 3 whose window layers keep their own blocks: each replay copies their slots and tables into the second
+    pair of static buffers, and the replayed steps give the eager steps' tokens (Triton in its interpreter; the
+    capture itself needs CUDA: the test below)."""
+    from inferplug.ops.cuda_graphs import DecodeGraphs
+    from tests.conftest import _save_tiny
+
+    model_dir = _save_tiny("gemma3", tmp_path_factory.mktemp("tiny-gemma3-graphs"))
+    prompts = prompts_of([40, 7, 29], vocab=260, seed=5)
+
+    def generate(graphed: bool):
+        engine = make_engine(model_dir, attention="triton", rag_document_cache=False, block_size=4, max_num_seqs=4)
+        if graphed:
+            graphs = DecodeGraphs(engine.runner.model, engine.runner.kv_caches, max_num_seqs=4, max_blocks=32,
+                                  windowed=True)
+            with torch.inference_mode():
+                for rows in graphs.buckets:
+                    graphs.outputs[rows] = graphs._forward(rows)
+                    graphs.graphs[rows] = _EagerGraph(graphs, rows)
+            engine.runner.graphs = graphs
+        requests = [Request(prompt=p, params=greedy(12), request_id=str(i)) for i, p in enumerate(prompts)]
+        return engine, {rid: tokens_of(ev) for rid, ev in run_all(engine, requests).items()}
+
+    graphed, graph_tokens = generate(True)
+    assert graphed.blocks.window is not None and graphed.runner.graphs.replays > 5
+    assert graph_tokens == generate(False)[1]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_graph_replays_of_a_window_group_match_eager_decode_on_cuda(tmp_path_factory):
+    from tests.conftest import _save_tiny
+
+    model_dir = _save_tiny("gemma3", tmp_path_factory.mktemp("tiny-gemma3-cuda"))
+    prompts = prompts_of([40, 5, 17, 60, 9], vocab=260, seed=6)
+
+    def generate(cuda_graphs: bool):
+        engine = make_engine(model_dir, device="cuda", attention="triton", cuda_graphs=cuda_graphs, max_num_seqs=8,
+                             rag_document_cache=False, block_size=4, max_num_batched_tokens=64)
+        requests = [Request(prompt=p, params=greedy(12), request_id=str(i)) for i, p in enumerate(prompts)]
+        return engine, {rid: tokens_of(ev) for rid, ev in run_all(engine, requests[:2], {2: requests[2:]}).items()}
+
+    graphed, graph_tokens = generate(True)
+    assert graphed.blocks.window is not None and graphed.runner.graphs.replays > 5
+    assert graph_tokens == generate(False)[1]
