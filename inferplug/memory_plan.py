@@ -273,6 +273,15 @@ def _native_quantized_bits(fmt: str, dtype: str, facts: ModelFacts | None, head_
                   f"lm_head {head_why}")
 
 
+def _blocks_within(limit: int, block_bytes: int, window_block_bytes: int, window_blocks: int) -> int:
+    """The most cache blocks n of block_bytes each whose window pools (min(window_blocks, n) + 1 blocks of
+    window_block_bytes: capped at the cache's blocks, the null one beside) fit in `limit` with them."""
+    saturated = (limit - (window_blocks + 1) * window_block_bytes) // block_bytes
+    if saturated >= window_blocks:
+        return saturated
+    return max(min((limit - window_block_bytes) // (block_bytes + window_block_bytes), window_blocks), 0)
+
+
 def plan_memory(profile: Profile, facts: ModelFacts, *, device: str, kind: str, available: int, bits: float,
                 kv_dtype_bytes: float, context_tokens: int, useful_tokens: int,
                 draft: ModelFacts | None = None, rope_tables: bool = False, seqs: int = 0,
@@ -294,43 +303,43 @@ def plan_memory(profile: Profile, facts: ModelFacts, *, device: str, kind: str, 
         (sum(m.rope_table_bytes(context_tokens) for m in models) if rope_tables else 0)
     states = facts.state_bytes_per_sequence * seqs
     block = profile.cache.block_size
-    windows_apart = bool(window_pool and facts.kv_window)
-
-    def window_bytes_of(cache_blocks: int) -> int:  # the window pools, capped at the other pools' blocks
-        return window_pool_blocks(facts.kv_window, block, *window_pool, cache_blocks) * block * \
-            facts.window_kv_bytes_per_token(kv_dtype_bytes) if windows_apart else 0
-
-    window_bytes = window_bytes_of(available)  # uncapped here: the other pools are sized from what it leaves
-    left = available - weights - reserve - states - window_bytes
+    left = available - weights - reserve - states
     if left <= 0:
         raise DoesNotFit(
             f"weights need {gib(weights)} ({sum(m.num_parameters for m in models) / 1e9:.2f}B params x {bits:g} "
             f"bits{', draft model included' if draft else ''}) + "
-            f"{gib(reserve)} reserve{f' + {gib(states)} of DeltaNet states' if states else ''}"
-            f"{f' + {gib(window_bytes)} of sliding-window KV' if window_bytes else ''}, but only "
+            f"{gib(reserve)} reserve{f' + {gib(states)} of DeltaNet states' if states else ''}, but only "
             f"{gib(available)} is available on {device}"
         )
+    windows_apart = bool(window_pool and facts.kv_window)
+    window_token = facts.window_kv_bytes_per_token(kv_dtype_bytes) if windows_apart else 0
+    # the window pools' blocks beside n cache blocks (models/config.window_pool_blocks, as the engine allocates)
+    window_blocks = (lambda n: window_pool_blocks(facts.kv_window, block, *window_pool, n)) if windows_apart \
+        else (lambda n: 0)
     per_token = facts.kv_bytes_per_token(kv_dtype_bytes, windows_apart) + \
         (draft.kv_bytes_per_token(kv_dtype_bytes) if draft else 0)
-    budget = profile.cache.memory_bytes(left)
-    if budget is None and kind == "cuda":
-        budget = min(int(0.9 * left), useful_tokens * per_token)
-    elif budget is None:
-        budget = min(-(-context_tokens // block) * block * per_token, left)
-    if budget > left:
-        raise DoesNotFit(
-            f"cache.memory = {profile.cache.memory!r} asks for {gib(budget)}, but only {gib(left)} is left on "
-            f"{device} after the weights ({gib(weights)}); lower cache.memory or give a fraction such as 0.5"
-        )
+    budget = profile.cache.memory_bytes(left)  # a size or fraction: the other layers' cache, the window pools beside
+    if budget is None:  # auto: the context's blocks (CPU), or every sequence's (CUDA), as far as they fit
+        limit = int(0.9 * left) if kind == "cuda" else left
+        budget = min(limit, useful_tokens * per_token if kind == "cuda" else -(-context_tokens // block) * block * per_token)
+        if windows_apart and per_token:  # the window pools, which grow with the cache to their size, fit beside
+            blocks = _blocks_within(limit, block * per_token, block * window_token,
+                                    window_blocks(budget // per_token // block) - 1)
+            budget = min(budget, blocks * block * per_token)
     # no layer keeps KV beside the window pools (every attending layer in a window): the context's blocks, empty
     tokens = budget // per_token // block * block if per_token else -(-context_tokens // block) * block
-    budget = budget if per_token else 0
+    window_bytes = window_blocks(tokens // block) * block * window_token  # what the engine allocates beside them
+    if budget + window_bytes > left:
+        raise DoesNotFit(
+            f"cache.memory = {profile.cache.memory!r} asks for {gib(budget)}"
+            f"{f' (+ {gib(window_bytes)} of sliding-window KV)' if window_bytes else ''}, but only {gib(left)} is "
+            f"left on {device} after the weights ({gib(weights)}); lower cache.memory or give a fraction such as 0.5"
+        )
     if tokens < block:
         raise DoesNotFit(
-            f"a KV cache of {gib(budget)} holds {budget // per_token} tokens at {per_token} bytes/token, less "
-            f"than one block of {block}; raise cache.memory"
+            f"a KV cache of {gib(budget)}{f' and {gib(window_bytes)} of sliding-window KV' if window_bytes else ''} "
+            f"holds {tokens} tokens at {per_token} bytes/token, less than one block of {block}; raise cache.memory"
         )
-    window_bytes = window_bytes_of(tokens // block)  # what the engine allocates beside those (llm_engine.py)
     return MemoryBreakdown(device, available, bits, weights, reserve, budget, per_token, tokens,
                            ranks=profile.parallel.tensor_parallel_size, with_draft=draft is not None,
                            state_bytes=states, window_bytes=window_bytes, window=facts.kv_window if windows_apart else 0)

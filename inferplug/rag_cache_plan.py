@@ -11,14 +11,6 @@ from __future__ import annotations
 from inferplug.profile_schema import Cache
 
 
-def document_cache_on(cache: Cache, family: str, tensor_parallel_size: int) -> bool:
-    """Whether the native engine runs the document cache (engine/llm_engine.py decides alike): the profile opts in,
-    the family takes it, on one rank (it copies KV on rank 0 only)."""
-    from inferplug.models.registry import family as family_of
-
-    return cache.rag_document_cache and tensor_parallel_size == 1 and not (family and family_of(family).document_cache_why)
-
-
 def document_cache_why(cache: Cache, family: str = "") -> str:
     """`family`: models/registry.py's name of the model's family ("": unknown)."""
     from inferplug.models.registry import family as family_of

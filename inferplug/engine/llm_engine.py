@@ -35,7 +35,7 @@ from inferplug.engine.window_blocks import WindowBlocks
 from inferplug.errors import GenerationError, ProfileError, RequestError
 from inferplug.models.config import ModelConfig, window_pool_blocks
 from inferplug.models.delta_net import CHUNK as DELTA_CHUNK
-from inferplug.models.registry import family
+from inferplug.models.registry import family, runs_document_cache
 from inferplug.stages.prompt import EncodedPrompt, encode_prompt
 from inferplug.types import Event, FinishReason, Request, SamplingParams
 
@@ -72,8 +72,7 @@ class LLMEngine:
             raise ProfileError(f"speculative decoding does not run on {model_config.family}: {recurrent_why}; set "
                                "[speculative] method = \"none\"")
         # the document cache keeps every layer's KV of a document; else the sliding-window layers keep only a window's
-        doc_cache = config.rag_document_cache and config.tensor_parallel_size == 1 and \
-            not family(model_config.family).document_cache_why
+        doc_cache = runs_document_cache(config.rag_document_cache, model_config.family, config.tensor_parallel_size)
         window = 0 if doc_cache else model_config.kv_window()
         step_tokens = max(config.max_num_batched_tokens, config.block_size)
         self.config = config = dataclasses.replace(config, window_kv_blocks=window and window_pool_blocks(

@@ -222,7 +222,7 @@ class Scheduler:
             self.add(sibling, front=True)
         seq.siblings_waiting = []
 
-    def fork(self, beams: list[Sequence], parents: list[Sequence], tokens: list[int]) -> list[tuple[int, int]]:
+    def fork(self, beams: list[Sequence], parents: list[Sequence], tokens: list[int]) -> list[tuple[int, int, bool]]:
         """Beam search moved on: beams[i] becomes parents[i] plus tokens[i] (a beam may be its own or another's
         parent; a beam not yet running joins). Beams share their parents' blocks; a shared partial block, where
         the next token is written, is copied (copy on write), or the beam is preempted when no block is free.
@@ -336,10 +336,13 @@ class Scheduler:
                 hits = hits + more
         # a scored prompt row's logits are asked for, and a cached block has none: only the blocks before it
         hits = hits[:cacheable_blocks(seq, self.blocks.block_size)]
-        if self.needs_state:  # a hybrid model's state must continue from the hit's end
-            hits = hits[:self.snapshots.usable_blocks(seq, len(hits))] if self.snapshots is not None else []
-        if self.blocks.window is not None:  # and its sliding-window layers' KV must reach back a window from there
-            hits = self.blocks.window.usable(seq, hits)
+        cut = None
+        while cut != len(hits):  # each cut may undo the other's point: until both hold
+            cut = len(hits)
+            if self.needs_state:  # a hybrid model's state must continue from the hit's end
+                hits = hits[:self.snapshots.usable_blocks(seq, len(hits))] if self.snapshots is not None else []
+            if self.blocks.window is not None:  # and sliding-window layers' KV must reach back a window from there
+                hits = self.blocks.window.usable(seq, hits)
         return hits
 
     def _admit(self, seq: Sequence, computed: int) -> None:

@@ -3,8 +3,9 @@ fall behind its window, so a long context holds a window's worth of them, not th
 window manager and llama.cpp's SWA cache do the same).
 
 A sequence's `window_table` has an entry per block of its context, as its block table has; an entry behind the
-window is the null block (block 0, held by nobody, never written), which the attention kernels never read: every
-one of them skips the keys before a row's window, and the torch path masks them.
+window is the null block (block 0, held by nobody, never written: zeros, as the pools are allocated). The C++
+kernel skips the tiles before a row's window; the torch path, and Triton in a tile that straddles the window's
+start, read its zeros and mask them.
 
 What a sequence keeps: the blocks holding its last `window` tokens before its next row, and the one before that (so a
 beam that steps back over a token still has its window: Scheduler.rewind). Whole steps are written first and trimmed

@@ -13,12 +13,13 @@ STATE_SNAPSHOTS = 8
 
 
 def window_pool_blocks(window: int, block_size: int, max_num_seqs: int, max_step_tokens: int, num_blocks: int) -> int:
-    """The blocks a model's sliding-window layers keep in their own pools (engine/window_blocks.py), so that they
-    never run short before the other layers' pools (num_blocks) do: each running sequence's window and one token
-    more (a beam's rewind) straddling one more block, a partial block each, the step's new tokens, and the null
-    block; never more than the other pools' blocks and the null one (a sequence holds no more blocks in this group
-    than in the other). As llama.cpp sizes its SWA cache: a window per parallel sequence and a batch. The engine
-    allocates and the memory plan counts exactly these."""
+    """The blocks a model's sliding-window layers keep in their own pools (engine/window_blocks.py): each running
+    sequence's window and one token more (a beam's rewind) straddling one more block, a partial block each, the
+    step's new tokens, and the null block; never more than the other pools' blocks (num_blocks) and the null one, as
+    a sequence holds no more blocks in this group than in the other. Capped so, the group can run short where the two
+    groups' prefix caches keep different blocks (the window group evicts sooner): a sequence is then preempted, as
+    when the other pools run short. As llama.cpp sizes its SWA cache: a window per parallel sequence and a batch.
+    The engine allocates and the memory plan counts exactly these."""
     per_seq = -(-(window + 1) // block_size) + 2
     return 1 + min(max_num_seqs * per_seq + -(-max_step_tokens // block_size), num_blocks)
 

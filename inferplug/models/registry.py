@@ -21,6 +21,13 @@ def family(name: str) -> Family:
     return _BY_NAME[name]
 
 
+def runs_document_cache(opted_in: bool, family_name: str, tensor_parallel_size: int) -> bool:
+    """Whether the native engine runs the RAG document cache (engine/doc_cache.py): opted in, for a family it takes,
+    on one rank (it copies KV on rank 0 only). LLMEngine and the memory plan decide by it: with it, sliding-window
+    layers keep the whole context (a document's every layer is stored)."""
+    return opted_in and tensor_parallel_size == 1 and not (family_name and family(family_name).document_cache_why)
+
+
 def hf_family(model_type: str | None) -> Family:
     if model_type not in _BY_HF:
         raise ModelSourceError(f"model_type {model_type!r} is not supported by the native engine; it runs "
