@@ -97,7 +97,10 @@ class CacheAwareOrder:
         total = len(seq.token_ids)
         if wants_prompt_logprobs(seq):  # it takes no cached KV
             return total, 0
-        hit = len(self.blocks.lookup_prefix(seq)) * self.blocks.block_size
+        hits = self.blocks.lookup_prefix(seq)
+        if self.blocks.window is not None:  # as admission takes it: as far as the window group still holds
+            hits = self.blocks.window.usable(seq, hits)
+        hit = len(hits) * self.blocks.block_size
         left = self._left(seq, hit)
         return left, total - left
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from inferplug.engine.block_manager import BlockManager
+from inferplug.engine.cache_aware import CacheAwareOrder
 from inferplug.engine.sequence import Sequence
 from inferplug.engine.window_blocks import WindowBlocks
 from inferplug.models.config import window_pool_blocks
@@ -223,3 +224,5 @@ def test_a_hit_is_cut_where_the_window_is_gone():
     assert len(hits) == 4
     # a hit of 4 blocks needs window blocks 2..3 (block 2 is gone); of 1 block, block 0 (kept): 1 block usable
     assert blocks.window.usable(other, hits) == hits[:1]
+    # cache-aware admission counts the hit admission would take: 4 tokens cached, 16 to compute
+    assert CacheAwareOrder(blocks, None, 16, 0)._cost(other) == (16, 4)
