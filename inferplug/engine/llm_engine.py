@@ -77,9 +77,10 @@ class LLMEngine:
         step_tokens = max(config.max_num_batched_tokens, config.block_size)
         self.config = config = dataclasses.replace(config, window_kv_blocks=window and window_pool_blocks(
             window, config.block_size, config.max_num_seqs, step_tokens, config.num_kv_blocks))
+        window_group = WindowBlocks(config.window_kv_blocks, config.block_size, window, config.enable_prefix_caching) \
+            if window else None
         self.blocks = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching,
-                                   window=window and WindowBlocks(config.window_kv_blocks, config.block_size, window,
-                                                                  config.enable_prefix_caching) or None)
+                                   window=window_group)
         sampler = Sampler(sorted(self.eos_token_ids))
         if config.tensor_parallel_size > 1:  # rank 0 here, the other ranks in their own processes
             from inferplug.engine.parallel.runner import ParallelRunner

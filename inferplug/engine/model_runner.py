@@ -171,15 +171,11 @@ class ModelRunner:
                 continue
             sources, copies = self._tensor([s for s, _ in group]), self._tensor([c for _, c in group])
             for layer, pool in zip(self.model.layers, self.kv_caches):
-                if layer.delta is not None or self._windowed(layer) != windowed:
+                if layer.delta is not None or (self.windowed_pools and self.model.keeps_window_kv(layer)) != windowed:
                     continue
                 for kv in pool:  # [kv heads, blocks, block size, head dim]; index_put_ took 0.3 s a fork (SmolLM2)
                     raw = kv.view(torch.uint8)  # as bytes: index_copy_ has no float8 kernel
                     raw.index_copy_(1, copies, raw.index_select(1, sources))
-
-    def _windowed(self, layer) -> bool:
-        """Whether `layer` keeps its KV in the sliding-window layers' own pools."""
-        return self.windowed_pools and self.model.layers[layer.kv_source].window > 0
 
     def read_state(self, slot: int) -> list[torch.Tensor]:
         """A copy of a hybrid model's DeltaNet state in `slot`: each DeltaNet layer's conv window and recurrent

@@ -234,6 +234,11 @@ class DecoderModel:
         self.activation = {"silu": self.ops.silu_mul, "gelu_tanh": self.ops.gelu_tanh_mul,
                            "swiglu_oai": self.ops.swiglu_oai_mul}[fam.activation]
 
+    def keeps_window_kv(self, layer: LayerWeights) -> bool:
+        """Whether `layer`'s KV (its own, or the layer's whose it reads) sits in the sliding-window layers' pools,
+        where they have their own (engine/window_blocks.py)."""
+        return self.layers[layer.kv_source].window > 0
+
     def rope_of(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer `layer`'s RoPE tables (cos, signed sin): a sliding layer's own base where the family has one."""
         if self.local_rope is not None and self.layers[layer].window:
@@ -247,7 +252,7 @@ class DecoderModel:
         layer's pools hold window_blocks blocks where that is given (engine/window_blocks.py), else num_blocks."""
         pools = []
         for layer in self.layers:
-            blocks = window_blocks if window_blocks and layer.window else num_blocks
+            blocks = window_blocks if window_blocks and self.keeps_window_kv(layer) else num_blocks
             shape = (layer.kv_heads, blocks, block_size, layer.head_dim)  # heads outermost: see ops/attention.py
             if layer.delta is not None:
                 pools.append(allocate_states(layer.delta, state_slots, self.dtype, self.device))
@@ -333,7 +338,7 @@ class DecoderModel:
         """Layer i's attention over the normed rows `h`, its output projected: it stores this step's K and V in its
         pools (and in step_kv, for the layers that share them), or reads an earlier layer's."""
         ops, eps, (k_cache, v_cache) = self.ops, self.config.rms_norm_eps, kv_cache
-        if ctx.window is not None and self.layers[layer.kv_source].window:  # its KV in the window group's pools
+        if ctx.window is not None and self.keeps_window_kv(layer):
             ctx = ctx.window
         qkv = linear(h, layer.qkv, layer.qkv_bias, rows)
         if layer.gate_rows:

@@ -55,13 +55,15 @@ def test_block_copies_take_any_pool_dtype(dtype):
     from types import SimpleNamespace
 
     from inferplug.engine.model_runner import ModelRunner
+    from inferplug.models.decoder import DecoderModel
 
     pools = [tuple(torch.randn(2, 4, 8, 16).to(dtype) for _ in range(2)) for _ in range(3)]  # [heads, blocks, size, dim]
     before = [[kv.clone() for kv in pool] for pool in pools]
     layers = [SimpleNamespace(delta=None, kv_source=i, window=8 * (i == 1)) for i in range(3)]
+    model = SimpleNamespace(layers=layers)
+    model.keeps_window_kv = lambda layer: DecoderModel.keeps_window_kv(model, layer)
     runner = SimpleNamespace(kv_caches=pools, _tensor=lambda values: torch.tensor(values, dtype=torch.long),
-                             model=SimpleNamespace(layers=layers), windowed_pools=True)
-    runner._windowed = lambda layer: ModelRunner._windowed(runner, layer)
+                             model=model, windowed_pools=True)
     ModelRunner.copy_blocks(runner, [(1, 3, False), (0, 2, False), (2, 1, True)])
     for i, (pool, old) in enumerate(zip(pools, before)):
         for kv, was in zip(pool, old):
