@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, bool, list[str]]] = [
     ("kernels, weights, models and the ops they call", False, [
         "inferplug.kernels", "inferplug.quant", "inferplug.ops", "inferplug.models"]),
     ("plans", False, [
-        "inferplug.resolver", "inferplug.memory_plan", "inferplug.parallel_plan", "inferplug.replica_plan",
+        "inferplug.resolver", "inferplug.plan", "inferplug.memory_plan", "inferplug.parallel_plan", "inferplug.replica_plan",
         "inferplug.weight_format_plan", "inferplug.compute_path_plan", "inferplug.rag_cache_plan",
         "inferplug.ct2_compute", "inferplug.host_timings"]),
     ("prompt and output stages", False, ["inferplug.stages", "inferplug.chat_template", "inferplug.rag"]),

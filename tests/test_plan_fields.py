@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from inferplug.backends.native import engine_config
-from inferplug.resolver import Plan
+from inferplug.plan import Plan
 from inferplug.types import Capabilities
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -25,7 +25,7 @@ from inferplug.types import Capabilities, Event, Request
 
 if TYPE_CHECKING:
     from inferplug.profile import Profile
-    from inferplug.resolver import Plan
+    from inferplug.plan import Plan
 
 ENTRY_POINT_GROUP = "inferplug.backends"
 

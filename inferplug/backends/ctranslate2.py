@@ -25,7 +25,7 @@ from inferplug.types import Capabilities, Event, Request
 
 if TYPE_CHECKING:
     from inferplug.profile import Profile
-    from inferplug.resolver import Plan
+    from inferplug.plan import Plan
 
 COMPUTE_TYPES = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float32", "float16", "bfloat16")
 

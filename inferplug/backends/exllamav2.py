@@ -24,7 +24,7 @@ from inferplug.types import Capabilities, Event, Request, SamplingParams
 
 if TYPE_CHECKING:
     from inferplug.profile import Profile
-    from inferplug.resolver import Plan
+    from inferplug.plan import Plan
 
 PAGE_SIZE = 256  # ExLlamaV2's paged cache is sized in 256-token pages
 _CACHE_CLASSES = {"FP16": "ExLlamaV2Cache", "Q4": "ExLlamaV2Cache_Q4", "Q6": "ExLlamaV2Cache_Q6",

@@ -16,7 +16,7 @@ from inferplug.types import Capabilities, Event, Request
 if TYPE_CHECKING:
     from inferplug.engine.llm_engine import LLMEngine
     from inferplug.profile import Profile
-    from inferplug.resolver import Plan
+    from inferplug.plan import Plan
 
 
 def build_engine(profile: Profile, plan: Plan, *, split_reasoning: bool = False) -> LLMEngine:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import httpx
 
     from inferplug.profile import Profile
-    from inferplug.resolver import Plan
+    from inferplug.plan import Plan
 
 RETRY_STATUSES = {429, 500, 502, 503, 504}
 _BACKOFF_S = 0.5

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_plan(name: str, plan) -> None:  # noqa: ANN001 - a resolver.Plan
+def _print_plan(name: str, plan) -> None:  # noqa: ANN001 - a plan.Plan
     from rich.console import Console
     from rich.table import Table
 
