@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from inferplug.models.config import ModelConfig
 from inferplug.models.delta_net import DeltaNetWeights, allocate_states, delta_net
+from inferplug.models.heap import HeapBound
 from inferplug.models.moe import MoeWeights, moe_mlp
 from inferplug.models.registry import family
 from inferplug.models.rope import partial_rope_order, rope_tables
@@ -118,9 +119,12 @@ class DecoderModel:
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.scale = config.attention_scale or self.head_dim**-0.5
 
+        heap = HeapBound()
+
         def take(name: str) -> Any:
             if name not in state_dict:
                 raise KeyError(f"weight {name!r} is missing from the checkpoint")
+            heap.check(0)  # the parts of what was fused so far are freed: their pages go back, not into the RSS
             weight = state_dict.pop(name)
             if not isinstance(weight, torch.Tensor):  # an AWQ / GPTQ layer, loaded on its device
                 return weight

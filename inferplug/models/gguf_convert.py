@@ -198,6 +198,7 @@ def weights_from_gguf(gguf: GGUFFile, dtype: "torch.dtype", device="cpu",
     from tqdm import tqdm
 
     from inferplug.models.gguf_layers import gguf_layer, is_quantized
+    from inferplug.models.heap import HeapBound
 
     from inferplug.models.registry import gguf_family, gguf_interleaved_rope
 
@@ -208,7 +209,7 @@ def weights_from_gguf(gguf: GGUFFile, dtype: "torch.dtype", device="cpu",
         head_counts = {}
     head_names = {"lm_head.weight", *(["model.embed_tokens.weight"] if config.tie_word_embeddings else [])}
     infos = [info for info in gguf.tensors.values() if hf_name(info.name, family) is not None]
-    weights = {}
+    weights, kept, bound = {}, 0, HeapBound()
     with one_intra_op_thread(), open(gguf.path, "rb") as handle, \
             tqdm(total=sum(i.nbytes for i in infos), unit="B", unit_scale=True, desc="loading GGUF", disable=None) as bar:
         for info in infos:
@@ -236,21 +237,14 @@ def weights_from_gguf(gguf: GGUFFile, dtype: "torch.dtype", device="cpu",
                                                     head=part_name in head_names)
                 else:
                     weights[part_name] = part.to(device=device, dtype=dtype).contiguous()
+                kept += _nbytes(weights[part_name])
+                bound.check(kept + info.nbytes)  # the peak stays the weights so far plus this tensor's bytes
             bar.update(info.nbytes)
-            release_freed_heap()  # each tensor's temporaries: the peak stays the weights so far plus one tensor's
     return weights
 
 
-def release_freed_heap() -> None:
-    """Hand the heap a tensor's temporaries left back to the OS (glibc keeps freed chunks: 130 MB on a two-layer
-    7B-wide model), so that the process's RSS is the weights, as the memory plan counts them. About 1 ms a call."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to trim this way
-        pass
+def _nbytes(weight: Any) -> int:
+    return weight.nbytes() if callable(weight.nbytes) else weight.nbytes  # a layer's buffers, or a tensor's
 
 
 def dequantize_tensor(gguf: GGUFFile, handle, info: GGUFTensorInfo) -> "torch.Tensor":
