@@ -60,6 +60,7 @@ class ModelFacts:
     state_bytes_per_sequence: int = 0  # a hybrid model's DeltaNet state a running sequence holds (fp32 counted)
     kv_window: int = 0  # the widest sliding window of the layers that keep their own KV (0: none)
     window_kv_values_per_token: int = 0  # kv_values_per_token's share of those sliding-window layers
+    mxfp4_parameters: int = 0  # the experts an HF checkpoint keeps in MXFP4 (gpt-oss's release)
 
     def __post_init__(self) -> None:  # the memo's JSON gives lists
         object.__setattr__(self, "gguf_matrices", tuple(tuple(m) for m in self.gguf_matrices))
@@ -170,7 +171,7 @@ def facts_from_file(path: Path) -> ModelFacts:
     from inferplug.sources import home, write_memo
 
     st = path.stat()
-    version = f"v9|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"  # v9: facts gained sliding-window KV sizes
+    version = f"v10|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"  # v10: facts gained MXFP4 experts
     memo = home() / "facts" / f"{hashlib.sha256(version.encode()).hexdigest()[:32]}.json"
     try:
         return ModelFacts(**json.loads(memo.read_text()))
@@ -179,9 +180,12 @@ def facts_from_file(path: Path) -> ModelFacts:
             spec = read_quant_spec(path) if path.is_dir() else None
         except ProfileError:  # a setting the loader refuses, with this message, when it loads
             spec = None
-        facts = dataclasses.replace(ModelFacts.from_config(read_config(path), origin=str(path)),
+        config, mxfp4 = read_config(path), spec is not None and spec.method == "mxfp4"
+        spec = None if mxfp4 else spec  # an AWQ / GPTQ one's
+        facts = dataclasses.replace(ModelFacts.from_config(config, origin=str(path)),
                                     gguf_matrices=gguf_matrices(path), quant_bits=spec.bits if spec else 0,
-                                    quant_group_size=spec.group_size if spec else 0)
+                                    quant_group_size=spec.group_size if spec else 0,
+                                    mxfp4_parameters=config.expert_parameters() if mxfp4 else 0)
     write_memo(memo, json.dumps(dataclasses.asdict(facts)).encode())
     return facts
 
@@ -210,13 +214,21 @@ def gib(n: float) -> str:
 
 
 def weight_bits(profile: Profile, backend: str, dtype: str, facts: ModelFacts | None = None,
-                native_format: str | None = None, device_kind: str = "cpu") -> tuple[float, str]:
+                native_format: str | None = None, device_kind: str = "cpu",
+                mxfp4_blocks: bool = False) -> tuple[float, str]:
     """Bits per parameter once loaded (an average when parts stay float), and why.
 
-    `native_format`: the native engine's weight-only format (Plan.weight_format) on `device_kind`."""
+    `native_format`: the native engine's weight-only format (Plan.weight_format) on `device_kind`. `mxfp4_blocks`:
+    an MXFP4 checkpoint's experts load in its blocks (the CPU kernels run them), else dequantized as the rest."""
     fmt = profile.quantization.format
     if profile.quantization.bits is not None:
         return profile.quantization.bits, f"[quantization] bits = {profile.quantization.bits:g}"
+    if facts is not None and facts.mxfp4_parameters and mxfp4_blocks:
+        experts, total = facts.mxfp4_parameters, facts.num_parameters
+        rest = dataclasses.replace(facts, num_parameters=total - experts, mxfp4_parameters=0)
+        bits, why = weight_bits(profile, backend, dtype, rest, native_format, device_kind)
+        return (experts * MXFP4_BITS + (total - experts) * bits) / total, \
+            f"the experts ({experts / total:.0%} of the weights) in MXFP4 blocks as stored; the rest: {why}"
     if fmt == "gguf" and backend == "ctranslate2":
         return 8.0, "GGUF is converted to CTranslate2 int8"
     if backend == "native" and facts is not None and facts.gguf_matrices and native_format in GGUF_LAYER_FORMATS \

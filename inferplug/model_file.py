@@ -67,7 +67,7 @@ def _config_format(config: Path, text: str) -> str:
         raise ModelSourceError(f"{text}: {config} is no JSON object ({exc}). Fix: restore the model's config.json, "
                                f"or {FIX}") from None
     method = quantization.get("quant_method")
-    if method is None:
+    if method is None or method == "mxfp4":  # gpt-oss's release: MXFP4 experts (loaded as they are), the rest float
         return "none"
     if method in CHECKPOINT_METHODS:
         return method

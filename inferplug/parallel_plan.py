@@ -25,6 +25,9 @@ def plan_tensor_parallel(tp: int, hw: Hardware, facts: ModelFacts | None, on_gpu
         problem = check_tensor_parallel(heads, facts.num_key_value_heads, tp, facts.family)
         if problem:
             return ParallelPlan(problem)
+        if facts.mxfp4_parameters:
+            return ParallelPlan("tensor parallel does not split an HF checkpoint's MXFP4 experts yet; set "
+                                "tensor_parallel_size = 1, or use the model's GGUF (tensor parallel dequantizes it)")
     split = ("q/k/v and gate/up by columns, o and down by rows with an all-reduce after each, the KV pool by KV "
              "head, the embedding and head by vocabulary; no RAG document cache (it would copy KV on rank 0 only)")
     if on_gpus:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from inferplug import ct2_compute
 from inferplug.errors import ProfileError, ResolveError
 from inferplug.hardware import GPU, Hardware
+from inferplug.kernels import cpu as cpu_kernels
 from inferplug.parallel_plan import plan_tensor_parallel
 from inferplug.ops.kernel_set import KERNEL_SETS, cpu_kernels_off, kernel_set
 from inferplug.memory_plan import (
@@ -209,7 +210,8 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
         raise _Rejected("kv_dtype = 'float8_e4m3' needs a CUDA GPU; none found (use auto, float16 or bfloat16)")
     kv_dtype, kv_why = native_kv_dtype(profile, dtype, attention == "cpu-kernels")
     weight_format, format_why = native_weight_format(profile, gpus, hw, dtype)
-    bits, bits_why = weight_bits(profile, "native", dtype, facts, weight_format, "cuda" if gpus else "cpu")
+    bits, bits_why = weight_bits(profile, "native", dtype, facts, weight_format, "cuda" if gpus else "cpu",
+                                 mxfp4_blocks=not gpus and cpu_kernels.runs_on("cpu", hw))
     plan = _local_plan("native", profile, hw, facts, gpus, dtype, attention, bits, None,
                        [dtype_why, attention_why, kv_why, *format_why, f"weights: {bits_why}",
                         *([parallel.reason] if parallel.reason else [])], draft=draft_facts(profile), kv_dtype=kv_dtype)

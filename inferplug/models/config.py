@@ -132,6 +132,11 @@ class ModelConfig:
         head = 0 if self.tie_word_embeddings else v * h
         return v * h + layers + biases + self.num_hidden_layers * 2 * h + per_layer_inputs + h + head
 
+    def expert_parameters(self) -> int:
+        """The routed experts' weights, over all layers (an MoE's bulk; MXFP4 in gpt-oss's release)."""
+        return sum(math.prod(shape) for n in range(self.num_hidden_layers)
+                   for name, shape in self.layer_matrices(n).items() if name.startswith("mlp.experts."))
+
     @staticmethod
     def shared_input(module: str) -> str:
         """The projection whose input `module` reads too (q/k/v read one, gate/up one): what GPTQ's act-order

@@ -55,6 +55,17 @@ def gguf_layer(raw: torch.Tensor, type_name: str, shape: tuple[int, int], target
     return cls(blocks)
 
 
+def mxfp4_scale_field(e: torch.Tensor) -> torch.Tensor:
+    """MXFP4Linear's scale field (uint8 [n, 2], the fp16 2^(e - 128)) from n blocks' E8M0 bytes; ModelSourceError for
+    a scale no weight has. Scales under 2^-24 round in fp16: their blocks' values are under 12 * 2^-25 (an all-zero
+    block has e = 0)."""
+    e = e.to(torch.int32)
+    if (e > 128 + 15).any():
+        raise ModelSourceError(f"an MXFP4 block's scale is 2^{int(e.max()) - 128}, no weight's: the file is corrupt; "
+                               "re-download it")
+    return mxfp4_scale(e).half()[:, None].view(torch.uint8)
+
+
 def _convert(raw: torch.Tensor, type_name: str, cols: int, cls: type[BlockLinear]) -> torch.Tensor:
     """The blocks (uint8 [rows, bytes]) of `cls` holding these rows of a `type_name` tensor."""
     rows, block_bytes = raw.shape[0], GGML_TYPES[type_name][2]
@@ -80,12 +91,7 @@ def _convert(raw: torch.Tensor, type_name: str, cols: int, cls: type[BlockLinear
     if issubclass(cls, Q8Linear) and type_name == "Q5_0":
         return fields(blocks[:, 0:2], q5_0_codes(blocks).view(torch.uint8))
     if type_name == "MXFP4" and cls in (MXFP4Linear, Q8Linear):
-        e = blocks[:, 0].to(torch.int32)  # the codes only for Q8: as int64 they are 16x the blocks' bytes
-        if (e > 128 + 15).any():
-            raise ModelSourceError(f"an MXFP4 block's scale is 2^{int(e.max()) - 128}, no weight's: the file is corrupt;"
-                                   " re-download it")
-        # scales under 2^-24 round in fp16: their blocks' values are under 12 * 2^-25 (an all-zero block has e = 0)
-        scale = mxfp4_scale(e).half()[:, None].view(torch.uint8)
+        scale = mxfp4_scale_field(blocks[:, 0])  # the codes only for Q8: as int64 they are 16x the blocks' bytes
         return fields(scale, blocks[:, 1:17] if cls is MXFP4Linear else mxfp4_parts(blocks)[1].view(torch.uint8))
     values = dequantize(raw.reshape(-1), type_name, (rows, cols), block_bytes)
     return cls.from_float(values).blocks

@@ -183,7 +183,7 @@ def _load_safetensors(model_dir: Path, spec, dtype: "torch.dtype", device: str) 
     from inferplug.models.safetensors_reader import safetensors_files
 
     files = safetensors_files(model_dir)
-    if spec is None or device != "cpu":
+    if spec is None or device != "cpu" or spec.method == "mxfp4":  # MXFP4: the family repacks its experts
         return _read_and_convert(files, spec, dtype, device)
     from inferplug.kernels import cpu as cpu_kernels
     from inferplug.models.conversion_cache import cached_weights, file_identity
@@ -207,6 +207,12 @@ def _read_and_convert(files: list[Path], spec, dtype: "torch.dtype", device: str
     with one_intra_op_thread(), tqdm(desc="loading weights", unit=" tensors", disable=None, leave=False) as bar:
         tensors = SafetensorsTensors(files, on_read=lambda _: bar.update())
         bar.reset(total=len(tensors))
-        layers = quantized_layers(tensors, spec, device) if spec else {}
+        if spec is not None and spec.method == "mxfp4":
+            from inferplug.kernels import cpu as cpu_kernels
+            from inferplug.models.mxfp4_checkpoint import mxfp4_weights
+
+            layers = mxfp4_weights(tensors, dtype, as_blocks=cpu_kernels.runs_on(device))
+        else:
+            layers = quantized_layers(tensors, spec, device) if spec else {}
         converted = {name: tensors.pop(name).to(device=device, dtype=dtype) for name in tensors}
     return {**converted, **layers}

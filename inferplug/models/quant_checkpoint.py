@@ -30,7 +30,7 @@ CONVERSION_VERSION = 3  # a key part of the conversion cache's entries: bump it 
 
 @dataclass(frozen=True)
 class QuantSpec:
-    method: str  # "awq" | "gptq"
+    method: str  # "awq" | "gptq" | "mxfp4" (its experts only: the profile's format speaks for the rest)
     group_size: int
     zero_offset: int = 0  # GPTQ v1 stores z - 1
     bits: int = 4
@@ -46,9 +46,8 @@ def read_quant_spec(model_dir: Path) -> QuantSpec | None:
     if raw is None:
         return None
     method = str(raw.get("quant_method", "gptq")).lower()
-    if method == "mxfp4":  # gpt-oss's release: its GGUF holds the same MXFP4 experts, which the engine runs as stored
-        raise ProfileError(f"{model_dir} keeps its experts in MXFP4, which the native engine reads from a GGUF only "
-                           "for now: use the model's GGUF (llama.cpp's converter keeps the MXFP4 bits as they are)")
+    if method == "mxfp4":  # gpt-oss's release: its experts MXFP4 (models/mxfp4_checkpoint.py), the rest float
+        return QuantSpec("mxfp4", 32)
     if method not in ("awq", "gptq"):
         raise ProfileError(f"{model_dir} is quantized with {method!r}; the native engine reads AWQ and GPTQ int4 "
                            "checkpoints only: use an unquantized, GGUF, AWQ or GPTQ model")
@@ -68,7 +67,7 @@ def read_quant_spec(model_dir: Path) -> QuantSpec | None:
 
 def check_profile_format(declared: str, spec: QuantSpec | None, model_dir: Path) -> None:
     """A profile's quantization.format must agree with what the checkpoint holds."""
-    found = spec.method if spec else "none"
+    found = spec.method if spec and spec.method != "mxfp4" else "none"  # MXFP4 experts beside float weights
     if declared in ("awq", "gptq", "none") and declared != found:
         raise ProfileError(f"the profile says quantization.format = {declared!r} but {model_dir} holds "
                            f"{'an unquantized' if spec is None else 'a ' + spec.label} checkpoint; set "

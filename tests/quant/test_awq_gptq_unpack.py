@@ -95,7 +95,6 @@ def test_profile_format_must_match_the_checkpoint():
     ({"bits": 3}, "3 bits is not supported"),
     ({"group_size": 16}, "group_size 16 is not supported.*32, 64, 128"),
     ({"version": "gemv", "format": "gemv", "checkpoint_format": "gemv"}, "GEMM packing"),
-    ({"quant_method": "mxfp4"}, "experts in MXFP4.*use the model's GGUF"),  # gpt-oss's release
     ({"quant_method": "fp8"}, "quantized with 'fp8'.*use an unquantized, GGUF, AWQ or GPTQ model"),
 ])
 def test_unsupported_settings(tmp_path, changes, match):

@@ -5,12 +5,11 @@
 - a router whose top k raw logits are softmaxed (the same as a softmax over all, renormalized over the k);
 - swiglu_oai experts: gate = min(g, 7), up = clamp(u, -7, 7), out = gate * sigmoid(1.702 * gate) * (up + 1).
 HF's modeling_gpt_oss.py and llama.cpp's src/models/openai-moe-iswa.cpp are the references. HF ships each layer's
-experts as two 3-D tensors (gate and up interleaved, [experts, in, out]): hf_weights cuts them into the decoder's
-per-expert matrices."""
+experts as two 3-D tensors (gate and up interleaved, [experts, in, out]), or the release's MXFP4 pairs of them
+(models/mxfp4_checkpoint.py): hf_weights cuts them into the decoder's per-expert matrices."""
 
 from typing import Any
 
-from inferplug.errors import ModelSourceError
 from inferplug.models.family import Family
 
 SLIDING_PATTERN = 2  # llama.cpp's set_swa_pattern(2): even layers windowed, odd ones full
@@ -45,15 +44,25 @@ def gguf_fields(gguf) -> dict[str, Any]:
 def hf_weights(weights: dict[str, Any], experts: int) -> dict[str, Any]:
     """HF's gpt-oss layout as the decoder's names: each layer's `mlp.experts.gate_up_proj` ([experts, hidden,
     2 * inter], gate and up columns interleaved) and `down_proj` ([experts, inter, hidden]), with their biases, cut
-    into per-expert gate_proj / up_proj / down_proj matrices ([out, in]); the router `mlp.router` as `mlp.gate`."""
+    into per-expert gate_proj / up_proj / down_proj matrices ([out, in]); the router `mlp.router` as `mlp.gate`.
+    The release's MXFP4 experts (their `_blocks` and `_scales`, rows [out], gate and up rows interleaved) become
+    MXFP4 layers in the file's bits. `weights` is consumed as it is cut, so a layer's experts are not held twice."""
+    from inferplug.models.mxfp4_checkpoint import mxfp4_layer  # torch: the registry imports this module without it
+
     out = {}
-    for name, tensor in weights.items():
+    for name in list(weights):
+        if name not in weights:  # a pair's scales, taken with its blocks
+            continue
+        tensor = weights.pop(name)
         head, sep, tail = name.partition(".mlp.experts.")
-        if tail.endswith(("_blocks", "_scales")):
-            raise ModelSourceError(f"{name}: this gpt-oss checkpoint keeps its experts in MXFP4, which the native "
-                                   "engine does not load from an HF dir yet; use the model's GGUF, or a checkpoint "
-                                   "with float experts")
-        if sep and tail in ("gate_up_proj", "gate_up_proj_bias"):
+        if sep and tail in ("gate_up_proj_blocks", "down_proj_blocks"):
+            scales = weights.pop(name.removesuffix("_blocks") + "_scales")
+            for e in range(experts):
+                rows = {"gate_proj": slice(0, None, 2), "up_proj": slice(1, None, 2)} \
+                    if tail.startswith("gate_up") else {"down_proj": slice(None)}
+                for proj, part in rows.items():
+                    out[f"{head}.mlp.experts.{e}.{proj}.weight"] = mxfp4_layer(tensor[e, part], scales[e, part])
+        elif sep and tail in ("gate_up_proj", "gate_up_proj_bias"):
             weight = tail == "gate_up_proj"
             kind = "weight" if weight else "bias"
             for e in range(experts):
