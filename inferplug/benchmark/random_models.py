@@ -3,7 +3,7 @@ GEMM / GPTQ act-order checkpoints (4-bit, group 128), for bench/real_size.py and
 7B width. The weights have spread 1 / sqrt(inputs), so activations stay near unit size through every layer.
 
     write_random_gguf(out, config, tokenizer_metadata, type_of=q4_k_m_type)
-    write_random_checkpoint(out, config, "awq" | "gptq", tokenizer=None)
+    write_random_checkpoint(out, config, "awq" | "gptq" | "bf16", tokenizer=None)
 """
 
 from __future__ import annotations
@@ -161,9 +161,10 @@ def gpt_oss_type(gguf_name: str, layer: int, num_layers: int) -> str:
 
 
 def write_random_checkpoint(out: Path, config: ModelConfig, method: str, tokenizer=None, seed: int = 0) -> Path:
-    """An AutoAWQ GEMM ("awq") or GPTQ v1 act-order ("gptq") checkpoint, one decoder layer a shard (a 7B one never
-    sits in memory whole), with config.json and `tokenizer` (saved with save_pretrained) when given. Random int32
-    words are valid codes and zeros; the fp16 scales give (q - z) * s spread 1 / sqrt(inputs)."""
+    """An AutoAWQ GEMM ("awq") or GPTQ v1 act-order ("gptq") checkpoint, or an unquantized one in bf16 ("bf16", as
+    most HF releases ship), one decoder layer a shard (a 7B one never sits in memory whole), with config.json and
+    `tokenizer` (saved with save_pretrained) when given. Random int32 words are valid codes and zeros; the fp16
+    scales give (q - z) * s spread 1 / sqrt(inputs), as the bf16 weights are spread."""
     from safetensors.torch import save_file
 
     out = Path(out)
@@ -176,12 +177,13 @@ def write_random_checkpoint(out: Path, config: ModelConfig, method: str, tokeniz
         weight_map.update(dict.fromkeys(tensors, name))
 
     vocab, hidden = config.vocab_size, config.hidden_size
-    save({"model.embed_tokens.weight": torch.randn(vocab, hidden, generator=generator).half(),
-          "model.norm.weight": torch.ones(hidden, dtype=torch.float16),
-          "lm_head.weight": (torch.randn(vocab, hidden, generator=generator) * hidden**-0.5).half()},
+    floats = torch.bfloat16 if method == "bf16" else torch.float16
+    save({"model.embed_tokens.weight": torch.randn(vocab, hidden, generator=generator).to(floats),
+          "model.norm.weight": torch.ones(hidden, dtype=floats),
+          "lm_head.weight": (torch.randn(vocab, hidden, generator=generator) * hidden**-0.5).to(floats)},
          "model-floats.safetensors")
     for i in range(config.num_hidden_layers):
-        shard = {f"model.layers.{i}.{norm}.weight": torch.ones(hidden, dtype=torch.float16)
+        shard = {f"model.layers.{i}.{norm}.weight": torch.ones(hidden, dtype=floats)
                  for norm in ("input_layernorm", "post_attention_layernorm")}
         orders: dict[str, torch.Tensor] = {}  # GPTQ orders inputs by their Hessian: q/k/v (gate/up) share one
         for module, (rows, cols) in config.linear_shapes().items():
@@ -192,16 +194,15 @@ def write_random_checkpoint(out: Path, config: ModelConfig, method: str, tokeniz
                 shard[f"model.layers.{i}.{module}.{part}"] = tensor
         save(shard, f"model-layer{i:03d}.safetensors")
     (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    quant = ({"quant_method": "awq", "bits": 4, "group_size": GROUP, "zero_point": True, "version": "gemm"}
-             if method == "awq" else
-             {"quant_method": "gptq", "bits": 4, "group_size": GROUP, "desc_act": True, "sym": False,
-              "checkpoint_format": "gptq"})
+    quant = {"awq": {"quant_method": "awq", "bits": 4, "group_size": GROUP, "zero_point": True, "version": "gemm"},
+             "gptq": {"quant_method": "gptq", "bits": 4, "group_size": GROUP, "desc_act": True, "sym": False,
+                      "checkpoint_format": "gptq"}}.get(method)
     hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab, "hidden_size": hidden,
           "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_hidden_layers,
           "num_attention_heads": config.num_attention_heads, "num_key_value_heads": config.num_key_value_heads,
           "head_dim": config.head_dim, "max_position_embeddings": config.max_position_embeddings,
           "rms_norm_eps": config.rms_norm_eps, "rope_theta": config.rope_theta, "tie_word_embeddings": False,
-          "torch_dtype": "float16", "quantization_config": quant}
+          "torch_dtype": str(floats).removeprefix("torch."), **({"quantization_config": quant} if quant else {})}
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
         hf.update(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
@@ -210,13 +211,15 @@ def write_random_checkpoint(out: Path, config: ModelConfig, method: str, tokeniz
 
 
 def _packed_linear(method: str, rows: int, cols: int, g_idx, generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """One linear's qweight / qzeros / scales (/ g_idx) as AutoAWQ GEMM or GPTQ pack them (quant/group_int4.py).
-    Uniform random nibbles: (q - z) has variance 42.5."""
+    """One linear's qweight / qzeros / scales (/ g_idx) as AutoAWQ GEMM or GPTQ pack them (quant/group_int4.py), or
+    its bf16 weight. Uniform random nibbles: (q - z) has variance 42.5."""
     groups = cols // GROUP
 
     def words(*shape):
         return torch.randint(-(1 << 31), 1 << 31, shape, dtype=torch.int32, generator=generator)
 
+    if method == "bf16":
+        return {"weight": (torch.randn(rows, cols, generator=generator) * cols**-0.5).bfloat16()}
     scales = ((42.5 * cols) ** -0.5 * torch.empty(groups, rows).uniform_(0.75, 1.25, generator=generator)).half()
     if method == "awq":
         return {"qweight": words(cols, rows // 8), "qzeros": words(groups, rows // 8), "scales": scales}

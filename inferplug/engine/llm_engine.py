@@ -89,8 +89,8 @@ class LLMEngine:
                                          threads_per_rank=config.threads_per_rank)
         else:
             model = DecoderModel(model_config, state_dict, dtype=config.torch_dtype, device=config.device,
-                               attention=config.attention, kv_dtype=config.torch_kv_dtype,
-                               max_positions=self.max_model_len)
+                                 attention=config.attention, kv_dtype=config.torch_kv_dtype,
+                                 max_positions=self.max_model_len, weight_format=config.weight_format)
             # decode steps per batch-size bucket (not over DeltaNet states)
             graphs = config.cuda_graphs and config.device.startswith("cuda") and not recurrent_why
             self.runner = ModelRunner(model, num_blocks=config.num_kv_blocks, block_size=config.block_size,

@@ -26,7 +26,7 @@ from inferplug.ops.attention import AttentionContext
 from inferplug.ops.parallel_group import SINGLE, SingleDevice
 from inferplug.ops.row_math import row_gate
 from inferplug.quant.checkpoint_layers import fold_down_order, fuse_rows  # torch.cat, or an AWQ / GPTQ checkpoint's layers
-from inferplug.quant.linear import linear  # F.linear, or a weight-only int8/int4 layer's kernel
+from inferplug.quant.linear import convert_head, layer_converter, linear  # linear: F.linear, or a layer's kernel
 
 # a layer's linear weights (an MoE layer's MLP is in `moe`)
 LINEARS = ("qkv", "o", "gate_up", "down", "per_layer_embed", "per_layer_gate", "per_layer_proj", "shared_gate_up",
@@ -104,12 +104,14 @@ def row_slice(weight: Any, rows: slice | torch.Tensor) -> Any:
 class DecoderModel:
     def __init__(self, config: ModelConfig, state_dict: dict[str, torch.Tensor], *, dtype: torch.dtype, device: str = "cpu",
                  attention: str = "auto", kv_dtype: torch.dtype | None = None, parallel: SingleDevice = SINGLE,
-                 max_positions: int = 0):
+                 max_positions: int = 0, weight_format: str | None = None):
         """`max_positions`: the positions the RoPE tables hold (the engine's max_model_len; 0: the model's
         max_position_embeddings). `parallel`: this rank's group under tensor parallelism (engine/parallel): `config`
         and `state_dict` are then the rank's share of the heads and its slices of the weights. The model consumes `state_dict` (each entry
         is popped as it is taken), so a fused projection's parts are freed as it is made: at 7B, holding them to the
-        end doubles every q/k/v and gate/up, 2.8 GB."""
+        end doubles every q/k/v and gate/up, 2.8 GB. `weight_format`: each layer's float linears become that format's
+        layers as the layer is built (quant/linear.py layer_converter), so a float checkpoint is never whole in the
+        compute dtype: a bf16 7B one would be 27 GB in fp32 (quantize_model still makes the head)."""
         self.config = config
         self.family = fam = family(config.family)
         self.parallel = parallel
@@ -143,9 +145,11 @@ class DecoderModel:
         self.embed_scale = torch.tensor(config.hidden_size**0.5, dtype=dtype).item() if fam.scaled_embedding else None
         self.norm = norm("model.norm.weight")
         if config.tie_word_embeddings or "lm_head.weight" not in state_dict:
-            self.lm_head = self.embed
+            self.lm_head = self.embed  # its own copy in the head's format comes from quantize_model
         else:
             self.lm_head = take("lm_head.weight")
+            if weight_format:  # made now, not held in fp32 while the layers are
+                self.lm_head = convert_head(self.lm_head, weight_format)
         self.per_layer_inputs = None  # Gemma 4: (their embedding table, the norm of the embedding's projection)
         width = config.per_layer_input_size
         if width:
@@ -157,6 +161,7 @@ class DecoderModel:
         order = partial_rope_order(config.head_dim, scaling["partial_rotary_factor"]) \
             if scaling.get("rope_type") == "partial" else None
         self.layers = []
+        convert = layer_converter(weight_format, self.device.type) if weight_format else None
         for i in range(config.num_hidden_layers):
             p = f"model.layers.{i}."
             # what this layer projects: q, and k and v unless it reads another layer's KV; v unless V is K
@@ -225,6 +230,8 @@ class DecoderModel:
                 # [1, hidden]; a quantized GGUF stores it as a vector
                 shared_gate=take(f"{p}mlp.shared_expert_gate.weight").reshape(1, -1) if shared else None,
             ))
+            if convert is not None:
+                self.layers[-1].map_linears(convert)
         dims, positions = config.rope_table_dims(), max_positions or config.max_position_embeddings
         self.cos, self.signed_sin = rope_tables(config, self.device, dim=dims[0], positions=positions)
         # sliding-window layers with their own RoPE base (Gemma 3's 10k beside its global 1M), unscaled

@@ -25,7 +25,7 @@ def save_layer_skip_draft(source: Path, out: Path, num_layers: int) -> Path:
     if not 1 <= num_layers <= config.num_hidden_layers:
         raise ValueError(f"a draft of {source} keeps 1 to {config.num_hidden_layers} layers, not {num_layers}")
     keep = tuple(f"model.layers.{i}." for i in range(num_layers))
-    weights = {name: tensor.contiguous() for name, tensor in load_weights(source, torch.float32).items()
+    weights = {name: tensor.float().contiguous() for name, tensor in load_weights(source, torch.float32).items()
                if not name.startswith("model.layers.") or name.startswith(keep)}
     if config.tie_word_embeddings:
         weights.pop("lm_head.weight", None)  # one tensor for both, as HF saves tied weights

@@ -1,7 +1,7 @@
 """Load a model of any family in models/registry.py from an HF dir (safetensors, sharded too) or a GGUF file.
 
     read_config(path)                -> ModelConfig (header only: cheap, for memory planning)
-    load_weights(path, dtype, device) -> {HF parameter name: tensor in dtype}, dequantized
+    load_weights(path, dtype, device) -> {HF parameter name: tensor in dtype (or a narrower float it is stored in)}
     load_tokenizer(path, override)    -> transformers.PreTrainedTokenizerFast with its chat template
 
 `path` is an HF model dir, a .gguf file, or a dir holding exactly one .gguf file.
@@ -214,5 +214,12 @@ def _read_and_convert(files: list[Path], spec, dtype: "torch.dtype", device: str
             layers = mxfp4_weights(tensors, dtype, as_blocks=cpu_kernels.runs_on(device))
         else:
             layers = quantized_layers(tensors, spec, device) if spec else {}
-        converted = {name: tensors.pop(name).to(device=device, dtype=dtype) for name in tensors}
+        converted = {name: _in_dtype(tensors.pop(name), dtype, device) for name in tensors}
     return {**converted, **layers}
+
+
+def _in_dtype(tensor: "torch.Tensor", dtype: "torch.dtype", device: str) -> "torch.Tensor":
+    """A float tensor in `dtype`, unless that would widen it: a bf16 checkpoint's weights stay bf16 until the model
+    takes each one (into dtype, then its layer), so a 7B one is never whole in fp32 (27 GB)."""
+    keep = tensor.is_floating_point() and tensor.element_size() < dtype.itemsize
+    return tensor.to(device=device, dtype=tensor.dtype if keep else dtype)

@@ -14,6 +14,8 @@ Engine wiring (the native engine applies the resolver's Plan.weight_format):
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -146,25 +148,40 @@ def quantize_model(model, fmt: str):
     """Replace the model's linear weights by `fmt` ("fp16" / "int8" / "int4") layers in place; returns the model.
 
     Every layer gets `fmt` but the lm_head, which gets `head_layer`. inferplug's DecoderModel has each layer's
-    fused qkv / o / gate_up / down weights replaced and its embedding table stays float (a tied lm_head gets
-    its own copy); an nn.Module (a transformers model, the tests' reference) has its nn.Linear children
-    swapped, its `lm_head` child as the head.
+    fused qkv / o / gate_up / down weights replaced (layer_converter's; the decoder may have done it as it built
+    each layer) and its embedding table stays float (a tied lm_head gets its own copy); an nn.Module (a transformers
+    model, the tests' reference) has its nn.Linear children swapped, its `lm_head` child as the head.
     """
-    loaded_as_layers = fmt in LOADED_AS_LAYERS and not isinstance(model, nn.Module)  # models/quant_checkpoint.py, gguf_layers.py
-    if fmt not in QUANTIZED_LINEARS and not loaded_as_layers:
-        raise ProfileError(f"quantization.format {fmt!r} cannot run weight-only; use one of {sorted(QUANTIZED_LINEARS)}")
-    float_fmt = "fp16" if fmt == "gguf" else fmt  # a GGUF's float linears (an F16 file) run as fp16, as stored
-    device = (next(model.parameters()) if isinstance(model, nn.Module) else model.norm).device.type  # the head may be a layer
-    layer_cls = layer_class(float_fmt, device) if float_fmt in QUANTIZED_LINEARS else None  # AWQ / GPTQ: all layers
+    if isinstance(model, nn.Module):
+        if fmt not in QUANTIZED_LINEARS:
+            raise ProfileError(f"quantization.format {fmt!r} cannot run weight-only; use one of {sorted(QUANTIZED_LINEARS)}")
+        device = next(model.parameters()).device.type
+        with torch.no_grad():
+            _swap_linears(model, fmt, layer_class(fmt, device))
+        return model
+    device = model.norm.device.type  # the head may be a layer
+    convert = layer_converter(fmt, device)
     with torch.no_grad():
-        if isinstance(model, nn.Module):
-            _swap_linears(model, fmt, layer_cls)
-            return model
-        for layer in model.layers:  # a weight loaded as a layer already stays as it is
-            layer.map_linears(lambda w: layer_cls.from_float(w) if isinstance(w, torch.Tensor) else w)
-        if isinstance(model.lm_head, torch.Tensor):
-            model.lm_head = head_layer(model.lm_head, float_fmt)
+        for layer in model.layers:  # a weight loaded (or built) as a layer already stays as it is
+            layer.map_linears(convert)
+        model.lm_head = convert_head(model.lm_head, fmt)
     return model
+
+
+def convert_head(head, fmt: str):
+    """The lm_head under `fmt` layers: a float weight as head_layer makes it (a GGUF's, an F16 file's, as fp16
+    layers' head), a layer the loader made as it is."""
+    return head_layer(head, "fp16" if fmt == "gguf" else fmt) if isinstance(head, torch.Tensor) else head
+
+
+def layer_converter(fmt: str, device: str) -> Callable[[Any], Any]:
+    """One decoder linear under `fmt` layers: a float weight as `fmt`'s layer (a GGUF's float linears, an F16
+    file's, as fp16), a layer the loader made (AWQ / GPTQ, a GGUF's blocks) as it is."""
+    float_fmt = "fp16" if fmt == "gguf" else fmt
+    if float_fmt not in QUANTIZED_LINEARS and fmt not in LOADED_AS_LAYERS:
+        raise ProfileError(f"quantization.format {fmt!r} cannot run weight-only; use one of {sorted(QUANTIZED_LINEARS)}")
+    layer_cls = layer_class(float_fmt, device) if float_fmt in QUANTIZED_LINEARS else None  # AWQ / GPTQ: all layers
+    return lambda w: layer_cls.from_float(w) if isinstance(w, torch.Tensor) else w
 
 
 def head_layer(weight: torch.Tensor, fmt: str, bias: torch.Tensor | None = None) -> WeightOnlyLinear:

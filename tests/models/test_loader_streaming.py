@@ -4,6 +4,7 @@ words, which a whole-checkpoint copy would exceed; a cached load maps the conver
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -45,3 +46,28 @@ def test_peak_memory_holds_no_copy_of_the_checkpoint(cpu_kernel_ops, awq_7b_widt
     cached = load_in_child(awq_7b_width, tmp_path)
     assert cached["loaded_bytes"] == first["loaded_bytes"]
     assert cached["peak_bytes"] < 16 * MiB  # mapped, not read: the weights' pages come in as they are used
+
+
+BF16_GEOMETRY = dataclasses.replace(GEOMETRY, vocab_size=49152, num_hidden_layers=8)  # SmolLM2's tokenizer
+
+
+def test_a_bf16_checkpoint_is_never_whole_in_fp32(cpu_kernel_ops, smollm2_gguf, tmp_path_factory, tmp_path):
+    """An unquantized bf16 HF dir (8 layers at Llama-7B width, as most releases ship) on the CPU's fp32 plan with fp16
+    linears: the loader keeps the bf16 and the model makes each layer's fp16 layers as it builds the layer, so a first
+    load peaks at the plan plus one layer's build in fp32 (its weights, and the fused q/k/v and gate/up copies) and
+    the head's fp32 before its Q8_0 blocks: 7.4 GB against a plan of 5.6 and a bound of 8.2. Loads made before
+    converted the whole checkpoint to fp32 first, and peaked at 9.5 GB here."""
+    from inferplug.models.loader import load_tokenizer
+
+    model_dir = write_random_checkpoint(tmp_path_factory.mktemp("bf16-7b-width"), BF16_GEOMETRY, "bf16",
+                                        load_tokenizer(smollm2_gguf))
+    profile = tmp_path / "bf16.toml"
+    profile.write_text(f'backend = "native"\n[model]\npath = "{model_dir}"\n[cache]\nmemory = "128MiB"\n'
+                       '[limits]\nmax_model_len = 1024\nmax_num_seqs = 4\n')
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "models" / "rss_probe.py"), str(profile)],
+                          capture_output=True, text=True, env={**os.environ, "INFERPLUG_HOME": str(tmp_path / "home")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    layer = sum(rows * cols for rows, cols in BF16_GEOMETRY.linear_shapes().values())
+    head = BF16_GEOMETRY.vocab_size * BF16_GEOMETRY.hidden_size
+    assert result["peak_rss"] <= result["planned"] + 4 * (2 * layer + head), result
