@@ -54,9 +54,10 @@ BF16_GEOMETRY = dataclasses.replace(GEOMETRY, vocab_size=49152, num_hidden_layer
 def test_a_bf16_checkpoint_is_never_whole_in_fp32(cpu_kernel_ops, smollm2_gguf, tmp_path_factory, tmp_path):
     """An unquantized bf16 HF dir (8 layers at Llama-7B width, as most releases ship) on the CPU's fp32 plan with fp16
     linears: the loader keeps the bf16 and the model makes each layer's fp16 layers as it builds the layer, so a first
-    load peaks at the plan plus one layer's build in fp32 (its weights, and the fused q/k/v and gate/up copies) and
-    the head's fp32 before its Q8_0 blocks: 7.4 GB against a plan of 5.6 and a bound of 8.2. Loads made before
-    converted the whole checkpoint to fp32 first, and peaked at 9.5 GB here."""
+    load peaks at the plan plus one layer's build in fp32 (its weights, and the fused q/k/v and gate/up copies), and
+    the head's Q8_0 blocks are packed a few rows at a time: 6.2 GB against a plan of 5.6 and a bound of 7.4. Loads
+    made before converted the whole checkpoint to fp32 first and peaked at 9.5 GB here; with the layers converted as
+    built but the head packed whole, 7.4."""
     from inferplug.models.loader import load_tokenizer
 
     model_dir = write_random_checkpoint(tmp_path_factory.mktemp("bf16-7b-width"), BF16_GEOMETRY, "bf16",
@@ -69,5 +70,4 @@ def test_a_bf16_checkpoint_is_never_whole_in_fp32(cpu_kernel_ops, smollm2_gguf, 
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     layer = sum(rows * cols for rows, cols in BF16_GEOMETRY.linear_shapes().values())
-    head = BF16_GEOMETRY.vocab_size * BF16_GEOMETRY.hidden_size
-    assert result["peak_rss"] <= result["planned"] + 4 * (2 * layer + head), result
+    assert result["peak_rss"] < result["planned"] + 4 * 2 * layer, result
