@@ -28,10 +28,8 @@ from inferplug.models.gguf import GGML_TYPES
 from inferplug.models.gguf_dequant import (dequantize, mxfp4_parts, mxfp4_scale, q4_k_parts, q5_0_codes, q5_k_parts,
                                           q6_k_parts)
 from inferplug.quant.block_linear import (BlockLinear, MXFP4Linear, Q4KLinear, Q4Linear, Q5KLinear, Q6KLinear,
-                                          Q8HeadLinear, Q8Linear, pack_six_bits)
+                                          Q8HeadLinear, Q8Linear, pack_six_bits, packed_in_row_runs)
 from inferplug.quant.formats import GGUF_FLOAT_TYPES, gguf_layer_format
-
-CHUNK_ELEMENTS = 1 << 22  # weights converted at once: 16 MB of float at most for a requantized chunk
 
 
 def is_quantized(type_name: str) -> bool:
@@ -45,14 +43,7 @@ def gguf_layer(raw: torch.Tensor, type_name: str, shape: tuple[int, int], target
     cls = Q8HeadLinear if head else {"int4": Q4Linear, "q4_k": Q4KLinear, "q5_k": Q5KLinear, "q6_k": Q6KLinear,
                                          "mxfp4": MXFP4Linear, "int8": Q8Linear}[fmt]
     raw = raw.reshape(rows, -1)
-    step = max(1, CHUNK_ELEMENTS // cols)
-    blocks = None
-    for start in range(0, rows, step):
-        part = _convert(raw[start:start + step], type_name, cols, cls)
-        if blocks is None:
-            blocks = torch.empty(rows, part.shape[1], dtype=torch.uint8)
-        blocks[start:start + step] = part
-    return cls(blocks)
+    return cls(packed_in_row_runs(rows, cols, lambda start, end: _convert(raw[start:end], type_name, cols, cls)))
 
 
 def mxfp4_scale_field(e: torch.Tensor) -> torch.Tensor:
@@ -72,7 +63,7 @@ def _convert(raw: torch.Tensor, type_name: str, cols: int, cls: type[BlockLinear
     blocks = raw.reshape(-1, block_bytes)
 
     def fields(*parts: torch.Tensor) -> torch.Tensor:  # [n entries (of a block, or a super-block), bytes] each -> rows
-        return cls.from_fields(*(p.reshape(rows, -1, p.shape[-1]) for p in parts)).blocks
+        return cls.pack_fields(*(p.reshape(rows, -1, p.shape[-1]) for p in parts))
 
     if cls is Q4Linear and type_name == "Q4_1":
         return fields(blocks[:, 0:2], blocks[:, 2:4], blocks[:, 4:20])

@@ -22,6 +22,8 @@ invariance). Which path runs is timed on the user's host (host_timings.py), not 
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from inferplug.errors import ProfileError
@@ -35,7 +37,7 @@ PREFILL_GEMMS = ("float32", "bfloat16", "bfloat16-onednn", "int8")  # how prefil
 # dequantized at a time (4 MiB of bf16 at K = 4096: no whole copy of the weight). 128 x 512: the best of 64-256 rows
 # and 256-1024 columns on Zen 5, ~700 GFLOP/s on 2 threads at 512 rows (bench/prefill_gemm.py times the path).
 ONEDNN_ROWS, ONEDNN_PANEL = 128, 512
-FROM_FLOAT_WEIGHTS = 1 << 22  # weights from_float packs at once: 16 MB of fp32, and its temporaries
+ROW_RUN_WEIGHTS = 1 << 22  # weights a layer is packed from at once: 16 MB of fp32, and its temporaries
 RUN, WORD = 16, 4  # the quants' interleaving: runs of 16 blocks, 4-byte words
 # E2M1's values doubled (ggml's kvalues_mxfp4): an MXFP4 code's value is this times 2^(e - 128), e its block's E8M0 byte
 MXFP4_VALUES = torch.tensor([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=torch.int8)
@@ -65,32 +67,29 @@ class BlockLinear(WeightOnlyLinear):
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "BlockLinear":
-        """Packed FROM_FLOAT_ROWS-sized runs of rows at a time (each row's blocks are its own): a whole fp32 copy of a
+        """Packed a few rows at a time (packed_in_row_runs; each row's blocks are its own): a whole fp32 copy of a
         152k-row head, and its packing's temporaries, would be several GB at load."""
         out_features, in_features = weight.shape
         if in_features % BLOCK:
             raise ProfileError(f"{cls.__name__} needs in_features divisible by 32; this layer has {in_features}.")
         cls.field_bytes(in_features // BLOCK)  # whole super-blocks, where the format has them
-        step = max(1, FROM_FLOAT_WEIGHTS // in_features)
-        rows = None
-        for start in range(0, out_features, step):
-            groups = weight[start:start + step].detach().float().reshape(-1, in_features // BLOCK, BLOCK)
-            part = cls._rows(*cls._pack(groups))
-            if rows is None:
-                rows = torch.empty(out_features, part.shape[1], dtype=torch.uint8)
-            rows[start:start + step] = part
-        return cls(rows, bias)
+
+        def pack(start: int, end: int) -> torch.Tensor:
+            groups = weight[start:end].detach().float().reshape(-1, in_features // BLOCK, BLOCK)
+            return cls.pack_fields(*cls._pack(groups))
+
+        return cls(packed_in_row_runs(out_features, in_features, pack), bias)
 
     @classmethod
     def from_fields(cls, *fields: torch.Tensor, bias: torch.Tensor | None = None) -> "BlockLinear":
-        """The layer from its blocks' fields, each uint8 [out, blocks, bytes] in `fields` order, quants last (as
-        _pack gives them; quant/checkpoint_layers.py packs AWQ / GPTQ groups so). Each field is copied once, straight
-        into its place in the rows: a 7B checkpoint's load holds no second copy of a layer."""
-        return cls(cls._rows(*fields), bias)
+        """The layer from its blocks' fields (pack_fields' rows)."""
+        return cls(cls.pack_fields(*fields), bias)
 
     @classmethod
-    def _rows(cls, *fields: torch.Tensor) -> torch.Tensor:
-        """from_fields' rows (uint8 [out, row bytes])."""
+    def pack_fields(cls, *fields: torch.Tensor) -> torch.Tensor:
+        """The rows (uint8 [out, row bytes]) of blocks' fields, each uint8 [out, blocks, bytes] in `fields` order,
+        quants last (as _pack gives them; quant/checkpoint_layers.py packs AWQ / GPTQ groups so). Each field is copied
+        once, straight into its place in the rows: a 7B checkpoint's load holds no second copy of a layer."""
         out_features, blocks = fields[-1].shape[:2]
         sizes = cls.field_bytes(blocks)
         rows = torch.empty(out_features, sum(sizes), dtype=torch.uint8)
@@ -174,6 +173,19 @@ class BlockLinear(WeightOnlyLinear):
     @staticmethod
     def _unpack(*fields: torch.Tensor) -> torch.Tensor:  # the inverse: [out, blocks, 32] float
         raise NotImplementedError
+
+
+def packed_in_row_runs(out_features: int, in_features: int, pack: Callable[[int, int], torch.Tensor]) -> torch.Tensor:
+    """A layer's rows (uint8 [out_features, row bytes]) made by pack(start, end) a run of rows at a time, each run
+    about ROW_RUN_WEIGHTS weights: a whole matrix's float copy and its packing's temporaries are never made."""
+    step = max(1, ROW_RUN_WEIGHTS // in_features)
+    rows = None
+    for start in range(0, out_features, step):
+        part = pack(start, start + step)
+        if rows is None:
+            rows = torch.empty(out_features, part.shape[1], dtype=torch.uint8)
+        rows[start:start + step] = part
+    return rows
 
 
 def set_prefill_gemm(model, path: str) -> None:
