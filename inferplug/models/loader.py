@@ -207,13 +207,7 @@ def _read_and_convert(files: list[Path], spec, dtype: "torch.dtype", device: str
     with one_intra_op_thread(), tqdm(desc="loading weights", unit=" tensors", disable=None, leave=False) as bar:
         tensors = SafetensorsTensors(files, on_read=lambda _: bar.update())
         bar.reset(total=len(tensors))
-        if spec is not None and spec.method == "mxfp4":
-            from inferplug.kernels import cpu as cpu_kernels
-            from inferplug.models.mxfp4_checkpoint import mxfp4_weights
-
-            layers = mxfp4_weights(tensors, dtype, as_blocks=cpu_kernels.runs_on(device))
-        else:
-            layers = quantized_layers(tensors, spec, device) if spec else {}
+        layers = quantized_layers(tensors, spec, device, dtype) if spec else {}
         converted = {name: _in_dtype(tensors.pop(name), dtype, device) for name in tensors}
     return {**converted, **layers}
 

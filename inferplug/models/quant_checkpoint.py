@@ -2,7 +2,7 @@
 quantized linear's qweight / qzeros / scales (/ g_idx) turned into a layer (quant/checkpoint_layers.py).
 
     read_quant_spec(model_dir)  -> QuantSpec | None (config.json's quantization_config, or quantize_config.json)
-    quantized_layers(tensors, spec, device) -> {"<module>.weight": layer}, the module's packed tensors consumed
+    quantized_layers(tensors, spec, device, dtype) -> {"<module>.weight": layer}, the module's packed tensors consumed
 
 `tensors` is a dict or the loader's lazy SafetensorsTensors (models/safetensors_reader.py), whose `pop` reads one
 tensor from the file: modules are converted one at a time, each one's packed tensors dropped once it is a layer.
@@ -74,10 +74,18 @@ def check_profile_format(declared: str, spec: QuantSpec | None, model_dir: Path)
                            f"quantization.format = {found!r} or point the profile at the right model")
 
 
-def quantized_layers(tensors: "MutableMapping[str, torch.Tensor]", spec: QuantSpec, device: str) -> dict[str, Any]:
-    """Pop every quantized module's packed tensors from `tensors`; return its layer under "<module>.weight"."""
+def quantized_layers(tensors: "MutableMapping[str, torch.Tensor]", spec: QuantSpec, device: str,
+                     dtype: "torch.dtype") -> dict[str, Any]:
+    """Pop every quantized module's packed tensors from `tensors`; return its layer under "<module>.weight". MXFP4
+    experts: models/mxfp4_checkpoint.py's pairs (kept where the CPU kernels run them, else in `dtype`)."""
     from inferplug.quant.checkpoint_layers import checkpoint_layer
     from inferplug.quant.group_int4 import unpack_awq, unpack_gptq
+
+    if spec.method == "mxfp4":
+        from inferplug.kernels import cpu as cpu_kernels
+        from inferplug.models.mxfp4_checkpoint import mxfp4_weights
+
+        return mxfp4_weights(tensors, dtype, as_blocks=cpu_kernels.runs_on(device))
 
     layers = {}
     for module in sorted(name[: -len(".qweight")] for name in tensors if name.endswith(".qweight")):

@@ -144,4 +144,4 @@ def test_checkpoint_without_qweights(tmp_path):
     path = editable_copy("awq-g64", tmp_path)
     tensors = {n: t for n, t in load_file(path / "model.safetensors").items() if "layers" not in n}
     with pytest.raises(ProfileError, match="no qweight tensors"):
-        quantized_layers(tensors, read_quant_spec(path), "cpu")
+        quantized_layers(tensors, read_quant_spec(path), "cpu", torch.float32)

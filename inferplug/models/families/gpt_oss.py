@@ -57,9 +57,9 @@ def hf_weights(weights: dict[str, Any], experts: int) -> dict[str, Any]:
         head, sep, tail = name.partition(".mlp.experts.")
         if sep and tail in ("gate_up_proj_blocks", "down_proj_blocks"):
             scales = weights.pop(name.removesuffix("_blocks") + "_scales")
+            rows = {"gate_proj": slice(0, None, 2), "up_proj": slice(1, None, 2)} \
+                if tail.startswith("gate_up") else {"down_proj": slice(None)}
             for e in range(experts):
-                rows = {"gate_proj": slice(0, None, 2), "up_proj": slice(1, None, 2)} \
-                    if tail.startswith("gate_up") else {"down_proj": slice(None)}
                 for proj, part in rows.items():
                     out[f"{head}.mlp.experts.{e}.{proj}.weight"] = mxfp4_layer(tensor[e, part], scales[e, part])
         elif sep and tail in ("gate_up_proj", "gate_up_proj_bias"):
