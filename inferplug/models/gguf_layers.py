@@ -27,8 +27,9 @@ from inferplug.errors import ModelSourceError
 from inferplug.models.gguf import GGML_TYPES
 from inferplug.models.gguf_dequant import (dequantize, mxfp4_parts, mxfp4_scale, q4_k_parts, q5_0_codes, q5_k_parts,
                                           q6_k_parts)
-from inferplug.quant.block_linear import (BlockLinear, MXFP4Linear, Q4KLinear, Q4Linear, Q5KLinear, Q6KLinear,
-                                          Q8HeadLinear, Q8Linear, pack_six_bits, packed_in_row_runs)
+from inferplug.quant.block_linear import (BlockLinear, MXFP4Linear, Q4Linear, Q8HeadLinear, Q8Linear,
+                                          packed_in_row_runs)
+from inferplug.quant.kquant_linear import Q4KLinear, Q5KLinear, Q6KLinear, pack_six_bits
 from inferplug.quant.formats import GGUF_FLOAT_TYPES, gguf_layer_format
 
 

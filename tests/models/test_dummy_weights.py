@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from inferplug.kernels import cpu as cpu_kernels
-from inferplug.quant.block_linear import Q4KLinear, Q4Linear, Q8HeadLinear, Q8Linear
+from inferplug.quant.block_linear import Q4Linear, Q8HeadLinear, Q8Linear
+from inferplug.quant.kquant_linear import Q4KLinear
 from inferplug.quant.checkpoint_layers import PermutedLinear, RowPartsLinear
 
 pytestmark = pytest.mark.skipif(cpu_kernels.ops() is None, reason="the CPU kernels do not run here (no AVX2/FMA/F16C)")

@@ -88,14 +88,15 @@ def test_a_head_runs_q8_blocks_on_float_activations(type_name):
 def test_a_layer_converted_in_chunks_equals_one_converted_whole(monkeypatch):
     """A file's blocks (gguf_layer) and a float weight (from_float) alike, packed a few rows at a time."""
     import inferplug.quant.block_linear as block_linear
+    from inferplug.quant.kquant_linear import Q6KLinear
 
     raw = random_blocks("Q6_K", SHAPE, 0.02, torch.Generator().manual_seed(2))
     whole = gguf_layer(raw, "Q6_K", SHAPE, "gguf").blocks
     weight = torch.randn(SHAPE, generator=torch.Generator().manual_seed(3))
-    packed_whole = block_linear.Q6KLinear.from_float(weight).blocks
+    packed_whole = Q6KLinear.from_float(weight).blocks
     monkeypatch.setattr(block_linear, "ROW_RUN_WEIGHTS", 5 * SHAPE[1])  # 5 rows a chunk, the last one short
     assert torch.equal(gguf_layer(raw, "Q6_K", SHAPE, "gguf").blocks, whole)
-    assert torch.equal(block_linear.Q6KLinear.from_float(weight).blocks, packed_whole)
+    assert torch.equal(Q6KLinear.from_float(weight).blocks, packed_whole)
 
 
 @pytest.mark.parametrize("type_name", RANDOM_TYPES)

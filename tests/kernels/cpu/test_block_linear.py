@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from inferplug.errors import ProfileError
-from inferplug.quant.block_linear import (KERNEL_MAX_ROWS, PREFILL_GEMMS, MXFP4Linear, Q4G128Linear, Q4KLinear, Q4Linear,
-                                         Q5KLinear, Q6KLinear, Q8HeadLinear, Q8Linear, set_prefill_gemm)
+from inferplug.quant.block_linear import (KERNEL_MAX_ROWS, PREFILL_GEMMS, MXFP4Linear, Q4G128Linear, Q4Linear,
+                                         Q8HeadLinear, Q8Linear, set_prefill_gemm)
+from inferplug.quant.kquant_linear import Q4KLinear, Q5KLinear, Q6KLinear
 from inferplug.quant.linear import Fp16Linear, head_layer
 
 

@@ -9,7 +9,8 @@ import torch
 
 from inferplug.models.config import ModelConfig
 from inferplug.models.rope import rope_tables
-from inferplug.quant.block_linear import Q4G128Linear, Q4KLinear, Q4Linear, Q5KLinear, Q6KLinear, Q8Linear
+from inferplug.quant.block_linear import Q4G128Linear, Q4Linear, Q8Linear
+from inferplug.quant.kquant_linear import Q4KLinear, Q5KLinear, Q6KLinear
 
 HEADS, KV_HEADS, HEAD_DIM, HIDDEN, INTER, LAYERS = 4, 2, 32, 256, 96, 2
 BLOCKS, BLOCK_SIZE, EPS = 8, 16, 1e-5

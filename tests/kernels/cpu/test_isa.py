@@ -14,7 +14,8 @@ import torch
 from inferplug.kernels import cpu as cpu_kernels
 from inferplug.errors import ProfileError
 from inferplug.hardware import Hardware
-from inferplug.quant.block_linear import Q4G128Linear, Q4KLinear, Q4Linear, Q5KLinear, Q6KLinear, Q8HeadLinear, Q8Linear
+from inferplug.quant.block_linear import Q4G128Linear, Q4Linear, Q8HeadLinear, Q8Linear
+from inferplug.quant.kquant_linear import Q4KLinear, Q5KLinear, Q6KLinear
 from inferplug.kernels.paged_attention_ref import random_pool
 
 AVX2_ONLY = Hardware(cpu_flags=frozenset({"avx2", "fma", "f16c"}))

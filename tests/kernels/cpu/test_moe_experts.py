@@ -9,8 +9,8 @@ import torch
 from inferplug.models.moe import MoeWeights, moe_mlp
 from inferplug.ops.cpu_ops import CpuKernelOps
 from inferplug.ops.torch_ops import TorchOps
-from inferplug.quant.block_linear import (MXFP4Linear, Q4G128Linear, Q4KLinear, Q4Linear, Q5KLinear, Q6KLinear, Q8Linear,
-                                         set_prefill_gemm)
+from inferplug.quant.block_linear import MXFP4Linear, Q4G128Linear, Q4Linear, Q8Linear, set_prefill_gemm
+from inferplug.quant.kquant_linear import Q4KLinear, Q5KLinear, Q6KLinear
 
 HIDDEN, INTER, EXPERTS, TOP_K = 256, 256, 8, 3  # whole Q4_K super-blocks; 8 experts, 3 a row: most picked, one or two not
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from inferplug.hardware import probe
-from inferplug.quant.block_linear import MXFP4Linear, Q4G128Linear, Q4KLinear, Q4Linear, Q5KLinear, Q6KLinear, Q8Linear
+from inferplug.quant.block_linear import MXFP4Linear, Q4G128Linear, Q4Linear, Q8Linear
+from inferplug.quant.kquant_linear import Q4KLinear, Q5KLinear, Q6KLinear
 
 PRECISIONS = ("float32", "bfloat16")
 
