@@ -3,6 +3,9 @@ INFERPLUG_HOME/conversions and mapped the next time instead of converted, as lla
 
     cached_weights(key_parts, build) -> build()'s {name: tensor or layer}, from the entry of key_parts when there is a
                                         sound one, else built, saved and returned
+    cached_text(key_parts, suffix, build)
+                                     -> the path of a file holding build()'s text (a GGUF's tokenizer as tokenizers'
+                                        JSON), from the cache or written now; None when the cache is off
     file_identity(path)              -> a key part naming a source file: the sha256 `inferplug pull` recorded for it
                                         (while its size and mtime still match), else its path, size and mtime_ns
 
@@ -50,7 +53,7 @@ FORMAT_VERSION = 2
 ALIGN = 4096  # a page: each tensor is mapped on its own
 SIZE_ENV = "INFERPLUG_CONVERSION_CACHE_GIB"
 DEFAULT_GIB = 16.0
-ENTRY_NAME = re.compile(r"^[0-9a-f]{64}\.entry$")
+ENTRY_NAME = re.compile(r"^[0-9a-f]{64}(\.entry|\.[a-z]+\.json)$")  # weights, or a cached_text file
 TEMP_PREFIX = ".part-"
 STALE_TEMP_S = 3600  # a live write of a 7B entry takes well under a minute
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
@@ -73,6 +76,35 @@ def cached_weights(key_parts: Sequence[object], build: Callable[[], dict[str, An
     except OSError as exc:  # a full disk or a read-only home: the load still succeeds, just uncached
         log.warning("conversion cache: cannot save %s (%s); the next load converts again", path, exc)
     return weights
+
+
+def cached_text(key_parts: Sequence[object], suffix: str, build: Callable[[], str]) -> Path | None:
+    """A file holding build()'s text, named by the key parts' hash and `suffix` (".tokenizer.json"): the entry
+    when there is one (a hit is a use: its mtime is touched), else written now. The caller reads it, and deletes it
+    if it does not parse (a later load then writes it again). None when the cache is off or the write failed."""
+    limit = limit_bytes()
+    folder = cache_dir() if limit else None
+    if folder is None:
+        return None
+    path = folder / (hashlib.sha256(json.dumps([str(part) for part in key_parts]).encode()).hexdigest() + suffix)
+    try:
+        if stat.S_ISREG(os.lstat(path).st_mode):  # lstat: a symlink where the entry belongs is replaced, not read
+            os.utime(path)
+            return path
+    except FileNotFoundError:
+        pass
+    data = build().encode()
+    fd, temp = tempfile.mkstemp(dir=folder, prefix=TEMP_PREFIX)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(temp, path)  # replaces a symlink itself, never its target
+    except OSError as exc:  # a full disk or a read-only home: the caller goes on without the file
+        Path(temp).unlink(missing_ok=True)
+        log.warning("conversion cache: cannot save %s (%s)", path, exc)
+        return None
+    evict(folder, limit, keep=path)
+    return path
 
 
 def file_identity(path: Path) -> str:

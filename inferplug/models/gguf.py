@@ -142,6 +142,25 @@ class _Cursor:
         start, self.pos = self.pos, self.pos + length
         return bytes(self.buffer[start : self.pos]).decode("utf-8", errors="replace")
 
+    def strings(self, count: int, key: str) -> list[str]:
+        """`count` strings in a row, as `string` reads each, in one loop: a 152k-token vocabulary and its merges took
+        0.45 s of a load through `string`."""
+        buffer, pos, size, out = self.buffer, self.pos, self.size, []
+        for _ in range(count):
+            if size - pos < 8:
+                self.pos = pos
+                self._need(8, f"the length of a string of {key}")
+            (length,) = struct.unpack_from("<Q", buffer, pos)
+            pos += 8
+            if length > size - pos:
+                self.pos = pos - 8
+                raise self.corrupt(f"a string of {key} of {length} bytes cannot fit in the {size - pos} bytes left "
+                                   f"at byte {pos - 8}")
+            out.append(buffer[pos:pos + length].decode("utf-8", errors="replace"))
+            pos += length
+        self.pos = pos
+        return out
+
     def value(self, value_type: int, key: str, depth: int = 0) -> Any:
         if value_type in _SCALAR_FORMATS:
             return self.unpack(_SCALAR_FORMATS[value_type], f"the value of {key}")
@@ -156,6 +175,8 @@ class _Cursor:
             count = self.count(f"items of {key}", _MIN_VALUE_BYTES[item_type], MAX_ARRAY_ITEMS)
             if item_type in _SCALAR_FORMATS:  # token types, scores: one bulk unpack
                 return list(self.unpack_many(_SCALAR_FORMATS[item_type][1], count, f"the items of {key}"))
+            if item_type == _STRING:  # a vocabulary, its merges: 150k+ strings each
+                return self.strings(count, key)
             return [self.value(item_type, key, depth + 1) for _ in range(count)]
         raise self._unknown_type(value_type, key)
 

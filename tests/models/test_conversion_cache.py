@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from inferplug.models import conversion_cache
-from inferplug.models.conversion_cache import cached_weights
+from inferplug.models.conversion_cache import cached_text, cached_weights
 from inferplug.models.loader import load_weights
 from inferplug.quant.block_linear import BlockLinear
 from inferplug.quant.checkpoint_layers import GroupInt4Linear, PermutedLinear
@@ -150,6 +150,33 @@ def test_a_symlinked_entry_is_not_followed(home, tmp_path):
     assert calls == [1, 1]
     assert entry.is_file() and not entry.is_symlink()  # the rebuilt entry replaced the link
     assert target.read_bytes() == before
+
+
+def test_a_text_entry_is_written_once_and_a_symlink_is_replaced_not_followed(home, tmp_path):
+    calls = []
+
+    def build():
+        calls.append(1)
+        return "{}"
+
+    path = cached_text(["text"], ".tokenizer.json", build)
+    assert cached_text(["text"], ".tokenizer.json", build) == path and path.read_text() == "{}" and calls == [1]
+    target = tmp_path / "elsewhere.json"
+    target.write_text("theirs")
+    path.unlink()
+    path.symlink_to(target)
+    assert cached_text(["text"], ".tokenizer.json", build) == path and calls == [1, 1]
+    assert not path.is_symlink() and path.read_text() == "{}" and target.read_text() == "theirs"
+
+
+def test_text_entries_count_in_the_bound(home, monkeypatch):
+    build, _ = counting({"w": torch.zeros(64 << 10, dtype=torch.uint8)})
+    cached_weights(["a"], build)
+    [first] = entries(home)
+    monkeypatch.setenv(conversion_cache.SIZE_ENV, str(1.5 * first.stat().st_size / (1 << 30)))  # room for one
+    os.utime(first, ns=(0, 0))
+    cached_text(["text"], ".tokenizer.json", lambda: "x" * first.stat().st_size)
+    assert not first.exists()  # the older weights went to make room
 
 
 def test_a_symlinked_cache_dir_is_not_used(home, tmp_path):

@@ -116,3 +116,24 @@ def test_a_second_layer_load_maps_the_conversion_cache(smollm2_gguf, tmp_path, m
     assert str(entry) in open("/proc/self/maps").read()
     for name, value in first.items():
         assert torch.equal(getattr(value, "blocks", value), getattr(second[name], "blocks", second[name])), name
+
+
+def test_a_tokenizer_from_the_cache_is_the_one_built(smollm2_gguf, reference_tokenizer, tmp_path, monkeypatch):
+    """The GGUF's tokenizer is built once and read back from the conversion cache as tokenizers' JSON: the same ids,
+    specials and template as transformers' own; a damaged entry is built again, and the cache off still loads."""
+    monkeypatch.setenv("INFERPLUG_HOME", str(tmp_path))
+    text = "<|im_start|>user\nHello, wörld!<|im_end|>"
+
+    def same(tokenizer) -> None:
+        assert tokenizer.encode(text) == reference_tokenizer.encode(text) and len(tokenizer) == len(reference_tokenizer)
+        assert tokenizer.eos_token == reference_tokenizer.eos_token
+        assert tokenizer.chat_template == reference_tokenizer.chat_template
+
+    same(load_tokenizer(smollm2_gguf))  # built, and saved
+    [entry] = (tmp_path / "conversions").glob("*.tokenizer.json")
+    same(load_tokenizer(smollm2_gguf))  # read back
+    entry.write_text("{not json")
+    same(load_tokenizer(smollm2_gguf))  # damaged: rebuilt, and saved again
+    assert entry.read_text().startswith("{\"version\"")
+    monkeypatch.setenv("INFERPLUG_CONVERSION_CACHE_GIB", "0")
+    same(load_tokenizer(smollm2_gguf))
