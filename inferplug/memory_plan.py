@@ -16,7 +16,8 @@ from inferplug.errors import ProfileError, ResolveError
 from inferplug.models.config import ModelConfig, window_pool_blocks
 from inferplug.profile import DEFAULT_CONTEXT_LENGTH, ArchitectureHints, ModelSource, Profile
 from inferplug.quant.formats import (CHECKPOINT_FORMATS, GGUF_FLOAT_TYPES, GGUF_LAYER_FORMATS, LAYER_BITS, MXFP4_BITS, Q4_K_BITS,
-                                     Q5_K_BITS, Q6_K_BITS, checkpoint_layer_bits, gguf_layer_format, head_format)
+                                     Q5_0_BITS, Q5_K_BITS, Q6_K_BITS, checkpoint_layer_bits, gguf_layer_format,
+                                     head_format)
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -254,12 +255,12 @@ def _gguf_layer_bits(fmt: str, facts: ModelFacts) -> tuple[float, str]:
             stored = {"layer": "fp16" if fmt == "gguf" else fmt, "head": "fp16", "embed": "fp32"}[role]
         else:
             stored = gguf_layer_format(type_name, "gguf" if role == "embed" else fmt, head=role == "head")
-        total += params * {**LAYER_BITS, "q4_k": Q4_K_BITS, "q5_k": Q5_K_BITS, "q6_k": Q6_K_BITS, "mxfp4": MXFP4_BITS,
-                           "fp32": 32.0}[stored]
+        total += params * {**LAYER_BITS, "q4_k": Q4_K_BITS, "q5_0": Q5_0_BITS, "q5_k": Q5_K_BITS, "q6_k": Q6_K_BITS,
+                           "mxfp4": MXFP4_BITS, "fp32": 32.0}[stored]
         counts[stored] = counts.get(stored, 0) + params
     bits = total / facts.num_parameters
-    label = {"int4": "Q4_1", "q4_k": "Q4_K", "q5_k": "Q5_K", "q6_k": "Q6_K", "mxfp4": "MXFP4", "int8": "Q8_0", "fp16": "fp16",
-             "fp32": "fp32"}
+    label = {"int4": "Q4_1", "q4_k": "Q4_K", "q5_0": "Q5_0", "q5_k": "Q5_K", "q6_k": "Q6_K", "mxfp4": "MXFP4", "int8": "Q8_0",
+             "fp16": "fp16", "fp32": "fp32"}
     parts = ", ".join(f"{label[k]} {v / facts.num_parameters:.0%}" for k, v in sorted(counts.items()))
     return bits, f"{bits:.2f} bits/param on average: the GGUF's matrices load as {parts} of the parameters"
 

@@ -23,7 +23,7 @@ def native_weight_format(profile: Profile, gpus: list[GPU], hw: Hardware,
     if fmt == "gguf" and not gpus and profile.dtype == "auto" and profile.parallel.tensor_parallel_size == 1 \
             and cpu_kernels.runs_on("cpu", hw):
         return "gguf", ["GGUF blocks run as stored, converted one tensor at a time at load (models/gguf_layers.py): "
-                        "Q4_0/Q4_1 as Q4_1 blocks, Q4_K, Q5_K and Q6_K in their own, Q8_0/Q5_0 as Q8_0, exactly; other types "
+                        "Q4_0/Q4_1 as Q4_1 blocks, Q4_K, Q5_0, Q5_K and Q6_K in their own, Q8_0 as Q8_0, exactly; other types "
                         "requantized to Q8_0; "
                         "the head Q8_0 on float activations; int8 activations on the layers' kernels (as llama.cpp); "
                         "pin dtype = \"float32\" for dequantized fp32 weights"]

@@ -5,7 +5,8 @@ Under quantization.format = "gguf" a tensor runs in its own bits where our block
 gguf_layer_format picks the block):
 - Q4_1 and Q8_0: the file's bytes, reordered into our field-by-field rows.
 - Q4_0 as Q4_1 exactly: d * (q - 8) = d * q + (-8 d), and -8 d is exact in fp16.
-- Q5_0 as Q8_0 exactly: its codes q - 16 fit int8, with the same scale.
+- Q5_0 as Q5_0 blocks (Q5_0Linear): its d and 5-bit codes, exactly, in the file's 5.5 bits (pinned "int8": as Q8_0,
+  exactly: its codes q - 16 fit int8, with the same scale).
 - MXFP4 (gpt-oss's experts) as MXFP4 blocks (MXFP4Linear): its codes as they are, its E8M0 scale 2^(e - 128) as
   an fp16, exact for e - 128 in [-24, 15] (below, a block's values are all under 4e-7 and its scale rounds), 4.5
   bits a weight. Pinned "int8": the same values as Q8_0 blocks (E2M1's values doubled are the int8 codes 0, ±1, ...,
@@ -29,7 +30,7 @@ from inferplug.models.gguf_dequant import (dequantize, mxfp4_parts, mxfp4_scale,
                                           q6_k_parts)
 from inferplug.quant.block_linear import (BlockLinear, MXFP4Linear, Q4Linear, Q8HeadLinear, Q8Linear,
                                           packed_in_row_runs)
-from inferplug.quant.kquant_linear import Q4KLinear, Q5KLinear, Q6KLinear, pack_six_bits
+from inferplug.quant.kquant_linear import Q4KLinear, Q5_0Linear, Q5KLinear, Q6KLinear, pack_six_bits
 from inferplug.quant.formats import GGUF_FLOAT_TYPES, gguf_layer_format
 
 
@@ -41,8 +42,8 @@ def gguf_layer(raw: torch.Tensor, type_name: str, shape: tuple[int, int], target
     """The layer for one quantized GGUF weight: `raw` its bytes (uint8, rows in the file's order), `shape` (out, in)."""
     rows, cols = shape
     fmt = gguf_layer_format(type_name, target, head)
-    cls = Q8HeadLinear if head else {"int4": Q4Linear, "q4_k": Q4KLinear, "q5_k": Q5KLinear, "q6_k": Q6KLinear,
-                                         "mxfp4": MXFP4Linear, "int8": Q8Linear}[fmt]
+    cls = Q8HeadLinear if head else {"int4": Q4Linear, "q4_k": Q4KLinear, "q5_0": Q5_0Linear, "q5_k": Q5KLinear,
+                                     "q6_k": Q6KLinear, "mxfp4": MXFP4Linear, "int8": Q8Linear}[fmt]
     raw = raw.reshape(rows, -1)
     return cls(packed_in_row_runs(rows, cols, lambda start, end: _convert(raw[start:end], type_name, cols, cls)))
 
@@ -74,6 +75,8 @@ def _convert(raw: torch.Tensor, type_name: str, cols: int, cls: type[BlockLinear
     if cls in (Q4KLinear, Q5KLinear):
         sc, m, codes = (q4_k_parts if cls is Q4KLinear else q5_k_parts)(blocks)
         return fields(blocks[:, 0:2], blocks[:, 2:4], sc.reshape(-1, 1), m.reshape(-1, 1), cls.pack_codes(codes))
+    if cls is Q5_0Linear:
+        return fields(blocks[:, 0:2], Q5KLinear.pack_codes((q5_0_codes(blocks) + 16).view(torch.uint8)))
     if cls is Q6KLinear:
         scales, codes = q6_k_parts(blocks)
         scales = scales.view(torch.uint8).reshape(-1, 2)  # per block of 32: its two sub-blocks' scales

@@ -16,7 +16,7 @@ from inferplug.quant.block_linear import KERNEL_MAX_ROWS, BlockLinear
 from inferplug.quant.checkpoint_layers import PermutedLinear, RowPartsLinear
 
 BLOCK_KINDS = {"q4_matmul": 4, "q4_k_matmul": 5, "q4_g128_matmul": 6, "q6_k_matmul": 7, "q8_matmul": 8,
-               "q5_k_matmul": 9}  # BlockLinear.kernel -> decode_layers' weight kind
+               "q5_k_matmul": 9, "q5_0_matmul": 10}  # BlockLinear.kernel -> decode_layers' weight kind
 
 
 class CpuKernelOps(TorchOps):

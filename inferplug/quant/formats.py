@@ -34,14 +34,15 @@ def head_format(layer_format: str, device_kind: str) -> str:
 
 
 # GGUF block types our Q4_1 blocks hold exactly (Q4_0: its -8 d min is exact in fp16), and those Q8_0 holds exactly
-# (Q5_0: its codes q - 16 are int8 with the same scale). Q4_K runs in blocks of its own ("q4_k": its scales exact,
-# its 6-bit codes a byte each, 4.625 bits), Q5_K too ("q5_k", its codes a byte each, 5.625 bits), Q6_K
-# too ("q6_k", exactly, 6.5625 bits). Other quantized types run as
+# (Q5_0: its codes q - 16 are int8 with the same scale; pinned int8 takes that). Q4_K runs in blocks of its own
+# ("q4_k": its scales exact, its 6-bit codes a byte each, 4.625 bits), Q5_K too ("q5_k", its codes a byte each, 5.625
+# bits), Q6_K too ("q6_k", exactly, 6.5625 bits), and Q5_0 ("q5_0", exactly, 5.5 bits). Other quantized types run as
 # Q8_0 blocks, requantized from their values (models/gguf_layers.py states and tests each error).
 GGUF_Q4_SOURCES = ("Q4_0", "Q4_1", "Q4_K")
 Q4_K_BITS = 4.625  # per 256 weights: fp16 d and dmin, 16 one-byte codes, 128 bytes of nibbles
 Q5_K_BITS = 5.625  # per 256 weights: fp16 d and dmin, 16 one-byte codes, 128 bytes of nibbles, 32 of high bits
 Q6_K_BITS = 6.5625  # per 256 weights: an fp16 d, 16 int8 scales, 192 bytes of 6-bit codes (the file's own)
+Q5_0_BITS = 5.5  # per 32 weights: an fp16 d, 16 bytes of nibbles, 4 of high bits (the file's own)
 MXFP4_BITS = 4.5  # per 32 weights: the E8M0 scale as an fp16, 16 bytes of 4-bit codes (the file's 4.25 + a byte)
 GGUF_Q8_EXACT = ("Q8_0", "Q5_0")
 GGUF_FLOAT_TYPES = ("F32", "F16", "BF16")
@@ -49,7 +50,7 @@ GGUF_LAYER_FORMATS = ("gguf", "int4", "int8")  # the formats a GGUF loads straig
 
 
 def gguf_layer_format(type_name: str, target: str, head: bool = False) -> str:
-    """The block format ("int4" Q4_1 / "q4_k" Q4_K / "q5_k" Q5_K / "q6_k" Q6_K / "mxfp4" MXFP4 / "int8" Q8_0) a GGUF tensor of `type_name` is stored
+    """The block format ("int4" Q4_1 / "q4_k" Q4_K / "q5_0" Q5_0 / "q5_k" Q5_K / "q6_k" Q6_K / "mxfp4" MXFP4 / "int8" Q8_0) a GGUF tensor of `type_name` is stored
     in under quantization.format `target` ("gguf": the file's own bits; "int4" / "int8": pinned; a Q4_K is 4-bit as
     it is).
     A head is Q8_0 on float activations whatever the file holds (int4 heads and int8-activation heads flip SmolLM2's
@@ -58,7 +59,7 @@ def gguf_layer_format(type_name: str, target: str, head: bool = False) -> str:
         return "int8"
     if type_name == "Q4_K":
         return "q4_k"
-    if type_name in ("Q5_K", "Q6_K", "MXFP4") and target == "gguf":
+    if type_name in ("Q5_0", "Q5_K", "Q6_K", "MXFP4") and target == "gguf":
         return type_name.lower()
     if target == "int4":
         return "int4"

@@ -1,7 +1,8 @@
 """llama.cpp's K-quant block formats as a GGUF stores them (quant/block_linear.py's BlockLinear for each): Q4_K and
 Q5_K (fp16 d and dmin per super-block of 256 inputs, 6-bit scale and min codes per block of 32) and Q6_K (an fp16 d
-per super-block, an int8 scale per 16 inputs, 6-bit codes), so a Q4_K_M or Q5_K_M file runs in its own bits. The
-kernels read the same layouts (kernels/cpu/block_formats.h)."""
+per super-block, an int8 scale per 16 inputs, 6-bit codes), so a Q4_K_M or Q5_K_M file runs in its own bits; and
+Q5_0 (an fp16 scale per 32 inputs over Q5_K's 5-bit codes), the K-quants' fallback for rows that are not whole
+super-blocks (Gemma's 640- and 2816-wide ones). The kernels read the same layouts (kernels/cpu/block_formats.h)."""
 
 from __future__ import annotations
 
@@ -75,6 +76,28 @@ class Q5KLinear(Q4KLinear):
         word = quants[..., 16:].unsqueeze(-2)  # [..., 1, 4]: byte i
         high = torch.cat([(word >> (4 * h + k)) & 1 for h in range(2) for k in range(4)], dim=-2)
         return Q4KLinear.codes(quants[..., :16]) | (high.reshape(*quants.shape[:-1], 32) << 4)
+
+
+class Q5_0Linear(BlockLinear):
+    """llama.cpp's Q5_0 as stored: per block of 32 inputs an fp16 d and 5-bit codes q (0..31) in Q5KLinear's quant
+    bytes; w = d * (q - 16). 5.5 bits a weight, as the file's, against the Q8_0 it ran as before (exact, 8.5)."""
+
+    fields = (2, 20)  # d, quants
+    kernel, prefill, unpack = "q5_0_matmul", "q5_0_prefill_matmul", "q5_0_dequantize"
+
+    @staticmethod
+    def _pack(groups):
+        """llama.cpp's quantize_row_q5_0_ref: d = the block's value of largest magnitude / -16, q = x / d + 16 rounded
+        half up (the inverse from d before its fp16 rounding), at most 31."""
+        extreme = groups.gather(-1, groups.abs().argmax(dim=-1, keepdim=True))  # [out, blocks, 1]
+        d = extreme / -16
+        inverse = torch.where(d != 0, 1 / d, torch.zeros_like(d))
+        q = torch.floor(groups * inverse + 16.5).clamp(0, 31).to(torch.uint8)
+        return d.half().view(torch.uint8), Q5KLinear.pack_codes(q)
+
+    @staticmethod
+    def _unpack(d, quants):
+        return (Q5KLinear.codes(quants).float() - 16) * fp16_floats(d)
 
 
 class Q6KLinear(BlockLinear):

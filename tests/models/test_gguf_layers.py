@@ -37,7 +37,7 @@ def test_each_type_runs_its_own_values(type_name, target):
             assert layer.blocks.numel() == raw.numel() * 37 // 36
         if type_name == "Q5_K":  # 5.625 bits a weight to the file's 5.5: its 6-bit codes a byte each
             assert layer.blocks.numel() == raw.numel() * 45 // 44
-        if type_name == "Q6_K":  # the file's own 6.5625 bits
+        if type_name in ("Q5_0", "Q6_K") and target == "gguf":  # the file's own 5.5 / 6.5625 bits
             assert layer.blocks.numel() == raw.numel()
     elif target == "int4":  # requantized to 4 bits: half a Q4_1 step, (max - min) / 30 per 32 weights, plus the
         # fp16 rounding of the min (2^-11 of it) and of the step (2^-11 of it, times a code of at most 15)
@@ -51,7 +51,7 @@ def test_each_type_runs_its_own_values(type_name, target):
         assert ((ours.reshape(-1, 32) - blocks).abs() <= step * (0.5 + 2**-9)).all()
 
 
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_0", "Q5_K", "Q6_K"])
 def test_k_quant_kernels_run_the_files_values_on_each_kernel_set(type_name):
     """The kernels' own unpacking of a K-quant layer is gguf-py's dequantization exactly on every set, the decode
     matmul the same bits on every set (exact integer sums), and both matmuls agree with x @ the reference."""

@@ -57,6 +57,14 @@ struct Q5_K {
   static constexpr int64_t SUPER = 8;
 };
 
+// llama.cpp's Q5_0: w = d * (q - 16), q in 0..31, an fp16 d per block; its codes in Q5_K's 20 quant bytes (the
+// kernels take q as it is and subtract 16 times x's sum after). 5.5 bits a weight, as the file's.
+struct Q5_0 {
+  static constexpr int64_t QUANT_BYTES = 20;
+  static constexpr int BITS = 5;
+  static constexpr bool HAS_MIN = false;
+};
+
 // llama.cpp's Q6_K: w = d * sc * (q - 32), q in 0..63, an int8 sc per 16 weights and an fp16 d per 8 blocks (a
 // super-block of 256). A block's 24 quant bytes: its 16 bytes of low nibbles as Q4_1's (byte j: weight j, j + 16),
 // then two words of high bit pairs, byte i of word h holding weight 16h + 4k + i's in bits 2k, 2k + 1 (k = 0..3):
@@ -77,6 +85,13 @@ struct MXFP4 {
   static constexpr int BITS = 4;
   static constexpr bool HAS_MIN = false;
 };
+
+// What a format's codes are above its weights' integer values (Q5_0's q - 16): the dot products take the codes and
+// subtract CODE_OFFSET times the block's sum of x's codes.
+template <typename Format>
+constexpr int CODE_OFFSET = 0;
+template <>
+constexpr int CODE_OFFSET<Q5_0> = 16;
 
 // Whether a format's 4-bit codes index a table of int8 values (MXFP4's) instead of being the values.
 template <typename Format>

@@ -26,7 +26,7 @@ using Matmul = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optio
 // k's per-head weights (applied before RoPE), then with `sandwich` (Gemma 3) the norms of the attention's and the
 // MLP's outputs (applied before each residual add): 2, 4 or 6 norms a layer;
 // weights[5i..5i+4] (qkv, a second qkv part, o, gate_up, down blocks) with kinds[5i..5i+4] (4: Q4_1, 5: Q4_K,
-// 6: Q4_G128, 7: Q6_K, 8: Q8_0, 9: Q5_K; 0 for no second qkv part: its weight is then unused) and orders[5i..5i+4] (an act-order
+// 6: Q4_G128, 7: Q6_K, 8: Q8_0, 9: Q5_K, 10: Q5_0; 0 for no second qkv part: its weight is then unused) and orders[5i..5i+4] (an act-order
 // weight's input permutation, empty for a weight whose inputs are in order). A second qkv part is the next output
 // rows in another format (quant/checkpoint_layers.py RowPartsLinear: a Q4_K_M's Q6_K attn_v beside Q4_K q/k); its K/V pools
 // (float32 or float16: rope_write_kv_ and paged_decode take either).
@@ -53,7 +53,8 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
               "kinds and input orders, a K and a V pool, and a window (or none for every layer)");
   static const auto q4 = op<Matmul>("inferplug::q4_matmul"), q4_k = op<Matmul>("inferplug::q4_k_matmul"),
                     q4_g128 = op<Matmul>("inferplug::q4_g128_matmul"), q6_k = op<Matmul>("inferplug::q6_k_matmul"),
-                    q8 = op<Matmul>("inferplug::q8_matmul"), q5_k = op<Matmul>("inferplug::q5_k_matmul");
+                    q8 = op<Matmul>("inferplug::q8_matmul"), q5_k = op<Matmul>("inferplug::q5_k_matmul"),
+                    q5_0 = op<Matmul>("inferplug::q5_0_matmul");
   static const auto rms_norm = op<at::Tensor(const at::Tensor&, const at::Tensor&, double)>("inferplug::rms_norm");
   static const auto add_rms_norm = op<at::Tensor(at::Tensor&, const at::Tensor&, const at::Tensor&, double)>("inferplug::add_rms_norm_");
   static const auto rope_write_kv = op<void(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&,
@@ -67,12 +68,13 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
   static const auto silu_mul = op<at::Tensor(const at::Tensor&)>("inferplug::silu_mul");
   static const auto gelu_tanh_mul = op<at::Tensor(const at::Tensor&)>("inferplug::gelu_tanh_mul");
   auto linear = [&](const at::Tensor& in, int64_t w) {
-    TORCH_CHECK(kinds[w] >= 4 && kinds[w] <= 9,
-                "decode_layers: weight kind must be 4 (Q4_1), 5 (Q4_K), 6 (Q4_G128), 7 (Q6_K), 8 (Q8_0) or 9 (Q5_K), got ", kinds[w]);
+    TORCH_CHECK(kinds[w] >= 4 && kinds[w] <= 10,
+                "decode_layers: weight kind must be 4 (Q4_1), 5 (Q4_K), 6 (Q4_G128), 7 (Q6_K), 8 (Q8_0), 9 (Q5_K) or 10 (Q5_0), "
+                "got ", kinds[w]);
     // an act-order weight's inputs are gathered as the matmul quantizes them
     const std::optional<at::Tensor> order = orders[w].numel() ? std::optional<at::Tensor>(orders[w]) : std::nullopt;
     const auto& matmul = kinds[w] == 4 ? q4 : kinds[w] == 5 ? q4_k : kinds[w] == 6 ? q4_g128 : kinds[w] == 7 ? q6_k
-                         : kinds[w] == 8 ? q8 : q5_k;
+                         : kinds[w] == 8 ? q8 : kinds[w] == 9 ? q5_k : q5_0;
     return matmul.call(in, weights[w], order);
   };
 

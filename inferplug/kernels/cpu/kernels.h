@@ -29,7 +29,7 @@ struct QuantizedRows {
   const int32_t* qsum_low;  // the sum of its first 16 (Q6_K's sub-blocks of 16)
 };
 
-struct WeightRows {  // rows of Q4_1 / Q4_G128 / Q4_K / Q5_K / Q6_K / Q8_0 / MXFP4 blocks, each row's fields regrouped (quant_matmul.cpp), quants by runs
+struct WeightRows {  // rows of Q4_1 / Q4_G128 / Q4_K / Q5_0 / Q5_K / Q6_K / Q8_0 / MXFP4 blocks, each row's fields regrouped (quant_matmul.cpp), quants by runs
   const uint8_t* data;
   int64_t row_bytes, blocks;
 };
@@ -57,10 +57,10 @@ using PrefillMatmul = void (*)(const WeightRows& w, int64_t n0, int64_t n1, cons
 // x as the kernels take it (the op converts it once a call): float32, float32 rounded to bf16, or bf16 (vdpbf16ps).
 enum class PrefillInput { FLOAT32, ROUNDED_BFLOAT16, BFLOAT16 };
 struct QuantKernels {  // the decode rows' integer matmuls, per format
-  QuantMatmul q4, q4_g128, q4_k, q5_k, q6_k, q8, mxfp4;
+  QuantMatmul q4, q4_g128, q4_k, q5_k, q6_k, q8, mxfp4, q5_0;
 };
 struct PrefillKernels {  // one precision's, per format
-  PrefillMatmul q4, q4_g128, q4_k, q5_k, q6_k, q8, mxfp4;
+  PrefillMatmul q4, q4_g128, q4_k, q5_k, q6_k, q8, mxfp4, q5_0;
   PrefillInput input;
 };
 constexpr int64_t KEY_TILE = 32;    // attention: keys a tile, at absolute positions (attend.h)

@@ -110,6 +110,7 @@ auto for_format(const Table& table) {
   else if constexpr (std::is_same_v<Format, Q5_K>) return table.q5_k;
   else if constexpr (std::is_same_v<Format, Q6_K>) return table.q6_k;
   else if constexpr (std::is_same_v<Format, MXFP4>) return table.mxfp4;
+  else if constexpr (std::is_same_v<Format, Q5_0>) return table.q5_0;
   else return table.q8;
 }
 

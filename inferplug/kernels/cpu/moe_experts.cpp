@@ -36,11 +36,12 @@ void with_format(const std::string& name, const F& f) {
   if (name == "q4") f(Tag<Q4_1>{});
   else if (name == "q4_g128") f(Tag<Q4_G128>{});
   else if (name == "q4_k") f(Tag<Q4_K>{});
+  else if (name == "q5_0") f(Tag<Q5_0>{});
   else if (name == "q5_k") f(Tag<Q5_K>{});
   else if (name == "q6_k") f(Tag<Q6_K>{});
   else if (name == "q8") f(Tag<Q8_0>{});
   else if (name == "mxfp4") f(Tag<MXFP4>{});
-  else TORCH_CHECK(false, "moe_experts: unknown block format '", name, "' (q4, q4_g128, q4_k, q5_k, q6_k, q8 or mxfp4)");
+  else TORCH_CHECK(false, "moe_experts: unknown block format '", name, "' (q4, q4_g128, q4_k, q5_0, q5_k, q6_k, q8 or mxfp4)");
 }
 
 // The pairs laid out expert by expert (a row's choices in its own order within an expert).

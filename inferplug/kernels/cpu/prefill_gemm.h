@@ -1,4 +1,4 @@
-// Prefill's many-row matmul over Q4_1 / Q4_K / Q5_K / Q6_K / Q8_0 / MXFP4 weight rows (quant_matmul.cpp has the torch op): a panel of up to
+// Prefill's many-row matmul over Q4_1 / Q4_K / Q5_0 / Q5_K / Q6_K / Q8_0 / MXFP4 weight rows (quant_matmul.cpp has the torch op): a panel of up to
 // PREFILL_COLS weight rows is dequantized one K block at a time into an L2-sized buffer laid out for the
 // micro-kernel, and every x row passes over it. No float copy of the whole weight, and each weight is unpacked
 // once per call, whatever M. Two precisions: float32 x against float32 weights (FMAs), or both rounded to
@@ -21,7 +21,7 @@ namespace {
 
 using inferplug_isa::PREFILL_K;
 
-// Q5_K's high bits of weights j..j + 7 (j a multiple of 8) at bit 4 of 8 int32: weight w's is bit 4 * (w / 16) + w % 16 / 4
+// Q5_K's (and Q5_0's) high bits of weights j..j + 7 (j a multiple of 8) at bit 4 of 8 int32: weight w's is bit 4 * (w / 16) + w % 16 / 4
 // of byte w % 4 of the block's high word (block_formats.h).
 inline __m256i five_bits_high(const uint8_t* quants, int j) {
   int32_t word;
@@ -46,9 +46,10 @@ inline void dequantize_block(const uint8_t* quants, float scale, float min, floa
     __m256i q;
     if constexpr (LOOKUP<Format>) {  // each code the index of its int8 value
       q = _mm256_cvtepi8_epi32(_mm_shuffle_epi8(mxfp4_values(), nibble_codes(quants, j)));
-    } else if constexpr (Format::HAS_MIN) {
+    } else if constexpr (Format::HAS_MIN || Format::BITS == 5) {
       q = _mm256_cvtepu8_epi32(nibble_codes(quants, j));
       if constexpr (Format::BITS == 5) q = _mm256_or_si256(q, five_bits_high(quants, j));
+      if constexpr (CODE_OFFSET<Format> != 0) q = _mm256_sub_epi32(q, _mm256_set1_epi32(CODE_OFFSET<Format>));
     } else {
       q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(quants + j)));
     }
@@ -223,7 +224,7 @@ template <typename Panel>
 inferplug_isa::PrefillKernels prefill_kernels(inferplug_isa::PrefillInput input) {
   return {&prefill_matmul_cols<Panel, Q4_1>, &prefill_matmul_cols<Panel, Q4_G128>, &prefill_matmul_cols<Panel, Q4_K>,
           &prefill_matmul_cols<Panel, Q5_K>, &prefill_matmul_cols<Panel, Q6_K>, &prefill_matmul_cols<Panel, Q8_0>,
-          &prefill_matmul_cols<Panel, MXFP4>, input};
+          &prefill_matmul_cols<Panel, MXFP4>, &prefill_matmul_cols<Panel, Q5_0>, input};
 }
 
 }  // namespace

@@ -3,7 +3,7 @@
 // compiled per ISA.
 //
 // Every policy gives the same exact integer sums, and the float part (scales, mins, the running sum) is
-// 8 lanes wide in every ISA, so Q4_1 / Q4_G128 / Q4_K / Q5_K / Q6_K / Q8_0 / MXFP4 results are bit-identical across ISAs.
+// 8 lanes wide in every ISA, so Q4_1 / Q4_G128 / Q4_K / Q5_0 / Q5_K / Q6_K / Q8_0 / MXFP4 results are bit-identical across ISAs.
 #pragma once
 #include <immintrin.h>
 
@@ -24,9 +24,11 @@ inline void prefetch_ahead(const uint8_t* row, int64_t bytes) {
   for (int64_t at = 0; at < bytes; at += 64) _mm_prefetch(reinterpret_cast<const char*>(row + PREFETCH + at), _MM_HINT_T0);
 }
 
-// f(integral_constant<int, k>) for k = 0..3: a word's index as a compile-time constant (its shift count).
+// f(integral_constant<int, k>) for k = 0..3: a word's index as a compile-time constant (its shift count). Inlined,
+// with f: GCC kept it a call, and the 8 unpacked weight vectors went through the stack (a quarter of a Q6_K matmul).
+#define INFERPLUG_INLINE __attribute__((always_inline))
 template <typename F>
-void with_each_k(const F& f) {
+INFERPLUG_INLINE inline void with_each_k(const F& f) {
   f(std::integral_constant<int, 0>{});
   f(std::integral_constant<int, 1>{});
   f(std::integral_constant<int, 2>{});
@@ -41,8 +43,11 @@ constexpr int high_mask(int bits) { return bits == 6 ? 0x30 : 0x10; }
 
 // Q6_K's blocks: sc_low * (sum_low - 32 x_low) + sc_high * (sum_high - 32 x_high), each block's exact integer, from
 // its half sums over the codes q (0..63) and x's half sums of codes (q - 32 is the weight's code).
+constexpr int log2_of(int power) { return power > 1 ? 1 + log2_of(power / 2) : 0; }
+static_assert(CODE_OFFSET<Q5_0> == 1 << log2_of(CODE_OFFSET<Q5_0>), "a code offset is a power of two: a shift");
+
 template <typename Dot, typename Format>
-typename Dot::R dot_sub_scales(const typename Dot::template Weights<Format>& w, const int8_t* x, const int32_t* q_sums,
+INFERPLUG_INLINE inline typename Dot::R dot_sub_scales(const typename Dot::template Weights<Format>& w, const int8_t* x, const int32_t* q_sums,
                                const int32_t* q_sums_low, const int8_t* sc_low, const int8_t* sc_high) {
   const auto s = Dot::dot_halves(w.bytes, x);
   const auto x_low = Dot::load_sums(q_sums_low), x_high = Dot::sub(Dot::load_sums(q_sums), x_low);
@@ -83,7 +88,7 @@ struct DotAvx2 {  // 8 blocks a step: u8 x s8 pairs to int16, then int32
       }
     } else if constexpr (Format::BITS == 5 || Format::BITS == 6) {  // Q5_K: one high word for both halves
       const R high[2] = {load_words(words + 4 * stride, n), load_words(words + (Format::BITS == 6 ? 5 : 4) * stride, n)};
-      with_each_k([&](auto k) {
+      with_each_k([&](auto k) INFERPLUG_INLINE {
         const R packed = load_words(words + k * stride, n);
         w.bytes[k] = _mm256_or_si256(_mm256_and_si256(packed, _mm256_set1_epi8(0x0F)),
                                      high_bits<high_shift(Format::BITS, k, false), high_mask(Format::BITS)>(high[0]));
@@ -122,7 +127,7 @@ struct DotAvx2 {  // 8 blocks a step: u8 x s8 pairs to int16, then int32
   static R times_32(R a) { return _mm256_slli_epi32(a, 5); }
 
   template <typename Format>
-  static R dot(const Weights<Format>& w, const int8_t* x, const int32_t*) {
+  static R dot(const Weights<Format>& w, const int8_t* x, const int32_t* q_sums) {
     const R ones = _mm256_set1_epi16(1);
     auto xk = [&](int k) { return _mm256_loadu_si256(reinterpret_cast<const R*>(x + k * RUN_WORDS_BYTES)); };
     if constexpr (Format::BITS <= 5 && !LOOKUP<Format>) {  // int16 holds 8 maddubs of 4-bit codes (8 x 2 x 15 x 127), 4 of 5-bit ones
@@ -133,6 +138,8 @@ struct DotAvx2 {  // 8 blocks a step: u8 x s8 pairs to int16, then int32
         for (int k = k0 + 1; k < k0 + IN_INT16; k++) pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(w.bytes[k], xk(k)));
         sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, ones));
       }
+      if constexpr (CODE_OFFSET<Format> != 0)
+        sums = _mm256_sub_epi32(sums, _mm256_slli_epi32(load_sums(q_sums), log2_of(CODE_OFFSET<Format>)));
       return sums;
     } else {  // |128 * 127| pairs: int32 after each
       R sums = _mm256_setzero_si256();
@@ -155,18 +162,25 @@ struct I512 {  // AVX-512 + VNNI: 16 blocks a step, two groups of 8
   static R load(const int8_t* p) { return _mm512_loadu_si512(p); }
   static R load_sums(const int32_t* p) { return _mm512_loadu_si512(p); }
   static R flip_sign_bits(R v) { return _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80))); }
-  static R minus_128_times(R sums, R q_sums) { return _mm512_sub_epi32(sums, _mm512_slli_epi32(q_sums, 7)); }
+  template <int SHIFT>  // sums - 2^SHIFT q_sums
+  static R minus_shifted(R sums, R q_sums) { return _mm512_sub_epi32(sums, _mm512_slli_epi32(q_sums, SHIFT)); }
   static R low_nibbles(R v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
   static R high_nibbles(R v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
   static R lookup(__m128i table, R codes) { return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(table), codes); }
   static R dpbusd(R acc, R u, R s) { return _mm512_dpbusd_epi32(acc, u, s); }
   static R zero() { return _mm512_setzero_si512(); }
-  static R either(R a, R b) { return _mm512_or_si512(a, b); }
-  template <int SHIFT, int MASK>  // as DotAvx2::high_bits
-  static R high_bits(R h) {
+  template <int SHIFT>  // as DotAvx2::high_bits, unmasked
+  static R shifted(R h) {
     if constexpr (SHIFT > 0) h = _mm512_slli_epi16(h, SHIFT);
     if constexpr (SHIFT < 0) h = _mm512_srli_epi16(h, -SHIFT);
-    return _mm512_and_si512(h, _mm512_set1_epi8(MASK));
+    return h;
+  }
+  // Each byte: bits 0..3 of `nibble` under bits 4.. of `high`, cut to BITS bits: one bit-select (ternary logic 0xE4:
+  // c ? a : b, c the 0x0F mask) and an and, where masking each and or-ing them took three.
+  template <int BITS>
+  static R codes(R nibble, R high) {
+    const R merged = _mm512_ternarylogic_epi32(nibble, high, _mm512_set1_epi8(0x0F), 0xE4);
+    return _mm512_and_si512(merged, _mm512_set1_epi8(static_cast<char>((1 << BITS) - 1)));
   }
   static R widen_scales(const int8_t* p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
   static R mul(R a, R b) { return _mm512_mullo_epi32(a, b); }
@@ -201,14 +215,13 @@ struct DotVnni {
         const __m128i plus_128 = _mm_xor_si128(mxfp4_values(), _mm_set1_epi8(static_cast<char>(0x80)));
         for (int k = 0; k < 8; k++) w.bytes[k] = I::lookup(plus_128, w.bytes[k]);
       }
-    } else if constexpr (Format::BITS == 5 || Format::BITS == 6) {  // as DotAvx2's; dpbusd takes 0..31 as it is
+    } else if constexpr (Format::BITS == 5 || Format::BITS == 6) {  // as DotAvx2's, each code one bit-select (codes)
       const R high[2] = {I::load_words(words + 4 * stride, n), I::load_words(words + (Format::BITS == 6 ? 5 : 4) * stride, n)};
-      with_each_k([&](auto k) {
+      with_each_k([&](auto k) INFERPLUG_INLINE {
         const R packed = I::load_words(words + k * stride, n);
-        w.bytes[k] = I::either(I::low_nibbles(packed),
-                               I::template high_bits<high_shift(Format::BITS, k, false), high_mask(Format::BITS)>(high[0]));
-        w.bytes[k + 4] = I::either(I::high_nibbles(packed),
-                                   I::template high_bits<high_shift(Format::BITS, k, true), high_mask(Format::BITS)>(high[1]));
+        w.bytes[k] = I::template codes<Format::BITS>(packed, I::template shifted<high_shift(Format::BITS, k, false)>(high[0]));
+        w.bytes[k + 4] = I::template codes<Format::BITS>(I::template shifted<-4>(packed),
+                                                         I::template shifted<high_shift(Format::BITS, k, true)>(high[1]));
       });
     } else {
       for (int k = 0; k < 8; k++) w.bytes[k] = I::flip_sign_bits(I::load_words(words + k * stride, n));
@@ -219,7 +232,9 @@ struct DotVnni {
   static R dot(const Weights<Format>& w, const int8_t* x, const int32_t* q_sums) {
     R sums = I::zero();
     for (int k = 0; k < 8; k++) sums = I::dpbusd(sums, w.bytes[k], I::load(x + k * RUN_WORDS_BYTES));
-    if constexpr (Format::BITS == 8 || LOOKUP<Format>) sums = I::minus_128_times(sums, I::load_sums(q_sums));
+    if constexpr (Format::BITS == 8 || LOOKUP<Format>) sums = I::template minus_shifted<7>(sums, I::load_sums(q_sums));
+    if constexpr (CODE_OFFSET<Format> != 0)
+      sums = I::template minus_shifted<log2_of(CODE_OFFSET<Format>)>(sums, I::load_sums(q_sums));
     return sums;
   }
   static Halves dot_halves(const R* bytes, const int8_t* x) {
@@ -379,7 +394,7 @@ template <typename Dot>
 inferplug_isa::QuantKernels quant_kernels() {
   return {&quant_matmul_rows<Dot, Q4_1>, &quant_matmul_rows<Dot, Q4_G128>, &quant_matmul_rows<Dot, Q4_K>,
           &quant_matmul_rows<Dot, Q5_K>, &quant_matmul_rows<Dot, Q6_K>, &quant_matmul_rows<Dot, Q8_0>,
-          &quant_matmul_rows<Dot, MXFP4>};
+          &quant_matmul_rows<Dot, MXFP4>, &quant_matmul_rows<Dot, Q5_0>};
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// y = x @ w.T with w in GGUF's Q4_1, Q4_K, Q5_K, Q6_K, Q8_0 or MXFP4 blocks (or Q4_1 blocks sharing a scale per 128 inputs, Q4_G128) and x quantized per 32 inputs to int8 (llama.cpp's
+// y = x @ w.T with w in GGUF's Q4_1, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0 or MXFP4 blocks (or Q4_1 blocks sharing a scale per 128 inputs, Q4_G128) and x quantized per 32 inputs to int8 (llama.cpp's
 // Q4_1 x Q8_1 and Q8_0 x Q8_0 dot products): integer multiply-adds on 32 weights at a time instead of
 // unpacking them to floats.
 //
@@ -141,6 +141,7 @@ TORCH_LIBRARY_FRAGMENT(inferplug, m) {
   m.def("q4_matmul(Tensor x, Tensor weight, Tensor? order=None) -> Tensor");
   m.def("q4_g128_matmul(Tensor x, Tensor weight, Tensor? order=None) -> Tensor");
   m.def("q4_k_matmul(Tensor x, Tensor weight, Tensor? order=None) -> Tensor");
+  m.def("q5_0_matmul(Tensor x, Tensor weight, Tensor? order=None) -> Tensor");
   m.def("q5_k_matmul(Tensor x, Tensor weight, Tensor? order=None) -> Tensor");
   m.def("q6_k_matmul(Tensor x, Tensor weight, Tensor? order=None) -> Tensor");
   m.def("q8_matmul(Tensor x, Tensor weight, Tensor? order=None) -> Tensor");
@@ -149,6 +150,7 @@ TORCH_LIBRARY_FRAGMENT(inferplug, m) {
   m.def("q4_dequantize(Tensor weight, bool bfloat16=False) -> Tensor");
   m.def("q4_g128_dequantize(Tensor weight, bool bfloat16=False) -> Tensor");
   m.def("q4_k_dequantize(Tensor weight, bool bfloat16=False) -> Tensor");
+  m.def("q5_0_dequantize(Tensor weight, bool bfloat16=False) -> Tensor");
   m.def("q5_k_dequantize(Tensor weight, bool bfloat16=False) -> Tensor");
   m.def("q6_k_dequantize(Tensor weight, bool bfloat16=False) -> Tensor");
   m.def("q8_dequantize(Tensor weight, bool bfloat16=False) -> Tensor");
@@ -157,6 +159,7 @@ TORCH_LIBRARY_FRAGMENT(inferplug, m) {
   m.def("q4_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
   m.def("q4_g128_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
   m.def("q4_k_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
+  m.def("q5_0_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
   m.def("q5_k_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
   m.def("q6_k_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
   m.def("q8_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
@@ -167,6 +170,7 @@ TORCH_LIBRARY_IMPL(inferplug, CPU, m) {
   m.impl("q4_matmul", &quant_matmul<Q4_1>);
   m.impl("q4_g128_matmul", &quant_matmul<Q4_G128>);
   m.impl("q4_k_matmul", &quant_matmul<Q4_K>);
+  m.impl("q5_0_matmul", &quant_matmul<Q5_0>);
   m.impl("q5_k_matmul", &quant_matmul<Q5_K>);
   m.impl("q6_k_matmul", &quant_matmul<Q6_K>);
   m.impl("q8_matmul", &quant_matmul<Q8_0>);
@@ -175,6 +179,7 @@ TORCH_LIBRARY_IMPL(inferplug, CPU, m) {
   m.impl("q4_dequantize", &dequantize<Q4_1, true>);
   m.impl("q4_g128_dequantize", &dequantize<Q4_G128, true>);
   m.impl("q4_k_dequantize", &dequantize<Q4_K, true>);
+  m.impl("q5_0_dequantize", &dequantize<Q5_0, true>);
   m.impl("q5_k_dequantize", &dequantize<Q5_K, true>);
   m.impl("q6_k_dequantize", &dequantize<Q6_K, true>);
   m.impl("q8_dequantize", &dequantize<Q8_0, true>);
@@ -183,6 +188,7 @@ TORCH_LIBRARY_IMPL(inferplug, CPU, m) {
   m.impl("q4_prefill_matmul", &prefill_matmul<Q4_1>);
   m.impl("q4_g128_prefill_matmul", &prefill_matmul<Q4_G128>);
   m.impl("q4_k_prefill_matmul", &prefill_matmul<Q4_K>);
+  m.impl("q5_0_prefill_matmul", &prefill_matmul<Q5_0>);
   m.impl("q5_k_prefill_matmul", &prefill_matmul<Q5_K>);
   m.impl("q6_k_prefill_matmul", &prefill_matmul<Q6_K>);
   m.impl("q8_prefill_matmul", &prefill_matmul<Q8_0>);

@@ -1,4 +1,4 @@
-"""Q4_1 / Q4_K / Q5_K / Q6_K / Q8_0 / MXFP4 block layers (quant/block_linear.py) and their kernels against float matmuls."""
+"""Q4_1 / Q4_K / Q5_0 / Q5_K / Q6_K / Q8_0 / MXFP4 block layers (quant/block_linear.py) and their kernels against float matmuls."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from inferplug.errors import ProfileError
 from inferplug.quant.block_linear import (KERNEL_MAX_ROWS, PREFILL_GEMMS, MXFP4Linear, Q4G128Linear, Q4Linear,
                                          Q8HeadLinear, Q8Linear, set_prefill_gemm)
-from inferplug.quant.kquant_linear import Q4KLinear, Q5KLinear, Q6KLinear
+from inferplug.quant.kquant_linear import Q4KLinear, Q5_0Linear, Q5KLinear, Q6KLinear
 from inferplug.quant.linear import Fp16Linear, head_layer
 
 
@@ -27,7 +27,7 @@ def on_threads(threads: int, fn, *args):
 
 
 WIDTH = 768  # 24 blocks: a run of 16 and a short one, in whole Q4_K super-blocks of 8
-LAYERS = [Q4Linear, Q4G128Linear, Q4KLinear, Q5KLinear, Q6KLinear, Q8Linear, MXFP4Linear]
+LAYERS = [Q4Linear, Q4G128Linear, Q4KLinear, Q5_0Linear, Q5KLinear, Q6KLinear, Q8Linear, MXFP4Linear]
 
 
 @pytest.fixture
@@ -60,6 +60,7 @@ def test_k_quant_codes_round_trip_through_their_quant_bytes(layer_cls, levels):
 
 
 @pytest.mark.parametrize("layer_cls,bound", [(Q4Linear, 0.12), (Q4G128Linear, 0.15), (Q4KLinear, 0.12), (Q5KLinear, 0.06),
+                                             (Q5_0Linear, 0.06),
                                              (Q6KLinear, 0.03), (Q8Linear, 0.01), (MXFP4Linear, 0.15)])
 def test_quantization_error_against_the_float_weight(ops, layer_cls, bound, weight):
     layer = layer_cls.from_float(weight)
@@ -92,7 +93,7 @@ def test_an_input_order_is_gathered_as_the_kernel_quantizes_x(ops, layer_cls, ro
         kernel(x, blocks, order[1:])
 
 
-@pytest.mark.parametrize("layer_cls", [Q4Linear, Q8Linear, Q8HeadLinear])
+@pytest.mark.parametrize("layer_cls", [Q4Linear, Q5_0Linear, Q8Linear, Q8HeadLinear])
 @pytest.mark.parametrize("width", [32, 96, 256, 288])  # blocks go 8 at a time: a row's last group may be short
 def test_rows_of_any_block_count(ops, layer_cls, width):
     layer = layer_cls.from_float(torch.randn(24, width))

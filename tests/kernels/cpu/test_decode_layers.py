@@ -10,7 +10,7 @@ import torch
 from inferplug.models.config import ModelConfig
 from inferplug.models.rope import rope_tables
 from inferplug.quant.block_linear import Q4G128Linear, Q4Linear, Q8Linear
-from inferplug.quant.kquant_linear import Q4KLinear, Q5KLinear, Q6KLinear
+from inferplug.quant.kquant_linear import Q4KLinear, Q5_0Linear, Q5KLinear, Q6KLinear
 
 HEADS, KV_HEADS, HEAD_DIM, HIDDEN, INTER, LAYERS = 4, 2, 32, 256, 96, 2
 BLOCKS, BLOCK_SIZE, EPS = 8, 16, 1e-5
@@ -19,7 +19,7 @@ BLOCKS, BLOCK_SIZE, EPS = 8, 16, 1e-5
 def model(seed: int, act_order: bool):
     """Per layer: 2 norms, and (qkv, a second qkv part, o, gate_up, down) as (blocks, kind, input order): Q8_0, Q4_K
     (where the inputs are whole super-blocks of 256; Q5_K for layer 1's gate_up), Q4_G128 (whole groups of 128) and Q4_1
-    in turn. Layer 0's qkv is q/k rows in one format and the v rows in Q6_K (a Q4_K_M's layer); layer 1's has no second
+    in turn, layer 0's down Q5_0. Layer 0's qkv is q/k rows in one format and the v rows in Q6_K (a Q4_K_M's layer); layer 1's has no second
     part (kind 0)."""
     gen = torch.Generator().manual_seed(seed)
     qkv_rows = (HEADS + 2 * KV_HEADS) * HEAD_DIM
@@ -31,7 +31,8 @@ def model(seed: int, act_order: bool):
         norms += [1 + 0.1 * torch.randn(HIDDEN, generator=gen) for _ in range(2)]
         qkv_order = torch.randperm(HIDDEN, generator=gen) if act_order else torch.empty(0, dtype=torch.long)
         for i, (n, k) in enumerate(shapes):
-            cls, kind = ((Q6KLinear, 7) if i == 1 else (Q8Linear, 8) if (layer + i) % 4 == 3 else (Q4KLinear, 5) if k % 256 == 0 and (layer + i) % 2
+            cls, kind = ((Q6KLinear, 7) if i == 1 else (Q5_0Linear, 10) if (layer, i) == (0, 4)
+                         else (Q8Linear, 8) if (layer + i) % 4 == 3 else (Q4KLinear, 5) if k % 256 == 0 and (layer + i) % 2
                          else (Q5KLinear, 9) if k % 256 == 0 and layer
                          else (Q4G128Linear, 6) if k % 128 == 0 else (Q4Linear, 4))
             order = qkv_order if i < 2 else torch.randperm(k, generator=gen) if act_order else torch.empty(0, dtype=torch.long)
@@ -50,7 +51,7 @@ def layer_by_layer(ops, x, norms, weights, k_caches, v_caches, args):
         blocks, kind, order = w
         h = h.index_select(1, order) if order.numel() else h
         return {4: ops.q4_matmul, 5: ops.q4_k_matmul, 6: ops.q4_g128_matmul, 7: ops.q6_k_matmul, 8: ops.q8_matmul,
-                9: ops.q5_k_matmul}[kind](h, blocks)
+                9: ops.q5_k_matmul, 10: ops.q5_0_matmul}[kind](h, blocks)
 
     delta = None
     for i in range(LAYERS):

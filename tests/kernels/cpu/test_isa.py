@@ -15,7 +15,7 @@ from inferplug.kernels import cpu as cpu_kernels
 from inferplug.errors import ProfileError
 from inferplug.hardware import Hardware
 from inferplug.quant.block_linear import Q4G128Linear, Q4Linear, Q8HeadLinear, Q8Linear
-from inferplug.quant.kquant_linear import Q4KLinear, Q5KLinear, Q6KLinear
+from inferplug.quant.kquant_linear import Q4KLinear, Q5_0Linear, Q5KLinear, Q6KLinear
 from inferplug.kernels.paged_attention_ref import random_pool
 
 AVX2_ONLY = Hardware(cpu_flags=frozenset({"avx2", "fma", "f16c"}))
@@ -70,7 +70,8 @@ def test_isa_names_the_set_that_runs(both_isas):
         assert cpu_kernels.isa() == label
 
 
-@pytest.mark.parametrize("layer_cls,width", [(cls, width) for cls in (Q4Linear, Q8Linear) for width in (32, 96, 288, 576, 1536)]
+@pytest.mark.parametrize("layer_cls,width", [(cls, width) for cls in (Q4Linear, Q5_0Linear, Q8Linear)
+                                             for width in (32, 96, 288, 576, 1536)]
                          + [(Q4KLinear, width) for width in (256, 768, 1536)]
                          + [(Q4G128Linear, width) for width in (128, 384, 1536)]
                          + [(cls, width) for cls in (Q5KLinear, Q6KLinear) for width in (256, 768, 1536)])  # 1 to 48 blocks: short groups, runs
@@ -121,7 +122,8 @@ def test_rows_do_not_depend_on_their_batch(ops):
         assert torch.equal(out, alone[:rows]), f"paged_decode, {rows} rows"
 
 
-@pytest.mark.parametrize("layer_cls", [Q4Linear, Q4KLinear, Q4G128Linear, Q5KLinear, Q6KLinear, Q8Linear, Q8HeadLinear])
+@pytest.mark.parametrize("layer_cls", [Q4Linear, Q4KLinear, Q4G128Linear, Q5_0Linear, Q5KLinear, Q6KLinear, Q8Linear,
+                                       Q8HeadLinear])
 def test_rows_keep_their_bits_when_x_comes_in_chunks(ops, layer_cls):
     """At 7B's widths several rows take x in L1-sized chunks (quant_dot.h, by_passes; one row takes it whole):
     each sum keeps its order, so a row alone and among 2..8 rows give the same bits, on every set the CPU has."""

@@ -10,7 +10,7 @@ from inferplug.models.moe import MoeWeights, moe_mlp
 from inferplug.ops.cpu_ops import CpuKernelOps
 from inferplug.ops.torch_ops import TorchOps
 from inferplug.quant.block_linear import MXFP4Linear, Q4G128Linear, Q4Linear, Q8Linear, set_prefill_gemm
-from inferplug.quant.kquant_linear import Q4KLinear, Q5KLinear, Q6KLinear
+from inferplug.quant.kquant_linear import Q4KLinear, Q5_0Linear, Q5KLinear, Q6KLinear
 
 HIDDEN, INTER, EXPERTS, TOP_K = 256, 256, 8, 3  # whole Q4_K super-blocks; 8 experts, 3 a row: most picked, one or two not
 
@@ -52,7 +52,8 @@ def both(moe, h, kernel_ops, decode_rows, activation="silu_mul"):
     return fused, run(moe, h, TorchOps(), decode_rows, getattr(kernel_ops, activation))
 
 
-@pytest.mark.parametrize("layer_cls", [Q4Linear, Q4G128Linear, Q4KLinear, Q5KLinear, Q6KLinear, Q8Linear, MXFP4Linear])
+@pytest.mark.parametrize("layer_cls", [Q4Linear, Q4G128Linear, Q4KLinear, Q5_0Linear, Q5KLinear, Q6KLinear, Q8Linear,
+                                       MXFP4Linear])
 @pytest.mark.parametrize("prefill", ["float32", "bfloat16", "int8"])
 def test_one_call_equals_the_per_expert_loop(kernel_ops, layer_cls, prefill):
     """Decode rows (int8 kernels) and prefill rows (the layers' prefill path) in one step, bit for bit."""

@@ -8,7 +8,7 @@ import torch
 
 from inferplug.hardware import probe
 from inferplug.quant.block_linear import MXFP4Linear, Q4G128Linear, Q4Linear, Q8Linear
-from inferplug.quant.kquant_linear import Q4KLinear, Q5KLinear, Q6KLinear
+from inferplug.quant.kquant_linear import Q4KLinear, Q5_0Linear, Q5KLinear, Q6KLinear
 
 PRECISIONS = ("float32", "bfloat16")
 
@@ -23,7 +23,7 @@ SHAPES = [(1, 32), (40, 288), (200, 576), (300, 1088)]
 Q4_K_SHAPES = [(1, 256), (40, 768), (300, 1280)]  # whole super-blocks of 256 inputs (and groups of 128)
 
 
-@pytest.mark.parametrize("layer_cls,out_features,in_features", [(cls, *shape) for cls in (Q4Linear, Q8Linear, MXFP4Linear)
+@pytest.mark.parametrize("layer_cls,out_features,in_features", [(cls, *shape) for cls in (Q4Linear, Q5_0Linear, Q8Linear, MXFP4Linear)
                                                                 for shape in SHAPES]
                          + [(Q4KLinear, *shape) for shape in Q4_K_SHAPES]
                          + [(Q4G128Linear, *shape) for shape in Q4_K_SHAPES]
