@@ -162,10 +162,13 @@ def test_a_dead_worker_fails_the_step_not_the_process(tiny_llama_dir):
 
 
 SCRIPT = """
-import os, sys
+import os, signal, sys
 sys.path[:0] = {paths!r}
 from tests.engine.engine_helpers import make_engine
 if __name__ == "__main__":
+    # Ctrl-C as a server started from a terminal has it: a test runner started in the background (`cmd &` without
+    # job control) passes SIGINT on ignored, and Python then keeps ignoring it
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     engine = make_engine({model!r}, tensor_parallel_size=2)
     print(" ".join(str(w.pid) for w in engine.runner.workers), flush=True)
     import time
