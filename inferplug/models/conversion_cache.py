@@ -41,7 +41,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from inferplug import sources
 from inferplug.errors import ProfileError
@@ -60,12 +60,10 @@ DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16"
 
 
 def cached_weights(key_parts: Sequence[object], build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    limit = limit_bytes()
-    folder = cache_dir() if limit else None
-    if folder is None:
+    place = _entry_place(key_parts, ".entry")
+    if place is None:
         return build()
-    key = [str(part) for part in key_parts]
-    path = folder / (hashlib.sha256(json.dumps(key).encode()).hexdigest() + ".entry")
+    folder, limit, key, path = place
     found = read_entry(path, key)
     if found is not None:
         return found
@@ -82,11 +80,10 @@ def cached_text(key_parts: Sequence[object], suffix: str, build: Callable[[], st
     """A file holding build()'s text, named by the key parts' hash and `suffix` (".tokenizer.json"): the entry
     when there is one (a hit is a use: its mtime is touched), else written now. The caller reads it, and deletes it
     if it does not parse (a later load then writes it again). None when the cache is off or the write failed."""
-    limit = limit_bytes()
-    folder = cache_dir() if limit else None
-    if folder is None:
+    place = _entry_place(key_parts, suffix)
+    if place is None:
         return None
-    path = folder / (hashlib.sha256(json.dumps([str(part) for part in key_parts]).encode()).hexdigest() + suffix)
+    folder, limit, _, path = place
     try:
         if stat.S_ISREG(os.lstat(path).st_mode):  # lstat: a symlink where the entry belongs is replaced, not read
             os.utime(path)
@@ -94,17 +91,37 @@ def cached_text(key_parts: Sequence[object], suffix: str, build: Callable[[], st
     except FileNotFoundError:
         pass
     data = build().encode()
-    fd, temp = tempfile.mkstemp(dir=folder, prefix=TEMP_PREFIX)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(temp, path)  # replaces a symlink itself, never its target
+        _write_atomically(path, lambda f: f.write(data))
     except OSError as exc:  # a full disk or a read-only home: the caller goes on without the file
-        Path(temp).unlink(missing_ok=True)
         log.warning("conversion cache: cannot save %s (%s)", path, exc)
         return None
     evict(folder, limit, keep=path)
     return path
+
+
+def _entry_place(key_parts: Sequence[object], suffix: str) -> tuple[Path, int, list[str], Path] | None:
+    """The cache folder, its bound, the key as strings and the path of its entry (the key's hash and `suffix`), or
+    None when the cache is off."""
+    limit = limit_bytes()
+    folder = cache_dir() if limit else None
+    if folder is None:
+        return None
+    key = [str(part) for part in key_parts]
+    return folder, limit, key, folder / (hashlib.sha256(json.dumps(key).encode()).hexdigest() + suffix)
+
+
+def _write_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """write(f) into a temp file beside `path`, then os.replace: no reader ever sees half an entry, and a symlink
+    where the entry belongs is replaced itself, never its target. The temp file goes if anything fails."""
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=TEMP_PREFIX)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
 
 
 def file_identity(path: Path) -> str:
@@ -222,19 +239,15 @@ def write_entry(path: Path, key: list[str], weights: dict[str, Any], limit: int)
     if data + offset > limit:
         log.info("conversion cache: %s's %.1f GiB exceed %s; not saved", path.name, (data + offset) / 2**30, SIZE_ENV)
         return False
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=TEMP_PREFIX)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + struct.pack("<Q", len(header)) + header)
-            for t, entry in zip(tensors, layout):
-                f.seek(data + entry["offset"])
-                if t.nbytes:
-                    f.write(memoryview(t.view(-1).view(torch.uint8).numpy()))
-            f.truncate(data + offset)
-        os.replace(temp, path)  # replaces a symlink itself, never its target
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
+    def write(f: BinaryIO) -> None:
+        f.write(MAGIC + struct.pack("<Q", len(header)) + header)
+        for t, entry in zip(tensors, layout):
+            f.seek(data + entry["offset"])
+            if t.nbytes:
+                f.write(memoryview(t.view(-1).view(torch.uint8).numpy()))
+        f.truncate(data + offset)
+
+    _write_atomically(path, write)
     return True
 
 

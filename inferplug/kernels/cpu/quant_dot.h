@@ -41,11 +41,11 @@ INFERPLUG_INLINE inline void with_each_k(const F& f) {
 constexpr int high_shift(int bits, int k, bool upper) { return bits == 6 ? 4 - 2 * k : upper ? -k : 4 - k; }
 constexpr int high_mask(int bits) { return bits == 6 ? 0x30 : 0x10; }
 
-// Q6_K's blocks: sc_low * (sum_low - 32 x_low) + sc_high * (sum_high - 32 x_high), each block's exact integer, from
-// its half sums over the codes q (0..63) and x's half sums of codes (q - 32 is the weight's code).
 constexpr int log2_of(int power) { return power > 1 ? 1 + log2_of(power / 2) : 0; }
 static_assert(CODE_OFFSET<Q5_0> == 1 << log2_of(CODE_OFFSET<Q5_0>), "a code offset is a power of two: a shift");
 
+// Q6_K's blocks: sc_low * (sum_low - 32 x_low) + sc_high * (sum_high - 32 x_high), each block's exact integer, from
+// its half sums over the codes q (0..63) and x's half sums of codes (q - 32 is the weight's code).
 template <typename Dot, typename Format>
 INFERPLUG_INLINE inline typename Dot::R dot_sub_scales(const typename Dot::template Weights<Format>& w, const int8_t* x, const int32_t* q_sums,
                                const int32_t* q_sums_low, const int8_t* sc_low, const int8_t* sc_high) {
