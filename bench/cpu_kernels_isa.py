@@ -3,7 +3,7 @@
 Per kernel and row count, the sets take turns in every repeat (a shared, noisy machine) and the table
 gives medians and the AVX-512 / AVX2 speed ratio. The matmuls run SmolLM2-135M's linears as one step
 (30 layers of Q4_1 or Q8_0 qkv, o, gate_up, down, each with its own weights, so they stream from DRAM as
-in decode), the head its 576 -> 49152 Q8_0 matmul on float x; paged decode one layer's attention over
+in decode), the head its 576 -> 49152 Q8_0 matmul on x in two int8 parts; paged decode one layer's attention over
 rows sequences of --context tokens (9 heads on 3 kv heads of 64).
 
     .venv/bin/python bench/cpu_kernels_isa.py --threads 2 --repeats 15 --json cpu-kernels-isa.json
@@ -66,7 +66,7 @@ def main() -> None:
     isas = cpu_kernels.supported_isas()
     steps = {"q4_matmul (30 layers)": lambda rows: matmul_step(Q4Linear, LAYER_SHAPES * LAYERS),
              "q8_matmul (30 layers)": lambda rows: matmul_step(Q8Linear, LAYER_SHAPES * LAYERS),
-             "q8_matmul_float (head)": lambda rows: matmul_step(Q8HeadLinear, [HEAD_SHAPE]),
+             "q8_head_matmul (head)": lambda rows: matmul_step(Q8HeadLinear, [HEAD_SHAPE]),
              "paged_decode (1 layer)": lambda rows: attention_step(rows, args.context)}
     results = {}
     for name, make in steps.items():

@@ -28,7 +28,7 @@ CATEGORIES = {"experts": ("inferplug::moe_experts",),
                             "inferplug::q8_matmul", "inferplug::q4_matmul", "inferplug::qk_rms_norm_",
                             "inferplug::rope_write_kv_", "inferplug::paged_attention"),
               "norms": ("inferplug::rms_norm", "inferplug::add_rms_norm_"),
-              "head": ("inferplug::q8_matmul_float",)}
+              "head": ("inferplug::q8_head_matmul", "inferplug::q6_k_head_matmul")}
 
 
 def category(op: str) -> str:

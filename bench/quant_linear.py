@@ -2,7 +2,7 @@
 
 Peers: torch's float matmuls, fbgemm's fp16 GEMM, torch's int8/int4 weight-only kernels (bf16
 activations), and inferplug's own Q8_0/Q4_1 kernels (cpu_kernels; int8 activations, and the head's
-Q8_0 kernel on float activations), where they build.
+Q8_0 kernel on x in two int8 parts), where they build.
 
 One "step" runs every linear of the model once, each with its own weights (30 layers of
 qkv 576->960, o 576->576, gate_up 576->3072, down 1536->576, then the 576->49152 lm_head), so the
@@ -86,7 +86,7 @@ def main() -> None:
              "int8 torch": quant_step(weights, Int8Linear), "int4 torch": quant_step(weights, Int4Linear)}
     if cpu_kernels.ops() is not None:
         kernel_peers = {"int8 Q8_0": quant_step(weights, Q8Linear), "int4 Q4_1": quant_step(weights, Q4Linear),
-                        "Q8_0 float x": quant_step(weights, Q8HeadLinear)}
+                        "Q8_0 head (x in two int8 parts)": quant_step(weights, Q8HeadLinear)}
         isas = args.isa.split(",") if args.isa else [cpu_kernels.chosen_isa()]
         peers |= {f"{name} {isa}" if args.isa else name: on_isa(isa, step, dtype)
                   for name, (step, dtype) in kernel_peers.items() for isa in isas}

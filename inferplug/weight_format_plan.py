@@ -25,7 +25,8 @@ def native_weight_format(profile: Profile, gpus: list[GPU], hw: Hardware,
         return "gguf", ["GGUF blocks run as stored, converted one tensor at a time at load (models/gguf_layers.py): "
                         "Q4_0/Q4_1 as Q4_1 blocks, Q4_K, Q5_0, Q5_K and Q6_K in their own, Q8_0 as Q8_0, exactly; other types "
                         "requantized to Q8_0; "
-                        "the head Q8_0 on float activations; int8 activations on the layers' kernels (as llama.cpp); "
+                        "the head Q6_K or Q8_0 against x in two int8 parts (about 15 bits); int8 activations on the layers' "
+                        "kernels (as llama.cpp); "
                         "pin dtype = \"float32\" for dequantized fp32 weights"]
     if not gpus and dtype == "float32" and profile.dtype == "auto" and {"avx2", "f16c"} <= hw.cpu_flags:
         return "fp16", ["linear weights stored fp16 (fbgemm fp16 GEMM, fp32 compute): half the bytes each decode "

@@ -22,7 +22,7 @@ def gguf_decoded(layer, kind: str) -> torch.Tensor:
     qtype, sizes = GGUF_BLOCKS[kind]
     rows, blocks = layer.out_features, layer.in_features // 32
     *fields, quants = (f.reshape(rows, blocks, -1) for f in layer.blocks.split([blocks * size for size in sizes], dim=1))
-    quants = _deinterleave(quants) if layer.interleaved else quants  # the kernels' byte order, not arithmetic
+    quants = _deinterleave(quants)  # the kernels' byte order, not arithmetic
     in_file_order = torch.cat([*fields, quants], dim=2).reshape(rows, -1)
     return torch.from_numpy(gguf.quants.dequantize(in_file_order.numpy(), qtype))
 
@@ -59,7 +59,7 @@ def int8_decode_activations(module, args):
 
 def with_int8_inputs(model, decode_only: bool = False):
     """A copy of an HF model whose decoder layers' linears see their inputs (`decode_only`: a decode step's)
-    rounded as the kernels do; the lm_head keeps float inputs, as Q8HeadLinear does."""
+    rounded as the kernels do; the lm_head keeps float inputs (Q8HeadLinear takes them in two int8 parts: ~15 bits)."""
     model = copy.deepcopy(model)
     for linear in model.model.layers.modules():
         if isinstance(linear, torch.nn.Linear):

@@ -64,6 +64,11 @@ def test_a_quantized_gguf_runs_its_own_blocks_on_the_cpu_kernels():
     # at Q8_0's 8.5
     assert plan.memory.weights_bytes == pytest.approx((q4 * 5 + 1000 * 6.5625 + 512 * 5.625 + embed * 8.5) / 8, abs=1)
     assert any("the GGUF's matrices load as" in r and "Q5_K" in r for r in plan.reasons)
+    # a Q4_K_M file's Q6_K head stays Q6_K (6.5625 bits), its Q5_0 rows Q5_0 (5.5)
+    facts_q6_head = dataclasses.replace(facts, gguf_matrices=(*layers, ("layer", "Q5_0", 256), ("head", "Q6_K", embed)))
+    plan = resolve(load_profile("smollm2-135m"), cpu(flags=("avx2", "fma", "f16c")), facts_q6_head)
+    assert plan.memory.weights_bytes == pytest.approx(
+        (q4 * 5 + 1000 * 6.5625 + 512 * 5.625 + 256 * 5.5 + embed * 6.5625) / 8, abs=1)
     profile = load_profile("smollm2-135m")
     profile.dtype = "float32"
     assert resolve(profile, cpu(flags=("avx2", "fma", "f16c")), facts).weight_format is None

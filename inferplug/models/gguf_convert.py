@@ -43,7 +43,7 @@ _LAYER_NAMES = {
 # an MoE layer's experts, one 3-D tensor each (experts, out, in) -> HF's per-expert module
 _EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj",
                  "ffn_gate_up_exps": "gate_up_proj"}  # Gemma 4's gate and up in one: cut in two at load
-CONVERSION_VERSION = 7  # bump when weights_from_gguf's layers change: cached conversions of the old ones then miss
+CONVERSION_VERSION = 8  # bump when weights_from_gguf's layers change: cached conversions of the old ones then miss
 _BARE_PARAMETERS = ("self_attn.sinks",)  # HF parameters, not modules: no ".weight" in their names (gpt-oss's sinks)
 EMBEDDINGS = ("model.embed_tokens.weight", "model.embed_tokens_per_layer.weight")  # looked up by row, not multiplied
 # scale: Gemma 4's router and experts; no suffix: a bare parameter (Qwen3.5's ssm_a)
@@ -193,7 +193,7 @@ def weights_from_gguf(gguf: GGUFFile, dtype: "torch.dtype", device="cpu",
                       layer_format: str | None = None) -> dict[str, Any]:
     """HF-named weights, read one tensor at a time. `layer_format` ("gguf", "int4" or "int8"; CPU kernels only): each
     quantized matrix comes as the layer that runs it (models/gguf_layers.py), the embedding in its own bits and a head
-    (the lm_head, or a tied embedding) as Q8_0 on float activations; float tensors in `dtype`. None: every tensor
+    (the lm_head, or a tied embedding) as a head layer (Q6_K or Q8_0, x in two int8 parts); float tensors in `dtype`. None: every tensor
     dequantized to `dtype` (CTranslate2's converter, tensor parallel, CUDA)."""
     from tqdm import tqdm
 

@@ -16,8 +16,9 @@ gguf_layer_format picks the block):
 - Q6_K as Q6_K blocks (Q6KLinear): its d, int8 scales and 6-bit codes, exactly, in as many bytes.
 - Q5_1, Q2_K, Q3_K (and Q5_K / Q6_K pinned to int8) as Q8_0, requantized from their values: at most half a Q8_0 step (max |w| / 254
   per 32 weights) off, a small fraction of the source's own step.
-Pinned "int4" / "int8" use the exact repacks where the source allows and requantize otherwise; a head is Q8_0 on
-float activations (Q8HeadLinear). tests/models/test_gguf_layers.py checks each case against gguf-py.
+Pinned "int4" / "int8" use the exact repacks where the source allows and requantize otherwise; a head is
+Q6KHeadLinear where the file's is Q6_K under "gguf", else Q8HeadLinear (Q8_0), both taking x in two int8 parts.
+tests/models/test_gguf_layers.py checks each case against gguf-py.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from inferplug.models.gguf_dequant import (dequantize, mxfp4_parts, mxfp4_scale,
                                           q6_k_parts)
 from inferplug.quant.block_linear import (BlockLinear, MXFP4Linear, Q4Linear, Q8HeadLinear, Q8Linear,
                                           packed_in_row_runs)
-from inferplug.quant.kquant_linear import Q4KLinear, Q5_0Linear, Q5KLinear, Q6KLinear, pack_six_bits
+from inferplug.quant.kquant_linear import Q4KLinear, Q5_0Linear, Q5KLinear, Q6KHeadLinear, Q6KLinear, pack_six_bits
 from inferplug.quant.formats import GGUF_FLOAT_TYPES, gguf_layer_format
 
 
@@ -42,8 +43,9 @@ def gguf_layer(raw: torch.Tensor, type_name: str, shape: tuple[int, int], target
     """The layer for one quantized GGUF weight: `raw` its bytes (uint8, rows in the file's order), `shape` (out, in)."""
     rows, cols = shape
     fmt = gguf_layer_format(type_name, target, head)
-    cls = Q8HeadLinear if head else {"int4": Q4Linear, "q4_k": Q4KLinear, "q5_0": Q5_0Linear, "q5_k": Q5KLinear,
-                                     "q6_k": Q6KLinear, "mxfp4": MXFP4Linear, "int8": Q8Linear}[fmt]
+    cls = {"q6_k": Q6KHeadLinear, "int8": Q8HeadLinear}[fmt] if head else \
+        {"int4": Q4Linear, "q4_k": Q4KLinear, "q5_0": Q5_0Linear, "q5_k": Q5KLinear, "q6_k": Q6KLinear,
+         "mxfp4": MXFP4Linear, "int8": Q8Linear}[fmt]
     raw = raw.reshape(rows, -1)
     return cls(packed_in_row_runs(rows, cols, lambda start, end: _convert(raw[start:end], type_name, cols, cls)))
 
@@ -77,7 +79,7 @@ def _convert(raw: torch.Tensor, type_name: str, cols: int, cls: type[BlockLinear
         return fields(blocks[:, 0:2], blocks[:, 2:4], sc.reshape(-1, 1), m.reshape(-1, 1), cls.pack_codes(codes))
     if cls is Q5_0Linear:
         return fields(blocks[:, 0:2], Q5KLinear.pack_codes((q5_0_codes(blocks) + 16).view(torch.uint8)))
-    if cls is Q6KLinear:
+    if issubclass(cls, Q6KLinear):
         scales, codes = q6_k_parts(blocks)
         scales = scales.view(torch.uint8).reshape(-1, 2)  # per block of 32: its two sub-blocks' scales
         return fields(blocks[:, 208:210], scales[:, :1], scales[:, 1:], pack_six_bits(codes.reshape(-1, 32)))

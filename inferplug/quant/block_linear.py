@@ -49,7 +49,6 @@ class BlockLinear(WeightOnlyLinear):
     compute_dtype = torch.float32
     fields: tuple[int, ...]  # a block's fields' bytes, in the order a row stores them
     spans: tuple[int, ...] = ()  # blocks one entry of each field covers (Q4_K's d and dmin: 8 each); () for 1 each
-    interleaved = True  # the quants by runs of words (the integer kernels' layout)
     kernel: str  # torch.ops.inferplug.<kernel>(x, blocks): the matmul of decode rows
     prefill: str  # torch.ops.inferplug.<prefill>(x, blocks, precision): float32 / bfloat16 prefill rows
     unpack: str  # torch.ops.inferplug.<unpack>(blocks): the float rows of these blocks (embedding lookups, repacks)
@@ -62,7 +61,7 @@ class BlockLinear(WeightOnlyLinear):
         self.register_buffer("bias", None if bias is None else bias.float())
         # The ops' overloads, not their packets: a decode step calls the kernel ~120 times, ~0.5 us saved each.
         self._kernel = getattr(torch.ops.inferplug, self.kernel).default
-        self._prefill = getattr(torch.ops.inferplug, self.prefill).default if self.interleaved else None
+        self._prefill = getattr(torch.ops.inferplug, self.prefill).default
         self._dequantize = getattr(torch.ops.inferplug, self.unpack).default  # rows(), requantized(): a few rows each
 
     @classmethod
@@ -97,7 +96,7 @@ class BlockLinear(WeightOnlyLinear):
         for index, (field, size, nbytes) in enumerate(zip(fields, cls.fields, sizes)):
             dest = rows[:, start:start + nbytes]
             field = field.reshape(out_features, nbytes // size, size)
-            if index == len(fields) - 1 and cls.interleaved:
+            if index == len(fields) - 1:
                 _interleave_into(dest, field)
             else:
                 dest.view(out_features, nbytes // size, size).copy_(field)
@@ -134,7 +133,7 @@ class BlockLinear(WeightOnlyLinear):
         """The float weight, unpacked by torch ops (the reference the kernels are tested against)."""
         fields = self.blocks.split(self.field_bytes(self.in_features // BLOCK), dim=1)
         *fields, quants = (f.reshape(self.out_features, f.shape[1] // size, size) for f, size in zip(fields, self.fields))
-        weight = self._unpack(*fields, _deinterleave(quants) if self.interleaved else quants)
+        weight = self._unpack(*fields, _deinterleave(quants))
         return weight.reshape(self.out_features, self.in_features)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
@@ -142,8 +141,8 @@ class BlockLinear(WeightOnlyLinear):
         return self._dequantize(self.blocks.index_select(0, ids))
 
     def forward(self, x: torch.Tensor, decode_rows: int | None = None) -> torch.Tensor:
-        if decode_rows is None or decode_rows >= x.shape[0] or self._prefill is None or self.prefill_gemm == "int8":
-            return super().forward(x)  # the head's float kernel takes any rows as they are
+        if decode_rows is None or decode_rows >= x.shape[0] or self.prefill_gemm == "int8":
+            return super().forward(x)  # the head's kernel takes any rows as they are
         prompt = x[decode_rows:]
         out = self._onednn_prefill(prompt) if self.prefill_gemm == "bfloat16-onednn" else \
             self._prefill(prompt.contiguous(), self.blocks, self.prefill_gemm)
@@ -301,8 +300,8 @@ class MXFP4Linear(BlockLinear):
 
 
 class Q8HeadLinear(Q8Linear):
-    """Q8_0 blocks against float activations (no int8 rounding of x): for the lm_head, whose logits pick
-    every token. Half fp16's bytes, and exact for a GGUF's Q8_0 embedding."""
+    """Q8_0 blocks for the lm_head, whose logits pick every token: x goes in as two int8 parts, its rounding and
+    its remainder's (about 15 bits of x; kernels/cpu/matmul_input.h quantize_in_two_parts), not one rounding. Half
+    fp16's bytes, and exact for a GGUF's Q8_0 embedding."""
 
-    kernel, unpack = "q8_matmul_float", "q8_dequantize_plain"
-    interleaved = False  # the float kernel takes a block's 32 bytes in a row
+    kernel = "q8_head_matmul"

@@ -3,9 +3,9 @@
 int8 and int4 are GGUF's Q8_0 and Q4_1 blocks on inferplug's CPU kernels: an fp16 scale (and for Q4_1
 an fp16 min) per 32 inputs, so 8.5 and 5 bits. On CUDA, int8 keeps one scale per row (8 bits; the plan
 counts 8.5, a little high). quantize_model leaves the embedding in the model dtype and gives the lm_head
-its own format (a copy when tied to the embedding), `head_format`. On the CPU an int8 head keeps the
-activations float, so the logits stay float-accurate (under int4 layers, a Q8_0 head on int8 activations
-flipped SmolLM2's "Paris" to "L'Étoile", as an int4 head does).
+its own format (a copy when tied to the embedding), `head_format`. On the CPU an int8 head takes x in two int8
+parts, its rounding and its remainder's (about 15 bits), so the logits stay float-accurate (under int4 layers, a
+Q8_0 head on one int8 rounding of x flipped SmolLM2's "Paris" to "L'Étoile", as an int4 head does).
 """
 
 LAYER_BITS = {"fp16": 16.0, "int8": 8.5, "int4": 5.0}
@@ -53,9 +53,11 @@ def gguf_layer_format(type_name: str, target: str, head: bool = False) -> str:
     """The block format ("int4" Q4_1 / "q4_k" Q4_K / "q5_0" Q5_0 / "q5_k" Q5_K / "q6_k" Q6_K / "mxfp4" MXFP4 / "int8" Q8_0) a GGUF tensor of `type_name` is stored
     in under quantization.format `target` ("gguf": the file's own bits; "int4" / "int8": pinned; a Q4_K is 4-bit as
     it is).
-    A head is Q8_0 on float activations whatever the file holds (int4 heads and int8-activation heads flip SmolLM2's
-    answers)."""
-    if head or target == "int8":
+    A head is Q8_0 (Q6_K where the file's is Q6_K under "gguf"), against x in two int8 parts (int4 heads and heads
+    on one int8 rounding of x flip SmolLM2's answers)."""
+    if head:
+        return "q6_k" if type_name == "Q6_K" and target == "gguf" else "int8"
+    if target == "int8":
         return "int8"
     if type_name == "Q4_K":
         return "q4_k"

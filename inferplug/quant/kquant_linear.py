@@ -127,6 +127,13 @@ class Q6KLinear(BlockLinear):
         return (six_bit_codes(quants).float() - 32) * (_per_block(d) * sc)
 
 
+class Q6KHeadLinear(Q6KLinear):
+    """A GGUF's Q6_K lm_head (Q4_K_M's and Q5_K_M's) in its own bits, x going in as two int8 parts as
+    Q8HeadLinear's: 23% fewer bytes than the Q8_0 it was requantized to before, and the file's values exactly."""
+
+    kernel = "q6_k_head_matmul"
+
+
 def pack_six_bits(codes: torch.Tensor) -> torch.Tensor:
     """Codes 0..63 [..., 32] -> Q6KLinear's 24 quant bytes: low nibbles as Q4Linear's (byte j: input j, j + 16), then
     byte i of word h (h = 0, 1) holding input 16h + 4k + i's high bit pair in bits 2k, 2k + 1 (k = 0..3)."""

@@ -12,11 +12,11 @@ from collections.abc import Callable
 import torch
 
 from inferplug.quant.block_linear import MXFP4Linear, Q4G128Linear, Q4Linear, Q8HeadLinear, Q8Linear
-from inferplug.quant.kquant_linear import Q4KLinear, Q5_0Linear, Q5KLinear, Q6KLinear
+from inferplug.quant.kquant_linear import Q4KLinear, Q5_0Linear, Q5KLinear, Q6KHeadLinear, Q6KLinear
 from inferplug.quant.checkpoint_layers import GroupInt4Linear, PermutedLinear, RowPartsLinear
 
 BLOCK_KINDS = {cls.__name__: cls for cls in (Q4Linear, Q4G128Linear, Q4KLinear, Q5_0Linear, Q5KLinear, Q6KLinear,
-                                                   Q8Linear, Q8HeadLinear, MXFP4Linear)}
+                                                   Q6KHeadLinear, Q8Linear, Q8HeadLinear, MXFP4Linear)}
 GROUP_FIELDS = ("qweight", "scales", "zeros", "bias")
 
 

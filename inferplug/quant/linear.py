@@ -186,8 +186,8 @@ def layer_converter(fmt: str, device: str) -> Callable[[Any], Any]:
 
 def head_layer(weight: torch.Tensor, fmt: str, bias: torch.Tensor | None = None) -> WeightOnlyLinear:
     """The lm_head under `fmt` layers, in formats.head_format. Where the CPU kernels run, an int8 head is Q8_0
-    blocks on float activations, and so is an fp16 one whose weight Q8_0 holds exactly (a GGUF's Q8_0
-    embedding): half the bytes, no rounding."""
+    blocks against x in two int8 parts (Q8HeadLinear), and so is an fp16 one whose weight Q8_0 holds exactly (a
+    GGUF's Q8_0 embedding): half the bytes, no rounding of the weight."""
     from inferplug.kernels import cpu as cpu_kernels
 
     device = weight.device.type

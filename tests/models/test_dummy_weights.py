@@ -11,13 +11,14 @@ import torch
 
 from inferplug.kernels import cpu as cpu_kernels
 from inferplug.quant.block_linear import Q4Linear, Q8HeadLinear, Q8Linear
-from inferplug.quant.kquant_linear import Q4KLinear
+from inferplug.quant.kquant_linear import Q4KLinear, Q6KHeadLinear
 from inferplug.quant.checkpoint_layers import PermutedLinear, RowPartsLinear
 
 pytestmark = pytest.mark.skipif(cpu_kernels.ops() is None, reason="the CPU kernels do not run here (no AVX2/FMA/F16C)")
 
-# the layer each format builds for (qkv, gate_up) and the head (awq / gptq / int4 / int8 heads: quantize_model's)
-EXPECTED = {"gguf": (RowPartsLinear, Q4KLinear, Q8HeadLinear), "int4": (Q4Linear, Q4Linear, Q8HeadLinear),
+# the layer each format builds for (qkv, gate_up) and the head (gguf: a Q4_K_M's Q6_K head kept; awq / gptq / int4 /
+# int8 heads: quantize_model's)
+EXPECTED = {"gguf": (RowPartsLinear, Q4KLinear, Q6KHeadLinear), "int4": (Q4Linear, Q4Linear, Q8HeadLinear),
             "int8": (Q8Linear, Q8Linear, Q8HeadLinear), "awq": (Q4Linear, Q4Linear, Q8HeadLinear),
             "gptq": (PermutedLinear, PermutedLinear, Q8HeadLinear), "none": (torch.Tensor, torch.Tensor, torch.Tensor)}
 

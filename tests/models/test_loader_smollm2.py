@@ -95,7 +95,7 @@ def test_layers_loaded_in_the_files_bits_equal_the_dequantize_then_quantize_path
     for name, value in layers.items():
         if not isinstance(value, BlockLinear):
             assert value.dim() == 1 and torch.equal(value, floats[name]), name  # the norms
-        elif name == "model.embed_tokens.weight":  # tied: the head, Q8_0 on float activations
+        elif name == "model.embed_tokens.weight":  # tied: the head, Q8_0 against x in two int8 parts
             assert isinstance(value, Q8HeadLinear) and torch.equal(value.blocks, head_layer(floats[name], "int8").blocks)
             ids = torch.tensor([0, 5, 49151, 5])
             assert torch.equal(value.rows(ids), floats[name][ids])

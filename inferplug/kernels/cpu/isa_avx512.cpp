@@ -29,14 +29,12 @@ static bool has_bf16() {
 }
 
 // Per kernel the width that measured faster here (bench/cpu_kernels_isa.py, Zen 4): the integer matmuls
-// and paged decode at 512 bits; the float head too since it takes x in L1-sized chunks (quant_dot.h's
-// by_passes): 8 rows of a 7B head in 14 ms against 20 at 256 bits (Zen 5; before the chunks 256 bits was faster).
+// and paged decode at 512 bits.
 const Isa& avx512() {
   using Float = FloatPanel<F512, false>;
   using Rounded = FloatPanel<F512, true>;
   const bool dot = has_bf16();
-  static const Isa isa{"avx512-vnni", F512::LANES, quant_kernels<DotVnni<I512>>(), &float_matmul_rows<F512>,
-                       &attend<F512, float>, &attend<F512, Half>, prefill_kernels<Float>(PrefillInput::FLOAT32),
+  static const Isa isa{"avx512-vnni", F512::LANES, quant_kernels<DotVnni<I512>>(), &attend<F512, float>, &attend<F512, Half>, prefill_kernels<Float>(PrefillInput::FLOAT32),
                        dot ? prefill_kernels<Bf16Panel>(PrefillInput::BFLOAT16)
                            : prefill_kernels<Rounded>(PrefillInput::ROUNDED_BFLOAT16)};
   return isa;

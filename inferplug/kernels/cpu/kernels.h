@@ -46,8 +46,6 @@ struct Pool {
 // y[i * y_stride + n - n0] for weight rows [n0, n1) and x rows [m, m + rows), rows <= MAX_ROWS.
 using QuantMatmul = void (*)(const WeightRows& w, int64_t n0, int64_t n1, const QuantizedRows& x, int64_t m,
                              int64_t rows, float* y, int64_t y_stride);
-using FloatMatmul = void (*)(const WeightRows& w, int64_t n0, int64_t n1, const float* x, int64_t k, int64_t rows,
-                             float* y, int64_t y_stride);
 // Prefill rows (prefill_gemm.h): y[m * y_stride + n - n0] for weight rows [n0, n1), n1 - n0 <= PREFILL_COLS, and
 // all M rows of x [M, K], in the kernels' PrefillInput. Sums go over K in blocks of PREFILL_K, whatever M.
 constexpr int64_t PREFILL_K = 256;
@@ -96,7 +94,6 @@ struct Isa {
   const char* name;
   int64_t attend_lanes;  // Attend needs head_dim to be a multiple of this
   QuantKernels quant;
-  FloatMatmul q8_float;
   Attend<float> attend;
   Attend<Half> attend_half;  // fp16 pools
   PrefillKernels prefill_float32, prefill_bfloat16;

@@ -71,12 +71,11 @@ inline void dequantize_six_bits(const uint8_t* quants, float scale_low, float sc
   }
 }
 
-// Block b of a row as 32 floats. INTERLEAVED: the quants by runs (kernels.h); else each block's bytes in a row.
-template <typename Format, bool INTERLEAVED>
+// Block b of a row as 32 floats, its quants gathered from the runs' words (kernels.h).
+template <typename Format>
 inline void unpack_block(const RowLayout<Format>& row, int64_t b, int64_t blocks, float* out) {
-  uint8_t interleaved[Format::QUANT_BYTES];
-  if (INTERLEAVED) block_quants<Format>(row.quants, b, blocks, interleaved);
-  const uint8_t* quants = INTERLEAVED ? interleaved : row.quants + b * Format::QUANT_BYTES;
+  uint8_t quants[Format::QUANT_BYTES];
+  block_quants<Format>(row.quants, b, blocks, quants);
   if constexpr (Format::BITS == 6) {  // each half's scale d * sc is exact in float32 (11 by 8 significant bits)
     dequantize_six_bits(quants, row.scale(b) * static_cast<float>(row.sc_low[b]),
                         row.scale(b) * static_cast<float>(row.sc_high[b]), out);
@@ -193,7 +192,7 @@ void prefill_matmul_cols(const inferplug_isa::WeightRows& w, int64_t n0, int64_t
       W* micro = panel + j / NR * NR * kc;
       const RowLayout<Format> row(w.data + std::min(n0 + j, n1 - 1) * w.row_bytes, w.blocks);
       for (int64_t b = k0 / QK; b < (k0 + kc) / QK; b++) {
-        if (j < cols) unpack_block<Format, true>(row, b, w.blocks, values);
+        if (j < cols) unpack_block<Format>(row, b, w.blocks, values);
         Panel::pack(j < cols ? values : zeros, b * QK - k0, j % NR, micro);
       }
     }

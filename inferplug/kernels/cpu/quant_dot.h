@@ -307,34 +307,6 @@ void dot_rows(const RowLayout<Format>& w, const inferplug_isa::QuantizedRows& x,
   for (int i = 0; i < MT; i++) sums[i] = acc[i];
 }
 
-// Rows [m, m + MT) of float x against blocks [b0, b1) of one Q8_0 weight row (b0 a multiple of GROUP), added to sums,
-// without rounding x to int8: the lm_head, whose logits pick every token. A block's 32 weights become floats once for
-// all MT rows.
-template <typename V, int MT>
-void dot_rows_float(const RowLayout<Q8_0>& w, const float* x, int64_t k, int64_t b0, int64_t b1, typename V::F* sums) {
-  constexpr int64_t PARTS = QK / V::LANES;
-  typename V::F acc[MT];
-  for (int i = 0; i < MT; i++) acc[i] = sums[i];
-  for (int64_t b = b0; b < b1; b += GROUP) {
-    const int64_t n = std::min(GROUP, b1 - b);
-    float scales[GROUP];
-    _mm256_storeu_ps(scales, load_halves(w.scales + 2 * b, n));
-    for (int64_t j = 0; j < n; j++) {
-      const int8_t* quants = reinterpret_cast<const int8_t*>(w.quants + (b + j) * QK);
-      typename V::F q[PARTS];
-      for (int64_t l = 0; l < PARTS; l++) q[l] = V::load_i8(quants + V::LANES * l);
-      const auto scale = V::set1(scales[j]);
-      for (int i = 0; i < MT; i++) {
-        const float* xb = x + i * k + (b + j) * QK;
-        auto dot = V::mul(q[0], V::load(xb));
-        for (int64_t l = 1; l < PARTS; l++) dot = V::fmadd(q[l], V::load(xb + V::LANES * l), dot);
-        acc[i] = V::fmadd(dot, scale, acc[i]);
-      }
-    }
-  }
-  for (int i = 0; i < MT; i++) sums[i] = acc[i];
-}
-
 // f(integral_constant<int, rows>) for 1 <= rows <= MT: the row count as a compile-time constant.
 template <int MT, typename F>
 void with_rows(int64_t rows, const F& f) {
@@ -373,18 +345,6 @@ void quant_matmul_rows(const inferplug_isa::WeightRows& w, int64_t n0, int64_t n
     by_passes<F256, MT, chunk_blocks<MT, QK>()>(w, n0, n1, y, y_stride,
                                                 [&](const uint8_t* row, int64_t b0, int64_t b1, __m256* sums) {
       dot_rows<Dot, Format, MT>(RowLayout<Format>(row, w.blocks), x, m, b0, b1, w.blocks, sums);
-    });
-  });
-}
-
-template <typename V>
-void float_matmul_rows(const inferplug_isa::WeightRows& w, int64_t n0, int64_t n1, const float* x, int64_t k,
-                       int64_t rows, float* y, int64_t y_stride) {
-  with_rows<inferplug_isa::MAX_ROWS>(rows, [&](auto mt) {
-    constexpr int MT = decltype(mt)::value;
-    by_passes<V, MT, chunk_blocks<MT, QK * 4>()>(w, n0, n1, y, y_stride,
-                                                  [&](const uint8_t* row, int64_t b0, int64_t b1, typename V::F* sums) {
-      dot_rows_float<V, MT>(RowLayout<Q8_0>(row, w.blocks), x, k, b0, b1, sums);
     });
   });
 }

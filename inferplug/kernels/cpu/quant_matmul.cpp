@@ -52,30 +52,35 @@ const int64_t* checked_order(const std::optional<at::Tensor>& order, int64_t k) 
   return index;
 }
 
-// order: y = x[:, order] @ w.T (a GPTQ act-order weight), without the permuted copy of x.
+// y [M, N] = xq's M rows @ w.T, the weight's rows in tiles (over_tiles).
 template <typename Format>
-at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& order) {
-  const int64_t blocks = check_operands<Format>(x, weight), M = x.size(0), N = weight.size(0);
-  const QuantizedX xq = quantize_rows(x.data_ptr<float>(), M, x.size(1), checked_order(order, x.size(1)));
-  at::Tensor y = at::empty({M, N}, x.options());
+at::Tensor matmul_quantized(const QuantizedX& xq, int64_t M, const at::Tensor& weight, int64_t blocks,
+                            const at::TensorOptions& options) {
+  const int64_t N = weight.size(0);
+  at::Tensor y = at::empty({M, N}, options);
   const inferplug_isa::WeightRows w{weight.data_ptr<uint8_t>(), weight.size(1), blocks};
-  const auto& isa = inferplug_isa::active();
-  const auto kernel = for_format<Format>(isa.quant);
+  const auto kernel = for_format<Format>(inferplug_isa::active().quant);
   float* out = y.data_ptr<float>();
   over_tiles(M, N, [&](int64_t n0, int64_t n1, int64_t m, int64_t rows) { kernel(w, n0, n1, xq.view(), m, rows, out + m * N + n0, N); });
   return y;
 }
 
-// The lm_head: Q8_0 weights against float x, which is not rounded to int8 (its logits pick every token).
-at::Tensor q8_matmul_float(const at::Tensor& x, const at::Tensor& weight) {
-  const int64_t blocks = check_operands<Q8_0>(x, weight), M = x.size(0), K = x.size(1), N = weight.size(0);
-  at::Tensor y = at::empty({M, N}, x.options());
-  const inferplug_isa::WeightRows w{weight.data_ptr<uint8_t>(), weight.size(1), blocks};
-  const auto kernel = inferplug_isa::active().q8_float;
-  const float* xs = x.data_ptr<float>();
-  float* out = y.data_ptr<float>();
-  over_tiles(M, N, [&](int64_t n0, int64_t n1, int64_t m, int64_t rows) { kernel(w, n0, n1, xs + m * K, K, rows, out + m * N + n0, N); });
-  return y;
+// order: y = x[:, order] @ w.T (a GPTQ act-order weight), without the permuted copy of x.
+template <typename Format>
+at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& order) {
+  const int64_t blocks = check_operands<Format>(x, weight), M = x.size(0);
+  const QuantizedX xq = quantize_rows(x.data_ptr<float>(), M, x.size(1), checked_order(order, x.size(1)));
+  return matmul_quantized<Format>(xq, M, weight, blocks, x.options());
+}
+
+// The lm_head, whose logits pick every token: x in two int8 parts (quantize_in_two_parts), their products summed.
+// Each row's sums are its own, whatever rows share the call.
+template <typename Format>
+at::Tensor head_matmul(const at::Tensor& x, const at::Tensor& weight) {
+  const int64_t blocks = check_operands<Format>(x, weight), M = x.size(0);
+  const at::Tensor parts = matmul_quantized<Format>(quantize_in_two_parts(x.data_ptr<float>(), M, x.size(1)), 2 * M,
+                                                    weight, blocks, x.options());
+  return parts.narrow(0, 0, M) + parts.narrow(0, M, M);
 }
 
 // Prefill rows: float x against the weights dequantized a panel at a time (prefill_gemm.h), in float32 or bf16.
@@ -107,8 +112,7 @@ std::string bfloat16_dot() {
 
 // The weight [N, K] in float32 (the reference the prefill kernels are tested against) or, with bfloat16, rounded
 // to the nearest bf16 as torch's .to(bfloat16) does (the oneDNN prefill path's panels: one pass, no float copy).
-// INTERLEAVED: the layers' quants by runs (kernels.h); else each block's bytes in a row (the float head's).
-template <typename Format, bool INTERLEAVED>
+template <typename Format>
 at::Tensor dequantize(const at::Tensor& weight, bool bfloat16) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kByte && weight.is_contiguous(),
               "dequantize: weight must be contiguous uint8 rows of blocks [N, K / 32 * block bytes]");
@@ -123,10 +127,10 @@ at::Tensor dequantize(const at::Tensor& weight, bool bfloat16) {
       for (int64_t b = 0; b < blocks; b++) {
         const int64_t at = (n * blocks + b) * QK;
         if (!bfloat16) {
-          unpack_block<Format, INTERLEAVED>(row, b, blocks, out.data_ptr<float>() + at);
+          unpack_block<Format>(row, b, blocks, out.data_ptr<float>() + at);
           continue;
         }
-        unpack_block<Format, INTERLEAVED>(row, b, blocks, values);
+        unpack_block<Format>(row, b, blocks, values);
         c10::BFloat16* o = out.data_ptr<c10::BFloat16>() + at;
         for (int i = 0; i < QK; i++) o[i] = c10::BFloat16(values[i]);  // round to nearest, ties to even
       }
@@ -146,7 +150,8 @@ TORCH_LIBRARY_FRAGMENT(inferplug, m) {
   m.def("q6_k_matmul(Tensor x, Tensor weight, Tensor? order=None) -> Tensor");
   m.def("q8_matmul(Tensor x, Tensor weight, Tensor? order=None) -> Tensor");
   m.def("mxfp4_matmul(Tensor x, Tensor weight, Tensor? order=None) -> Tensor");
-  m.def("q8_matmul_float(Tensor x, Tensor weight) -> Tensor");
+  m.def("q6_k_head_matmul(Tensor x, Tensor weight) -> Tensor");
+  m.def("q8_head_matmul(Tensor x, Tensor weight) -> Tensor");
   m.def("q4_dequantize(Tensor weight, bool bfloat16=False) -> Tensor");
   m.def("q4_g128_dequantize(Tensor weight, bool bfloat16=False) -> Tensor");
   m.def("q4_k_dequantize(Tensor weight, bool bfloat16=False) -> Tensor");
@@ -154,7 +159,6 @@ TORCH_LIBRARY_FRAGMENT(inferplug, m) {
   m.def("q5_k_dequantize(Tensor weight, bool bfloat16=False) -> Tensor");
   m.def("q6_k_dequantize(Tensor weight, bool bfloat16=False) -> Tensor");
   m.def("q8_dequantize(Tensor weight, bool bfloat16=False) -> Tensor");
-  m.def("q8_dequantize_plain(Tensor weight, bool bfloat16=False) -> Tensor");
   m.def("mxfp4_dequantize(Tensor weight, bool bfloat16=False) -> Tensor");
   m.def("q4_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
   m.def("q4_g128_prefill_matmul(Tensor x, Tensor weight, str precision) -> Tensor");
@@ -175,16 +179,16 @@ TORCH_LIBRARY_IMPL(inferplug, CPU, m) {
   m.impl("q6_k_matmul", &quant_matmul<Q6_K>);
   m.impl("q8_matmul", &quant_matmul<Q8_0>);
   m.impl("mxfp4_matmul", &quant_matmul<MXFP4>);
-  m.impl("q8_matmul_float", &q8_matmul_float);
-  m.impl("q4_dequantize", &dequantize<Q4_1, true>);
-  m.impl("q4_g128_dequantize", &dequantize<Q4_G128, true>);
-  m.impl("q4_k_dequantize", &dequantize<Q4_K, true>);
-  m.impl("q5_0_dequantize", &dequantize<Q5_0, true>);
-  m.impl("q5_k_dequantize", &dequantize<Q5_K, true>);
-  m.impl("q6_k_dequantize", &dequantize<Q6_K, true>);
-  m.impl("q8_dequantize", &dequantize<Q8_0, true>);
-  m.impl("q8_dequantize_plain", &dequantize<Q8_0, false>);
-  m.impl("mxfp4_dequantize", &dequantize<MXFP4, true>);
+  m.impl("q6_k_head_matmul", &head_matmul<Q6_K>);
+  m.impl("q8_head_matmul", &head_matmul<Q8_0>);
+  m.impl("q4_dequantize", &dequantize<Q4_1>);
+  m.impl("q4_g128_dequantize", &dequantize<Q4_G128>);
+  m.impl("q4_k_dequantize", &dequantize<Q4_K>);
+  m.impl("q5_0_dequantize", &dequantize<Q5_0>);
+  m.impl("q5_k_dequantize", &dequantize<Q5_K>);
+  m.impl("q6_k_dequantize", &dequantize<Q6_K>);
+  m.impl("q8_dequantize", &dequantize<Q8_0>);
+  m.impl("mxfp4_dequantize", &dequantize<MXFP4>);
   m.impl("q4_prefill_matmul", &prefill_matmul<Q4_1>);
   m.impl("q4_g128_prefill_matmul", &prefill_matmul<Q4_G128>);
   m.impl("q4_k_prefill_matmul", &prefill_matmul<Q4_K>);

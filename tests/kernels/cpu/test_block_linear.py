@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from inferplug.errors import ProfileError
 from inferplug.quant.block_linear import (KERNEL_MAX_ROWS, PREFILL_GEMMS, MXFP4Linear, Q4G128Linear, Q4Linear,
                                          Q8HeadLinear, Q8Linear, set_prefill_gemm)
-from inferplug.quant.kquant_linear import Q4KLinear, Q5_0Linear, Q5KLinear, Q6KLinear
+from inferplug.quant.kquant_linear import Q4KLinear, Q5_0Linear, Q5KLinear, Q6KHeadLinear, Q6KLinear
 from inferplug.quant.linear import Fp16Linear, head_layer
 
 
@@ -113,14 +113,22 @@ def test_rows_of_whole_groups(ops, layer_cls, width, row_bytes):
     assert relative_error(layer(x), F.linear(x, layer.dequantized())) < 1e-2
 
 
+@pytest.mark.parametrize("layer_cls", [Q8HeadLinear, Q6KHeadLinear])
 @pytest.mark.parametrize("rows", [1, 3, KERNEL_MAX_ROWS])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_head_kernel_keeps_the_activations_float(ops, rows, threads, weight):
-    """Q8HeadLinear: Q8_0 weights against float x, so only the summation order differs from F.linear."""
-    layer = Q8HeadLinear.from_float(weight)
-    x = torch.randn(rows, WIDTH)
+def test_head_kernels_take_x_to_about_15_bits(ops, layer_cls, rows, threads, weight):
+    """x in two int8 parts: a block's rounding (step s = amax / 127) and its remainder's (step at most s / 254), so
+    each input is off by at most s / 508; the float sums add a few ulps. One int8 rounding (the layers' kernels)
+    is off by up to s / 2, a bound 254 times wider, and it misses this one."""
+    layer = layer_cls.from_float(weight)
+    x = torch.randn(rows, WIDTH, generator=torch.Generator().manual_seed(rows))
+    w = layer.dequantized()
+    step = x.reshape(rows, -1, 32).abs().amax(-1, keepdim=True).expand(-1, -1, 32).reshape(rows, WIDTH) / 127
+    bound = (step / 508) @ w.abs().T + 4 * WIDTH * 2.0**-24 * (x.abs() @ w.abs().T)
     out = on_threads(threads, layer, x)
-    torch.testing.assert_close(out, F.linear(x, layer.dequantized()), rtol=1e-5, atol=1e-5)
+    assert ((out - F.linear(x, w)).abs() <= bound).all()
+    one_rounding = torch.round(x / step) * step  # the layers' int8 x
+    assert ((F.linear(one_rounding, w) - F.linear(x, w)).abs() > bound).any()
 
 
 def test_head_layer_takes_q8_blocks_when_they_are_exact_or_the_layers_are_quantized(ops, weight):
