@@ -5,7 +5,8 @@ heads, 8 KV heads, MLP 14336; SmolLM2's tokenizer, so vocab 49152): a Q4_K_M-sty
 act-order checkpoint (4-bit, group 128). llama.cpp runs the GGUF; --formats picks inferplug's rows. Each engine runs
 in its own subprocess (bench/real_size_engines.py) twice:
   cold   the model's files (and inferplug's INFERPLUG_HOME) dropped from the page cache first; load only
-  warm   the files read into the page cache first; load, then 512-token prefill, one-stream decode, 8 streams
+  warm   the files read into the page cache first (inferplug's: the GGUF and the conversion entries its cold load
+         used); load, then 512-token prefill, one-stream decode, 8 streams
 and its peak RSS (VmHWM) is sampled from outside, so an out-of-memory kill still leaves a row. inferplug loads
 the way a user's code does: get_backend(a profile TOML written next to the file) with [native] num_threads,
 limits.max_model_len = llama.cpp's n_ctx per sequence, and a KV cache of the same number of tokens
@@ -30,6 +31,7 @@ import argparse
 import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -155,9 +157,14 @@ def measure(engine: str, fmt: str, model: Path, w: Workload, args) -> dict:
     log = args.dir / f"{model.name}.{engine}.log"
     print(f"{fmt} / {engine}: cold load ...", flush=True)
     row["resident_before_cold"] = drop_page_cache(files)
+    cold_start = time.time()
     row["cold"] = run_child(engine, target, w, True, env, log, args.timeout, args.max_rss_gib)
     print(f"{fmt} / {engine}: warm run ...", flush=True)
-    read_into_page_cache(files_of(model))
+    # the model's files and the conversion entries the cold load used (a hit touches its entry, the cache's LRU
+    # order): the weights inferplug maps come from those, and an entry left out of the page cache (the peer's 9 GB
+    # pushes it out) is read from disk during the first prefill, which then ran 30% slower
+    used = [p for p in files if p not in files_of(model) and p.stat().st_mtime >= cold_start - 1]
+    read_into_page_cache(files_of(model) + used)
     bandwidth = memory_bandwidth("cpu", 2.0)  # just before: the machine is shared, its bandwidth varies
     row["warm"] = run_child(engine, target, w, False, env, log, args.timeout, args.max_rss_gib)
     row["memory_bandwidth_bytes_per_s"] = bandwidth = (bandwidth + memory_bandwidth("cpu", 2.0)) / 2
@@ -198,16 +205,46 @@ def _stage(row: dict, run: str, stage: str, key: str):
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| format | engine | " + " | ".join(t for t, _, _ in COLUMNS) + " | failure |",
-             "|---|---|" + "---:|" * len(COLUMNS) + "---|"]
-    peer = next((r for r in rows if r["engine"] == "llama.cpp"), None)
+    """Each row, and under each inferplug row its ratios to the llama.cpp row of the same round."""
+    lines = ["| round | format | engine | " + " | ".join(t for t, _, _ in COLUMNS) + " | failure |",
+             "|---|---|---|" + "---:|" * len(COLUMNS) + "---|"]
     for r in rows:
         cells = [("n/a" if (v := get(r)) is None else fmt.format(v)) for _, get, fmt in COLUMNS]
-        lines.append(f"| {r['format']} | {r['engine']} | " + " | ".join(cells) + f" | {r.get('error') or ''} |")
-        if r["engine"] != "llama.cpp" and peer:
-            ratios = [(f"{a / b:.2f}x" if (a := get(r)) and (b := get(peer)) and title != "bw GB/s" else "")
-                      for title, get, _ in COLUMNS]
-            lines.append(f"| {r['format']} | / llama.cpp gguf | " + " | ".join(ratios) + " | |")
+        lines.append(f"| {r['round']} | {r['format']} | {r['engine']} | " + " | ".join(cells) + f" | {r.get('error') or ''} |")
+        if (ratios := _ratios(r, rows)) is not None:
+            cells = [f"{x:.2f}x" if x else "" for x in ratios]
+            lines.append(f"| {r['round']} | {r['format']} | / llama.cpp gguf | " + " | ".join(cells) + " | |")
+    return "\n".join(lines)
+
+
+def _ratios(row: dict, rows: list[dict]) -> list[float | None] | None:
+    """An inferplug row's figures over its round's llama.cpp row's (None: a llama.cpp row, or no peer that round)."""
+    peer = next((r for r in rows if r["engine"] == "llama.cpp" and r["round"] == row["round"]), None)
+    if row["engine"] == "llama.cpp" or peer is None:
+        return None
+    return [a / b if (a := get(row)) and (b := get(peer)) and title != "bw GB/s" else None for title, get, _ in COLUMNS]
+
+
+def paired_summary(rows: list[dict]) -> str:
+    """Over the rounds, each ratio's median (min-max), paired within a round: this shared host's speed drifts by
+    tens of percent between runs minutes apart, more than the engines differ, and a round's two rows share its
+    drift. `8 streams / its 1` is the 8 streams' tokens over wall time against llama.cpp's one-stream decode."""
+    lines = ["| format | " + " | ".join(t for t, _, _ in COLUMNS) + " | 8 streams / its 1 |",
+             "|---|" + "---:|" * (len(COLUMNS) + 1)]
+    for fmt in dict.fromkeys(r["format"] for r in rows if r["engine"] != "llama.cpp"):
+        per_round = []
+        for row in (r for r in rows if r["engine"] != "llama.cpp" and r["format"] == fmt):
+            ratios = _ratios(row, rows)
+            peer = next((r for r in rows if r["engine"] == "llama.cpp" and r["round"] == row["round"]), None)
+            if ratios is None or peer is None:
+                continue
+            streams, one = _stage(row, "warm", "streams", "throughput_tok_s"), _stage(peer, "warm", "decode", "decode_tok_s")
+            per_round.append(ratios + [streams / one if streams and one else None])
+        cells = []
+        for column in zip(*per_round):
+            values = sorted(v for v in column if v)
+            cells.append(f"{statistics.median(values):.2f}x ({values[0]:.2f}-{values[-1]:.2f})" if values else "")
+        lines.append(f"| {fmt} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -232,6 +269,8 @@ def main() -> None:
     parser.add_argument("--prefill-tokens", type=int, default=512)
     parser.add_argument("--decode-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3, help="prefill runs (their median)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="the engines in turn this many times; ratios paired within a round, their median reported")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per engine subprocess")
     parser.add_argument("--max-rss-gib", type=float, default=None,
                         help="stop an engine whose RSS passes this (default: 85%% of the memory available as it starts)")
@@ -256,14 +295,17 @@ def main() -> None:
     if "inferplug" in engines:
         ops()  # the C++ kernels are built now, not inside the first load
     rows: list[dict] = []
-    for engine, fmt in runs:  # the JSON is rewritten after each row: a stopped run keeps what it measured
-        rows.append(measure(engine, fmt, models[fmt], w, args))
-        Path(args.json).write_text(json.dumps({"machine": machine(), "args": {k: str(v) for k, v in vars(args).items()},
-                                               "geometry": asdict(geometry), "workload": asdict(w), "rows": rows,
-                                               "table": table(rows)}, indent=2))
+    for round_ in range(1, args.rounds + 1):  # the JSON is rewritten after each row: a stopped run keeps what it measured
+        for engine, fmt in runs:
+            rows.append(measure(engine, fmt, models[fmt], w, args) | {"round": round_})
+            Path(args.json).write_text(json.dumps({"machine": machine(), "args": {k: str(v) for k, v in vars(args).items()},
+                                                   "geometry": asdict(geometry), "workload": asdict(w), "rows": rows,
+                                                   "table": table(rows), "paired": paired_summary(rows)}, indent=2))
     print(f"\n{geometry.layers} layers, {args.threads} threads, context {args.context} x {args.streams} streams\n")
     print(table(rows))
-
+    if args.rounds > 1:
+        print(f"\nPaired over {args.rounds} rounds, inferplug / llama.cpp: median (min-max)\n")
+        print(paired_summary(rows))
 
 if __name__ == "__main__":
     main()
