@@ -32,13 +32,12 @@ import os
 import re
 import stat
 import struct
-import tempfile
 from pathlib import Path
 
 import torch
 
 from inferplug.errors import ProfileError
-from inferplug.models.conversion_cache import TEMP_PREFIX, scan_entries
+from inferplug.models.conversion_cache import scan_entries, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -77,19 +76,8 @@ class DocumentKVDisk:
         path = folder / self._name(key, doc_key)
         old = _size_of(path)
         try:
-            fd, temp = tempfile.mkstemp(dir=folder, prefix=TEMP_PREFIX)
+            write_atomically(path, lambda f: f.writelines((*payload, digest.digest())))
         except OSError as exc:
-            log.warning("document KV cache: cannot write in %s (%s); the segment stays in memory only", folder, exc)
-            return False
-        try:
-            with os.fdopen(fd, "wb") as f:
-                for part in (*payload, digest.digest()):
-                    f.write(part)
-            os.replace(temp, path)  # replaces a symlink itself, never its target
-        except BaseException as exc:
-            Path(temp).unlink(missing_ok=True)
-            if not isinstance(exc, OSError):
-                raise
             log.warning("document KV cache: cannot write %s (%s); the segment stays in memory only", path, exc)
             return False
         self.nbytes += size - old

@@ -92,7 +92,7 @@ def cached_text(key_parts: Sequence[object], suffix: str, build: Callable[[], st
         pass
     data = build().encode()
     try:
-        _write_atomically(path, lambda f: f.write(data))
+        write_atomically(path, lambda f: f.write(data))
     except OSError as exc:  # a full disk or a read-only home: the caller goes on without the file
         log.warning("conversion cache: cannot save %s (%s)", path, exc)
         return None
@@ -111,7 +111,7 @@ def _entry_place(key_parts: Sequence[object], suffix: str) -> tuple[Path, int, l
     return folder, limit, key, folder / (hashlib.sha256(json.dumps(key).encode()).hexdigest() + suffix)
 
 
-def _write_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
+def write_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
     """write(f) into a temp file beside `path`, then os.replace: no reader ever sees half an entry, and a symlink
     where the entry belongs is replaced itself, never its target. The temp file goes if anything fails."""
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=TEMP_PREFIX)
@@ -247,7 +247,7 @@ def write_entry(path: Path, key: list[str], weights: dict[str, Any], limit: int)
                 f.write(memoryview(t.view(-1).view(torch.uint8).numpy()))
         f.truncate(data + offset)
 
-    _write_atomically(path, write)
+    write_atomically(path, write)
     return True
 
 
