@@ -143,9 +143,9 @@ def measure(engine: str, fmt: str, model: Path, w: Workload, args) -> dict:
 
     env = dict(os.environ)
     row: dict = {"format": fmt, "engine": engine, "model": str(model)}
-    target, files = model, files_of(model)
+    target, files, home = model, files_of(model), args.dir / "inferplug-home"
     if engine == "inferplug":
-        env["INFERPLUG_HOME"] = str(args.dir / "inferplug-home")
+        env["INFERPLUG_HOME"] = str(home)
         try:
             target, plan = inferplug_profile(model, fmt, w, env)
         except RuntimeError as exc:
@@ -153,7 +153,7 @@ def measure(engine: str, fmt: str, model: Path, w: Workload, args) -> dict:
         row["resolve"] = {k: plan.get(k) for k in ("backend", "dtype", "weight_format", "num_kv_blocks")}
         row["resolve"]["memory"] = plan["memory"]
         row["promised_bytes"] = sum(plan["memory"][k] for k in PROMISED_PARTS)
-        files += files_of(args.dir / "inferplug-home")
+        files += files_of(home)
     log = args.dir / f"{model.name}.{engine}.log"
     print(f"{fmt} / {engine}: cold load ...", flush=True)
     row["resident_before_cold"] = drop_page_cache(files)
@@ -161,9 +161,10 @@ def measure(engine: str, fmt: str, model: Path, w: Workload, args) -> dict:
     row["cold"] = run_child(engine, target, w, True, env, log, args.timeout, args.max_rss_gib)
     print(f"{fmt} / {engine}: warm run ...", flush=True)
     # the model's files and the conversion entries the cold load used (a hit touches its entry, the cache's LRU
-    # order): the weights inferplug maps come from those, and an entry left out of the page cache (the peer's 9 GB
-    # pushes it out) is read from disk during the first prefill, which then ran 30% slower
-    used = [p for p in files if p not in files_of(model) and p.stat().st_mtime >= cold_start - 1]
+    # order; listed after the load, which may have converted and evicted others): the weights inferplug maps come
+    # from those, and an entry left out of the page cache (the peer's 9 GB pushes it out) is read from disk during
+    # the first prefill, which then ran 30% slower
+    used = [p for p in files_of(home) if p.stat().st_mtime >= cold_start - 1] if engine == "inferplug" else []
     read_into_page_cache(files_of(model) + used)
     bandwidth = memory_bandwidth("cpu", 2.0)  # just before: the machine is shared, its bandwidth varies
     row["warm"] = run_child(engine, target, w, False, env, log, args.timeout, args.max_rss_gib)
