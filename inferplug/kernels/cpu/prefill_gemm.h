@@ -108,8 +108,9 @@ struct FloatPanel {
   static constexpr int MR = V::LANES == 16 ? 12 : 6;  // MR * NV sums + NV weights + a broadcast: the registers
   using W = float;
   using X = float;
+  static constexpr int64_t PACK_COLS = 1;
   // A block's 32 weights of column j, from row k of the micro-panel on.
-  static void pack(const float* values, int64_t k, int64_t j, W* micro) {
+  static void pack(const float* values, int64_t, int64_t k, int64_t j, W* micro) {
     for (int64_t t = 0; t < QK; t++) micro[(k + t) * NR + j] = ROUND_BF16 ? bf16_round(values[t]) : values[t];
   }
 
@@ -141,10 +142,40 @@ struct Bf16Panel {
   static constexpr int MR = 12;
   using W = uint16_t;
   using X = uint16_t;
-  __attribute__((target("avx512bf16"))) static void pack(const float* values, int64_t k, int64_t j, W* micro) {
-    alignas(64) uint32_t pairs[QK / 2];  // vcvtne2ps2bf16 rounds to the nearest even, as bf16_bits
-    _mm512_store_si512(pairs, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(values + 16), _mm512_loadu_ps(values)));
-    for (int64_t t = 0; t < QK / 2; t++) std::memcpy(micro + ((k / 2 + t) * NR + j) * 2, &pairs[t], 4);
+  static constexpr int64_t PACK_COLS = 16;
+  // A block's 32 weights of columns j..j + 15 (column c's at values + c * stride), from row k of the micro-panel on:
+  // each column's 16 bf16 pairs (vcvtne2ps2bf16 rounds to the nearest even, as bf16_bits), transposed so that
+  // each pair row of the panel is one 64-byte store. A column at a time took 16 scattered 4-byte stores a block,
+  // more than the tiles' arithmetic at 32 rows (an MoE expert's share of a prefill).
+  __attribute__((target("avx512bf16"))) static void pack(const float* values, int64_t stride, int64_t k, int64_t j,
+                                                         W* micro) {
+    __m512i r[16];
+    for (int c = 0; c < 16; c++)
+      r[c] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(values + c * stride + 16), _mm512_loadu_ps(values + c * stride));
+    transpose(r);
+    for (int t = 0; t < 16; t++) _mm512_storeu_si512(micro + ((k / 2 + t) * NR + j) * 2, r[t]);
+  }
+  // r[c][t] -> r[t][c] for 16 x 16 32-bit lanes: pairs within 128-bit lanes, then quads, then the 128-bit lanes.
+  static void transpose(__m512i* r) {
+    __m512i a[16], b[16];
+    for (int i = 0; i < 8; i++) {  // a[2i]: rows 2i, 2i + 1 interleaved, elements 0, 1 of each lane; a[2i + 1]: 2, 3
+      a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+      a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {  // b[4i + e], lane L: rows 4i..4i + 3, element 4L + e
+      b[4 * i] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
+      b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
+      b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
+      b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
+    }
+    for (int e = 0; e < 4; e++) {  // row 4L + e: lane L of b[e], b[4 + e], b[8 + e], b[12 + e]
+      const __m512i v0 = _mm512_shuffle_i32x4(b[e], b[4 + e], 0x44), v1 = _mm512_shuffle_i32x4(b[e], b[4 + e], 0xEE);
+      const __m512i v2 = _mm512_shuffle_i32x4(b[8 + e], b[12 + e], 0x44), v3 = _mm512_shuffle_i32x4(b[8 + e], b[12 + e], 0xEE);
+      r[e] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+      r[4 + e] = _mm512_shuffle_i32x4(v0, v2, 0xDD);
+      r[8 + e] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+      r[12 + e] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
+    }
   }
 
   template <int ROWS>
@@ -184,17 +215,22 @@ void prefill_matmul_cols(const inferplug_isa::WeightRows& w, int64_t n0, int64_t
   alignas(64) W panel[inferplug_isa::PREFILL_COLS * PREFILL_K];
   const auto* x = static_cast<const typename Panel::X*>(input);
   alignas(64) float edge[MR * NR];  // the last micro-panel's tile where fewer than NR columns remain
-  alignas(32) float values[QK];
-  alignas(32) const float zeros[QK] = {};
+  constexpr int64_t PACK_COLS = Panel::PACK_COLS;
+  static_assert(NR % PACK_COLS == 0, "a pack's columns sit in one micro-panel");
+  alignas(32) float values[PACK_COLS][PREFILL_K];  // the pack's columns' weights over the K block, as floats
   for (int64_t k0 = 0; k0 < K; k0 += PREFILL_K) {
     const int64_t kc = std::min(PREFILL_K, K - k0);
-    for (int64_t j = 0; j < panels * NR; j++) {  // column j of the panel: weight row n0 + j, zeros past n1
-      W* micro = panel + j / NR * NR * kc;
-      const RowLayout<Format> row(w.data + std::min(n0 + j, n1 - 1) * w.row_bytes, w.blocks);
-      for (int64_t b = k0 / QK; b < (k0 + kc) / QK; b++) {
-        if (j < cols) unpack_block<Format>(row, b, w.blocks, values);
-        Panel::pack(j < cols ? values : zeros, b * QK - k0, j % NR, micro);
+    for (int64_t j0 = 0; j0 < panels * NR; j0 += PACK_COLS) {  // column j of the panel: weight row n0 + j, zeros past n1
+      W* micro = panel + j0 / NR * NR * kc;
+      for (int64_t c = 0; c < PACK_COLS; c++) {
+        if (j0 + c >= cols) {
+          std::fill_n(values[c], kc, 0.f);
+          continue;
+        }
+        const RowLayout<Format> row(w.data + (n0 + j0 + c) * w.row_bytes, w.blocks);
+        for (int64_t b = k0 / QK; b < (k0 + kc) / QK; b++) unpack_block<Format>(row, b, w.blocks, values[c] + b * QK - k0);
       }
+      for (int64_t at = 0; at < kc; at += QK) Panel::pack(values[0] + at, PREFILL_K, at, j0 % NR, micro);
     }
     for (int64_t m = 0; m < M; m += MR) {
       const int64_t rows = std::min<int64_t>(MR, M - m);
