@@ -87,10 +87,10 @@ def main() -> None:
     paths = {"per-expert loop": TorchOps(), "one call": kernel_ops}
     for label, (rows, decode) in STEPS.items():
         h = torch.randn(rows, geo.hidden, generator=gen) * 0.5
-        chosen = [router_logits(h, m).topk(geo.top_k, dim=-1).indices.unique() for m in layers]
+        chosen = [router_logits(h, m, kernel_ops).topk(geo.top_k, dim=-1).indices.unique() for m in layers]
         read = statistics.mean(sum(expert_bytes[i][e] for e in c.tolist()) for i, c in enumerate(chosen))
         distinct = statistics.mean(len(c) for c in chosen)
-        router = timed(lambda: [torch.softmax(router_logits(h, m), -1).topk(geo.top_k, dim=-1) for m in layers],
+        router = timed(lambda: [torch.softmax(router_logits(h, m, kernel_ops), -1).topk(geo.top_k, dim=-1) for m in layers],
                        args.repeats) / len(layers)
         results = {}
         for name, ops in paths.items():

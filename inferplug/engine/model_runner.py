@@ -34,6 +34,7 @@ class ModelRunner:
         ops set offers them. state_slots: the sequences a hybrid model's DeltaNet layers hold a state for.
         window_blocks: the blocks of the sliding-window layers' own pools (engine/window_blocks.py; 0: they keep
         their KV in num_blocks-block pools, as the other layers do)."""
+        from inferplug.models.heap import keep_freed_heap
         from inferplug.quant.block_linear import set_prefill_gemm
         from inferplug.quant.linear import quantize_model
 
@@ -43,6 +44,8 @@ class ModelRunner:
         self.model = model
         self.block_size = block_size
         self.kv_caches = model.allocate_kv_cache(num_blocks, block_size, state_slots, window_blocks)
+        if model.device.type == "cpu":  # the steps' temporaries reused, not mapped afresh each step (models/heap.py)
+            keep_freed_heap()
         self.keeps_states = state_slots > 0
         self.windowed_pools = window_blocks > 0
         self.sampler = sampler

@@ -90,16 +90,12 @@ def _expert_table(gate_up: list[Any], down: list[Any]) -> tuple[torch.Tensor, to
     return (*tables, gate_up[0].out_features, *(type(ws[0]).kernel.removesuffix("_matmul") for ws in (gate_up, down)))
 
 
-ROUTER_ROWS = 16  # rows a router product takes at once: [16, experts, hidden] floats (16 MB at 30B-A3B)
-
-
-def router_logits(h: torch.Tensor, moe: MoeWeights) -> torch.Tensor:
-    """h @ router.T (+ the router's bias, gpt-oss's) with each row's sums in one order whatever the row count (a
-    GEMM's blocking changes with it, and a last-bit change in a router logit can change an expert): products, then a
-    sum over hidden, in row chunks."""
+def router_logits(h: torch.Tensor, moe: MoeWeights, ops) -> torch.Tensor:
+    """h @ router.T (+ the router's bias, gpt-oss's), each row's logits independent of the step's other rows
+    (`ops.router_logits`)."""
     if moe.router_scale is not None:
         h = h * moe.router_scale * moe.router_scale.shape[0] ** -0.5
-    logits = torch.cat([(part[:, None, :] * moe.router[None]).sum(dim=-1) for part in h.split(ROUTER_ROWS)])
+    logits = ops.router_logits(h, moe.router)
     return logits if moe.router_bias is None else logits + moe.router_bias
 
 
@@ -110,7 +106,7 @@ def moe_mlp(h: torch.Tensor, moe: MoeWeights, top_k: int, renormalize: bool,
     block layers (quant/block_linear.py); None: all of them. `ops`: the model's ops (ops/), whose MoE call or
     grouped GEMM runs the experts where it can. `router_input`: what the router reads where it is not `h`
     (Gemma 4's)."""
-    probs = torch.softmax(router_logits(h if router_input is None else router_input, moe).float(), dim=-1)
+    probs = torch.softmax(router_logits(h if router_input is None else router_input, moe, ops).float(), dim=-1)
     weights, chosen = probs.topk(top_k, dim=-1)
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)

@@ -80,6 +80,13 @@ class CpuKernelOps(TorchOps):
     def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return self.kernels.gelu_tanh_mul(gate_up)
 
+    def router_logits(self, h: torch.Tensor, router: torch.Tensor) -> torch.Tensor:
+        """In one kernel (kernels/cpu/layer_ops.cpp), each logit in one order as torch's form is, without writing
+        its [T, experts, hidden] products."""
+        if h.dtype != torch.float32 or router.dtype != torch.float32:
+            return super().router_logits(h, router)
+        return self.kernels.router_logits(h.contiguous(), router.contiguous())
+
     def moe_experts(self, h, chosen, weights, moe, decode_rows, activation):
         """Block experts in one kernel call a layer (kernels/cpu/moe_experts.cpp): decode rows on the int8 kernels,
         prefill rows on the layers' prefill path, with gpt-oss's biases and activation and Gemma 4's GeGLU. None, for

@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # the ops read a row's block table and computed count; they n
 # A row starts a new decode group when it needs at most 2/3 of the group's blocks and 8 fewer: past that,
 # reading the padding costs more than another gather and matmul pair (about 0.1 ms a layer).
 GROUP_WIDTH_RATIO, GROUP_MIN_GAP_BLOCKS = 2 / 3, 8
+ROUTER_ROWS = 16  # rows a router product takes at once: [16, experts, hidden] floats (16 MB at 30B-A3B)
 
 
 class TorchOps:
@@ -87,6 +88,12 @@ class TorchOps:
         if weight.dtype == torch.float32:  # Gemma's 1 + w: scaled in fp32, rounded once (HF's Gemma3RMSNorm)
             return F.rms_norm(x.float(), weight.shape, weight, eps).to(x.dtype)
         return F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype) * weight  # HF's rounding in bf16/fp16
+
+    def router_logits(self, h: torch.Tensor, router: torch.Tensor) -> torch.Tensor:
+        """h @ router.T ([T, experts]) with each row's sums in one order whatever the row count (a GEMM's blocking
+        changes with it, and a last-bit change in a router logit can change an expert): products, then a sum over
+        hidden, ROUTER_ROWS rows at a time."""
+        return torch.cat([(part[:, None, :] * router[None]).sum(dim=-1) for part in h.split(ROUTER_ROWS)])
 
     def moe_experts(self, h: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor, moe, decode_rows: int | None,
                     activation) -> torch.Tensor | None:

@@ -1,5 +1,6 @@
-// The small element-wise steps of a decoder layer, fused: at one token a step each torch op costs more in
-// dispatch than in arithmetic, and these two replace ~12 of them a layer.
+// The small steps of a decoder layer, fused: at one token a step each torch op costs more in dispatch than in
+// arithmetic, and RoPE with the KV store and the gated activations replace ~12 of them a layer. The MoE router's
+// logits too: torch's batch-invariant form wrote [rows, experts, hidden] products (512 MB a layer at 512 tokens).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -100,6 +101,54 @@ at::Tensor glu(const at::Tensor& gate_up) {
   return out;
 }
 
+// One row's logits for N experts (rows of w, `h` apart): per expert two 8-lane FMA chains over x, their lanes summed,
+// then the tail past the last 16. N experts a pass share each load of x and keep 2N chains in flight.
+template <int N>
+void router_dots(const float* x, const float* w, float* out, int64_t h) {
+  __m256 acc[N][2];
+  for (int e = 0; e < N; e++) acc[e][0] = acc[e][1] = F256::zero();
+  int64_t i = 0;
+  for (; i + 16 <= h; i += 16) {
+    const __m256 x0 = F256::load(x + i), x1 = F256::load(x + i + 8);
+    for (int e = 0; e < N; e++) {
+      acc[e][0] = F256::fmadd(x0, F256::load(w + e * h + i), acc[e][0]);
+      acc[e][1] = F256::fmadd(x1, F256::load(w + e * h + i + 8), acc[e][1]);
+    }
+  }
+  for (int e = 0; e < N; e++) {
+    float tail = 0.f;
+    for (int64_t j = i; j < h; j++) tail += x[j] * w[e * h + j];
+    out[e] = F256::sum(F256::add(acc[e][0], acc[e][1])) + tail;
+  }
+}
+
+constexpr int64_t ROUTER_EXPERTS = 4;  // experts a pass over a row's x takes
+
+// x [T, H] @ router [E, H]^T -> [T, E], each logit summed in one order whatever T is: a GEMM's blocking changes
+// with the row count, and a last-bit change in a router logit can change a row's experts.
+at::Tensor router_logits(const at::Tensor& x, const at::Tensor& router) {
+  checks::float_cpu(x, "router_logits", "x"), checks::float_cpu(router, "router_logits", "router");
+  TORCH_CHECK(x.dim() == 2 && router.dim() == 2 && x.size(1) == router.size(1),
+              "router_logits: x must be [tokens, hidden] and the router [experts, hidden]");
+  const int64_t tokens = x.size(0), experts = router.size(0), h = x.size(1);
+  const int64_t groups = (experts + ROUTER_EXPERTS - 1) / ROUTER_EXPERTS;
+  at::Tensor out = at::empty({tokens, experts}, x.options());
+  const float *xs = x.data_ptr<float>(), *w = router.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, tokens * groups, 16, [&](int64_t a, int64_t b) {
+    for (int64_t job = a; job < b; job++) {
+      const int64_t t = job / groups, e = job % groups * ROUTER_EXPERTS;
+      const float *row = xs + t * h, *we = w + e * h;
+      float* oe = o + t * experts + e;
+      if (e + ROUTER_EXPERTS <= experts)
+        router_dots<ROUTER_EXPERTS>(row, we, oe, h);
+      else
+        for (int64_t k = e; k < experts; k++) router_dots<1>(row, w + k * h, o + t * experts + k, h);
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(inferplug, m) {
@@ -108,10 +157,12 @@ TORCH_LIBRARY_FRAGMENT(inferplug, m) {
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("swiglu_oai_mul(Tensor gate_up) -> Tensor");
   m.def("gelu_tanh_mul(Tensor gate_up) -> Tensor");
+  m.def("router_logits(Tensor x, Tensor router) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(inferplug, CPU, m) {
   m.impl("rope_write_kv_", &rope_write_kv_);
   m.impl("silu_mul", &glu<&silu_mul_row>);
   m.impl("swiglu_oai_mul", &glu<&swiglu_oai_row>);
   m.impl("gelu_tanh_mul", &glu<&gelu_tanh_mul_row>);
+  m.impl("router_logits", &router_logits);
 }

@@ -70,3 +70,23 @@ def test_silu_mul_matches_torch(ops, tokens, width):
     gate_up[0, :4] = torch.tensor([0.0, -0.0, 100.0, -100.0])
     gate, up = gate_up.chunk(2, dim=-1)
     torch.testing.assert_close(ops.silu_mul(gate_up), F.silu(gate) * up, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(("experts", "hidden"), [(128, 2048), (6, 40), (32, 2880)])  # 6, 40: tails past 4 experts, 16 lanes
+def test_router_logits_match_a_float64_product(ops, experts, hidden):
+    x, router = torch.randn(9, hidden), torch.randn(experts, hidden) / hidden**0.5
+    want = (x.double() @ router.double().T).float()
+    torch.testing.assert_close(ops.router_logits(x, router), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_router_logit_does_not_depend_on_the_rows_beside_it(ops):
+    """Each row's logits, alone and among 37 others, in the same bits: the experts a row takes follow from them."""
+    x, router = torch.randn(37, 2048), torch.randn(128, 2048)
+    together = ops.router_logits(x, router)
+    assert torch.equal(together, torch.cat([ops.router_logits(x[i:i + 1], router) for i in range(37)]))
+    assert torch.equal(together[5:], ops.router_logits(x[5:], router))
+
+
+def test_router_logits_refuse_mismatched_widths(ops):
+    with pytest.raises(RuntimeError, match="router \\[experts, hidden\\]"):
+        ops.router_logits(torch.randn(2, 64), torch.randn(8, 32))

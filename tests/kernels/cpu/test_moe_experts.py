@@ -43,13 +43,20 @@ def run(moe, h, ops, decode_rows, activation):
     return moe_mlp(h, moe, TOP_K, True, activation, decode_rows, ops)
 
 
+def loop_ops(kernel_ops) -> TorchOps:
+    """The torch ops (no MoE call: the per-expert loop) with the kernels' router, so both pick the same experts."""
+    ops = TorchOps()
+    ops.router_logits = kernel_ops.router_logits
+    return ops
+
+
 def both(moe, h, kernel_ops, decode_rows, activation="silu_mul"):
-    """The one call, and the per-expert loop (torch ops have no MoE call) with the same activation kernel."""
+    """The one call, and the per-expert loop with the same router and activation kernels."""
     calls, call = [], kernel_ops.moe_experts
     kernel_ops.moe_experts = lambda *args: calls.append(call(*args)) or calls[-1]
     fused = run(moe, h, kernel_ops, decode_rows, getattr(kernel_ops, activation))
     assert calls[0] is not None  # the call ran the layer, not the loop
-    return fused, run(moe, h, TorchOps(), decode_rows, getattr(kernel_ops, activation))
+    return fused, run(moe, h, loop_ops(kernel_ops), decode_rows, getattr(kernel_ops, activation))
 
 
 @pytest.mark.parametrize("layer_cls", [Q4Linear, Q4G128Linear, Q4KLinear, Q5_0Linear, Q5KLinear, Q6KLinear, Q8Linear,
