@@ -12,9 +12,8 @@ INFERPLUG_HOME/conversions and mapped the next time instead of converted, as lla
 An entry is one file named by the sha256 of its key parts (so no key can name a path outside the directory): a
 header (magic, FORMAT_VERSION, the key parts, each item's layout from quant/layer_codec.py, each tensor's dtype,
 shape and offset) and the tensors' bytes, page-aligned. A hit maps each tensor copy-on-write (a write into a weight
-never reaches the file) and builds it over its mapping: no copy, its pages mapped in at once (MADV_POPULATE_READ:
-far cheaper than a fault each few pages on first use), and a tensor the model drops (q/k/v once fused into one)
-unmaps its pages, which would otherwise stay in the resident set. An entry
+never reaches the file) and builds it over its mapping: no copy, no read until a weight is used, and a tensor the
+model drops (q/k/v once fused into one) unmaps its pages, which would otherwise stay in the resident set. An entry
 whose header does not parse or disagrees with the file's size, the key or FORMAT_VERSION is rebuilt, never trusted;
 the bytes themselves are not hashed (that would read them all, the cost the mapping saves). The key parts carry the
 caller's own conversion version, so changing a conversion misses its old entries, which then age out.
@@ -38,7 +37,6 @@ import os
 import re
 import stat
 import struct
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -55,7 +53,6 @@ FORMAT_VERSION = 2
 ALIGN = 4096  # a page: each tensor is mapped on its own
 SIZE_ENV = "INFERPLUG_CONVERSION_CACHE_GIB"
 DEFAULT_GIB = 16.0
-MADV_POPULATE_READ = 22  # Linux 5.14+: fault a range in, read-only (no copy-on-write break), in one call
 ENTRY_NAME = re.compile(r"^[0-9a-f]{64}(\.entry|\.[a-z]+\.json)$")  # weights, or a cached_text file
 TEMP_PREFIX = ".part-"
 STALE_TEMP_S = 3600  # a live write of a 7B entry takes well under a minute
@@ -219,20 +216,9 @@ def _decode(fd: int, key: list[str], size: int) -> dict[str, Any]:
         if not nbytes:
             return torch.empty(shape, dtype=dtype)
         mapped = mmap.mmap(fd, nbytes, access=mmap.ACCESS_COPY, offset=offset)
-        _map_in(mapped)
         return torch.frombuffer(mapped, dtype=torch.uint8).view(dtype).view(shape)
 
     return {name: rebuild(item, tensor) for name, item in header["items"].items()}
-
-
-def _map_in(mapped: mmap.mmap) -> None:
-    """Maps a tensor's pages in now, in one call: from the page cache a 9 GB MoE's experts take 0.2 s this way, where
-    page faults on first use took 3-6 s of kernel time in its first prefills, a few pages at a time."""
-    if sys.platform == "linux":
-        try:
-            mapped.madvise(MADV_POPULATE_READ)
-        except OSError:  # a kernel before 5.14: the pages come in as they are first read
-            pass
 
 
 def write_entry(path: Path, key: list[str], weights: dict[str, Any], limit: int) -> bool:

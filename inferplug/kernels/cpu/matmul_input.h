@@ -55,6 +55,14 @@ inline int quantize_block(const float* src, float amax, int8_t* q, int& low_sum)
   return static_cast<int>(F256::sum(_mm256_cvtepi32_ps(sum)));
 }
 
+// Where row m's int8 code of input j sits in a QuantizedX of `width` blocks a row: in its block's run (kernels.h),
+// word j % 32 / 4 of the block's words RUN_WORDS_BYTES apart, byte j % 4.
+inline int64_t code_at(int64_t width, int64_t m, int64_t j) {
+  const int64_t b = j / QK, run = b / inferplug_isa::RUN * inferplug_isa::RUN;
+  return (m * width + run) * QK + (b - run) * inferplug_isa::WORD + j % QK / inferplug_isa::WORD * inferplug_isa::RUN_WORDS_BYTES +
+         j % inferplug_isa::WORD;
+}
+
 // order (k entries, or null): quantize x[:, order] instead of x, gathering each block's 32 inputs on the way (a
 // GPTQ act-order weight's inputs, permuted at load), so no permuted copy of x is made.
 QuantizedX quantize_rows(const float* x, int64_t rows, int64_t k, const int64_t* order) {
@@ -74,10 +82,8 @@ QuantizedX quantize_rows(const float* x, int64_t rows, int64_t k, const int64_t*
         __m256 amax = _mm256_and_ps(_mm256_loadu_ps(src), abs_mask);
         for (int j = 1; j < 4; j++) amax = _mm256_max_ps(amax, _mm256_and_ps(_mm256_loadu_ps(src + 8 * j), abs_mask));
         const float max = hmax(amax);
-        const int64_t run = b / inferplug_isa::RUN * inferplug_isa::RUN;
         int low_sum;
-        const int sum =
-            quantize_block(src, max, out.q.data() + (m * width + run) * QK + (b - run) * inferplug_isa::WORD, low_sum);
+        const int sum = quantize_block(src, max, out.q.data() + code_at(width, m, b * QK), low_sum);
         out.scale[m * width + b] = max / 127.f;
         out.sum[m * width + b] = max / 127.f * static_cast<float>(sum);
         out.qsum[m * width + b] = sum;
@@ -97,12 +103,8 @@ QuantizedX quantize_in_two_parts(const float* x, int64_t rows, int64_t k) {
   std::vector<float> parts(2 * rows * k);
   std::memcpy(parts.data(), x, rows * k * sizeof(float));
   for (int64_t m = 0; m < rows; m++)
-    for (int64_t j = 0; j < k; j++) {  // q's byte of input j: its run's word j % 32 / 4 (kernels.h), byte j % 4
-      const int64_t b = j / QK, run = b / inferplug_isa::RUN * inferplug_isa::RUN;
-      const int64_t at = (m * first.blocks + run) * QK + j % QK / inferplug_isa::WORD * inferplug_isa::RUN_WORDS_BYTES +
-                         (b - run) * inferplug_isa::WORD + j % inferplug_isa::WORD;
-      parts[(rows + m) * k + j] = x[m * k + j] - first.scale[m * first.blocks + b] * first.q[at];
-    }
+    for (int64_t j = 0; j < k; j++)
+      parts[(rows + m) * k + j] = x[m * k + j] - first.scale[m * first.blocks + j / QK] * first.q[code_at(first.blocks, m, j)];
   return quantize_rows(parts.data(), 2 * rows, k, nullptr);
 }
 
