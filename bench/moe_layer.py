@@ -23,7 +23,7 @@ import torch
 from inferplug.kernels import cpu as cpu_kernels
 from inferplug.models.gguf_layers import gguf_layer
 from inferplug.models.gguf_random import q4_k_m_type, random_blocks
-from inferplug.models.moe import MoeWeights, moe_mlp, router_logits
+from inferplug.models.moe import MoeWeights, gate_up_taker, moe_mlp, router_logits
 from inferplug.ops.cpu_ops import CpuKernelOps
 from inferplug.ops.torch_ops import TorchOps
 
@@ -58,7 +58,8 @@ def make_layer(geo: Geometry, layer: int, gen: torch.Generator) -> MoeWeights:
                         for e in range(geo.experts)}
     if geo.mxfp4:
         weights["gate.bias"] = torch.randn(geo.experts, generator=gen) * 0.1
-    return MoeWeights.take(weights.pop, "", geo.experts, biased=geo.mxfp4)  # as a GGUF load makes them
+    return MoeWeights.take(weights.pop, gate_up_taker(weights.pop, weights.__contains__), "", geo.experts,
+                           biased=geo.mxfp4)  # as a GGUF load makes them
 
 
 def timed(fn, repeats: int) -> float:

@@ -18,7 +18,7 @@ from inferplug.models.config import ModelConfig
 from inferplug.models.delta_net import DeltaNetWeights, allocate_states, delta_net
 from inferplug.models.heap import HeapBound
 from inferplug.models.layer_weights import LINEARS, LayerWeights, row_slice
-from inferplug.models.moe import MoeWeights, moe_mlp
+from inferplug.models.moe import MoeWeights, gate_up_taker, moe_mlp
 from inferplug.models.registry import family
 from inferplug.models.rope import partial_rope_order, rope_tables
 from inferplug.ops import select_ops
@@ -67,6 +67,7 @@ class DecoderModel:
         def maybe_norm(name: str) -> torch.Tensor | None:
             return norm(name) if name in state_dict else None
 
+        take_gate_up = gate_up_taker(take, state_dict.__contains__)
         self.embed = take("model.embed_tokens.weight")
         # Gemma scales the embedding by sqrt(hidden), rounded to the model's dtype as HF does
         self.embed_scale = torch.tensor(config.hidden_size**0.5, dtype=dtype).item() if fam.scaled_embedding else None
@@ -113,10 +114,10 @@ class DecoderModel:
                 bias = torch.cat([take(f"{p}self_attn.{n}_proj.bias") for n in parts])
             gate_up = down = moe = None
             if config.is_moe_layer(i):
-                moe = MoeWeights.take(take, f"{p}mlp.", config.num_experts, biased=fam.all_biases,
+                moe = MoeWeights.take(take, take_gate_up, f"{p}mlp.", config.num_experts, biased=fam.all_biases,
                                       scaled=config.dense_beside_moe)
             if moe is None or config.dense_beside_moe:
-                gate_up = fuse_rows([take(f"{p}mlp.gate_proj.weight"), take(f"{p}mlp.up_proj.weight")])
+                gate_up = take_gate_up(f"{p}mlp.")
                 gate_up, down = fold_down_order(gate_up, take(f"{p}mlp.down_proj.weight"))  # GPTQ act-order's, if any
             beside = moe is not None and config.dense_beside_moe
             shared = f"{p}mlp.shared_expert." if moe is not None and config.shared_expert_intermediate_size else None
@@ -151,8 +152,7 @@ class DecoderModel:
                 experts_out_norm=norm(f"{p}post_feedforward_layernorm_2.weight") if beside else None,
                 delta=delta,
                 gate_rows=self.q_size if config.attention_output_gate and attn else 0,
-                shared_gate_up=fuse_rows([take(f"{shared}gate_proj.weight"), take(f"{shared}up_proj.weight")])
-                if shared else None,
+                shared_gate_up=take_gate_up(shared) if shared else None,
                 shared_down=take(f"{shared}down_proj.weight") if shared else None,
                 # [1, hidden]; a quantized GGUF stores it as a vector
                 shared_gate=take(f"{p}mlp.shared_expert_gate.weight").reshape(1, -1) if shared else None,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inferplug.models.moe import MoeWeights, moe_mlp
+from inferplug.models.moe import MoeWeights, gate_up_taker, moe_mlp
 from inferplug.ops.cpu_ops import CpuKernelOps
 from inferplug.ops.torch_ops import TorchOps
 from inferplug.quant.block_linear import MXFP4Linear, Q4G128Linear, Q4Linear, Q8Linear, set_prefill_gemm
@@ -27,7 +27,7 @@ def make_moe(gate_up_cls, down_cls, seed=0, biased=False) -> MoeWeights:
         weights["gate.bias"] = torch.randn(EXPERTS, generator=g)
         weights |= {f"experts.{e}.{name}_proj.bias": torch.randn(width, generator=g) for e in range(EXPERTS)
                     for name, width in (("gate", INTER), ("up", INTER), ("down", HIDDEN))}
-    return MoeWeights.take(weights.pop, "", EXPERTS, biased=biased)
+    return MoeWeights.take(weights.pop, gate_up_taker(weights.pop, weights.__contains__), "", EXPERTS, biased=biased)
 
 
 def rows(n, seed=1):
