@@ -249,12 +249,13 @@ def _fuse_gate_up(weights: dict[str, Any], bound, kept: int) -> None:
     """Each gated MLP's (and each expert's) gate and up block layers as one `gate_up_proj`, the layer the model runs
     (models/moe.py gate_up_taker): fused once here, so the conversion cache holds it and a warm load maps it instead
     of copying gate and up (5.2 GB of a 24-layer Qwen3-30B-A3B's experts, 2 GB of Qwen3-8B's MLPs)."""
-    from inferplug.quant.checkpoint_layers import fuse_rows
+    from inferplug.models.moe import gate_up_taker
 
+    take_gate_up = gate_up_taker(weights.pop, weights.__contains__)
     for gate in [name for name in weights if name.endswith(".gate_proj.weight")]:
-        up = gate.replace(".gate_proj.", ".up_proj.")
-        if up in weights:
-            weights[gate.replace(".gate_proj.", ".gate_up_proj.")] = fuse_rows([weights.pop(gate), weights.pop(up)])
+        prefix = gate.removesuffix("gate_proj.weight")
+        if f"{prefix}up_proj.weight" in weights:
+            weights[f"{prefix}gate_up_proj.weight"] = take_gate_up(prefix)
             bound.check(kept)  # a layer's parts go once its last expert is fused: their pages back to the OS
 
 
