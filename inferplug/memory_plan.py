@@ -224,9 +224,11 @@ def weight_bits(profile: Profile, backend: str, dtype: str, facts: ModelFacts | 
     fmt = profile.quantization.format
     if profile.quantization.bits is not None:
         return profile.quantization.bits, f"[quantization] bits = {profile.quantization.bits:g}"
-    if facts is not None and facts.mxfp4_parameters and mxfp4_blocks:
-        experts, total = facts.mxfp4_parameters, facts.num_parameters
-        rest = dataclasses.replace(facts, num_parameters=total - experts, mxfp4_parameters=0)
+    experts = _mxfp4_block_parameters(profile, facts, device_kind) if mxfp4_blocks else 0
+    if experts:
+        total = facts.num_parameters
+        rest = dataclasses.replace(facts, num_parameters=total - experts, mxfp4_parameters=0, gguf_matrices=tuple(
+            m for m in facts.gguf_matrices if m[1] != "MXFP4"))
         bits, why = weight_bits(profile, backend, dtype, rest, native_format, device_kind)
         return (experts * MXFP4_BITS + (total - experts) * bits) / total, \
             f"the experts ({experts / total:.0%} of the weights) in MXFP4 blocks as stored; the rest: {why}"
@@ -244,6 +246,18 @@ def weight_bits(profile: Profile, backend: str, dtype: str, facts: ModelFacts | 
     bits = DTYPE_BYTES[dtype] * 8.0
     why = "GGUF is dequantized to" if fmt == "gguf" else "unquantized weights in"
     return bits, f"{why} {dtype}"
+
+
+def _mxfp4_block_parameters(profile: Profile, facts: ModelFacts | None, device_kind: str) -> int:
+    """The parameters that load in MXFP4 blocks apart from the rest: an HF checkpoint's MXFP4 experts, and on one GPU a
+    GGUF's MXFP4 matrices (the rest dequantized; on a CPU a GGUF's every matrix is counted in its format)."""
+    if facts is None:
+        return 0
+    if facts.mxfp4_parameters:
+        return facts.mxfp4_parameters
+    if device_kind != "cpu" and profile.parallel.tensor_parallel_size == 1:
+        return sum(params for _, type_name, params in facts.gguf_matrices if type_name == "MXFP4")
+    return 0
 
 
 def _gguf_layer_bits(fmt: str, facts: ModelFacts) -> tuple[float, str]:

@@ -211,7 +211,7 @@ def _plan_native(profile: Profile, hw: Hardware, facts: ModelFacts | None) -> Pl
     kv_dtype, kv_why = native_kv_dtype(profile, dtype, attention == "cpu-kernels")
     weight_format, format_why = native_weight_format(profile, gpus, hw, dtype)
     bits, bits_why = weight_bits(profile, "native", dtype, facts, weight_format, "cuda" if gpus else "cpu",
-                                 mxfp4_blocks=not gpus and cpu_kernels.runs_on("cpu", hw))
+                                 mxfp4_blocks=cpu_kernels.runs_on("cpu", hw))
     plan = _local_plan("native", profile, hw, facts, gpus, dtype, attention, bits, None,
                        [dtype_why, attention_why, kv_why, *format_why, f"weights: {bits_why}",
                         *([parallel.reason] if parallel.reason else [])], draft=draft_facts(profile), kv_dtype=kv_dtype)

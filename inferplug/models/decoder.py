@@ -55,8 +55,8 @@ class DecoderModel:
                 raise KeyError(f"weight {name!r} is missing from the checkpoint")
             heap.check(0)  # the parts of what was fused so far are freed: their pages go back, not into the RSS
             weight = state_dict.pop(name)
-            if not isinstance(weight, torch.Tensor):  # an AWQ / GPTQ layer, loaded on its device
-                return weight
+            if not isinstance(weight, torch.Tensor):  # a layer: AWQ / GPTQ ones load on their device, MXFP4 ones on the CPU
+                return weight.to(self.device)
             return weight.to(device=self.device, dtype=dtype).contiguous()
 
         def norm(name: str) -> torch.Tensor:  # the multiplier the norm applies (Gemma's HF weights are w, for 1 + w)

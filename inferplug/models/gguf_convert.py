@@ -193,8 +193,9 @@ def weights_from_gguf(gguf: GGUFFile, dtype: "torch.dtype", device="cpu",
                       layer_format: str | None = None) -> dict[str, Any]:
     """HF-named weights, read one tensor at a time. `layer_format` ("gguf", "int4" or "int8"; CPU kernels only): each
     quantized matrix comes as the layer that runs it (models/gguf_layers.py), the embedding in its own bits and a head
-    (the lm_head, or a tied embedding) as a head layer (Q6_K or Q8_0, x in two int8 parts); float tensors in `dtype`. None: every tensor
-    dequantized to `dtype` (CTranslate2's converter, tensor parallel, CUDA)."""
+    (the lm_head, or a tied embedding) as a head layer (Q6_K or Q8_0, x in two int8 parts); float tensors in `dtype`.
+    "mxfp4" (one GPU): the MXFP4 matrices alone as layers, the rest dequantized. None: every tensor dequantized to
+    `dtype` (CTranslate2's converter, tensor parallel)."""
     from tqdm import tqdm
 
     from inferplug.models.gguf_layers import gguf_layer, is_quantized
@@ -214,7 +215,8 @@ def weights_from_gguf(gguf: GGUFFile, dtype: "torch.dtype", device="cpu",
             tqdm(total=sum(i.nbytes for i in infos), unit="B", unit_scale=True, desc="loading GGUF", disable=None) as bar:
         for info in infos:
             name = hf_name(info.name, family)
-            as_layer = layer_format is not None and is_quantized(info.type_name) and len(info.shape) >= 2
+            as_layer = layer_format is not None and is_quantized(info.type_name) and len(info.shape) >= 2 and \
+                (layer_format != "mxfp4" or info.type_name == "MXFP4")
             # whole rows of blocks for a layer: the Q/K row order is undone on their bytes
             tensor = gguf.read_tensor(handle, info).view(*info.shape[:-1], -1) if as_layer else \
                 dequantize_tensor(gguf, handle, info)
@@ -232,7 +234,7 @@ def weights_from_gguf(gguf: GGUFFile, dtype: "torch.dtype", device="cpu",
                          for proj, half in zip(("gate_proj", "up_proj"), both.chunk(2))}
             for part_name, part in parts.items():
                 if as_layer:
-                    bits = "gguf" if part_name in EMBEDDINGS else layer_format  # an embedding as stored
+                    bits = "gguf" if part_name in EMBEDDINGS or layer_format == "mxfp4" else layer_format  # as stored
                     weights[part_name] = gguf_layer(part, info.type_name, (part.shape[0], info.shape[-1]), bits,
                                                     head=part_name in head_names)
                 else:

@@ -83,7 +83,7 @@ def load_weights(path: Path, dtype: "torch.dtype", device: str = "cpu",
         from inferplug.models.gguf_convert import CONVERSION_VERSION, weights_from_gguf
 
         convert = lambda: weights_from_gguf(read_gguf(gguf_path), dtype, device, gguf_layers)  # noqa: E731
-        if gguf_layers is None:  # dequantized floats: the read is the cost, nothing to save
+        if gguf_layers in (None, "mxfp4"):  # dequantized floats: the read is the cost, nothing to save
             return convert()
         from inferplug.models.conversion_cache import cached_weights, file_identity
 

@@ -33,13 +33,16 @@ class MoeWeights:
     _stacked: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
     _blocks: tuple | None = field(default=None, repr=False)
 
-    def stacked(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The float experts as [experts, 2 * inter, hidden] and [experts, hidden, inter] (a grouped GEMM's
-        operands), made once; each expert's entry becomes a view of them, so nothing is held twice. None for
+    def stacked(self) -> tuple[Any, Any] | None:
+        """The experts as a grouped GEMM's operands, made once: float ones as [experts, 2 * inter, hidden] and
+        [experts, hidden, inter]; MXFP4 ones (gpt-oss's) as their blocks so stacked (kernels/moe_gemm_ref.MXFP4Experts).
+        Each expert's entry (or its layer's blocks) becomes a view of them, so nothing is held twice. None for other
         block weights."""
         if self._stacked is None and all(isinstance(w, torch.Tensor) for w in (*self.gate_up, *self.down)):
             self._stacked = torch.stack(self.gate_up), torch.stack(self.down)
             self.gate_up[:], self.down[:] = self._stacked[0].unbind(0), self._stacked[1].unbind(0)
+        if self._stacked is None and _same_mxfp4_layers(self.gate_up) and _same_mxfp4_layers(self.down):
+            self._stacked = tuple(_stacked_blocks(layers) for layers in (self.gate_up, self.down))
         return self._stacked
 
     def blocks(self) -> tuple[torch.Tensor, torch.Tensor, int, str, str] | None:
@@ -92,6 +95,22 @@ def gate_up_taker(take: Callable[[str], Any], has: Callable[[str], bool]) -> Cal
     return take_gate_up
 
 
+def _same_mxfp4_layers(layers: list[Any]) -> bool:
+    from inferplug.quant.block_linear import MXFP4Linear
+
+    return all(type(w) is MXFP4Linear and w.bias is None for w in layers) and len({w.blocks.shape for w in layers}) == 1
+
+
+def _stacked_blocks(layers: list[Any]):
+    """MXFP4 layers' blocks as one [experts, rows, row bytes] tensor, each layer's blocks now a view of it."""
+    from inferplug.kernels.moe_gemm_ref import MXFP4Experts
+
+    blocks = torch.stack([w.blocks for w in layers])
+    for w, view in zip(layers, blocks.unbind(0)):
+        w.blocks = view
+    return MXFP4Experts(blocks, layers[0].in_features)
+
+
 def _expert_table(gate_up: list[Any], down: list[Any]) -> tuple[torch.Tensor, torch.Tensor, int, str, str] | None:
     kinds = [{type(w) for w in ws} for ws in (gate_up, down)]
     if any(len(k) != 1 or not issubclass(next(iter(k)), BlockLinear) for k in kinds):
@@ -130,10 +149,10 @@ def moe_mlp(h: torch.Tensor, moe: MoeWeights, top_k: int, renormalize: bool,
     out = ops.moe_experts(h, chosen, weights, moe, decode_rows, activation)
     if out is not None:
         return out
-    biased = moe.down_bias is not None  # the grouped GEMM takes no expert biases: the loop runs them
-    stacked = moe.stacked() if ops.grouped_matmul is not None and not biased else None
+    biased = moe.down_bias is not None
+    stacked = moe.stacked() if ops.grouped_matmul is not None else None
     if stacked is not None:
-        return _grouped(h, stacked, chosen, weights, activation, ops.grouped_matmul)
+        return _grouped(h, stacked, moe, chosen, weights, activation, ops.grouped_matmul)
     out = torch.zeros_like(h)
     for expert in chosen.unique().tolist():  # ascending: each row's sum in one order
         rows, slot = (chosen == expert).nonzero(as_tuple=True)
@@ -145,22 +164,22 @@ def moe_mlp(h: torch.Tensor, moe: MoeWeights, top_k: int, renormalize: bool,
     return out
 
 
-def _grouped(h: torch.Tensor, stacked: tuple[torch.Tensor, torch.Tensor], chosen: torch.Tensor, weights: torch.Tensor,
+def _grouped(h: torch.Tensor, stacked: tuple[Any, Any], moe: MoeWeights, chosen: torch.Tensor, weights: torch.Tensor,
              activation: Callable[[torch.Tensor], torch.Tensor], grouped_matmul: Callable[..., torch.Tensor]):
-    """Every selected expert in one grouped GEMM a projection: the (row, choice) pairs laid out expert by expert
-    (kernels/moe_gemm_ref.expert_tiles), gate/up from the rows in place, down from those slots, then each row's
-    k outputs summed in the router's order (no atomics: the same bits in any batch)."""
+    """Every selected expert in one grouped GEMM a projection, with its bias where it has one: the (row, choice)
+    pairs laid out expert by expert (kernels/moe_gemm_ref.expert_tiles), gate/up from the rows in place, down from
+    those slots, then each row's k outputs summed in the router's order (no atomics: the same bits in any batch)."""
     from inferplug.kernels.moe_gemm import BLOCK_M
     from inferplug.kernels.moe_gemm_ref import expert_tiles
 
     gate_up, down = stacked
     tokens, top_k = chosen.shape
-    pairs, tiles = expert_tiles(chosen, gate_up.shape[0], BLOCK_M)
+    pairs, tiles = expert_tiles(chosen, len(moe.down), BLOCK_M)
     valid = pairs >= 0
     rows = torch.where(valid, pairs // top_k, -1)
-    hidden = activation(grouped_matmul(h, gate_up, rows, tiles))  # padding slots: activation(0) = 0, never read
+    hidden = activation(grouped_matmul(h, gate_up, rows, tiles, moe.gate_up_bias))  # padding slots: never read
     slots = torch.where(valid, torch.arange(len(pairs), device=h.device), -1)
-    out = grouped_matmul(hidden.contiguous(), down, slots, tiles)
+    out = grouped_matmul(hidden.contiguous(), down, slots, tiles, moe.down_bias)
     by_pair = torch.empty(tokens * top_k, out.shape[1], dtype=out.dtype, device=out.device)
     by_pair[pairs[valid]] = out[valid]
     return (by_pair.view(tokens, top_k, -1) * weights[..., None]).sum(dim=1)

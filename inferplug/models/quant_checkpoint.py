@@ -77,7 +77,8 @@ def check_profile_format(declared: str, spec: QuantSpec | None, model_dir: Path)
 def quantized_layers(tensors: "MutableMapping[str, torch.Tensor]", spec: QuantSpec, device: str,
                      dtype: "torch.dtype") -> dict[str, Any]:
     """Pop every quantized module's packed tensors from `tensors`; return its layer under "<module>.weight". MXFP4
-    experts: models/mxfp4_checkpoint.py's pairs (kept where the CPU kernels run them, else in `dtype`)."""
+    experts: models/mxfp4_checkpoint.py's pairs (kept where MXFP4Linear can be built: the CPU kernels run it, and on
+    CUDA the Triton grouped GEMM reads its blocks; else in `dtype`)."""
     from inferplug.quant.checkpoint_layers import checkpoint_layer
     from inferplug.quant.group_int4 import unpack_awq, unpack_gptq
 
@@ -85,7 +86,7 @@ def quantized_layers(tensors: "MutableMapping[str, torch.Tensor]", spec: QuantSp
         from inferplug.kernels import cpu as cpu_kernels
         from inferplug.models.mxfp4_checkpoint import mxfp4_weights
 
-        return mxfp4_weights(tensors, dtype, as_blocks=cpu_kernels.runs_on(device))
+        return mxfp4_weights(tensors, dtype, as_blocks=cpu_kernels.runs_on("cpu"))
 
     layers = {}
     for module in sorted(name[: -len(".qweight")] for name in tensors if name.endswith(".qweight")):

@@ -141,6 +141,10 @@ class BlockLinear(WeightOnlyLinear):
         return self._dequantize(self.blocks.index_select(0, ids))
 
     def forward(self, x: torch.Tensor, decode_rows: int | None = None) -> torch.Tensor:
+        if self.blocks.device.type != "cpu":  # no kernel of ours there (gpt-oss's MXFP4 experts on CUDA outside the
+            # grouped GEMM): the weight unpacked by torch ops
+            out = x @ self.dequantized().to(x.dtype).T
+            return out if self.bias is None else out + self.bias
         if decode_rows is None or decode_rows >= x.shape[0] or self.prefill_gemm == "int8":
             return super().forward(x)  # the head's kernel takes any rows as they are
         prompt = x[decode_rows:]
@@ -296,7 +300,7 @@ class MXFP4Linear(BlockLinear):
     @staticmethod
     def _unpack(scale, nibbles):
         codes = torch.cat([nibbles & 15, nibbles >> 4], dim=-1).long()
-        return MXFP4_VALUES[codes].float() * fp16_floats(scale)
+        return MXFP4_VALUES.to(codes.device)[codes].float() * fp16_floats(scale)
 
 
 class Q8HeadLinear(Q8Linear):

@@ -154,6 +154,67 @@ def test_gpt_oss_mxfp4_experts_run_in_their_values_as_llama_cpp_runs_them(cpu_ke
     assert (ours - reference).abs().mean() < QUANTIZED_GAP * effect
 
 
+def test_gpt_oss_mxfp4_experts_run_in_their_bits_in_the_triton_grouped_gemm(cpu_kernel_ops, tiny_gpt_oss_gguf,
+                                                                              tmp_path, monkeypatch):
+    """The CUDA path (here in Triton's interpreter): the MXFP4 experts stay blocks and the grouped GEMM dequantizes
+    them in the kernel, with their biases; as llama.cpp runs the file, within the quantized files' gap, and as the CPU
+    kernels run it. On one GPU the file loads so: its MXFP4 experts as blocks, the rest float."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from inferplug.backends.native import gguf_layer_format
+    from inferplug.profile import load_profile
+    from inferplug.resolver import resolve
+    from tests.resolver_hardware import A100_80, with_gpus
+    from inferplug.kernels.moe_gemm_ref import MXFP4Experts
+    from inferplug.models.gguf import read_gguf
+    from inferplug.models.gguf_convert import weights_from_gguf
+    from inferplug.ops.triton_ops import TritonOps
+    from inferplug.quant.block_linear import MXFP4Linear
+
+    quantized = llama_cpp.quantize(tiny_gpt_oss_gguf, tmp_path / "mxfp4.gguf", "MXFP4_MOE")
+    gpu = dataclasses.replace(with_gpus(A100_80), cpu_flags=frozenset({"avx2", "fma", "f16c"}))
+    assert any(r.startswith("weights: the experts (70% of the weights) in MXFP4 blocks as stored")
+               for r in resolve(load_profile(str(quantized)), gpu).reasons)
+    on_gpu = gguf_layer_format(SimpleNamespace(device="cuda", weight_format="gguf"), tensor_parallel_size=1)
+    weights = weights_from_gguf(read_gguf(quantized), torch.float32, layer_format=on_gpu)
+    assert isinstance(weights["model.layers.0.mlp.experts.3.gate_up_proj.weight"], MXFP4Linear)
+    assert isinstance(weights["model.layers.0.self_attn.q_proj.weight"], torch.Tensor)  # Q8_0 in the file
+    operands = []
+    grouped = TritonOps.grouped_matmul
+    monkeypatch.setattr(TritonOps, "grouped_matmul",
+                        staticmethod(lambda x, w, *rest: operands.append(w) or grouped(x, w, *rest)))
+    prompt = prompts_of([LONG], vocab=VOCAB, seed=4)[0]
+    ours = engine_logprobs(quantized, prompt, attention="triton", weight_format="gguf")
+    assert operands and all(isinstance(w, MXFP4Experts) for w in operands)
+    reference = llama_cpp.prompt_logprobs(quantized, prompt)
+    effect = (reference - llama_cpp.prompt_logprobs(tiny_gpt_oss_gguf, prompt)).abs().mean()
+    assert (ours - reference).abs().mean() < QUANTIZED_GAP * effect
+    assert (ours - engine_logprobs(quantized, prompt, weight_format="gguf")).abs().mean() < DECODED_GAP * effect
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpt_oss_mxfp4_file_runs_on_cuda_with_its_experts_in_their_bits(cpu_kernel_ops, tiny_gpt_oss_gguf, tmp_path):
+    """The product's own load on a GPU (resolve's plan, NativeBackend): the MXFP4 experts as blocks on the device,
+    the Triton kernels, and llama.cpp's log-probs within the quantized files' gap."""
+    from inferplug import LLM
+    from inferplug.hardware import probe
+    from inferplug.profile import load_profile
+    from inferplug.resolver import resolve
+
+    quantized = llama_cpp.quantize(tiny_gpt_oss_gguf, tmp_path / "mxfp4.gguf", "MXFP4_MOE")
+    assert "in MXFP4 blocks as stored" in " ".join(resolve(load_profile(str(quantized)), probe()).reasons)
+    llm = LLM(str(quantized), num_kv_blocks=32)
+    assert llm.engine.runner.model.ops.name == "triton"
+    prompt = prompts_of([LONG], vocab=VOCAB, seed=4)[0]
+    (out,) = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1))
+    ours = torch.tensor([entry.logprob for entry in out.prompt_logprobs[1:]])
+    reference = llama_cpp.prompt_logprobs(quantized, prompt)
+    effect = (reference - llama_cpp.prompt_logprobs(tiny_gpt_oss_gguf, prompt)).abs().mean()
+    assert (ours - reference).abs().mean() < QUANTIZED_GAP * effect
+
+
 def test_decode_steps_in_one_kernel_call_equal_the_layer_by_layer_path(cpu_kernel_ops, tiny_family_dir, monkeypatch):
     """Qwen3's QK-norm and Gemma 3's sandwich norms, sliding windows (with their own RoPE base) and GeGLU run inside
     decode_layers: bit for bit the Python loop's tokens and logprobs. The MoE families keep the loop (their experts)."""

@@ -95,13 +95,14 @@ def test_the_facts_name_the_mxfp4_experts(mxfp4_gpt_oss_dir):
 
 def test_the_plan_counts_the_experts_in_their_blocks_where_the_kernels_run_them():
     """The experts at MXFP4Linear's 4.5 bits a weight, the rest as a float checkpoint's (here fp16 linears beside an
-    fp32 embedding and an fp16 head); dequantized where the CPU kernels cannot run them; one rank only."""
+    fp32 embedding and an fp16 head), on the CPU and on a GPU (the Triton grouped GEMM reads the blocks); dequantized
+    where the CPU kernels cannot be built (MXFP4Linear needs them); one rank only."""
     import dataclasses
 
     from inferplug.errors import ResolveError
     from inferplug.profile import load_profile
     from inferplug.resolver import resolve
-    from tests.resolver_hardware import SMOLLM2, cpu
+    from tests.resolver_hardware import A100_80, SMOLLM2, cpu, with_gpus
 
     embed, experts = 49152 * 576, 60_000_000
     facts = dataclasses.replace(SMOLLM2, vocab_size=49152, hidden_size=576, tie_word_embeddings=True,
@@ -114,6 +115,9 @@ def test_the_plan_counts_the_experts_in_their_blocks_where_the_kernels_run_them(
     assert any("the experts (45% of the weights) in MXFP4 blocks as stored" in r for r in plan.reasons)
     unkernelled = resolve(profile, cpu(flags=("avx2", "fma")), facts)  # no F16C: fp32, every expert dequantized
     assert unkernelled.memory.weights_bytes == SMOLLM2.num_parameters * 4
+    on_gpu = resolve(profile, dataclasses.replace(with_gpus(A100_80), cpu_flags=frozenset({"avx2", "fma", "f16c"})),
+                     facts)  # the Triton grouped GEMM reads the blocks (kernels/moe_gemm.py)
+    assert any("the experts (45% of the weights) in MXFP4 blocks as stored" in r for r in on_gpu.reasons)
     profile.parallel.tensor_parallel_size = 3  # divides SmolLM2's 9 heads and 3 KV heads
     with pytest.raises(ResolveError, match="does not split an HF checkpoint's MXFP4 experts"):
         resolve(profile, cpu(flags=("avx2", "fma", "f16c")), facts)
