@@ -4,7 +4,6 @@ interpreter here, on CUDA where there is one."""
 
 from __future__ import annotations
 
-import gguf
 import numpy as np
 import pytest
 import torch
@@ -57,29 +56,39 @@ def test_on_cuda_at_qwen3_30b_a3b_shapes_in_bf16():
     assert relative_error(got, grouped_matmul_ref(x, weights, rows, tile_experts, 16)) < 1e-2
 
 
-def _mxfp4_experts(experts: int, n: int, k: int, seed: int = 0) -> tuple[MXFP4Experts, torch.Tensor]:
-    """Random GGUF MXFP4 experts as MXFP4Linear's rows, stacked, and gguf-py's float weights [E, N, K] for them."""
-    from inferplug.models.gguf_layers import gguf_layer
+def _mxfp4_experts(experts: int, n: int, k: int, seed: int = 0) -> tuple[MXFP4Experts, list[torch.Tensor]]:
+    """Random GGUF MXFP4 experts (each [n, k / 32 * 17] bytes: the E8M0 byte, then 16 of codes, a block) as
+    MXFP4Linear's rows, stacked; and the GGUF bytes. Torch alone: the GPU check's image has no gguf-py."""
+    from inferplug.models.gguf_layers import mxfp4_scale_field
     from inferplug.models.gguf_random import random_blocks
+    from inferplug.quant.block_linear import MXFP4Linear
 
     g = torch.Generator().manual_seed(seed)
     raws = [random_blocks("MXFP4", (n, k), 0.02, g) for _ in range(experts)]
-    blocks = torch.stack([gguf_layer(raw, "MXFP4", (n, k), "gguf").blocks for raw in raws])
+    rows = [MXFP4Linear.pack_fields(mxfp4_scale_field(blocks[:, 0]).reshape(n, -1, 2), blocks[:, 1:].reshape(n, -1, 16))
+            for blocks in (raw.reshape(-1, 17) for raw in raws)]
+    return MXFP4Experts(torch.stack(rows), k), raws
+
+
+def _gguf_py_values(raws: list[torch.Tensor], n: int, k: int) -> torch.Tensor:
+    import gguf
+
     values = [gguf.quants.dequantize(raw.numpy(), gguf.GGMLQuantizationType.MXFP4) for raw in raws]
-    return MXFP4Experts(blocks, k), torch.stack([torch.from_numpy(np.ascontiguousarray(v)).reshape(n, k) for v in values])
+    return torch.stack([torch.from_numpy(np.ascontiguousarray(v)).reshape(n, k) for v in values])
 
 
 @pytest.mark.parametrize("k", [512, 640])  # 640: a run of 16 blocks, then a short one of 4
-def test_mxfp4_experts_read_as_gguf_py_reads_their_blocks(cpu_kernel_ops, k):
-    experts, expected = _mxfp4_experts(3, 40, k)
-    assert torch.equal(experts.dequantized(), expected)
+def test_mxfp4_experts_read_as_gguf_py_reads_their_blocks(k):
+    experts, raws = _mxfp4_experts(3, 40, k)
+    assert torch.equal(experts.dequantized(), _gguf_py_values(raws, 40, k))
 
 
 @pytest.mark.parametrize("tokens", [1, 37])
-def test_kernel_dequantizes_mxfp4_experts_and_adds_their_bias(cpu_kernel_ops, tokens):
+def test_kernel_dequantizes_mxfp4_experts_and_adds_their_bias(tokens):
     """gpt-oss's experts: MXFP4 blocks, a bias each. The kernel reads the blocks as they sit in memory, no float copy
     of the weight; against gguf-py's values in float64."""
-    experts, values = _mxfp4_experts(4, 48, 640, seed=1)
+    experts, raws = _mxfp4_experts(4, 48, 640, seed=1)
+    values = _gguf_py_values(raws, 48, 640)
     x, _, chosen = _inputs(tokens=tokens, experts=4, top_k=2, n=48, k=640, seed=2)
     bias = torch.randn(4, 48, generator=torch.Generator().manual_seed(3))
     pairs, tile_experts = expert_tiles(chosen, 4, 16)
@@ -92,13 +101,14 @@ def test_kernel_dequantizes_mxfp4_experts_and_adds_their_bias(cpu_kernel_ops, to
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_on_cuda_at_gpt_oss_20b_shapes_with_mxfp4_experts(cpu_kernel_ops):
-    """32 experts, 4 a token, 2880 wide, gate and up 5760 rows, 64 tokens, bf16 activations."""
-    experts, values = _mxfp4_experts(32, 5760, 2880)
+def test_on_cuda_at_gpt_oss_20b_shapes_with_mxfp4_experts():
+    """32 experts, 4 a token, 2880 wide, gate and up 5760 rows, 64 tokens, bf16 activations; against the
+    specification's reading of the blocks (checked against gguf-py above)."""
+    experts, _ = _mxfp4_experts(32, 5760, 2880)
     x, _, chosen = _inputs(tokens=64, experts=32, top_k=4, n=8, k=2880, device="cuda", dtype=torch.bfloat16)
     bias = torch.randn(32, 5760, device="cuda")
     pairs, tile_experts = expert_tiles(chosen, 32, 16)
     rows = torch.where(pairs >= 0, pairs // 4, -1)
     on_gpu = MXFP4Experts(experts.blocks.cuda(), experts.in_features)
     got = grouped_matmul(x, on_gpu, rows, tile_experts, bias)
-    assert relative_error(got, grouped_matmul_ref(x, values.cuda(), rows, tile_experts, 16, bias)) < 1e-2
+    assert relative_error(got, grouped_matmul_ref(x, on_gpu, rows, tile_experts, 16, bias)) < 1e-2
