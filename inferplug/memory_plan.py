@@ -62,9 +62,11 @@ class ModelFacts:
     kv_window: int = 0  # the widest sliding window of the layers that keep their own KV (0: none)
     window_kv_values_per_token: int = 0  # kv_values_per_token's share of those sliding-window layers
     mxfp4_parameters: int = 0  # the experts an HF checkpoint keeps in MXFP4 (gpt-oss's release)
+    layer_kv_heads: tuple[int, ...] = ()  # each layer's KV heads where layers differ (Gemma 4): tensor parallel's check
 
     def __post_init__(self) -> None:  # the memo's JSON gives lists
         object.__setattr__(self, "gguf_matrices", tuple(tuple(m) for m in self.gguf_matrices))
+        object.__setattr__(self, "layer_kv_heads", tuple(self.layer_kv_heads))
 
     @classmethod
     def from_config(cls, config: ModelConfig, origin: str) -> ModelFacts:
@@ -73,7 +75,7 @@ class ModelFacts:
                    config.hidden_size, config.tie_word_embeddings, config.num_attention_heads, family=config.family,
                    kv_values_per_token=config.kv_bytes_per_token(1), rope_widths=sum(config.rope_table_dims()),
                    state_bytes_per_sequence=config.state_bytes_per_sequence(4), kv_window=config.kv_window(),
-                   window_kv_values_per_token=config.window_kv_bytes_per_token(1))
+                   window_kv_values_per_token=config.window_kv_bytes_per_token(1), layer_kv_heads=config.layer_kv_heads)
 
     @property
     def embedding_parameters(self) -> int:
@@ -172,7 +174,7 @@ def facts_from_file(path: Path) -> ModelFacts:
     from inferplug.sources import home, write_memo
 
     st = path.stat()
-    version = f"v10|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"  # v10: facts gained MXFP4 experts
+    version = f"v11|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"  # v11: facts gained each layer's KV heads
     memo = home() / "facts" / f"{hashlib.sha256(version.encode()).hexdigest()[:32]}.json"
     try:
         return ModelFacts(**json.loads(memo.read_text()))

@@ -22,7 +22,7 @@ def plan_tensor_parallel(tp: int, hw: Hardware, facts: ModelFacts | None, on_gpu
         return ParallelPlan(None)
     if facts is not None:
         heads = facts.num_attention_heads or facts.num_key_value_heads  # [model.hints] may not give the heads
-        problem = check_tensor_parallel(heads, facts.num_key_value_heads, tp, facts.family)
+        problem = check_tensor_parallel(heads, facts.num_key_value_heads, tp, facts.family, facts.layer_kv_heads)
         if problem:
             return ParallelPlan(problem)
         if facts.mxfp4_parameters:

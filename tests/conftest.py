@@ -58,14 +58,15 @@ TINY_COMMON = dict(
 )
 
 
-def _save_tiny(kind: str, out: Path) -> Path:
+def _save_tiny(kind: str, out: Path, **options) -> Path:
+    """`options`: the family's tiny geometry's own (_tiny_gemma4's)."""
     import torch
     import transformers
 
     torch.manual_seed({"llama": 0, "qwen2": 1, "mistral": 2, "qwen3": 3, "qwen3_moe": 4, "gemma3": 5, "gpt_oss": 6,
                        "gemma4": 7, "qwen35": 8, "qwen35_moe": 9}[kind])
     if kind in NEW_FAMILIES:
-        model = _tiny_new_family(kind)
+        model = _tiny_new_family(kind, **options)
     elif kind == "llama":
         config = transformers.LlamaConfig(**TINY_COMMON, rope_theta=10000.0, tie_word_embeddings=True)
         model = transformers.LlamaForCausalLM(config)
@@ -93,7 +94,7 @@ GEMMA3_TINY_WINDOW = 24  # shorter than the tests' long prompts, so both kinds o
 GPT_OSS_TINY_WINDOW = 16
 
 
-def _tiny_new_family(kind: str):
+def _tiny_new_family(kind: str, **options):
     import transformers
 
     # the byte tokenizer's 265 tokens: llama.cpp's Gemma 3 converter cuts the embedding to the tokenizer's size
@@ -107,7 +108,7 @@ def _tiny_new_family(kind: str):
     if kind == "gpt_oss":
         return _tiny_gpt_oss(common)
     if kind == "gemma4":
-        return _tiny_gemma4({**common, "vocab_size": GEMMA_TOKENIZER_SIZE})
+        return _tiny_gemma4({**common, "vocab_size": GEMMA_TOKENIZER_SIZE}, **options)
     if kind in ("qwen35", "qwen35_moe"):
         return _tiny_qwen35(common, moe=kind == "qwen35_moe")
     config = transformers.Gemma3TextConfig(**{**common, "num_hidden_layers": 6}, sliding_window=GEMMA3_TINY_WINDOW,
@@ -140,9 +141,9 @@ def _tiny_gpt_oss(common: dict):
     return model
 
 
-def _tiny_gemma4(common: dict):
+def _tiny_gemma4(common: dict, global_kv_heads: int = 1):
     """Gemma 4 with everything its sizes differ by: windowed and full layers (the full ones with twice the head size,
-    one KV head, V from K and proportional RoPE), the last two layers reading earlier layers' KV (the last two
+    `global_kv_heads` KV heads, V from K and proportional RoPE), the last two layers reading earlier layers' KV (the last two
     before them a window layer then a full one, as the released models have them: llama.cpp assumes it), per-layer
     inputs, E2B's double-wide MLP on the shared layers, and 26B-A4B's experts beside the dense MLP; norms, scales,
     layer scalars and the router given spread."""
@@ -151,7 +152,7 @@ def _tiny_gemma4(common: dict):
     kinds = ["sliding_attention"] * 3 + ["full_attention", "sliding_attention", "full_attention"]
     config = transformers.Gemma4TextConfig(
         **{**common, "num_hidden_layers": 6}, layer_types=kinds, sliding_window=GEMMA3_TINY_WINDOW, global_head_dim=32,
-        num_global_key_value_heads=1, attention_k_eq_v=True, num_kv_shared_layers=2, hidden_size_per_layer_input=32,
+        num_global_key_value_heads=global_kv_heads, attention_k_eq_v=True, num_kv_shared_layers=2, hidden_size_per_layer_input=32,
         vocab_size_per_layer_input=common["vocab_size"], final_logit_softcapping=30.0, tie_word_embeddings=True,
         enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=32, use_double_wide_mlp=True)
     model = transformers.Gemma4ForCausalLM(config)
@@ -247,6 +248,12 @@ def tiny_model_dir(request, tmp_path_factory) -> Path:
 def tiny_family_dir(request, tmp_path_factory) -> Path:
     """A tiny random HF checkpoint of each family the model layer brought (models/families/)."""
     return _save_tiny(request.param, tmp_path_factory.mktemp(f"tiny-{request.param}"))
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma4_split_dir(tmp_path_factory) -> Path:
+    """The tiny Gemma 4 with 2 KV heads on its full layers too, so that 2 ranks split every layer's."""
+    return _save_tiny("gemma4", tmp_path_factory.mktemp("tiny-gemma4-split"), global_kv_heads=2)
 
 
 @pytest.fixture(scope="session")

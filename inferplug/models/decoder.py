@@ -302,12 +302,12 @@ class DecoderModel:
     def dense_and_experts(self, x: torch.Tensor, h: torch.Tensor, layer: LayerWeights, rows: int | None) -> torch.Tensor:
         """Gemma 4's MoE layer on the stream `x` (`h`: its MLP norm): the dense MLP and the experts side by side,
         each output normed, summed. The router reads x's RMSNorm without a scale, the experts x under their own."""
-        ops, eps = self.ops, self.config.rms_norm_eps
-        dense = linear(self.activation(linear(h, layer.gate_up, None, rows)), layer.down, None, rows)
+        ops, eps, reduce = self.ops, self.config.rms_norm_eps, self.parallel.all_reduce  # each summed before its norm
+        dense = reduce(linear(self.activation(linear(h, layer.gate_up, None, rows)), layer.down, None, rows))
         routed = F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
-        experts = moe_mlp(ops.add_rms_norm(x, None, layer.experts_in_norm, eps), layer.moe,
-                          self.config.num_experts_per_tok, self.config.norm_topk_prob, self.activation, rows, ops,
-                          router_input=routed)
+        experts = reduce(moe_mlp(ops.add_rms_norm(x, None, layer.experts_in_norm, eps), layer.moe,
+                                 self.config.num_experts_per_tok, self.config.norm_topk_prob, self.activation, rows,
+                                 ops, router_input=routed))
         return ops.add_rms_norm(dense, None, layer.dense_out_norm, eps).add_(
             ops.add_rms_norm(experts, None, layer.experts_out_norm, eps))
 

@@ -68,28 +68,50 @@ def test_two_ranks_match_one(tiny_model_dir):
     torch.testing.assert_close(torch.tensor(tops[1]), torch.tensor(tops[0]), atol=1e-4, rtol=1e-4)
 
 
+def _family_tokens(model_dir, tp: int, prompts: list[list[int]]) -> dict[str, list[int]]:
+    engine = make_engine(model_dir, tensor_parallel_size=tp, max_num_batched_tokens=32)
+    try:
+        events = run_all(engine, [Request(prompt=p, params=greedy(10), request_id=str(i)) for i, p in enumerate(prompts)])
+        return {rid: tokens_of(e) for rid, e in events.items()}
+    finally:
+        engine.close()
+
+
 def test_two_ranks_match_one_for_every_family(tiny_family_dir):
     """Qwen3's QK-norm weights are per head dimension, so every rank holds them whole; Qwen3-MoE splits each expert
     as a dense MLP is split (gate/up rows, down columns: every rank reads every chosen expert, a slice of each, and
     the all-reduce sums them), the router whole on every rank so all ranks choose alike; Gemma 3's sandwich norms
-    run on the reduced sums. Gemma 4 and Qwen3.5 are refused, and say why."""
+    run on the reduced sums. Qwen3.5 is refused, and says why; so is the tiny Gemma 4 at 2 ranks, whose full layers
+    have one KV head (the test below splits one with two)."""
     prompts = prompts_of([70, 9, 33], vocab=256, seed=5)
-    name = read_config(tiny_family_dir).family
-    if family(name).tensor_parallel_why:
-        with pytest.raises(ProfileError, match=f"does not split a {name} model"):
+    config = read_config(tiny_family_dir)
+    if family(config.family).tensor_parallel_why:
+        with pytest.raises(ProfileError, match=f"does not split a {config.family} model"):
             make_engine(tiny_family_dir, tensor_parallel_size=2)
         return
+    if config.layer_kv_heads and min(config.layer_kv_heads) == 1:
+        from inferplug.errors import ResolveError
+        from inferplug.hardware import probe
+        from inferplug.profile import load_profile
+        from inferplug.resolver import resolve
 
-    def run(tp):
-        engine = make_engine(tiny_family_dir, tensor_parallel_size=tp, max_num_batched_tokens=32)
-        try:
-            events = run_all(engine, [Request(prompt=p, params=greedy(10), request_id=str(i))
-                                      for i, p in enumerate(prompts)])
-            return {rid: tokens_of(e) for rid, e in events.items()}
-        finally:
-            engine.close()
+        refusal = "does not divide the model's 1 KV heads in some layers"
+        with pytest.raises(ProfileError, match=refusal):
+            make_engine(tiny_family_dir, tensor_parallel_size=2)
+        profile = load_profile(str(tiny_family_dir))
+        profile.parallel.tensor_parallel_size = 2
+        with pytest.raises(ResolveError, match=refusal):  # resolve says so before any load
+            resolve(profile, probe())
+        return
+    assert _family_tokens(tiny_family_dir, 2, prompts) == _family_tokens(tiny_family_dir, 1, prompts)
 
-    assert run(2) == run(1)
+
+def test_two_ranks_match_one_for_gemma4(tiny_gemma4_split_dir):
+    """Gemma 4 split: each layer's own head size and KV heads halved per rank (V from K on the full layers), the
+    shared-KV layers reading their source's slice on the same rank, the per-layer input tables and projections
+    whole on every rank, the dense MLP and each expert split, the router's and the experts' scales whole."""
+    prompts = prompts_of([70, 9, 33], vocab=256, seed=5)
+    assert _family_tokens(tiny_gemma4_split_dir, 2, prompts) == _family_tokens(tiny_gemma4_split_dir, 1, prompts)
 
 
 def test_beam_search_and_prompt_lookup_at_two_ranks_match_one(tiny_llama_dir):

@@ -23,7 +23,7 @@ class ParallelRunner(ModelRunner):
 
         size = config.tensor_parallel_size
         why = check_tensor_parallel(model_config.num_attention_heads, model_config.num_key_value_heads, size,
-                                    model_config.family)
+                                    model_config.family, model_config.layer_kv_heads)
         if why:
             raise ProfileError(why)
         if dist.is_initialized():  # torch.distributed has one default group per process

@@ -148,7 +148,6 @@ FAMILY = dataclasses.replace(
                       "post_ffw_norm_2": "post_feedforward_layernorm_2"},
     fused_decode=False,
     unfused_why="its per-layer head sizes, shared KV and per-layer inputs",
-    tensor_parallel_why="its layers' own head sizes and KV heads, shared KV, per-layer inputs and expert scales",
     document_cache_why="a document's KV is stored as one tensor of every layer's, and Gemma 4's layers differ in shape",
     hf_fields=hf_fields,
     gguf_fields=gguf_fields,
