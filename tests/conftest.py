@@ -141,11 +141,11 @@ def _tiny_gpt_oss(common: dict):
     return model
 
 
-def _tiny_gemma4(common: dict, global_kv_heads: int = 1):
+def _tiny_gemma4(common: dict, global_kv_heads: int = 1, moe: bool = True):
     """Gemma 4 with everything its sizes differ by: windowed and full layers (the full ones with twice the head size,
     `global_kv_heads` KV heads, V from K and proportional RoPE), the last two layers reading earlier layers' KV (the last two
     before them a window layer then a full one, as the released models have them: llama.cpp assumes it), per-layer
-    inputs, E2B's double-wide MLP on the shared layers, and 26B-A4B's experts beside the dense MLP; norms, scales,
+    inputs, E2B's double-wide MLP on the shared layers, and (`moe`) 26B-A4B's experts beside the dense MLP; norms, scales,
     layer scalars and the router given spread."""
     import transformers
 
@@ -154,7 +154,7 @@ def _tiny_gemma4(common: dict, global_kv_heads: int = 1):
         **{**common, "num_hidden_layers": 6}, layer_types=kinds, sliding_window=GEMMA3_TINY_WINDOW, global_head_dim=32,
         num_global_key_value_heads=global_kv_heads, attention_k_eq_v=True, num_kv_shared_layers=2, hidden_size_per_layer_input=32,
         vocab_size_per_layer_input=common["vocab_size"], final_logit_softcapping=30.0, tie_word_embeddings=True,
-        enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=32, use_double_wide_mlp=True)
+        enable_moe_block=moe, num_experts=8, top_k_experts=2, moe_intermediate_size=32, use_double_wide_mlp=True)
     model = transformers.Gemma4ForCausalLM(config)
     with torch_no_grad():
         for name, value in [*model.named_parameters(), *model.named_buffers()]:
@@ -254,6 +254,12 @@ def tiny_family_dir(request, tmp_path_factory) -> Path:
 def tiny_gemma4_split_dir(tmp_path_factory) -> Path:
     """The tiny Gemma 4 with 2 KV heads on its full layers too, so that 2 ranks split every layer's."""
     return _save_tiny("gemma4", tmp_path_factory.mktemp("tiny-gemma4-split"), global_kv_heads=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_dense_gemma4_dir(tmp_path_factory) -> Path:
+    """The tiny Gemma 4 without its experts (E2B / E4B / 31B's shape): the one-call decode path takes it."""
+    return _save_tiny("gemma4", tmp_path_factory.mktemp("tiny-gemma4-dense"), moe=False)
 
 
 @pytest.fixture(scope="session")

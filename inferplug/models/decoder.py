@@ -224,14 +224,15 @@ class DecoderModel:
         if self.embed_scale is not None:
             x = x * self.embed_scale
         ops, eps, reduce = self.ops, self.config.rms_norm_eps, self.parallel.all_reduce
+        per_layer = None if self.per_layer_inputs is None else \
+            (x.clone(), self.parallel.embed(input_ids, self.per_layer_inputs[0]))  # the embedding, the table's rows
         # every layer in one kernel call (CPU, block weights); not under tensor parallel, which all-reduces between
-        if self.family.fused_decode and self.parallel.size == 1 and ops.run_layers(self, x, positions, ctx, kv_caches):
+        if self.family.fused_decode and self.parallel.size == 1 and \
+                ops.run_layers(self, x, positions, ctx, kv_caches, per_layer):
             return x
         delta = None  # each residual branch is added inside the next norm: one fused op
         # the rows that take decode arithmetic (quant/block_linear.py); None: all of them
         rows = ctx.decode_rows + ctx.verify_rows
-        per_layer = None if self.per_layer_inputs is None else \
-            (x.clone(), self.parallel.embed(input_ids, self.per_layer_inputs[0]))  # the embedding, the table's rows
         step_kv = {}  # this step's K and V rows of each layer that keeps its own: what a shared layer attends to
         for i, (layer, pools) in enumerate(zip(self.layers, kv_caches)):
             h = ops.add_rms_norm(x, delta, layer.input_norm, eps)

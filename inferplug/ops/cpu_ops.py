@@ -107,7 +107,7 @@ class CpuKernelOps(TorchOps):
                 for a, b, precision in parts if b > a]
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
-    def run_layers(self, model, x, positions, ctx: AttentionContext, kv_caches) -> bool:
+    def run_layers(self, model, x, positions, ctx: AttentionContext, kv_caches, per_layer=None) -> bool:
         """Decode steps whose every layer weight is blocks the kernels run (GPTQ act-order ones too, their inputs
         gathered in the call): every layer in one C++ call, the same kernels without Python between them."""
         blocks = self.block_layers(model, ctx, x.shape[0])
@@ -116,38 +116,50 @@ class CpuKernelOps(TorchOps):
         group = ctx.paged_rows[0]
         local_cos, local_sin = model.local_rope or (None, None)
         own = ctx.window  # the sliding-window layers' own pools, where they have them
+        layers = model.layers
         self.kernels.decode_layers(x, *blocks, [k for k, _ in kv_caches], [v for _, v in kv_caches], positions,
                                    model.cos, model.signed_sin, ctx.slot_mapping, group.block_tables, group.lengths,
                                    model.num_heads, model.scale, model.config.rms_norm_eps,
-                                   windows=[layer.window for layer in model.layers], local_cos=local_cos,
+                                   windows=[layer.window for layer in layers], local_cos=local_cos,
                                    local_sin=local_sin, sandwich=model.family.sandwich_norms,
                                    gelu=model.family.activation == "gelu_tanh",
                                    window_slots=None if own is None else own.slot_mapping,
-                                   window_tables=None if own is None else own.paged_rows[0].block_tables)
+                                   window_tables=None if own is None else own.paged_rows[0].block_tables,
+                                   kv_sources=[layer.kv_source for layer in layers],
+                                   v_from_k=[int(layer.v_from_k) for layer in layers], v_norm=model.family.v_norm,
+                                   per_layer_inputs=None if per_layer is None else torch.stack(
+                                       [model.per_layer_input(i, layer, *per_layer, None) for i, layer in enumerate(layers)]),
+                                   scalars=[1.0 if layer.scalar is None else layer.scalar for layer in layers]
+                                   if any(layer.scalar is not None for layer in layers) else [])
         return True
 
     def block_layers(self, model, ctx: AttentionContext, tokens: int):
         """(norms, weights, kinds, orders) for decode_layers, or None where the step cannot take it: it must be
         decode rows only (prefill rows take float matmuls), and every layer weight blocks without bias (no qkv bias
         either), run by their kernels (at most KERNEL_MAX_ROWS rows). Per layer five weights: q/k/v, a second part
-        of q/k/v in another format (RowPartsLinear) or none (kind 0), o, gate/up, down; two norms a layer, four
-        with QK-norm, two more with sandwich norms. An act-order weight
-        (PermutedLinear) gives its blocks and its input order; the others an empty order."""
+        of q/k/v in another format (RowPartsLinear) or none (kind 0), o, gate/up, down, and with Gemma 4's per-layer
+        inputs their gate and projection; two norms a layer, four with QK-norm, two more with sandwich norms, one
+        more with per-layer inputs. An act-order weight (PermutedLinear) gives its blocks and its input order; the
+        others an empty order."""
         if not self.paged_kernel or ctx.decode_rows != tokens or tokens > KERNEL_MAX_ROWS:
             return None
         norms, weights, kinds, orders = [], [], [], []
+        gated_inputs = model.per_layer_inputs is not None
         for layer in model.layers:
             if layer.qkv_bias is not None or layer.moe is not None:  # Qwen2's bias, an MoE: the layer-by-layer path
                 return None
             norms += [layer.input_norm, layer.post_norm]
-            if layer.q_norm is not None:  # QK-norm (Qwen3, Gemma 3): two more
-                norms += [layer.q_norm, layer.k_norm]
-            if layer.attn_out_norm is not None:  # sandwich norms (Gemma 3): two more, last
+            if layer.q_norm is not None:  # QK-norm (Qwen3, Gemma 3): two more (a layer reading another's KV has no k's)
+                norms += [layer.q_norm, layer.q_norm if layer.k_norm is None else layer.k_norm]
+            if layer.attn_out_norm is not None:  # sandwich norms (Gemma 3): two more
                 norms += [layer.attn_out_norm, layer.mlp_out_norm]
+            if gated_inputs:  # Gemma 4's per-layer input: its norm, last
+                norms.append(layer.per_layer_norm)
             qkv = list(layer.qkv.parts) if isinstance(layer.qkv, RowPartsLinear) else [layer.qkv, None]
             if len(qkv) != 2:
                 return None
-            for w in (*qkv, layer.o, layer.gate_up, layer.down):
+            gates = (layer.per_layer_gate, layer.per_layer_proj) if gated_inputs else ()
+            for w in (*qkv, layer.o, layer.gate_up, layer.down, *gates):
                 order = self.in_order
                 if isinstance(w, PermutedLinear):
                     order, w = w.order, w.inner

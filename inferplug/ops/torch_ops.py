@@ -48,8 +48,10 @@ class TorchOps:
         the sliding-window layers keep their own pools (AttentionContext.window)."""
         return None
 
-    def run_layers(self, model, x: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext, kv_caches) -> bool:
-        """Run every layer on `x` in place in one call and return True, where this set can; else False."""
+    def run_layers(self, model, x: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext, kv_caches,
+                   per_layer: tuple[torch.Tensor, torch.Tensor] | None = None) -> bool:
+        """Run every layer on `x` in place in one call and return True, where this set can; else False.
+        `per_layer`: Gemma 4's per-layer inputs' sources (DecoderModel.per_layer_input's embedding and table rows)."""
         return False
 
     def rope_and_store(self, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor,

@@ -215,22 +215,38 @@ def test_gpt_oss_mxfp4_file_runs_on_cuda_with_its_experts_in_their_bits(cpu_kern
     assert (ours - reference).abs().mean() < QUANTIZED_GAP * effect
 
 
-def test_decode_steps_in_one_kernel_call_equal_the_layer_by_layer_path(cpu_kernel_ops, tiny_family_dir, monkeypatch):
-    """Qwen3's QK-norm and Gemma 3's sandwich norms, sliding windows (with their own RoPE base) and GeGLU run inside
-    decode_layers: bit for bit the Python loop's tokens and logprobs. The MoE families keep the loop (their experts)."""
+def _fused_and_unfused(model_dir, monkeypatch) -> tuple[list[bool], dict, dict]:
+    """Which steps took decode_layers, and the tokens and logprobs with it and layer by layer."""
     from tests.engine.engine_helpers import spy_fused_steps, tokens_and_logprobs, unfuse_steps
 
     def generate():
-        engine = make_engine(tiny_family_dir, weight_format="int8", max_num_batched_tokens=48)
+        engine = make_engine(model_dir, weight_format="int8", max_num_batched_tokens=48)
         prompts = prompts_of([5, 40, 17, 70], vocab=VOCAB, seed=3)
         requests = [Request(prompt=p, params=greedy(10, logprobs=3), request_id=str(i)) for i, p in enumerate(prompts)]
         return tokens_and_logprobs(run_all(engine, requests[:2], {3: requests[2:]}))
 
     fused_steps = spy_fused_steps(monkeypatch)
     fused = generate()
-    assert any(fused_steps) == family(read_config(tiny_family_dir).family).fused_decode
     unfuse_steps(monkeypatch)
-    assert generate() == fused
+    return fused_steps, fused, generate()
+
+
+def test_decode_steps_in_one_kernel_call_equal_the_layer_by_layer_path(cpu_kernel_ops, tiny_family_dir, monkeypatch):
+    """Qwen3's QK-norm and Gemma 3's sandwich norms, sliding windows (with their own RoPE base) and GeGLU run inside
+    decode_layers: bit for bit the Python loop's tokens and logprobs. MoE layers keep the loop (their experts)."""
+    config = read_config(tiny_family_dir)
+    fused_steps, fused, unfused = _fused_and_unfused(tiny_family_dir, monkeypatch)
+    assert any(fused_steps) == (family(config.family).fused_decode and not config.num_experts)
+    assert unfused == fused
+
+
+def test_dense_gemma4_decodes_in_one_kernel_call_as_layer_by_layer(cpu_kernel_ops, tiny_dense_gemma4_dir, monkeypatch):
+    """Gemma 4 inside decode_layers: two head sizes (each layer's from its K pool), V from K and V's norm on the full
+    layers, the shared layers rotating q alone over their source's pools, per-layer inputs gated into the stream and
+    each layer's scale: bit for bit the Python loop's tokens and logprobs."""
+    fused_steps, fused, unfused = _fused_and_unfused(tiny_dense_gemma4_dir, monkeypatch)
+    assert any(fused_steps)
+    assert unfused == fused
 
 
 @pytest.mark.parametrize("weight_format", ["fp16", "int8"])  # fp32 GEMMs round by row count (test_batch_invariance.py)

@@ -34,23 +34,37 @@ using Matmul = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optio
 // keys, and its RoPE from local_cos / local_sin where given (Gemma 3's 10k base), its K/V stored at window_slots and
 // read through window_tables where given (the window group's own pools: engine/window_blocks.py). `gelu`: GeGLU (tanh)
 // for SwiGLU.
+// Gemma 4 (each layer's head size is its K pool's): `kv_sources` (empty, or one a layer) a layer's KV source, a layer
+// that reads an earlier one's KV projecting and rotating q alone; `v_from_k` (empty, or one a layer: 1 where V is K's
+// projection); `v_norm`: each V head RMS-normed without a scale; `per_layer_inputs` (none, or [layers, T, width])
+// each layer's input, gated into the stream after its MLP by two more weights a layer (7 a layer, not 5: the gate
+// and the projection) and one more norm, last; `scalars` (empty, or one a layer) each layer's output scale.
 // Ends with x plus the last layer's MLP output in x (DecoderModel.forward's result).
 void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, at::IntArrayRef kinds,
                    at::TensorList orders, at::TensorList k_caches, at::TensorList v_caches, const at::Tensor& positions,
                    const at::Tensor& cos, const at::Tensor& signed_sin, const at::Tensor& slots, const at::Tensor& block_tables,
                    const at::Tensor& lengths, int64_t num_heads, double scale, double eps, at::IntArrayRef windows,
                    const c10::optional<at::Tensor>& local_cos, const c10::optional<at::Tensor>& local_sin, bool sandwich,
-                   bool gelu, const c10::optional<at::Tensor>& window_slots, const c10::optional<at::Tensor>& window_tables) {
+                   bool gelu, const c10::optional<at::Tensor>& window_slots, const c10::optional<at::Tensor>& window_tables,
+                   at::IntArrayRef kv_sources, at::IntArrayRef v_from_k, bool v_norm,
+                   const c10::optional<at::Tensor>& per_layer_inputs, at::ArrayRef<double> scalars) {
   const int64_t layers = static_cast<int64_t>(k_caches.size());
-  const int64_t per_layer = k_caches.size() ? static_cast<int64_t>(norms.size()) / layers : 0;  // 2, 4 or 6
-  const bool qk_norm = per_layer - (sandwich ? 2 : 0) == 4;
-  TORCH_CHECK(layers > 0 && v_caches.size() == k_caches.size() && per_layer - (sandwich ? 2 : 0) >= 2 &&
-              per_layer <= 6 && static_cast<int64_t>(norms.size()) == per_layer * layers &&
-              weights.size() == 5 * k_caches.size() && kinds.size() == weights.size() && orders.size() == weights.size() &&
-              (windows.empty() || static_cast<int64_t>(windows.size()) == layers) &&
+  const bool gated_inputs = per_layer_inputs.has_value();
+  const int64_t stride = gated_inputs ? 7 : 5;  // weights a layer
+  const int64_t per_layer = k_caches.size() ? static_cast<int64_t>(norms.size()) / layers : 0;  // 2 to 7
+  const int64_t attention_norms = per_layer - (sandwich ? 2 : 0) - (gated_inputs ? 1 : 0);
+  const bool qk_norm = attention_norms == 4;
+  auto per_layer_list = [layers](size_t size) { return size == 0 || static_cast<int64_t>(size) == layers; };
+  TORCH_CHECK(layers > 0 && v_caches.size() == k_caches.size() && (attention_norms == 2 || qk_norm) &&
+              static_cast<int64_t>(norms.size()) == per_layer * layers &&
+              static_cast<int64_t>(weights.size()) == stride * layers && kinds.size() == weights.size() &&
+              orders.size() == weights.size() && per_layer_list(windows.size()) && per_layer_list(kv_sources.size()) &&
+              per_layer_list(v_from_k.size()) && (!gated_inputs || per_layer_inputs->size(0) == layers) &&
+              per_layer_list(scalars.size()) &&
               local_cos.has_value() == local_sin.has_value() && window_slots.has_value() == window_tables.has_value(),
-              "decode_layers: per layer, 2 norms (4 with QK-norm, 2 more with sandwich norms), 5 weights with their "
-              "kinds and input orders, a K and a V pool, and a window (or none for every layer)");
+              "decode_layers: per layer, 2 norms (4 with QK-norm, 2 more with sandwich norms, 1 more with per-layer "
+              "inputs), 5 weights (7 with per-layer inputs) with their kinds and input orders, a K and a V pool, and a "
+              "window, a KV source, a V-from-K flag, an input and a scale (or none of each for every layer)");
   static const auto q4 = op<Matmul>("inferplug::q4_matmul"), q4_k = op<Matmul>("inferplug::q4_k_matmul"),
                     q4_g128 = op<Matmul>("inferplug::q4_g128_matmul"), q6_k = op<Matmul>("inferplug::q6_k_matmul"),
                     q8 = op<Matmul>("inferplug::q8_matmul"), q5_k = op<Matmul>("inferplug::q5_k_matmul"),
@@ -78,39 +92,67 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
     return matmul.call(in, weights[w], order);
   };
 
-  const int64_t tokens = x.size(0), head_dim = k_caches[0].size(3);
+  const int64_t tokens = x.size(0);
   const at::Tensor starts = at::arange(tokens + 1, at::kLong);  // a windowed layer's rows: one a sequence
   std::optional<at::Tensor> delta;
   for (int64_t i = 0; i < layers; i++) {
     at::Tensor k_cache = k_caches[i], v_cache = v_caches[i];
-    const int64_t n = per_layer * i;  // this layer's first norm
+    const int64_t n = per_layer * i, w = stride * i;  // this layer's first norm and first weight
+    const int64_t head_dim = k_cache.size(3);
+    const bool own_kv = kv_sources.empty() || kv_sources[i] == i;
     at::Tensor h = delta ? add_rms_norm.call(x, *delta, norms[n], eps) : rms_norm.call(x, norms[n], eps);
-    at::Tensor qkv = kinds[5 * i + 1] ? at::cat({linear(h, 5 * i), linear(h, 5 * i + 1)}, 1) : linear(h, 5 * i);
+    at::Tensor qkv = kinds[w + 1] ? at::cat({linear(h, w), linear(h, w + 1)}, 1) : linear(h, w);
+    if (!v_from_k.empty() && v_from_k[i]) {  // V is K's projection, before K's norm and RoPE
+      qkv = at::cat({qkv, qkv.narrow(1, num_heads * head_dim, (qkv.size(1) / head_dim - num_heads) * head_dim)}, 1);
+    }
+    const at::Tensor heads = qkv.view({tokens, -1, head_dim});
+    const int64_t kv_heads = (heads.size(1) - num_heads) / 2;  // 0 where q alone
     if (qk_norm) {  // each q head, then each k head, as the layer-by-layer path (qk_rms_norm_)
-      const at::Tensor heads = qkv.view({tokens, -1, head_dim});
-      const int64_t kv_heads = (heads.size(1) - num_heads) / 2;
       for (const auto& [first, count, weight] : {std::tuple{int64_t{0}, num_heads, norms[n + 2]},
                                                  std::tuple{num_heads, kv_heads, norms[n + 3]}}) {
+        if (count == 0) continue;
         at::Tensor part = heads.narrow(1, first, count);
         part.copy_(rms_norm.call(part.reshape({-1, head_dim}).contiguous(), weight, eps).view(part.sizes()));
       }
     }
+    if (v_norm && kv_heads) {  // each V head, without a scale (as torch's rms_norm on the layer-by-layer path)
+      at::Tensor part = heads.narrow(1, num_heads + kv_heads, kv_heads);
+      part.copy_(at::rms_norm(part.reshape({-1, head_dim}).contiguous(), {head_dim}, c10::nullopt, eps).view(part.sizes()));
+    }
     const int64_t window = windows.empty() ? 0 : windows[i];
     const bool local = window > 0 && local_cos.has_value();
     const bool own_pools = window > 0 && window_slots.has_value();
-    rope_write_kv.call(qkv, positions, local ? *local_cos : cos, local ? *local_sin : signed_sin, k_cache, v_cache,
-                       own_pools ? *window_slots : slots, num_heads);
-    const at::Tensor q = qkv.view({tokens, -1, head_dim}).narrow(1, 0, num_heads);
+    const at::Tensor& layer_cos = local ? *local_cos : cos;
+    const at::Tensor& layer_sin = local ? *local_sin : signed_sin;
+    at::Tensor q;
+    if (own_kv) {
+      rope_write_kv.call(qkv, positions, layer_cos, layer_sin, k_cache, v_cache, own_pools ? *window_slots : slots,
+                         num_heads);
+      q = heads.narrow(1, 0, num_heads);
+    } else {  // q alone over its source's pools (this step's K/V already in them): apply_rope's four ops
+      const at::Tensor c = layer_cos.index({positions}).unsqueeze(1), s = layer_sin.index({positions}).unsqueeze(1);
+      q = (heads * c).add_(heads.roll({head_dim / 2}, {-1}).mul_(s));
+    }
     const at::Tensor attn = (window > 0 ? paged_attention.call(q, k_cache, v_cache, own_pools ? *window_tables : block_tables,
                                                                starts, lengths, scale, c10::nullopt, window, c10::nullopt)
                                         : paged_decode.call(q, k_cache, v_cache, block_tables, lengths, scale))
                                 .view({tokens, -1});
-    at::Tensor out = linear(attn, 5 * i + 2);
-    if (sandwich) out = rms_norm.call(out, norms[n + per_layer - 2], eps);
+    at::Tensor out = linear(attn, w + 2);
+    if (sandwich) out = rms_norm.call(out, norms[n + attention_norms], eps);
     h = add_rms_norm.call(x, out, norms[n + 1], eps);
-    const at::Tensor gate_up = linear(h, 5 * i + 3);
-    delta = linear(gelu ? gelu_tanh_mul.call(gate_up) : silu_mul.call(gate_up), 5 * i + 4);
-    if (sandwich) delta = rms_norm.call(*delta, norms[n + per_layer - 1], eps);
+    const at::Tensor gate_up = linear(h, w + 3);
+    delta = linear(gelu ? gelu_tanh_mul.call(gate_up) : silu_mul.call(gate_up), w + 4);
+    if (sandwich) delta = rms_norm.call(*delta, norms[n + attention_norms + 1], eps);
+    if (gated_inputs || !scalars.empty()) {  // the stream takes the MLP's output here, not in the next norm
+      x.add_(*delta);
+      delta.reset();
+    }
+    if (gated_inputs) {  // the layer's own input, gated by the stream into it
+      at::Tensor gated = at::gelu(linear(x, w + 5), "tanh");
+      gated.mul_((*per_layer_inputs)[i]);
+      x.add_(rms_norm.call(linear(gated, w + 6), norms[n + per_layer - 1], eps));
+    }
+    if (!scalars.empty()) x.mul_(scalars[i]);
   }
   if (delta) x.add_(*delta);
 }
@@ -122,6 +164,7 @@ TORCH_LIBRARY_FRAGMENT(inferplug, m) {
         "Tensor[] k_caches, Tensor[] v_caches, Tensor positions, Tensor cos, Tensor signed_sin, Tensor slots, Tensor block_tables, "
         "Tensor lengths, int num_heads, float scale, float eps, int[] windows=[], Tensor? local_cos=None, "
         "Tensor? local_sin=None, bool sandwich=False, bool gelu=False, Tensor? window_slots=None, "
-        "Tensor? window_tables=None) -> ()");
+        "Tensor? window_tables=None, int[] kv_sources=[], int[] v_from_k=[], bool v_norm=False, "
+        "Tensor? per_layer_inputs=None, float[] scalars=[]) -> ()");
 }
 TORCH_LIBRARY_IMPL(inferplug, CPU, m) { m.impl("decode_layers", &decode_layers); }
