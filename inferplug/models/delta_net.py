@@ -26,8 +26,6 @@ from inferplug.models.config import ModelConfig
 from inferplug.ops.row_math import by_rows
 from inferplug.quant.linear import linear
 
-CHUNK = 64  # the chunked form's tokens per chunk (flash-linear-attention's and HF's)
-
 
 @dataclass
 class DeltaNetWeights:
@@ -81,7 +79,8 @@ def delta_net(h: torch.Tensor, w: DeltaNetWeights, pools: tuple[torch.Tensor, to
     """The layer's output for the step's normed rows `h` [T, hidden]. `sequences`: each sequence's (rows, state
     slot, fresh) in row order; a fresh one starts from zero state, the others from their slot's, and every slot is
     left holding its sequence's state after its last row. `rows`: the decode rows (quant/block_linear.py); `ops`:
-    the model's ops set, whose delta_rule_step runs the decode rows' recurrence."""
+    the model's ops set, whose delta_rule_step runs the decode rows' recurrence and chunked_delta_rule a sequence's
+    prompt rows (kernels/delta_rule_ref.py; Triton on CUDA)."""
     conv_pool, state_pool = pools
     mixed = linear(h, w.qkv, None, rows)
     # per-head values on whole vector steps, so a row's bits do not depend on its step (ops/row_math.py)
@@ -102,7 +101,7 @@ def delta_net(h: torch.Tensor, w: DeltaNetWeights, pools: tuple[torch.Tensor, to
         x = _conv(mixed[span].unsqueeze(0), conv_pool, slots, w.conv, fresh).squeeze(0)
         q, k, v = _heads(x, w)
         initial = torch.zeros_like(state_pool[slot]) if fresh else state_pool[slot]
-        out[span], state_pool[slot] = _chunked(q, k, v, g[span], beta[span], initial)
+        out[span], state_pool[slot] = ops.chunked_delta_rule(q, k, v, g[span], beta[span], initial)
     return linear(_gated_norm(out, linear(h, w.z, None, rows), w.norm, eps), w.out, None, rows)
 
 
@@ -133,35 +132,6 @@ def _heads(x: torch.Tensor, w: DeltaNetWeights) -> tuple[torch.Tensor, torch.Ten
     k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
     return (q.index_select(-2, w.key_of_value), k.index_select(-2, w.key_of_value),
             v.unflatten(-1, (w.value_heads, w.value_dim)))
-
-
-def _chunked(q, k, v, g, beta, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sequence's n tokens ([n, heads, dim]; g, beta [n, heads]) from `state` [heads, key dim, value dim]:
-    their outputs [n, heads, value dim] and the state after them. Per chunk of CHUNK tokens, with the decays
-    cumulated from its start (c), the delta rule's updates solve (I + L) U = beta V and (I + L) W = beta K exp(c),
-    L the strictly lower part of beta K K^T exp(c_i - c_j); then each chunk reads S, corrects U by what S predicts,
-    and moves S on."""
-    n = q.shape[0]
-    pad = -n % CHUNK
-    q, k, v = (F.pad(t.transpose(0, 1), (0, 0, 0, pad)).unflatten(1, (-1, CHUNK)) for t in (q, k, v))
-    g, beta = (F.pad(t.transpose(0, 1), (0, pad)).unflatten(1, (-1, CHUNK)) for t in (g, beta))
-    decay = g.cumsum(-1)  # [heads, chunks, CHUNK]
-    later = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).triu(1)
-    pair = (decay.unsqueeze(-1) - decay.unsqueeze(-2)).masked_fill(later, float("-inf")).exp()
-    k_beta = k * beta.unsqueeze(-1)
-    system = (k_beta @ k.transpose(-1, -2)) * pair  # its diagonal is taken as 1 (unitriangular)
-    u = torch.linalg.solve_triangular(system, v * beta.unsqueeze(-1), upper=False, unitriangular=True)
-    w = torch.linalg.solve_triangular(system, k_beta * decay.exp().unsqueeze(-1), upper=False, unitriangular=True)
-    inner = (q @ k.transpose(-1, -2)) * pair
-    q_decayed = q * decay.exp().unsqueeze(-1)
-    k_to_end = k * (decay[..., -1:] - decay).exp().unsqueeze(-1)
-    chunk_decay = decay[..., -1].exp()[..., None, None]
-    out = torch.empty_like(u)
-    for c in range(q.shape[1]):
-        new = u[:, c] - w[:, c] @ state
-        out[:, c] = q_decayed[:, c] @ state + inner[:, c] @ new
-        state = state * chunk_decay[:, c] + k_to_end[:, c].transpose(-1, -2) @ new
-    return out.flatten(1, 2)[:, :n].transpose(0, 1), state
 
 
 def _gated_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from inferplug.kernels.delta_rule_ref import chunked_delta_rule
 from inferplug.ops.attention import AttentionContext, PagedRows, PrefillChunk, paged_attention, write_kv
 from inferplug.ops.row_math import by_rows
 from inferplug.ops.step import StepLayout
@@ -127,6 +128,11 @@ class TorchOps:
         state += k.unsqueeze(-1) * delta.unsqueeze(-2)
         state_pool[slots] = state
         return (state * q.unsqueeze(-1)).sum(-2)
+
+    def chunked_delta_rule(self, q, k, v, g, beta, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One sequence's prompt rows through the gated delta rule from `state`: their outputs and the state after
+        them (kernels/delta_rule_ref.py, in torch ops)."""
+        return chunked_delta_rule(q, k, v, g, beta, state)
 
     def qk_rms_norm_(self, qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor | None, num_heads: int,
                      kv_heads: int, eps: float, v_norm: bool = False) -> None:

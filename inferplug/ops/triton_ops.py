@@ -3,13 +3,15 @@ tensors, which is how CI checks this path end to end without a GPU.
 
 A step's decode rows go to the paged decode kernel (split-K), its prefill rows, packed with cu_seqlens, to the
 prefill kernel, which reads each chunk's cached prefix and the chunk itself through the block table. RoPE runs in
-place and K/V are stored through the slot mapping before attention; RMSNorm is fused with the residual add."""
+place and K/V are stored through the slot mapping before attention; RMSNorm is fused with the residual add. A hybrid
+model's prompt rows take the Triton chunked delta rule in its DeltaNet layers."""
 
 from __future__ import annotations
 
 import torch
 
 
+from inferplug.kernels.delta_rule import chunked_delta_rule
 from inferplug.kernels.layer_ops import add_rms_norm, rope_, store_kv
 from inferplug.kernels.moe_gemm import grouped_matmul
 from inferplug.kernels.paged_attention import paged_attention_decode
@@ -22,6 +24,7 @@ from inferplug.ops.torch_ops import TorchOps
 class TritonOps(TorchOps):
     name = "triton"
     grouped_matmul = staticmethod(grouped_matmul)  # every selected expert of an MoE layer in one launch
+    chunked_delta_rule = staticmethod(chunked_delta_rule)  # a hybrid model's prompt rows in its DeltaNet layers
 
     def context(self, step: StepLayout, slot_mapping: torch.Tensor) -> AttentionContext:
         ctx = AttentionContext(slot_mapping, len(step.decodes), step.verify_rows)
