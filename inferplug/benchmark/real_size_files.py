@@ -40,6 +40,7 @@ class Geometry:
     linear_key_heads: int = 0
     linear_value_heads: int = 0
     linear_head_dim: int = 0
+    shared_expert_ffn: int = 0  # Qwen3.5-MoE: the MLP every row runs beside its experts
 
     @property
     def head_dim(self) -> int:
@@ -78,7 +79,16 @@ GEOMETRIES = {"llama-7b": Geometry(),
               "qwen35-9b": Geometry(layers=32, hidden=4096, heads=16, kv_heads=4, ffn=12288, vocab=248320,
                                     context=262144, rms_eps=1e-6, rope_theta=1e7, family="qwen35",
                                     head_dim_override=256, linear_key_heads=16, linear_value_heads=32,
-                                    linear_head_dim=128)}
+                                    linear_head_dim=128),
+              # Qwen3.5-35B-A3B (its config.json's text_config): 40 layers, width 2048, 10 x (3 Gated DeltaNet (16 q/k
+              # and 32 value heads of 128) then 1 gated attention (16 heads and 2 KV heads of 256)), 256 experts of
+              # MLP 512 with 8 a token and a shared one of 512, vocabulary 248,320 (bench/real_size.py --layers 12:
+              # the depth that fits beside a peer)
+              "qwen35-35b-a3b": Geometry(layers=40, hidden=2048, heads=16, kv_heads=2, ffn=512, vocab=248320,
+                                         context=262144, rms_eps=1e-6, rope_theta=1e7, family="qwen35moe",
+                                         head_dim_override=256, experts=256, experts_used=8, expert_ffn=512,
+                                         shared_expert_ffn=512, linear_key_heads=16, linear_value_heads=32,
+                                         linear_head_dim=128)}
 
 
 def config(g: Geometry):
@@ -88,14 +98,15 @@ def config(g: Geometry):
     from inferplug.models.registry import gguf_family
 
     extra = {}
-    if g.family == "qwen35":
+    if g.family in ("qwen35", "qwen35moe"):
         from inferplug.models.families import qwen35
 
         extra = {"linear_layers": tuple((i + 1) % qwen35.FULL_ATTENTION_INTERVAL != 0 for i in range(g.layers)),
                  "linear_num_key_heads": g.linear_key_heads, "linear_num_value_heads": g.linear_value_heads,
                  "linear_key_head_dim": g.linear_head_dim, "linear_value_head_dim": g.linear_head_dim,
                  "linear_conv_kernel_dim": 4, "attention_output_gate": True,
-                 "rope_scaling": {"rope_type": "partial", "partial_rotary_factor": 0.25}}
+                 "rope_scaling": {"rope_type": "partial", "partial_rotary_factor": 0.25},
+                 "shared_expert_intermediate_size": g.shared_expert_ffn}
     if g.family == "gemma3":
         from inferplug.models.families import gemma3
 
@@ -166,7 +177,7 @@ def ensure_model(root: Path, fmt: str, g: Geometry, tokenizer_gguf: Path, mix: s
             from inferplug.benchmark.random_gemma4 import write_random_gemma4_gguf
 
             write_random_gemma4_gguf(path, config(g), tokenizer)
-        elif g.family == "qwen35":
+        elif g.family in ("qwen35", "qwen35moe"):
             from inferplug.benchmark.random_qwen35 import write_random_qwen35_gguf
 
             write_random_qwen35_gguf(path, config(g), tokenizer)

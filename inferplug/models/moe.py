@@ -30,7 +30,7 @@ class MoeWeights:
     down_bias: torch.Tensor | None = None  # [experts, hidden]
     router_scale: torch.Tensor | None = None  # Gemma 4: the router's input times this [hidden] and 1 / sqrt(hidden)
     expert_scale: torch.Tensor | None = None  # Gemma 4: each expert's output weight times this [experts]
-    _stacked: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+    _stacked: tuple[Any, Any] | None = field(default=None, repr=False)
     _blocks: tuple | None = field(default=None, repr=False)
 
     def stacked(self) -> tuple[Any, Any] | None:

@@ -1,9 +1,10 @@
 """Two layers at Llama-7B width, two at Qwen3-30B-A3B's (an MoE of 128 experts), written as Q4_K_M-style GGUFs of
 random weights, two at gpt-oss-20b's (32 MXFP4 experts, Q8_0 elsewhere, as its files ship), six at Gemma 4
 26B-A4B's (five window layers and a full one of their own head sizes, 16 of its experts beside the dense MLP; its
-704- and 2112-wide rows in llama.cpp's fallback types), and four at Qwen3.5-9B's (three Gated DeltaNet layers and a
-gated attention one; the plan counts their states): they load in the file's bits, no matrix as float, and the
-process's peak RSS after load and a first request is what `resolve` promised."""
+704- and 2112-wide rows in llama.cpp's fallback types), four at Qwen3.5-9B's (three Gated DeltaNet layers and a
+gated attention one; the plan counts their states) and four at Qwen3.5-35B-A3B's (16 of its experts and the shared
+one in every layer): they load in the file's bits, no matrix as float, and the process's peak RSS after load and a
+first request is what `resolve` promised."""
 
 from __future__ import annotations
 
@@ -38,15 +39,17 @@ def wide_config(geometry: str, vocab: int):
     if geometry.startswith("gemma4"):
         return config(dataclasses.replace(GEOMETRIES[geometry], layers=6, experts=16, vocab=vocab))
     if geometry.startswith("qwen35"):
-        return config(dataclasses.replace(GEOMETRIES[geometry], layers=4, vocab=vocab))
+        experts = min(16, GEOMETRIES[geometry].experts)
+        return config(dataclasses.replace(GEOMETRIES[geometry], layers=4, vocab=vocab, experts=experts))
     return config(dataclasses.replace(GEOMETRIES[geometry], layers=2, vocab=vocab))
 
 
-@pytest.fixture(scope="module", params=["llama-7b", "qwen3-30b-a3b", "gpt-oss-20b", "gemma4-26b-a4b", "qwen35-9b"])
+@pytest.fixture(scope="module", params=["llama-7b", "qwen3-30b-a3b", "gpt-oss-20b", "gemma4-26b-a4b", "qwen35-9b",
+                                        "qwen35-35b-a3b"])
 def wide_gguf(request, smollm2_gguf, tmp_path_factory) -> tuple[Path, int]:
-    """The file, and the block layers it loads as: four a dense layer, 2 + 2 x its experts an MoE one (Gemma 4: 4 +
-    2 x its experts, its dense MLP too; a DeltaNet layer seven: qkv, z, b, a, out and the MLP's two), the embedding
-    and the head."""
+    """The file, and the block layers it loads as: a layer's attention two (a DeltaNet layer's five: qkv, z, b, a,
+    out), its MLP two or 2 x its experts (two more for Gemma 4's dense MLP or Qwen3.5-MoE's shared expert), the
+    embedding and the head."""
     from inferplug.benchmark.random_gemma4 import write_random_gemma4_gguf
     from inferplug.benchmark.random_models import write_random_gguf
     from inferplug.benchmark.random_qwen35 import write_random_qwen35_gguf
@@ -55,11 +58,12 @@ def wide_gguf(request, smollm2_gguf, tmp_path_factory) -> tuple[Path, int]:
     tokenizer = {k: v for k, v in read_gguf(smollm2_gguf).metadata.items() if k.startswith("tokenizer.")}
     config = wide_config(request.param, len(tokenizer["tokenizer.ggml.tokens"]))
     out = tmp_path_factory.mktemp("wide") / f"{request.param}.gguf"
-    writer = {"gemma4": write_random_gemma4_gguf, "qwen35": write_random_qwen35_gguf}.get(config.family,
-                                                                                           write_random_gguf)
+    writer = {"gemma4": write_random_gemma4_gguf, "qwen35": write_random_qwen35_gguf,
+              "qwen35moe": write_random_qwen35_gguf}.get(config.family, write_random_gguf)
     writer(out, config, tokenizer)
-    per_layer = 2 + 2 * config.num_experts + (2 if config.dense_beside_moe else 0) if config.num_experts else 4
-    return out, 2 + sum(7 if config.is_linear_layer(i) else per_layer for i in range(config.num_hidden_layers))
+    beside = config.dense_beside_moe or config.shared_expert_intermediate_size
+    mlp = 2 * config.num_experts + (2 if beside else 0) if config.num_experts else 2
+    return out, 2 + sum((5 if config.is_linear_layer(i) else 2) + mlp for i in range(config.num_hidden_layers))
 
 
 def test_a_wide_q4_k_m_gguf_loads_in_its_bits_within_the_plans_memory(wide_gguf, tmp_path):
