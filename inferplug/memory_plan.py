@@ -222,7 +222,8 @@ def weight_bits(profile: Profile, backend: str, dtype: str, facts: ModelFacts | 
     """Bits per parameter once loaded (an average when parts stay float), and why.
 
     `native_format`: the native engine's weight-only format (Plan.weight_format) on `device_kind`. `mxfp4_blocks`:
-    an MXFP4 checkpoint's experts load in its blocks (the CPU kernels run them), else dequantized as the rest."""
+    MXFP4 experts load in their blocks (the CPU kernels can be built: they run them on a CPU, and MXFP4Linear binds
+    them where the Triton grouped GEMM runs them on a GPU), else dequantized as the rest."""
     fmt = profile.quantization.format
     if profile.quantization.bits is not None:
         return profile.quantization.bits, f"[quantization] bits = {profile.quantization.bits:g}"

@@ -71,11 +71,12 @@ def doc_disk_settings(profile: Profile, plan: Plan, path) -> dict[str, Any]:
 def gguf_layer_format(plan: Plan, tensor_parallel_size: int) -> str | None:
     """The block format a GGUF's matrices load straight into (models/gguf_layers.py), so that no float copy of them is
     made: the plan's where the CPU kernels run one process; on one GPU "mxfp4" (gpt-oss's MXFP4 experts as blocks,
-    for the Triton grouped GEMM, the rest float); None loads them float for quantize_model (CUDA, TP)."""
+    for the Triton grouped GEMM, the rest float); None loads them float for quantize_model (tensor parallel, or a CPU
+    without the kernels)."""
     from inferplug.kernels import cpu as cpu_kernels
     from inferplug.quant.formats import GGUF_LAYER_FORMATS
 
-    if tensor_parallel_size == 1 and plan.device != "cpu" and cpu_kernels.runs_on("cpu"):
+    if tensor_parallel_size == 1 and plan.device != "cpu":
         return "mxfp4"
     on_kernels = tensor_parallel_size == 1 and cpu_kernels.runs_on(plan.device)
     return plan.weight_format if on_kernels and plan.weight_format in GGUF_LAYER_FORMATS else None

@@ -79,13 +79,13 @@ def chunked_delta_rule(q, k, v, g, beta, state: torch.Tensor) -> tuple[torch.Ten
     n, heads, key_dim = q.shape
     value_dim = v.shape[-1]
     q, k, v, g, beta = (t.float().contiguous() for t in (q, k, v, g, beta))
-    state = state.float().clone()  # the caller's slot keeps its state until it takes the result
+    # a contiguous copy: the caller's slot keeps its state until it takes the result
+    state = state.float().clone(memory_format=torch.contiguous_format)
     out = torch.empty(n, heads, value_dim, dtype=torch.float32, device=q.device)
     if n:
-        block_v = min(BLOCK_V, triton.next_power_of_2(value_dim))
+        block_v = max(16, min(BLOCK_V, triton.next_power_of_2(value_dim)))  # tl.dot's sides are >= 16
         _chunked_kernel[(heads, triton.cdiv(value_dim, block_v))](
             q, k, v, g, beta, state, out, n, HEADS=heads, KEY_DIM=key_dim, VALUE_DIM=value_dim,
-            BLOCK_K=max(16, triton.next_power_of_2(key_dim)), BLOCK_V=max(16, block_v), CHUNK=CHUNK,
-            num_warps=NUM_WARPS,
+            BLOCK_K=max(16, triton.next_power_of_2(key_dim)), BLOCK_V=block_v, CHUNK=CHUNK, num_warps=NUM_WARPS,
         )  # fmt: skip
     return out, state

@@ -194,10 +194,12 @@ def weights_from_gguf(gguf: GGUFFile, dtype: "torch.dtype", device="cpu",
     """HF-named weights, read one tensor at a time. `layer_format` ("gguf", "int4" or "int8"; CPU kernels only): each
     quantized matrix comes as the layer that runs it (models/gguf_layers.py), the embedding in its own bits and a head
     (the lm_head, or a tied embedding) as a head layer (Q6_K or Q8_0, x in two int8 parts); float tensors in `dtype`.
-    "mxfp4" (one GPU): the MXFP4 matrices alone as layers, the rest dequantized. None: every tensor dequantized to
-    `dtype` (CTranslate2's converter, tensor parallel)."""
+    "mxfp4" (one GPU): the MXFP4 matrices alone as layers where the CPU kernels build (MXFP4Linear binds their ops;
+    the Triton grouped GEMM reads its blocks), the rest dequantized. None: every tensor dequantized to `dtype`
+    (CTranslate2's converter, tensor parallel)."""
     from tqdm import tqdm
 
+    from inferplug.kernels import cpu as cpu_kernels
     from inferplug.models.gguf_layers import gguf_layer, is_quantized
     from inferplug.models.heap import HeapBound
 
@@ -216,7 +218,7 @@ def weights_from_gguf(gguf: GGUFFile, dtype: "torch.dtype", device="cpu",
         for info in infos:
             name = hf_name(info.name, family)
             as_layer = layer_format is not None and is_quantized(info.type_name) and len(info.shape) >= 2 and \
-                (layer_format != "mxfp4" or info.type_name == "MXFP4")
+                (layer_format != "mxfp4" or info.type_name == "MXFP4" and cpu_kernels.runs_on("cpu"))
             # whole rows of blocks for a layer: the Q/K row order is undone on their bytes
             tensor = gguf.read_tensor(handle, info).view(*info.shape[:-1], -1) if as_layer else \
                 dequantize_tensor(gguf, handle, info)

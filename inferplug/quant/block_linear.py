@@ -144,7 +144,7 @@ class BlockLinear(WeightOnlyLinear):
         if self.blocks.device.type != "cpu":  # no kernel of ours there (gpt-oss's MXFP4 experts on CUDA outside the
             # grouped GEMM): the weight unpacked by torch ops
             out = x @ self.dequantized().to(x.dtype).T
-            return out if self.bias is None else out + self.bias
+            return out if self.bias is None else out + self.bias.to(out.dtype)
         if decode_rows is None or decode_rows >= x.shape[0] or self.prefill_gemm == "int8":
             return super().forward(x)  # the head's kernel takes any rows as they are
         prompt = x[decode_rows:]
