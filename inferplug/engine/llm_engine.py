@@ -33,8 +33,8 @@ from inferplug.engine.spec_verify import spec_stats
 from inferplug.engine.state_snapshots import StateSnapshots
 from inferplug.engine.window_blocks import WindowBlocks
 from inferplug.errors import GenerationError, ProfileError, RequestError
-from inferplug.models.config import ModelConfig, window_pool_blocks
 from inferplug.kernels.delta_rule_ref import CHUNK as DELTA_CHUNK
+from inferplug.models.config import ModelConfig, window_pool_blocks
 from inferplug.models.registry import family, runs_document_cache
 from inferplug.stages.prompt import EncodedPrompt, encode_prompt
 from inferplug.types import Event, FinishReason, Request, SamplingParams
