@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 #include <type_traits>
 #include <vector>
 
@@ -26,13 +27,38 @@ inline float hmax(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// An allocator whose buffers start on a cache line: the kernels load x's runs and 16 blocks' scales 64 bytes at a
+// time, and malloc's 16-byte alignment split every such load across two lines (8-row matmuls ran at 0.8x or 1.2x
+// from one process to the next, as the buffers happened to fall).
+template <typename T>
+struct LineAligned {
+  using value_type = T;
+  static constexpr std::align_val_t LINE{64};
+  LineAligned() = default;
+  template <typename U>
+  LineAligned(const LineAligned<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), LINE)); }
+  void deallocate(T* p, size_t) { ::operator delete(p, LINE); }
+  template <typename U>
+  bool operator==(const LineAligned<U>&) const { return true; }
+  template <typename U>
+  bool operator!=(const LineAligned<U>&) const { return false; }
+};
+template <typename T>
+using Lines = std::vector<T, LineAligned<T>>;
+
 // x quantized (kernels.h's QuantizedRows), owning its buffers. Computed here, once for every ISA, so every
 // ISA multiplies the same int8 values.
 struct QuantizedX {
   int64_t blocks;
-  std::vector<int8_t> q;
-  std::vector<float> scale, sum;
-  std::vector<int32_t> qsum, qsum_low;
+  Lines<int8_t> q;
+  Lines<float> scale, sum;
+  Lines<int32_t> qsum, qsum_low;
+  // Zeros for `rows` rows of `width` blocks (a multiple of RUN).
+  static QuantizedX zeros(int64_t width, int64_t rows) {
+    return {width, Lines<int8_t>(rows * width * QK), Lines<float>(rows * width), Lines<float>(rows * width),
+            Lines<int32_t>(rows * width), Lines<int32_t>(rows * width)};
+  }
   inferplug_isa::QuantizedRows view() const {
     return {blocks, q.data(), scale.data(), sum.data(), qsum.data(), qsum_low.data()};
   }
@@ -67,8 +93,7 @@ inline int64_t code_at(int64_t width, int64_t m, int64_t j) {
 // GPTQ act-order weight's inputs, permuted at load), so no permuted copy of x is made.
 QuantizedX quantize_rows(const float* x, int64_t rows, int64_t k, const int64_t* order) {
   const int64_t blocks = k / QK, width = padded(blocks);
-  QuantizedX out{width, std::vector<int8_t>(rows * width * QK), std::vector<float>(rows * width), std::vector<float>(rows * width),
-                 std::vector<int32_t>(rows * width), std::vector<int32_t>(rows * width)};
+  QuantizedX out = QuantizedX::zeros(width, rows);
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   at::parallel_for(0, rows, 8, [&](int64_t m0, int64_t m1) {
     alignas(32) float gathered[QK];

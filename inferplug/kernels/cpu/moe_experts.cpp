@@ -80,8 +80,7 @@ Groups group_by_expert(const int64_t* chosen, int64_t rows, int64_t k, int64_t n
 // x's quantized rows copied into pair order: quantized once a row, shared by every expert it chose.
 QuantizedX gather(const QuantizedX& x, const std::vector<int64_t>& rows) {
   const int64_t width = x.blocks, n = static_cast<int64_t>(rows.size());
-  QuantizedX out{width, std::vector<int8_t>(n * width * QK), std::vector<float>(n * width), std::vector<float>(n * width),
-                 std::vector<int32_t>(n * width), std::vector<int32_t>(n * width)};
+  QuantizedX out = QuantizedX::zeros(width, n);
   for (int64_t p = 0; p < n; p++) {
     const int64_t from = rows[p] * width, to = p * width;
     std::copy_n(x.q.begin() + from * QK, width * QK, out.q.begin() + to * QK);

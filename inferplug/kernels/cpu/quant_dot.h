@@ -2,8 +2,8 @@
 // (how 8 or 16 blocks' int8 dot products become one int32 sum a block) and a float width. Torch-free:
 // compiled per ISA.
 //
-// Every policy gives the same exact integer sums, and the float part (scales, mins, the running sum) is
-// 8 lanes wide in every ISA, so Q4_1 / Q4_G128 / Q4_K / Q5_0 / Q5_K / Q6_K / Q8_0 / MXFP4 results are bit-identical across ISAs.
+// Every policy gives the same exact integer sums, and the float part (scales, mins, the running sums) takes the
+// same steps in every ISA (RunSums), so Q4_1 / Q4_G128 / Q4_K / Q5_0 / Q5_K / Q6_K / Q8_0 / MXFP4 results are bit-identical across ISAs.
 #pragma once
 #include <immintrin.h>
 
@@ -148,7 +148,8 @@ struct DotAvx2 {  // 8 blocks a step: u8 x s8 pairs to int16, then int32
       return sums;
     }
   }
-  static __m256i group_sums(R sums, int) { return sums; }
+  using V = F256;  // the float step's width: a lane a block
+  static __m256 to_float(R sums) { return _mm256_cvtepi32_ps(sums); }
 };
 
 #ifdef INFERPLUG_AVX512
@@ -187,7 +188,8 @@ struct I512 {  // AVX-512 + VNNI: 16 blocks a step, two groups of 8
   static R add(R a, R b) { return _mm512_add_epi32(a, b); }
   static R sub(R a, R b) { return _mm512_sub_epi32(a, b); }
   static R times_32(R a) { return _mm512_slli_epi32(a, 5); }
-  static __m256i group_sums(R sums, int g) { return g == 0 ? _mm512_castsi512_si256(sums) : _mm512_extracti64x4_epi64(sums, 1); }
+  using V = F512;
+  static __m512 to_float(R sums) { return _mm512_cvtepi32_ps(sums); }
 };
 
 // VNNI: u8 x s8 quads straight into each block's int32 lane, at the width of I (a 256-bit I measured no
@@ -251,7 +253,8 @@ struct DotVnni {
   static R add(R a, R b) { return I::add(a, b); }
   static R sub(R a, R b) { return I::sub(a, b); }
   static R times_32(R a) { return I::times_32(a); }
-  static __m256i group_sums(R sums, int g) { return I::group_sums(sums, g); }
+  using V = typename I::V;
+  static auto to_float(R sums) { return I::to_float(sums); }
 };
 #endif
 
@@ -267,26 +270,41 @@ constexpr int64_t X_CHUNK_BYTES = 16 * 1024;
 template <int MT, int64_t X_BLOCK>
 constexpr int64_t chunk_blocks() { return std::max<int64_t>(RUN, X_CHUNK_BYTES / (MT * X_BLOCK) / RUN * RUN); }
 
+// A row's running float sums against one weight row: lane j of `first` takes block j of every run's first 8
+// blocks, lane j of `last` block 8 + j. An AVX-512 step updates both as one 16-lane vector, an AVX2 step one of
+// them; the two are added at the end, so every ISA does the same float steps in the same order.
+struct RunSums {
+  struct F { __m256 first, last; };
+  static F zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  static float sum(const F& s) { return F256::sum(_mm256_add_ps(s.first, s.last)); }
+};
+
 // Rows [m, m + MT) of x against blocks [b0, b1) of one weight row (b0 a multiple of RUN), added to sums: MT dot
-// products sharing each unpacked weight step. Per group of 8 blocks: 8 int32 sums, one conversion, a multiply-add
-// by the scales (and one by the mins): the same float steps in the same order for every policy.
+// products sharing each unpacked weight step. A step of BLOCKS blocks: BLOCKS int32 sums, one conversion, a
+// multiply-add by the scales (and one by the mins), at the step's width.
 template <typename Dot, typename Format, int MT>
 void dot_rows(const RowLayout<Format>& w, const inferplug_isa::QuantizedRows& x, int64_t m, int64_t b0, int64_t b1,
-              int64_t blocks, __m256* sums) {
-  constexpr int64_t GROUPS = Dot::BLOCKS / GROUP;
-  __m256 acc[MT];  // in registers while the blocks pass
-  for (int i = 0; i < MT; i++) acc[i] = sums[i];
+              int64_t blocks, RunSums::F* sums) {
+  using V = typename Dot::V;
+  constexpr int64_t GROUPS = Dot::BLOCKS / GROUP, STEPS = RUN / Dot::BLOCKS;
+  static_assert(V::LANES == Dot::BLOCKS, "a float lane a block");
+  typename V::F acc[MT][STEPS];  // in registers while the blocks pass
+  for (int i = 0; i < MT; i++) {
+    const __m256 eights[2] = {sums[i].first, sums[i].last};
+    for (int p = 0; p < STEPS; p++) acc[i][p] = V::from_eights(eights + p * GROUPS);
+  }
   for (int64_t run = b0; run < b1; run += RUN) {
     const int64_t in_run = std::min(RUN, blocks - run);
-    for (int64_t h = 0; h < in_run; h += Dot::BLOCKS) {
-      const int64_t n = std::min(Dot::BLOCKS, in_run - h), groups = (n + GROUP - 1) / GROUP;
+    for (int p = 0; p < STEPS && p * Dot::BLOCKS < in_run; p++) {
+      const int64_t h = p * Dot::BLOCKS, n = std::min(Dot::BLOCKS, in_run - h), groups = (n + GROUP - 1) / GROUP;
       const auto q = Dot::template load<Format>(w.quants + run * Format::QUANT_BYTES + WORD * h, WORD * in_run, n);
-      __m256 scale[GROUPS], min[GROUPS];
+      __m256 scale[GROUPS] = {}, min[GROUPS] = {};  // zeros for a group past the row's end (its sums are 0)
       for (int g = 0; g < groups; g++) {
         const int64_t b = run + h + g * GROUP, count = std::min(GROUP, blocks - b);
         scale[g] = w.group_scales(b, count);
-        min[g] = Format::HAS_MIN ? w.group_mins(b, count) : _mm256_setzero_ps();
+        if constexpr (Format::HAS_MIN) min[g] = w.group_mins(b, count);
       }
+      const auto scales = V::from_eights(scale), mins = V::from_eights(min);
       for (int i = 0; i < MT; i++) {
         const int64_t at = (m + i) * x.blocks + run + h;
         const int8_t* xq = x.q + (at - h) * QK + WORD * h;
@@ -296,15 +314,16 @@ void dot_rows(const RowLayout<Format>& w, const inferplug_isa::QuantizedRows& x,
         } else {
           sums = Dot::template dot<Format>(q, xq, x.qsum + at);
         }
-        for (int g = 0; g < groups; g++) {
-          const __m256 scales = _mm256_mul_ps(scale[g], _mm256_loadu_ps(x.scale + at + g * GROUP));
-          acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Dot::group_sums(sums, g)), scales, acc[i]);
-          if constexpr (Format::HAS_MIN) acc[i] = _mm256_fmadd_ps(min[g], _mm256_loadu_ps(x.sum + at + g * GROUP), acc[i]);
-        }
+        acc[i][p] = V::fmadd(Dot::to_float(sums), V::mul(scales, V::load(x.scale + at)), acc[i][p]);
+        if constexpr (Format::HAS_MIN) acc[i][p] = V::fmadd(mins, V::load(x.sum + at), acc[i][p]);
       }
     }
   }
-  for (int i = 0; i < MT; i++) sums[i] = acc[i];
+  for (int i = 0; i < MT; i++) {
+    __m256 eights[2];
+    for (int p = 0; p < STEPS; p++) V::to_eights(acc[i][p], eights + p * GROUPS);
+    sums[i] = {eights[0], eights[1]};
+  }
 }
 
 // f(integral_constant<int, rows>) for 1 <= rows <= MT: the row count as a compile-time constant.
@@ -342,8 +361,8 @@ void quant_matmul_rows(const inferplug_isa::WeightRows& w, int64_t n0, int64_t n
                        int64_t m, int64_t rows, float* y, int64_t y_stride) {
   with_rows<inferplug_isa::MAX_ROWS>(rows, [&](auto mt) {
     constexpr int MT = decltype(mt)::value;
-    by_passes<F256, MT, chunk_blocks<MT, QK>()>(w, n0, n1, y, y_stride,
-                                                [&](const uint8_t* row, int64_t b0, int64_t b1, __m256* sums) {
+    by_passes<RunSums, MT, chunk_blocks<MT, QK>()>(w, n0, n1, y, y_stride,
+                                                   [&](const uint8_t* row, int64_t b0, int64_t b1, RunSums::F* sums) {
       dot_rows<Dot, Format, MT>(RowLayout<Format>(row, w.blocks), x, m, b0, b1, w.blocks, sums);
     });
   });

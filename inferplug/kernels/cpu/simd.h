@@ -35,6 +35,9 @@ struct F256 {
   static F pow2(F n) {  // 2^n for whole n in the normal range
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
   }
+  // A vector from LANES / 8 vectors of 8 lanes in order, and back.
+  static F from_eights(const __m256* eights) { return eights[0]; }
+  static void to_eights(F v, __m256* eights) { eights[0] = v; }
   static float sum(F v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -82,6 +85,11 @@ struct F512 {
   static F round(F v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
   static F pow2(F n) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+  }
+  static F from_eights(const __m256* eights) { return _mm512_insertf32x8(_mm512_castps256_ps512(eights[0]), eights[1], 1); }
+  static void to_eights(F v, __m256* eights) {
+    eights[0] = _mm512_castps512_ps256(v);
+    eights[1] = _mm512_extractf32x8_ps(v, 1);
   }
   static float sum(F v) {
     return F256::sum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));

@@ -61,7 +61,9 @@ def test_avx512_code_stays_in_its_own_translation_unit(ops):
     symbols = subprocess.run(["nm", "-C", "--defined-only", str(objects[0].with_name("isa_avx512.o"))],
                              capture_output=True, text=True, check=True).stdout.splitlines()
     exported = [line.split(" ", 2)[2] for line in symbols if line.split(" ")[1] in "TDBRWVu"]
-    assert exported == ["inferplug_isa::avx512()"]
+    # Past the one entry point: at most the hidden pointer to the C++ unwinder's routine, data that is the same
+    # 8 bytes in every object that has it.
+    assert [name for name in exported if name != "DW.ref.__gxx_personality_v0"] == ["inferplug_isa::avx512()"]
 
 
 def test_isa_names_the_set_that_runs(both_isas):
