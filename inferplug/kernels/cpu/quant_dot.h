@@ -44,15 +44,15 @@ constexpr int high_mask(int bits) { return bits == 6 ? 0x30 : 0x10; }
 constexpr int log2_of(int power) { return power > 1 ? 1 + log2_of(power / 2) : 0; }
 static_assert(CODE_OFFSET<Q5_0> == 1 << log2_of(CODE_OFFSET<Q5_0>), "a code offset is a power of two: a shift");
 
-// Q6_K's blocks: sc_low * (sum_low - 32 x_low) + sc_high * (sum_high - 32 x_high), each block's exact integer, from
-// its half sums over the codes q (0..63) and x's half sums of codes (q - 32 is the weight's code).
+// Q6_K's blocks by halves of 16 weights: sum_low - 32 x_low and sum_high - 32 x_high, each exact, from the half sums
+// over the codes q (0..63) and x's half sums of codes (q - 32 is the weight's code). Their sub-block scales
+// multiply in the float step: two int32 multiplies a step cost more than the two float ones.
 template <typename Dot, typename Format>
-INFERPLUG_INLINE inline typename Dot::R dot_sub_scales(const typename Dot::template Weights<Format>& w, const int8_t* x, const int32_t* q_sums,
-                               const int32_t* q_sums_low, const int8_t* sc_low, const int8_t* sc_high) {
+INFERPLUG_INLINE inline typename Dot::Halves half_sums(const typename Dot::template Weights<Format>& w, const int8_t* x,
+                                                       const int32_t* q_sums, const int32_t* q_sums_low) {
   const auto s = Dot::dot_halves(w.bytes, x);
   const auto x_low = Dot::load_sums(q_sums_low), x_high = Dot::sub(Dot::load_sums(q_sums), x_low);
-  return Dot::add(Dot::mul(Dot::widen_scales(sc_low), Dot::sub(s.low, Dot::times_32(x_low))),
-                  Dot::mul(Dot::widen_scales(sc_high), Dot::sub(s.high, Dot::times_32(x_high))));
+  return {Dot::sub(s.low, Dot::times_32(x_low)), Dot::sub(s.high, Dot::times_32(x_high))};
 }
 
 // The weight bytes the integer policies multiply are unsigned: Q4_1's nibbles as they are, Q8_0's (and MXFP4's
@@ -121,8 +121,6 @@ struct DotAvx2 {  // 8 blocks a step: u8 x s8 pairs to int16, then int32
   }
   static R load_sums(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const R*>(p)); }
   static R widen_scales(const int8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
-  static R mul(R a, R b) { return _mm256_mullo_epi32(a, b); }
-  static R add(R a, R b) { return _mm256_add_epi32(a, b); }
   static R sub(R a, R b) { return _mm256_sub_epi32(a, b); }
   static R times_32(R a) { return _mm256_slli_epi32(a, 5); }
 
@@ -184,8 +182,6 @@ struct I512 {  // AVX-512 + VNNI: 16 blocks a step, two groups of 8
     return _mm512_and_si512(merged, _mm512_set1_epi8(static_cast<char>((1 << BITS) - 1)));
   }
   static R widen_scales(const int8_t* p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-  static R mul(R a, R b) { return _mm512_mullo_epi32(a, b); }
-  static R add(R a, R b) { return _mm512_add_epi32(a, b); }
   static R sub(R a, R b) { return _mm512_sub_epi32(a, b); }
   static R times_32(R a) { return _mm512_slli_epi32(a, 5); }
   using V = F512;
@@ -249,8 +245,6 @@ struct DotVnni {
   }
   static R load_sums(const int32_t* p) { return I::load_sums(p); }
   static R widen_scales(const int8_t* p) { return I::widen_scales(p); }
-  static R mul(R a, R b) { return I::mul(a, b); }
-  static R add(R a, R b) { return I::add(a, b); }
   static R sub(R a, R b) { return I::sub(a, b); }
   static R times_32(R a) { return I::times_32(a); }
   using V = typename I::V;
@@ -305,16 +299,22 @@ void dot_rows(const RowLayout<Format>& w, const inferplug_isa::QuantizedRows& x,
         if constexpr (Format::HAS_MIN) min[g] = w.group_mins(b, count);
       }
       const auto scales = V::from_eights(scale), mins = V::from_eights(min);
+      [[maybe_unused]] typename V::F low_scales, high_scales;  // Q6_K: d times each half's sub-block scale, exact
+      if constexpr (Format::BITS == 6) {
+        low_scales = V::mul(Dot::to_float(Dot::widen_scales(w.sc_low + run + h)), scales);
+        high_scales = V::mul(Dot::to_float(Dot::widen_scales(w.sc_high + run + h)), scales);
+      }
       for (int i = 0; i < MT; i++) {
         const int64_t at = (m + i) * x.blocks + run + h;
         const int8_t* xq = x.q + (at - h) * QK + WORD * h;
-        typename Dot::R sums;
+        const auto x_scales = V::load(x.scale + at);
         if constexpr (Format::BITS == 6) {
-          sums = dot_sub_scales<Dot, Format>(q, xq, x.qsum + at, x.qsum_low + at, w.sc_low + run + h, w.sc_high + run + h);
+          const auto halves = half_sums<Dot, Format>(q, xq, x.qsum + at, x.qsum_low + at);
+          acc[i][p] = V::fmadd(Dot::to_float(halves.low), V::mul(low_scales, x_scales), acc[i][p]);
+          acc[i][p] = V::fmadd(Dot::to_float(halves.high), V::mul(high_scales, x_scales), acc[i][p]);
         } else {
-          sums = Dot::template dot<Format>(q, xq, x.qsum + at);
+          acc[i][p] = V::fmadd(Dot::to_float(Dot::template dot<Format>(q, xq, x.qsum + at)), V::mul(scales, x_scales), acc[i][p]);
         }
-        acc[i][p] = V::fmadd(Dot::to_float(sums), V::mul(scales, V::load(x.scale + at)), acc[i][p]);
         if constexpr (Format::HAS_MIN) acc[i][p] = V::fmadd(mins, V::load(x.sum + at), acc[i][p]);
       }
     }
