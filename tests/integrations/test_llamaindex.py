@@ -135,6 +135,17 @@ def test_parallel_tool_calls_only_when_allowed(llm):
     assert len(llm._validate_chat_with_tools_response(response(), []).message.additional_kwargs["tool_calls"]) == 1
 
 
+def test_a_structured_reply_cut_by_max_tokens_says_so(llm):
+    from llama_index.core.prompts import PromptTemplate
+
+    prompt = PromptTemplate("Name a city in {place}.")
+    with pytest.raises(ValueError, match="reached max_tokens before its JSON was complete.*raise max_tokens for City"):
+        llm.structured_predict(City, prompt, llm_kwargs={"max_tokens": 3}, place="France")
+    with pytest.raises(ValueError, match="reached max_tokens"):
+        list(llm.stream_structured_predict(City, prompt, llm_kwargs={"max_tokens": 3}, place="France"))
+    assert llm.backend.stats()["kv_blocks_used"] == 0
+
+
 def test_stream_structured_predict_streams_partials_under_the_constraint(llm):
     from llama_index.core.program.utils import FlexibleModel
     from llama_index.core.prompts import PromptTemplate
@@ -152,8 +163,8 @@ def test_stream_structured_predict_streams_partials_under_the_constraint(llm):
 async def test_astream_structured_predict(llm):
     from llama_index.core.prompts import PromptTemplate
 
-    prompt = PromptTemplate("Name a city in {place}.")
-    streamed = [p async for p in await llm.astream_structured_predict(City, prompt, place="Italy")]
-    assert streamed[-1] == await llm.astructured_predict(City, prompt, place="Italy")
+    prompt, room = PromptTemplate("Name a city in {place}."), {"max_tokens": 64}  # the fixture's 24 can cut the JSON
+    streamed = [p async for p in await llm.astream_structured_predict(City, prompt, llm_kwargs=room, place="Italy")]
+    assert streamed[-1] == await llm.astructured_predict(City, prompt, llm_kwargs=room, place="Italy")
     stats = llm.backend.stats()
     assert stats["kv_blocks_used"] == 0

@@ -28,8 +28,8 @@ inline float hmax(__m256 v) {
 }
 
 // An allocator whose buffers start on a cache line: the kernels load x's runs and 16 blocks' scales 64 bytes at a
-// time, and malloc's 16-byte alignment split every such load across two lines (8-row matmuls ran at 0.8x or 1.2x
-// from one process to the next, as the buffers happened to fall).
+// time, and malloc's 16-byte alignment split every such load across two lines (an 8-row matmul's time varied up to
+// 1.7x from one process to the next, as the buffers happened to fall).
 template <typename T>
 struct LineAligned {
   using value_type = T;

@@ -39,7 +39,7 @@ from inferplug.types import SamplingParams, TokenLogprob
 from llama_index.llms.inferplug.messages import to_chat_dicts
 from llama_index.llms.inferplug.postprocessor import DocumentCacheHints
 from llama_index.llms.inferplug.precompute import DocumentKVPrecompute
-from llama_index.llms.inferplug.structured import apartial_objects, constrained_kwargs, partial_objects
+from llama_index.llms.inferplug.structured import apartial_objects, constrained_kwargs, partial_objects, validated
 
 
 class InferPlug(FunctionCallingLLM):
@@ -231,14 +231,12 @@ class InferPlug(FunctionCallingLLM):
     def structured_predict(self, output_cls: type[BaseModel], prompt: PromptTemplate,
                            llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any) -> BaseModel:
         messages = prompt.format_messages(llm=self, **prompt_args)
-        response = self.chat(messages, **constrained_kwargs(output_cls, llm_kwargs))
-        return output_cls.model_validate_json(response.message.content or "")
+        return validated(output_cls, self.chat(messages, **constrained_kwargs(output_cls, llm_kwargs)))
 
     async def astructured_predict(self, output_cls: type[BaseModel], prompt: PromptTemplate,
                                   llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any) -> BaseModel:
         messages = prompt.format_messages(llm=self, **prompt_args)
-        response = await self.achat(messages, **constrained_kwargs(output_cls, llm_kwargs))
-        return output_cls.model_validate_json(response.message.content or "")
+        return validated(output_cls, await self.achat(messages, **constrained_kwargs(output_cls, llm_kwargs)))
 
     # LlamaIndex's stream_structured_predict / astream_structured_predict call these (and send its events)
     def _structured_stream_call(self, output_cls: type[BaseModel], prompt: PromptTemplate,

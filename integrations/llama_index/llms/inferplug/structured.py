@@ -11,12 +11,25 @@ from typing import Any
 
 from llama_index.core.base.llms.types import ChatResponse
 from llama_index.core.program.utils import process_streaming_objects
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 
 def constrained_kwargs(output_cls: type[BaseModel], llm_kwargs: dict[str, Any] | None) -> dict[str, Any]:
     """The chat call's kwargs: the caller's, plus the class's JSON schema as the decoding constraint."""
     return {**(llm_kwargs or {}), "json_schema": output_cls.model_json_schema()}
+
+
+def validated(output_cls: type[BaseModel], response: ChatResponse | None) -> BaseModel:
+    """The response's JSON as `output_cls`. A reply that max_tokens cut before its JSON closed is an error that says
+    so, where pydantic would only report broken JSON."""
+    content = response.message.content or "" if response else ""
+    try:
+        return output_cls.model_validate_json(content)
+    except ValidationError as error:
+        if response is not None and (response.raw or {}).get("finish_reason") == "length":
+            raise ValueError(f"the structured reply reached max_tokens before its JSON was complete ({content!r}): "
+                             f"raise max_tokens for {output_cls.__name__}") from error
+        raise
 
 
 class PartialObjects:
@@ -33,7 +46,7 @@ class PartialObjects:
         return self.partial
 
     def final(self) -> BaseModel:
-        return self.output_cls.model_validate_json(self.last.message.content or "" if self.last else "")
+        return validated(self.output_cls, self.last)
 
 
 def _listed(partial: BaseModel | None) -> list[BaseModel] | None:
