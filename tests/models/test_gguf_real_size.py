@@ -77,4 +77,5 @@ def test_a_wide_q4_k_m_gguf_loads_in_its_bits_within_the_plans_memory(wide_gguf,
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["float_matrices"] == 0 and result["layers"] == block_layers
-    assert abs(result["peak_rss"] - result["planned"]) <= 0.10 * result["planned"], result
+    planned = result["planned"] - result["untaken_snapshots"]  # a hybrid's snapshots: planned, never taken here
+    assert abs(result["peak_rss"] - planned) <= 0.10 * planned, result
