@@ -46,7 +46,8 @@ static_assert(CODE_OFFSET<Q5_0> == 1 << log2_of(CODE_OFFSET<Q5_0>), "a code offs
 
 // Q6_K's blocks by halves of 16 weights: sum_low - 32 x_low and sum_high - 32 x_high, each exact, from the half sums
 // over the codes q (0..63) and x's half sums of codes (q - 32 is the weight's code). Their sub-block scales
-// multiply in the float step: two int32 multiplies a step cost more than the two float ones.
+// multiply in the float step, not as two int32 multiplies a row: with AVX-512 an 8-row matmul 10% faster and one
+// row 9%; the AVX2 set, which takes the same float steps, 7% slower at one row and no slower at 8.
 template <typename Dot, typename Format>
 INFERPLUG_INLINE inline typename Dot::Halves half_sums(const typename Dot::template Weights<Format>& w, const int8_t* x,
                                                        const int32_t* q_sums, const int32_t* q_sums_low) {
