@@ -109,9 +109,15 @@ struct FloatPanel {
   using W = float;
   using X = float;
   static constexpr int64_t PACK_COLS = 1;
-  // A block's 32 weights of column j, from row k of the micro-panel on.
-  static void pack(const float* values, int64_t, int64_t k, int64_t j, W* micro) {
-    for (int64_t t = 0; t < QK; t++) micro[(k + t) * NR + j] = ROUND_BF16 ? bf16_round(values[t]) : values[t];
+  // Blocks [k0, k0 + kc) / 32 of weight row n (count 1; 0: zeros) as column j of a micro-panel.
+  template <typename Format>
+  static void pack_blocks(const inferplug_isa::WeightRows& w, int64_t n, int64_t count, int64_t k0, int64_t kc,
+                          int64_t j, W* micro) {
+    alignas(32) float values[QK] = {};
+    for (int64_t at = 0; at < kc; at += QK) {
+      if (count) unpack_block<Format>(RowLayout<Format>(w.data + n * w.row_bytes, w.blocks), (k0 + at) / QK, w.blocks, values);
+      for (int64_t t = 0; t < QK; t++) micro[(at + t) * NR + j] = ROUND_BF16 ? bf16_round(values[t]) : values[t];
+    }
   }
 
   // y's tile (c, rows ldc apart) += x's ROWS rows (ldx apart) times the panel's kc rows; first: y starts at 0.
@@ -134,6 +140,48 @@ struct FloatPanel {
 };
 
 #ifdef INFERPLUG_AVX512  // isa_avx512.cpp; called only where the CPU has AVX512_BF16 (its table checks)
+// Block b of a row as weights 0..15 and 16..31 in v: unpack_block's values (the same multiply then add, or
+// Q6_K's multiply), 16 at a time from the block's words (kernels.h), with no float buffer between.
+// words: the block's first word, the others `stride` bytes apart (kernels.h's runs); first, second: the block's
+// scale and min (Q6_K: its two halves' scales).
+template <typename Format>
+inline void dequantize_block16(const uint8_t* words, int64_t stride, float first, float second, __m512 v[2]) {
+  const auto word = [&](int64_t k) {
+    int32_t w;
+    std::memcpy(&w, words + k * stride, WORD);
+    return w;
+  };
+  const auto four = [&](int64_t k) { return _mm_setr_epi32(word(k), word(k + 1), word(k + 2), word(k + 3)); };
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i byte_shift = _mm512_slli_epi32(_mm512_and_si512(lane, _mm512_set1_epi32(3)), 3);  // 8 * (i % 4)
+  const __m512i quarter = _mm512_srli_epi32(lane, 2);                                              // i / 4
+  const __m128i nibbles = four(0), low_four = _mm_set1_epi8(0x0F);
+  for (int h = 0; h < 2; h++) {  // weights 16h + i: the low (h = 0) or high nibble of byte i
+    const __m128i codes = _mm_and_si128(h ? _mm_srli_epi16(nibbles, 4) : nibbles, low_four);
+    __m512i q;
+    if constexpr (Format::BITS == 6) {  // the high bit pair: bits 2 * (i / 4) of byte i % 4 of high word 4 + h
+      const __m512i shifts = _mm512_add_epi32(byte_shift, _mm512_slli_epi32(quarter, 1));
+      const __m512i pairs = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(word(4 + h)), shifts), _mm512_set1_epi32(3));
+      q = _mm512_sub_epi32(_mm512_or_si512(_mm512_cvtepu8_epi32(codes), _mm512_slli_epi32(pairs, 4)), _mm512_set1_epi32(32));
+      v[h] = _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(h ? second : first));
+      continue;
+    } else if constexpr (Format::BITS == 8) {
+      q = _mm512_cvtepi8_epi32(four(4 * h));
+    } else if constexpr (LOOKUP<Format>) {
+      q = _mm512_cvtepi8_epi32(_mm_shuffle_epi8(mxfp4_values(), codes));
+    } else {
+      q = _mm512_cvtepu8_epi32(codes);
+      if constexpr (Format::BITS == 5) {  // the high bit: bit 4h + i / 4 of byte i % 4 of word 4 (five_bits_high)
+        const __m512i shifts = _mm512_add_epi32(byte_shift, _mm512_add_epi32(quarter, _mm512_set1_epi32(4 * h)));
+        q = _mm512_or_si512(q, _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(word(4)), shifts),
+                                                                  _mm512_set1_epi32(1)), 4));
+      }
+      if constexpr (CODE_OFFSET<Format> != 0) q = _mm512_sub_epi32(q, _mm512_set1_epi32(CODE_OFFSET<Format>));
+    }
+    v[h] = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(first)), _mm512_set1_ps(second));
+  }
+}
+
 // vdpbf16ps: each 32-bit lane holds a bf16 pair (k, k + 1) of one column, so a panel holds weight (k, j) at
 // (k / 2 * NR + j) * 2 + k % 2, and x's pair (k, k + 1) is one 32-bit broadcast. kc is even (blocks of 32).
 struct Bf16Panel {
@@ -143,17 +191,51 @@ struct Bf16Panel {
   using W = uint16_t;
   using X = uint16_t;
   static constexpr int64_t PACK_COLS = 16;
-  // A block's 32 weights of columns j..j + 15 (column c's at values + c * stride), from row k of the micro-panel on:
-  // each column's 16 bf16 pairs (vcvtne2ps2bf16 rounds to the nearest even, as bf16_bits), transposed so that
-  // each pair row of the panel is one 64-byte store. A column at a time took 16 scattered 4-byte stores a block,
-  // more than the tiles' arithmetic at 32 rows (an MoE expert's share of a prefill).
-  __attribute__((target("avx512bf16"))) static void pack(const float* values, int64_t stride, int64_t k, int64_t j,
-                                                         W* micro) {
-    __m512i r[16];
-    for (int c = 0; c < 16; c++)
-      r[c] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(values + c * stride + 16), _mm512_loadu_ps(values + c * stride));
-    transpose(r);
-    for (int t = 0; t < 16; t++) _mm512_storeu_si512(micro + ((k / 2 + t) * NR + j) * 2, r[t]);
+  // Blocks [k0, k0 + kc) / 32 of weight rows [n, n + count) (zeros after) as columns j..j + 15 of a
+  // micro-panel: each row's blocks in turn, 32 weights straight from registers to 16 bf16 pairs (vcvtne2ps2bf16
+  // rounds to the nearest even, as bf16_bits), then each block's 16 columns transposed so that each pair row of
+  // the panel is one 64-byte store. A K block lies in one run of a row's words, so each row's addressing is
+  // worked out once. Through a float buffer and block by block, the unpacking and packing cost twice the tiles'
+  // arithmetic at the 16-32 rows an MoE expert gets of a prefill.
+  template <typename Format>
+  __attribute__((target("avx512bf16"))) static void pack_blocks(const inferplug_isa::WeightRows& w, int64_t n,
+                                                                int64_t count, int64_t k0, int64_t kc, int64_t j,
+                                                                W* micro) {
+    static_assert(RUN % (PREFILL_K / QK) == 0 && PREFILL_K / QK == GROUP, "a K block's blocks: one run's, one group");
+    const int64_t b0 = k0 / QK, blocks = kc / QK, run = b0 / RUN * RUN, stride = WORD * std::min(RUN, w.blocks - run);
+    __m512i staged[PREFILL_K / QK][16];  // block t of row n + c: staged[t][c]
+    for (int64_t c = 0; c < 16; c++) {
+      if (c >= count) {
+        for (int64_t t = 0; t < blocks; t++) staged[t][c] = _mm512_setzero_si512();
+        continue;
+      }
+      const uint8_t* bytes = w.data + (n + c) * w.row_bytes;
+      if (k0 == 0) prefetch_row(bytes + 16 * w.row_bytes, w.row_bytes);  // the next call's row, from DRAM
+      const RowLayout<Format> row(bytes, w.blocks);
+      const uint8_t* words = row.quants + run * Format::QUANT_BYTES + (b0 - run) * WORD;
+      alignas(32) float first[GROUP], second[GROUP];  // the blocks' scales and mins (Q6_K: their halves' scales)
+      const __m256 scales = row.group_scales(b0, blocks);
+      if constexpr (Format::BITS == 6) {
+        _mm256_store_ps(first, _mm256_mul_ps(scales, widened(row.sc_low + b0)));
+        _mm256_store_ps(second, _mm256_mul_ps(scales, widened(row.sc_high + b0)));
+      } else {
+        _mm256_store_ps(first, scales);
+        _mm256_store_ps(second, Format::HAS_MIN ? row.group_mins(b0, blocks) : _mm256_setzero_ps());
+      }
+      for (int64_t t = 0; t < blocks; t++) {
+        __m512 v[2];
+        dequantize_block16<Format>(words + t * WORD, stride, first[t], second[t], v);
+        staged[t][c] = (__m512i)_mm512_cvtne2ps_pbh(v[1], v[0]);
+      }
+    }
+    for (int64_t t = 0; t < blocks; t++) {
+      transpose(staged[t]);
+      for (int i = 0; i < 16; i++) _mm512_storeu_si512(micro + ((t * QK / 2 + i) * NR + j) * 2, staged[t][i]);
+    }
+  }
+  // 8 int8 codes as floats.
+  static __m256 widened(const int8_t* codes) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes))));
   }
   // r[c][t] -> r[t][c] for 16 x 16 32-bit lanes: pairs within 128-bit lanes, then quads, then the 128-bit lanes.
   static void transpose(__m512i* r) {
@@ -217,21 +299,11 @@ void prefill_matmul_cols(const inferplug_isa::WeightRows& w, int64_t n0, int64_t
   alignas(64) float edge[MR * NR];  // the last micro-panel's tile where fewer than NR columns remain
   constexpr int64_t PACK_COLS = Panel::PACK_COLS;
   static_assert(NR % PACK_COLS == 0, "a pack's columns sit in one micro-panel");
-  alignas(32) float values[PACK_COLS][PREFILL_K];  // the pack's columns' weights over the K block, as floats
   for (int64_t k0 = 0; k0 < K; k0 += PREFILL_K) {
     const int64_t kc = std::min(PREFILL_K, K - k0);
-    for (int64_t j0 = 0; j0 < panels * NR; j0 += PACK_COLS) {  // column j of the panel: weight row n0 + j, zeros past n1
-      W* micro = panel + j0 / NR * NR * kc;
-      for (int64_t c = 0; c < PACK_COLS; c++) {
-        if (j0 + c >= cols) {
-          std::fill_n(values[c], kc, 0.f);
-          continue;
-        }
-        const RowLayout<Format> row(w.data + (n0 + j0 + c) * w.row_bytes, w.blocks);
-        for (int64_t b = k0 / QK; b < (k0 + kc) / QK; b++) unpack_block<Format>(row, b, w.blocks, values[c] + b * QK - k0);
-      }
-      for (int64_t at = 0; at < kc; at += QK) Panel::pack(values[0] + at, PREFILL_K, at, j0 % NR, micro);
-    }
+    for (int64_t j0 = 0; j0 < panels * NR; j0 += PACK_COLS)  // column j of the panel: weight row n0 + j, zeros past n1
+      Panel::template pack_blocks<Format>(w, n0 + j0, std::clamp<int64_t>(cols - j0, 0, PACK_COLS), k0, kc, j0 % NR,
+                                          panel + j0 / NR * NR * kc);
     for (int64_t m = 0; m < M; m += MR) {
       const int64_t rows = std::min<int64_t>(MR, M - m);
       const auto* xs = x + m * K + k0;

@@ -19,10 +19,13 @@ namespace {
 
 constexpr int64_t PREFETCH = 2048;  // bytes ahead
 
-// The hardware prefetcher alone leaves the cores waiting on DRAM: ask for the lines PREFETCH bytes past a row.
-inline void prefetch_ahead(const uint8_t* row, int64_t bytes) {
-  for (int64_t at = 0; at < bytes; at += 64) _mm_prefetch(reinterpret_cast<const char*>(row + PREFETCH + at), _MM_HINT_T0);
+// The hardware prefetcher alone leaves the cores waiting on DRAM: ask for a row's lines ahead of their use.
+inline void prefetch_row(const uint8_t* row, int64_t bytes) {
+  for (int64_t at = 0; at < bytes; at += 64) _mm_prefetch(reinterpret_cast<const char*>(row + at), _MM_HINT_T0);
 }
+
+// The lines PREFETCH bytes past a row.
+inline void prefetch_ahead(const uint8_t* row, int64_t bytes) { prefetch_row(row + PREFETCH, bytes); }
 
 // f(integral_constant<int, k>) for k = 0..3: a word's index as a compile-time constant (its shift count). Inlined,
 // with f: GCC kept it a call, and the 8 unpacked weight vectors went through the stack (a quarter of a Q6_K matmul).
