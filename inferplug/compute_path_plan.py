@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 PREFILL_RULE = {"float32": "the reference arithmetic",
                 "bfloat16": "vdpbf16ps or FMAs on bf16-rounded x and w, float32 sums: KLD 1.1e-4 on SmolLM2",
                 "bfloat16-onednn": "torch's bf16 matmul (oneDNN; AMX tiles where granted), float32 sums, bf16 out: "
-                                   "KLD 2.5e-4 on SmolLM2"}
+                                   "KLD 2.5e-4 on SmolLM2; an MoE layer's experts take inferplug's bfloat16 kernel, "
+                                   "all of a layer's experts in one call"}
 
 
 BLOCK_FORMATS = ("int4", "int8", "gguf", "awq", "gptq")  # the weight formats block layers run on the CPU

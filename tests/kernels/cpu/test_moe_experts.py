@@ -140,7 +140,7 @@ def test_a_prefill_row_does_not_depend_on_the_prompt_around_it(kernel_ops):
 
 
 def test_the_loop_runs_where_the_call_does_not_fit(kernel_ops):
-    """Float experts, gate and up in two formats, and prefill rows through oneDNN keep the per-expert loop."""
+    """Float experts, and gate and up in two formats, keep the per-expert loop."""
     h, chosen, weights = rows(3), torch.zeros(3, TOP_K, dtype=torch.long), torch.ones(3, TOP_K)
     float_moe = MoeWeights(torch.randn(EXPERTS, HIDDEN), [torch.randn(2 * INTER, HIDDEN)] * EXPERTS,
                            [torch.randn(HIDDEN, INTER)] * EXPERTS)
@@ -148,9 +148,18 @@ def test_the_loop_runs_where_the_call_does_not_fit(kernel_ops):
     moe = make_moe(Q4KLinear, Q4KLinear)
     mixed = MoeWeights(moe.router, [*moe.gate_up[:-1], Q8Linear.from_float(moe.gate_up[-1].dequantized())], moe.down)
     assert kernel_ops.moe_experts(h, chosen, weights, mixed, None, kernel_ops.silu_mul) is None
-    set_prefill_gemm(torch.nn.ModuleList([*moe.gate_up, *moe.down]), "bfloat16-onednn")
-    assert kernel_ops.moe_experts(h, chosen, weights, moe, 1, kernel_ops.silu_mul) is None
-    assert kernel_ops.moe_experts(h, chosen, weights, moe, None, kernel_ops.silu_mul) is not None  # decode rows only
+
+
+def test_prompt_rows_of_a_onednn_model_take_the_own_bf16_kernel(kernel_ops):
+    """Where the layers' prompt rows go through oneDNN, the experts' go through the call in bfloat16 (a oneDNN call
+    an expert would be the per-expert loop): the same bits as the model pinned to bfloat16."""
+    moe, h = make_moe(Q4KLinear, Q4KLinear), rows(40)
+    layers = torch.nn.ModuleList([*moe.gate_up, *moe.down])
+    set_prefill_gemm(layers, "bfloat16")
+    expected = run(moe, h, kernel_ops, 3, kernel_ops.silu_mul)
+    set_prefill_gemm(layers, "bfloat16-onednn")
+    fused, _ = both(moe, h, kernel_ops, 3)
+    assert torch.equal(fused, expected)
 
 
 def test_an_expert_out_of_range_is_refused(ops):
