@@ -140,12 +140,14 @@ struct FloatPanel {
 };
 
 #ifdef INFERPLUG_AVX512  // isa_avx512.cpp; called only where the CPU has AVX512_BF16 (its table checks)
-// Block b of a row as weights 0..15 and 16..31 in v: unpack_block's values (the same multiply then add, or
-// Q6_K's multiply), 16 at a time from the block's words (kernels.h), with no float buffer between.
+// A block's 32 weights in bf16, weight i in word i: unpack_block's values (the same multiply then add, or Q6_K's
+// multiply) rounded to the nearest even (as bf16_bits), straight from its words with no float buffer between.
 // words: the block's first word, the others `stride` bytes apart (kernels.h's runs); first, second: the block's
-// scale and min (Q6_K: its two halves' scales).
+// scale and min (Q6_K: its two halves' scales). A 4-bit code looks its value up among the block's 16, worked out
+// once (vpermw); the other formats go 16 weights at a time.
 template <typename Format>
-inline void dequantize_block16(const uint8_t* words, int64_t stride, float first, float second, __m512 v[2]) {
+__attribute__((target("avx512bf16"))) inline __m512i bf16_block(const uint8_t* words, int64_t stride, float first,
+                                                                float second) {
   const auto word = [&](int64_t k) {
     int32_t w;
     std::memcpy(&w, words + k * stride, WORD);
@@ -153,9 +155,18 @@ inline void dequantize_block16(const uint8_t* words, int64_t stride, float first
   };
   const auto four = [&](int64_t k) { return _mm_setr_epi32(word(k), word(k + 1), word(k + 2), word(k + 3)); };
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m128i nibbles = four(0), low_four = _mm_set1_epi8(0x0F);
+  if constexpr (Format::BITS == 4) {  // byte i: weight i's code in its low nibble, weight 16 + i's in its high one
+    const __m512i codes = LOOKUP<Format> ? _mm512_cvtepi8_epi32(mxfp4_values()) : lane;
+    const __m512 values = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(codes), _mm512_set1_ps(first)), _mm512_set1_ps(second));
+    const __m512i table = _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(values));
+    const __m512i index = _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(nibbles, 4), low_four),
+                                                                _mm_and_si128(nibbles, low_four)));
+    return _mm512_permutexvar_epi16(index, table);
+  }
   const __m512i byte_shift = _mm512_slli_epi32(_mm512_and_si512(lane, _mm512_set1_epi32(3)), 3);  // 8 * (i % 4)
   const __m512i quarter = _mm512_srli_epi32(lane, 2);                                              // i / 4
-  const __m128i nibbles = four(0), low_four = _mm_set1_epi8(0x0F);
+  __m512 v[2];
   for (int h = 0; h < 2; h++) {  // weights 16h + i: the low (h = 0) or high nibble of byte i
     const __m128i codes = _mm_and_si128(h ? _mm_srli_epi16(nibbles, 4) : nibbles, low_four);
     __m512i q;
@@ -167,19 +178,15 @@ inline void dequantize_block16(const uint8_t* words, int64_t stride, float first
       continue;
     } else if constexpr (Format::BITS == 8) {
       q = _mm512_cvtepi8_epi32(four(4 * h));
-    } else if constexpr (LOOKUP<Format>) {
-      q = _mm512_cvtepi8_epi32(_mm_shuffle_epi8(mxfp4_values(), codes));
-    } else {
-      q = _mm512_cvtepu8_epi32(codes);
-      if constexpr (Format::BITS == 5) {  // the high bit: bit 4h + i / 4 of byte i % 4 of word 4 (five_bits_high)
-        const __m512i shifts = _mm512_add_epi32(byte_shift, _mm512_add_epi32(quarter, _mm512_set1_epi32(4 * h)));
-        q = _mm512_or_si512(q, _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(word(4)), shifts),
-                                                                  _mm512_set1_epi32(1)), 4));
-      }
+    } else {  // 5 bits: the high bit is bit 4h + i / 4 of byte i % 4 of word 4 (five_bits_high)
+      const __m512i shifts = _mm512_add_epi32(byte_shift, _mm512_add_epi32(quarter, _mm512_set1_epi32(4 * h)));
+      q = _mm512_or_si512(_mm512_cvtepu8_epi32(codes), _mm512_slli_epi32(_mm512_and_si512(
+                              _mm512_srlv_epi32(_mm512_set1_epi32(word(4)), shifts), _mm512_set1_epi32(1)), 4));
       if constexpr (CODE_OFFSET<Format> != 0) q = _mm512_sub_epi32(q, _mm512_set1_epi32(CODE_OFFSET<Format>));
     }
     v[h] = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(first)), _mm512_set1_ps(second));
   }
+  return (__m512i)_mm512_cvtne2ps_pbh(v[1], v[0]);
 }
 
 // vdpbf16ps: each 32-bit lane holds a bf16 pair (k, k + 1) of one column, so a panel holds weight (k, j) at
@@ -192,9 +199,8 @@ struct Bf16Panel {
   using X = uint16_t;
   static constexpr int64_t PACK_COLS = 16;
   // Blocks [k0, k0 + kc) / 32 of weight rows [n, n + count) (zeros after) as columns j..j + 15 of a
-  // micro-panel: each row's blocks in turn, 32 weights straight from registers to 16 bf16 pairs (vcvtne2ps2bf16
-  // rounds to the nearest even, as bf16_bits), then each block's 16 columns transposed so that each pair row of
-  // the panel is one 64-byte store. A K block lies in one run of a row's words, so each row's addressing is
+  // micro-panel: each row's blocks in turn, 32 weights straight from registers to 16 bf16 pairs (bf16_block),
+  // then each block's 16 columns transposed so that each pair row of the panel is one 64-byte store. A K block lies in one run of a row's words, so each row's addressing is
   // worked out once. Through a float buffer and block by block, the unpacking and packing cost twice the tiles'
   // arithmetic at the 16-32 rows an MoE expert gets of a prefill.
   template <typename Format>
@@ -222,11 +228,7 @@ struct Bf16Panel {
         _mm256_store_ps(first, scales);
         _mm256_store_ps(second, Format::HAS_MIN ? row.group_mins(b0, blocks) : _mm256_setzero_ps());
       }
-      for (int64_t t = 0; t < blocks; t++) {
-        __m512 v[2];
-        dequantize_block16<Format>(words + t * WORD, stride, first[t], second[t], v);
-        staged[t][c] = (__m512i)_mm512_cvtne2ps_pbh(v[1], v[0]);
-      }
+      for (int64_t t = 0; t < blocks; t++) staged[t][c] = bf16_block<Format>(words + t * WORD, stride, first[t], second[t]);
     }
     for (int64_t t = 0; t < blocks; t++) {
       transpose(staged[t]);
