@@ -200,9 +200,10 @@ struct Bf16Panel {
   static constexpr int64_t PACK_COLS = 16;
   // Blocks [k0, k0 + kc) / 32 of weight rows [n, n + count) (zeros after) as columns j..j + 15 of a
   // micro-panel: each row's blocks in turn, 32 weights straight from registers to 16 bf16 pairs (bf16_block),
-  // then each block's 16 columns transposed so that each pair row of the panel is one 64-byte store. A K block lies in one run of a row's words, so each row's addressing is
-  // worked out once. Through a float buffer and block by block, the unpacking and packing cost twice the tiles'
-  // arithmetic at the 16-32 rows an MoE expert gets of a prefill.
+  // then each block's 16 columns transposed so that each pair row of the panel is one 64-byte store. A K block
+  // lies in one run of a row's words, so each row's addressing and scales are worked out once. Through a float
+  // buffer and block by block, the unpacking and packing cost twice the tiles' arithmetic at the 16-32 rows an MoE
+  // expert gets of a prefill.
   template <typename Format>
   __attribute__((target("avx512bf16"))) static void pack_blocks(const inferplug_isa::WeightRows& w, int64_t n,
                                                                 int64_t count, int64_t k0, int64_t kc, int64_t j,
