@@ -109,15 +109,16 @@ struct FloatPanel {
   using W = float;
   using X = float;
   static constexpr int64_t PACK_COLS = 1;
-  // Blocks [k0, k0 + kc) / 32 of weight row n (count 1; 0: zeros) as column j of a micro-panel.
+  // Blocks [k0, k0 + kc) / 32 of weight row n (count 1; 0: zeros) as column j of a micro-panel: the K block
+  // unpacked whole, then stored (block by block, a 16-row AVX2 Q4_K matmul took 2.4-2.9 ms against 1.5-2.1).
   template <typename Format>
   static void pack_blocks(const inferplug_isa::WeightRows& w, int64_t n, int64_t count, int64_t k0, int64_t kc,
                           int64_t j, W* micro) {
-    alignas(32) float values[QK] = {};
-    for (int64_t at = 0; at < kc; at += QK) {
-      if (count) unpack_block<Format>(RowLayout<Format>(w.data + n * w.row_bytes, w.blocks), (k0 + at) / QK, w.blocks, values);
-      for (int64_t t = 0; t < QK; t++) micro[(at + t) * NR + j] = ROUND_BF16 ? bf16_round(values[t]) : values[t];
-    }
+    alignas(32) float values[PREFILL_K];
+    if (count == 0) std::fill_n(values, kc, 0.f);
+    const RowLayout<Format> row(w.data + n * w.row_bytes, w.blocks);
+    for (int64_t at = 0; at < kc && count; at += QK) unpack_block<Format>(row, (k0 + at) / QK, w.blocks, values + at);
+    for (int64_t t = 0; t < kc; t++) micro[t * NR + j] = ROUND_BF16 ? bf16_round(values[t]) : values[t];
   }
 
   // y's tile (c, rows ldc apart) += x's ROWS rows (ldx apart) times the panel's kc rows; first: y starts at 0.
