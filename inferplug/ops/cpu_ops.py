@@ -102,8 +102,7 @@ class CpuKernelOps(TorchOps):
             return None
         rows = h.shape[0] if decode_rows is None else min(decode_rows, h.shape[0])
         prefill = moe.gate_up[0].prefill_gemm
-        prefill = "bfloat16" if prefill == "bfloat16-onednn" else prefill
-        parts = [(0, rows, "int8"), (rows, h.shape[0], "int8" if prefill == "int8" else prefill)]
+        parts = [(0, rows, "int8"), (rows, h.shape[0], "bfloat16" if prefill == "bfloat16-onednn" else prefill)]
         biases = [None if b is None else b.float() for b in (moe.gate_up_bias, moe.down_bias)]  # fp32: a no-op
         outs = [self.kernels.moe_experts(h[a:b], chosen[a:b], weights[a:b], *blocks, precision, *biases, name)
                 for a, b, precision in parts if b > a]

@@ -115,9 +115,12 @@ struct FloatPanel {
   static void pack_blocks(const inferplug_isa::WeightRows& w, int64_t n, int64_t count, int64_t k0, int64_t kc,
                           int64_t j, W* micro) {
     alignas(32) float values[PREFILL_K];
-    if (count == 0) std::fill_n(values, kc, 0.f);
-    const RowLayout<Format> row(w.data + n * w.row_bytes, w.blocks);
-    for (int64_t at = 0; at < kc && count; at += QK) unpack_block<Format>(row, (k0 + at) / QK, w.blocks, values + at);
+    if (count == 0) {
+      std::fill_n(values, kc, 0.f);
+    } else {
+      const RowLayout<Format> row(w.data + n * w.row_bytes, w.blocks);
+      for (int64_t at = 0; at < kc; at += QK) unpack_block<Format>(row, (k0 + at) / QK, w.blocks, values + at);
+    }
     for (int64_t t = 0; t < kc; t++) micro[t * NR + j] = ROUND_BF16 ? bf16_round(values[t]) : values[t];
   }
 
