@@ -9,9 +9,9 @@ silu(z . x) and projected out.
 A sequence's memory here is fixed-size: the conv's last kernel - 1 inputs and S [value heads, key dim, value dim]
 (fp32), in its slot of the layer's state pools (allocate_states). Prompt rows take the chunked (WY) form: within a
 chunk of 64 tokens the updates become two triangular solves and a few matmuls, between chunks S carries. A lone row
-(a decode row) takes one step of the recurrence, every such row of the step in one ops.delta_rule_step call (on CPUs
-one C++ kernel, in place on the slots), each row's arithmetic its own, so its state and output do not depend on the
-step's other rows.
+(a decode row) takes one step of the recurrence, every such row of the step at once (on CPUs the whole step from the
+projections to the gated norm is one C++ call, ops.delta_net_step, in place on the slots), each row's arithmetic its
+own, so its state and output do not depend on the step's other rows.
 """
 
 from __future__ import annotations
@@ -79,30 +79,43 @@ def delta_net(h: torch.Tensor, w: DeltaNetWeights, pools: tuple[torch.Tensor, to
     """The layer's output for the step's normed rows `h` [T, hidden]. `sequences`: each sequence's (rows, state
     slot, fresh) in row order; a fresh one starts from zero state, the others from their slot's, and every slot is
     left holding its sequence's state after its last row. `rows`: the decode rows (quant/block_linear.py); `ops`:
-    the model's ops set, whose delta_rule_step runs the decode rows' recurrence and chunked_delta_rule a sequence's
-    prompt rows (kernels/delta_rule_ref.py; Triton on CUDA)."""
+    the model's ops set, whose delta_net_step (or, where it has none, delta_rule_step) runs the decode rows and
+    chunked_delta_rule a sequence's prompt rows (kernels/delta_rule_ref.py; Triton on CUDA)."""
     conv_pool, state_pool = pools
-    mixed = linear(h, w.qkv, None, rows)
-    # per-head values on whole vector steps, so a row's bits do not depend on its step (ops/row_math.py)
-    beta = by_rows(torch.sigmoid, linear(h, w.b, None, rows).float())
-    g = w.neg_a * by_rows(F.softplus, linear(h, w.a, None, rows).float() + w.dt_bias)  # log of the decay, <= 0
-    out = torch.empty(h.shape[0], w.value_heads, w.value_dim, dtype=torch.float32, device=h.device)
+    mixed, b, a, z = (linear(h, weight, None, rows) for weight in (w.qkv, w.b, w.a, w.z))
+    gated = torch.empty_like(z)  # each row's gated norm, for the output projection
     starts = _starts(sequences)
     steps = [(row, slot) for row, (n, slot, fresh) in zip(starts, sequences) if n == 1 and not fresh]
-    if steps:  # one step of the recurrence for every decode row at once
-        rows_at, slots = (torch.tensor(v, device=h.device) for v in zip(*steps))
-        x = _conv(mixed[rows_at].unsqueeze(1), conv_pool, slots, w.conv, fresh=False).squeeze(1)
-        q, k, v = _heads(x, w)
-        out[rows_at] = ops.delta_rule_step(state_pool, slots, q, k, v, g[rows_at], beta[rows_at])
+    if steps:  # every decode row at once: one step of the recurrence each
+        at = [row for row, _ in steps]
+        # a step's decode rows come first: a slice of them is a view, where an index copies (five times a layer)
+        in_order = at == list(range(at[0], at[0] + len(at)))
+        rows_at = slice(at[0], at[0] + len(at)) if in_order else torch.tensor(at, device=h.device)
+        slots = torch.tensor([slot for _, slot in steps], device=h.device)
+        step = mixed[rows_at], b[rows_at], a[rows_at], z[rows_at]
+        fused = ops.delta_net_step(w, pools, slots, *step, eps)  # on CPUs one kernel call; None: the torch ops here
+        gated[rows_at] = fused if fused is not None else _decode_step(w, pools, slots, *step, eps, ops)
     for row, (n, slot, fresh) in zip(starts, sequences):
         if n == 1 and not fresh:
             continue
         span, slots = slice(row, row + n), torch.tensor([slot], device=h.device)
         x = _conv(mixed[span].unsqueeze(0), conv_pool, slots, w.conv, fresh).squeeze(0)
         q, k, v = _heads(x, w)
+        beta, g = _gates(b[span], a[span], w)
         initial = torch.zeros_like(state_pool[slot]) if fresh else state_pool[slot]
-        out[span], state_pool[slot] = ops.chunked_delta_rule(q, k, v, g[span], beta[span], initial)
-    return linear(_gated_norm(out, linear(h, w.z, None, rows), w.norm, eps), w.out, None, rows)
+        out, state_pool[slot] = ops.chunked_delta_rule(q, k, v, g, beta, initial)
+        # contiguous: the norm's bits follow its input's layout, and the chunked rule's output's layout its row count
+        gated[span] = _gated_norm(out.contiguous(), z[span], w.norm, eps)
+    return linear(gated, w.out, None, rows)
+
+
+def _decode_step(w: DeltaNetWeights, pools: tuple[torch.Tensor, torch.Tensor], slots: torch.Tensor, mixed, b, a, z,
+                 eps: float, ops) -> torch.Tensor:
+    """Decode rows (one token each, from their slots' states) from the projections to the gated norm."""
+    conv_pool, state_pool = pools
+    q, k, v = _heads(_conv(mixed.unsqueeze(1), conv_pool, slots, w.conv, fresh=False).squeeze(1), w)
+    beta, g = _gates(b, a, w)
+    return _gated_norm(ops.delta_rule_step(state_pool, slots, q, k, v, g, beta), z, w.norm, eps)
 
 
 def _starts(sequences: list[tuple[int, int, bool]]) -> list[int]:
@@ -121,6 +134,12 @@ def _conv(x: torch.Tensor, conv_pool: torch.Tensor, slots: torch.Tensor, weight:
     conv_pool[slots] = full[:, -window.shape[1]:]
     taps = full.unfold(1, weight.shape[1], 1)  # [B, n, channels, kernel]
     return F.silu((taps * weight).sum(-1)).to(x.dtype)
+
+
+def _gates(b: torch.Tensor, a: torch.Tensor, w: DeltaNetWeights) -> tuple[torch.Tensor, torch.Tensor]:
+    """beta = sigmoid(b) and the log of the decay g = -exp(A_log) softplus(a + dt_bias), fp32, per value head: on
+    whole vector steps, so a row's bits do not depend on its step (ops/row_math.py)."""
+    return by_rows(torch.sigmoid, b.float()), w.neg_a * by_rows(F.softplus, a.float() + w.dt_bias)
 
 
 def _heads(x: torch.Tensor, w: DeltaNetWeights) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -74,6 +74,15 @@ class CpuKernelOps(TorchOps):
         return self.kernels.delta_rule_step_(state_pool, slots, q.contiguous(), k.contiguous(), v.contiguous(),
                                              g.contiguous(), beta.contiguous())
 
+    def delta_net_step(self, w, pools, slots, mixed, b, a, z, eps: float) -> torch.Tensor | None:
+        """One kernel (kernels/cpu/delta_rule.cpp) for fp32 models; the torch ops for others."""
+        conv_pool, state_pool = pools
+        if any(t.dtype != torch.float32 for t in (conv_pool, mixed, b, a, z, w.conv, w.norm)):
+            return None
+        return self.kernels.delta_net_step_(conv_pool, state_pool, slots, mixed.contiguous(), b.contiguous(),
+                                            a.contiguous(), z.contiguous(), w.conv.contiguous(), w.dt_bias, w.neg_a,
+                                            w.norm, w.key_of_value, w.key_heads, eps)
+
     def swiglu_oai_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return self.kernels.swiglu_oai_mul(gate_up)
 

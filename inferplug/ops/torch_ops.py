@@ -129,6 +129,12 @@ class TorchOps:
         state_pool[slots] = state
         return (state * q.unsqueeze(-1)).sum(-2)
 
+    def delta_net_step(self, w, pools, slots, mixed, b, a, z, eps: float) -> torch.Tensor | None:
+        """A DeltaNet layer's decode rows from its projections (mixed, b, a, z) to its gated norm in one call, in
+        place on the slots' states (models/delta_net.py), or None where these ops have none: the model's torch
+        ops then take them."""
+        return None
+
     def chunked_delta_rule(self, q, k, v, g, beta, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One sequence's prompt rows through the gated delta rule from `state`: their outputs and the state after
         them (kernels/delta_rule_ref.py, in torch ops)."""

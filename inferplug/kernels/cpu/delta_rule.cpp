@@ -1,24 +1,32 @@
-// One decode step of the gated delta rule (Gated DeltaNet, models/delta_net.py) for every decode row, in place on
-// the rows' state slots: per (row, value head) the state S [key dim, value dim] is read twice and written once,
-// where the torch ops made seven passes over it and its temporaries (42% of a Qwen3.5-9B 8-stream decode step).
+// A DeltaNet layer's decode rows (Gated DeltaNet, models/delta_net.py), in place on each row's state slots.
+//
+// delta_rule_step_: one step of the gated delta rule for every decode row: per (row, value head) the state S
+// [key dim, value dim] is read twice and written once, where the torch ops made seven passes over it and its
+// temporaries (42% of a Qwen3.5-9B 8-stream decode step).
 //   S' = exp(g) S + k (beta (v - exp(g) S^T k))^T,   out = S'^T q
+// delta_net_step_: the whole step between the layer's input projections and its output projection (the causal
+// conv with its window, q and k L2-normed, beta and the decay, the rule, the gated RMSNorm) in one call, where
+// the torch ops around delta_rule_step_ took 280 us a layer at one row of Qwen3.5-35B-A3B's geometry (this call 90;
+// Zen 4, 2 threads).
 // Each (row, head) is one work item with one fixed order of sums (over the key dim, lane by lane of the value
 // dim), so a row's state and output do not depend on the step's other rows.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "checks.h"
 
 namespace {
 
-constexpr int64_t MAX_VALUE_DIM = 512;  // a head's value width the stack scratch holds
+constexpr int64_t MAX_HEAD_DIM = 512;  // a head's key or value width the stack scratch holds
 
 void step_head(float* state, const float* q, const float* k, const float* v, float decay, float beta, float* out,
                int64_t key_dim, int64_t value_dim) {
-  float delta[MAX_VALUE_DIM];
+  float delta[MAX_HEAD_DIM];
 #pragma omp simd
   for (int64_t j = 0; j < value_dim; j++) delta[j] = 0.f;
   for (int64_t i = 0; i < key_dim; i++) {  // S^T k
@@ -56,7 +64,7 @@ at::Tensor delta_rule_step_(at::Tensor& state_pool, const at::Tensor& slots, con
                 value_dim = state_pool.size(3);
   TORCH_CHECK(slots.numel() == rows && q.size(1) == heads && q.size(2) == key_dim && v.size(0) == rows &&
                   v.size(1) == heads && v.size(2) == value_dim && g.numel() == rows * heads &&
-                  beta.numel() == rows * heads && value_dim <= MAX_VALUE_DIM,
+                  beta.numel() == rows * heads && value_dim <= MAX_HEAD_DIM,
               op, ": shapes do not match the state pool's");
   at::Tensor out = at::empty({rows, heads, value_dim}, v.options());
   const int64_t* slot = slots.data_ptr<int64_t>();
@@ -76,10 +84,124 @@ at::Tensor delta_rule_step_(at::Tensor& state_pool, const at::Tensor& slots, con
   return out;
 }
 
+inline float sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
+inline float softplus(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }  // torch's threshold
+
+// The causal conv of one row's channels [c0, c1) with SiLU into x, its window (the last kernel - 1 inputs) shifted
+// on by the row's input.
+void conv_row(float* window, const float* input, const float* weight, int64_t channels, int64_t kernel, int64_t c0,
+              int64_t c1, float* x) {
+  for (int64_t c = c0; c < c1; c++) {
+    const float* taps = weight + c * kernel;
+    float sum = 0.f;
+    for (int64_t t = 0; t + 1 < kernel; t++) sum += window[t * channels + c] * taps[t];
+    sum += input[c] * taps[kernel - 1];
+    x[c] = sum * sigmoid(sum);
+    for (int64_t t = 0; t + 2 < kernel; t++) window[t * channels + c] = window[(t + 1) * channels + c];
+    if (kernel > 1) window[(kernel - 2) * channels + c] = input[c];
+  }
+}
+
+// v / sqrt(sum(v^2) + 1e-6) * scale into out: HF's l2norm of q and k.
+void l2_normed(const float* v, int64_t n, float scale, float* out) {
+  float sum = 0.f;
+  for (int64_t i = 0; i < n; i++) sum += v[i] * v[i];
+  const float inv = 1.f / std::sqrt(sum + 1e-6f);
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) out[i] = v[i] * inv * scale;
+}
+
+// The layer's constants (models/delta_net.py DeltaNetWeights), as one argument.
+struct DeltaNetLayer {
+  const float *conv, *dt_bias, *neg_a, *norm;
+  const int64_t* key_of_value;
+  int64_t key_heads, key_dim, value_heads, value_dim, kernel;
+  float eps;
+};
+
+// Value head h of a row: its q and k (the head's key head's, normed), the rule on its state, and the gated norm
+// norm(o) * weight * silu(z) into out.
+void head_step(const DeltaNetLayer& l, const float* x, float a, float b, const float* z, float* state, int64_t h,
+               float* out) {
+  float q[MAX_HEAD_DIM], k[MAX_HEAD_DIM], o[MAX_HEAD_DIM];
+  const int64_t kh = l.key_of_value[h], keys = l.key_heads * l.key_dim;
+  l2_normed(x + kh * l.key_dim, l.key_dim, 1.f / std::sqrt(static_cast<float>(l.key_dim)), q);
+  l2_normed(x + keys + kh * l.key_dim, l.key_dim, 1.f, k);
+  const float decay = std::exp(l.neg_a[h] * softplus(a + l.dt_bias[h]));
+  step_head(state, q, k, x + 2 * keys + h * l.value_dim, decay, sigmoid(b), o, l.key_dim, l.value_dim);
+  float squares = 0.f;
+  for (int64_t j = 0; j < l.value_dim; j++) squares += o[j] * o[j];
+  const float inv = 1.f / std::sqrt(squares / static_cast<float>(l.value_dim) + l.eps);
+  for (int64_t j = 0; j < l.value_dim; j++) out[j] = o[j] * inv * l.norm[j] * (z[j] * sigmoid(z[j]));
+}
+
+// conv_pool [slots, kernel - 1, channels] and state_pool [slots, value heads, key dim, value dim]; slots [B]; the
+// projections' rows: mixed [B, channels] (q, k, v), b and a [B, value heads], z [B, value heads * value dim].
+// Returns the gated norm's rows [B, value heads * value dim], for the output projection.
+at::Tensor delta_net_step_(at::Tensor& conv_pool, at::Tensor& state_pool, const at::Tensor& slots,
+                           const at::Tensor& mixed, const at::Tensor& b, const at::Tensor& a, const at::Tensor& z,
+                           const at::Tensor& conv, const at::Tensor& dt_bias, const at::Tensor& neg_a,
+                           const at::Tensor& norm, const at::Tensor& key_of_value, int64_t key_heads, double eps) {
+  const char* op = "delta_net_step_";
+  using Named = std::pair<const at::Tensor*, const char*>;
+  for (const auto& [t, name] : {Named{&conv_pool, "conv_pool"}, Named{&state_pool, "state_pool"}, Named{&mixed, "mixed"},
+                                Named{&b, "b"}, Named{&a, "a"}, Named{&z, "z"}, Named{&conv, "conv"},
+                                Named{&dt_bias, "dt_bias"}, Named{&neg_a, "neg_a"}, Named{&norm, "norm"}})
+    checks::float_cpu(*t, op, name);
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && key_of_value.scalar_type() == at::kLong &&
+                  key_of_value.is_contiguous(), op, ": slots and key_of_value must be contiguous int64");
+  TORCH_CHECK(conv_pool.dim() == 3 && state_pool.dim() == 4 && mixed.dim() == 2 && conv.dim() == 2, op, ": bad shapes");
+  const int64_t rows = mixed.size(0), channels = mixed.size(1), value_heads = state_pool.size(1),
+                key_dim = state_pool.size(2), value_dim = state_pool.size(3), kernel = conv.size(1);
+  TORCH_CHECK(slots.numel() == rows && conv_pool.size(0) == state_pool.size(0) && conv_pool.size(1) == kernel - 1 &&
+                  conv_pool.size(2) == channels && conv.size(0) == channels &&
+                  channels == 2 * key_heads * key_dim + value_heads * value_dim && b.numel() == rows * value_heads &&
+                  a.numel() == rows * value_heads && z.numel() == rows * value_heads * value_dim &&
+                  dt_bias.numel() == value_heads && neg_a.numel() == value_heads && norm.numel() == value_dim &&
+                  key_of_value.numel() == value_heads && key_dim <= MAX_HEAD_DIM && value_dim <= MAX_HEAD_DIM,
+              op, ": shapes do not match the state pools'");
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; r++) TORCH_CHECK(slot[r] >= 0 && slot[r] < state_pool.size(0), op, ": a slot is out of range");
+  const int64_t* kv = key_of_value.data_ptr<int64_t>();
+  for (int64_t h = 0; h < value_heads; h++) TORCH_CHECK(kv[h] >= 0 && kv[h] < key_heads, op, ": a key head is out of range");
+  const DeltaNetLayer layer{conv.data_ptr<float>(), dt_bias.data_ptr<float>(), neg_a.data_ptr<float>(),
+                            norm.data_ptr<float>(), kv, key_heads, key_dim, value_heads, value_dim, kernel,
+                            static_cast<float>(eps)};
+  at::Tensor x = at::empty({rows, channels}, mixed.options());
+  at::Tensor out = at::empty({rows, value_heads * value_dim}, mixed.options());
+  float *windows = conv_pool.data_ptr<float>(), *states = state_pool.data_ptr<float>(), *xs = x.data_ptr<float>();
+  const float *in = mixed.data_ptr<float>(), *bs = b.data_ptr<float>(), *as = a.data_ptr<float>(),
+              *zs = z.data_ptr<float>();
+  constexpr int64_t CONV_CHANNELS = 512;  // a conv work item's channels
+  const int64_t chunks = (channels + CONV_CHANNELS - 1) / CONV_CHANNELS;
+  at::parallel_for(0, rows * chunks, 1, [&](int64_t first, int64_t last) {
+    for (int64_t item = first; item < last; item++) {
+      const int64_t r = item / chunks, c0 = item % chunks * CONV_CHANNELS;
+      conv_row(windows + slot[r] * (kernel - 1) * channels, in + r * channels, layer.conv, channels, kernel, c0,
+               std::min(channels, c0 + CONV_CHANNELS), xs + r * channels);
+    }
+  });
+  float* outs = out.data_ptr<float>();
+  at::parallel_for(0, rows * value_heads, 1, [&](int64_t first, int64_t last) {
+    for (int64_t item = first; item < last; item++) {
+      const int64_t r = item / value_heads, h = item % value_heads;
+      head_step(layer, xs + r * channels, as[item], bs[item], zs + item * value_dim,
+                states + (slot[r] * value_heads + h) * key_dim * value_dim, h, outs + item * value_dim);
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(inferplug, m) {
   m.def("delta_rule_step_(Tensor(a!) state_pool, Tensor slots, Tensor q, Tensor k, Tensor v, Tensor g, "
         "Tensor beta) -> Tensor");
+  m.def("delta_net_step_(Tensor(a!) conv_pool, Tensor(b!) state_pool, Tensor slots, Tensor mixed, Tensor b, Tensor a, "
+        "Tensor z, Tensor conv, Tensor dt_bias, Tensor neg_a, Tensor norm, Tensor key_of_value, int key_heads, "
+        "float eps) -> Tensor");
 }
-TORCH_LIBRARY_IMPL(inferplug, CPU, m) { m.impl("delta_rule_step_", &delta_rule_step_); }
+TORCH_LIBRARY_IMPL(inferplug, CPU, m) {
+  m.impl("delta_rule_step_", &delta_rule_step_);
+  m.impl("delta_net_step_", &delta_net_step_);
+}

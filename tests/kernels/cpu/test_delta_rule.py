@@ -53,3 +53,65 @@ def test_bad_inputs_are_clear_errors(ops):
         ops.delta_rule_step_(pool, torch.tensor([0, SLOTS]), q, k, v, g, beta)
     with pytest.raises(RuntimeError, match="shapes do not match"):
         ops.delta_rule_step_(pool, torch.tensor([0, 1]), q, k, v[:, :, :8].contiguous(), g, beta)
+
+
+# A DeltaNet layer's whole decode step (delta_net_step_) against the torch ops models/delta_net.py runs without it.
+KEY_HEADS, VALUE_HEADS, CONV_KERNEL = 2, 4, 4
+
+
+def layer_step(rows: int, seed: int):
+    from inferplug.models.delta_net import DeltaNetWeights
+
+    gen = torch.Generator().manual_seed(seed)
+    channels = 2 * KEY_HEADS * KEY_DIM + VALUE_HEADS * VALUE_DIM
+    w = DeltaNetWeights(qkv=None, z=None, b=None, a=None, conv=torch.randn(channels, CONV_KERNEL, generator=gen) * 0.5,
+                        dt_bias=torch.randn(VALUE_HEADS, generator=gen), neg_a=-torch.rand(VALUE_HEADS, generator=gen) * 8,
+                        norm=1 + torch.randn(VALUE_DIM, generator=gen) * 0.1, out=None, key_heads=KEY_HEADS,
+                        value_heads=VALUE_HEADS, key_dim=KEY_DIM, value_dim=VALUE_DIM,
+                        key_of_value=torch.tensor([0, 1, 0, 1]))  # tiled, as llama.cpp's GGUF has them
+    pools = (torch.randn(SLOTS, CONV_KERNEL - 1, channels, generator=gen),
+             torch.randn(SLOTS, VALUE_HEADS, KEY_DIM, VALUE_DIM, generator=gen) * 0.3)
+    step = (torch.randn(rows, channels, generator=gen), torch.randn(rows, VALUE_HEADS, generator=gen) * 2,
+            torch.randn(rows, VALUE_HEADS, generator=gen) * 2, torch.randn(rows, VALUE_HEADS * VALUE_DIM, generator=gen))
+    return w, pools, step
+
+
+def torch_step(w, pools, slots, step, eps=1e-6):
+    from inferplug.models.delta_net import _decode_step
+    from inferplug.ops.torch_ops import TorchOps
+
+    return _decode_step(w, pools, slots, *step, eps, TorchOps(torch.float32))
+
+
+def test_the_whole_decode_step_matches_the_torch_ops(ops):
+    w, pools, step = layer_step(3, 3)
+    slots = torch.tensor([5, 1, 2])
+    theirs = tuple(p.clone() for p in pools)
+    out = ops.delta_net_step_(*pools, slots, *step, w.conv, w.dt_bias, w.neg_a, w.norm, w.key_of_value, KEY_HEADS, 1e-6)
+    ref = torch_step(w, theirs, slots, step)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for ours, ref_pool in zip(pools, theirs):  # the conv windows and the states, each slot's its own
+        torch.testing.assert_close(ours, ref_pool, rtol=1e-5, atol=1e-5)
+
+
+def test_a_rows_decode_step_is_the_same_bits_alone_and_in_a_batch(ops):
+    w, pools, step = layer_step(4, 4)
+    slots = torch.tensor([2, 0, 4, 3])
+    alone = tuple(p.clone() for p in pools)
+    constants = (w.conv, w.dt_bias, w.neg_a, w.norm, w.key_of_value, KEY_HEADS, 1e-6)
+    out = ops.delta_net_step_(*pools, slots, *step, *constants)
+    for r in range(4):
+        one = ops.delta_net_step_(*alone, slots[r:r + 1], *(t[r:r + 1] for t in step), *constants)
+        assert torch.equal(one[0], out[r])
+    assert all(torch.equal(a, b) for a, b in zip(alone, pools))
+
+
+def test_a_bad_decode_step_is_a_clear_error_that_changes_no_state(ops):
+    w, pools, step = layer_step(2, 5)
+    before = tuple(p.clone() for p in pools)
+    constants = (w.conv, w.dt_bias, w.neg_a, w.norm, w.key_of_value, KEY_HEADS, 1e-6)
+    with pytest.raises(RuntimeError, match="slot is out of range"):
+        ops.delta_net_step_(*pools, torch.tensor([0, SLOTS]), *step, *constants)
+    with pytest.raises(RuntimeError, match="shapes do not match"):
+        ops.delta_net_step_(*pools, torch.tensor([0, 1]), step[0][:, 1:].contiguous(), *step[1:], *constants)
+    assert all(torch.equal(a, b) for a, b in zip(before, pools))
