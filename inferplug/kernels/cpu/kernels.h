@@ -26,7 +26,9 @@ struct QuantizedRows {
   const int8_t* q;
   const float *scale, *sum;
   const int32_t* qsum;  // each block's sum of q (VNNI's Q8_0 dot: sum((q_w + 128) q_x) - 128 sum(q_x))
-  const int32_t* qsum_low;  // the sum of its first 16 (Q6_K's sub-blocks of 16)
+  // Q6_K's codes are its weights + 32: -32 times the sum of each block's first 16 q and of its last 16, where the
+  // two halves' integer sums start (its sub-blocks of 16 take their own scales)
+  const int32_t *q6_low, *q6_high;
 };
 
 struct WeightRows {  // rows of Q4_1 / Q4_G128 / Q4_K / Q5_0 / Q5_K / Q6_K / Q8_0 / MXFP4 blocks, each row's fields regrouped (quant_matmul.cpp), quants by runs

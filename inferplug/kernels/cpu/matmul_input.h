@@ -53,14 +53,14 @@ struct QuantizedX {
   int64_t blocks;
   Lines<int8_t> q;
   Lines<float> scale, sum;
-  Lines<int32_t> qsum, qsum_low;
+  Lines<int32_t> qsum, q6_low, q6_high;
   // Zeros for `rows` rows of `width` blocks (a multiple of RUN).
   static QuantizedX zeros(int64_t width, int64_t rows) {
     return {width, Lines<int8_t>(rows * width * QK), Lines<float>(rows * width), Lines<float>(rows * width),
-            Lines<int32_t>(rows * width), Lines<int32_t>(rows * width)};
+            Lines<int32_t>(rows * width), Lines<int32_t>(rows * width), Lines<int32_t>(rows * width)};
   }
   inferplug_isa::QuantizedRows view() const {
-    return {blocks, q.data(), scale.data(), sum.data(), qsum.data(), qsum_low.data()};
+    return {blocks, q.data(), scale.data(), sum.data(), qsum.data(), q6_low.data(), q6_high.data()};
   }
 };
 
@@ -112,7 +112,8 @@ QuantizedX quantize_rows(const float* x, int64_t rows, int64_t k, const int64_t*
         out.scale[m * width + b] = max / 127.f;
         out.sum[m * width + b] = max / 127.f * static_cast<float>(sum);
         out.qsum[m * width + b] = sum;
-        out.qsum_low[m * width + b] = low_sum;
+        out.q6_low[m * width + b] = -32 * low_sum;
+        out.q6_high[m * width + b] = -32 * (sum - low_sum);
       }
     }
   });

@@ -87,7 +87,8 @@ QuantizedX gather(const QuantizedX& x, const std::vector<int64_t>& rows) {
     std::copy_n(x.scale.begin() + from, width, out.scale.begin() + to);
     std::copy_n(x.sum.begin() + from, width, out.sum.begin() + to);
     std::copy_n(x.qsum.begin() + from, width, out.qsum.begin() + to);
-    std::copy_n(x.qsum_low.begin() + from, width, out.qsum_low.begin() + to);
+    std::copy_n(x.q6_low.begin() + from, width, out.q6_low.begin() + to);
+    std::copy_n(x.q6_high.begin() + from, width, out.q6_high.begin() + to);
   }
   return out;
 }

@@ -47,16 +47,15 @@ constexpr int high_mask(int bits) { return bits == 6 ? 0x30 : 0x10; }
 constexpr int log2_of(int power) { return power > 1 ? 1 + log2_of(power / 2) : 0; }
 static_assert(CODE_OFFSET<Q5_0> == 1 << log2_of(CODE_OFFSET<Q5_0>), "a code offset is a power of two: a shift");
 
-// Q6_K's blocks by halves of 16 weights: sum_low - 32 x_low and sum_high - 32 x_high, each exact, from the half sums
-// over the codes q (0..63) and x's half sums of codes (q - 32 is the weight's code). Their sub-block scales
-// multiply in the float step, not as two int32 multiplies a row: with AVX-512 an 8-row matmul 10% faster and one
-// row 9%; the AVX2 set, which takes the same float steps, 7% slower at one row and no slower at 8.
+// Q6_K's blocks by halves of 16 weights: each half's exact sum of (code - 32) x, its integer sum over the codes q
+// (0..63) started from x's -32 x_half (QuantizedRows' q6_low, q6_high: worked out once a row, not once a weight row).
+// Their sub-block scales multiply in the float step, not as two int32 multiplies a row: with AVX-512 an 8-row
+// matmul 10% faster and one row 9%; the AVX2 set, which takes the same float steps, 7% slower at one row and no
+// slower at 8.
 template <typename Dot, typename Format>
 INFERPLUG_INLINE inline typename Dot::Halves half_sums(const typename Dot::template Weights<Format>& w, const int8_t* x,
-                                                       const int32_t* q_sums, const int32_t* q_sums_low) {
-  const auto s = Dot::dot_halves(w.bytes, x);
-  const auto x_low = Dot::load_sums(q_sums_low), x_high = Dot::sub(Dot::load_sums(q_sums), x_low);
-  return {Dot::sub(s.low, Dot::times_32(x_low)), Dot::sub(s.high, Dot::times_32(x_high))};
+                                                       const int32_t* low, const int32_t* high) {
+  return Dot::dot_halves(w.bytes, x, Dot::load_sums(low), Dot::load_sums(high));
 }
 
 // The weight bytes the integer policies multiply are unsigned: Q4_1's nibbles as they are, Q8_0's (and MXFP4's
@@ -113,10 +112,10 @@ struct DotAvx2 {  // 8 blocks a step: u8 x s8 pairs to int16, then int32
     if constexpr (SHIFT < 0) h = _mm256_srli_epi16(h, -SHIFT);
     return _mm256_and_si256(h, _mm256_set1_epi8(MASK));
   }
-  static Halves dot_halves(const R* bytes, const int8_t* x) {  // |63 * 127| pairs: int32 after each
+  static Halves dot_halves(const R* bytes, const int8_t* x, R low, R high) {  // |63 * 127| pairs: int32 after each
     const R ones = _mm256_set1_epi16(1);
     auto xk = [&](int k) { return _mm256_loadu_si256(reinterpret_cast<const R*>(x + k * RUN_WORDS_BYTES)); };
-    Halves s{_mm256_setzero_si256(), _mm256_setzero_si256()};
+    Halves s{low, high};
     for (int k = 0; k < 4; k++) {
       s.low = _mm256_add_epi32(s.low, _mm256_madd_epi16(_mm256_maddubs_epi16(bytes[k], xk(k)), ones));
       s.high = _mm256_add_epi32(s.high, _mm256_madd_epi16(_mm256_maddubs_epi16(bytes[k + 4], xk(k + 4)), ones));
@@ -125,8 +124,6 @@ struct DotAvx2 {  // 8 blocks a step: u8 x s8 pairs to int16, then int32
   }
   static R load_sums(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const R*>(p)); }
   static R widen_scales(const int8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
-  static R sub(R a, R b) { return _mm256_sub_epi32(a, b); }
-  static R times_32(R a) { return _mm256_slli_epi32(a, 5); }
 
   template <typename Format>
   static R dot(const Weights<Format>& w, const int8_t* x, const int32_t* q_sums) {
@@ -186,8 +183,6 @@ struct I512 {  // AVX-512 + VNNI: 16 blocks a step, two groups of 8
     return _mm512_and_si512(merged, _mm512_set1_epi8(static_cast<char>((1 << BITS) - 1)));
   }
   static R widen_scales(const int8_t* p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-  static R sub(R a, R b) { return _mm512_sub_epi32(a, b); }
-  static R times_32(R a) { return _mm512_slli_epi32(a, 5); }
   using V = F512;
   static __m512 to_float(R sums) { return _mm512_cvtepi32_ps(sums); }
 };
@@ -239,8 +234,8 @@ struct DotVnni {
       sums = I::template minus_shifted<log2_of(CODE_OFFSET<Format>)>(sums, I::load_sums(q_sums));
     return sums;
   }
-  static Halves dot_halves(const R* bytes, const int8_t* x) {
-    Halves s{I::zero(), I::zero()};
+  static Halves dot_halves(const R* bytes, const int8_t* x, R low, R high) {
+    Halves s{low, high};
     for (int k = 0; k < 4; k++) {
       s.low = I::dpbusd(s.low, bytes[k], I::load(x + k * RUN_WORDS_BYTES));
       s.high = I::dpbusd(s.high, bytes[k + 4], I::load(x + (k + 4) * RUN_WORDS_BYTES));
@@ -249,8 +244,6 @@ struct DotVnni {
   }
   static R load_sums(const int32_t* p) { return I::load_sums(p); }
   static R widen_scales(const int8_t* p) { return I::widen_scales(p); }
-  static R sub(R a, R b) { return I::sub(a, b); }
-  static R times_32(R a) { return I::times_32(a); }
   using V = typename I::V;
   static auto to_float(R sums) { return I::to_float(sums); }
 };
@@ -313,7 +306,7 @@ void dot_rows(const RowLayout<Format>& w, const inferplug_isa::QuantizedRows& x,
         const int8_t* xq = x.q + (at - h) * QK + WORD * h;
         const auto x_scales = V::load(x.scale + at);
         if constexpr (Format::BITS == 6) {
-          const auto halves = half_sums<Dot, Format>(q, xq, x.qsum + at, x.qsum_low + at);
+          const auto halves = half_sums<Dot, Format>(q, xq, x.q6_low + at, x.q6_high + at);
           acc[i][p] = V::fmadd(Dot::to_float(halves.low), V::mul(low_scales, x_scales), acc[i][p]);
           acc[i][p] = V::fmadd(Dot::to_float(halves.high), V::mul(high_scales, x_scales), acc[i][p]);
         } else {
