@@ -69,6 +69,14 @@ class CpuKernelOps(TorchOps):
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return self.kernels.silu_mul(gate_up)
 
+    def qk_rms_norm_(self, qkv, q_norm, k_norm, num_heads: int, kv_heads: int, eps: float, v_norm: bool = False) -> None:
+        """In place, one kernel (kernels/cpu/rms_norm.cpp), for fp32 rows; V's norm (Gemma 4) in torch ops."""
+        if v_norm or any(t is not None and t.dtype != torch.float32 for t in (qkv, q_norm, k_norm)) or \
+                not qkv.is_contiguous():
+            return super().qk_rms_norm_(qkv, q_norm, k_norm, num_heads, kv_heads, eps, v_norm)
+        self.kernels.qk_rms_norm_(qkv, q_norm.contiguous(), None if k_norm is None else k_norm.contiguous(), num_heads,
+                                  kv_heads, eps)
+
     def delta_rule_step(self, state_pool, slots, q, k, v, g, beta) -> torch.Tensor:
         """In place on the slots' states, one pass (kernels/cpu/delta_rule.cpp)."""
         return self.kernels.delta_rule_step_(state_pool, slots, q.contiguous(), k.contiguous(), v.contiguous(),
