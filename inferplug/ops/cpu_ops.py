@@ -69,7 +69,8 @@ class CpuKernelOps(TorchOps):
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return self.kernels.silu_mul(gate_up)
 
-    def qk_rms_norm_(self, qkv, q_norm, k_norm, num_heads: int, kv_heads: int, eps: float, v_norm: bool = False) -> None:
+    def qk_rms_norm_(self, qkv, q_norm, k_norm, num_heads: int, kv_heads: int, eps: float,
+                     v_norm: bool = False) -> None:
         """In place, one kernel (kernels/cpu/rms_norm.cpp), for fp32 rows; V's norm (Gemma 4) in torch ops."""
         if v_norm or any(t is not None and t.dtype != torch.float32 for t in (qkv, q_norm, k_norm)) or \
                 not qkv.is_contiguous():
@@ -128,8 +129,8 @@ class CpuKernelOps(TorchOps):
     def run_layers(self, model, x, positions, ctx: AttentionContext, kv_caches, per_layer=None) -> bool:
         """Decode steps whose every layer weight is blocks the kernels run (GPTQ act-order ones too, their inputs
         gathered in the call): every layer in one C++ call, the same kernels without Python between them."""
-        blocks = self.block_layers(model, ctx, x.shape[0])
-        if blocks is None:
+        blocks, experts = self.block_layers(model, ctx, x.shape[0]), self.block_experts(model)
+        if blocks is None or experts is None:
             return False
         group = ctx.paged_rows[0]
         local_cos, local_sin = model.local_rope or (None, None)
@@ -148,8 +149,31 @@ class CpuKernelOps(TorchOps):
                                    per_layer_inputs=None if per_layer is None else torch.stack(
                                        [model.per_layer_input(i, layer, *per_layer, None) for i, layer in enumerate(layers)]),
                                    scalars=[1.0 if layer.scalar is None else layer.scalar for layer in layers]
-                                   if any(layer.scalar is not None for layer in layers) else [])
+                                   if any(layer.scalar is not None for layer in layers) else [], **experts)
         return True
+
+    def block_experts(self, model) -> dict | None:
+        """decode_layers' MoE arguments: none for a dense stack; for a stack whose every layer is moe_mlp's plain
+        MoE (Qwen3-MoE: a softmax router in fp32, its top k, block experts in one call, no shared expert, bias or
+        scales), each layer's router and expert tables; None where the stack mixes them or has another kind."""
+        if all(layer.moe is None for layer in model.layers):
+            return dict(routers=[], expert_tables=[])
+        routers, tables, rows, kinds = [], [], [], []
+        for layer in model.layers:
+            moe = layer.moe
+            if moe is None or layer.shared_gate is not None or layer.experts_in_norm is not None or \
+                    moe.router.dtype != torch.float32 or model.activation != self.silu_mul or \
+                    any(t is not None for t in (moe.router_bias, moe.router_scale, moe.expert_scale)):
+                return None
+            blocks = moe.blocks()
+            if blocks is None or any(f"{name}_matmul" not in BLOCK_KINDS for name in blocks[3:]):
+                return None
+            routers.append(moe.router.contiguous())
+            tables += blocks[:2]
+            rows.append(blocks[2])
+            kinds += [BLOCK_KINDS[f"{name}_matmul"] for name in blocks[3:]]
+        return dict(routers=routers, expert_tables=tables, expert_rows=rows, expert_kinds=kinds,
+                    top_k=model.config.num_experts_per_tok, renormalize=model.config.norm_topk_prob)
 
     def block_layers(self, model, ctx: AttentionContext, tokens: int):
         """(norms, weights, kinds, orders) for decode_layers, or None where the step cannot take it: it must be
@@ -164,7 +188,7 @@ class CpuKernelOps(TorchOps):
         norms, weights, kinds, orders = [], [], [], []
         gated_inputs = model.per_layer_inputs is not None
         for layer in model.layers:
-            if layer.qkv_bias is not None or layer.moe is not None:  # Qwen2's bias, an MoE: the layer-by-layer path
+            if layer.qkv_bias is not None:  # Qwen2's bias: the layer-by-layer path
                 return None
             norms += [layer.input_norm, layer.post_norm]
             if layer.q_norm is not None:  # QK-norm (Qwen3, Gemma 3): two more (a layer reading another's KV has no k's)

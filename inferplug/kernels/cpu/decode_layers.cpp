@@ -10,6 +10,7 @@
 #include <torch/library.h>
 
 #include <optional>
+#include <string>
 #include <tuple>
 
 namespace {
@@ -39,15 +40,22 @@ using Matmul = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optio
 // projection); `v_norm`: each V head RMS-normed without a scale; `per_layer_inputs` (none, or [layers, T, width])
 // each layer's input, gated into the stream after its MLP by two more weights a layer (7 a layer, not 5: the gate
 // and the projection) and one more norm, last; `scalars` (empty, or one a layer) each layer's output scale.
+// A mixture-of-experts stack (Qwen3-MoE: models/moe.py moe_mlp's plain form, SwiGLU experts): `routers` (empty, or
+// one fp32 router a layer) whose softmax's top_k experts (renormalized to sum to 1 with `renormalize`) a row takes,
+// through moe_experts' one call a layer on the decode rows' kernels: `expert_tables` (two a layer: gate/up's and
+// down's int64 tables of each expert's block addresses), `expert_rows` (gate/up's rows, one a layer) and
+// `expert_kinds` (two a layer, as kinds); the layer's gate_up and down weights are then none (kind 0).
 // Ends with x plus the last layer's MLP output in x (DecoderModel.forward's result).
 void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, at::IntArrayRef kinds,
                    at::TensorList orders, at::TensorList k_caches, at::TensorList v_caches, const at::Tensor& positions,
                    const at::Tensor& cos, const at::Tensor& signed_sin, const at::Tensor& slots, const at::Tensor& block_tables,
-                   const at::Tensor& lengths, int64_t num_heads, double scale, double eps, at::IntArrayRef windows,
+                   const at::Tensor& lengths, int64_t num_heads, double scale, double eps, at::TensorList routers,
+                   at::TensorList expert_tables, at::IntArrayRef windows,
                    const c10::optional<at::Tensor>& local_cos, const c10::optional<at::Tensor>& local_sin, bool sandwich,
                    bool gelu, const c10::optional<at::Tensor>& window_slots, const c10::optional<at::Tensor>& window_tables,
                    at::IntArrayRef kv_sources, at::IntArrayRef v_from_k, bool v_norm,
-                   const c10::optional<at::Tensor>& per_layer_inputs, at::ArrayRef<double> scalars) {
+                   const c10::optional<at::Tensor>& per_layer_inputs, at::ArrayRef<double> scalars,
+                   at::IntArrayRef expert_rows, at::IntArrayRef expert_kinds, int64_t top_k, bool renormalize) {
   const int64_t layers = static_cast<int64_t>(k_caches.size());
   const bool gated_inputs = per_layer_inputs.has_value();
   const int64_t stride = gated_inputs ? 7 : 5;  // weights a layer
@@ -60,11 +68,14 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
               static_cast<int64_t>(weights.size()) == stride * layers && kinds.size() == weights.size() &&
               orders.size() == weights.size() && per_layer_list(windows.size()) && per_layer_list(kv_sources.size()) &&
               per_layer_list(v_from_k.size()) && (!gated_inputs || per_layer_inputs->size(0) == layers) &&
-              per_layer_list(scalars.size()) &&
+              per_layer_list(scalars.size()) && per_layer_list(routers.size()) &&
+              expert_tables.size() == 2 * routers.size() && expert_rows.size() == routers.size() &&
+              expert_kinds.size() == 2 * routers.size() && (routers.empty() || top_k > 0) &&
               local_cos.has_value() == local_sin.has_value() && window_slots.has_value() == window_tables.has_value(),
               "decode_layers: per layer, 2 norms (4 with QK-norm, 2 more with sandwich norms, 1 more with per-layer "
               "inputs), 5 weights (7 with per-layer inputs) with their kinds and input orders, a K and a V pool, and a "
-              "window, a KV source, a V-from-K flag, an input and a scale (or none of each for every layer)");
+              "window, a KV source, a V-from-K flag, an input, a scale and a router with its experts' two tables, rows "
+              "and kinds (or none of each for every layer)");
   static const auto q4 = op<Matmul>("inferplug::q4_matmul"), q4_k = op<Matmul>("inferplug::q4_k_matmul"),
                     q4_g128 = op<Matmul>("inferplug::q4_g128_matmul"), q6_k = op<Matmul>("inferplug::q6_k_matmul"),
                     q8 = op<Matmul>("inferplug::q8_matmul"), q5_k = op<Matmul>("inferplug::q5_k_matmul"),
@@ -79,6 +90,11 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
                                                     const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
                                                     const c10::optional<at::Tensor>&, int64_t,
                                                     const c10::optional<at::Tensor>&)>("inferplug::paged_attention");
+  static const auto router_logits = op<at::Tensor(const at::Tensor&, const at::Tensor&)>("inferplug::router_logits");
+  static const auto moe_experts = op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                const at::Tensor&, int64_t, const std::string&, const std::string&,
+                                                const std::string&, const c10::optional<at::Tensor>&,
+                                                const c10::optional<at::Tensor>&, const std::string&)>("inferplug::moe_experts");
   static const auto silu_mul = op<at::Tensor(const at::Tensor&)>("inferplug::silu_mul");
   static const auto gelu_tanh_mul = op<at::Tensor(const at::Tensor&)>("inferplug::gelu_tanh_mul");
   auto linear = [&](const at::Tensor& in, int64_t w) {
@@ -90,6 +106,17 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
     const auto& matmul = kinds[w] == 4 ? q4 : kinds[w] == 5 ? q4_k : kinds[w] == 6 ? q4_g128 : kinds[w] == 7 ? q6_k
                          : kinds[w] == 8 ? q8 : kinds[w] == 9 ? q5_k : q5_0;
     return matmul.call(in, weights[w], order);
+  };
+  // layer i's experts on its normed rows h, as moe_mlp: the router's softmax, its top k (renormalized), one call
+  auto experts = [&](const at::Tensor& h, int64_t i) {
+    static const char* formats[] = {"q4", "q4_k", "q4_g128", "q6_k", "q8", "q5_k", "q5_0"};  // kinds 4..10
+    for (const int64_t kind : {expert_kinds[2 * i], expert_kinds[2 * i + 1]})
+      TORCH_CHECK(kind >= 4 && kind <= 10, "decode_layers: an expert kind must be 4..10, got ", kind);
+    auto [shares, chosen] = at::softmax(router_logits.call(h, routers[i]).to(at::kFloat), -1).topk(top_k, -1);
+    if (renormalize) shares = shares / shares.sum(-1, true);
+    return moe_experts.call(h, chosen, shares.to(h.scalar_type()), expert_tables[2 * i], expert_tables[2 * i + 1],
+                            expert_rows[i], formats[expert_kinds[2 * i] - 4], formats[expert_kinds[2 * i + 1] - 4],
+                            "int8", c10::nullopt, c10::nullopt, "silu");
   };
 
   const int64_t tokens = x.size(0);
@@ -140,8 +167,12 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
     at::Tensor out = linear(attn, w + 2);
     if (sandwich) out = rms_norm.call(out, norms[n + attention_norms], eps);
     h = add_rms_norm.call(x, out, norms[n + 1], eps);
-    const at::Tensor gate_up = linear(h, w + 3);
-    delta = linear(gelu ? gelu_tanh_mul.call(gate_up) : silu_mul.call(gate_up), w + 4);
+    if (!routers.empty()) {
+      delta = experts(h, i);
+    } else {
+      const at::Tensor gate_up = linear(h, w + 3);
+      delta = linear(gelu ? gelu_tanh_mul.call(gate_up) : silu_mul.call(gate_up), w + 4);
+    }
     if (sandwich) delta = rms_norm.call(*delta, norms[n + attention_norms + 1], eps);
     if (gated_inputs || !scalars.empty()) {  // the stream takes the MLP's output here, not in the next norm
       x.add_(*delta);
@@ -162,9 +193,11 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
 TORCH_LIBRARY_FRAGMENT(inferplug, m) {
   m.def("decode_layers(Tensor(a!) x, Tensor[] norms, Tensor[] weights, int[] kinds, Tensor[] orders, "
         "Tensor[] k_caches, Tensor[] v_caches, Tensor positions, Tensor cos, Tensor signed_sin, Tensor slots, Tensor block_tables, "
-        "Tensor lengths, int num_heads, float scale, float eps, int[] windows=[], Tensor? local_cos=None, "
+        "Tensor lengths, int num_heads, float scale, float eps, Tensor[] routers, Tensor[] expert_tables, "
+        "int[] windows=[], Tensor? local_cos=None, "
         "Tensor? local_sin=None, bool sandwich=False, bool gelu=False, Tensor? window_slots=None, "
         "Tensor? window_tables=None, int[] kv_sources=[], int[] v_from_k=[], bool v_norm=False, "
-        "Tensor? per_layer_inputs=None, float[] scalars=[]) -> ()");
+        "Tensor? per_layer_inputs=None, float[] scalars=[], int[] expert_rows=[], int[] expert_kinds=[], "
+        "int top_k=0, bool renormalize=False) -> ()");
 }
 TORCH_LIBRARY_IMPL(inferplug, CPU, m) { m.impl("decode_layers", &decode_layers); }

@@ -144,8 +144,8 @@ at::Tensor delta_net_step_(at::Tensor& conv_pool, at::Tensor& state_pool, const 
                            const at::Tensor& norm, const at::Tensor& key_of_value, int64_t key_heads, double eps) {
   const char* op = "delta_net_step_";
   using Named = std::pair<const at::Tensor*, const char*>;
-  for (const auto& [t, name] : {Named{&conv_pool, "conv_pool"}, Named{&state_pool, "state_pool"}, Named{&mixed, "mixed"},
-                                Named{&b, "b"}, Named{&a, "a"}, Named{&z, "z"}, Named{&conv, "conv"},
+  for (const auto& [t, name] : {Named{&conv_pool, "conv_pool"}, Named{&state_pool, "state_pool"},
+                                Named{&mixed, "mixed"}, Named{&b, "b"}, Named{&a, "a"}, Named{&z, "z"}, Named{&conv, "conv"},
                                 Named{&dt_bias, "dt_bias"}, Named{&neg_a, "neg_a"}, Named{&norm, "norm"}})
     checks::float_cpu(*t, op, name);
   TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && key_of_value.scalar_type() == at::kLong &&
@@ -161,9 +161,11 @@ at::Tensor delta_net_step_(at::Tensor& conv_pool, at::Tensor& state_pool, const 
                   key_of_value.numel() == value_heads && key_dim <= MAX_HEAD_DIM && value_dim <= MAX_HEAD_DIM,
               op, ": shapes do not match the state pools'");
   const int64_t* slot = slots.data_ptr<int64_t>();
-  for (int64_t r = 0; r < rows; r++) TORCH_CHECK(slot[r] >= 0 && slot[r] < state_pool.size(0), op, ": a slot is out of range");
+  for (int64_t r = 0; r < rows; r++)
+    TORCH_CHECK(slot[r] >= 0 && slot[r] < state_pool.size(0), op, ": a slot is out of range");
   const int64_t* kv = key_of_value.data_ptr<int64_t>();
-  for (int64_t h = 0; h < value_heads; h++) TORCH_CHECK(kv[h] >= 0 && kv[h] < key_heads, op, ": a key head is out of range");
+  for (int64_t h = 0; h < value_heads; h++)
+    TORCH_CHECK(kv[h] >= 0 && kv[h] < key_heads, op, ": a key head is out of range");
   const DeltaNetLayer layer{conv.data_ptr<float>(), dt_bias.data_ptr<float>(), neg_a.data_ptr<float>(),
                             norm.data_ptr<float>(), kv, key_heads, key_dim, value_heads, value_dim, kernel,
                             static_cast<float>(eps)};

@@ -31,7 +31,7 @@ FAMILY = Family(
     hf_model_types=("qwen3_moe",),
     gguf_architectures=("qwen3moe",),
     qk_norm=True,
-    unfused_why="its mixture-of-experts MLP",
+    fused_decode=True,  # decode_layers takes its router and experts (one moe_experts call a layer)
     hf_fields=hf_fields,
     gguf_fields=gguf_fields,
 )

@@ -65,14 +65,16 @@ def layer_step(rows: int, seed: int):
     gen = torch.Generator().manual_seed(seed)
     channels = 2 * KEY_HEADS * KEY_DIM + VALUE_HEADS * VALUE_DIM
     w = DeltaNetWeights(qkv=None, z=None, b=None, a=None, conv=torch.randn(channels, CONV_KERNEL, generator=gen) * 0.5,
-                        dt_bias=torch.randn(VALUE_HEADS, generator=gen), neg_a=-torch.rand(VALUE_HEADS, generator=gen) * 8,
+                        dt_bias=torch.randn(VALUE_HEADS, generator=gen),
+                        neg_a=-torch.rand(VALUE_HEADS, generator=gen) * 8,
                         norm=1 + torch.randn(VALUE_DIM, generator=gen) * 0.1, out=None, key_heads=KEY_HEADS,
                         value_heads=VALUE_HEADS, key_dim=KEY_DIM, value_dim=VALUE_DIM,
                         key_of_value=torch.tensor([0, 1, 0, 1]))  # tiled, as llama.cpp's GGUF has them
     pools = (torch.randn(SLOTS, CONV_KERNEL - 1, channels, generator=gen),
              torch.randn(SLOTS, VALUE_HEADS, KEY_DIM, VALUE_DIM, generator=gen) * 0.3)
     step = (torch.randn(rows, channels, generator=gen), torch.randn(rows, VALUE_HEADS, generator=gen) * 2,
-            torch.randn(rows, VALUE_HEADS, generator=gen) * 2, torch.randn(rows, VALUE_HEADS * VALUE_DIM, generator=gen))
+            torch.randn(rows, VALUE_HEADS, generator=gen) * 2,
+            torch.randn(rows, VALUE_HEADS * VALUE_DIM, generator=gen))
     return w, pools, step
 
 

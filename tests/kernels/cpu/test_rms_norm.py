@@ -48,6 +48,7 @@ def test_qk_norm_is_the_bits_of_rms_norm_on_the_heads_copied_out(ops):
     copied = [ops.rms_norm(heads[:, a:b].reshape(-1, 128).contiguous(), w, 1e-6) for a, b, w in
               ((0, 8, q_norm), (8, 10, k_norm))]
     ops.qk_rms_norm_(qkv, q_norm, k_norm, 8, 2, 1e-6)
-    assert torch.equal(heads[:, :8].reshape(-1, 128), copied[0]) and torch.equal(heads[:, 8:10].reshape(-1, 128), copied[1])
+    assert torch.equal(heads[:, :8].reshape(-1, 128), copied[0])
+    assert torch.equal(heads[:, 8:10].reshape(-1, 128), copied[1])
     with pytest.raises(RuntimeError, match="k_norm given"):
         ops.qk_rms_norm_(qkv, q_norm, None, 8, 2, 1e-6)
