@@ -129,8 +129,9 @@ class CpuKernelOps(TorchOps):
     def run_layers(self, model, x, positions, ctx: AttentionContext, kv_caches, per_layer=None) -> bool:
         """Decode steps whose every layer weight is blocks the kernels run (GPTQ act-order ones too, their inputs
         gathered in the call): every layer in one C++ call, the same kernels without Python between them."""
-        blocks, experts = self.block_layers(model, ctx, x.shape[0]), self.block_experts(model)
-        if blocks is None or experts is None:
+        blocks = self.block_layers(model, ctx, x.shape[0])
+        experts = None if blocks is None else self.block_experts(model)
+        if experts is None:
             return False
         group = ctx.paged_rows[0]
         local_cos, local_sin = model.local_rope or (None, None)

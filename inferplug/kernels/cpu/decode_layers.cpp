@@ -82,6 +82,8 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
                     q5_0 = op<Matmul>("inferplug::q5_0_matmul");
   static const auto rms_norm = op<at::Tensor(const at::Tensor&, const at::Tensor&, double)>("inferplug::rms_norm");
   static const auto add_rms_norm = op<at::Tensor(at::Tensor&, const at::Tensor&, const at::Tensor&, double)>("inferplug::add_rms_norm_");
+  static const auto qk_rms_norm = op<void(at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t, int64_t,
+                                          double)>("inferplug::qk_rms_norm_");
   static const auto rope_write_kv = op<void(at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor&,
                                             at::Tensor&, const at::Tensor&, int64_t)>("inferplug::rope_write_kv_");
   static const auto paged_decode = op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
@@ -134,14 +136,7 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
     }
     const at::Tensor heads = qkv.view({tokens, -1, head_dim});
     const int64_t kv_heads = (heads.size(1) - num_heads) / 2;  // 0 where q alone
-    if (qk_norm) {  // each q head, then each k head, as the layer-by-layer path (qk_rms_norm_)
-      for (const auto& [first, count, weight] : {std::tuple{int64_t{0}, num_heads, norms[n + 2]},
-                                                 std::tuple{num_heads, kv_heads, norms[n + 3]}}) {
-        if (count == 0) continue;
-        at::Tensor part = heads.narrow(1, first, count);
-        part.copy_(rms_norm.call(part.reshape({-1, head_dim}).contiguous(), weight, eps).view(part.sizes()));
-      }
-    }
+    if (qk_norm) qk_rms_norm.call(qkv, norms[n + 2], norms[n + 3], num_heads, kv_heads, eps);  // the layer-by-layer op
     if (v_norm && kv_heads) {  // each V head, without a scale (as torch's rms_norm on the layer-by-layer path)
       at::Tensor part = heads.narrow(1, num_heads + kv_heads, kv_heads);
       part.copy_(at::rms_norm(part.reshape({-1, head_dim}).contiguous(), {head_dim}, c10::nullopt, eps).view(part.sizes()));
