@@ -227,8 +227,8 @@ def test_replicas_say_how_requests_are_routed():
 
 
 @pytest.mark.parametrize("family,path", [("llama", "one kernel call"), ("qwen3", "one kernel call"),
-                                         ("qwen3_moe", "one kernel call"), ("gpt_oss", "layer by layer"),
-                                         ("gemma3", "one kernel call")])
+                                         ("qwen3_moe", "one kernel call"), ("gpt_oss", "one kernel call"),
+                                         ("gemma3", "one kernel call"), ("qwen35", "layer by layer")])
 def test_resolve_names_the_model_family_and_the_decode_path_it_takes(family, path):
     """A family the one-call decode kernel does not cover yet still runs, layer by layer, and resolve says so."""
     facts = dataclasses.replace(SMOLLM2, family=family)

@@ -16,7 +16,7 @@ from inferplug.quant.block_linear import KERNEL_MAX_ROWS, BlockLinear
 from inferplug.quant.checkpoint_layers import PermutedLinear, RowPartsLinear
 
 BLOCK_KINDS = {"q4_matmul": 4, "q4_k_matmul": 5, "q4_g128_matmul": 6, "q6_k_matmul": 7, "q8_matmul": 8,
-               "q5_k_matmul": 9, "q5_0_matmul": 10}  # BlockLinear.kernel -> decode_layers' weight kind
+               "q5_k_matmul": 9, "q5_0_matmul": 10, "mxfp4_matmul": 11}  # BlockLinear.kernel -> decode_layers' weight kind
 
 
 class CpuKernelOps(TorchOps):
@@ -27,7 +27,7 @@ class CpuKernelOps(TorchOps):
         self.kernels = kernels  # torch.ops.inferplug, loaded (kernels.cpu.ops())
         self.paged_kernel = head_dim % 8 == 0  # the attention kernel's vectors; other widths take torch attention
         self.in_order = torch.empty(0, dtype=torch.long)  # decode_layers' order of a weight whose inputs are in order
-        self.no_weight = torch.empty(0, dtype=torch.uint8)  # decode_layers' absent second q/k/v part
+        self.absent = torch.empty(0, dtype=torch.uint8)  # decode_layers' absent second q/k/v part, bias or sinks
 
     def context(self, step: StepLayout, slot_mapping: torch.Tensor) -> AttentionContext:
         if not self.paged_kernel:
@@ -137,12 +137,16 @@ class CpuKernelOps(TorchOps):
         local_cos, local_sin = model.local_rope or (None, None)
         own = ctx.window  # the sliding-window layers' own pools, where they have them
         layers = model.layers
+        biases = [self.absent if b is None else b for layer in layers for b in (layer.qkv_bias, layer.o_bias)]
+        sinks = [self.absent if layer.sinks is None else layer.sinks for layer in layers]
         self.kernels.decode_layers(x, *blocks, [k for k, _ in kv_caches], [v for _, v in kv_caches], positions,
                                    model.cos, model.signed_sin, ctx.slot_mapping, group.block_tables, group.lengths,
                                    model.num_heads, model.scale, model.config.rms_norm_eps,
+                                   biases=biases if any(b.numel() for b in biases) else [],
+                                   sinks=sinks if any(t.numel() for t in sinks) else [],
                                    windows=[layer.window for layer in layers], local_cos=local_cos,
                                    local_sin=local_sin, sandwich=model.family.sandwich_norms,
-                                   gelu=model.family.activation == "gelu_tanh",
+                                   activation=model.family.activation,
                                    window_slots=None if own is None else own.slot_mapping,
                                    window_tables=None if own is None else own.paged_rows[0].block_tables,
                                    kv_sources=[layer.kv_source for layer in layers],
@@ -155,16 +159,16 @@ class CpuKernelOps(TorchOps):
 
     def block_experts(self, model) -> dict | None:
         """decode_layers' MoE arguments: none for a dense stack; for a stack whose every layer is moe_mlp's plain
-        MoE (Qwen3-MoE: a softmax router in fp32, its top k, block experts in one call, no shared expert, bias or
-        scales), each layer's router and expert tables; None where the stack mixes them or has another kind."""
+        MoE (Qwen3-MoE's, gpt-oss's: a softmax router in fp32, its top k, block experts in one call, with the
+        router's and experts' biases where they have them; no shared expert or scales), each layer's router, expert
+        tables and biases; None where the stack mixes them or has another kind."""
         if all(layer.moe is None for layer in model.layers):
-            return dict(routers=[], expert_tables=[])
-        routers, tables, rows, kinds = [], [], [], []
+            return dict(routers=[], expert_tables=[], expert_biases=[])
+        routers, tables, rows, kinds, biases = [], [], [], [], []
         for layer in model.layers:
             moe = layer.moe
             if moe is None or layer.shared_gate is not None or layer.experts_in_norm is not None or \
-                    moe.router.dtype != torch.float32 or model.activation != self.silu_mul or \
-                    any(t is not None for t in (moe.router_bias, moe.router_scale, moe.expert_scale)):
+                    moe.router.dtype != torch.float32 or moe.router_scale is not None or moe.expert_scale is not None:
                 return None
             blocks = moe.blocks()
             if blocks is None or any(f"{name}_matmul" not in BLOCK_KINDS for name in blocks[3:]):
@@ -173,13 +177,16 @@ class CpuKernelOps(TorchOps):
             tables += blocks[:2]
             rows.append(blocks[2])
             kinds += [BLOCK_KINDS[f"{name}_matmul"] for name in blocks[3:]]
+            biases += [self.absent if b is None else b.float() if i else b  # the experts' in fp32, as moe_experts
+                       for i, b in enumerate((moe.router_bias, moe.gate_up_bias, moe.down_bias))]
         return dict(routers=routers, expert_tables=tables, expert_rows=rows, expert_kinds=kinds,
-                    top_k=model.config.num_experts_per_tok, renormalize=model.config.norm_topk_prob)
+                    top_k=model.config.num_experts_per_tok, renormalize=model.config.norm_topk_prob,
+                    expert_biases=biases if any(b.numel() for b in biases) else [])
 
     def block_layers(self, model, ctx: AttentionContext, tokens: int):
         """(norms, weights, kinds, orders) for decode_layers, or None where the step cannot take it: it must be
-        decode rows only (prefill rows take float matmuls), and every layer weight blocks without bias (no qkv bias
-        either), run by their kernels (at most KERNEL_MAX_ROWS rows). Per layer five weights: q/k/v, a second part
+        decode rows only (prefill rows take float matmuls), and every layer weight blocks run by their kernels (the
+        biases of q/k/v and o are the layer's own, run_layers' to give) (at most KERNEL_MAX_ROWS rows). Per layer five weights: q/k/v, a second part
         of q/k/v in another format (RowPartsLinear) or none (kind 0), o, gate/up, down, and with Gemma 4's per-layer
         inputs their gate and projection; two norms a layer, four with QK-norm, two more with sandwich norms, one
         more with per-layer inputs. An act-order weight (PermutedLinear) gives its blocks and its input order; the
@@ -189,8 +196,6 @@ class CpuKernelOps(TorchOps):
         norms, weights, kinds, orders = [], [], [], []
         gated_inputs = model.per_layer_inputs is not None
         for layer in model.layers:
-            if layer.qkv_bias is not None:  # Qwen2's bias: the layer-by-layer path
-                return None
             norms += [layer.input_norm, layer.post_norm]
             if layer.q_norm is not None:  # QK-norm (Qwen3, Gemma 3): two more (a layer reading another's KV has no k's)
                 norms += [layer.q_norm, layer.q_norm if layer.k_norm is None else layer.k_norm]
@@ -207,7 +212,7 @@ class CpuKernelOps(TorchOps):
                 if isinstance(w, PermutedLinear):
                     order, w = w.order, w.inner
                 if w is None:  # no second q/k/v part
-                    weights.append(self.no_weight)
+                    weights.append(self.absent)
                     kinds.append(0)
                     orders.append(order)
                     continue

@@ -71,14 +71,13 @@ def spy_fused_steps(monkeypatch) -> list[bool]:
     """Per engine step from now on, whether CpuKernelOps.run_layers took decode_layers' one-call path."""
     from inferplug.ops.cpu_ops import CpuKernelOps
 
-    fused_steps, block_layers = [], CpuKernelOps.block_layers
+    fused_steps, run_layers = [], CpuKernelOps.run_layers
 
-    def spy(self, model, ctx, tokens):
-        args = block_layers(self, model, ctx, tokens)
-        fused_steps.append(args is not None)
-        return args
+    def spy(self, *args, **kwargs):
+        fused_steps.append(run_layers(self, *args, **kwargs))
+        return fused_steps[-1]
 
-    monkeypatch.setattr(CpuKernelOps, "block_layers", spy)
+    monkeypatch.setattr(CpuKernelOps, "run_layers", spy)
     return fused_steps
 
 

@@ -215,12 +215,12 @@ def test_gpt_oss_mxfp4_file_runs_on_cuda_with_its_experts_in_their_bits(cpu_kern
     assert (ours - reference).abs().mean() < QUANTIZED_GAP * effect
 
 
-def _fused_and_unfused(model_dir, monkeypatch) -> tuple[list[bool], dict, dict]:
+def _fused_and_unfused(model_dir, monkeypatch, weight_format="int8") -> tuple[list[bool], dict, dict]:
     """Which steps took decode_layers, and the tokens and logprobs with it and layer by layer."""
     from tests.engine.engine_helpers import spy_fused_steps, tokens_and_logprobs, unfuse_steps
 
     def generate():
-        engine = make_engine(model_dir, weight_format="int8", max_num_batched_tokens=48)
+        engine = make_engine(model_dir, weight_format=weight_format, max_num_batched_tokens=48)
         prompts = prompts_of([5, 40, 17, 70], vocab=VOCAB, seed=3)
         requests = [Request(prompt=p, params=greedy(10, logprobs=3), request_id=str(i)) for i, p in enumerate(prompts)]
         return tokens_and_logprobs(run_all(engine, requests[:2], {3: requests[2:]}))
@@ -233,10 +233,23 @@ def _fused_and_unfused(model_dir, monkeypatch) -> tuple[list[bool], dict, dict]:
 
 def test_decode_steps_in_one_kernel_call_equal_the_layer_by_layer_path(cpu_kernel_ops, tiny_family_dir, monkeypatch):
     """Qwen3's QK-norm and Gemma 3's sandwich norms, sliding windows (with their own RoPE base) and GeGLU run inside
-    decode_layers, and Qwen3-MoE's router and experts: bit for bit the Python loop's tokens and logprobs."""
+    decode_layers, and Qwen3-MoE's and gpt-oss's routers and experts (gpt-oss's biases, sinks and swiglu_oai too): bit
+    for bit the Python loop's tokens and logprobs. The tiny Gemma 4 has 26B-A4B's MoE layers, which run layer by layer
+    (the dense one decodes in the one call: the next test)."""
     config = read_config(tiny_family_dir)
     fused_steps, fused, unfused = _fused_and_unfused(tiny_family_dir, monkeypatch)
-    assert any(fused_steps) == family(config.family).fused_decode
+    assert any(fused_steps) == (family(config.family).fused_decode and config.family != "gemma4")
+    assert unfused == fused
+
+
+def test_gpt_oss_mxfp4_file_decodes_in_one_kernel_call_as_layer_by_layer(cpu_kernel_ops, tiny_gpt_oss_gguf, tmp_path,
+                                                                          monkeypatch):
+    """llama.cpp's MXFP4_MOE file inside decode_layers: its Q8_0 attention with q/k/v and o biases and sinks, windows,
+    the biased router and the MXFP4 experts (kind 11) with their biases and swiglu_oai: bit for bit the Python loop's
+    tokens and logprobs."""
+    quantized = llama_cpp.quantize(tiny_gpt_oss_gguf, tmp_path / "mxfp4.gguf", "MXFP4_MOE")
+    fused_steps, fused, unfused = _fused_and_unfused(quantized, monkeypatch, weight_format="gguf")
+    assert any(fused_steps)
     assert unfused == fused
 
 

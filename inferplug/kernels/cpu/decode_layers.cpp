@@ -1,4 +1,4 @@
-// Every decoder layer of a decode step in one call, when the layers' weights are Q4_1 / Q4_G128 / Q4_K / Q8_0 blocks: the
+// Every decoder layer of a decode step in one call, when the layers' weights are the block formats below: the
 // same kernels, in the same order, as DecoderModel.forward calls them one by one from Python, so the result
 // is bit for bit the same. At one token a step the Python between ~300 kernel calls cost about as much
 // as the layers' arithmetic.
@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 namespace {
 
@@ -27,14 +28,16 @@ using Matmul = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optio
 // k's per-head weights (applied before RoPE), then with `sandwich` (Gemma 3) the norms of the attention's and the
 // MLP's outputs (applied before each residual add): 2, 4 or 6 norms a layer;
 // weights[5i..5i+4] (qkv, a second qkv part, o, gate_up, down blocks) with kinds[5i..5i+4] (4: Q4_1, 5: Q4_K,
-// 6: Q4_G128, 7: Q6_K, 8: Q8_0, 9: Q5_K, 10: Q5_0; 0 for no second qkv part: its weight is then unused) and orders[5i..5i+4] (an act-order
+// 6: Q4_G128, 7: Q6_K, 8: Q8_0, 9: Q5_K, 10: Q5_0, 11: MXFP4; 0 for no second qkv part: its weight is then unused) and orders[5i..5i+4] (an act-order
 // weight's input permutation, empty for a weight whose inputs are in order). A second qkv part is the next output
 // rows in another format (quant/checkpoint_layers.py RowPartsLinear: a Q4_K_M's Q6_K attn_v beside Q4_K q/k); its K/V pools
 // (float32 or float16: rope_write_kv_ and paged_decode take either).
 // `windows` (empty, or one a layer): a layer's sliding window (0: none), its attention then reading only that many
 // keys, and its RoPE from local_cos / local_sin where given (Gemma 3's 10k base), its K/V stored at window_slots and
-// read through window_tables where given (the window group's own pools: engine/window_blocks.py). `gelu`: GeGLU (tanh)
-// for SwiGLU.
+// read through window_tables where given (the window group's own pools: engine/window_blocks.py). `activation`: the
+// gated MLP's and the experts' ("silu", "gelu_tanh" or "swiglu_oai", layer_ops.cpp's).
+// gpt-oss and Qwen2: `biases` (empty, or two a layer: q/k/v's and o's, an empty tensor for none) added to those
+// projections' outputs; `sinks` (empty, or one a layer: empty for none) each head's sink logit in its layer's softmax.
 // Gemma 4 (each layer's head size is its K pool's): `kv_sources` (empty, or one a layer) a layer's KV source, a layer
 // that reads an earlier one's KV projecting and rotating q alone; `v_from_k` (empty, or one a layer: 1 where V is K's
 // projection); `v_norm`: each V head RMS-normed without a scale; `per_layer_inputs` (none, or [layers, T, width])
@@ -44,15 +47,17 @@ using Matmul = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optio
 // one fp32 router a layer) whose softmax's top_k experts (renormalized to sum to 1 with `renormalize`) a row takes,
 // through moe_experts' one call a layer on the decode rows' kernels: `expert_tables` (two a layer: gate/up's and
 // down's int64 tables of each expert's block addresses), `expert_rows` (gate/up's rows, one a layer) and
-// `expert_kinds` (two a layer, as kinds); the layer's gate_up and down weights are then none (kind 0).
+// `expert_kinds` (two a layer, as kinds); the layer's gate_up and down weights are then none (kind 0); gpt-oss:
+// `expert_biases` (empty, or three a layer: the router's, the experts' gate/up's and down's in fp32; empty for none).
 // Ends with x plus the last layer's MLP output in x (DecoderModel.forward's result).
 void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, at::IntArrayRef kinds,
                    at::TensorList orders, at::TensorList k_caches, at::TensorList v_caches, const at::Tensor& positions,
                    const at::Tensor& cos, const at::Tensor& signed_sin, const at::Tensor& slots, const at::Tensor& block_tables,
                    const at::Tensor& lengths, int64_t num_heads, double scale, double eps, at::TensorList routers,
-                   at::TensorList expert_tables, at::IntArrayRef windows,
+                   at::TensorList expert_tables, at::TensorList biases, at::TensorList sinks,
+                   at::TensorList expert_biases, at::IntArrayRef windows,
                    const c10::optional<at::Tensor>& local_cos, const c10::optional<at::Tensor>& local_sin, bool sandwich,
-                   bool gelu, const c10::optional<at::Tensor>& window_slots, const c10::optional<at::Tensor>& window_tables,
+                   const std::string& activation, const c10::optional<at::Tensor>& window_slots, const c10::optional<at::Tensor>& window_tables,
                    at::IntArrayRef kv_sources, at::IntArrayRef v_from_k, bool v_norm,
                    const c10::optional<at::Tensor>& per_layer_inputs, at::ArrayRef<double> scalars,
                    at::IntArrayRef expert_rows, at::IntArrayRef expert_kinds, int64_t top_k, bool renormalize) {
@@ -71,15 +76,22 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
               per_layer_list(scalars.size()) && per_layer_list(routers.size()) &&
               expert_tables.size() == 2 * routers.size() && expert_rows.size() == routers.size() &&
               expert_kinds.size() == 2 * routers.size() && (routers.empty() || top_k > 0) &&
+              (biases.empty() || static_cast<int64_t>(biases.size()) == 2 * layers) && per_layer_list(sinks.size()) &&
+              (expert_biases.empty() || expert_biases.size() == 3 * routers.size()) &&
               local_cos.has_value() == local_sin.has_value() && window_slots.has_value() == window_tables.has_value(),
               "decode_layers: per layer, 2 norms (4 with QK-norm, 2 more with sandwich norms, 1 more with per-layer "
               "inputs), 5 weights (7 with per-layer inputs) with their kinds and input orders, a K and a V pool, and a "
-              "window, a KV source, a V-from-K flag, an input, a scale and a router with its experts' two tables, rows "
-              "and kinds (or none of each for every layer)");
-  static const auto q4 = op<Matmul>("inferplug::q4_matmul"), q4_k = op<Matmul>("inferplug::q4_k_matmul"),
-                    q4_g128 = op<Matmul>("inferplug::q4_g128_matmul"), q6_k = op<Matmul>("inferplug::q6_k_matmul"),
-                    q8 = op<Matmul>("inferplug::q8_matmul"), q5_k = op<Matmul>("inferplug::q5_k_matmul"),
-                    q5_0 = op<Matmul>("inferplug::q5_0_matmul");
+              "window, a KV source, a V-from-K flag, an input, a scale, two biases, sinks and a router with its experts' "
+              "two tables, rows, kinds and three biases (or none of each for every layer)");
+  TORCH_CHECK(activation == "silu" || activation == "gelu_tanh" || activation == "swiglu_oai",
+              "decode_layers: activation must be silu, gelu_tanh or swiglu_oai, got '", activation, "'");
+  // kinds 4..11: their matmuls, and moe_experts' names of them
+  static const char* formats[] = {"q4", "q4_k", "q4_g128", "q6_k", "q8", "q5_k", "q5_0", "mxfp4"};
+  static const std::vector<c10::TypedOperatorHandle<Matmul>> matmuls = [] {
+    std::vector<c10::TypedOperatorHandle<Matmul>> ops;
+    for (const char* format : formats) ops.push_back(op<Matmul>(("inferplug::" + std::string(format) + "_matmul").c_str()));
+    return ops;
+  }();
   static const auto rms_norm = op<at::Tensor(const at::Tensor&, const at::Tensor&, double)>("inferplug::rms_norm");
   static const auto add_rms_norm = op<at::Tensor(at::Tensor&, const at::Tensor&, const at::Tensor&, double)>("inferplug::add_rms_norm_");
   static const auto qk_rms_norm = op<void(at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t, int64_t,
@@ -97,28 +109,37 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
                                                 const at::Tensor&, int64_t, const std::string&, const std::string&,
                                                 const std::string&, const c10::optional<at::Tensor>&,
                                                 const c10::optional<at::Tensor>&, const std::string&)>("inferplug::moe_experts");
-  static const auto silu_mul = op<at::Tensor(const at::Tensor&)>("inferplug::silu_mul");
-  static const auto gelu_tanh_mul = op<at::Tensor(const at::Tensor&)>("inferplug::gelu_tanh_mul");
+  using Glu = at::Tensor(const at::Tensor&);
+  static const auto silu_mul = op<Glu>("inferplug::silu_mul"), gelu_tanh_mul = op<Glu>("inferplug::gelu_tanh_mul"),
+                    swiglu_oai_mul = op<Glu>("inferplug::swiglu_oai_mul");
+  const auto& glu = activation == "silu" ? silu_mul : activation == "gelu_tanh" ? gelu_tanh_mul : swiglu_oai_mul;
+  auto known_kind = [](int64_t kind) { return kind >= 4 && kind <= 11; };
   auto linear = [&](const at::Tensor& in, int64_t w) {
-    TORCH_CHECK(kinds[w] >= 4 && kinds[w] <= 10,
-                "decode_layers: weight kind must be 4 (Q4_1), 5 (Q4_K), 6 (Q4_G128), 7 (Q6_K), 8 (Q8_0), 9 (Q5_K) or 10 (Q5_0), "
-                "got ", kinds[w]);
+    TORCH_CHECK(known_kind(kinds[w]), "decode_layers: weight kind must be 4 (Q4_1), 5 (Q4_K), 6 (Q4_G128), 7 (Q6_K), "
+                "8 (Q8_0), 9 (Q5_K), 10 (Q5_0) or 11 (MXFP4), got ", kinds[w]);
     // an act-order weight's inputs are gathered as the matmul quantizes them
     const std::optional<at::Tensor> order = orders[w].numel() ? std::optional<at::Tensor>(orders[w]) : std::nullopt;
-    const auto& matmul = kinds[w] == 4 ? q4 : kinds[w] == 5 ? q4_k : kinds[w] == 6 ? q4_g128 : kinds[w] == 7 ? q6_k
-                         : kinds[w] == 8 ? q8 : kinds[w] == 9 ? q5_k : q5_0;
-    return matmul.call(in, weights[w], order);
+    return matmuls[kinds[w] - 4].call(in, weights[w], order);
+  };
+  // a projection's output plus its bias b (linear's `out + bias` on the layer-by-layer path), where it has one
+  auto plus_bias = [&](const at::Tensor& out, int64_t b) {
+    return biases.empty() || !biases[b].numel() ? out : out + biases[b];
   };
   // layer i's experts on its normed rows h, as moe_mlp: the router's softmax, its top k (renormalized), one call
   auto experts = [&](const at::Tensor& h, int64_t i) {
-    static const char* formats[] = {"q4", "q4_k", "q4_g128", "q6_k", "q8", "q5_k", "q5_0"};  // kinds 4..10
     for (const int64_t kind : {expert_kinds[2 * i], expert_kinds[2 * i + 1]})
-      TORCH_CHECK(kind >= 4 && kind <= 10, "decode_layers: an expert kind must be 4..10, got ", kind);
-    auto [shares, chosen] = at::softmax(router_logits.call(h, routers[i]).to(at::kFloat), -1).topk(top_k, -1);
+      TORCH_CHECK(known_kind(kind), "decode_layers: an expert kind must be 4..11, got ", kind);
+    const auto bias = [&](int64_t part) {  // none where the list, or the part's tensor, is empty
+      const bool given = !expert_biases.empty() && expert_biases[3 * i + part].numel();
+      return given ? std::optional<at::Tensor>(expert_biases[3 * i + part]) : std::nullopt;
+    };
+    at::Tensor logits = router_logits.call(h, routers[i]);
+    if (bias(0)) logits = logits + *bias(0);
+    auto [shares, chosen] = at::softmax(logits.to(at::kFloat), -1).topk(top_k, -1);
     if (renormalize) shares = shares / shares.sum(-1, true);
     return moe_experts.call(h, chosen, shares.to(h.scalar_type()), expert_tables[2 * i], expert_tables[2 * i + 1],
                             expert_rows[i], formats[expert_kinds[2 * i] - 4], formats[expert_kinds[2 * i + 1] - 4],
-                            "int8", c10::nullopt, c10::nullopt, "silu");
+                            "int8", bias(1), bias(2), activation);
   };
 
   const int64_t tokens = x.size(0);
@@ -130,7 +151,7 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
     const int64_t head_dim = k_cache.size(3);
     const bool own_kv = kv_sources.empty() || kv_sources[i] == i;
     at::Tensor h = delta ? add_rms_norm.call(x, *delta, norms[n], eps) : rms_norm.call(x, norms[n], eps);
-    at::Tensor qkv = kinds[w + 1] ? at::cat({linear(h, w), linear(h, w + 1)}, 1) : linear(h, w);
+    at::Tensor qkv = plus_bias(kinds[w + 1] ? at::cat({linear(h, w), linear(h, w + 1)}, 1) : linear(h, w), 2 * i);
     if (!v_from_k.empty() && v_from_k[i]) {  // V is K's projection, before K's norm and RoPE
       qkv = at::cat({qkv, qkv.narrow(1, num_heads * head_dim, (qkv.size(1) / head_dim - num_heads) * head_dim)}, 1);
     }
@@ -155,18 +176,20 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
       const at::Tensor c = layer_cos.index({positions}).unsqueeze(1), s = layer_sin.index({positions}).unsqueeze(1);
       q = (heads * c).add_(heads.roll({head_dim / 2}, {-1}).mul_(s));
     }
-    const at::Tensor attn = (window > 0 ? paged_attention.call(q, k_cache, v_cache, own_pools ? *window_tables : block_tables,
-                                                               starts, lengths, scale, c10::nullopt, window, c10::nullopt)
-                                        : paged_decode.call(q, k_cache, v_cache, block_tables, lengths, scale))
+    const std::optional<at::Tensor> layer_sinks =
+        sinks.empty() || !sinks[i].numel() ? std::nullopt : std::optional<at::Tensor>(sinks[i]);
+    const at::Tensor attn = (window > 0 || layer_sinks ? paged_attention.call(q, k_cache, v_cache, own_pools ? *window_tables : block_tables,
+                                                                              starts, lengths, scale, c10::nullopt, window, layer_sinks)
+                                                       : paged_decode.call(q, k_cache, v_cache, block_tables, lengths, scale))
                                 .view({tokens, -1});
-    at::Tensor out = linear(attn, w + 2);
+    at::Tensor out = plus_bias(linear(attn, w + 2), 2 * i + 1);
     if (sandwich) out = rms_norm.call(out, norms[n + attention_norms], eps);
     h = add_rms_norm.call(x, out, norms[n + 1], eps);
     if (!routers.empty()) {
       delta = experts(h, i);
     } else {
       const at::Tensor gate_up = linear(h, w + 3);
-      delta = linear(gelu ? gelu_tanh_mul.call(gate_up) : silu_mul.call(gate_up), w + 4);
+      delta = linear(glu.call(gate_up), w + 4);
     }
     if (sandwich) delta = rms_norm.call(*delta, norms[n + attention_norms + 1], eps);
     if (gated_inputs || !scalars.empty()) {  // the stream takes the MLP's output here, not in the next norm
@@ -188,9 +211,10 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
 TORCH_LIBRARY_FRAGMENT(inferplug, m) {
   m.def("decode_layers(Tensor(a!) x, Tensor[] norms, Tensor[] weights, int[] kinds, Tensor[] orders, "
         "Tensor[] k_caches, Tensor[] v_caches, Tensor positions, Tensor cos, Tensor signed_sin, Tensor slots, Tensor block_tables, "
-        "Tensor lengths, int num_heads, float scale, float eps, Tensor[] routers, Tensor[] expert_tables, "
+        "Tensor lengths, int num_heads, float scale, float eps, Tensor[] routers, Tensor[] expert_tables, Tensor[] biases, "
+        "Tensor[] sinks, Tensor[] expert_biases, "
         "int[] windows=[], Tensor? local_cos=None, "
-        "Tensor? local_sin=None, bool sandwich=False, bool gelu=False, Tensor? window_slots=None, "
+        "Tensor? local_sin=None, bool sandwich=False, str activation='silu', Tensor? window_slots=None, "
         "Tensor? window_tables=None, int[] kv_sources=[], int[] v_from_k=[], bool v_norm=False, "
         "Tensor? per_layer_inputs=None, float[] scalars=[], int[] expert_rows=[], int[] expert_kinds=[], "
         "int top_k=0, bool renormalize=False) -> ()");
