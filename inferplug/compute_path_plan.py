@@ -117,6 +117,5 @@ def decode_path_why(family_name: str, attention: str) -> str:
         return f"model family: {fam.name}, layer by layer on the {attention} ops"
     if fam.fused_decode:
         return (f"model family: {fam.name}; decode steps of block weights run every layer in one kernel call "
-                "(decode_layers; a model with MoE layers other than Qwen3-MoE's and gpt-oss's, as Gemma 4 26B-A4B's, "
-                "runs layer by layer)")
+                "(decode_layers, MoE layers too: one expert call a layer)")
     return f"model family: {fam.name}; decode runs layer by layer: decode_layers does not take {fam.unfused_why} yet"

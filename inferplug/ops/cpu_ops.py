@@ -158,17 +158,19 @@ class CpuKernelOps(TorchOps):
         return True
 
     def block_experts(self, model) -> dict | None:
-        """decode_layers' MoE arguments: none for a dense stack; for a stack whose every layer is moe_mlp's plain
-        MoE (Qwen3-MoE's, gpt-oss's: a softmax router in fp32, its top k, block experts in one call, with the
-        router's and experts' biases where they have them; no shared expert or scales), each layer's router, expert
-        tables and biases; None where the stack mixes them or has another kind."""
+        """decode_layers' MoE arguments: none for a dense stack; for a stack whose every layer is moe_mlp's MoE (a
+        softmax router in fp32, its top k, block experts in one call: Qwen3-MoE's; gpt-oss's with the router's and
+        experts' biases; Gemma 4 26B-A4B's with the router's and experts' scales, beside a dense MLP in every layer;
+        no shared expert), each layer's router, expert tables and those parts; None where the stack mixes them or
+        has another kind."""
         if all(layer.moe is None for layer in model.layers):
-            return dict(routers=[], expert_tables=[], expert_biases=[])
-        routers, tables, rows, kinds, biases = [], [], [], [], []
+            return dict(routers=[], expert_tables=[], expert_parts=[])
+        routers, tables, rows, kinds, parts = [], [], [], [], []
+        beside = model.layers[0].experts_in_norm is not None
         for layer in model.layers:
             moe = layer.moe
-            if moe is None or layer.shared_gate is not None or layer.experts_in_norm is not None or \
-                    moe.router.dtype != torch.float32 or moe.router_scale is not None or moe.expert_scale is not None:
+            if moe is None or layer.shared_gate is not None or (layer.experts_in_norm is not None) != beside or \
+                    moe.router.dtype != torch.float32:
                 return None
             blocks = moe.blocks()
             if blocks is None or any(f"{name}_matmul" not in BLOCK_KINDS for name in blocks[3:]):
@@ -177,19 +179,20 @@ class CpuKernelOps(TorchOps):
             tables += blocks[:2]
             rows.append(blocks[2])
             kinds += [BLOCK_KINDS[f"{name}_matmul"] for name in blocks[3:]]
-            biases += [self.absent if b is None else b.float() if i else b  # the experts' in fp32, as moe_experts
-                       for i, b in enumerate((moe.router_bias, moe.gate_up_bias, moe.down_bias))]
+            parts += [self.absent if t is None else t.float() if i in (1, 2) else t  # the experts' biases in fp32, as moe_experts
+                      for i, t in enumerate((moe.router_bias, moe.gate_up_bias, moe.down_bias, moe.router_scale,
+                                             moe.expert_scale))]
         return dict(routers=routers, expert_tables=tables, expert_rows=rows, expert_kinds=kinds,
                     top_k=model.config.num_experts_per_tok, renormalize=model.config.norm_topk_prob,
-                    expert_biases=biases if any(b.numel() for b in biases) else [])
+                    expert_parts=parts if any(t.numel() for t in parts) else [], dense_beside_experts=beside)
 
     def block_layers(self, model, ctx: AttentionContext, tokens: int):
         """(norms, weights, kinds, orders) for decode_layers, or None where the step cannot take it: it must be
         decode rows only (prefill rows take float matmuls), and every layer weight blocks run by their kernels (the
         biases of q/k/v and o are the layer's own, run_layers' to give) (at most KERNEL_MAX_ROWS rows). Per layer five weights: q/k/v, a second part
         of q/k/v in another format (RowPartsLinear) or none (kind 0), o, gate/up, down, and with Gemma 4's per-layer
-        inputs their gate and projection; two norms a layer, four with QK-norm, two more with sandwich norms, one
-        more with per-layer inputs. An act-order weight (PermutedLinear) gives its blocks and its input order; the
+        inputs their gate and projection; two norms a layer, four with QK-norm, two more with sandwich norms, three
+        more with a dense MLP beside the experts, one more with per-layer inputs. An act-order weight (PermutedLinear) gives its blocks and its input order; the
         others an empty order."""
         if not self.paged_kernel or ctx.decode_rows != tokens or tokens > KERNEL_MAX_ROWS:
             return None
@@ -201,6 +204,8 @@ class CpuKernelOps(TorchOps):
                 norms += [layer.q_norm, layer.q_norm if layer.k_norm is None else layer.k_norm]
             if layer.attn_out_norm is not None:  # sandwich norms (Gemma 3): two more
                 norms += [layer.attn_out_norm, layer.mlp_out_norm]
+            if layer.experts_in_norm is not None:  # a dense MLP beside the experts (Gemma 4 26B-A4B): three more
+                norms += [layer.experts_in_norm, layer.dense_out_norm, layer.experts_out_norm]
             if gated_inputs:  # Gemma 4's per-layer input: its norm, last
                 norms.append(layer.per_layer_norm)
             qkv = list(layer.qkv.parts) if isinstance(layer.qkv, RowPartsLinear) else [layer.qkv, None]

@@ -234,11 +234,11 @@ def _fused_and_unfused(model_dir, monkeypatch, weight_format="int8") -> tuple[li
 def test_decode_steps_in_one_kernel_call_equal_the_layer_by_layer_path(cpu_kernel_ops, tiny_family_dir, monkeypatch):
     """Qwen3's QK-norm and Gemma 3's sandwich norms, sliding windows (with their own RoPE base) and GeGLU run inside
     decode_layers, and Qwen3-MoE's and gpt-oss's routers and experts (gpt-oss's biases, sinks and swiglu_oai too): bit
-    for bit the Python loop's tokens and logprobs. The tiny Gemma 4 has 26B-A4B's MoE layers, which run layer by layer
-    (the dense one decodes in the one call: the next test)."""
+    for bit the Python loop's tokens and logprobs; the tiny Gemma 4's are 26B-A4B's, a dense MLP beside the
+    experts, with the router's and experts' scales (the dense Gemma 4: the next test)."""
     config = read_config(tiny_family_dir)
     fused_steps, fused, unfused = _fused_and_unfused(tiny_family_dir, monkeypatch)
-    assert any(fused_steps) == (family(config.family).fused_decode and config.family != "gemma4")
+    assert any(fused_steps) == family(config.family).fused_decode
     assert unfused == fused
 
 

@@ -9,6 +9,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <cmath>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -47,25 +48,32 @@ using Matmul = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optio
 // one fp32 router a layer) whose softmax's top_k experts (renormalized to sum to 1 with `renormalize`) a row takes,
 // through moe_experts' one call a layer on the decode rows' kernels: `expert_tables` (two a layer: gate/up's and
 // down's int64 tables of each expert's block addresses), `expert_rows` (gate/up's rows, one a layer) and
-// `expert_kinds` (two a layer, as kinds); the layer's gate_up and down weights are then none (kind 0); gpt-oss:
-// `expert_biases` (empty, or three a layer: the router's, the experts' gate/up's and down's in fp32; empty for none).
+// `expert_kinds` (two a layer, as kinds); the layer's gate_up and down weights are then none (kind 0).
+// `expert_parts` (empty, or five a layer, an empty tensor for none): the router's bias and the experts' gate/up and
+// down biases in fp32 (gpt-oss), the router's input scale and each expert's output scale (Gemma 4).
+// `dense_beside_experts` (Gemma 4 26B-A4B, models/decoder.py dense_and_experts): the layer's gate_up and down are a
+// dense MLP run beside the experts, the router reads the stream's RMSNorm without a scale, the experts the stream
+// under their own norm, and each output is normed before the two are summed: 3 more norms a layer (the experts'
+// input norm, the dense output's and the experts' output's), after the sandwich norms.
 // Ends with x plus the last layer's MLP output in x (DecoderModel.forward's result).
 void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, at::IntArrayRef kinds,
                    at::TensorList orders, at::TensorList k_caches, at::TensorList v_caches, const at::Tensor& positions,
                    const at::Tensor& cos, const at::Tensor& signed_sin, const at::Tensor& slots, const at::Tensor& block_tables,
                    const at::Tensor& lengths, int64_t num_heads, double scale, double eps, at::TensorList routers,
                    at::TensorList expert_tables, at::TensorList biases, at::TensorList sinks,
-                   at::TensorList expert_biases, at::IntArrayRef windows,
+                   at::TensorList expert_parts, at::IntArrayRef windows,
                    const c10::optional<at::Tensor>& local_cos, const c10::optional<at::Tensor>& local_sin, bool sandwich,
                    const std::string& activation, const c10::optional<at::Tensor>& window_slots, const c10::optional<at::Tensor>& window_tables,
                    at::IntArrayRef kv_sources, at::IntArrayRef v_from_k, bool v_norm,
                    const c10::optional<at::Tensor>& per_layer_inputs, at::ArrayRef<double> scalars,
-                   at::IntArrayRef expert_rows, at::IntArrayRef expert_kinds, int64_t top_k, bool renormalize) {
+                   at::IntArrayRef expert_rows, at::IntArrayRef expert_kinds, int64_t top_k, bool renormalize,
+                   bool dense_beside_experts) {
   const int64_t layers = static_cast<int64_t>(k_caches.size());
   const bool gated_inputs = per_layer_inputs.has_value();
   const int64_t stride = gated_inputs ? 7 : 5;  // weights a layer
   const int64_t per_layer = k_caches.size() ? static_cast<int64_t>(norms.size()) / layers : 0;  // 2 to 7
-  const int64_t attention_norms = per_layer - (sandwich ? 2 : 0) - (gated_inputs ? 1 : 0);
+  const int64_t attention_norms = per_layer - (sandwich ? 2 : 0) - (dense_beside_experts ? 3 : 0) - (gated_inputs ? 1 : 0);
+  const int64_t moe_norms = attention_norms + (sandwich ? 2 : 0);  // a dense-beside-experts layer's 3
   const bool qk_norm = attention_norms == 4;
   auto per_layer_list = [layers](size_t size) { return size == 0 || static_cast<int64_t>(size) == layers; };
   TORCH_CHECK(layers > 0 && v_caches.size() == k_caches.size() && (attention_norms == 2 || qk_norm) &&
@@ -77,12 +85,13 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
               expert_tables.size() == 2 * routers.size() && expert_rows.size() == routers.size() &&
               expert_kinds.size() == 2 * routers.size() && (routers.empty() || top_k > 0) &&
               (biases.empty() || static_cast<int64_t>(biases.size()) == 2 * layers) && per_layer_list(sinks.size()) &&
-              (expert_biases.empty() || expert_biases.size() == 3 * routers.size()) &&
+              (expert_parts.empty() || expert_parts.size() == 5 * routers.size()) &&
+              (!dense_beside_experts || !routers.empty()) &&
               local_cos.has_value() == local_sin.has_value() && window_slots.has_value() == window_tables.has_value(),
-              "decode_layers: per layer, 2 norms (4 with QK-norm, 2 more with sandwich norms, 1 more with per-layer "
-              "inputs), 5 weights (7 with per-layer inputs) with their kinds and input orders, a K and a V pool, and a "
+              "decode_layers: per layer, 2 norms (4 with QK-norm, 2 more with sandwich norms, 3 more with a dense MLP "
+              "beside the experts, 1 more with per-layer inputs), 5 weights (7 with per-layer inputs) with their kinds and input orders, a K and a V pool, and a "
               "window, a KV source, a V-from-K flag, an input, a scale, two biases, sinks and a router with its experts' "
-              "two tables, rows, kinds and three biases (or none of each for every layer)");
+              "two tables, rows, kinds and five parts (or none of each for every layer)");
   TORCH_CHECK(activation == "silu" || activation == "gelu_tanh" || activation == "swiglu_oai",
               "decode_layers: activation must be silu, gelu_tanh or swiglu_oai, got '", activation, "'");
   // kinds 4..11: their matmuls, and moe_experts' names of them
@@ -125,21 +134,26 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
   auto plus_bias = [&](const at::Tensor& out, int64_t b) {
     return biases.empty() || !biases[b].numel() ? out : out + biases[b];
   };
-  // layer i's experts on its normed rows h, as moe_mlp: the router's softmax, its top k (renormalized), one call
-  auto experts = [&](const at::Tensor& h, int64_t i) {
+  // layer i's experts on its normed rows h, as moe_mlp (models/moe.py) with the router reading router_input: its
+  // softmax, its top k (renormalized, times the experts' scales), one call
+  auto experts = [&](const at::Tensor& h, int64_t i, const at::Tensor& router_input) {
     for (const int64_t kind : {expert_kinds[2 * i], expert_kinds[2 * i + 1]})
       TORCH_CHECK(known_kind(kind), "decode_layers: an expert kind must be 4..11, got ", kind);
-    const auto bias = [&](int64_t part) {  // none where the list, or the part's tensor, is empty
-      const bool given = !expert_biases.empty() && expert_biases[3 * i + part].numel();
-      return given ? std::optional<at::Tensor>(expert_biases[3 * i + part]) : std::nullopt;
+    const auto part = [&](int64_t j) {  // none where the list, or the part's tensor, is empty
+      const bool given = !expert_parts.empty() && expert_parts[5 * i + j].numel();
+      return given ? std::optional<at::Tensor>(expert_parts[5 * i + j]) : std::nullopt;
     };
-    at::Tensor logits = router_logits.call(h, routers[i]);
-    if (bias(0)) logits = logits + *bias(0);
+    const auto router_bias = part(0), router_scale = part(3), expert_scale = part(4);
+    const at::Tensor scaled = router_scale ? router_input * *router_scale * std::pow(router_scale->size(0), -0.5)
+                                           : router_input;
+    at::Tensor logits = router_logits.call(scaled, routers[i]);
+    if (router_bias) logits = logits + *router_bias;
     auto [shares, chosen] = at::softmax(logits.to(at::kFloat), -1).topk(top_k, -1);
     if (renormalize) shares = shares / shares.sum(-1, true);
+    if (expert_scale) shares = shares * expert_scale->index({chosen});
     return moe_experts.call(h, chosen, shares.to(h.scalar_type()), expert_tables[2 * i], expert_tables[2 * i + 1],
                             expert_rows[i], formats[expert_kinds[2 * i] - 4], formats[expert_kinds[2 * i + 1] - 4],
-                            "int8", bias(1), bias(2), activation);
+                            "int8", part(1), part(2), activation);
   };
 
   const int64_t tokens = x.size(0);
@@ -185,11 +199,15 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
     at::Tensor out = plus_bias(linear(attn, w + 2), 2 * i + 1);
     if (sandwich) out = rms_norm.call(out, norms[n + attention_norms], eps);
     h = add_rms_norm.call(x, out, norms[n + 1], eps);
-    if (!routers.empty()) {
-      delta = experts(h, i);
-    } else {
-      const at::Tensor gate_up = linear(h, w + 3);
-      delta = linear(glu.call(gate_up), w + 4);
+    auto dense_mlp = [&] { return linear(glu.call(linear(h, w + 3)), w + 4); };
+    if (routers.empty()) {
+      delta = dense_mlp();
+    } else if (!dense_beside_experts) {
+      delta = experts(h, i, h);
+    } else {  // the router on the stream's plain RMSNorm (torch's, as the layer-by-layer path), the experts on theirs
+      const at::Tensor routed = at::rms_norm(x.to(at::kFloat), {x.size(1)}, c10::nullopt, eps).to(x.scalar_type());
+      const at::Tensor dense = dense_mlp(), routed_out = experts(rms_norm.call(x, norms[n + moe_norms], eps), i, routed);
+      delta = rms_norm.call(dense, norms[n + moe_norms + 1], eps).add_(rms_norm.call(routed_out, norms[n + moe_norms + 2], eps));
     }
     if (sandwich) delta = rms_norm.call(*delta, norms[n + attention_norms + 1], eps);
     if (gated_inputs || !scalars.empty()) {  // the stream takes the MLP's output here, not in the next norm
@@ -212,11 +230,11 @@ TORCH_LIBRARY_FRAGMENT(inferplug, m) {
   m.def("decode_layers(Tensor(a!) x, Tensor[] norms, Tensor[] weights, int[] kinds, Tensor[] orders, "
         "Tensor[] k_caches, Tensor[] v_caches, Tensor positions, Tensor cos, Tensor signed_sin, Tensor slots, Tensor block_tables, "
         "Tensor lengths, int num_heads, float scale, float eps, Tensor[] routers, Tensor[] expert_tables, Tensor[] biases, "
-        "Tensor[] sinks, Tensor[] expert_biases, "
+        "Tensor[] sinks, Tensor[] expert_parts, "
         "int[] windows=[], Tensor? local_cos=None, "
         "Tensor? local_sin=None, bool sandwich=False, str activation='silu', Tensor? window_slots=None, "
         "Tensor? window_tables=None, int[] kv_sources=[], int[] v_from_k=[], bool v_norm=False, "
         "Tensor? per_layer_inputs=None, float[] scalars=[], int[] expert_rows=[], int[] expert_kinds=[], "
-        "int top_k=0, bool renormalize=False) -> ()");
+        "int top_k=0, bool renormalize=False, bool dense_beside_experts=False) -> ()");
 }
 TORCH_LIBRARY_IMPL(inferplug, CPU, m) { m.impl("decode_layers", &decode_layers); }

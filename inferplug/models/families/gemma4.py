@@ -146,7 +146,8 @@ FAMILY = dataclasses.replace(
                       "layer_output_scale": "layer_scalar", "pre_ffw_norm_2": "pre_feedforward_layernorm_2",
                       "post_ffw_norm_1": "post_feedforward_layernorm_1",
                       "post_ffw_norm_2": "post_feedforward_layernorm_2"},
-    fused_decode=True,  # decode_layers takes its head sizes, shared KV, V from K, V's norm, per-layer inputs, scales
+    fused_decode=True,  # decode_layers takes its head sizes, shared KV, V from K, V's norm, per-layer inputs,
+    # scales, and 26B-A4B's dense MLP beside the experts
     document_cache_why="a document's KV is stored as one tensor of every layer's, and Gemma 4's layers differ in shape",
     hf_fields=hf_fields,
     gguf_fields=gguf_fields,
