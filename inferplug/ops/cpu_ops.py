@@ -131,7 +131,8 @@ class CpuKernelOps(TorchOps):
         gathered in the call): every layer in one C++ call, the same kernels without Python between them."""
         blocks = self.block_layers(model, ctx, x.shape[0])
         experts = None if blocks is None else self.block_experts(model)
-        if experts is None:
+        nets = None if experts is None else self.block_delta_nets(model, ctx, kv_caches)
+        if nets is None:
             return False
         group = ctx.paged_rows[0]
         local_cos, local_sin = model.local_rope or (None, None)
@@ -154,7 +155,7 @@ class CpuKernelOps(TorchOps):
                                    per_layer_inputs=None if per_layer is None else torch.stack(
                                        [model.per_layer_input(i, layer, *per_layer, None) for i, layer in enumerate(layers)]),
                                    scalars=[1.0 if layer.scalar is None else layer.scalar for layer in layers]
-                                   if any(layer.scalar is not None for layer in layers) else [], **experts)
+                                   if any(layer.scalar is not None for layer in layers) else [], **experts, **nets)
         return True
 
     def block_experts(self, model) -> dict | None:
@@ -164,14 +165,14 @@ class CpuKernelOps(TorchOps):
         no shared expert), each layer's router, expert tables and those parts; None where the stack mixes them or
         has another kind."""
         if all(layer.moe is None for layer in model.layers):
-            return dict(routers=[], expert_tables=[], expert_parts=[])
-        routers, tables, rows, kinds, parts = [], [], [], [], []
+            return dict(routers=[], expert_tables=[], expert_parts=[], shared_gates=[])
+        routers, tables, rows, kinds, parts, shared = [], [], [], [], [], []
         beside = model.layers[0].experts_in_norm is not None
         for layer in model.layers:
             moe = layer.moe
-            if moe is None or layer.shared_gate is not None or (layer.experts_in_norm is not None) != beside or \
-                    moe.router.dtype != torch.float32:
+            if moe is None or (layer.experts_in_norm is not None) != beside or moe.router.dtype != torch.float32:
                 return None
+            shared.append(self.absent if layer.shared_gate is None else layer.shared_gate)  # Qwen3.5-MoE's
             blocks = moe.blocks()
             if blocks is None or any(f"{name}_matmul" not in BLOCK_KINDS for name in blocks[3:]):
                 return None
@@ -184,39 +185,72 @@ class CpuKernelOps(TorchOps):
                                              moe.expert_scale))]
         return dict(routers=routers, expert_tables=tables, expert_rows=rows, expert_kinds=kinds,
                     top_k=model.config.num_experts_per_tok, renormalize=model.config.norm_topk_prob,
-                    expert_parts=parts if any(t.numel() for t in parts) else [], dense_beside_experts=beside)
+                    expert_parts=parts if any(t.numel() for t in parts) else [], dense_beside_experts=beside,
+                    shared_gates=shared if any(t.numel() for t in shared) else [])
+
+    def block_delta_nets(self, model, ctx: AttentionContext, kv_caches) -> dict | None:
+        """decode_layers' Qwen3.5 arguments: each attention layer's output-gate rows, and each Gated DeltaNet layer's
+        conv weight, dt_bias, -exp(A_log), norm and value heads' key heads with the step's state slots (each row a
+        sequence's next token, in order); none for a stack without them. None where a row starts its state afresh or
+        the layers are not fp32 (the one-call step's, ops.delta_net_step)."""
+        layers = model.layers
+        gates = [layer.gate_rows for layer in layers]
+        nets = [(layer.delta, pools[0]) for layer, pools in zip(layers, kv_caches) if layer.delta is not None]
+        if not nets:
+            return dict(delta_parts=[], gate_rows=gates if any(gates) else [])
+        if any(n != 1 or fresh for n, _, fresh in ctx.states) or \
+                any(t.dtype != torch.float32 for w, conv_pool in nets for t in (conv_pool, w.conv, w.norm)):
+            return None
+        parts = [t for layer in layers for t in ((self.absent,) * 5 if layer.delta is None else (
+            layer.delta.conv.contiguous(), layer.delta.dt_bias, layer.delta.neg_a, layer.delta.norm,
+            layer.delta.key_of_value))]
+        slots = torch.tensor([slot for _, slot, _ in ctx.states], dtype=torch.long)
+        return dict(delta_parts=parts, gate_rows=gates, state_slots=slots, key_heads=nets[0][0].key_heads)
 
     def block_layers(self, model, ctx: AttentionContext, tokens: int):
         """(norms, weights, kinds, orders) for decode_layers, or None where the step cannot take it: it must be
         decode rows only (prefill rows take float matmuls), and every layer weight blocks run by their kernels (the
         biases of q/k/v and o are the layer's own, run_layers' to give) (at most KERNEL_MAX_ROWS rows). Per layer five weights: q/k/v, a second part
-        of q/k/v in another format (RowPartsLinear) or none (kind 0), o, gate/up, down, and with Gemma 4's per-layer
-        inputs their gate and projection; two norms a layer, four with QK-norm, two more with sandwich norms, three
-        more with a dense MLP beside the experts, one more with per-layer inputs. An act-order weight (PermutedLinear) gives its blocks and its input order; the
+        of q/k/v in another format (RowPartsLinear) or none (kind 0), o, gate/up, down (an MoE layer's shared
+        expert's, or none), and two more with Gemma 4's per-layer inputs (their gate and projection) or Qwen3.5's
+        DeltaNet layers (whose five are in_proj_qkv, z, out_proj, the MLP's two, then b and a); two norms a layer,
+        four with QK-norm (a DeltaNet layer's two more unused), two more with sandwich norms, three more with a dense
+        MLP beside the experts, one more with per-layer inputs. An act-order weight (PermutedLinear) gives its blocks and its input order; the
         others an empty order."""
         if not self.paged_kernel or ctx.decode_rows != tokens or tokens > KERNEL_MAX_ROWS:
             return None
         norms, weights, kinds, orders = [], [], [], []
         gated_inputs = model.per_layer_inputs is not None
+        qk_norm = any(layer.q_norm is not None for layer in model.layers)
+        seven = gated_inputs or any(layer.delta is not None for layer in model.layers)  # weights a layer: 7, not 5
         for layer in model.layers:
+            net = layer.delta
             norms += [layer.input_norm, layer.post_norm]
             if layer.q_norm is not None:  # QK-norm (Qwen3, Gemma 3): two more (a layer reading another's KV has no k's)
                 norms += [layer.q_norm, layer.q_norm if layer.k_norm is None else layer.k_norm]
+            elif qk_norm and net is not None:  # a DeltaNet layer among QK-normed ones (Qwen3.5): two, unused
+                norms += [layer.input_norm, layer.input_norm]
             if layer.attn_out_norm is not None:  # sandwich norms (Gemma 3): two more
                 norms += [layer.attn_out_norm, layer.mlp_out_norm]
             if layer.experts_in_norm is not None:  # a dense MLP beside the experts (Gemma 4 26B-A4B): three more
                 norms += [layer.experts_in_norm, layer.dense_out_norm, layer.experts_out_norm]
             if gated_inputs:  # Gemma 4's per-layer input: its norm, last
                 norms.append(layer.per_layer_norm)
-            qkv = list(layer.qkv.parts) if isinstance(layer.qkv, RowPartsLinear) else [layer.qkv, None]
+            if net is not None:  # a Gated DeltaNet: in_proj_qkv and z, out_proj, ..., b and a
+                qkv, o, tail = [net.qkv, net.z], net.out, (net.b, net.a)
+            else:
+                qkv = list(layer.qkv.parts) if isinstance(layer.qkv, RowPartsLinear) else [layer.qkv, None]
+                o = layer.o
+                tail = (layer.per_layer_gate, layer.per_layer_proj) if gated_inputs else (None, None) if seven else ()
             if len(qkv) != 2:
                 return None
-            gates = (layer.per_layer_gate, layer.per_layer_proj) if gated_inputs else ()
-            for w in (*qkv, layer.o, layer.gate_up, layer.down, *gates):
+            # the MLP, or an MoE layer's shared expert (Qwen3.5-MoE)
+            mlp = (layer.shared_gate_up, layer.shared_down) if layer.shared_gate_up is not None else (layer.gate_up, layer.down)
+            for w in (*qkv, o, *mlp, *tail):
                 order = self.in_order
                 if isinstance(w, PermutedLinear):
                     order, w = w.order, w.inner
-                if w is None:  # no second q/k/v part
+                if w is None:  # no second q/k/v part, MLP or last two
                     weights.append(self.absent)
                     kinds.append(0)
                     orders.append(order)

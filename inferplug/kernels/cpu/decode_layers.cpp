@@ -55,22 +55,31 @@ using Matmul = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optio
 // dense MLP run beside the experts, the router reads the stream's RMSNorm without a scale, the experts the stream
 // under their own norm, and each output is normed before the two are summed: 3 more norms a layer (the experts'
 // input norm, the dense output's and the experts' output's), after the sandwich norms.
+// Qwen3.5: `gate_rows` (empty, or one a layer) the rows of q/k/v's projection, last, whose sigmoid gates the
+// attention's output; Gated DeltaNet layers, where `delta_parts` (empty, or five a layer, empty tensors for an
+// attention layer) gives a layer's conv weight, dt_bias, -exp(A_log), norm and each value head's key head, its K and V
+// pools are its conv and state pools and `state_slots` each row's state slot (`key_heads` q/k heads); its weights
+// are in_proj_qkv, z, out_proj, the MLP's two and b, a (7 a layer). `shared_gates` (empty, or one a layer): an MoE
+// layer's shared expert, its gate/up and down in the MLP's two slots, added times sigmoid(shared_gate . h).
 // Ends with x plus the last layer's MLP output in x (DecoderModel.forward's result).
 void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, at::IntArrayRef kinds,
                    at::TensorList orders, at::TensorList k_caches, at::TensorList v_caches, const at::Tensor& positions,
                    const at::Tensor& cos, const at::Tensor& signed_sin, const at::Tensor& slots, const at::Tensor& block_tables,
                    const at::Tensor& lengths, int64_t num_heads, double scale, double eps, at::TensorList routers,
                    at::TensorList expert_tables, at::TensorList biases, at::TensorList sinks,
-                   at::TensorList expert_parts, at::IntArrayRef windows,
+                   at::TensorList expert_parts, at::TensorList delta_parts, at::TensorList shared_gates,
+                   at::IntArrayRef windows,
                    const c10::optional<at::Tensor>& local_cos, const c10::optional<at::Tensor>& local_sin, bool sandwich,
                    const std::string& activation, const c10::optional<at::Tensor>& window_slots, const c10::optional<at::Tensor>& window_tables,
                    at::IntArrayRef kv_sources, at::IntArrayRef v_from_k, bool v_norm,
                    const c10::optional<at::Tensor>& per_layer_inputs, at::ArrayRef<double> scalars,
                    at::IntArrayRef expert_rows, at::IntArrayRef expert_kinds, int64_t top_k, bool renormalize,
-                   bool dense_beside_experts) {
+                   bool dense_beside_experts, at::IntArrayRef gate_rows,
+                   const c10::optional<at::Tensor>& state_slots, int64_t key_heads) {
   const int64_t layers = static_cast<int64_t>(k_caches.size());
   const bool gated_inputs = per_layer_inputs.has_value();
-  const int64_t stride = gated_inputs ? 7 : 5;  // weights a layer
+  auto is_delta_net = [&](int64_t i) { return !delta_parts.empty() && delta_parts[5 * i].numel() > 0; };
+  const int64_t stride = gated_inputs || !delta_parts.empty() ? 7 : 5;  // weights a layer
   const int64_t per_layer = k_caches.size() ? static_cast<int64_t>(norms.size()) / layers : 0;  // 2 to 7
   const int64_t attention_norms = per_layer - (sandwich ? 2 : 0) - (dense_beside_experts ? 3 : 0) - (gated_inputs ? 1 : 0);
   const int64_t moe_norms = attention_norms + (sandwich ? 2 : 0);  // a dense-beside-experts layer's 3
@@ -86,12 +95,15 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
               expert_kinds.size() == 2 * routers.size() && (routers.empty() || top_k > 0) &&
               (biases.empty() || static_cast<int64_t>(biases.size()) == 2 * layers) && per_layer_list(sinks.size()) &&
               (expert_parts.empty() || expert_parts.size() == 5 * routers.size()) &&
-              (!dense_beside_experts || !routers.empty()) &&
+              (!dense_beside_experts || !routers.empty()) && per_layer_list(gate_rows.size()) &&
+              (delta_parts.empty() || (static_cast<int64_t>(delta_parts.size()) == 5 * layers && state_slots.has_value())) &&
+              per_layer_list(shared_gates.size()) && (shared_gates.empty() || !routers.empty()) &&
               local_cos.has_value() == local_sin.has_value() && window_slots.has_value() == window_tables.has_value(),
               "decode_layers: per layer, 2 norms (4 with QK-norm, 2 more with sandwich norms, 3 more with a dense MLP "
               "beside the experts, 1 more with per-layer inputs), 5 weights (7 with per-layer inputs) with their kinds and input orders, a K and a V pool, and a "
-              "window, a KV source, a V-from-K flag, an input, a scale, two biases, sinks and a router with its experts' "
-              "two tables, rows, kinds and five parts (or none of each for every layer)");
+              "window, a KV source, a V-from-K flag, an input, a scale, two biases, sinks, an output gate's rows, five "
+              "DeltaNet parts (with state slots), a router with its experts' two tables, rows, kinds and five parts, and "
+              "a shared expert's gate (or none of each for every layer)");
   TORCH_CHECK(activation == "silu" || activation == "gelu_tanh" || activation == "swiglu_oai",
               "decode_layers: activation must be silu, gelu_tanh or swiglu_oai, got '", activation, "'");
   // kinds 4..11: their matmuls, and moe_experts' names of them
@@ -118,6 +130,11 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
                                                 const at::Tensor&, int64_t, const std::string&, const std::string&,
                                                 const std::string&, const c10::optional<at::Tensor>&,
                                                 const c10::optional<at::Tensor>&, const std::string&)>("inferplug::moe_experts");
+  static const auto delta_net_step = op<at::Tensor(at::Tensor&, at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                   const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                   const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                   const at::Tensor&, const at::Tensor&, int64_t, double)>(
+      "inferplug::delta_net_step_");
   using Glu = at::Tensor(const at::Tensor&);
   static const auto silu_mul = op<Glu>("inferplug::silu_mul"), gelu_tanh_mul = op<Glu>("inferplug::gelu_tanh_mul"),
                     swiglu_oai_mul = op<Glu>("inferplug::swiglu_oai_mul");
@@ -133,6 +150,11 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
   // a projection's output plus its bias b (linear's `out + bias` on the layer-by-layer path), where it has one
   auto plus_bias = [&](const at::Tensor& out, int64_t b) {
     return biases.empty() || !biases[b].numel() ? out : out + biases[b];
+  };
+  // sigmoid(weight . h) a row, as ops/row_math.py row_gate: the logit padded to a whole vector step (by_rows)
+  auto row_gate = [](const at::Tensor& h, const at::Tensor& weight) {
+    const at::Tensor logits = (h.to(at::kFloat) * weight.to(at::kFloat)).sum(-1, true);
+    return at::sigmoid(at::constant_pad_nd(logits, {0, 31}, 0)).narrow(-1, 0, 1).to(h.scalar_type());
   };
   // layer i's experts on its normed rows h, as moe_mlp (models/moe.py) with the router reading router_input: its
   // softmax, its top k (renormalized, times the experts' scales), one call
@@ -159,13 +181,18 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
   const int64_t tokens = x.size(0);
   const at::Tensor starts = at::arange(tokens + 1, at::kLong);  // a windowed layer's rows: one a sequence
   std::optional<at::Tensor> delta;
-  for (int64_t i = 0; i < layers; i++) {
+  // layer i's attention over its normed rows h, its output projected (n, w: its first norm and weight)
+  auto attend = [&](const at::Tensor& h, int64_t i, int64_t n, int64_t w) {
     at::Tensor k_cache = k_caches[i], v_cache = v_caches[i];
-    const int64_t n = per_layer * i, w = stride * i;  // this layer's first norm and first weight
     const int64_t head_dim = k_cache.size(3);
     const bool own_kv = kv_sources.empty() || kv_sources[i] == i;
-    at::Tensor h = delta ? add_rms_norm.call(x, *delta, norms[n], eps) : rms_norm.call(x, norms[n], eps);
     at::Tensor qkv = plus_bias(kinds[w + 1] ? at::cat({linear(h, w), linear(h, w + 1)}, 1) : linear(h, w), 2 * i);
+    const int64_t gate = gate_rows.empty() ? 0 : gate_rows[i];  // the output gate's rows, last (Qwen3.5)
+    at::Tensor output_gate;
+    if (gate) {
+      output_gate = qkv.narrow(1, qkv.size(1) - gate, gate);
+      qkv = qkv.narrow(1, 0, qkv.size(1) - gate).contiguous();
+    }
     if (!v_from_k.empty() && v_from_k[i]) {  // V is K's projection, before K's norm and RoPE
       qkv = at::cat({qkv, qkv.narrow(1, num_heads * head_dim, (qkv.size(1) / head_dim - num_heads) * head_dim)}, 1);
     }
@@ -192,11 +219,28 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
     }
     const std::optional<at::Tensor> layer_sinks =
         sinks.empty() || !sinks[i].numel() ? std::nullopt : std::optional<at::Tensor>(sinks[i]);
-    const at::Tensor attn = (window > 0 || layer_sinks ? paged_attention.call(q, k_cache, v_cache, own_pools ? *window_tables : block_tables,
-                                                                              starts, lengths, scale, c10::nullopt, window, layer_sinks)
-                                                       : paged_decode.call(q, k_cache, v_cache, block_tables, lengths, scale))
-                                .view({tokens, -1});
-    at::Tensor out = plus_bias(linear(attn, w + 2), 2 * i + 1);
+    at::Tensor attn = (window > 0 || layer_sinks ? paged_attention.call(q, k_cache, v_cache, own_pools ? *window_tables : block_tables,
+                                                                        starts, lengths, scale, c10::nullopt, window, layer_sinks)
+                                                 : paged_decode.call(q, k_cache, v_cache, block_tables, lengths, scale))
+                          .view({tokens, -1});
+    if (gate) attn = attn * at::sigmoid(output_gate).view_as(attn);
+    return plus_bias(linear(attn, w + 2), 2 * i + 1);
+  };
+  // a Gated DeltaNet layer (models/delta_net.py) on its normed rows h: its four input projections (slots 0, 1, 5 and
+  // 6: in_proj_qkv, z, b, a), the step in one call on its conv and state pools (its K and V pools' places), out_proj
+  auto delta_net = [&](const at::Tensor& h, int64_t i, int64_t w) {
+    at::Tensor conv_pool = k_caches[i], state_pool = v_caches[i];
+    const at::Tensor gated = delta_net_step.call(conv_pool, state_pool, *state_slots, linear(h, w), linear(h, w + 5),
+                                                 linear(h, w + 6), linear(h, w + 1), delta_parts[5 * i],
+                                                 delta_parts[5 * i + 1], delta_parts[5 * i + 2], delta_parts[5 * i + 3],
+                                                 delta_parts[5 * i + 4], key_heads, eps);
+    return linear(gated, w + 2);
+  };
+
+  for (int64_t i = 0; i < layers; i++) {
+    const int64_t n = per_layer * i, w = stride * i;  // this layer's first norm and first weight
+    at::Tensor h = delta ? add_rms_norm.call(x, *delta, norms[n], eps) : rms_norm.call(x, norms[n], eps);
+    at::Tensor out = is_delta_net(i) ? delta_net(h, i, w) : attend(h, i, n, w);
     if (sandwich) out = rms_norm.call(out, norms[n + attention_norms], eps);
     h = add_rms_norm.call(x, out, norms[n + 1], eps);
     auto dense_mlp = [&] { return linear(glu.call(linear(h, w + 3)), w + 4); };
@@ -204,6 +248,7 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
       delta = dense_mlp();
     } else if (!dense_beside_experts) {
       delta = experts(h, i, h);
+      if (!shared_gates.empty()) delta = *delta + row_gate(h, shared_gates[i]) * dense_mlp();  // the shared expert
     } else {  // the router on the stream's plain RMSNorm (torch's, as the layer-by-layer path), the experts on theirs
       const at::Tensor routed = at::rms_norm(x.to(at::kFloat), {x.size(1)}, c10::nullopt, eps).to(x.scalar_type());
       const at::Tensor dense = dense_mlp(), routed_out = experts(rms_norm.call(x, norms[n + moe_norms], eps), i, routed);
@@ -230,11 +275,12 @@ TORCH_LIBRARY_FRAGMENT(inferplug, m) {
   m.def("decode_layers(Tensor(a!) x, Tensor[] norms, Tensor[] weights, int[] kinds, Tensor[] orders, "
         "Tensor[] k_caches, Tensor[] v_caches, Tensor positions, Tensor cos, Tensor signed_sin, Tensor slots, Tensor block_tables, "
         "Tensor lengths, int num_heads, float scale, float eps, Tensor[] routers, Tensor[] expert_tables, Tensor[] biases, "
-        "Tensor[] sinks, Tensor[] expert_parts, "
+        "Tensor[] sinks, Tensor[] expert_parts, Tensor[] delta_parts, Tensor[] shared_gates, "
         "int[] windows=[], Tensor? local_cos=None, "
         "Tensor? local_sin=None, bool sandwich=False, str activation='silu', Tensor? window_slots=None, "
         "Tensor? window_tables=None, int[] kv_sources=[], int[] v_from_k=[], bool v_norm=False, "
         "Tensor? per_layer_inputs=None, float[] scalars=[], int[] expert_rows=[], int[] expert_kinds=[], "
-        "int top_k=0, bool renormalize=False, bool dense_beside_experts=False) -> ()");
+        "int top_k=0, bool renormalize=False, bool dense_beside_experts=False, int[] gate_rows=[], Tensor? state_slots=None, "
+        "int key_heads=0) -> ()");
 }
 TORCH_LIBRARY_IMPL(inferplug, CPU, m) { m.impl("decode_layers", &decode_layers); }

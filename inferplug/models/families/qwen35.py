@@ -82,8 +82,7 @@ FAMILY = Family(
                       "ssm_beta": "linear_attn.in_proj_b", "ssm_conv1d": "linear_attn.conv1d",
                       "ssm_dt": "linear_attn.dt", "ssm_a": "linear_attn.A", "ssm_norm": "linear_attn.norm",
                       "ssm_out": "linear_attn.out_proj"},
-    fused_decode=False,
-    unfused_why="its Gated DeltaNet layers",
+    fused_decode=True,  # decode_layers takes its DeltaNet layers (one delta_net_step_ call each) and output gates
     tensor_parallel_why="its Gated DeltaNet layers' state is not split between ranks yet",
     document_cache_why="three layers in four are Gated DeltaNet, whose state is not position-independent: a "
                        "document's state cannot move to another place in the prompt",

@@ -35,7 +35,6 @@ FAMILY = dataclasses.replace(
     gguf_layer_names={**qwen35.FAMILY.gguf_layer_names, "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
                       "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",
                       "ffn_down_shexp": "mlp.shared_expert.down_proj"},
-    unfused_why="its Gated DeltaNet layers and mixture-of-experts MLP",
     hf_fields=hf_fields,
     gguf_fields=gguf_fields,
 )

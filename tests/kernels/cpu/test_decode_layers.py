@@ -97,7 +97,7 @@ def test_decode_layers_gathers_act_order_inputs_like_index_select(ops, tokens, a
     expected = layer_by_layer(ops, x.clone(), norms, weights, k_ref, v_ref, args)
     k_caches, v_caches = pools(1, tokens, pool_dtype)
     blocks, kinds, orders = (list(field) for field in zip(*weights))
-    ops.decode_layers(x, norms, blocks, kinds, orders, k_caches, v_caches, *args, HEADS, HEAD_DIM**-0.5, EPS, [], [], [], [], [])
+    ops.decode_layers(x, norms, blocks, kinds, orders, k_caches, v_caches, *args, HEADS, HEAD_DIM**-0.5, EPS, [], [], [], [], [], [], [])
     assert torch.equal(x, expected)
     assert all(torch.equal(a, b) for a, b in zip(k_caches + v_caches, k_ref + v_ref))
 
@@ -110,4 +110,4 @@ def test_decode_layers_refuses_an_order_outside_the_inputs(ops):
     k_caches, v_caches = pools(1, 1)
     with pytest.raises(RuntimeError, match="outside 0..127"):
         ops.decode_layers(torch.randn(1, HIDDEN), norms, blocks, kinds, orders, k_caches, v_caches, *step_inputs(1),
-                          HEADS, HEAD_DIM**-0.5, EPS, [], [], [], [], [])
+                          HEADS, HEAD_DIM**-0.5, EPS, [], [], [], [], [], [], [])
