@@ -213,7 +213,8 @@ class CpuKernelOps(TorchOps):
         biases of q/k/v and o are the layer's own, run_layers' to give) (at most KERNEL_MAX_ROWS rows). Per layer five weights: q/k/v, a second part
         of q/k/v in another format (RowPartsLinear) or none (kind 0), o, gate/up, down (an MoE layer's shared
         expert's, or none), and two more with Gemma 4's per-layer inputs (their gate and projection) or Qwen3.5's
-        DeltaNet layers (whose five are in_proj_qkv, z, out_proj, the MLP's two, then b and a); two norms a layer,
+        DeltaNet layers (whose five are in_proj_qkv, z, out_proj, the MLP's two, then b and a; its attention layers'
+        slot 5 a third part of q/k/v or none); two norms a layer,
         four with QK-norm (a DeltaNet layer's two more unused), two more with sandwich norms, three more with a dense
         MLP beside the experts, one more with per-layer inputs. An act-order weight (PermutedLinear) gives its blocks and its input order; the
         others an empty order."""
@@ -239,11 +240,13 @@ class CpuKernelOps(TorchOps):
             if net is not None:  # a Gated DeltaNet: in_proj_qkv and z, out_proj, ..., b and a
                 qkv, o, tail = [net.qkv, net.z], net.out, (net.b, net.a)
             else:
-                qkv = list(layer.qkv.parts) if isinstance(layer.qkv, RowPartsLinear) else [layer.qkv, None]
-                o = layer.o
-                tail = (layer.per_layer_gate, layer.per_layer_proj) if gated_inputs else (None, None) if seven else ()
-            if len(qkv) != 2:
-                return None
+                parts = list(layer.qkv.parts) if isinstance(layer.qkv, RowPartsLinear) else [layer.qkv]
+                third = seven and not gated_inputs  # a third q/k/v part in slot 5 (Qwen3.5's: its output gate's rows)
+                if len(parts) > (3 if third else 2):
+                    return None
+                parts += [None] * (3 - len(parts))
+                qkv, o = parts[:2], layer.o
+                tail = [layer.per_layer_gate, layer.per_layer_proj] if gated_inputs else [parts[2], None] if seven else []
             # the MLP, or an MoE layer's shared expert (Qwen3.5-MoE)
             mlp = (layer.shared_gate_up, layer.shared_down) if layer.shared_gate_up is not None else (layer.gate_up, layer.down)
             for w in (*qkv, o, *mlp, *tail):

@@ -242,6 +242,16 @@ def test_decode_steps_in_one_kernel_call_equal_the_layer_by_layer_path(cpu_kerne
     assert unfused == fused
 
 
+def test_llama_cpps_q4_k_m_file_decodes_in_one_kernel_call_as_layer_by_layer(cpu_kernel_ops, tiny_family_gguf,
+                                                                              tmp_path, monkeypatch):
+    """Each family's file as llama.cpp's quantizer mixes it (q/k/v in two or three formats: RowPartsLinear, Qwen3.5's
+    output gate rows a third part), in its own bits: bit for bit the Python loop's tokens and logprobs."""
+    quantized = llama_cpp.quantize(tiny_family_gguf, tmp_path / "q4_k_m.gguf", "Q4_K_M")
+    fused_steps, fused, unfused = _fused_and_unfused(quantized, monkeypatch, weight_format="gguf")
+    assert any(fused_steps)
+    assert unfused == fused
+
+
 def test_gpt_oss_mxfp4_file_decodes_in_one_kernel_call_as_layer_by_layer(cpu_kernel_ops, tiny_gpt_oss_gguf, tmp_path,
                                                                           monkeypatch):
     """llama.cpp's MXFP4_MOE file inside decode_layers: its Q8_0 attention with q/k/v and o biases and sinks, windows,

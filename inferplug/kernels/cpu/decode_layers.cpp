@@ -59,7 +59,8 @@ using Matmul = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optio
 // attention's output; Gated DeltaNet layers, where `delta_parts` (empty, or five a layer, empty tensors for an
 // attention layer) gives a layer's conv weight, dt_bias, -exp(A_log), norm and each value head's key head, its K and V
 // pools are its conv and state pools and `state_slots` each row's state slot (`key_heads` q/k heads); its weights
-// are in_proj_qkv, z, out_proj, the MLP's two and b, a (7 a layer). `shared_gates` (empty, or one a layer): an MoE
+// are in_proj_qkv, z, out_proj, the MLP's two and b, a (7 a layer), and an attention layer's slot 5 a third part of
+// its q/k/v (a Q4_K_M's q and k, its Q6_K v, and its output gate's rows in q's format). `shared_gates` (empty, or one a layer): an MoE
 // layer's shared expert, its gate/up and down in the MLP's two slots, added times sigmoid(shared_gate . h).
 // Ends with x plus the last layer's MLP output in x (DecoderModel.forward's result).
 void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, at::IntArrayRef kinds,
@@ -186,7 +187,10 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
     at::Tensor k_cache = k_caches[i], v_cache = v_caches[i];
     const int64_t head_dim = k_cache.size(3);
     const bool own_kv = kv_sources.empty() || kv_sources[i] == i;
-    at::Tensor qkv = plus_bias(kinds[w + 1] ? at::cat({linear(h, w), linear(h, w + 1)}, 1) : linear(h, w), 2 * i);
+    std::vector<at::Tensor> parts{linear(h, w)};  // q/k/v's parts (RowPartsLinear's), a third in slot 5 if given
+    if (kinds[w + 1]) parts.push_back(linear(h, w + 1));
+    if (stride == 7 && !gated_inputs && kinds[w + 5]) parts.push_back(linear(h, w + 5));
+    at::Tensor qkv = plus_bias(parts.size() == 1 ? parts[0] : at::cat(parts, 1), 2 * i);
     const int64_t gate = gate_rows.empty() ? 0 : gate_rows[i];  // the output gate's rows, last (Qwen3.5)
     at::Tensor output_gate;
     if (gate) {
