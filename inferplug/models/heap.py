@@ -46,13 +46,22 @@ M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8  # mallopt's parameters (
 
 def keep_freed_heap() -> None:
     """From now on what the process frees stays in its heap for its next allocations: no large block gets its own
-    mapping (M_MMAP_MAX 0), and the heap's free top is not handed back below 2 GiB (M_TRIM_THRESHOLD, an int); a
-    thread started from now on allocates in the heaps there are (M_ARENA_MAX 1), not a new one of its own. The RSS
-    stays at the steps' peak, which the memory plan counts anyway. A no-op where the C library is not glibc."""
+    mapping (M_MMAP_MAX 0), and the heap's free top is not handed back below 2 GiB (M_TRIM_THRESHOLD, an int); and
+    the threads started from now on share the heap (one_arena). The RSS stays at the steps' peak, which the memory
+    plan counts anyway. A no-op where the C library is not glibc."""
     mallopt = _libc_function("mallopt")
     if mallopt is not None:
         mallopt(M_MMAP_MAX, 0)
         mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
+    one_arena()
+
+
+def one_arena() -> None:
+    """A thread started from now on allocates in the heaps there are (M_ARENA_MAX 1), not in a new one of its own.
+    Set as a load begins too: glibc fixes its arena limit once more than 8 arenas exist, and a thread keeps the
+    arena it has. A no-op where the C library is not glibc."""
+    mallopt = _libc_function("mallopt")
+    if mallopt is not None:
         mallopt(M_ARENA_MAX, 1)
 
 
@@ -72,6 +81,7 @@ class HeapBound:
 
     def __init__(self) -> None:
         self.start = rss_bytes()
+        one_arena()  # before the engine's threads start, and before glibc fixes its arena limit
 
     def check(self, kept: int) -> None:
         if rss_bytes() > self.start + kept + SLACK:

@@ -162,15 +162,17 @@ class CpuKernelOps(TorchOps):
         """decode_layers' MoE arguments: none for a dense stack; for a stack whose every layer is moe_mlp's MoE (a
         softmax router in fp32, its top k, block experts in one call: Qwen3-MoE's; gpt-oss's with the router's and
         experts' biases; Gemma 4 26B-A4B's with the router's and experts' scales, beside a dense MLP in every layer;
-        no shared expert), each layer's router, expert tables and those parts; None where the stack mixes them or
-        has another kind."""
+        Qwen3.5-MoE's with a shared expert in every layer), each layer's router, expert tables, those parts and
+        shared expert's gate; None where the stack mixes them or has another kind."""
         if all(layer.moe is None for layer in model.layers):
             return dict(routers=[], expert_tables=[], expert_parts=[], shared_gates=[])
         routers, tables, rows, kinds, parts, shared = [], [], [], [], [], []
         beside = model.layers[0].experts_in_norm is not None
+        with_shared = model.layers[0].shared_gate is not None
         for layer in model.layers:
             moe = layer.moe
-            if moe is None or (layer.experts_in_norm is not None) != beside or moe.router.dtype != torch.float32:
+            if moe is None or (layer.experts_in_norm is not None) != beside or moe.router.dtype != torch.float32 or \
+                    (layer.shared_gate is not None) != with_shared or beside and with_shared:
                 return None
             shared.append(self.absent if layer.shared_gate is None else layer.shared_gate)  # Qwen3.5-MoE's
             blocks = moe.blocks()
@@ -223,7 +225,10 @@ class CpuKernelOps(TorchOps):
         norms, weights, kinds, orders = [], [], [], []
         gated_inputs = model.per_layer_inputs is not None
         qk_norm = any(layer.q_norm is not None for layer in model.layers)
-        seven = gated_inputs or any(layer.delta is not None for layer in model.layers)  # weights a layer: 7, not 5
+        nets = any(layer.delta is not None for layer in model.layers)
+        if gated_inputs and nets:  # both would take slots 5 and 6
+            return None
+        seven = gated_inputs or nets  # weights a layer: 7, not 5
         for layer in model.layers:
             net = layer.delta
             norms += [layer.input_norm, layer.post_norm]

@@ -81,7 +81,7 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
   const bool gated_inputs = per_layer_inputs.has_value();
   auto is_delta_net = [&](int64_t i) { return !delta_parts.empty() && delta_parts[5 * i].numel() > 0; };
   const int64_t stride = gated_inputs || !delta_parts.empty() ? 7 : 5;  // weights a layer
-  const int64_t per_layer = k_caches.size() ? static_cast<int64_t>(norms.size()) / layers : 0;  // 2 to 7
+  const int64_t per_layer = k_caches.size() ? static_cast<int64_t>(norms.size()) / layers : 0;  // 2 to 10
   const int64_t attention_norms = per_layer - (sandwich ? 2 : 0) - (dense_beside_experts ? 3 : 0) - (gated_inputs ? 1 : 0);
   const int64_t moe_norms = attention_norms + (sandwich ? 2 : 0);  // a dense-beside-experts layer's 3
   const bool qk_norm = attention_norms == 4;
@@ -97,11 +97,12 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
               (biases.empty() || static_cast<int64_t>(biases.size()) == 2 * layers) && per_layer_list(sinks.size()) &&
               (expert_parts.empty() || expert_parts.size() == 5 * routers.size()) &&
               (!dense_beside_experts || !routers.empty()) && per_layer_list(gate_rows.size()) &&
-              (delta_parts.empty() || (static_cast<int64_t>(delta_parts.size()) == 5 * layers && state_slots.has_value())) &&
+              (delta_parts.empty() || (static_cast<int64_t>(delta_parts.size()) == 5 * layers && state_slots.has_value() &&
+                                       !gated_inputs)) &&  // slots 5 and 6: b and a, or the per-layer inputs
               per_layer_list(shared_gates.size()) && (shared_gates.empty() || !routers.empty()) &&
               local_cos.has_value() == local_sin.has_value() && window_slots.has_value() == window_tables.has_value(),
               "decode_layers: per layer, 2 norms (4 with QK-norm, 2 more with sandwich norms, 3 more with a dense MLP "
-              "beside the experts, 1 more with per-layer inputs), 5 weights (7 with per-layer inputs) with their kinds and input orders, a K and a V pool, and a "
+              "beside the experts, 1 more with per-layer inputs), 5 weights (7 with per-layer inputs or DeltaNet layers) with their kinds and input orders, a K and a V pool, and a "
               "window, a KV source, a V-from-K flag, an input, a scale, two biases, sinks, an output gate's rows, five "
               "DeltaNet parts (with state slots), a router with its experts' two tables, rows, kinds and five parts, and "
               "a shared expert's gate (or none of each for every layer)");
@@ -155,7 +156,9 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
   // sigmoid(weight . h) a row, as ops/row_math.py row_gate: the logit padded to a whole vector step (by_rows)
   auto row_gate = [](const at::Tensor& h, const at::Tensor& weight) {
     const at::Tensor logits = (h.to(at::kFloat) * weight.to(at::kFloat)).sum(-1, true);
-    return at::sigmoid(at::constant_pad_nd(logits, {0, 31}, 0)).narrow(-1, 0, 1).to(h.scalar_type());
+    return at::sigmoid(at::constant_pad_nd(logits, {0, 31}, 0))  // one logit padded to row_math's LANES (32)
+        .narrow(-1, 0, 1)
+        .to(h.scalar_type());
   };
   // layer i's experts on its normed rows h, as moe_mlp (models/moe.py) with the router reading router_input: its
   // softmax, its top k (renormalized, times the experts' scales), one call
