@@ -226,9 +226,8 @@ class CpuKernelOps(TorchOps):
         gated_inputs = model.per_layer_inputs is not None
         qk_norm = any(layer.q_norm is not None for layer in model.layers)
         nets = any(layer.delta is not None for layer in model.layers)
-        if gated_inputs and nets:  # both would take slots 5 and 6
+        if gated_inputs and nets:  # both would take slots 5 and 6 (7 weights a layer, not 5)
             return None
-        seven = gated_inputs or nets  # weights a layer: 7, not 5
         for layer in model.layers:
             net = layer.delta
             norms += [layer.input_norm, layer.post_norm]
@@ -246,12 +245,11 @@ class CpuKernelOps(TorchOps):
                 qkv, o, tail = [net.qkv, net.z], net.out, (net.b, net.a)
             else:
                 parts = list(layer.qkv.parts) if isinstance(layer.qkv, RowPartsLinear) else [layer.qkv]
-                third = seven and not gated_inputs  # a third q/k/v part in slot 5 (Qwen3.5's: its output gate's rows)
-                if len(parts) > (3 if third else 2):
+                if len(parts) > (3 if nets else 2):  # a third part goes in slot 5 (Qwen3.5's: its output gate's rows)
                     return None
                 parts += [None] * (3 - len(parts))
                 qkv, o = parts[:2], layer.o
-                tail = [layer.per_layer_gate, layer.per_layer_proj] if gated_inputs else [parts[2], None] if seven else []
+                tail = [layer.per_layer_gate, layer.per_layer_proj] if gated_inputs else [parts[2], None] if nets else []
             # the MLP, or an MoE layer's shared expert (Qwen3.5-MoE)
             mlp = (layer.shared_gate_up, layer.shared_down) if layer.shared_gate_up is not None else (layer.gate_up, layer.down)
             for w in (*qkv, o, *mlp, *tail):

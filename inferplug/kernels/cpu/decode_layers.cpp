@@ -192,7 +192,7 @@ void decode_layers(at::Tensor& x, at::TensorList norms, at::TensorList weights, 
     const bool own_kv = kv_sources.empty() || kv_sources[i] == i;
     std::vector<at::Tensor> parts{linear(h, w)};  // q/k/v's parts (RowPartsLinear's), a third in slot 5 if given
     if (kinds[w + 1]) parts.push_back(linear(h, w + 1));
-    if (stride == 7 && !gated_inputs && kinds[w + 5]) parts.push_back(linear(h, w + 5));
+    if (!delta_parts.empty() && kinds[w + 5]) parts.push_back(linear(h, w + 5));  // a stack with DeltaNet layers
     at::Tensor qkv = plus_bias(parts.size() == 1 ? parts[0] : at::cat(parts, 1), 2 * i);
     const int64_t gate = gate_rows.empty() ? 0 : gate_rows[i];  // the output gate's rows, last (Qwen3.5)
     at::Tensor output_gate;
