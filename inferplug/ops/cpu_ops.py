@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from inferplug.kernels.delta_rule_ref import CHUNK
 from inferplug.ops.attention import AttentionContext, PagedRows
 from inferplug.ops.step import StepLayout
 from inferplug.ops.torch_ops import TorchOps
@@ -91,6 +92,10 @@ class CpuKernelOps(TorchOps):
         return self.kernels.delta_net_step_(conv_pool, state_pool, slots, mixed.contiguous(), b.contiguous(),
                                             a.contiguous(), z.contiguous(), w.conv.contiguous(), w.dt_bias, w.neg_a,
                                             w.norm, w.key_of_value, w.key_heads, eps)
+
+    def chunked_delta_rule(self, q, k, v, g, beta, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A value head a work item, the chunks in the kernel (kernels/cpu/delta_chunks.h), on the reference's grid."""
+        return self.kernels.chunked_delta_rule_(*(t.contiguous() for t in (q, k, v, g, beta, state)), CHUNK)
 
     def swiglu_oai_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return self.kernels.swiglu_oai_mul(gate_up)

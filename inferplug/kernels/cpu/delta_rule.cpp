@@ -8,6 +8,9 @@
 // conv with its window, q and k L2-normed, beta and the decay, the rule, the gated RMSNorm) in one call, where
 // the torch ops around delta_rule_step_ took 280 us a layer at one row of Qwen3.5-35B-A3B's geometry (this call 90;
 // Zen 4, 2 threads).
+// chunked_delta_rule_: a sequence's prompt rows through the chunked (WY) form, a value head a work item
+// (delta_chunks.h, per ISA), where the torch ops of kernels/delta_rule_ref.py took 140-210 us a token a layer at
+// Qwen3.5-9B's 32 heads of 128.
 // Each (row, head) is one work item with one fixed order of sums (over the key dim, lane by lane of the value
 // dim), so a row's state and output do not depend on the step's other rows.
 #include <ATen/ATen.h>
@@ -16,9 +19,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "checks.h"
+#include "kernels.h"
 
 namespace {
 
@@ -194,6 +200,41 @@ at::Tensor delta_net_step_(at::Tensor& conv_pool, at::Tensor& state_pool, const 
   return out;
 }
 
+// q, k [n, heads, key dim] (q scaled, both L2-normed), v [n, heads, value dim], g (<= 0) and beta [n, heads] from
+// `state` [heads, key dim, value dim]; `chunk`: the caller's chunk grid, which must be the kernel's. Returns the
+// outputs [n, heads, value dim] and the state after the rows.
+std::tuple<at::Tensor, at::Tensor> chunked_delta_rule_(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                       const at::Tensor& g, const at::Tensor& beta,
+                                                       const at::Tensor& state, int64_t chunk) {
+  const char* op = "chunked_delta_rule_";
+  using Named = std::pair<const at::Tensor*, const char*>;
+  for (const auto& [t, name] : {Named{&q, "q"}, Named{&k, "k"}, Named{&v, "v"}, Named{&g, "g"}, Named{&beta, "beta"},
+                                Named{&state, "state"}})
+    checks::float_cpu(*t, op, name);
+  TORCH_CHECK(chunk == inferplug_isa::DELTA_CHUNK, op, ": the kernel's chunks are ", inferplug_isa::DELTA_CHUNK,
+              " tokens, the caller's ", chunk);
+  TORCH_CHECK(q.dim() == 3 && q.sizes() == k.sizes() && v.dim() == 3 && state.dim() == 3, op, ": bad shapes");
+  const int64_t n = q.size(0), heads = q.size(1), key_dim = q.size(2), value_dim = v.size(2);
+  TORCH_CHECK(v.size(0) == n && v.size(1) == heads && g.numel() == n * heads && beta.numel() == n * heads &&
+                  state.size(0) == heads && state.size(1) == key_dim && state.size(2) == value_dim,
+              op, ": shapes do not match q's and the state's");
+  at::Tensor out = at::empty({n, heads, value_dim}, v.options());
+  at::Tensor after = state.clone();
+  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+  const float *gp = g.data_ptr<float>(), *bp = beta.data_ptr<float>();
+  float *sp = after.data_ptr<float>(), *op_out = out.data_ptr<float>();
+  const auto rule = inferplug_isa::active().delta_rule;
+  at::parallel_for(0, heads, 1, [&](int64_t first, int64_t last) {
+    std::vector<float> scratch(inferplug_isa::delta_rule_scratch(key_dim, value_dim));
+    for (int64_t h = first; h < last; h++)
+      rule({qp + h * key_dim, kp + h * key_dim, vp + h * value_dim, gp + h, bp + h, heads * key_dim,
+            heads * value_dim, heads, sp + h * key_dim * value_dim, op_out + h * value_dim, heads * value_dim, n,
+            key_dim, value_dim},
+           scratch.data());
+  });
+  return {out, after};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(inferplug, m) {
@@ -202,8 +243,11 @@ TORCH_LIBRARY_FRAGMENT(inferplug, m) {
   m.def("delta_net_step_(Tensor(a!) conv_pool, Tensor(b!) state_pool, Tensor slots, Tensor mixed, Tensor b, Tensor a, "
         "Tensor z, Tensor conv, Tensor dt_bias, Tensor neg_a, Tensor norm, Tensor key_of_value, int key_heads, "
         "float eps) -> Tensor");
+  m.def("chunked_delta_rule_(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor state, int chunk) -> "
+        "(Tensor, Tensor)");
 }
 TORCH_LIBRARY_IMPL(inferplug, CPU, m) {
   m.impl("delta_rule_step_", &delta_rule_step_);
   m.impl("delta_net_step_", &delta_net_step_);
+  m.impl("chunked_delta_rule_", &chunked_delta_rule_);
 }

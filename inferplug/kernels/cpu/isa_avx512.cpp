@@ -16,6 +16,7 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
 #define INFERPLUG_AVX512  // the headers' AVX-512 parts (GCC defines no __AVX512F__ for a pragma)
 #include "attend.h"
+#include "delta_chunks.h"
 #include "prefill_gemm.h"
 #include "quant_dot.h"
 
@@ -36,7 +37,8 @@ const Isa& avx512() {
   const bool dot = has_bf16();
   static const Isa isa{"avx512-vnni", F512::LANES, quant_kernels<DotVnni<I512>>(), &attend<F512, float>, &attend<F512, Half>, prefill_kernels<Float>(PrefillInput::FLOAT32),
                        dot ? prefill_kernels<Bf16Panel>(PrefillInput::BFLOAT16)
-                           : prefill_kernels<Rounded>(PrefillInput::ROUNDED_BFLOAT16)};
+                           : prefill_kernels<Rounded>(PrefillInput::ROUNDED_BFLOAT16),
+                       &delta_rule_head<F512>};
   return isa;
 }
 

@@ -92,6 +92,22 @@ template <typename T>
 using Attend = void (*)(const Pool<T>& pool, int64_t kv_head, const int64_t* blocks, const QueryRows& rows,
                         int64_t group, float scale, float* scratch);
 
+// The chunked delta rule (delta_chunks.h): one value head of one sequence's n prompt rows, row t's q and k at
+// q + t * key_stride, its v at v + t * value_stride, g and beta at t * gate_stride, its output at out + t * out_stride;
+// `state` [key dim, value dim] is read and left holding the state after the rows.
+constexpr int64_t DELTA_CHUNK = 64;  // tokens a chunk: kernels/delta_rule_ref.py's CHUNK, the scheduler's grid
+struct DeltaRuleHead {
+  const float *q, *k, *v, *g, *beta;
+  int64_t key_stride, value_stride, gate_stride;
+  float *state, *out;
+  int64_t out_stride, n, key_dim, value_dim;
+};
+inline int64_t delta_rule_scratch(int64_t key_dim, int64_t value_dim) {  // floats a head's call uses
+  const int64_t c = DELTA_CHUNK;
+  return 5 * c * key_dim + 3 * c * value_dim + 2 * c * c + c;
+}
+using DeltaRule = void (*)(const DeltaRuleHead& head, float* scratch);
+
 struct Isa {
   const char* name;
   int64_t attend_lanes;  // Attend needs head_dim to be a multiple of this
@@ -99,6 +115,7 @@ struct Isa {
   Attend<float> attend;
   Attend<Half> attend_half;  // fp16 pools
   PrefillKernels prefill_float32, prefill_bfloat16;
+  DeltaRule delta_rule;
 };
 
 const Isa& avx2();

@@ -117,3 +117,50 @@ def test_a_bad_decode_step_is_a_clear_error_that_changes_no_state(ops):
     with pytest.raises(RuntimeError, match="shapes do not match"):
         ops.delta_net_step_(*pools, torch.tensor([0, 1]), step[0][:, 1:].contiguous(), *step[1:], *constants)
     assert all(torch.equal(a, b) for a, b in zip(before, pools))
+
+
+# A sequence's prompt rows through the chunked form (chunked_delta_rule_, delta_chunks.h) against the torch
+# specification kernels/delta_rule_ref.py runs in float64.
+def prompt(n: int, heads: int, key_dim: int, value_dim: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    q, k = (torch.nn.functional.normalize(torch.randn(n, heads, key_dim, generator=gen), dim=-1) for _ in "qk")
+    v = torch.randn(n, heads, value_dim, generator=gen)
+    g, beta = -torch.rand(n, heads, generator=gen) * 0.5, torch.rand(n, heads, generator=gen)
+    return q * key_dim**-0.5, k, v, g, beta, torch.randn(heads, key_dim, value_dim, generator=gen) * 0.3
+
+
+@pytest.mark.parametrize("n, heads, key_dim, value_dim", [(1, 4, 32, 48), (64, 4, 32, 48), (150, 3, 32, 40),
+                                                          (200, 2, 128, 128)])
+def test_chunked_rule_matches_the_reference(ops, n, heads, key_dim, value_dim):
+    from inferplug.kernels.delta_rule_ref import CHUNK, chunked_delta_rule
+
+    args = prompt(n, heads, key_dim, value_dim, n)
+    out, state = ops.chunked_delta_rule_(*args, CHUNK)
+    ref_out, ref_state = chunked_delta_rule(*(t.double() for t in args))
+    torch.testing.assert_close(out.double(), ref_out, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(state.double(), ref_state, rtol=1e-4, atol=1e-4)
+
+
+def test_chunked_rules_bits_follow_only_the_chunk_grid_and_the_head(ops):
+    """A prompt cut on the chunk grid (the scheduler's) gives the same state and outputs as in one call, and a
+    head's bits do not depend on the heads beside it."""
+    from inferplug.kernels.delta_rule_ref import CHUNK
+
+    q, k, v, g, beta, state = prompt(300, 3, 32, 48, 7)
+    out, after = ops.chunked_delta_rule_(q, k, v, g, beta, state, CHUNK)
+    carried, outs = state, []
+    for first, last in ((0, CHUNK), (CHUNK, 3 * CHUNK), (3 * CHUNK, 300)):
+        part, carried = ops.chunked_delta_rule_(q[first:last], k[first:last], v[first:last], g[first:last],
+                                                beta[first:last], carried, CHUNK)
+        outs.append(part)
+    assert torch.equal(torch.cat(outs), out) and torch.equal(carried, after)
+    one = ops.chunked_delta_rule_(*(t[:, 1:2].contiguous() for t in (q, k, v, g, beta)), state[1:2], CHUNK)
+    assert torch.equal(one[0], out[:, 1:2]) and torch.equal(one[1], after[1:2])
+
+
+def test_chunked_rules_bad_inputs_are_clear_errors(ops):
+    q, k, v, g, beta, state = prompt(10, 2, 32, 48, 3)
+    with pytest.raises(RuntimeError, match="chunks are 64 tokens, the caller's 32"):
+        ops.chunked_delta_rule_(q, k, v, g, beta, state, 32)
+    with pytest.raises(RuntimeError, match="shapes do not match"):
+        ops.chunked_delta_rule_(q, k, v, g, beta, state[:, :16].contiguous(), 64)
