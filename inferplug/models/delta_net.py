@@ -11,7 +11,8 @@ A sequence's memory here is fixed-size: the conv's last kernel - 1 inputs and S 
 chunk of 64 tokens the updates become two triangular solves and a few matmuls, between chunks S carries. A lone row
 (a decode row) takes one step of the recurrence, every such row of the step at once (on CPUs the whole step from the
 projections to the gated norm is one C++ call, ops.delta_net_step, in place on the slots), each row's arithmetic its
-own, so its state and output do not depend on the step's other rows.
+own, so its state and output do not depend on the step's other rows. On CPUs a sequence's prompt rows are one C++
+call too (ops.delta_net_prompt), the chunked form inside it.
 """
 
 from __future__ import annotations
@@ -80,8 +81,8 @@ def delta_net(h: torch.Tensor, w: DeltaNetWeights, pools: tuple[torch.Tensor, to
     slot, fresh) in row order; a fresh one starts from zero state, the others from their slot's, and every slot is
     left holding its sequence's state after its last row. `rows`: the decode rows (quant/block_linear.py); `ops`:
     the model's ops set, whose delta_net_step (or, where it has none, delta_rule_step) runs the decode rows and
-    chunked_delta_rule a sequence's prompt rows (kernels/delta_rule_ref.py; Triton on CUDA)."""
-    conv_pool, state_pool = pools
+    delta_net_prompt (or, where it has none, chunked_delta_rule: kernels/delta_rule_ref.py, Triton on CUDA) a
+    sequence's prompt rows."""
     mixed, b, a, z = (linear(h, weight, None, rows) for weight in (w.qkv, w.b, w.a, w.z))
     gated = torch.empty_like(z)  # each row's gated norm, for the output projection
     starts = _starts(sequences)
@@ -98,15 +99,24 @@ def delta_net(h: torch.Tensor, w: DeltaNetWeights, pools: tuple[torch.Tensor, to
     for row, (n, slot, fresh) in zip(starts, sequences):
         if n == 1 and not fresh:
             continue
-        span, slots = slice(row, row + n), torch.tensor([slot], device=h.device)
-        x = _conv(mixed[span].unsqueeze(0), conv_pool, slots, w.conv, fresh).squeeze(0)
-        q, k, v = _heads(x, w)
-        beta, g = _gates(b[span], a[span], w)
-        initial = torch.zeros_like(state_pool[slot]) if fresh else state_pool[slot]
-        out, state_pool[slot] = ops.chunked_delta_rule(q, k, v, g, beta, initial)
-        # contiguous: the norm's bits follow its input's layout, and the chunked rule's output's layout its row count
-        gated[span] = _gated_norm(out.contiguous(), z[span], w.norm, eps)
+        span = slice(row, row + n)
+        step = mixed[span], b[span], a[span], z[span]
+        fused = ops.delta_net_prompt(w, pools, slot, fresh, *step, eps)  # on CPUs one kernel call; None: torch ops
+        gated[span] = fused if fused is not None else _prompt_rows(w, pools, slot, fresh, *step, eps, ops)
     return linear(gated, w.out, None, rows)
+
+
+def _prompt_rows(w: DeltaNetWeights, pools: tuple[torch.Tensor, torch.Tensor], slot: int, fresh: bool, mixed, b, a, z,
+                 eps: float, ops) -> torch.Tensor:
+    """One sequence's prompt rows from the projections to the gated norm, the rule in its chunked form."""
+    conv_pool, state_pool = pools
+    x = _conv(mixed.unsqueeze(0), conv_pool, torch.tensor([slot], device=mixed.device), w.conv, fresh).squeeze(0)
+    q, k, v = _heads(x, w)
+    beta, g = _gates(b, a, w)
+    initial = torch.zeros_like(state_pool[slot]) if fresh else state_pool[slot]
+    out, state_pool[slot] = ops.chunked_delta_rule(q, k, v, g, beta, initial)
+    # contiguous: the norm's bits follow its input's layout, and the chunked rule's output's layout its row count
+    return _gated_norm(out.contiguous(), z, w.norm, eps)
 
 
 def _decode_step(w: DeltaNetWeights, pools: tuple[torch.Tensor, torch.Tensor], slots: torch.Tensor, mixed, b, a, z,

@@ -93,6 +93,15 @@ class CpuKernelOps(TorchOps):
                                             a.contiguous(), z.contiguous(), w.conv.contiguous(), w.dt_bias, w.neg_a,
                                             w.norm, w.key_of_value, w.key_heads, eps)
 
+    def delta_net_prompt(self, w, pools, slot: int, fresh: bool, mixed, b, a, z, eps: float) -> torch.Tensor | None:
+        """One kernel (kernels/cpu/delta_rule.cpp) for fp32 models; the torch ops for others."""
+        conv_pool, state_pool = pools
+        if any(t.dtype != torch.float32 for t in (conv_pool, mixed, b, a, z, w.conv, w.norm)):
+            return None
+        return self.kernels.delta_net_prompt_(conv_pool, state_pool, slot, fresh, mixed.contiguous(), b.contiguous(),
+                                              a.contiguous(), z.contiguous(), w.conv.contiguous(), w.dt_bias,
+                                              w.neg_a, w.norm, w.key_of_value, w.key_heads, eps, CHUNK)
+
     def chunked_delta_rule(self, q, k, v, g, beta, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A value head a work item, the chunks in the kernel (kernels/cpu/delta_chunks.h), on the reference's grid."""
         return self.kernels.chunked_delta_rule_(*(t.contiguous() for t in (q, k, v, g, beta, state)), CHUNK)

@@ -135,6 +135,12 @@ class TorchOps:
         ops then take them."""
         return None
 
+    def delta_net_prompt(self, w, pools, slot: int, fresh: bool, mixed, b, a, z, eps: float) -> torch.Tensor | None:
+        """One sequence's prompt rows of a DeltaNet layer from its projections to its gated norm in one call, on its
+        slot (fresh: from zero), or None where these ops have none: the model's torch ops around chunked_delta_rule
+        then take them."""
+        return None
+
     def chunked_delta_rule(self, q, k, v, g, beta, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One sequence's prompt rows through the gated delta rule from `state`: their outputs and the state after
         them (kernels/delta_rule_ref.py, in torch ops)."""

@@ -1,4 +1,4 @@
-// A DeltaNet layer's decode rows (Gated DeltaNet, models/delta_net.py), in place on each row's state slots.
+// A DeltaNet layer's rows (Gated DeltaNet, models/delta_net.py), in place on each sequence's state slot.
 //
 // delta_rule_step_: one step of the gated delta rule for every decode row: per (row, value head) the state S
 // [key dim, value dim] is read twice and written once, where the torch ops made seven passes over it and its
@@ -10,8 +10,9 @@
 // Zen 4, 2 threads).
 // chunked_delta_rule_: a sequence's prompt rows through the chunked (WY) form, a value head a work item
 // (delta_chunks.h, per ISA), where the torch ops of kernels/delta_rule_ref.py took 140-210 us a token a layer at
-// Qwen3.5-9B's 32 heads of 128.
-// Each (row, head) is one work item with one fixed order of sums (over the key dim, lane by lane of the value
+// Qwen3.5-9B's 32 heads of 128. delta_net_prompt_: a sequence's prompt rows from the projections to the gated norm
+// around it, as delta_net_step_ does for decode rows (the torch ops around the rule: about 2.5% of a prefill).
+// Each decode (row, head) is one work item with one fixed order of sums (over the key dim, lane by lane of the value
 // dim), so a row's state and output do not depend on the step's other rows.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -125,6 +126,14 @@ struct DeltaNetLayer {
   float eps;
 };
 
+// A head's output o, RMS-normed, times the scale and silu(z), into out (out may be o).
+void gated_norm(const DeltaNetLayer& l, const float* o, const float* z, float* out) {
+  float squares = 0.f;
+  for (int64_t j = 0; j < l.value_dim; j++) squares += o[j] * o[j];
+  const float inv = 1.f / std::sqrt(squares / static_cast<float>(l.value_dim) + l.eps);
+  for (int64_t j = 0; j < l.value_dim; j++) out[j] = o[j] * inv * l.norm[j] * (z[j] * sigmoid(z[j]));
+}
+
 // Value head h of a row: its q and k (the head's key head's, normed), the rule on its state, and the gated norm
 // norm(o) * weight * silu(z) into out.
 void head_step(const DeltaNetLayer& l, const float* x, float a, float b, const float* z, float* state, int64_t h,
@@ -135,52 +144,62 @@ void head_step(const DeltaNetLayer& l, const float* x, float a, float b, const f
   l2_normed(x + keys + kh * l.key_dim, l.key_dim, 1.f, k);
   const float decay = std::exp(l.neg_a[h] * softplus(a + l.dt_bias[h]));
   step_head(state, q, k, x + 2 * keys + h * l.value_dim, decay, sigmoid(b), o, l.key_dim, l.value_dim);
-  float squares = 0.f;
-  for (int64_t j = 0; j < l.value_dim; j++) squares += o[j] * o[j];
-  const float inv = 1.f / std::sqrt(squares / static_cast<float>(l.value_dim) + l.eps);
-  for (int64_t j = 0; j < l.value_dim; j++) out[j] = o[j] * inv * l.norm[j] * (z[j] * sigmoid(z[j]));
+  gated_norm(l, o, z, out);
 }
 
 // conv_pool [slots, kernel - 1, channels] and state_pool [slots, value heads, key dim, value dim]; slots [B]; the
 // projections' rows: mixed [B, channels] (q, k, v), b and a [B, value heads], z [B, value heads * value dim].
 // Returns the gated norm's rows [B, value heads * value dim], for the output projection.
-at::Tensor delta_net_step_(at::Tensor& conv_pool, at::Tensor& state_pool, const at::Tensor& slots,
-                           const at::Tensor& mixed, const at::Tensor& b, const at::Tensor& a, const at::Tensor& z,
-                           const at::Tensor& conv, const at::Tensor& dt_bias, const at::Tensor& neg_a,
-                           const at::Tensor& norm, const at::Tensor& key_of_value, int64_t key_heads, double eps) {
-  const char* op = "delta_net_step_";
+// The layer's constants and the pools' shapes, checked against one another and the projections' `rows` rows.
+DeltaNetLayer layer_of(const char* op, const at::Tensor& conv_pool, const at::Tensor& state_pool, int64_t rows,
+                       const at::Tensor& mixed, const at::Tensor& b, const at::Tensor& a, const at::Tensor& z,
+                       const at::Tensor& conv, const at::Tensor& dt_bias, const at::Tensor& neg_a,
+                       const at::Tensor& norm, const at::Tensor& key_of_value, int64_t key_heads, double eps) {
   using Named = std::pair<const at::Tensor*, const char*>;
   for (const auto& [t, name] : {Named{&conv_pool, "conv_pool"}, Named{&state_pool, "state_pool"},
                                 Named{&mixed, "mixed"}, Named{&b, "b"}, Named{&a, "a"}, Named{&z, "z"}, Named{&conv, "conv"},
                                 Named{&dt_bias, "dt_bias"}, Named{&neg_a, "neg_a"}, Named{&norm, "norm"}})
     checks::float_cpu(*t, op, name);
-  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && key_of_value.scalar_type() == at::kLong &&
-                  key_of_value.is_contiguous(), op, ": slots and key_of_value must be contiguous int64");
+  TORCH_CHECK(key_of_value.scalar_type() == at::kLong && key_of_value.is_contiguous(), op,
+              ": key_of_value must be contiguous int64");
   TORCH_CHECK(conv_pool.dim() == 3 && state_pool.dim() == 4 && mixed.dim() == 2 && conv.dim() == 2, op, ": bad shapes");
-  const int64_t rows = mixed.size(0), channels = mixed.size(1), value_heads = state_pool.size(1),
-                key_dim = state_pool.size(2), value_dim = state_pool.size(3), kernel = conv.size(1);
-  TORCH_CHECK(slots.numel() == rows && conv_pool.size(0) == state_pool.size(0) && conv_pool.size(1) == kernel - 1 &&
+  const int64_t channels = mixed.size(1), value_heads = state_pool.size(1), key_dim = state_pool.size(2),
+                value_dim = state_pool.size(3), kernel = conv.size(1);
+  TORCH_CHECK(mixed.size(0) == rows && conv_pool.size(0) == state_pool.size(0) && conv_pool.size(1) == kernel - 1 &&
                   conv_pool.size(2) == channels && conv.size(0) == channels &&
                   channels == 2 * key_heads * key_dim + value_heads * value_dim && b.numel() == rows * value_heads &&
                   a.numel() == rows * value_heads && z.numel() == rows * value_heads * value_dim &&
                   dt_bias.numel() == value_heads && neg_a.numel() == value_heads && norm.numel() == value_dim &&
                   key_of_value.numel() == value_heads && key_dim <= MAX_HEAD_DIM && value_dim <= MAX_HEAD_DIM,
               op, ": shapes do not match the state pools'");
-  const int64_t* slot = slots.data_ptr<int64_t>();
-  for (int64_t r = 0; r < rows; r++)
-    TORCH_CHECK(slot[r] >= 0 && slot[r] < state_pool.size(0), op, ": a slot is out of range");
   const int64_t* kv = key_of_value.data_ptr<int64_t>();
   for (int64_t h = 0; h < value_heads; h++)
     TORCH_CHECK(kv[h] >= 0 && kv[h] < key_heads, op, ": a key head is out of range");
-  const DeltaNetLayer layer{conv.data_ptr<float>(), dt_bias.data_ptr<float>(), neg_a.data_ptr<float>(),
-                            norm.data_ptr<float>(), kv, key_heads, key_dim, value_heads, value_dim, kernel,
-                            static_cast<float>(eps)};
+  return {conv.data_ptr<float>(), dt_bias.data_ptr<float>(), neg_a.data_ptr<float>(), norm.data_ptr<float>(), kv,
+          key_heads, key_dim, value_heads, value_dim, kernel, static_cast<float>(eps)};
+}
+
+constexpr int64_t CONV_CHANNELS = 512;  // a conv work item's channels
+
+at::Tensor delta_net_step_(at::Tensor& conv_pool, at::Tensor& state_pool, const at::Tensor& slots,
+                           const at::Tensor& mixed, const at::Tensor& b, const at::Tensor& a, const at::Tensor& z,
+                           const at::Tensor& conv, const at::Tensor& dt_bias, const at::Tensor& neg_a,
+                           const at::Tensor& norm, const at::Tensor& key_of_value, int64_t key_heads, double eps) {
+  const char* op = "delta_net_step_";
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous(), op, ": slots must be contiguous int64");
+  const int64_t rows = slots.numel();
+  const DeltaNetLayer layer = layer_of(op, conv_pool, state_pool, rows, mixed, b, a, z, conv, dt_bias, neg_a, norm,
+                                       key_of_value, key_heads, eps);
+  const int64_t channels = mixed.size(1), value_heads = layer.value_heads, key_dim = layer.key_dim,
+                value_dim = layer.value_dim, kernel = layer.kernel;
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; r++)
+    TORCH_CHECK(slot[r] >= 0 && slot[r] < state_pool.size(0), op, ": a slot is out of range");
   at::Tensor x = at::empty({rows, channels}, mixed.options());
   at::Tensor out = at::empty({rows, value_heads * value_dim}, mixed.options());
   float *windows = conv_pool.data_ptr<float>(), *states = state_pool.data_ptr<float>(), *xs = x.data_ptr<float>();
   const float *in = mixed.data_ptr<float>(), *bs = b.data_ptr<float>(), *as = a.data_ptr<float>(),
               *zs = z.data_ptr<float>();
-  constexpr int64_t CONV_CHANNELS = 512;  // a conv work item's channels
   const int64_t chunks = (channels + CONV_CHANNELS - 1) / CONV_CHANNELS;
   at::parallel_for(0, rows * chunks, 1, [&](int64_t first, int64_t last) {
     for (int64_t item = first; item < last; item++) {
@@ -196,6 +215,73 @@ at::Tensor delta_net_step_(at::Tensor& conv_pool, at::Tensor& state_pool, const 
       head_step(layer, xs + r * channels, as[item], bs[item], zs + item * value_dim,
                 states + (slot[r] * value_heads + h) * key_dim * value_dim, h, outs + item * value_dim);
     }
+  });
+  return out;
+}
+
+// One sequence's n prompt rows through the layer, from its projections (as delta_net_step_ takes them) to the gated
+// norm, on state slot `slot` (fresh: from zero, as a new sequence starts): the causal conv row by row with its window
+// (channel blocks in parallel), q and k L2-normed once a key head, beta and the decay, the chunked rule a value head
+// a work item (delta_chunks.h), each row's gated norm. Every row's arithmetic is its own and the rule's chunks lie
+// on the prompt's 64-token grid, so the bits do not depend on how the scheduler cut the prompt into steps.
+// Returns the gated rows [n, value heads * value dim].
+at::Tensor delta_net_prompt_(at::Tensor& conv_pool, at::Tensor& state_pool, int64_t slot, bool fresh,
+                             const at::Tensor& mixed, const at::Tensor& b, const at::Tensor& a, const at::Tensor& z,
+                             const at::Tensor& conv, const at::Tensor& dt_bias, const at::Tensor& neg_a,
+                             const at::Tensor& norm, const at::Tensor& key_of_value, int64_t key_heads, double eps,
+                             int64_t chunk) {
+  const char* op = "delta_net_prompt_";
+  TORCH_CHECK(chunk == inferplug_isa::DELTA_CHUNK, op, ": the kernel's chunks are ", inferplug_isa::DELTA_CHUNK,
+              " tokens, the caller's ", chunk);
+  TORCH_CHECK(mixed.dim() == 2, op, ": mixed must be [rows, channels]");
+  const int64_t n = mixed.size(0);
+  const DeltaNetLayer l = layer_of(op, conv_pool, state_pool, n, mixed, b, a, z, conv, dt_bias, neg_a, norm,
+                                   key_of_value, key_heads, eps);
+  TORCH_CHECK(slot >= 0 && slot < state_pool.size(0), op, ": the slot is out of range");
+  const int64_t channels = mixed.size(1), heads = l.value_heads, K = l.key_dim, D = l.value_dim,
+                keys = key_heads * K;
+  float* window = conv_pool.data_ptr<float>() + slot * (l.kernel - 1) * channels;
+  float* state = state_pool.data_ptr<float>() + slot * heads * K * D;
+  if (fresh) {
+    std::fill(window, window + (l.kernel - 1) * channels, 0.f);
+    std::fill(state, state + heads * K * D, 0.f);
+  }
+  at::Tensor x = at::empty({n, channels}, mixed.options()), qk = at::empty({2, n, keys}, mixed.options());
+  at::Tensor gates = at::empty({2, n, heads}, mixed.options()), out = at::empty({n, heads * D}, mixed.options());
+  float *xs = x.data_ptr<float>(), *qs = qk.data_ptr<float>(), *ks = qs + n * keys, *gs = gates.data_ptr<float>();
+  float *betas = gs + n * heads, *outs = out.data_ptr<float>();
+  const float *in = mixed.data_ptr<float>(), *bs = b.data_ptr<float>(), *as = a.data_ptr<float>(),
+              *zs = z.data_ptr<float>();
+  at::parallel_for(0, (channels + CONV_CHANNELS - 1) / CONV_CHANNELS, 1, [&](int64_t first, int64_t last) {
+    for (int64_t c0 = first * CONV_CHANNELS; c0 < std::min(channels, last * CONV_CHANNELS); c0 += CONV_CHANNELS)
+      for (int64_t r = 0; r < n; r++)
+        conv_row(window, in + r * channels, l.conv, channels, l.kernel, c0, std::min(channels, c0 + CONV_CHANNELS),
+                 xs + r * channels);
+  });
+  at::parallel_for(0, n, 16, [&](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; r++) {
+      for (int64_t kh = 0; kh < key_heads; kh++) {
+        l2_normed(xs + r * channels + kh * K, K, 1.f / std::sqrt(static_cast<float>(K)), qs + r * keys + kh * K);
+        l2_normed(xs + r * channels + keys + kh * K, K, 1.f, ks + r * keys + kh * K);
+      }
+      for (int64_t h = 0; h < heads; h++) {
+        gs[r * heads + h] = l.neg_a[h] * softplus(as[r * heads + h] + l.dt_bias[h]);
+        betas[r * heads + h] = sigmoid(bs[r * heads + h]);
+      }
+    }
+  });
+  const auto rule = inferplug_isa::active().delta_rule;
+  at::parallel_for(0, heads, 1, [&](int64_t first, int64_t last) {
+    std::vector<float> scratch(inferplug_isa::delta_rule_scratch(K, D));
+    for (int64_t h = first; h < last; h++) {
+      const int64_t kh = l.key_of_value[h];
+      rule({qs + kh * K, ks + kh * K, xs + 2 * keys + h * D, gs + h, betas + h, keys, channels, heads,
+            state + h * K * D, outs + h * D, heads * D, n, K, D},
+           scratch.data());
+    }
+  });
+  at::parallel_for(0, n * heads, 16, [&](int64_t first, int64_t last) {
+    for (int64_t item = first; item < last; item++) gated_norm(l, outs + item * D, zs + item * D, outs + item * D);
   });
   return out;
 }
@@ -243,11 +329,15 @@ TORCH_LIBRARY_FRAGMENT(inferplug, m) {
   m.def("delta_net_step_(Tensor(a!) conv_pool, Tensor(b!) state_pool, Tensor slots, Tensor mixed, Tensor b, Tensor a, "
         "Tensor z, Tensor conv, Tensor dt_bias, Tensor neg_a, Tensor norm, Tensor key_of_value, int key_heads, "
         "float eps) -> Tensor");
+  m.def("delta_net_prompt_(Tensor(a!) conv_pool, Tensor(b!) state_pool, int slot, bool fresh, Tensor mixed, Tensor b, "
+        "Tensor a, Tensor z, Tensor conv, Tensor dt_bias, Tensor neg_a, Tensor norm, Tensor key_of_value, "
+        "int key_heads, float eps, int chunk) -> Tensor");
   m.def("chunked_delta_rule_(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor state, int chunk) -> "
         "(Tensor, Tensor)");
 }
 TORCH_LIBRARY_IMPL(inferplug, CPU, m) {
   m.impl("delta_rule_step_", &delta_rule_step_);
   m.impl("delta_net_step_", &delta_net_step_);
+  m.impl("delta_net_prompt_", &delta_net_prompt_);
   m.impl("chunked_delta_rule_", &chunked_delta_rule_);
 }

@@ -108,7 +108,9 @@ def test_a_rows_decode_step_is_the_same_bits_alone_and_in_a_batch(ops):
     assert all(torch.equal(a, b) for a, b in zip(alone, pools))
 
 
-def test_a_bad_decode_step_is_a_clear_error_that_changes_no_state(ops):
+def test_a_bad_decode_step_or_prompt_is_a_clear_error_that_changes_no_state(ops):
+    from inferplug.kernels.delta_rule_ref import CHUNK
+
     w, pools, step = layer_step(2, 5)
     before = tuple(p.clone() for p in pools)
     constants = (w.conv, w.dt_bias, w.neg_a, w.norm, w.key_of_value, KEY_HEADS, 1e-6)
@@ -116,6 +118,12 @@ def test_a_bad_decode_step_is_a_clear_error_that_changes_no_state(ops):
         ops.delta_net_step_(*pools, torch.tensor([0, SLOTS]), *step, *constants)
     with pytest.raises(RuntimeError, match="shapes do not match"):
         ops.delta_net_step_(*pools, torch.tensor([0, 1]), step[0][:, 1:].contiguous(), *step[1:], *constants)
+    with pytest.raises(RuntimeError, match="slot is out of range"):  # delta_net_prompt_, below
+        ops.delta_net_prompt_(*pools, SLOTS, False, *step, *constants, CHUNK)
+    with pytest.raises(RuntimeError, match="shapes do not match"):
+        ops.delta_net_prompt_(*pools, 0, False, step[0], step[1][:1], *step[2:], *constants, CHUNK)
+    with pytest.raises(RuntimeError, match="chunks are 64 tokens"):
+        ops.delta_net_prompt_(*pools, 0, True, *step, *constants, 16)
     assert all(torch.equal(a, b) for a, b in zip(before, pools))
 
 
@@ -164,3 +172,40 @@ def test_chunked_rules_bad_inputs_are_clear_errors(ops):
         ops.chunked_delta_rule_(q, k, v, g, beta, state, 32)
     with pytest.raises(RuntimeError, match="shapes do not match"):
         ops.chunked_delta_rule_(q, k, v, g, beta, state[:, :16].contiguous(), 64)
+
+
+# A sequence's prompt rows of a DeltaNet layer in one call (delta_net_prompt_) against the torch ops models/delta_net.py
+# runs without it.
+def torch_prompt(w, pools, slot, fresh, step, eps=1e-6):
+    from inferplug.models.delta_net import _prompt_rows
+    from inferplug.ops.torch_ops import TorchOps
+
+    return _prompt_rows(w, pools, slot, fresh, *step, eps, TorchOps(torch.float32))
+
+
+def prompt_call(ops, w, pools, slot, fresh, step):
+    from inferplug.kernels.delta_rule_ref import CHUNK
+
+    return ops.delta_net_prompt_(*pools, slot, fresh, *step, w.conv, w.dt_bias, w.neg_a, w.norm, w.key_of_value,
+                                 KEY_HEADS, 1e-6, CHUNK)
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_a_prompts_rows_match_the_torch_ops(ops, fresh):
+    w, pools, step = layer_step(150, 6)
+    theirs = tuple(p.clone() for p in pools)
+    out = prompt_call(ops, w, pools, 3, fresh, step)
+    torch.testing.assert_close(out, torch_prompt(w, theirs, 3, fresh, step), rtol=1e-4, atol=1e-4)
+    for ours, ref_pool in zip(pools, theirs):  # slot 3's window and state; the others untouched in both
+        torch.testing.assert_close(ours, ref_pool, rtol=1e-4, atol=1e-4)
+
+
+def test_a_prompt_cut_on_the_chunk_grid_gives_the_same_bits(ops):
+    """As the scheduler cuts a hybrid model's prompt into steps: on the 64-token grid."""
+    w, pools, step = layer_step(150, 7)
+    whole = tuple(p.clone() for p in pools)
+    out = prompt_call(ops, w, whole, 1, True, step)
+    parts = [prompt_call(ops, w, pools, 1, first == 0, tuple(t[first:last] for t in step))
+             for first, last in ((0, 64), (64, 128), (128, 150))]
+    assert torch.equal(torch.cat(parts), out)
+    assert all(torch.equal(a, b) for a, b in zip(whole, pools))
