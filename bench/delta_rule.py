@@ -3,7 +3,8 @@ inferplug's C++ kernel on each kernel set it has (kernels/cpu/delta_chunks.h), i
 (kernels/delta_rule_ref.py, what it ran before), and HF transformers' torch_chunk_gated_delta_rule (what HF's
 Qwen3.5 runs without flash-linear-attention). One layer at Qwen3.5-9B's geometry (32 value heads of 128, q and k
 128 wide); the engines take turns in every repeat and the table gives medians and each one's time over the C++
-kernel's on the set the engine runs, and the largest difference from the float64 specification.
+kernel's on the set the engine runs (the torch form's where the kernels cannot run), and the largest difference
+from the float64 specification.
 
     .venv/bin/python bench/delta_rule.py --threads 2 --tokens 512,2048,8192 --json delta-rule.json
 """

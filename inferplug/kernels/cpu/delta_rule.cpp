@@ -147,9 +147,6 @@ void head_step(const DeltaNetLayer& l, const float* x, float a, float b, const f
   gated_norm(l, o, z, out);
 }
 
-// conv_pool [slots, kernel - 1, channels] and state_pool [slots, value heads, key dim, value dim]; slots [B]; the
-// projections' rows: mixed [B, channels] (q, k, v), b and a [B, value heads], z [B, value heads * value dim].
-// Returns the gated norm's rows [B, value heads * value dim], for the output projection.
 // The layer's constants and the pools' shapes, checked against one another and the projections' `rows` rows.
 DeltaNetLayer layer_of(const char* op, const at::Tensor& conv_pool, const at::Tensor& state_pool, int64_t rows,
                        const at::Tensor& mixed, const at::Tensor& b, const at::Tensor& a, const at::Tensor& z,
@@ -181,6 +178,16 @@ DeltaNetLayer layer_of(const char* op, const at::Tensor& conv_pool, const at::Te
 
 constexpr int64_t CONV_CHANNELS = 512;  // a conv work item's channels
 
+// The chunk grid the caller (the scheduler, kernels/delta_rule_ref.py) cuts prompts on must be the kernel's, or a
+// prompt's bits would depend on its steps.
+void check_chunk(const char* op, int64_t chunk) {
+  TORCH_CHECK(chunk == inferplug_isa::DELTA_CHUNK, op, ": the kernel's chunks are ", inferplug_isa::DELTA_CHUNK,
+              " tokens, the caller's ", chunk);
+}
+
+// conv_pool [slots, kernel - 1, channels] and state_pool [slots, value heads, key dim, value dim]; slots [B]; the
+// projections' rows: mixed [B, channels] (q, k, v), b and a [B, value heads], z [B, value heads * value dim].
+// Returns the gated norm's rows [B, value heads * value dim], for the output projection.
 at::Tensor delta_net_step_(at::Tensor& conv_pool, at::Tensor& state_pool, const at::Tensor& slots,
                            const at::Tensor& mixed, const at::Tensor& b, const at::Tensor& a, const at::Tensor& z,
                            const at::Tensor& conv, const at::Tensor& dt_bias, const at::Tensor& neg_a,
@@ -231,8 +238,7 @@ at::Tensor delta_net_prompt_(at::Tensor& conv_pool, at::Tensor& state_pool, int6
                              const at::Tensor& norm, const at::Tensor& key_of_value, int64_t key_heads, double eps,
                              int64_t chunk) {
   const char* op = "delta_net_prompt_";
-  TORCH_CHECK(chunk == inferplug_isa::DELTA_CHUNK, op, ": the kernel's chunks are ", inferplug_isa::DELTA_CHUNK,
-              " tokens, the caller's ", chunk);
+  check_chunk(op, chunk);
   TORCH_CHECK(mixed.dim() == 2, op, ": mixed must be [rows, channels]");
   const int64_t n = mixed.size(0);
   const DeltaNetLayer l = layer_of(op, conv_pool, state_pool, n, mixed, b, a, z, conv, dt_bias, neg_a, norm,
@@ -297,13 +303,15 @@ std::tuple<at::Tensor, at::Tensor> chunked_delta_rule_(const at::Tensor& q, cons
   for (const auto& [t, name] : {Named{&q, "q"}, Named{&k, "k"}, Named{&v, "v"}, Named{&g, "g"}, Named{&beta, "beta"},
                                 Named{&state, "state"}})
     checks::float_cpu(*t, op, name);
-  TORCH_CHECK(chunk == inferplug_isa::DELTA_CHUNK, op, ": the kernel's chunks are ", inferplug_isa::DELTA_CHUNK,
-              " tokens, the caller's ", chunk);
+  check_chunk(op, chunk);
   TORCH_CHECK(q.dim() == 3 && q.sizes() == k.sizes() && v.dim() == 3 && state.dim() == 3, op, ": bad shapes");
   const int64_t n = q.size(0), heads = q.size(1), key_dim = q.size(2), value_dim = v.size(2);
-  TORCH_CHECK(v.size(0) == n && v.size(1) == heads && g.numel() == n * heads && beta.numel() == n * heads &&
-                  state.size(0) == heads && state.size(1) == key_dim && state.size(2) == value_dim,
+  TORCH_CHECK(v.size(0) == n && v.size(1) == heads && g.sizes() == at::IntArrayRef({n, heads}) &&
+                  beta.sizes() == g.sizes() && state.size(0) == heads && state.size(1) == key_dim &&
+                  state.size(2) == value_dim,
               op, ": shapes do not match q's and the state's");
+  // the kernel takes exp(c_i - c_j) as at most 1, which a decay's log (<= 0) guarantees
+  TORCH_CHECK(n == 0 || g.max().item<float>() <= 0.f, op, ": g is the log of a decay and must be <= 0");
   at::Tensor out = at::empty({n, heads, value_dim}, v.options());
   at::Tensor after = state.clone();
   const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();

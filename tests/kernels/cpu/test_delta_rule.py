@@ -137,8 +137,9 @@ def prompt(n: int, heads: int, key_dim: int, value_dim: int, seed: int):
     return q * key_dim**-0.5, k, v, g, beta, torch.randn(heads, key_dim, value_dim, generator=gen) * 0.3
 
 
+# widths of whole vectors and not (36 x 44: the scalar tails on either kernel set)
 @pytest.mark.parametrize("n, heads, key_dim, value_dim", [(1, 4, 32, 48), (64, 4, 32, 48), (150, 3, 32, 40),
-                                                          (200, 2, 128, 128)])
+                                                          (100, 2, 36, 44), (200, 2, 128, 128)])
 def test_chunked_rule_matches_the_reference(ops, n, heads, key_dim, value_dim):
     from inferplug.kernels.delta_rule_ref import CHUNK, chunked_delta_rule
 
@@ -172,6 +173,10 @@ def test_chunked_rules_bad_inputs_are_clear_errors(ops):
         ops.chunked_delta_rule_(q, k, v, g, beta, state, 32)
     with pytest.raises(RuntimeError, match="shapes do not match"):
         ops.chunked_delta_rule_(q, k, v, g, beta, state[:, :16].contiguous(), 64)
+    with pytest.raises(RuntimeError, match="shapes do not match"):  # [heads, n]: as many values, read wrongly
+        ops.chunked_delta_rule_(q, k, v, g.t().contiguous(), beta, state, 64)
+    with pytest.raises(RuntimeError, match="must be <= 0"):
+        ops.chunked_delta_rule_(q, k, v, -g, beta, state, 64)
 
 
 # A sequence's prompt rows of a DeltaNet layer in one call (delta_net_prompt_) against the torch ops models/delta_net.py
