@@ -134,17 +134,35 @@ void gated_norm(const DeltaNetLayer& l, const float* o, const float* z, float* o
   for (int64_t j = 0; j < l.value_dim; j++) out[j] = o[j] * inv * l.norm[j] * (z[j] * sigmoid(z[j]));
 }
 
+// Key head kh's q and k from a row's conv output x: L2-normed, q times 1 / sqrt(key dim) (HF's scale).
+void normed_qk(const DeltaNetLayer& l, const float* x, int64_t kh, float* q, float* k) {
+  l2_normed(x + kh * l.key_dim, l.key_dim, 1.f / std::sqrt(static_cast<float>(l.key_dim)), q);
+  l2_normed(x + l.key_heads * l.key_dim + kh * l.key_dim, l.key_dim, 1.f, k);
+}
+
+// The log of value head h's decay for a row's a: -exp(A_log) softplus(a + dt_bias).
+float log_decay(const DeltaNetLayer& l, int64_t h, float a) { return l.neg_a[h] * softplus(a + l.dt_bias[h]); }
+
 // Value head h of a row: its q and k (the head's key head's, normed), the rule on its state, and the gated norm
 // norm(o) * weight * silu(z) into out.
 void head_step(const DeltaNetLayer& l, const float* x, float a, float b, const float* z, float* state, int64_t h,
                float* out) {
   float q[MAX_HEAD_DIM], k[MAX_HEAD_DIM], o[MAX_HEAD_DIM];
-  const int64_t kh = l.key_of_value[h], keys = l.key_heads * l.key_dim;
-  l2_normed(x + kh * l.key_dim, l.key_dim, 1.f / std::sqrt(static_cast<float>(l.key_dim)), q);
-  l2_normed(x + keys + kh * l.key_dim, l.key_dim, 1.f, k);
-  const float decay = std::exp(l.neg_a[h] * softplus(a + l.dt_bias[h]));
-  step_head(state, q, k, x + 2 * keys + h * l.value_dim, decay, sigmoid(b), o, l.key_dim, l.value_dim);
+  normed_qk(l, x, l.key_of_value[h], q, k);
+  step_head(state, q, k, x + 2 * l.key_heads * l.key_dim + h * l.value_dim, std::exp(log_decay(l, h, a)), sigmoid(b),
+            o, l.key_dim, l.value_dim);
   gated_norm(l, o, z, out);
+}
+
+// The chunked rule (delta_chunks.h, the ISA's) for each of `heads` value heads, a work item; head(h) gives its
+// DeltaRuleHead, and each thread its scratch.
+template <typename Head>
+void rule_over_heads(int64_t heads, int64_t key_dim, int64_t value_dim, const Head& head) {
+  const auto rule = inferplug_isa::active().delta_rule;
+  at::parallel_for(0, heads, 1, [&](int64_t first, int64_t last) {
+    std::vector<float> scratch(inferplug_isa::delta_rule_scratch(key_dim, value_dim));
+    for (int64_t h = first; h < last; h++) rule(head(h), scratch.data());
+  });
 }
 
 // The layer's constants and the pools' shapes, checked against one another and the projections' `rows` rows.
@@ -266,25 +284,18 @@ at::Tensor delta_net_prompt_(at::Tensor& conv_pool, at::Tensor& state_pool, int6
   });
   at::parallel_for(0, n, 16, [&](int64_t first, int64_t last) {
     for (int64_t r = first; r < last; r++) {
-      for (int64_t kh = 0; kh < key_heads; kh++) {
-        l2_normed(xs + r * channels + kh * K, K, 1.f / std::sqrt(static_cast<float>(K)), qs + r * keys + kh * K);
-        l2_normed(xs + r * channels + keys + kh * K, K, 1.f, ks + r * keys + kh * K);
-      }
+      for (int64_t kh = 0; kh < key_heads; kh++)
+        normed_qk(l, xs + r * channels, kh, qs + r * keys + kh * K, ks + r * keys + kh * K);
       for (int64_t h = 0; h < heads; h++) {
-        gs[r * heads + h] = l.neg_a[h] * softplus(as[r * heads + h] + l.dt_bias[h]);
+        gs[r * heads + h] = log_decay(l, h, as[r * heads + h]);
         betas[r * heads + h] = sigmoid(bs[r * heads + h]);
       }
     }
   });
-  const auto rule = inferplug_isa::active().delta_rule;
-  at::parallel_for(0, heads, 1, [&](int64_t first, int64_t last) {
-    std::vector<float> scratch(inferplug_isa::delta_rule_scratch(K, D));
-    for (int64_t h = first; h < last; h++) {
-      const int64_t kh = l.key_of_value[h];
-      rule({qs + kh * K, ks + kh * K, xs + 2 * keys + h * D, gs + h, betas + h, keys, channels, heads,
-            state + h * K * D, outs + h * D, heads * D, n, K, D},
-           scratch.data());
-    }
+  rule_over_heads(heads, K, D, [&](int64_t h) {
+    const int64_t kh = l.key_of_value[h];
+    return inferplug_isa::DeltaRuleHead{qs + kh * K, ks + kh * K, xs + 2 * keys + h * D, gs + h, betas + h, keys,
+                                        channels, heads, state + h * K * D, outs + h * D, heads * D, n, K, D};
   });
   at::parallel_for(0, n * heads, 16, [&](int64_t first, int64_t last) {
     for (int64_t item = first; item < last; item++) gated_norm(l, outs + item * D, zs + item * D, outs + item * D);
@@ -317,14 +328,10 @@ std::tuple<at::Tensor, at::Tensor> chunked_delta_rule_(const at::Tensor& q, cons
   const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
   const float *gp = g.data_ptr<float>(), *bp = beta.data_ptr<float>();
   float *sp = after.data_ptr<float>(), *op_out = out.data_ptr<float>();
-  const auto rule = inferplug_isa::active().delta_rule;
-  at::parallel_for(0, heads, 1, [&](int64_t first, int64_t last) {
-    std::vector<float> scratch(inferplug_isa::delta_rule_scratch(key_dim, value_dim));
-    for (int64_t h = first; h < last; h++)
-      rule({qp + h * key_dim, kp + h * key_dim, vp + h * value_dim, gp + h, bp + h, heads * key_dim,
-            heads * value_dim, heads, sp + h * key_dim * value_dim, op_out + h * value_dim, heads * value_dim, n,
-            key_dim, value_dim},
-           scratch.data());
+  rule_over_heads(heads, key_dim, value_dim, [&](int64_t h) {
+    return inferplug_isa::DeltaRuleHead{qp + h * key_dim, kp + h * key_dim, vp + h * value_dim, gp + h, bp + h,
+                                        heads * key_dim, heads * value_dim, heads, sp + h * key_dim * value_dim,
+                                        op_out + h * value_dim, heads * value_dim, n, key_dim, value_dim};
   });
   return {out, after};
 }
