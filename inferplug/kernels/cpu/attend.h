@@ -7,8 +7,8 @@
 // same code, and a row's arithmetic (its dot products, its tiles, its softmax updates) depends only on its
 // own length: so a token's attention is bit for bit the same in a decode step, a prefill chunk of any
 // length, or after a prefix-cache hit (batch invariance).
-// fp16 pools: each tile's K and V rows are widened to fp32 once (exact) into scratch, and the same fp32 loops
-// read them there; only the pool's memory traffic halves. fp32 pools are read in place.
+// fp16 pools: K and V are widened to fp32 (exact), only the pool's memory traffic halves: a decode row's tile into
+// scratch once, prompt rows' vectors as the loops load them. Up to 4 query heads share each K and V load.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -19,19 +19,32 @@
 
 namespace {
 
+// LANES of a pool row as floats: fp32 as they are, fp16 widened (exact).
+template <typename V, typename T>
+typename V::F load_row(const T* p) {
+  if constexpr (std::is_same_v<T, inferplug_isa::Half>)
+    return V::load_half(p);
+  else
+    return V::load(p);
+}
+
+// Query heads one pass of the weighted sum keeps in registers, 4 vectors each: AVX-512 has 32, AVX2 16.
+template <typename V>
+constexpr int HEADS_A_PASS = V::LANES == 16 ? 4 : 3;
+
 // For NQ query heads of one row (their weights p, TILE apart; their outputs, head_dim apart):
 // out[x0, x0 + N * LANES) += sum over the `valid` keys of p[i] * V row i, kept in registers across the keys,
 // each V vector loaded once for the NQ heads. Each element's sum runs over the keys in order, whatever N and NQ.
-template <typename V, int N, int NQ>
-void weighted_rows(const float* p, int64_t valid, const float* v, const int64_t* keys, int64_t d, int64_t x0,
+template <typename V, int N, int NQ, typename T>
+void weighted_rows(const float* p, int64_t valid, const T* v, const int64_t* keys, int64_t d, int64_t x0,
                    float* out) {
   typename V::F acc[NQ][N];
   for (int h = 0; h < NQ; h++)
     for (int u = 0; u < N; u++) acc[h][u] = V::load(out + h * d + x0 + u * V::LANES);
   for (int64_t i = 0; i < valid; i++) {
-    const float* row = v + keys[i] + x0;
+    const T* row = v + keys[i] + x0;
     for (int u = 0; u < N; u++) {
-      const auto value = V::load(row + u * V::LANES);
+      const auto value = load_row<V>(row + u * V::LANES);
       for (int h = 0; h < NQ; h++) acc[h][u] = V::fmadd(V::set1(p[h * inferplug_isa::KEY_TILE + i]), value, acc[h][u]);
     }
   }
@@ -39,30 +52,33 @@ void weighted_rows(const float* p, int64_t valid, const float* v, const int64_t*
     for (int u = 0; u < N; u++) V::store(out + h * d + x0 + u * V::LANES, acc[h][u]);
 }
 
-template <typename V, int NQ>
-void weighted_heads(const float* p, int64_t valid, const float* v, const int64_t* keys, int64_t d, float* out) {
+template <typename V, int NQ, typename T>
+void weighted_heads(const float* p, int64_t valid, const T* v, const int64_t* keys, int64_t d, float* out) {
   constexpr int64_t WIDE = 4 * V::LANES;
   int64_t x = 0;
   for (; x + WIDE <= d; x += WIDE) weighted_rows<V, 4, NQ>(p, valid, v, keys, d, x, out);
   for (; x < d; x += V::LANES) weighted_rows<V, 1, NQ>(p, valid, v, keys, d, x, out);
 }
 
-// The `group` heads of one row, three at a time (12 accumulators of 4 vectors).
-template <typename V>
-void weighted_sum(const float* p, int64_t valid, const float* v, const int64_t* keys, int64_t d, int64_t group,
+// The `group` heads of one row, HEADS_A_PASS at a time, then the rest in one pass.
+template <typename V, typename T>
+void weighted_sum(const float* p, int64_t valid, const T* v, const int64_t* keys, int64_t d, int64_t group,
                   float* out) {
   constexpr int64_t TILE = inferplug_isa::KEY_TILE;
+  constexpr int HEADS = HEADS_A_PASS<V>;
   int64_t h = 0;
-  for (; h + 3 <= group; h += 3) weighted_heads<V, 3>(p + h * TILE, valid, v, keys, d, out + h * d);
-  for (; h < group; h++) weighted_heads<V, 1>(p + h * TILE, valid, v, keys, d, out + h * d);
+  for (; h + HEADS <= group; h += HEADS) weighted_heads<V, HEADS>(p + h * TILE, valid, v, keys, d, out + h * d);
+  if (group - h == 3) weighted_heads<V, 3>(p + h * TILE, valid, v, keys, d, out + h * d);
+  if (group - h == 2) weighted_heads<V, 2>(p + h * TILE, valid, v, keys, d, out + h * d);
+  if (group - h == 1) weighted_heads<V, 1>(p + h * TILE, valid, v, keys, d, out + h * d);
 }
 
-// s[j][0, KEY_TILE) = scale * q[j] . k for the tile's keys, for NQ (1 or 2) queries: each (query, key) sum over
+// s[j][0, KEY_TILE) = scale * q[j] . k for the tile's keys, for NQ (1, 2 or 4) queries: each (query, key) sum over
 // head_dim in V::LANES lanes, then one fixed reduction tree per sum (V::sums_of, LANES / NQ sums for each query).
-// Two queries share each K load; a sum's arithmetic is the same whichever lane it lands in, so a query gives the
-// same scores alone or paired, with any partner.
-template <typename V, int NQ>
-void tile_scores(const float* const q[NQ], const float* k, const int64_t* keys, int64_t d, float scale,
+// The NQ queries share each K load; a sum's arithmetic is the same whichever lane it lands in, so a query gives
+// the same scores alone or beside any partners.
+template <typename V, int NQ, typename T>
+void tile_scores(const float* const q[NQ], const T* k, const int64_t* keys, int64_t d, float scale,
                  float* const s[NQ]) {
   constexpr int64_t PER = V::LANES / NQ;  // keys a pass, for each query
   alignas(64) float sums[V::LANES];
@@ -73,7 +89,7 @@ void tile_scores(const float* const q[NQ], const float* k, const int64_t* keys, 
       typename V::F qx[NQ];
       for (int j = 0; j < NQ; j++) qx[j] = V::load(q[j] + x);
       for (int64_t i = 0; i < PER; i++) {
-        const auto key = V::load(k + keys[c + i] + x);
+        const auto key = load_row<V>(k + keys[c + i] + x);
         for (int j = 0; j < NQ; j++) acc[V::TREE_ORDER[j * PER + i]] = V::fmadd(qx[j], key, acc[V::TREE_ORDER[j * PER + i]]);
       }
     }
@@ -139,7 +155,6 @@ template <typename V, typename T>
 void attend(const inferplug_isa::Pool<T>& pool, int64_t kv_head, const int64_t* blocks,
             const inferplug_isa::QueryRows& w, int64_t group, float scale, float* scratch) {
   constexpr int64_t TILE = inferplug_isa::KEY_TILE;
-  constexpr bool half = std::is_same_v<T, inferplug_isa::Half>;
   const int64_t d = pool.head_dim, bs = pool.block_size, queries = w.rows * group;
   const int64_t stats = queries + inferplug_isa::MAX_LANES;  // a vector's lanes past the last query: scratch
   float* scores = scratch;               // [queries, TILE]
@@ -147,70 +162,82 @@ void attend(const inferplug_isa::Pool<T>& pool, int64_t kv_head, const int64_t* 
   float* max = acc + queries * d;        // [stats]: the running max score
   float* sum = max + stats;              // [stats]: the running softmax denominator
   float* rescale = sum + stats;          // [stats]: this tile's factor on the output so far
-  float* k_tile = rescale + stats;       // [TILE, d] each: an fp16 pool's tile, widened
+  float* k_tile = rescale + stats;       // [TILE, d] each: an fp16 tile widened for a decode row
   float* v_tile = k_tile + TILE * d;
   std::fill(acc, acc + queries * d, 0.f);
   std::fill(max, max + stats, -INFINITY);
   std::fill(sum, sum + stats, 0.f);
   const int64_t head = kv_head * pool.num_blocks * bs * d;
-  const T *k_pool = pool.k + head, *v_pool = pool.v + head;
-  const float *k, *v;  // where the loops read the tile's rows: the fp32 pools, or the widened tile
-  if constexpr (half)
-    k = k_tile, v = v_tile;
-  else
-    k = k_pool, v = v_pool;
+  const T *k = pool.k + head, *v = pool.v + head;
   const int64_t longest = w.first_length + w.rows - 1;
   // A sliding window: row r's keys start at first_length + r - window. Tiles before row 0's window are skipped,
   // and a row whose window starts past a tile sits that tile out (its scores would all be masked).
   const auto window_start = [&](int64_t r) { return w.window ? std::max<int64_t>(0, w.first_length + r - w.window) : 0; };
-  int64_t keys[TILE];  // the tile's K/V row offsets in k and v
+  int64_t keys[TILE];  // the tile's K/V row offsets in the pools
   for (int64_t t0 = window_start(0) / TILE * TILE; t0 < longest; t0 += TILE) {
     const int64_t in_tile = std::min(TILE, longest - t0);
     for (int64_t i = 0, b = t0 / bs, o = t0 % bs; i < in_tile; i++) {
       keys[i] = (blocks[b] * bs + o) * d;
       if (++o == bs) o = 0, b++;
     }
-    if constexpr (half) widen_tile<V>(k_pool, v_pool, keys, in_tile, d, k_tile, v_tile);
-    std::fill(keys + in_tile, keys + TILE, keys[in_tile - 1]);  // past the end: scored, then masked
     // Rows are by ascending length: those that end before the tile are done.
     const int64_t first = std::max<int64_t>(0, t0 + 1 - w.first_length);
     // rows [first, last) have keys in this tile: the later ones' windows start past it
     const int64_t last = w.window ? std::min<int64_t>(w.rows, t0 + TILE + w.window - w.first_length) : w.rows;
     const int64_t in_queries = last * group;
-    const auto query = [&](int64_t i) { return w.q + i / group * w.q_stride + i % group * d; };
-    int64_t a = first * group;
-    for (; a + 1 < in_queries; a += 2) {
-      const float* q[2] = {query(a), query(a + 1)};
-      float* s[2] = {scores + a * TILE, scores + (a + 1) * TILE};
-      tile_scores<V, 2>(q, k, keys, d, scale, s);
-    }
-    if (a < in_queries) {  // a lone last query (a decode row of an MHA model): half the work of pairing it with itself
-      const float* q[1] = {query(a)};
-      float* s[1] = {scores + a * TILE};
-      tile_scores<V, 1>(q, k, keys, d, scale, s);
-    }
-    const auto valid = [&](int64_t r) { return std::min(TILE, w.first_length + r - t0); };  // row r's keys here
-    for (int64_t r = first; r < last; r++) {
-      const int64_t before = std::max<int64_t>(0, window_start(r) - t0);  // keys before the row's window
-      for (float* s = scores + r * group * TILE; s < scores + (r + 1) * group * TILE; s += TILE) {
-        std::fill(s, s + before, -INFINITY);
-        std::fill(s + valid(r), s + TILE, -INFINITY);
+    const auto tile = [&](const auto* k, const auto* v) {  // the tile's work, on its rows at keys in k and v
+      std::fill(keys + in_tile, keys + TILE, keys[in_tile - 1]);  // past the end: scored, then masked
+      const auto query = [&](int64_t i) { return w.q + i / group * w.q_stride + i % group * d; };
+      int64_t a = first * group;
+      for (; a + 3 < in_queries; a += 4) {
+        const float* q[4] = {query(a), query(a + 1), query(a + 2), query(a + 3)};
+        float* s[4] = {scores + a * TILE, scores + (a + 1) * TILE, scores + (a + 2) * TILE, scores + (a + 3) * TILE};
+        tile_scores<V, 4>(q, k, keys, d, scale, s);
+      }
+      for (; a + 1 < in_queries; a += 2) {
+        const float* q[2] = {query(a), query(a + 1)};
+        float* s[2] = {scores + a * TILE, scores + (a + 1) * TILE};
+        tile_scores<V, 2>(q, k, keys, d, scale, s);
+      }
+      if (a < in_queries) {  // a lone last query (a decode row of an MHA model): half the work of pairing it with itself
+        const float* q[1] = {query(a)};
+        float* s[1] = {scores + a * TILE};
+        tile_scores<V, 1>(q, k, keys, d, scale, s);
+      }
+      const auto valid = [&](int64_t r) { return std::min(TILE, w.first_length + r - t0); };  // row r's keys here
+      for (int64_t r = first; r < last; r++) {
+        const int64_t before = std::max<int64_t>(0, window_start(r) - t0);  // keys before the row's window
+        for (float* s = scores + r * group * TILE; s < scores + (r + 1) * group * TILE; s += TILE) {
+          std::fill(s, s + before, -INFINITY);
+          std::fill(s + valid(r), s + TILE, -INFINITY);
+        }
+      }
+      for (int64_t q0 = first * group; q0 < in_queries; q0 += V::LANES)
+        tile_softmax<V>(scores + q0 * TILE, std::min(V::LANES, in_queries - q0), max + q0, sum + q0, rescale + q0);
+      // tile_softmax wrote its vector's spare lanes: where those are rows whose windows start later, they have
+      // seen no key yet, so their statistics go back to the start
+      std::fill(max + in_queries, max + std::min(queries, in_queries + inferplug_isa::MAX_LANES), -INFINITY);
+      std::fill(sum + in_queries, sum + std::min(queries, in_queries + inferplug_isa::MAX_LANES), 0.f);
+      for (int64_t r = first; r < last; r++) {
+        for (int64_t query = r * group; query < (r + 1) * group; query++) {
+          if (rescale[query] == 1.f) continue;
+          float* out = acc + query * d;
+          for (int64_t x = 0; x < d; x += V::LANES) V::store(out + x, V::mul(V::load(out + x), V::set1(rescale[query])));
+        }
+        weighted_sum<V>(scores + r * group * TILE, valid(r), v, keys, d, group, acc + r * group * d);
+      }
+    };
+    // An fp16 pool's tile for a decode row (its few query heads read it in one or two passes) is gathered from its
+    // blocks into fp32 scratch first: a sequential copy read 1.1-1.3x faster than its scattered blocks read in place.
+    // Prompt rows read it in place: their passes find it in L1, and the copy's stores cost more (0.54-0.77x).
+    if constexpr (std::is_same_v<T, inferplug_isa::Half>) {
+      if (w.rows == 1) {
+        widen_tile<V>(k, v, keys, in_tile, d, k_tile, v_tile);
+        tile(static_cast<const float*>(k_tile), static_cast<const float*>(v_tile));
+        continue;
       }
     }
-    for (int64_t q0 = first * group; q0 < in_queries; q0 += V::LANES)
-      tile_softmax<V>(scores + q0 * TILE, std::min(V::LANES, in_queries - q0), max + q0, sum + q0, rescale + q0);
-    // tile_softmax wrote its vector's spare lanes: where those are rows whose windows start later, they have
-    // seen no key yet, so their statistics go back to the start
-    std::fill(max + in_queries, max + std::min(queries, in_queries + inferplug_isa::MAX_LANES), -INFINITY);
-    std::fill(sum + in_queries, sum + std::min(queries, in_queries + inferplug_isa::MAX_LANES), 0.f);
-    for (int64_t r = first; r < last; r++) {
-      for (int64_t query = r * group; query < (r + 1) * group; query++) {
-        if (rescale[query] == 1.f) continue;
-        float* out = acc + query * d;
-        for (int64_t x = 0; x < d; x += V::LANES) V::store(out + x, V::mul(V::load(out + x), V::set1(rescale[query])));
-      }
-      weighted_sum<V>(scores + r * group * TILE, valid(r), v, keys, d, group, acc + r * group * d);
-    }
+    tile(k, v);
   }
   for (int64_t r = 0; r < w.rows; r++)
     for (int64_t j = 0; j < group; j++) {

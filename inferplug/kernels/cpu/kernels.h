@@ -81,8 +81,7 @@ struct QueryRows {
 };
 
 // Floats Attend's scratch holds: per query its scores and output, its max, sum and rescale factor (a vector's
-// lanes past the last query too), then one K and one V tile in fp32 (an fp16 pool's tile is widened there once,
-// for every row and head of the item).
+// lanes past the last query too), then one K and one V tile in fp32 (where a decode row's fp16 tile is widened).
 inline int64_t attend_scratch(int64_t rows, int64_t group, int64_t head_dim) {
   return rows * group * (KEY_TILE + head_dim) + 3 * (rows * group + MAX_LANES) + 2 * KEY_TILE * head_dim;
 }
