@@ -63,6 +63,7 @@ class ModelFacts:
     window_kv_values_per_token: int = 0  # kv_values_per_token's share of those sliding-window layers
     mxfp4_parameters: int = 0  # the experts an HF checkpoint keeps in MXFP4 (gpt-oss's release)
     layer_kv_heads: tuple[int, ...] = ()  # each layer's KV heads where layers differ (Gemma 4): tensor parallel's check
+    num_experts: int = 0  # a mixture of experts' routed experts a layer (0: dense)
 
     def __post_init__(self) -> None:  # the memo's JSON gives lists
         object.__setattr__(self, "gguf_matrices", tuple(tuple(m) for m in self.gguf_matrices))
@@ -75,7 +76,8 @@ class ModelFacts:
                    config.hidden_size, config.tie_word_embeddings, config.num_attention_heads, family=config.family,
                    kv_values_per_token=config.kv_bytes_per_token(1), rope_widths=sum(config.rope_table_dims()),
                    state_bytes_per_sequence=config.state_bytes_per_sequence(4), kv_window=config.kv_window(),
-                   window_kv_values_per_token=config.window_kv_bytes_per_token(1), layer_kv_heads=config.layer_kv_heads)
+                   window_kv_values_per_token=config.window_kv_bytes_per_token(1), layer_kv_heads=config.layer_kv_heads,
+                   num_experts=config.num_experts)
 
     @property
     def embedding_parameters(self) -> int:
@@ -174,7 +176,7 @@ def facts_from_file(path: Path) -> ModelFacts:
     from inferplug.sources import home, write_memo
 
     st = path.stat()
-    version = f"v11|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"  # v11: facts gained each layer's KV heads
+    version = f"v12|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"  # v12: facts gained the experts a layer
     memo = home() / "facts" / f"{hashlib.sha256(version.encode()).hexdigest()[:32]}.json"
     try:
         return ModelFacts(**json.loads(memo.read_text()))

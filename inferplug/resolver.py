@@ -36,7 +36,10 @@ DEFAULT_BATCHED_TOKENS = {"cpu": 256, "cuda": 8192}
 # weights once; a dozen prefill rows ride along for about one more step's time (their attention over a long prefix
 # included), a 256-token chunk stretches it ~20-45x. So a long prompt's chunks shrink to 16 while streams decode:
 # their TPOT ~2.1x alone, against 4.4x at 32 (bench/prefill.py --streams 4 --caps 0,8,16,32, docs/benchmarks.md).
-# CUDA: not measured yet, so no cap.
+# CUDA: not measured yet, so no cap. An MoE on the CPU takes no cap either: a prompt row costs the experts it picks
+# unpacked for its few rows, so a small chunk is dear (16 prompt tokens beside 8 decode rows touch ~100 of
+# Qwen3-30B-A3B's 128 experts a layer). Served to 32 clients (docs/benchmarks.md) no cap gave 20.7 output tok/s and
+# 326 ms TPOT against 11.8 and 537 at 16, and 3 of the 32 requests timed out in the queue at 16.
 DEFAULT_PREFILL_WHILE_DECODING = {"cpu": 16, "cuda": 0}
 EXL2_CACHE_BYTES = {"FP16": 2.0, "Q8": 1.0, "Q6": 0.75, "Q4": 0.5}
 # Quantized checkpoints the native engine cannot unpack, and the way out.
@@ -340,18 +343,19 @@ def _local_plan(backend: str, profile: Profile, hw: Hardware, facts: ModelFacts 
         backend=backend, device=device, dtype=dtype, attention=attention, block_size=profile.cache.block_size,
         num_kv_blocks=memory.cache_tokens // profile.cache.block_size, max_model_len=max_len, max_num_seqs=seqs,
         max_num_batched_tokens=batched, kv_dtype=kv_dtype, compute_type=compute_type,
-        max_prefill_tokens_while_decoding=_prefill_while_decoding(profile.limits, kind),
+        max_prefill_tokens_while_decoding=_prefill_while_decoding(profile.limits, kind, facts),
         tensor_parallel_size=profile.parallel.tensor_parallel_size, prefix_caching=profile.cache.prefix_caching,
         rag_document_cache=profile.cache.rag_document_cache, model_path=cached_path(profile.model),
         memory=memory, reasons=reasons,
     )
 
 
-def _prefill_while_decoding(limits, kind: str) -> int:
-    """The profile's limits.max_prefill_tokens_while_decoding, or the device kind's default (0: no cap)."""
+def _prefill_while_decoding(limits, kind: str, facts: ModelFacts) -> int:
+    """The profile's limits.max_prefill_tokens_while_decoding, or the device kind's default (0: no cap; an MoE's
+    is 0)."""
     if limits.max_prefill_tokens_while_decoding is not None:
         return limits.max_prefill_tokens_while_decoding
-    return DEFAULT_PREFILL_WHILE_DECODING[kind]
+    return 0 if facts.num_experts else DEFAULT_PREFILL_WHILE_DECODING[kind]
 
 
 def _gpu_need(profile: Profile, facts: ModelFacts | None, kv_bytes: float) -> str:

@@ -29,6 +29,18 @@ def test_cpu_only_default_profile_runs_native_fp32():
     assert plan.memory.seqs_at_full_context == plan.memory.cache_tokens // 4096
 
 
+def test_an_moe_on_the_cpu_takes_prompt_chunks_beside_decode_rows_uncapped():
+    """A dense model's prompt chunks shrink to 16 tokens while streams decode; an MoE's take the whole step budget
+    (resolver.DEFAULT_PREFILL_WHILE_DECODING: small chunks pay for unpacking the experts they pick), and a profile's
+    own cap wins either way."""
+    profile = load_profile("smollm2-135m")
+    assert resolve(profile, cpu(), SMOLLM2).max_prefill_tokens_while_decoding == 16
+    moe = dataclasses.replace(SMOLLM2, num_experts=128)
+    assert resolve(profile, cpu(), moe).max_prefill_tokens_while_decoding == 0
+    pinned = profile.model_copy(update={"limits": profile.limits.model_copy(update={"max_prefill_tokens_while_decoding": 32})})
+    assert resolve(pinned, cpu(), moe).max_prefill_tokens_while_decoding == 32
+
+
 def test_cpu_attention_reason_says_the_cpp_kernel_takes_every_row_where_it_runs(monkeypatch):
     monkeypatch.delenv("INFERPLUG_NO_CPU_KERNELS", raising=False)
     kernel = "inferplug's C++ kernels take every attention row, prefill too"
