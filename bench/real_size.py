@@ -6,7 +6,7 @@ act-order checkpoint (4-bit, group 128). llama.cpp runs the GGUF; --formats pick
 in its own subprocess (bench/real_size_engines.py) twice:
   cold   the model's files (and inferplug's INFERPLUG_HOME) dropped from the page cache first; load only
   warm   the files read into the page cache first (inferplug's: the GGUF and the conversion entries its cold load
-         used); load, then 512-token prefill, one-stream decode, 8 streams
+         used); load, then 512-token prefill, one-stream decode, --streams streams (8) at once
 and its peak RSS (VmHWM) is sampled from outside, so an out-of-memory kill still leaves a row. inferplug loads
 the way a user's code does: get_backend(a profile TOML written next to the file) with [native] num_threads,
 limits.max_model_len = llama.cpp's n_ctx per sequence, and a KV cache of the same number of tokens
@@ -188,7 +188,7 @@ COLUMNS = [  # (title, figure of a row, format); the ratio rows are inferplug's 
     ("resolve GiB", lambda r: r["promised_bytes"] / GIB if r.get("promised_bytes") else None, "{:.2f}"),
     ("prefill tok/s", lambda r: _stage(r, "warm", "prefill", "prefill_tok_s"), "{:.1f}"),
     ("decode tok/s", lambda r: _stage(r, "warm", "decode", "decode_tok_s"), "{:.2f}"),
-    ("8-stream tok/s", lambda r: _stage(r, "warm", "streams", "throughput_tok_s"), "{:.2f}"),
+    ("streams tok/s", lambda r: _stage(r, "warm", "streams", "throughput_tok_s"), "{:.2f}"),
     ("step GiB", lambda r: (r.get("decode_step_bytes") or 0) / GIB or None, "{:.2f}"),
     ("bw GB/s", lambda r: (r.get("memory_bandwidth_bytes_per_s") or 0) / 1e9 or None, "{:.1f}"),
     ("decode / bw", lambda r: r.get("bandwidth_fraction"), "{:.0%}"),
@@ -229,8 +229,8 @@ def _ratios(row: dict, rows: list[dict]) -> list[float | None] | None:
 def paired_summary(rows: list[dict]) -> str:
     """Over the rounds, each ratio's median (min-max), paired within a round: this shared host's speed drifts by
     tens of percent between runs minutes apart, more than the engines differ, and a round's two rows share its
-    drift. `8 streams / its 1` is the 8 streams' tokens over wall time against llama.cpp's one-stream decode."""
-    lines = ["| format | " + " | ".join(t for t, _, _ in COLUMNS) + " | 8 streams / its 1 |",
+    drift. `streams / its 1` is the --streams streams' tokens over wall time against llama.cpp's one-stream decode."""
+    lines = ["| format | " + " | ".join(t for t, _, _ in COLUMNS) + " | streams / its 1 |",
              "|---|" + "---:|" * (len(COLUMNS) + 1)]
     for fmt in dict.fromkeys(r["format"] for r in rows if r["engine"] != "llama.cpp"):
         per_round = []
