@@ -90,7 +90,9 @@ def test_the_facts_name_the_mxfp4_experts(mxfp4_gpt_oss_dir):
     from inferplug.memory_plan import facts_from_file
 
     config = read_config(mxfp4_gpt_oss_dir)
-    assert facts_from_file(mxfp4_gpt_oss_dir).mxfp4_parameters == 4 * 8 * 3 * config.hidden_size * config.intermediate_size
+    facts = facts_from_file(mxfp4_gpt_oss_dir)
+    assert facts.mxfp4_parameters == 4 * 8 * 3 * config.hidden_size * config.intermediate_size
+    assert facts.num_experts == config.num_experts == 8  # what the resolver's MoE defaults read
 
 
 def test_the_plan_counts_the_experts_in_their_blocks_where_the_kernels_run_them():

@@ -1,8 +1,8 @@
 // Paged attention for query rows of one sequence on one kv head, written once over a float width V
 // (paged_attention.cpp has the torch ops). Torch-free: compiled per ISA.
 //
-// Flash style: keys go in tiles of KEY_TILE at absolute positions (0, 32, 64, ...), read in place through
-// the block table; each tile's K and V rows are loaded once for every query row and query head of the
+// Flash style: keys go in tiles of KEY_TILE at absolute positions (0, 32, 64, ...), read through the block
+// table; each tile's K and V rows are loaded once for every query row and query head of the
 // item (GQA without copies), with an online softmax per query. A decode step is the one-row case of the
 // same code, and a row's arithmetic (its dot products, its tiles, its softmax updates) depends only on its
 // own length: so a token's attention is bit for bit the same in a decode step, a prefill chunk of any
@@ -173,7 +173,7 @@ void attend(const inferplug_isa::Pool<T>& pool, int64_t kv_head, const int64_t* 
   // A sliding window: row r's keys start at first_length + r - window. Tiles before row 0's window are skipped,
   // and a row whose window starts past a tile sits that tile out (its scores would all be masked).
   const auto window_start = [&](int64_t r) { return w.window ? std::max<int64_t>(0, w.first_length + r - w.window) : 0; };
-  int64_t keys[TILE];  // the tile's K/V row offsets in the pools
+  int64_t keys[TILE];  // the tile's K/V row offsets in the pools (in the scratch tiles once widened there)
   for (int64_t t0 = window_start(0) / TILE * TILE; t0 < longest; t0 += TILE) {
     const int64_t in_tile = std::min(TILE, longest - t0);
     for (int64_t i = 0, b = t0 / bs, o = t0 % bs; i < in_tile; i++) {
@@ -227,8 +227,8 @@ void attend(const inferplug_isa::Pool<T>& pool, int64_t kv_head, const int64_t* 
         weighted_sum<V>(scores + r * group * TILE, valid(r), v, keys, d, group, acc + r * group * d);
       }
     };
-    // An fp16 pool's tile for a decode row (its few query heads read it in one or two passes) is gathered from its
-    // blocks into fp32 scratch first: a sequential copy read 1.1-1.3x faster than its scattered blocks read in place.
+    // An fp16 pool's tile for a decode row (only its own query heads read it) is gathered from its blocks into
+    // fp32 scratch first: a sequential copy read 1.1-1.3x faster than its scattered blocks read in place.
     // Prompt rows read it in place: their passes find it in L1, and the copy's stores cost more (0.54-0.77x).
     if constexpr (std::is_same_v<T, inferplug_isa::Half>) {
       if (w.rows == 1) {

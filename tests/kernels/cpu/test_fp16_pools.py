@@ -1,6 +1,6 @@
 """The CPU kernels on float16 K/V pools. The store rounds K/V to fp16 as torch's .half() does (the torch path's
-write_kv stores the same bits); attention widens each K/V tile back to fp32, which is exact, and runs the fp32
-loops on it. So on fp16 pools a kernel is bit for bit the fp32 kernel on the rounded values, and as close to the
+write_kv stores the same bits); attention widens K and V back to fp32, which is exact (a decode row's tile into
+scratch, prompt rows' vectors as they load), and runs the fp32 loops on them. So on fp16 pools a kernel is bit for bit the fp32 kernel on the rounded values, and as close to the
 fp64 reference on those values as on fp32 pools. (Batch invariance on fp16 pools: test_paged_prefill.py.)"""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def fp16_pools(**shape):
     return q, k_cache.half(), v_cache.half(), block_tables, starts, lens
 
 
-@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (9, 3), (16, 2)])  # GQA ratios 1, 3 and 8
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (9, 3), (12, 2), (16, 2)])  # GQA ratios 1, 3, 6 and 8
 @pytest.mark.parametrize("head_dim", [64, 128, 40])  # 40: a width the AVX-512 vectors do not divide (8-lane kernel)
 @pytest.mark.parametrize("threads", [1, 2])
 def test_attention_on_fp16_pools_is_the_fp32_kernel_on_the_rounded_values(ops, heads, kv_heads, head_dim, threads):

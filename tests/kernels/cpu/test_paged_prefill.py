@@ -34,7 +34,7 @@ def rel_err(out: torch.Tensor, exact: torch.Tensor) -> float:
     return float((out.double() - exact).norm() / exact.norm())
 
 
-@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (9, 3), (16, 2)])  # GQA ratios 1, 3 and 8
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (9, 3), (12, 2), (16, 2)])  # GQA ratios 1, 3, 6 and 8
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_matches_the_fp64_reference(ops, heads, kv_heads, head_dim, threads):
