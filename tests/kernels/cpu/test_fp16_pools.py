@@ -1,7 +1,8 @@
 """The CPU kernels on float16 K/V pools. The store rounds K/V to fp16 as torch's .half() does (the torch path's
 write_kv stores the same bits); attention widens K and V back to fp32, which is exact (a decode row's tile into
-scratch, prompt rows' vectors as they load), and runs the fp32 loops on them. So on fp16 pools a kernel is bit for bit the fp32 kernel on the rounded values, and as close to the
-fp64 reference on those values as on fp32 pools. (Batch invariance on fp16 pools: test_paged_prefill.py.)"""
+scratch, prompt rows' vectors as they load), and runs the fp32 loops on them. So on fp16 pools a kernel is bit for
+bit the fp32 kernel on the rounded values, and as close to the fp64 reference on those values as on fp32 pools.
+(Batch invariance on fp16 pools: test_paged_prefill.py.)"""
 
 from __future__ import annotations
 
