@@ -19,10 +19,13 @@ constexpr int64_t MAX_LANES = 16;  // the widest float vector: scratch is padded
 // Q4_K MLP matmul ran at 400 GOP/s on 2 Zen 4 cores; at 8, 590)
 constexpr int64_t MAX_ROWS = 8;
 
-// x per block: int8 values (by runs, words interleaved), its scale and scale * sum(values) (for Q4_1's
-// min term); row-major, each row padded with zero blocks to a whole number of runs.
+// x per block: int8 values, its scale and scale * sum(values) (for Q4_1's min term), each row padded with zero
+// blocks to a whole number of runs. The values go run-major: run r of row 0, of row 1, ... then run r + 1 (each run
+// by words, interleaved), so the 8 rows of a decode step's pass read one contiguous 4 KiB of x a run, not 8 pieces a
+// row apart that fall on the same L1 sets (quant_dot.h's chunk_blocks has the figures). The rest are row-major.
 struct QuantizedRows {
   int64_t blocks;  // per row, padded
+  int64_t rows;    // all of x's rows: from a run of row m to the same run of row m + 1 is one run's bytes
   const int8_t* q;
   const float *scale, *sum;
   const int32_t* qsum;  // each block's sum of q (VNNI's Q8_0 dot: sum((q_w + 128) q_x) - 128 sum(q_x))
@@ -30,6 +33,9 @@ struct QuantizedRows {
   // two halves' integer sums start (its sub-blocks of 16 take their own scales)
   const int32_t *q6_low, *q6_high;
 };
+
+// Where row m's run of x's values that holds block b starts.
+inline int64_t run_at(const QuantizedRows& x, int64_t m, int64_t b) { return (b / RUN * x.rows + m) * RUN * QK; }
 
 struct WeightRows {  // rows of Q4_1 / Q4_G128 / Q4_K / Q5_0 / Q5_K / Q6_K / Q8_0 / MXFP4 blocks, each row's fields regrouped (quant_matmul.cpp), quants by runs
   const uint8_t* data;

@@ -50,17 +50,17 @@ using Lines = std::vector<T, LineAligned<T>>;
 // x quantized (kernels.h's QuantizedRows), owning its buffers. Computed here, once for every ISA, so every
 // ISA multiplies the same int8 values.
 struct QuantizedX {
-  int64_t blocks;
+  int64_t blocks, rows;
   Lines<int8_t> q;
   Lines<float> scale, sum;
   Lines<int32_t> qsum, q6_low, q6_high;
   // Zeros for `rows` rows of `width` blocks (a multiple of RUN).
   static QuantizedX zeros(int64_t width, int64_t rows) {
-    return {width, Lines<int8_t>(rows * width * QK), Lines<float>(rows * width), Lines<float>(rows * width),
+    return {width, rows, Lines<int8_t>(rows * width * QK), Lines<float>(rows * width), Lines<float>(rows * width),
             Lines<int32_t>(rows * width), Lines<int32_t>(rows * width), Lines<int32_t>(rows * width)};
   }
   inferplug_isa::QuantizedRows view() const {
-    return {blocks, q.data(), scale.data(), sum.data(), qsum.data(), q6_low.data(), q6_high.data()};
+    return {blocks, rows, q.data(), scale.data(), sum.data(), qsum.data(), q6_low.data(), q6_high.data()};
   }
 };
 
@@ -81,12 +81,12 @@ inline int quantize_block(const float* src, float amax, int8_t* q, int& low_sum)
   return static_cast<int>(F256::sum(_mm256_cvtepi32_ps(sum)));
 }
 
-// Where row m's int8 code of input j sits in a QuantizedX of `width` blocks a row: in its block's run (kernels.h),
-// word j % 32 / 4 of the block's words RUN_WORDS_BYTES apart, byte j % 4.
-inline int64_t code_at(int64_t width, int64_t m, int64_t j) {
-  const int64_t b = j / QK, run = b / inferplug_isa::RUN * inferplug_isa::RUN;
-  return (m * width + run) * QK + (b - run) * inferplug_isa::WORD + j % QK / inferplug_isa::WORD * inferplug_isa::RUN_WORDS_BYTES +
-         j % inferplug_isa::WORD;
+// Where row m's int8 code of input j sits: in its block's run, word j % 32 / 4 of the block's words
+// RUN_WORDS_BYTES apart, byte j % 4.
+inline int64_t code_at(const inferplug_isa::QuantizedRows& x, int64_t m, int64_t j) {
+  const int64_t b = j / QK;
+  return inferplug_isa::run_at(x, m, b) + b % inferplug_isa::RUN * inferplug_isa::WORD +
+         j % QK / inferplug_isa::WORD * inferplug_isa::RUN_WORDS_BYTES + j % inferplug_isa::WORD;
 }
 
 // order (k entries, or null): quantize x[:, order] instead of x, gathering each block's 32 inputs on the way (a
@@ -108,7 +108,7 @@ QuantizedX quantize_rows(const float* x, int64_t rows, int64_t k, const int64_t*
         for (int j = 1; j < 4; j++) amax = _mm256_max_ps(amax, _mm256_and_ps(_mm256_loadu_ps(src + 8 * j), abs_mask));
         const float max = hmax(amax);
         int low_sum;
-        const int sum = quantize_block(src, max, out.q.data() + code_at(width, m, b * QK), low_sum);
+        const int sum = quantize_block(src, max, out.q.data() + code_at(out.view(), m, b * QK), low_sum);
         out.scale[m * width + b] = max / 127.f;
         out.sum[m * width + b] = max / 127.f * static_cast<float>(sum);
         out.qsum[m * width + b] = sum;
@@ -130,7 +130,7 @@ QuantizedX quantize_in_two_parts(const float* x, int64_t rows, int64_t k) {
   std::memcpy(parts.data(), x, rows * k * sizeof(float));
   for (int64_t m = 0; m < rows; m++)
     for (int64_t j = 0; j < k; j++)
-      parts[(rows + m) * k + j] = x[m * k + j] - first.scale[m * first.blocks + j / QK] * first.q[code_at(first.blocks, m, j)];
+      parts[(rows + m) * k + j] = x[m * k + j] - first.scale[m * first.blocks + j / QK] * first.q[code_at(first.view(), m, j)];
   return quantize_rows(parts.data(), 2 * rows, k, nullptr);
 }
 

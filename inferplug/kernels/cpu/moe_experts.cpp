@@ -83,7 +83,9 @@ QuantizedX gather(const QuantizedX& x, const std::vector<int64_t>& rows) {
   QuantizedX out = QuantizedX::zeros(width, n);
   for (int64_t p = 0; p < n; p++) {
     const int64_t from = rows[p] * width, to = p * width;
-    std::copy_n(x.q.begin() + from * QK, width * QK, out.q.begin() + to * QK);
+    for (int64_t b = 0; b < width; b += inferplug_isa::RUN)  // x's values go by runs (kernels.h)
+      std::copy_n(x.q.begin() + inferplug_isa::run_at(x.view(), rows[p], b), inferplug_isa::RUN * QK,
+                  out.q.begin() + inferplug_isa::run_at(out.view(), p, b));
     std::copy_n(x.scale.begin() + from, width, out.scale.begin() + to);
     std::copy_n(x.sum.begin() + from, width, out.sum.begin() + to);
     std::copy_n(x.qsum.begin() + from, width, out.qsum.begin() + to);
