@@ -20,12 +20,14 @@ constexpr int64_t MAX_LANES = 16;  // the widest float vector: scratch is padded
 constexpr int64_t MAX_ROWS = 8;
 
 // x per block: int8 values, its scale and scale * sum(values) (for Q4_1's min term), each row padded with zero
-// blocks to a whole number of runs. The values go run-major: run r of row 0, of row 1, ... then run r + 1 (each run
-// by words, interleaved), so the 8 rows of a decode step's pass read one contiguous 4 KiB of x a run, not 8 pieces a
-// row apart that fall on the same L1 sets (quant_dot.h's chunk_blocks has the figures). The rest are row-major.
+// blocks to a whole number of runs; row-major, but for the values. They go by runs (each run's words interleaved),
+// and a run of row m starts at m * row_step + its index * run_step: row-major (row_step a row's bytes), or run-major
+// (run r of row 0, of row 1, ..., then run r + 1), so that the 8 rows of a dense matmul's pass read one contiguous
+// 4 KiB a run, not 8 pieces a row apart on the same L1 sets (quant_dot.h's chunk_blocks has the figures). An MoE's
+// pair inputs stay row-major: an expert takes 1-2 of 256 rows, whose runs would lie 128 KiB apart.
 struct QuantizedRows {
   int64_t blocks;  // per row, padded
-  int64_t rows;    // all of x's rows: from a run of row m to the same run of row m + 1 is one run's bytes
+  int64_t rows, row_step, run_step;
   const int8_t* q;
   const float *scale, *sum;
   const int32_t* qsum;  // each block's sum of q (VNNI's Q8_0 dot: sum((q_w + 128) q_x) - 128 sum(q_x))
@@ -35,7 +37,7 @@ struct QuantizedRows {
 };
 
 // Where row m's run of x's values that holds block b starts.
-inline int64_t run_at(const QuantizedRows& x, int64_t m, int64_t b) { return (b / RUN * x.rows + m) * RUN * QK; }
+inline int64_t run_at(const QuantizedRows& x, int64_t m, int64_t b) { return m * x.row_step + b / RUN * x.run_step; }
 
 struct WeightRows {  // rows of Q4_1 / Q4_G128 / Q4_K / Q5_0 / Q5_K / Q6_K / Q8_0 / MXFP4 blocks, each row's fields regrouped (quant_matmul.cpp), quants by runs
   const uint8_t* data;

@@ -51,16 +51,19 @@ using Lines = std::vector<T, LineAligned<T>>;
 // ISA multiplies the same int8 values.
 struct QuantizedX {
   int64_t blocks, rows;
+  bool by_runs;  // the values run-major (kernels.h), else row-major
   Lines<int8_t> q;
   Lines<float> scale, sum;
   Lines<int32_t> qsum, q6_low, q6_high;
   // Zeros for `rows` rows of `width` blocks (a multiple of RUN).
-  static QuantizedX zeros(int64_t width, int64_t rows) {
-    return {width, rows, Lines<int8_t>(rows * width * QK), Lines<float>(rows * width), Lines<float>(rows * width),
+  static QuantizedX zeros(int64_t width, int64_t rows, bool by_runs) {
+    return {width, rows, by_runs, Lines<int8_t>(rows * width * QK), Lines<float>(rows * width), Lines<float>(rows * width),
             Lines<int32_t>(rows * width), Lines<int32_t>(rows * width), Lines<int32_t>(rows * width)};
   }
   inferplug_isa::QuantizedRows view() const {
-    return {blocks, rows, q.data(), scale.data(), sum.data(), qsum.data(), q6_low.data(), q6_high.data()};
+    constexpr int64_t RUN_BYTES = inferplug_isa::RUN * QK;
+    return {blocks, rows, by_runs ? RUN_BYTES : blocks * QK, by_runs ? rows * RUN_BYTES : RUN_BYTES,
+            q.data(), scale.data(), sum.data(), qsum.data(), q6_low.data(), q6_high.data()};
   }
 };
 
@@ -91,9 +94,9 @@ inline int64_t code_at(const inferplug_isa::QuantizedRows& x, int64_t m, int64_t
 
 // order (k entries, or null): quantize x[:, order] instead of x, gathering each block's 32 inputs on the way (a
 // GPTQ act-order weight's inputs, permuted at load), so no permuted copy of x is made.
-QuantizedX quantize_rows(const float* x, int64_t rows, int64_t k, const int64_t* order) {
+QuantizedX quantize_rows(const float* x, int64_t rows, int64_t k, const int64_t* order, bool by_runs = true) {
   const int64_t blocks = k / QK, width = padded(blocks);
-  QuantizedX out = QuantizedX::zeros(width, rows);
+  QuantizedX out = QuantizedX::zeros(width, rows, by_runs);
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   at::parallel_for(0, rows, 8, [&](int64_t m0, int64_t m1) {
     alignas(32) float gathered[QK];

@@ -80,7 +80,7 @@ Groups group_by_expert(const int64_t* chosen, int64_t rows, int64_t k, int64_t n
 // x's quantized rows copied into pair order: quantized once a row, shared by every expert it chose.
 QuantizedX gather(const QuantizedX& x, const std::vector<int64_t>& rows) {
   const int64_t width = x.blocks, n = static_cast<int64_t>(rows.size());
-  QuantizedX out = QuantizedX::zeros(width, n);
+  QuantizedX out = QuantizedX::zeros(width, n, false);
   for (int64_t p = 0; p < n; p++) {
     const int64_t from = rows[p] * width, to = p * width;
     for (int64_t b = 0; b < width; b += inferplug_isa::RUN)  // x's values go by runs (kernels.h)
@@ -116,7 +116,7 @@ struct PairInput {
 // where x is in pair order already (down's).
 PairInput pair_input(const at::Tensor& x, const std::vector<int64_t>* rows, const std::string& precision) {
   if (precision != "int8") return {{}, rows ? x.index_select(0, at::tensor(*rows, x.options().dtype(at::kLong))) : x};
-  QuantizedX q = quantize_rows(x.data_ptr<float>(), x.size(0), x.size(1), nullptr);
+  QuantizedX q = quantize_rows(x.data_ptr<float>(), x.size(0), x.size(1), nullptr, false);  // row-major (kernels.h)
   return {rows ? gather(q, *rows) : std::move(q), {}};
 }
 

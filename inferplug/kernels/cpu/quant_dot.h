@@ -255,12 +255,14 @@ struct DotVnni {
 // takes its blocks in order, so the chunking changes no result.
 constexpr int64_t PASS_ROWS = 16;
 
-// Blocks a chunk of MT rows takes: 8 KiB of x, at most 128 blocks a row, a multiple of RUN (so of every format's span
-// of blocks). Measured on Zen 4 (32 KiB L1) against 16 KiB and whole rows: 8-row matmuls out of DRAM 15-30% faster
-// on both ISAs, at 1-2 rows over 12288 inputs 5-20% faster; a smaller chunk lost where the weights sat in L2 (each
-// chunk stores and reloads its rows' sums) and, at 1 row over 4096 inputs, out of DRAM too.
-template <int MT>
-constexpr int64_t chunk_blocks() { return std::min<int64_t>(128, std::max<int64_t>(RUN, 8192 / (MT * QK) / RUN * RUN)); }
+// Blocks a chunk of mt rows takes: x_bytes of x, at most 128 blocks a row, a multiple of RUN (so of every format's
+// span of blocks). Measured on Zen 4 (32 KiB L1), run-major x: 8 KiB against 16 KiB and whole rows, 8-row matmuls
+// out of DRAM 15-30% faster on both ISAs, at 1-2 rows over 12288 inputs 5-20% faster; a smaller chunk lost where the
+// weights sat in L2 (each chunk stores and reloads its rows' sums) and, at 1 row over 4096 inputs, out of DRAM too.
+// So 16 KiB where the weights come from L2 (quant_matmul_rows).
+constexpr int64_t chunk_blocks(int mt, int64_t x_bytes) {
+  return std::min<int64_t>(128, std::max<int64_t>(RUN, x_bytes / (mt * QK) / RUN * RUN));
+}
 
 // A row's running float sums against one weight row, as the Dot's steps hold them: lane j of a run's first 8 blocks'
 // sum takes block j of every run, lane j of its last 8 blocks' block 8 + j (an AVX-512 step updates both as one
@@ -340,21 +342,22 @@ void with_rows(int64_t rows, const F& f) {
   f(std::integral_constant<int, MT>{});
 }
 
-// y[i * y_stride + n - n0] for weight rows [n0, n1), by passes of PASS_ROWS, each pass over x's blocks CHUNK at a
+// y[i * y_stride + n - n0] for weight rows [n0, n1), by passes of PASS_ROWS, each pass over x's blocks `chunk` at a
 // time: dot(row, b0, b1, sums) adds blocks [b0, b1) of a row to its MT sums (V vectors, from zero), which end as
 // their lanes' sums.
-template <typename V, int MT, int64_t CHUNK, typename Dot>
-void by_passes(const inferplug_isa::WeightRows& w, int64_t n0, int64_t n1, float* y, int64_t y_stride, const Dot& dot) {
+template <typename V, int MT, typename Dot>
+void by_passes(const inferplug_isa::WeightRows& w, int64_t n0, int64_t n1, int64_t chunk, float* y, int64_t y_stride,
+               const Dot& dot) {
   for (int64_t p0 = n0; p0 < n1; p0 += PASS_ROWS) {
     const int64_t p1 = std::min(n1, p0 + PASS_ROWS);
     typename V::F sums[PASS_ROWS][MT];
     for (auto& row : sums)
       for (auto& s : row) s = V::zero();
-    for (int64_t b0 = 0; b0 < w.blocks; b0 += CHUNK)
+    for (int64_t b0 = 0; b0 < w.blocks; b0 += chunk)
       for (int64_t n = p0; n < p1; n++) {
         const uint8_t* row = w.data + n * w.row_bytes;
         if (b0 == 0) prefetch_ahead(row, w.row_bytes);
-        dot(row, b0, std::min(w.blocks, b0 + CHUNK), sums[n - p0]);
+        dot(row, b0, std::min(w.blocks, b0 + chunk), sums[n - p0]);
       }
     for (int64_t n = p0; n < p1; n++)
       for (int i = 0; i < MT; i++) y[i * y_stride + n - n0] = V::sum(sums[n - p0][i]);
@@ -366,8 +369,10 @@ void quant_matmul_rows(const inferplug_isa::WeightRows& w, int64_t n0, int64_t n
                        int64_t m, int64_t rows, float* y, int64_t y_stride) {
   with_rows<inferplug_isa::MAX_ROWS>(rows, [&](auto mt) {
     constexpr int MT = decltype(mt)::value;
-    by_passes<RunSums<Dot>, MT, chunk_blocks<MT>()>(w, n0, n1, y, y_stride,
-                                                        [&](const uint8_t* row, int64_t b0, int64_t b1, typename RunSums<Dot>::F* sums) {
+    // x's later slices find the tile in L2 (over_tiles), where a smaller chunk costs more than it saves
+    const int64_t chunk = chunk_blocks(MT, x.rows > inferplug_isa::MAX_ROWS ? 16384 : 8192);
+    by_passes<RunSums<Dot>, MT>(w, n0, n1, chunk, y, y_stride,
+                                [&](const uint8_t* row, int64_t b0, int64_t b1, typename RunSums<Dot>::F* sums) {
       dot_rows<Dot, Format, MT>(RowLayout<Format>(row, w.blocks), x, m, b0, b1, w.blocks, sums);
     });
   });
