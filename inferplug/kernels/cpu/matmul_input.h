@@ -97,6 +97,7 @@ inline int64_t code_at(const inferplug_isa::QuantizedRows& x, int64_t m, int64_t
 QuantizedX quantize_rows(const float* x, int64_t rows, int64_t k, const int64_t* order, bool by_runs = true) {
   const int64_t blocks = k / QK, width = padded(blocks);
   QuantizedX out = QuantizedX::zeros(width, rows, by_runs);
+  const inferplug_isa::QuantizedRows layout = out.view();
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   at::parallel_for(0, rows, 8, [&](int64_t m0, int64_t m1) {
     alignas(32) float gathered[QK];
@@ -111,7 +112,7 @@ QuantizedX quantize_rows(const float* x, int64_t rows, int64_t k, const int64_t*
         for (int j = 1; j < 4; j++) amax = _mm256_max_ps(amax, _mm256_and_ps(_mm256_loadu_ps(src + 8 * j), abs_mask));
         const float max = hmax(amax);
         int low_sum;
-        const int sum = quantize_block(src, max, out.q.data() + code_at(out.view(), m, b * QK), low_sum);
+        const int sum = quantize_block(src, max, out.q.data() + code_at(layout, m, b * QK), low_sum);
         out.scale[m * width + b] = max / 127.f;
         out.sum[m * width + b] = max / 127.f * static_cast<float>(sum);
         out.qsum[m * width + b] = sum;

@@ -77,15 +77,15 @@ Groups group_by_expert(const int64_t* chosen, int64_t rows, int64_t k, int64_t n
   return g;
 }
 
-// x's quantized rows copied into pair order: quantized once a row, shared by every expert it chose.
+// x's quantized rows (row-major, as pair_input quantizes them) copied into pair order: quantized once a row, shared
+// by every expert it chose.
 QuantizedX gather(const QuantizedX& x, const std::vector<int64_t>& rows) {
+  TORCH_CHECK(!x.by_runs, "moe_experts: gather takes row-major x");
   const int64_t width = x.blocks, n = static_cast<int64_t>(rows.size());
   QuantizedX out = QuantizedX::zeros(width, n, false);
   for (int64_t p = 0; p < n; p++) {
     const int64_t from = rows[p] * width, to = p * width;
-    for (int64_t b = 0; b < width; b += inferplug_isa::RUN)  // x's values go by runs (kernels.h)
-      std::copy_n(x.q.begin() + inferplug_isa::run_at(x.view(), rows[p], b), inferplug_isa::RUN * QK,
-                  out.q.begin() + inferplug_isa::run_at(out.view(), p, b));
+    std::copy_n(x.q.begin() + from * QK, width * QK, out.q.begin() + to * QK);
     std::copy_n(x.scale.begin() + from, width, out.scale.begin() + to);
     std::copy_n(x.sum.begin() + from, width, out.sum.begin() + to);
     std::copy_n(x.qsum.begin() + from, width, out.qsum.begin() + to);

@@ -369,7 +369,8 @@ void quant_matmul_rows(const inferplug_isa::WeightRows& w, int64_t n0, int64_t n
                        int64_t m, int64_t rows, float* y, int64_t y_stride) {
   with_rows<inferplug_isa::MAX_ROWS>(rows, [&](auto mt) {
     constexpr int MT = decltype(mt)::value;
-    // x's later slices find the tile in L2 (over_tiles), where a smaller chunk costs more than it saves
+    // x's later slices find the tile in L2 (over_tiles), where a smaller chunk costs more than it saves. An MoE's x
+    // holds all of a step's pairs: measured there too (a 32-stream Qwen3-30B-A3B step 3% faster than with 8 KiB).
     const int64_t chunk = chunk_blocks(MT, x.rows > inferplug_isa::MAX_ROWS ? 16384 : 8192);
     by_passes<RunSums<Dot>, MT>(w, n0, n1, chunk, y, y_stride,
                                 [&](const uint8_t* row, int64_t b0, int64_t b1, typename RunSums<Dot>::F* sums) {

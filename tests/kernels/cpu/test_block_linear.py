@@ -80,6 +80,19 @@ def test_kernel_equals_matmul_with_the_dequantized_weight(ops, layer_cls, rows, 
     assert torch.equal(out[:1], layer(x[:1])), "a row's result must not depend on the rows beside it"
 
 
+@pytest.mark.parametrize("layer_cls", [Q4KLinear, Q6KLinear, Q8Linear])
+@pytest.mark.parametrize("rows", [KERNEL_MAX_ROWS, 17])
+def test_rows_over_several_chunks_of_x_equal_each_row_alone(ops, layer_cls, rows):
+    """4352 inputs (136 blocks): a pass takes x 32 blocks at a time at 8 rows, 64 where x holds more rows than a
+    pass, 128 at one row (quant_dot.h's chunk_blocks), and x goes run-major: every row still gives its bits alone."""
+    gen = torch.Generator().manual_seed(rows)
+    layer = layer_cls.from_float(torch.randn(40, 4352, generator=gen) * 0.05)
+    x = torch.randn(rows, 4352, generator=gen)
+    out = layer(x)
+    assert relative_error(out, F.linear(x, layer.dequantized())) < 1e-2
+    assert all(torch.equal(out[i:i + 1], layer(x[i:i + 1])) for i in range(rows))
+
+
 @pytest.mark.parametrize("layer_cls", LAYERS)
 @pytest.mark.parametrize("rows", [1, 3, 17])
 def test_an_input_order_is_gathered_as_the_kernel_quantizes_x(ops, layer_cls, rows, weight):
