@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from inferplug.models.config import ModelConfig
 from inferplug.models.delta_net import DeltaNetWeights, allocate_states, delta_net
+from inferplug.models import huge_pages
 from inferplug.models.heap import HeapBound
 from inferplug.models.layer_weights import LINEARS, LayerWeights, row_slice
 from inferplug.models.moe import MoeWeights, gate_up_taker, moe_mlp
@@ -196,9 +197,13 @@ class DecoderModel:
                 pools.append(allocate_states(layer.delta, state_slots, self.dtype, self.device))
                 continue
             pools.append(pools[layer.kv_source] if layer.kv_source != len(pools) else
-                         (torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
-                          torch.zeros(shape, dtype=self.kv_dtype, device=self.device)))
+                         (self._kv_pool(shape), self._kv_pool(shape)))
         return pools
+
+    def _kv_pool(self, shape: tuple[int, ...]) -> torch.Tensor:
+        if self.device.type == "cpu":  # on 2 MiB pages: a decode step reads a sequence's blocks all over the pool
+            return huge_pages.zeros(shape, self.kv_dtype)
+        return torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
 
     def decode_weight_bytes(self) -> int:
         """Bytes of weights one decode step streams: every layer and the head (the embedding gives one row). An MoE

@@ -1,0 +1,107 @@
+"""Weights and KV pools on 2 MiB pages (models/huge_pages.py): a conversion-cache hit maps its large tensors with
+one page-table entry per 2 MiB whatever folios the page cache held, and drops the cache only once; a KV pool is
+zeroed into 2 MiB pages."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from inferplug.models import conversion_cache, huge_pages
+from inferplug.models.conversion_cache import cached_weights
+
+MIB = 1 << 20
+
+
+def rollup_kib(field: str) -> int:
+    """A field of the whole process's smaps_rollup: a reading of its own beside the module's per-mapping one."""
+    return int(re.search(rf"{field}:\s+(\d+)", Path("/proc/self/smaps_rollup").read_text())[1])
+
+
+def pmd_mapped_kib() -> int:
+    return rollup_kib("FilePmdMapped")
+
+
+def host_maps_file_pages_huge(folder: Path) -> bool:
+    """Whether this kernel and filesystem read an advised file mapping into 2 MiB folios and map them so."""
+    path = folder / "probe"
+    path.write_bytes(os.urandom(4 * MIB))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        mapped = mmap.mmap(fd, 4 * MIB, access=mmap.ACCESS_READ)
+        mapped.madvise(mmap.MADV_HUGEPAGE)
+        before = pmd_mapped_kib()
+        sum(mapped[at] for at in range(0, 4 * MIB, 4096))
+        grew = pmd_mapped_kib() - before
+        mapped.close()
+        return grew >= 2048
+    finally:
+        os.close(fd)
+        path.unlink()
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    if not Path("/proc/self/smaps_rollup").exists():
+        pytest.skip("no /proc/self/smaps_rollup to read the page-table entries from")
+    if not host_maps_file_pages_huge(tmp_path):
+        pytest.skip("this kernel or filesystem maps no file pages in 2 MiB folios (THP off, or no large folios)")
+    monkeypatch.setenv("INFERPLUG_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv(conversion_cache.SIZE_ENV, raising=False)
+    return tmp_path / "home"
+
+
+def weights() -> dict[str, torch.Tensor]:
+    return {"large": torch.randint(0, 256, (8 * MIB,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)),
+            "small": torch.arange(10)}
+
+
+def rewrite_in_small_pieces(path: Path) -> None:
+    """The same bytes written back 4 KiB at a time into an emptied page cache, as a copy tool may leave a file: in
+    4 KiB folios."""
+    data = path.read_bytes()
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        for at in range(0, len(data), 4096):
+            os.pwrite(fd, data[at:at + 4096], at)
+    finally:
+        os.close(fd)
+
+
+def test_a_hit_maps_its_large_tensor_on_2_mib_pages_whatever_the_write_left(home):
+    built = weights()
+    cached_weights(["huge"], lambda: built)
+    [entry] = (home / "conversions").glob("*.entry")
+    rewrite_in_small_pieces(entry)
+    hit = cached_weights(["huge"], lambda: pytest.fail("converted again"))
+    before = pmd_mapped_kib()
+    assert torch.equal(hit["large"], built["large"]) and torch.equal(hit["small"], built["small"])
+    # the tensor starts 4 KiB-aligned in the file, so all but its first and last 2 MiB window can map whole
+    assert pmd_mapped_kib() - before >= 4 * 1024
+
+
+def test_a_hit_on_huge_folios_keeps_the_page_cache(home, monkeypatch):
+    cached_weights(["huge"], weights)
+    first = cached_weights(["huge"], weights)
+    assert int(first["large"].sum()) > 0  # read in, in 2 MiB folios
+    dropped = []
+    monkeypatch.setattr(os, "posix_fadvise", lambda *args: dropped.append(args))
+    second = cached_weights(["huge"], lambda: pytest.fail("converted again"))
+    assert torch.equal(second["large"], first["large"])
+    assert dropped == []  # no second read from disk
+
+
+def test_a_kv_pool_is_zeroed_into_2_mib_pages(home):
+    before = rollup_kib("AnonHugePages")
+    pool = huge_pages.zeros((8, 512, 16, 128), torch.float16)  # 16 MiB, as decoder.allocate_kv_cache asks
+    assert pool.shape == (8, 512, 16, 128) and pool.dtype == torch.float16 and not pool.any()
+    assert rollup_kib("AnonHugePages") - before >= 2048  # some 2 MiB page (all of them where memory is not fragmented)
