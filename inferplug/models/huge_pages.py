@@ -8,12 +8,11 @@ hardware prefetcher stops at its end; a 2 MiB page holds 512 of them behind one 
 A file mapping gets them from the page cache: advised MADV_HUGEPAGE, it reads ahead in 2 MiB folios (Linux 5.18+,
 on a filesystem with large folios: ext4 on 6.x, xfs) and maps each with one page-table entry. Bytes the page cache
 already holds in small folios (an entry this process or a `cp` just wrote) stay in them, so `prefer_huge_folios`
-probes a window of the file first and drops its cached pages when a re-read would bring them back in 2 MiB folios.
+probes windows of the file first and drops its cached pages when a re-read would bring them back in 2 MiB folios.
 
     advise(mapped)                           -> MADV_HUGEPAGE on a mapping of at least 2 MiB
     zeros(shape, dtype)                      -> torch.zeros on a mapping advised so before its first touch (KV pools)
-    prefer_huge_folios(fd, offset, length, probe)
-                                             -> True when it dropped the range's small folios for a re-read
+    prefer_huge_folios(fd, offset, length)   -> True when it dropped the range's small folios for a re-read
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ if TYPE_CHECKING:
     import torch
 
 HUGE = 2 << 20
+PROBES = 4
 _RANGE = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) ")
 
 
@@ -61,15 +61,23 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return tensor.zero_()  # resident now, as torch.zeros would be
 
 
-def prefer_huge_folios(fd: int, offset: int, length: int, probe: tuple[int, int]) -> bool:
+def prefer_huge_folios(fd: int, offset: int, length: int) -> bool:
     """Whether the page cache held [offset, offset + length) of the file in small folios that a re-read would
-    replace with 2 MiB ones, and dropped them (the next reads come from disk, once). It probes the first whole 2 MiB
-    window of `probe` (offset, bytes: the largest tensor, mapped with `advise`, so huge after any load of ours),
-    drops only that window, probes again, and drops the rest only when the window came back huge: a filesystem or
-    kernel without large folios keeps its cache."""
-    window = -(-probe[0] // HUGE) * HUGE
-    if window + HUGE > sum(probe) or _maps_huge(fd, window) is not False:
-        return False  # too small, already huge, or no /proc to ask
+    replace with 2 MiB ones, and dropped them (the next reads come from disk, once). It probes PROBES 2 MiB windows
+    spread over the range (a load before this version read an MoE's experts in small folios and its head in huge
+    ones); at the first small one it drops that window alone and probes it again, and drops the rest only when it
+    came back huge: a filesystem or kernel without large folios keeps its cache."""
+    for k in range(PROBES):
+        window = -(-(offset + length * (2 * k + 1) // (2 * PROBES)) // HUGE) * HUGE
+        if window + HUGE > offset + length:
+            continue
+        huge = _maps_huge(fd, window)
+        if huge is None:
+            return False  # no /proc to ask
+        if not huge:
+            break
+    else:
+        return False  # huge already, or too small to tell
     try:
         os.fdatasync(fd)  # pages a write left dirty are not dropped
         os.posix_fadvise(fd, window, HUGE, os.POSIX_FADV_DONTNEED)
