@@ -7,6 +7,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <new>
 #include <type_traits>
@@ -140,14 +141,35 @@ QuantizedX quantize_in_two_parts(const float* x, int64_t rows, int64_t k) {
 
 // Calls tile(n0, n1, m, rows) for tiles of 16 weight rows and every slice [m, m + rows) of x's M rows,
 // rows <= MAX_ROWS. A tile stays in L2 while every slice of x passes over it.
+// Each thread walks its own contiguous part of the tiles, GRAB at a time, then takes what is left of the others'
+// (where it starts on theirs): a thread that DRAM serves slower than the other leaves the rest to it instead of
+// keeping it waiting at the end. Every tile is one thread's whole, so the split changes no result. Measured on Zen 4,
+// a Qwen3-8B one-stream step 0.96-0.98x the time of the even split (libgomp's barrier wait 10% -> 2.6% of it), 8
+// streams the same; a single shared counter instead (threads interleaving their tiles) was 1.00-1.48x.
 template <typename Tile>
 void over_tiles(int64_t M, int64_t N, const Tile& tile) {
-  constexpr int64_t ROWS_PER_TILE = 16;
-  at::parallel_for(0, (N + ROWS_PER_TILE - 1) / ROWS_PER_TILE, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t n0 = t0 * ROWS_PER_TILE; n0 < std::min(N, t1 * ROWS_PER_TILE); n0 += ROWS_PER_TILE) {
-      const int64_t n1 = std::min(N, n0 + ROWS_PER_TILE);
-      for (int64_t m = 0; m < M; m += inferplug_isa::MAX_ROWS) tile(n0, n1, m, std::min(inferplug_isa::MAX_ROWS, M - m));
-    }
+  constexpr int64_t ROWS_PER_TILE = 16, GRAB = 2;
+  struct alignas(64) Part {  // a line each: the owner's grabs do not contend with the other's
+    std::atomic<int64_t> next;
+    int64_t end;
+  };
+  const int64_t tiles = (N + ROWS_PER_TILE - 1) / ROWS_PER_TILE;
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), tiles));
+  std::vector<Part> part(parts);
+  for (int64_t p = 0; p < parts; p++) {
+    part[p].next.store(tiles * p / parts, std::memory_order_relaxed);
+    part[p].end = tiles * (p + 1) / parts;
+  }
+  at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; p++)
+      for (int64_t k = 0; k < parts; k++) {
+        Part& from = part[(p + k) % parts];
+        for (int64_t t; (t = from.next.fetch_add(GRAB, std::memory_order_relaxed)) < from.end;)
+          for (int64_t n0 = t * ROWS_PER_TILE; n0 < std::min(N, std::min(from.end, t + GRAB) * ROWS_PER_TILE); n0 += ROWS_PER_TILE) {
+            const int64_t n1 = std::min(N, n0 + ROWS_PER_TILE);
+            for (int64_t m = 0; m < M; m += inferplug_isa::MAX_ROWS) tile(n0, n1, m, std::min(inferplug_isa::MAX_ROWS, M - m));
+          }
+      }
   });
 }
 
