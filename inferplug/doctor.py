@@ -14,6 +14,7 @@ from inferplug.compute_path_plan import onednn_max_isa
 from inferplug.errors import InferPlugError
 from inferplug.hardware import Hardware, probe
 from inferplug.memory_plan import gib
+from inferplug.models import huge_pages
 from inferplug.parallel_plan import doctor_line
 
 LOCAL_BACKENDS = ("native", "ctranslate2", "exllamav2")
@@ -122,7 +123,8 @@ def collect(hw: Hardware | None = None) -> dict[str, Any]:
                     "cores": hw.cpu_count, "ram_total": hw.ram_total, "ram_available": hw.ram_available},
         "gpus": [{"index": g.index, "name": g.name, "capability": f"{g.capability[0]}.{g.capability[1]}",
                   "total_memory": g.total_memory, "free_memory": g.free_memory} for g in hw.gpus],
-        **_kernel_status(hw), "amx": onednn_max_isa(hw)[1] or None, "tensor_parallel": doctor_line(hw),
+        **_kernel_status(hw), "amx": onednn_max_isa(hw)[1] or None, "huge_pages": huge_pages.status(),
+        "tensor_parallel": doctor_line(hw),
         "cuda_version": hw.cuda_version, "driver_version": hw.driver_version, "gpu_note": hw.gpu_note,
         "backends": backends, "ray": ray_status(hw), "profiles": profiles, "ok": local_fit or unknown_but_usable,
     }
@@ -191,6 +193,8 @@ def print_report(report: dict[str, Any]) -> None:
                     "engine's int8/int4 matmuls, paged decode attention and RMSNorm (compiled on first use)")
     if report["amx"]:
         machine.add_row("amx", escape(report["amx"]))
+    if report["huge_pages"]:
+        machine.add_row("2 MiB pages", escape(report["huge_pages"]))
     machine.add_row("tensor parallel", escape(report["tensor_parallel"]))
     machine.add_row("cuda", f"{report['cuda_version'] or 'none'} (driver {report['driver_version'] or 'none'})")
     if report["gpu_note"]:

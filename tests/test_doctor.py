@@ -123,3 +123,19 @@ def test_ray_installed_local_or_reachable(monkeypatch):
         assert doctor.ray_status(with_ray)["reachable"] is True
     status = doctor.ray_status(with_ray)
     assert status["reachable"] is False and "cannot reach the Ray cluster" in status["why"]
+
+
+@pytest.mark.parametrize("setting, shown", [
+    ("always [madvise] never\n", "on for mapped weights and KV pools (transparent_hugepage: madvise)"),
+    ("[always] madvise never\n", "on for mapped weights and KV pools (transparent_hugepage: always)"),
+    ("always madvise [never]\n", "off (transparent_hugepage: never)"),
+])
+def test_huge_pages_line_reads_the_kernel_setting_and_names_the_fix(tmp_path, setting, shown):
+    from inferplug.models import huge_pages
+
+    sysfs = tmp_path / "enabled"
+    sysfs.write_text(setting)
+    line = huge_pages.status(str(sysfs))
+    assert line.startswith(shown)
+    assert ("echo madvise > " + str(sysfs) in line) == ("[never]" in setting)
+    assert huge_pages.status(str(tmp_path / "absent")) is None  # no such setting: no line
