@@ -14,10 +14,9 @@ header (magic, FORMAT_VERSION, the key parts, each item's layout from quant/laye
 shape and offset) and the tensors' bytes, page-aligned. A hit maps each tensor copy-on-write (a write into a weight
 never reaches the file) and builds it over its mapping: no copy, no read until a weight is used, and a tensor the
 model drops (q/k/v once fused into one) unmaps its pages, which would otherwise stay in the resident set (tensors
-under 2 MiB, an MoE's experts, share mappings of up to 64 MiB). The
-mappings ask for 2 MiB pages, and an entry the page cache holds in small ones is dropped from it to be read again
-(models/huge_pages.py: a decode step streams every weight, 0.74-0.85x the time on them). An entry
-whose header does not parse or disagrees with the file's size, the key or FORMAT_VERSION is rebuilt, never trusted;
+under 2 MiB, an MoE's experts, share mappings of up to 64 MiB). The mappings ask for 2 MiB pages, and an entry the
+page cache holds in small ones is dropped from it to be read again (models/huge_pages.py: a decode step streams
+every weight, 0.74-0.85x the time on them). An entry whose header does not parse or disagrees with the file's size, the key or FORMAT_VERSION is rebuilt, never trusted;
 the bytes themselves are not hashed (that would read them all, the cost the mapping saves). The key parts carry the
 caller's own conversion version, so changing a conversion misses its old entries, which then age out.
 

@@ -3,7 +3,7 @@
 A decode step streams every weight from DRAM once. On 4 KiB pages each 4 KiB takes a TLB entry of its own and the
 hardware prefetcher stops at its end; a 2 MiB page holds 512 of them behind one entry. Measured on a 2-core Zen 4
 (Qwen3-8B Q4_K_M, the same mapped weights switched between the two in one process): a one-stream decode step
-0.74-0.84x the time, an 8-stream step 0.85x (docs/benchmarks.md, "Weights on 2 MiB pages").
+0.74-0.84x the time, an 8-stream step 0.85x (docs/benchmarks.md, "Weights and KV pools on 2 MiB pages").
 
 A file mapping gets them from the page cache: advised MADV_HUGEPAGE, it reads ahead in 2 MiB folios (Linux 5.18+,
 on a filesystem with large folios: ext4 on 6.x, xfs) and maps each with one page-table entry. Bytes the page cache
@@ -55,9 +55,7 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return torch.zeros(shape, dtype=dtype)
     mapped = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     advise(mapped)
-    view = ctypes.c_char.from_buffer(mapped)
-    skip = -ctypes.addressof(view) % HUGE  # the tensor starts on a 2 MiB page
-    del view
+    skip = -_address(mapped) % HUGE  # the tensor starts on a 2 MiB page
     # the tensor holds the mapping: it is unmapped when the tensor goes
     tensor = torch.frombuffer(mapped, dtype=torch.uint8, count=nbytes, offset=skip).view(dtype).view(shape)
     return tensor.zero_()  # resident now, as torch.zeros would be
@@ -114,14 +112,20 @@ def _maps_huge(fd: int, window: int) -> bool | None:
     try:
         advise(mapped)
         mapped[0]  # the fault that reads the window in
-        view = ctypes.c_char.from_buffer(mapped)
-        address = ctypes.addressof(view)
-        del view  # no exported pointer left when the mapping closes
-        return _pmd_mapped_kib(address) > 0 if os.path.exists("/proc/self/smaps") else None
+        return _pmd_mapped_kib(_address(mapped)) > 0 if os.path.exists("/proc/self/smaps") else None
     except OSError:
         return None
     finally:
         mapped.close()
+
+
+def _address(mapped: mmap.mmap) -> int:
+    """Where a writable mapping starts, holding no exported pointer after (a mapping with one cannot close)."""
+    view = ctypes.c_char.from_buffer(mapped)
+    try:
+        return ctypes.addressof(view)
+    finally:
+        del view
 
 
 def _pmd_mapped_kib(address: int) -> int:
