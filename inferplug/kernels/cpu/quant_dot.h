@@ -17,15 +17,10 @@
 
 namespace {
 
-constexpr int64_t PREFETCH = 2048;  // bytes ahead
-
 // The hardware prefetcher alone leaves the cores waiting on DRAM: ask for a row's lines ahead of their use.
 inline void prefetch_row(const uint8_t* row, int64_t bytes) {
   for (int64_t at = 0; at < bytes; at += 64) _mm_prefetch(reinterpret_cast<const char*>(row + at), _MM_HINT_T0);
 }
-
-// The lines PREFETCH bytes past a row.
-inline void prefetch_ahead(const uint8_t* row, int64_t bytes) { prefetch_row(row + PREFETCH, bytes); }
 
 // f(integral_constant<int, k>) for k = 0..3: a word's index as a compile-time constant (its shift count). Inlined,
 // with f: GCC kept it a call, and the 8 unpacked weight vectors went through the stack (a quarter of a Q6_K matmul).
@@ -255,14 +250,13 @@ struct DotVnni {
 // takes its blocks in order, so the chunking changes no result.
 constexpr int64_t PASS_ROWS = 16;
 
-// Blocks a chunk of mt rows takes: x_bytes of x, at most 128 blocks a row, a multiple of RUN (so of every format's
-// span of blocks). Measured on Zen 4 (32 KiB L1), run-major x: 8 KiB against 16 KiB and whole rows, 8-row matmuls
-// out of DRAM 15-30% faster on both ISAs, at 1-2 rows over 12288 inputs 5-20% faster; a smaller chunk lost where the
-// weights sat in L2 (each chunk stores and reloads its rows' sums) and, at 1 row over 4096 inputs, out of DRAM too.
-// So 16 KiB where the weights come from L2 (quant_matmul_rows).
-constexpr int64_t chunk_blocks(int mt, int64_t x_bytes) {
-  return std::min<int64_t>(128, std::max<int64_t>(RUN, x_bytes / (mt * QK) / RUN * RUN));
-}
+// Blocks a chunk of mt rows takes: x_bytes of x, a multiple of RUN (so of every format's span of blocks). Measured
+// on Zen 4 (32 KiB L1), run-major x: 8 KiB against 16 KiB and whole rows, 8-row matmuls out of DRAM 15-30% faster on
+// both ISAs; a smaller chunk lost where the weights sat in L2 (each chunk stores and reloads its rows' sums). One or
+// two rows take 16 KiB, whole rows at every width up to 16384 inputs: each weight row is then one stream, where a
+// 12288-input down_proj cut in 128-block chunks made a pass 16 interleaved ones (2 Zen 4 threads out of DRAM:
+// Q4_K 26 against 20 GB/s, Q6_K 32 against 24, one step of Qwen3-8B 0.89x the time).
+constexpr int64_t chunk_blocks(int mt, int64_t x_bytes) { return std::max<int64_t>(RUN, x_bytes / (mt * QK) / RUN * RUN); }
 
 // A row's running float sums against one weight row, as the Dot's steps hold them: lane j of a run's first 8 blocks'
 // sum takes block j of every run, lane j of its last 8 blocks' block 8 + j (an AVX-512 step updates both as one
@@ -285,12 +279,23 @@ struct RunSums {
   }
 };
 
+// The quants of the segment (a chunk of one weight row) that a pass takes next, from its chunk's first run; where
+// that is a row's first chunk, the lines of the row's scales (and mins) are asked for now.
+template <typename Format>
+const uint8_t* next_segment(const uint8_t* row, int64_t b0, int64_t blocks) {
+  const uint8_t* quants = RowLayout<Format>(row, blocks).quants;
+  if (b0 == 0) prefetch_row(row, quants - row);
+  return quants + b0 * Format::QUANT_BYTES;
+}
+
 // Rows [m, m + MT) of x against blocks [b0, b1) of one weight row (b0 a multiple of RUN), added to sums: MT dot
 // products sharing each unpacked weight step. A step of BLOCKS blocks: BLOCKS int32 sums, one conversion, a
-// multiply-add by the scales (and one by the mins), at the step's width.
+// multiply-add by the scales (and one by the mins), at the step's width. Each run asks for the same run of the next
+// segment (next_quants): the lines come one segment ahead, a few at a time. Asking for a whole row at its start
+// (2 KiB ahead) left a one-stream Qwen3-8B step 12% slower on Zen 4, its 8-stream step 15%.
 template <typename Dot, typename Format, int MT>
-void dot_rows(const RowLayout<Format>& w, const inferplug_isa::QuantizedRows& x, int64_t m, int64_t b0, int64_t b1,
-              int64_t blocks, typename RunSums<Dot>::F* sums) {
+void dot_rows(const RowLayout<Format>& w, const uint8_t* next_quants, const inferplug_isa::QuantizedRows& x, int64_t m,
+              int64_t b0, int64_t b1, int64_t blocks, typename RunSums<Dot>::F* sums) {
   using V = typename Dot::V;
   constexpr int64_t GROUPS = Dot::BLOCKS / GROUP, STEPS = RunSums<Dot>::STEPS;
   static_assert(V::LANES == Dot::BLOCKS, "a float lane a block");
@@ -299,6 +304,7 @@ void dot_rows(const RowLayout<Format>& w, const inferplug_isa::QuantizedRows& x,
     for (int p = 0; p < STEPS; p++) acc[i][p] = sums[i].step[p];
   for (int64_t run = b0; run < b1; run += RUN) {
     const int64_t in_run = std::min(RUN, blocks - run);
+    prefetch_row(next_quants + (run - b0) * Format::QUANT_BYTES, RUN * Format::QUANT_BYTES);
     for (int p = 0; p < STEPS && p * Dot::BLOCKS < in_run; p++) {
       const int64_t h = p * Dot::BLOCKS, n = std::min(Dot::BLOCKS, in_run - h), groups = (n + GROUP - 1) / GROUP;
       const auto q = Dot::template load<Format>(w.quants + run * Format::QUANT_BYTES + WORD * h, WORD * in_run, n);
@@ -343,8 +349,9 @@ void with_rows(int64_t rows, const F& f) {
 }
 
 // y[i * y_stride + n - n0] for weight rows [n0, n1), by passes of PASS_ROWS, each pass over x's blocks `chunk` at a
-// time: dot(row, b0, b1, sums) adds blocks [b0, b1) of a row to its MT sums (V vectors, from zero), which end as
-// their lanes' sums.
+// time: dot(row, b0, b1, sums, next_row, next_b0) adds blocks [b0, b1) of a row to its MT sums (V vectors, from
+// zero), which end as their lanes' sums; the segment taken after it starts at block next_b0 of next_row (past the
+// last pass, row n1's first: the caller's next tile, as over_tiles hands them out).
 template <typename V, int MT, typename Dot>
 void by_passes(const inferplug_isa::WeightRows& w, int64_t n0, int64_t n1, int64_t chunk, float* y, int64_t y_stride,
                const Dot& dot) {
@@ -355,9 +362,10 @@ void by_passes(const inferplug_isa::WeightRows& w, int64_t n0, int64_t n1, int64
       for (auto& s : row) s = V::zero();
     for (int64_t b0 = 0; b0 < w.blocks; b0 += chunk)
       for (int64_t n = p0; n < p1; n++) {
-        const uint8_t* row = w.data + n * w.row_bytes;
-        if (b0 == 0) prefetch_ahead(row, w.row_bytes);
-        dot(row, b0, std::min(w.blocks, b0 + chunk), sums[n - p0]);
+        const bool last_row = n + 1 == p1, last_chunk = b0 + chunk >= w.blocks;
+        const int64_t next_n = !last_row ? n + 1 : last_chunk ? p1 : p0;
+        const int64_t next_b0 = !last_row ? b0 : last_chunk ? 0 : b0 + chunk;
+        dot(w.data + n * w.row_bytes, b0, std::min(w.blocks, b0 + chunk), sums[n - p0], w.data + next_n * w.row_bytes, next_b0);
       }
     for (int64_t n = p0; n < p1; n++)
       for (int i = 0; i < MT; i++) y[i * y_stride + n - n0] = V::sum(sums[n - p0][i]);
@@ -371,10 +379,12 @@ void quant_matmul_rows(const inferplug_isa::WeightRows& w, int64_t n0, int64_t n
     constexpr int MT = decltype(mt)::value;
     // x's later slices find the tile in L2 (over_tiles), where a smaller chunk costs more than it saves. An MoE's x
     // holds all of a step's pairs: measured there too (a 32-stream Qwen3-30B-A3B step 3% faster than with 8 KiB).
-    const int64_t chunk = chunk_blocks(MT, x.rows > inferplug_isa::MAX_ROWS ? 16384 : 8192);
+    const int64_t chunk = chunk_blocks(MT, MT <= 2 || x.rows > inferplug_isa::MAX_ROWS ? 16384 : 8192);
     by_passes<RunSums<Dot>, MT>(w, n0, n1, chunk, y, y_stride,
-                                [&](const uint8_t* row, int64_t b0, int64_t b1, typename RunSums<Dot>::F* sums) {
-      dot_rows<Dot, Format, MT>(RowLayout<Format>(row, w.blocks), x, m, b0, b1, w.blocks, sums);
+                                [&](const uint8_t* row, int64_t b0, int64_t b1, typename RunSums<Dot>::F* sums,
+                                    const uint8_t* next_row, int64_t next_b0) {
+      dot_rows<Dot, Format, MT>(RowLayout<Format>(row, w.blocks), next_segment<Format>(next_row, next_b0, w.blocks), x,
+                                m, b0, b1, w.blocks, sums);
     });
   });
 }
