@@ -348,10 +348,27 @@ void with_rows(int64_t rows, const F& f) {
   f(std::integral_constant<int, MT>{});
 }
 
+// Moves (n, b0) to the segment that passes over rows [n0, n1) take after row n's chunk at block b0: the next row's,
+// else the pass's first row's next chunk, else the next pass's first row (past n1: the caller's next tile, as
+// over_tiles hands them out).
+inline void step_segment(int64_t n0, int64_t n1, int64_t chunk, int64_t blocks, int64_t& n, int64_t& b0) {
+  const int64_t p0 = n0 + (n - n0) / PASS_ROWS * PASS_ROWS, p1 = std::min(n1, p0 + PASS_ROWS);
+  if (n + 1 < p1) {
+    n++;
+  } else if (b0 + chunk < blocks) {
+    n = p0;
+    b0 += chunk;
+  } else {
+    n = p1;
+    b0 = 0;
+  }
+}
+
 // y[i * y_stride + n - n0] for weight rows [n0, n1), by passes of PASS_ROWS, each pass over x's blocks `chunk` at a
 // time: dot(row, b0, b1, sums, next_row, next_b0) adds blocks [b0, b1) of a row to its MT sums (V vectors, from
-// zero), which end as their lanes' sums; the segment taken after it starts at block next_b0 of next_row (past the
-// last pass, row n1's first: the caller's next tile, as over_tiles hands them out).
+// zero), which end as their lanes' sums, and asks for the lines of the segment at block next_b0 of next_row: the
+// next one, or the one after it where the rows are cut in chunks. Those segments are short (32 blocks at 8 rows of
+// x: 600 B of Q4_K), and an 8-stream Qwen3-8B step took 0.95-0.96x the time asking two ahead.
 template <typename V, int MT, typename Dot>
 void by_passes(const inferplug_isa::WeightRows& w, int64_t n0, int64_t n1, int64_t chunk, float* y, int64_t y_stride,
                const Dot& dot) {
@@ -362,9 +379,9 @@ void by_passes(const inferplug_isa::WeightRows& w, int64_t n0, int64_t n1, int64
       for (auto& s : row) s = V::zero();
     for (int64_t b0 = 0; b0 < w.blocks; b0 += chunk)
       for (int64_t n = p0; n < p1; n++) {
-        const bool last_row = n + 1 == p1, last_chunk = b0 + chunk >= w.blocks;
-        const int64_t next_n = !last_row ? n + 1 : last_chunk ? p1 : p0;
-        const int64_t next_b0 = !last_row ? b0 : last_chunk ? 0 : b0 + chunk;
+        int64_t next_n = n, next_b0 = b0;
+        for (int64_t k = 0; k < (chunk < w.blocks ? 2 : 1) && next_n < n1; k++)
+          step_segment(n0, n1, chunk, w.blocks, next_n, next_b0);
         dot(w.data + n * w.row_bytes, b0, std::min(w.blocks, b0 + chunk), sums[n - p0], w.data + next_n * w.row_bytes, next_b0);
       }
     for (int64_t n = p0; n < p1; n++)
