@@ -372,6 +372,7 @@ inline void step_segment(int64_t n0, int64_t n1, int64_t chunk, int64_t blocks, 
 template <typename V, int MT, typename Dot>
 void by_passes(const inferplug_isa::WeightRows& w, int64_t n0, int64_t n1, int64_t chunk, float* y, int64_t y_stride,
                const Dot& dot) {
+  const int64_t ahead = chunk < w.blocks ? 2 : 1;  // segments
   for (int64_t p0 = n0; p0 < n1; p0 += PASS_ROWS) {
     const int64_t p1 = std::min(n1, p0 + PASS_ROWS);
     typename V::F sums[PASS_ROWS][MT];
@@ -380,7 +381,7 @@ void by_passes(const inferplug_isa::WeightRows& w, int64_t n0, int64_t n1, int64
     for (int64_t b0 = 0; b0 < w.blocks; b0 += chunk)
       for (int64_t n = p0; n < p1; n++) {
         int64_t next_n = n, next_b0 = b0;
-        for (int64_t k = 0; k < (chunk < w.blocks ? 2 : 1) && next_n < n1; k++)
+        for (int64_t k = 0; k < ahead && next_n < n1; k++)
           step_segment(n0, n1, chunk, w.blocks, next_n, next_b0);
         dot(w.data + n * w.row_bytes, b0, std::min(w.blocks, b0 + chunk), sums[n - p0], w.data + next_n * w.row_bytes, next_b0);
       }
