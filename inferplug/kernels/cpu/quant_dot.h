@@ -17,10 +17,21 @@
 
 namespace {
 
-// The hardware prefetcher alone leaves the cores waiting on DRAM: ask for a row's lines ahead of their use.
+// The hardware prefetcher alone leaves the cores waiting on DRAM: ask for a row's lines ahead of their use, into L1
+// (T0) or into L2 only (T1).
+template <bool L2_ONLY = false>
 inline void prefetch_row(const uint8_t* row, int64_t bytes) {
-  for (int64_t at = 0; at < bytes; at += 64) _mm_prefetch(reinterpret_cast<const char*>(row + at), _MM_HINT_T0);
+  for (int64_t at = 0; at < bytes; at += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(row + at), L2_ONLY ? _MM_HINT_T1 : _MM_HINT_T0);
 }
+
+// Long weight rows taken whole (one or two rows of x) also ask for their lines FAR_AHEAD bytes on, into L2. The
+// segment ahead that comes into L1 is then an L2 hit. Measured on Zen 4 (2 threads, 1 GB sets on 2 MiB pages, in one
+// process): the 12288-input down_proj 1.19-1.29x the GB/s as Q4_K and 1.19x as Q6_K, the 4096-input Q6_K head
+// 1.15-1.19x (AVX2: 1.22x, 1.50x, 1.04x); but 4096-input Q4_K rows (2.3 KiB), which ran at 35-45 GB/s already,
+// 0.82-0.97x, so rows under LONG_ROW_BYTES leave it out. A one-stream step: Qwen3-8B 0.92-0.93x the time, Qwen3.5-9B
+// 0.93x; 2 streams flat; 8 (x cut in chunks) and Qwen3-30B-A3B's short expert rows untouched.
+constexpr int64_t FAR_AHEAD = 16384, LONG_ROW_BYTES = 3072;
 
 // f(integral_constant<int, k>) for k = 0..3: a word's index as a compile-time constant (its shift count). Inlined,
 // with f: GCC kept it a call, and the 8 unpacked weight vectors went through the stack (a quarter of a Q6_K matmul).
@@ -291,11 +302,12 @@ const uint8_t* next_segment(const uint8_t* row, int64_t b0, int64_t blocks) {
 // Rows [m, m + MT) of x against blocks [b0, b1) of one weight row (b0 a multiple of RUN), added to sums: MT dot
 // products sharing each unpacked weight step. A step of BLOCKS blocks: BLOCKS int32 sums, one conversion, a
 // multiply-add by the scales (and one by the mins), at the step's width. Each run asks for the same run of the next
-// segment (next_quants): the lines come one segment ahead, a few at a time. Asking for a whole row at its start
-// (2 KiB ahead) left a one-stream Qwen3-8B step 12% slower on Zen 4, its 8-stream step 15%.
+// segment (next_quants): the lines come one segment ahead, a few at a time, and where `far`, FAR_AHEAD on into L2.
+// Asking for a whole row at its start (2 KiB ahead) left a one-stream Qwen3-8B step 12% slower on Zen 4, its
+// 8-stream step 15%.
 template <typename Dot, typename Format, int MT>
-void dot_rows(const RowLayout<Format>& w, const uint8_t* next_quants, const inferplug_isa::QuantizedRows& x, int64_t m,
-              int64_t b0, int64_t b1, int64_t blocks, typename RunSums<Dot>::F* sums) {
+void dot_rows(const RowLayout<Format>& w, const uint8_t* next_quants, bool far, const inferplug_isa::QuantizedRows& x,
+              int64_t m, int64_t b0, int64_t b1, int64_t blocks, typename RunSums<Dot>::F* sums) {
   using V = typename Dot::V;
   constexpr int64_t GROUPS = Dot::BLOCKS / GROUP, STEPS = RunSums<Dot>::STEPS;
   static_assert(V::LANES == Dot::BLOCKS, "a float lane a block");
@@ -305,6 +317,7 @@ void dot_rows(const RowLayout<Format>& w, const uint8_t* next_quants, const infe
   for (int64_t run = b0; run < b1; run += RUN) {
     const int64_t in_run = std::min(RUN, blocks - run);
     prefetch_row(next_quants + (run - b0) * Format::QUANT_BYTES, RUN * Format::QUANT_BYTES);
+    if (far) prefetch_row<true>(w.quants + run * Format::QUANT_BYTES + FAR_AHEAD, RUN * Format::QUANT_BYTES);
     for (int p = 0; p < STEPS && p * Dot::BLOCKS < in_run; p++) {
       const int64_t h = p * Dot::BLOCKS, n = std::min(Dot::BLOCKS, in_run - h), groups = (n + GROUP - 1) / GROUP;
       const auto q = Dot::template load<Format>(w.quants + run * Format::QUANT_BYTES + WORD * h, WORD * in_run, n);
@@ -398,11 +411,12 @@ void quant_matmul_rows(const inferplug_isa::WeightRows& w, int64_t n0, int64_t n
     // x's later slices find the tile in L2 (over_tiles), where a smaller chunk costs more than it saves. An MoE's x
     // holds all of a step's pairs: measured there too (a 32-stream Qwen3-30B-A3B step 3% faster than with 8 KiB).
     const int64_t chunk = chunk_blocks(MT, MT <= 2 || x.rows > inferplug_isa::MAX_ROWS ? 16384 : 8192);
+    const bool far = chunk >= w.blocks && w.row_bytes >= LONG_ROW_BYTES;
     by_passes<RunSums<Dot>, MT>(w, n0, n1, chunk, y, y_stride,
                                 [&](const uint8_t* row, int64_t b0, int64_t b1, typename RunSums<Dot>::F* sums,
                                     const uint8_t* next_row, int64_t next_b0) {
-      dot_rows<Dot, Format, MT>(RowLayout<Format>(row, w.blocks), next_segment<Format>(next_row, next_b0, w.blocks), x,
-                                m, b0, b1, w.blocks, sums);
+      dot_rows<Dot, Format, MT>(RowLayout<Format>(row, w.blocks), next_segment<Format>(next_row, next_b0, w.blocks), far,
+                                x, m, b0, b1, w.blocks, sums);
     });
   });
 }
