@@ -378,14 +378,16 @@ inline void step_segment(int64_t n0, int64_t n1, int64_t chunk, int64_t blocks, 
 }
 
 // y[i * y_stride + n - n0] for weight rows [n0, n1), by passes of PASS_ROWS, each pass over x's blocks `chunk` at a
-// time: dot(row, b0, b1, sums, next_row, next_b0) adds blocks [b0, b1) of a row to its MT sums (V vectors, from
-// zero), which end as their lanes' sums, and asks for the lines of the segment at block next_b0 of next_row: the
-// next one, or the one after it where the rows are cut in chunks. Those segments are short (32 blocks at 8 rows of
-// x: 600 B of Q4_K), and an 8-stream Qwen3-8B step took 0.95-0.96x the time asking two ahead.
+// time: dot(row, b0, b1, sums, next_row, next_b0, far) adds blocks [b0, b1) of a row to its MT sums (V vectors,
+// from zero), which end as their lanes' sums, and asks for the lines of the segment at block next_b0 of next_row:
+// the next one, or the one after it where the rows are cut in chunks. Those segments are short (32 blocks at 8 rows
+// of x: 600 B of Q4_K), and an 8-stream Qwen3-8B step took 0.95-0.96x the time asking two ahead. far: whole rows of
+// LONG_ROW_BYTES or more, also asked for FAR_AHEAD on.
 template <typename V, int MT, typename Dot>
 void by_passes(const inferplug_isa::WeightRows& w, int64_t n0, int64_t n1, int64_t chunk, float* y, int64_t y_stride,
                const Dot& dot) {
-  const int64_t ahead = chunk < w.blocks ? 2 : 1;  // segments
+  const bool whole_rows = chunk >= w.blocks, far = whole_rows && w.row_bytes >= LONG_ROW_BYTES;
+  const int64_t ahead = whole_rows ? 1 : 2;  // segments
   for (int64_t p0 = n0; p0 < n1; p0 += PASS_ROWS) {
     const int64_t p1 = std::min(n1, p0 + PASS_ROWS);
     typename V::F sums[PASS_ROWS][MT];
@@ -396,7 +398,8 @@ void by_passes(const inferplug_isa::WeightRows& w, int64_t n0, int64_t n1, int64
         int64_t next_n = n, next_b0 = b0;
         for (int64_t k = 0; k < ahead && next_n < n1; k++)
           step_segment(n0, n1, chunk, w.blocks, next_n, next_b0);
-        dot(w.data + n * w.row_bytes, b0, std::min(w.blocks, b0 + chunk), sums[n - p0], w.data + next_n * w.row_bytes, next_b0);
+        dot(w.data + n * w.row_bytes, b0, std::min(w.blocks, b0 + chunk), sums[n - p0], w.data + next_n * w.row_bytes, next_b0,
+            far);
       }
     for (int64_t n = p0; n < p1; n++)
       for (int i = 0; i < MT; i++) y[i * y_stride + n - n0] = V::sum(sums[n - p0][i]);
@@ -411,10 +414,9 @@ void quant_matmul_rows(const inferplug_isa::WeightRows& w, int64_t n0, int64_t n
     // x's later slices find the tile in L2 (over_tiles), where a smaller chunk costs more than it saves. An MoE's x
     // holds all of a step's pairs: measured there too (a 32-stream Qwen3-30B-A3B step 3% faster than with 8 KiB).
     const int64_t chunk = chunk_blocks(MT, MT <= 2 || x.rows > inferplug_isa::MAX_ROWS ? 16384 : 8192);
-    const bool far = chunk >= w.blocks && w.row_bytes >= LONG_ROW_BYTES;
     by_passes<RunSums<Dot>, MT>(w, n0, n1, chunk, y, y_stride,
                                 [&](const uint8_t* row, int64_t b0, int64_t b1, typename RunSums<Dot>::F* sums,
-                                    const uint8_t* next_row, int64_t next_b0) {
+                                    const uint8_t* next_row, int64_t next_b0, bool far) {
       dot_rows<Dot, Format, MT>(RowLayout<Format>(row, w.blocks), next_segment<Format>(next_row, next_b0, w.blocks), far,
                                 x, m, b0, b1, w.blocks, sums);
     });

@@ -84,7 +84,8 @@ def test_kernel_equals_matmul_with_the_dequantized_weight(ops, layer_cls, rows, 
 @pytest.mark.parametrize("rows", [KERNEL_MAX_ROWS, 17])
 def test_rows_over_several_chunks_of_x_equal_each_row_alone(ops, layer_cls, rows):
     """4352 inputs (136 blocks): a pass takes x 32 blocks at a time at 8 rows, 64 where x holds more rows than a
-    pass, 128 at one row (quant_dot.h's chunk_blocks), and x goes run-major: every row still gives its bits alone."""
+    pass, and whole rows at one row (quant_dot.h's chunk_blocks), where Q6_K's and Q8_0's rows (over 3 KiB) are also
+    asked for 16 KiB ahead; x goes run-major: every row still gives its bits alone."""
     gen = torch.Generator().manual_seed(rows)
     layer = layer_cls.from_float(torch.randn(40, 4352, generator=gen) * 0.05)
     x = torch.randn(rows, 4352, generator=gen)
