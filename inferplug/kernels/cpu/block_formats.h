@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels.h"
 
@@ -173,6 +174,13 @@ struct KMinsLayout {
   float min(int64_t b) const { return -load_half(dmin, b / Format::SUPER) * static_cast<float>(m[b]); }
   __m256 group_scales(int64_t b, int64_t) const { return codes_times(sc + b, load_half(d, b / Format::SUPER)); }
   __m256 group_mins(int64_t b, int64_t) const { return codes_times(m + b, -load_half(dmin, b / Format::SUPER)); }
+#ifdef INFERPLUG_AVX512
+  // The scales (mins) of the 16 blocks from b, two whole super-blocks, in one 16-lane vector: one load, conversion
+  // and multiply of the codes, where two 8-lane groups took three each and a join (the same products, so the same
+  // bits). In cache a one-row Q4_K matmul 1.18x as fast, 8 rows 1.04x (Zen 4).
+  __m512 step_scales(int64_t b) const { return codes_times(sc + b, supers(d, b)); }
+  __m512 step_mins(int64_t b) const { return codes_times(m + b, _mm512_xor_ps(supers(dmin, b), _mm512_set1_ps(-0.f))); }
+#endif
 
  private:
   static_assert(Format::SUPER == GROUP, "a float step takes one super-block's 8 scales");
@@ -180,7 +188,23 @@ struct KMinsLayout {
     const __m256 values = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes))));
     return _mm256_mul_ps(values, _mm256_set1_ps(factor));
   }
+#ifdef INFERPLUG_AVX512
+  static __m512 codes_times(const uint8_t* codes, __m512 factors) {
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)))), factors);
+  }
+  // The fp16 values of the two super-blocks from block b, each in 8 lanes.
+  static __m512 supers(const uint8_t* halves, int64_t b) {
+    int32_t two;
+    std::memcpy(&two, halves + 2 * (b / Format::SUPER), sizeof two);
+    const __m512i lanes = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    return _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(two))));
+  }
+#endif
 };
+
+// Rows whose K-quant layout gives a 16-block step's scales and mins at once (step_scales, step_mins).
+template <typename Format>
+constexpr bool K_MINS = std::is_base_of_v<KMinsLayout<Format>, RowLayout<Format>>;
 
 template <>
 struct RowLayout<Q4_K> : KMinsLayout<Q4_K> {
