@@ -322,10 +322,7 @@ void dot_rows(const RowLayout<Format>& w, const uint8_t* next_quants, bool far, 
       const int64_t h = p * Dot::BLOCKS, n = std::min(Dot::BLOCKS, in_run - h), groups = (n + GROUP - 1) / GROUP;
       const auto q = Dot::template load<Format>(w.quants + run * Format::QUANT_BYTES + WORD * h, WORD * in_run, n);
       typename V::F scales, mins;
-      if constexpr (V::LANES == 2 * GROUP && K_MINS<Format>) {
-        if (n == Dot::BLOCKS) scales = w.step_scales(run + h), mins = w.step_mins(run + h);
-      }
-      if (!(V::LANES == 2 * GROUP && K_MINS<Format>) || n < Dot::BLOCKS) {  // a group at a time
+      const auto by_groups = [&]() INFERPLUG_INLINE {
         __m256 scale[GROUPS] = {}, min[GROUPS] = {};  // zeros for a group past the row's end (its sums are 0)
         for (int g = 0; g < groups; g++) {
           const int64_t b = run + h + g * GROUP, count = std::min(GROUP, blocks - b);
@@ -333,6 +330,12 @@ void dot_rows(const RowLayout<Format>& w, const uint8_t* next_quants, bool far, 
           if constexpr (Format::HAS_MIN) min[g] = w.group_mins(b, count);
         }
         scales = V::from_eights(scale), mins = V::from_eights(min);
+      };
+      if constexpr (V::LANES == 2 * GROUP && K_MINS<Format>) {  // a whole 16-block step in one vector
+        if (n == Dot::BLOCKS) scales = w.step_scales(run + h), mins = w.step_mins(run + h);
+        else by_groups();
+      } else {
+        by_groups();
       }
       [[maybe_unused]] typename V::F low_scales, high_scales;  // Q6_K: d times each half's sub-block scale, exact
       if constexpr (Format::BITS == 6) {
