@@ -14,7 +14,8 @@ limits.max_model_len = llama.cpp's n_ctx per sequence, and a KV cache of the sam
 n_threads = --threads, n_batch 512, one context of --streams sequences. The AWQ and GPTQ rows are compared to
 llama.cpp on the GGUF. `step GiB` is the bytes one decode step reads (inferplug: its weights as
 loaded; llama.cpp: the file's, the embedding aside), `decode / bw` one-stream decode over the bound those bytes and
-the memory bandwidth set (bandwidth as `doctor --bench` measures it). Medians throughout.
+the memory bandwidth set (bandwidth as `doctor --bench` measures it, before and after each engine's warm run; `bw` is
+the median of a round's samples, the same for both engines). Medians throughout.
 
     .venv/bin/python bench/real_size.py --layers 4 --formats gguf,awq,gptq
     .venv/bin/python bench/real_size.py --layers 4 --formats gguf --gguf-mix Q5_K_M
@@ -166,18 +167,31 @@ def measure(engine: str, fmt: str, model: Path, w: Workload, args) -> dict:
     # the first prefill, which then ran 30% slower
     used = [p for p in files_of(home) if p.stat().st_mtime >= cold_start - 1] if engine == "inferplug" else []
     read_into_page_cache(files_of(model) + used)
-    bandwidth = memory_bandwidth("cpu", 2.0)  # just before: the machine is shared, its bandwidth varies
+    before = memory_bandwidth("cpu", 2.0)  # just before and after: the machine is shared, its bandwidth varies
     row["warm"] = run_child(engine, target, w, False, env, log, args.timeout, args.max_rss_gib)
-    row["memory_bandwidth_bytes_per_s"] = bandwidth = (bandwidth + memory_bandwidth("cpu", 2.0)) / 2
+    row["bandwidth_samples"] = [before, memory_bandwidth("cpu", 2.0)]
     row["loadavg_after"] = os.getloadavg()  # the machine is shared: how busy it was
     facts = row["warm"]["stages"].get("load") or row["cold"]["stages"].get("load") or {}
-    step_bytes = decode_bytes(model) if engine == "llama.cpp" else facts.get("decode_weight_bytes")
-    decode = row["warm"]["stages"].get("decode")
-    row["decode_step_bytes"] = step_bytes
-    row["bandwidth_fraction"] = decode["decode_tok_s"] * step_bytes / bandwidth if decode and step_bytes else None
+    row["decode_step_bytes"] = decode_bytes(model) if engine == "llama.cpp" else facts.get("decode_weight_bytes")
     errors = [r["stages"]["error"]["error"] for r in (row["cold"], row["warm"]) if "error" in r["stages"]]
     row["error"] = "; ".join(dict.fromkeys(errors)) or None
     return row
+
+
+def bound_by_round(rows: list[dict]) -> None:
+    """Each row's one-stream decode against the bound its step's bytes and the round's bandwidth set: the median of
+    every sample the round took (two an engine), one figure for both engines. Each engine's own two samples moved
+    by up to 1.4x between the engines of one round on this shared host, more than the engines' fractions differ."""
+    for round_ in {r["round"] for r in rows}:
+        members = [r for r in rows if r["round"] == round_]
+        samples = [b for r in members for b in r.get("bandwidth_samples", ())]  # none where a row failed early
+        if not samples:
+            continue
+        bandwidth = statistics.median(samples)
+        for r in members:
+            decode, step_bytes = _stage(r, "warm", "decode", "decode_tok_s"), r.get("decode_step_bytes")
+            r["memory_bandwidth_bytes_per_s"] = bandwidth
+            r["bandwidth_fraction"] = decode * step_bytes / bandwidth if decode and step_bytes else None
 
 
 COLUMNS = [  # (title, figure of a row, format); the ratio rows are inferplug's figure / llama.cpp's
@@ -299,6 +313,7 @@ def main() -> None:
     for round_ in range(1, args.rounds + 1):  # the JSON is rewritten after each row: a stopped run keeps what it measured
         for engine, fmt in runs:
             rows.append(measure(engine, fmt, models[fmt], w, args) | {"round": round_})
+            bound_by_round(rows)
             Path(args.json).write_text(json.dumps({"machine": machine(), "args": {k: str(v) for k, v in vars(args).items()},
                                                    "geometry": asdict(geometry), "workload": asdict(w), "rows": rows,
                                                    "table": table(rows), "paired": paired_summary(rows)}, indent=2))
