@@ -193,9 +193,9 @@ struct Bf16Panel {
     }
     for (auto& pair : words) transpose(pair);
     transpose(values);
-    alignas(64) static const uint16_t pairs[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
-                                                   8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-    const __m512i interleave = _mm512_load_si512(pairs);  // 16 values of weight 2p, then 2p + 1's, into 16 pairs
+    alignas(64) static const uint16_t pair_order[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                                        8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i interleave = _mm512_load_si512(pair_order);  // 16 values of weight 2p, then 2p + 1's, into 16 pairs
     for (int64_t t = 0; t < blocks; t++) {
       const __m512 first = _mm512_castsi512_ps(values[t]), second = _mm512_castsi512_ps(values[8 + t]);
       const auto word = [&](int k) { return words[k / 2][k % 2 * 8 + t]; };
