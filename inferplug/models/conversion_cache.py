@@ -2,7 +2,7 @@
 INFERPLUG_HOME/conversions and mapped the next time instead of converted, as llama.cpp maps a GGUF.
 
     cached_weights(key_parts, build) -> build()'s {name: tensor or layer}, from the entry of key_parts when there is a
-                                        sound one, else built, saved and returned
+                                        sound one, else built, saved and mapped (the built copy is freed)
     cached_text(key_parts, suffix, build)
                                      -> the path of a file holding build()'s text (a GGUF's tokenizer as tokenizers'
                                         JSON), from the cache or written now; None when the cache is off
@@ -11,12 +11,14 @@ INFERPLUG_HOME/conversions and mapped the next time instead of converted, as lla
 
 An entry is one file named by the sha256 of its key parts (so no key can name a path outside the directory): a
 header (magic, FORMAT_VERSION, the key parts, each item's layout from quant/layer_codec.py, each tensor's dtype,
-shape and offset) and the tensors' bytes, page-aligned. A hit maps each tensor copy-on-write (a write into a weight
-never reaches the file) and builds it over its mapping: no copy, no read until a weight is used, and a tensor the
-model drops (q/k/v once fused into one) unmaps its pages, which would otherwise stay in the resident set (tensors
-under 2 MiB, an MoE's experts, share mappings of up to 64 MiB). The mappings ask for 2 MiB pages, and an entry the
-page cache holds in small ones is dropped from it to be read again (models/huge_pages.py: a decode step streams
-every weight, 0.74-0.85x the time on them). An entry whose header does not parse or disagrees with the file's size, the key or FORMAT_VERSION is rebuilt, never trusted;
+shape and offset) and the tensors' bytes, page-aligned. A hit maps the entry's tensors copy-on-write (a write into a weight
+never reaches the file) in one mapping and builds each tensor over it: no copy, no read until a weight is used, and
+a tensor the model drops (q/k/v once fused into one) gives its pages back (MADV_DONTNEED), which would otherwise stay
+in the resident set. One mapping, because 2 MiB pages map only a 2 MiB window that lies whole in one mapping: a
+mapping per tensor left each tensor's first and last window in 4 KiB pages (23% of gpt-oss-20b's weights; a decode
+step 0.90-0.97x the time in one mapping). The mapping asks for 2 MiB pages, and an entry the page cache holds in
+small ones is dropped from it to be read again (models/huge_pages.py: a decode step streams every weight, 0.74-0.85x
+the time on them). An entry whose header does not parse or disagrees with the file's size, the key or FORMAT_VERSION is rebuilt, never trusted;
 the bytes themselves are not hashed (that would read them all, the cost the mapping saves). The key parts carry the
 caller's own conversion version, so changing a conversion misses its old entries, which then age out.
 
@@ -41,6 +43,7 @@ import stat
 import struct
 import tempfile
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -48,13 +51,13 @@ from typing import Any, BinaryIO
 from inferplug import sources
 from inferplug.errors import ProfileError
 from inferplug.models import huge_pages
+from inferplug.models.heap import release_freed_heap
 
 log = logging.getLogger(__name__)
 
 MAGIC = b"IPCONV\x00\x00"
 FORMAT_VERSION = 2
-ALIGN = 4096  # a page: each tensor is mapped on its own, or with its small neighbours (_mapping_spans)
-SHARED_BYTES = 64 << 20
+ALIGN = 4096  # a page: a dropped tensor gives back whole pages, none of its neighbours'
 SIZE_ENV = "INFERPLUG_CONVERSION_CACHE_GIB"
 DEFAULT_GIB = 16.0
 ENTRY_NAME = re.compile(r"^[0-9a-f]{64}(\.entry|\.[a-z]+\.json)$")  # weights, or a cached_text file
@@ -73,11 +76,20 @@ def cached_weights(key_parts: Sequence[object], build: Callable[[], dict[str, An
         return found
     weights = build()
     try:
-        if write_entry(path, key, weights, limit):
-            evict(folder, limit, keep=path)
+        if not write_entry(path, key, weights, limit):
+            return weights
+        evict(folder, limit, keep=path)
     except OSError as exc:  # a full disk or a read-only home: the load still succeeds, just uncached
         log.warning("conversion cache: cannot save %s (%s); the next load converts again", path, exc)
-    return weights
+        return weights
+    mapped = read_entry(path, key)
+    if mapped is None:
+        return weights
+    # the entry's mapping in place of the converted copy, whose pages are 4 KiB ones (a Qwen3-8B decode step on the
+    # copy took 130-166 ms against 127-133 on the mapping); the copy's memory goes back to the OS, not to the heap
+    del weights
+    release_freed_heap()
+    return mapped
 
 
 def cached_text(key_parts: Sequence[object], suffix: str, build: Callable[[], str]) -> Path | None:
@@ -216,37 +228,26 @@ def _decode(fd: int, key: list[str], size: int) -> dict[str, Any]:
         layout.append((getattr(torch, dtype), shape, data + offset, nbytes))
     if huge_pages.prefer_huge_folios(fd, data, header["data_bytes"]):
         log.info("conversion cache: the page cache held this entry in 4 KiB pages; dropped, to be read again in 2 MiB ones")
-    spans, mappings = _mapping_spans(layout), {}
+    mapped = mmap.mmap(fd, header["data_bytes"], access=mmap.ACCESS_COPY, offset=data) if header["data_bytes"] else None
+    if mapped is not None:
+        huge_pages.advise(mapped)
 
-    def tensor(index: int) -> torch.Tensor:  # it holds its mapping: the pages go when the mapping's last tensor does
+    def tensor(index: int) -> torch.Tensor:
         dtype, shape, offset, nbytes = layout[index]
         if not nbytes:
             return torch.empty(shape, dtype=dtype)
-        start, span = spans[index]
-        if start not in mappings:
-            mappings[start] = mmap.mmap(fd, span, access=mmap.ACCESS_COPY, offset=start)
-            huge_pages.advise(mappings[start])
-        return torch.frombuffer(mappings[start], dtype=torch.uint8, count=nbytes, offset=offset - start).view(
-            dtype).view(shape)
+        span = memoryview(mapped)[offset - data:offset - data + nbytes]
+        # the tensor and its views hold `span`; when the last goes, its pages leave the resident set
+        weakref.finalize(span, _give_back, mapped, offset - data, _aligned(nbytes)).atexit = False
+        return torch.frombuffer(span, dtype=torch.uint8).view(dtype).view(shape)
 
     return {name: rebuild(item, tensor) for name, item in header["items"].items()}
 
 
-def _mapping_spans(layout: list[tuple[Any, Any, int, int]]) -> list[tuple[int, int]]:
-    """Each tensor's mapping as (file offset, bytes). A tensor of 2 MiB or more has its own, so a tensor the model
-    drops takes its pages with it; consecutive smaller ones (an MoE's experts, 0.6-1.7 MB each) share one of up to
-    SHARED_BYTES, which 2 MiB pages can cover (a mapping each covered none: Qwen3-30B-A3B's experts are 93% of it)."""
-    runs: list[list[Any]] = []  # [start, end, shared] in file order
-    of_tensor = []
-    for _, _, offset, nbytes in layout:
-        small = nbytes < huge_pages.HUGE
-        run = runs[-1] if runs else None
-        if not (small and run and run[2] and run[1] <= offset and offset + nbytes - run[0] <= SHARED_BYTES):
-            run = [offset, offset, small]
-            runs.append(run)
-        run[1] = offset + nbytes
-        of_tensor.append(run)
-    return [(run[0], run[1] - run[0]) for run in of_tensor]
+def _give_back(mapped: mmap.mmap, start: int, length: int) -> None:
+    """Drops a dead tensor's pages from this process (the page cache keeps them); the mapping goes with the last."""
+    if hasattr(mmap, "MADV_DONTNEED"):
+        mapped.madvise(mmap.MADV_DONTNEED, start, length)
 
 
 def write_entry(path: Path, key: list[str], weights: dict[str, Any], limit: int) -> bool:

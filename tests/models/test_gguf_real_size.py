@@ -72,7 +72,7 @@ def test_a_wide_q4_k_m_gguf_loads_in_its_bits_within_the_plans_memory(wide_gguf,
     profile.write_text(f'backend = "native"\n[model]\npath = "{wide_gguf}"\n[quantization]\nformat = "gguf"\n'
                        '[cache]\nmemory = "128MiB"\n[limits]\nmax_model_len = 1024\nmax_num_seqs = 4\n')
     probe = Path(__file__).with_name("rss_probe.py")
-    home = {**os.environ, "INFERPLUG_HOME": str(tmp_path / "home")}  # a first load: converted, not mapped from a cache
+    home = {**os.environ, "INFERPLUG_HOME": str(tmp_path / "home")}  # a first load: it converts, saves and maps the entry
     done = subprocess.run([sys.executable, str(probe), str(profile)], capture_output=True, text=True, timeout=600, env=home)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])

@@ -1,9 +1,10 @@
-"""Weights and KV pools on 2 MiB pages (models/huge_pages.py): a conversion-cache hit maps its large tensors with
-one page-table entry per 2 MiB whatever folios the page cache held, and drops the cache only once; a KV pool is
-zeroed into 2 MiB pages."""
+"""Weights and KV pools on 2 MiB pages (models/huge_pages.py): a conversion-cache hit maps its tensors with one
+page-table entry per 2 MiB, across their edges, whatever folios the page cache held, drops the cache only once, and
+gives a dropped tensor's pages back; a KV pool is zeroed into 2 MiB pages."""
 
 from __future__ import annotations
 
+import gc
 import mmap
 import os
 import re
@@ -77,16 +78,48 @@ def rewrite_in_small_pieces(path: Path) -> None:
         os.close(fd)
 
 
-def test_a_hit_maps_its_large_tensor_on_2_mib_pages_whatever_the_write_left(home):
-    built = weights()
+def test_a_hit_maps_its_tensors_on_2_mib_pages_across_their_edges_whatever_the_write_left(home):
+    gen = torch.Generator().manual_seed(1)
+    built = {**weights(), **{f"part{i}": torch.randint(0, 256, (4 * MIB,), dtype=torch.uint8, generator=gen)
+                             for i in range(4)}}
     cached_weights(["huge"], lambda: built)
     [entry] = (home / "conversions").glob("*.entry")
     rewrite_in_small_pieces(entry)
     hit = cached_weights(["huge"], lambda: pytest.fail("converted again"))
     before = pmd_mapped_kib()
-    assert torch.equal(hit["large"], built["large"]) and torch.equal(hit["small"], built["small"])
-    # the tensor starts 4 KiB-aligned in the file, so all but its first and last 2 MiB window can map whole
-    assert pmd_mapped_kib() - before >= 4 * 1024
+    assert all(torch.equal(hit[name], tensor) for name, tensor in built.items())
+    # 24 MiB of tensors, 4 KiB-aligned in the file: in one mapping, every 2 MiB window but the data's first and last
+    # maps whole, those across two tensors' edge too (a mapping per tensor: at most 1 of each 4 MiB part's 2)
+    assert pmd_mapped_kib() - before >= 20 * 1024
+
+
+def entry_rss_kib(entry: Path) -> int:
+    """The resident KiB of this process's mappings of `entry`."""
+    total, ours = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+            ours = line.endswith(str(entry))
+        elif ours and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+def test_a_tensor_the_model_drops_leaves_the_resident_set(home):
+    built = weights()
+    cached_weights(["huge"], lambda: built)
+    [entry] = (home / "conversions").glob("*.entry")
+    hit = cached_weights(["huge"], lambda: pytest.fail("converted again"))
+    kept = hit["large"][: 2 * MIB]  # a view holds its tensor's pages
+    assert int(hit["large"].sum()) == int(built["large"].sum())
+    resident = entry_rss_kib(entry)
+    assert resident >= 8 * 1024
+    del hit["large"]
+    gc.collect()
+    assert entry_rss_kib(entry) >= 8 * 1024 and torch.equal(kept, built["large"][: 2 * MIB])
+    del kept
+    gc.collect()
+    assert entry_rss_kib(entry) <= resident - 7 * 1024  # its pages given back (the small tensor's window may stay)
+    assert torch.equal(hit["small"], built["small"])
 
 
 def test_a_hit_on_huge_folios_keeps_the_page_cache(home, monkeypatch):
