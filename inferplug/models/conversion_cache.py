@@ -23,8 +23,11 @@ the bytes themselves are not hashed (that would read them all, the cost the mapp
 caller's own conversion version, so changing a conversion misses its old entries, which then age out.
 
 Bound: INFERPLUG_CONVERSION_CACHE_GIB (default 16: a 7B AWQ model converts to ~5.4 GB, so two or three models).
-After a write the least recently used entries (by mtime, which a hit touches) are deleted until the rest fit; an
-entry larger than the bound is not written at all. 0 turns the cache off.
+After a write the least recently used entries (by mtime, which a hit touches) are deleted until the rest fit. An
+entry larger than the default bound is kept alone (the others go), so a model of more than 16 GiB (Qwen3-30B-A3B's
+18.6 GB) maps on its later loads instead of converting on each (124 s at 48 layers); one larger than a bound the
+variable sets is not written at all, and no entry is written that would leave its disk under DISK_SLACK free.
+0 turns the cache off.
 Symlinks: entries are opened with O_NOFOLLOW and the directory is checked with lstat. A symlink where an entry
 belongs is never read (the rebuilt entry replaces the link), and a symlinked cache directory is not used.
 Writes go to a temp file in the directory, then os.replace: no reader ever sees half an entry.
@@ -39,6 +42,7 @@ import math
 import mmap
 import os
 import re
+import shutil
 import stat
 import struct
 import tempfile
@@ -60,6 +64,7 @@ FORMAT_VERSION = 2
 ALIGN = 4096  # a page: a dropped tensor gives back whole pages, none of its neighbours'
 SIZE_ENV = "INFERPLUG_CONVERSION_CACHE_GIB"
 DEFAULT_GIB = 16.0
+DISK_SLACK = 4 << 30  # what an entry's write leaves free on its disk, at least
 ENTRY_NAME = re.compile(r"^[0-9a-f]{64}(\.entry|\.[a-z]+\.json)$")  # weights, or a cached_text file
 TEMP_PREFIX = ".part-"
 STALE_TEMP_S = 3600  # a live write of a 7B entry takes well under a minute
@@ -251,7 +256,8 @@ def _give_back(mapped: mmap.mmap, start: int, length: int) -> None:
 
 
 def write_entry(path: Path, key: list[str], weights: dict[str, Any], limit: int) -> bool:
-    """Writes the entry atomically; False (nothing written) when it alone would exceed the bound."""
+    """Writes the entry atomically; False (nothing written) when it alone would exceed a bound the variable sets, or
+    leave its disk under DISK_SLACK free."""
     import torch
 
     from inferplug.quant.layer_codec import flatten
@@ -265,9 +271,19 @@ def write_entry(path: Path, key: list[str], weights: dict[str, Any], limit: int)
     header = json.dumps({"format": FORMAT_VERSION, "key": key, "items": items, "tensors": layout,
                          "data_bytes": offset}).encode()
     data = _aligned(len(MAGIC) + 8 + len(header))
-    if data + offset > limit:
-        log.info("conversion cache: %s's %.1f GiB exceed %s; not saved", path.name, (data + offset) / 2**30, SIZE_ENV)
+    gib = (data + offset) / 2**30
+    if data + offset > limit and os.environ.get(SIZE_ENV, "").strip():
+        log.warning("conversion cache: this model's %.1f GiB of converted weights exceed %s=%s, so it is not saved and "
+                    "every load converts again; raise %s to keep it", gib, SIZE_ENV, os.environ[SIZE_ENV], SIZE_ENV)
         return False
+    if data + offset + DISK_SLACK > shutil.disk_usage(path.parent).free:
+        log.warning("conversion cache: saving this model's %.1f GiB of converted weights would leave %s under %d GiB "
+                    "free; not saved, so every load converts again", gib, path.parent, DISK_SLACK >> 30)
+        return False
+    if data + offset > limit:
+        log.info("conversion cache: this model's %.1f GiB exceed the default bound of %.0f GiB; it is kept alone",
+                 gib, DEFAULT_GIB)
+
     def write(f: BinaryIO) -> None:
         f.write(MAGIC + struct.pack("<Q", len(header)) + header)
         for t, entry in zip(tensors, layout):

@@ -212,11 +212,33 @@ def test_eviction_keeps_the_bound_and_the_recently_used(home, monkeypatch):
     assert calls_again == []  # "a" (just used) and "d" (just written) stayed
 
 
-def test_an_entry_larger_than_the_bound_is_not_written(home, monkeypatch):
+def test_an_entry_larger_than_the_bound_set_is_not_written(home, monkeypatch, caplog):
     monkeypatch.setenv(conversion_cache.SIZE_ENV, str(16 / (1 << 20)))  # 16 KiB
     build, calls = counting({"w": torch.zeros(1 << 20, dtype=torch.uint8)})
     cached_weights(["big"], build)
     assert not entries(home)
+    assert "exceed INFERPLUG_CONVERSION_CACHE_GIB=" in caplog.text and "raise INFERPLUG_CONVERSION_CACHE_GIB" in caplog.text
+
+
+def test_an_entry_larger_than_the_default_bound_is_kept_alone(home, monkeypatch):
+    monkeypatch.setattr(conversion_cache, "DEFAULT_GIB", 1 / 1024)  # 1 MiB, the variable unset
+    build, calls = counting({"w": torch.zeros(64 << 10, dtype=torch.uint8)})
+    cached_weights(["small"], build)
+    big = {"w": torch.arange(4 << 20, dtype=torch.int32).to(torch.uint8)}
+    build_big, calls_big = counting(big)
+    cached_weights(["big"], build_big)
+    assert len(entries(home)) == 1  # the small one went
+    assert torch.equal(cached_weights(["big"], build_big)["w"], big["w"]) and calls_big == [1]  # a hit: mapped
+
+
+def test_no_entry_leaves_its_disk_nearly_full(home, monkeypatch, caplog):
+    import shutil
+
+    usage = shutil.disk_usage(home.parent)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=conversion_cache.DISK_SLACK + (1 << 20)))
+    build, calls = counting({"w": torch.zeros(2 << 20, dtype=torch.uint8)})
+    assert torch.equal(cached_weights(["big"], build)["w"], torch.zeros(2 << 20, dtype=torch.uint8))
+    assert not entries(home) and "would leave" in caplog.text and "under 4 GiB free" in caplog.text
 
 
 def test_the_bound_setting_is_checked(home, monkeypatch):
