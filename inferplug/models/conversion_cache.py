@@ -16,7 +16,7 @@ never reaches the file) in one mapping and builds each tensor over it: no copy, 
 a tensor the model drops (q/k/v once fused into one) gives its pages back (MADV_DONTNEED), which would otherwise stay
 in the resident set. One mapping, because 2 MiB pages map only a 2 MiB window that lies whole in one mapping: a
 mapping per tensor left each tensor's first and last window in 4 KiB pages (23% of gpt-oss-20b's weights; a decode
-step 0.90-0.97x the time in one mapping). The mapping asks for 2 MiB pages, and an entry the page cache holds in
+step 0.88-0.98x the time in one mapping). The mapping asks for 2 MiB pages, and an entry the page cache holds in
 small ones is dropped from it to be read again (models/huge_pages.py: a decode step streams every weight, 0.74-0.85x
 the time on them). An entry whose header does not parse or disagrees with the file's size, the key or FORMAT_VERSION is rebuilt, never trusted;
 the bytes themselves are not hashed (that would read them all, the cost the mapping saves). The key parts carry the
