@@ -24,7 +24,8 @@ caller's own conversion version, so changing a conversion misses its old entries
 
 Bound: INFERPLUG_CONVERSION_CACHE_GIB (default 16: a 7B AWQ model converts to ~5.4 GB, so two or three models).
 After a write the least recently used entries (by mtime, which a hit touches) are deleted until the rest fit. An
-entry larger than the default bound is kept alone (the others go), so a model of more than 16 GiB (Qwen3-30B-A3B's
+entry larger than the default bound is kept alone (the others go; under the default the most recently used weights
+entry is never evicted, so the model's tokenizer file, written first on its next load, cannot push it out), so a model of more than 16 GiB (Qwen3-30B-A3B's
 18.6 GB) maps on its later loads instead of converting on each (124 s at 48 layers); one larger than a bound the
 variable sets is not written at all, and no entry is written that would leave its disk under DISK_SLACK free.
 0 turns the cache off.
@@ -87,7 +88,11 @@ def cached_weights(key_parts: Sequence[object], build: Callable[[], dict[str, An
     except OSError as exc:  # a full disk or a read-only home: the load still succeeds, just uncached
         log.warning("conversion cache: cannot save %s (%s); the next load converts again", path, exc)
         return weights
-    mapped = read_entry(path, key)
+    try:
+        mapped = read_entry(path, key)
+    except OSError as exc:  # mmap refused (no address space, a strict overcommit): run on the converted copy
+        log.warning("conversion cache: cannot map %s (%s); this load runs on its converted copy", path, exc)
+        return weights
     if mapped is None:
         return weights
     # the entry's mapping in place of the converted copy, whose pages are 4 KiB ones (a Qwen3-8B decode step on the
@@ -233,26 +238,28 @@ def _decode(fd: int, key: list[str], size: int) -> dict[str, Any]:
         layout.append((getattr(torch, dtype), shape, data + offset, nbytes))
     if huge_pages.prefer_huge_folios(fd, data, header["data_bytes"]):
         log.info("conversion cache: the page cache held this entry in 4 KiB pages; dropped, to be read again in 2 MiB ones")
-    mapped = mmap.mmap(fd, header["data_bytes"], access=mmap.ACCESS_COPY, offset=data) if header["data_bytes"] else None
-    if mapped is not None:
-        huge_pages.advise(mapped)
+    mapped = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)  # from offset 0: any page size maps it
+    huge_pages.advise(mapped)
 
     def tensor(index: int) -> torch.Tensor:
         dtype, shape, offset, nbytes = layout[index]
         if not nbytes:
             return torch.empty(shape, dtype=dtype)
-        span = memoryview(mapped)[offset - data:offset - data + nbytes]
+        span = memoryview(mapped)[offset:offset + nbytes]
         # the tensor and its views hold `span`; when the last goes, its pages leave the resident set
-        weakref.finalize(span, _give_back, mapped, offset - data, _aligned(nbytes)).atexit = False
+        weakref.finalize(span, _give_back, mapped, offset, offset + nbytes).atexit = False
         return torch.frombuffer(span, dtype=torch.uint8).view(dtype).view(shape)
 
     return {name: rebuild(item, tensor) for name, item in header["items"].items()}
 
 
-def _give_back(mapped: mmap.mmap, start: int, length: int) -> None:
-    """Drops a dead tensor's pages from this process (the page cache keeps them); the mapping goes with the last."""
-    if hasattr(mmap, "MADV_DONTNEED"):
-        mapped.madvise(mmap.MADV_DONTNEED, start, length)
+def _give_back(mapped: mmap.mmap, start: int, end: int) -> None:
+    """Drops the pages inside a dead tensor's bytes [start, end) from this process (the page cache keeps them), none
+    a neighbour shares (tensors are ALIGN-aligned; a host with larger pages keeps the edge ones); the mapping goes
+    with the last tensor."""
+    first, last = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, -(-end // ALIGN) * ALIGN // mmap.PAGESIZE * mmap.PAGESIZE
+    if last > first and hasattr(mmap, "MADV_DONTNEED"):
+        mapped.madvise(mmap.MADV_DONTNEED, first, last - first)
 
 
 def write_entry(path: Path, key: list[str], weights: dict[str, Any], limit: int) -> bool:
@@ -297,13 +304,19 @@ def write_entry(path: Path, key: list[str], weights: dict[str, Any], limit: int)
 
 
 def evict(folder: Path, limit: int, keep: Path) -> None:
-    """Deletes the least recently used entries until the rest fit in `limit` (`keep`, the newest, stays)."""
-    entries = scan_entries(folder, ENTRY_NAME)
+    """Deletes the least recently used entries until the rest fit in `limit` (`keep`, the newest, stays). Under the
+    default bound the most recently used weights entry stays too: one larger than the bound is kept alone, and a
+    model's tokenizer file written on its next load (before its weights are read) must not push it out."""
+    entries = sorted(scan_entries(folder, ENTRY_NAME))
     total = sum(size for _, size, _ in entries)
-    for _, size, path in sorted(entries):
+    kept = {keep}
+    weights = [path for _, _, path in entries if path.suffix == ".entry"]
+    if weights and not os.environ.get(SIZE_ENV, "").strip():
+        kept.add(weights[-1])
+    for _, size, path in entries:
         if total <= limit:
             break
-        if path != keep:
+        if path not in kept:
             path.unlink(missing_ok=True)
             total -= size
 

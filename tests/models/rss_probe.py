@@ -13,7 +13,7 @@ def peak_rss_bytes() -> int:
         return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM"))
 
 
-def read_every_tensor(obj, seen: set[int] | None = None, depth: int = 4) -> None:
+def read_every_tensor(obj, seen: set[int] | None = None, depth: int = 8) -> None:
     """Reads each tensor held by obj, its lists, dicts and attributes, a few levels down (a layer's blocks, scales
     and biases, a module's buffers; an MoE's stacked experts)."""
     import torch

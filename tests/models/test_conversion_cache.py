@@ -229,6 +229,23 @@ def test_an_entry_larger_than_the_default_bound_is_kept_alone(home, monkeypatch)
     cached_weights(["big"], build_big)
     assert len(entries(home)) == 1  # the small one went
     assert torch.equal(cached_weights(["big"], build_big)["w"], big["w"]) and calls_big == [1]  # a hit: mapped
+    # the next load writes its tokenizer file before it reads its weights: the big entry stays
+    cached_text(["big", "tokenizer"], ".tokenizer.json", lambda: "{}")
+    assert torch.equal(cached_weights(["big"], build_big)["w"], big["w"]) and calls_big == [1]
+
+
+def test_a_first_load_that_cannot_map_its_entry_runs_on_the_converted_copy(home, monkeypatch, caplog):
+    import errno
+    import mmap
+
+    built = {"w": torch.arange(10)}
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(mmap, "mmap", refuse)
+    assert cached_weights(["nomap"], lambda: dict(built))["w"] is built["w"]
+    assert len(entries(home)) == 1 and "cannot map" in caplog.text
 
 
 def test_no_entry_leaves_its_disk_nearly_full(home, monkeypatch, caplog):
