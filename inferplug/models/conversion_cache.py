@@ -25,10 +25,10 @@ caller's own conversion version, so changing a conversion misses its old entries
 Bound: INFERPLUG_CONVERSION_CACHE_GIB (default 16: a 7B AWQ model converts to ~5.4 GB, so two or three models).
 After a write the least recently used entries (by mtime, which a hit touches) are deleted until the rest fit. An
 entry larger than the default bound is kept alone (the others go; under the default the most recently used weights
-entry is never evicted, so the model's tokenizer file, written first on its next load, cannot push it out), so a model of more than 16 GiB (Qwen3-30B-A3B's
-18.6 GB) maps on its later loads instead of converting on each (124 s at 48 layers); one larger than a bound the
-variable sets is not written at all, and no entry is written that would leave its disk under DISK_SLACK free.
-0 turns the cache off.
+entry is never evicted, so the model's tokenizer file, written first on its next load, cannot push it out), so a
+model of more than 16 GiB (Qwen3-30B-A3B's 18.6 GB) maps on its later loads instead of converting on each (124 s at
+48 layers); one larger than a bound the variable sets is not written at all, and no entry is written that would
+leave its disk under DISK_SLACK free. 0 turns the cache off.
 Symlinks: entries are opened with O_NOFOLLOW and the directory is checked with lstat. A symlink where an entry
 belongs is never read (the rebuilt entry replaces the link), and a symlinked cache directory is not used.
 Writes go to a temp file in the directory, then os.replace: no reader ever sees half an entry.
@@ -159,6 +159,11 @@ def file_identity(path: Path) -> str:
     return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
 
 
+def bound_is_set() -> bool:
+    """Whether SIZE_ENV sets the bound (kept strictly), rather than the default (which keeps a larger entry alone)."""
+    return bool(os.environ.get(SIZE_ENV, "").strip())
+
+
 def limit_bytes() -> int:
     raw = os.environ.get(SIZE_ENV, "").strip()
     try:
@@ -257,7 +262,7 @@ def _give_back(mapped: mmap.mmap, start: int, end: int) -> None:
     """Drops the pages inside a dead tensor's bytes [start, end) from this process (the page cache keeps them), none
     a neighbour shares (tensors are ALIGN-aligned; a host with larger pages keeps the edge ones); the mapping goes
     with the last tensor."""
-    first, last = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, -(-end // ALIGN) * ALIGN // mmap.PAGESIZE * mmap.PAGESIZE
+    first, last = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, _aligned(end) // mmap.PAGESIZE * mmap.PAGESIZE
     if last > first and hasattr(mmap, "MADV_DONTNEED"):
         mapped.madvise(mmap.MADV_DONTNEED, first, last - first)
 
@@ -279,7 +284,7 @@ def write_entry(path: Path, key: list[str], weights: dict[str, Any], limit: int)
                          "data_bytes": offset}).encode()
     data = _aligned(len(MAGIC) + 8 + len(header))
     gib = (data + offset) / 2**30
-    if data + offset > limit and os.environ.get(SIZE_ENV, "").strip():
+    if data + offset > limit and bound_is_set():
         log.warning("conversion cache: this model's %.1f GiB of converted weights exceed %s=%s, so it is not saved and "
                     "every load converts again; raise %s to keep it", gib, SIZE_ENV, os.environ[SIZE_ENV], SIZE_ENV)
         return False
@@ -311,7 +316,7 @@ def evict(folder: Path, limit: int, keep: Path) -> None:
     total = sum(size for _, size, _ in entries)
     kept = {keep}
     weights = [path for _, _, path in entries if path.suffix == ".entry"]
-    if weights and not os.environ.get(SIZE_ENV, "").strip():
+    if weights and not bound_is_set():
         kept.add(weights[-1])
     for _, size, path in entries:
         if total <= limit:
