@@ -27,8 +27,9 @@ After a write the least recently used entries (by mtime, which a hit touches) ar
 entry larger than the default bound is kept alone (the others go; under the default the most recently used weights
 entry is never evicted, so the model's tokenizer file, written first on its next load, cannot push it out), so a
 model of more than 16 GiB (Qwen3-30B-A3B's 18.6 GB) maps on its later loads instead of converting on each (124 s at
-48 layers); one larger than a bound the variable sets is not written at all, and no entry is written that would
-leave its disk under DISK_SLACK free. 0 turns the cache off.
+48 layers); one larger than a bound the variable sets is not written at all. No entry is written that would leave
+its disk under DISK_SLACK free: the least recently used entries are deleted first when that makes room (a stale model
+gives way to the one loading now), and nothing is when it would not. 0 turns the cache off.
 Symlinks: entries are opened with O_NOFOLLOW and the directory is checked with lstat. A symlink where an entry
 belongs is never read (the rebuilt entry replaces the link), and a symlinked cache directory is not used.
 Writes go to a temp file in the directory, then os.replace: no reader ever sees half an entry.
@@ -269,7 +270,7 @@ def _give_back(mapped: mmap.mmap, start: int, end: int) -> None:
 
 def write_entry(path: Path, key: list[str], weights: dict[str, Any], limit: int) -> bool:
     """Writes the entry atomically; False (nothing written) when it alone would exceed a bound the variable sets, or
-    leave its disk under DISK_SLACK free."""
+    leave its disk under DISK_SLACK free with every other entry deleted."""
     import torch
 
     from inferplug.quant.layer_codec import flatten
@@ -288,9 +289,10 @@ def write_entry(path: Path, key: list[str], weights: dict[str, Any], limit: int)
         log.warning("conversion cache: this model's %.1f GiB of converted weights exceed %s=%s, so it is not saved and "
                     "every load converts again; raise %s to keep it", gib, SIZE_ENV, os.environ[SIZE_ENV], SIZE_ENV)
         return False
-    if data + offset + DISK_SLACK > shutil.disk_usage(path.parent).free:
+    if not _room_on_disk(path, data + offset + DISK_SLACK):
         log.warning("conversion cache: saving this model's %.1f GiB of converted weights would leave %s under %d GiB "
-                    "free; not saved, so every load converts again", gib, path.parent, DISK_SLACK >> 30)
+                    "free, even without the cache's other entries; not saved, so every load converts again", gib,
+                    path.parent, DISK_SLACK >> 30)
         return False
     if data + offset > limit:
         log.info("conversion cache: this model's %.1f GiB exceed the default bound of %.0f GiB; it is kept alone",
@@ -306,6 +308,27 @@ def write_entry(path: Path, key: list[str], weights: dict[str, Any], limit: int)
 
     write_atomically(path, write)
     return True
+
+
+def _room_on_disk(path: Path, need: int) -> bool:
+    """Whether `need` bytes are free on path's disk, after deleting the cache's least recently used entries if that
+    makes them so (an old model's entry gives way to the one loading now, as the bound's eviction would). Nothing is
+    deleted when even all of them would not make room. An entry another process still maps frees its space only when
+    that process ends, so the disk is asked again after each deletion."""
+    free = shutil.disk_usage(path.parent).free
+    if need <= free:
+        return True
+    others = [(size, entry) for _, size, entry in sorted(scan_entries(path.parent, ENTRY_NAME))
+              if entry.suffix == ".entry" and entry != path]  # weights entries: the text files are small
+    if free + sum(size for size, _ in others) < need:
+        return False
+    for size, entry in others:
+        entry.unlink(missing_ok=True)
+        log.info("conversion cache: deleted %s (%.1f GiB, least recently used) to make room on its disk", entry.name,
+                 size / 2**30)
+        if need <= shutil.disk_usage(path.parent).free:
+            return True
+    return False
 
 
 def evict(folder: Path, limit: int, keep: Path) -> None:

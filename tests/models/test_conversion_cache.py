@@ -258,6 +258,32 @@ def test_no_entry_leaves_its_disk_nearly_full(home, monkeypatch, caplog):
     assert not entries(home) and "would leave" in caplog.text and "under 4 GiB free" in caplog.text
 
 
+def test_an_old_entry_gives_way_when_the_disk_is_nearly_full(home, monkeypatch, caplog):
+    import logging
+    import shutil
+
+    caplog.set_level(logging.INFO, logger=conversion_cache.__name__)
+    cached_weights(["old"], lambda: {"w": torch.ones(2 << 20, dtype=torch.uint8)})
+    cached_weights(["small"], lambda: {"w": torch.ones(64 << 10, dtype=torch.uint8)})
+    old, small = sorted(entries(home), key=lambda p: p.stat().st_size, reverse=True)
+    os.utime(old, ns=(0, 0))  # the least recently used
+    usage, sizes = shutil.disk_usage(home.parent), {p: p.stat().st_size for p in (old, small)}
+
+    def disk_usage(path):  # 1 MiB over the slack, plus what the cache's deletions freed
+        return usage._replace(free=conversion_cache.DISK_SLACK + (1 << 20) + sum(
+            size for p, size in sizes.items() if not p.exists()))
+
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage)
+    new = {"w": torch.arange(2 << 20).to(torch.uint8)}
+    assert torch.equal(cached_weights(["new"], lambda: dict(new))["w"], new["w"])
+    assert not old.exists() and small.exists() and len(entries(home)) == 2  # the old one alone made room
+    assert "to make room on its disk" in caplog.text
+
+    huge = {"w": torch.zeros(8 << 20, dtype=torch.uint8)}  # more than every other entry could free
+    cached_weights(["huge"], lambda: dict(huge))
+    assert len(entries(home)) == 2 and "even without the cache's other entries" in caplog.text  # nothing deleted
+
+
 def test_the_bound_setting_is_checked(home, monkeypatch):
     from inferplug.errors import ProfileError
 
