@@ -15,6 +15,14 @@ if TYPE_CHECKING:
     from inferplug.models.gguf import GGUFFile
 
 ACTIVATIONS = ("silu", "gelu_tanh", "swiglu_oai")  # the gated MLP's: SwiGLU, GeGLU (tanh gelu), gpt-oss's clamped SwiGLU
+# the texts of the tokens llama.cpp takes as a reply's end in any GGUF whose vocabulary has them (its EOG set): a
+# GGUF names one EOS id, often the base model's (<eos>, <|endoftext|>), while a chat model ends its turns with another
+# (Gemma 3's <end_of_turn>, Qwen's <|im_end|>, Llama 3's <|eot_id|>); and fill-in-the-middle's pad, repository and
+# file-separator tokens, where a code model's completion leaves its file
+END_TOKENS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>",
+              "<|end_of_text|>", "<end_of_utterance>", "<｜end▁of▁sentence｜>",
+              "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>",
+              "<reponame>", "<|file_sep|>")
 
 
 @dataclass(frozen=True)
@@ -32,9 +40,10 @@ class Family:
     attention_sinks: bool = False  # one learned logit per head joins each query's softmax, then is dropped (gpt-oss)
     all_biases: bool = False  # biases on q/k/v/o, the router and every expert (gpt-oss)
     gguf_interleaved_rope: bool = False  # llama.cpp's converter interleaves Q/K rows (NORM RoPE): undone at load
-    # tokens that end a reply besides the GGUF's EOS / EOT ids, found by their text as llama.cpp finds its EOG tokens
-    # (gpt-oss: <|return|> and <|call|>; an HF dir lists them in generation_config.json)
-    end_tokens: tuple[str, ...] = ()
+    # tokens that end a reply besides the GGUF's EOS / EOT ids, found by their text as llama.cpp finds its EOG tokens;
+    # a family whose turns end otherwise names its own (gpt-oss: <|return|> and <|call|>, where <|end|> ends a
+    # message, not the reply). An HF dir lists them in generation_config.json.
+    end_tokens: tuple[str, ...] = END_TOKENS
     # GGUF layer tensor part -> HF module, where the family's differ from Llama's (models/gguf_convert._LAYER_NAMES)
     gguf_layer_names: dict[str, str] = field(default_factory=dict)
     # the family's own config fields (ModelConfig keyword arguments) from config.json, and from a GGUF's metadata

@@ -63,9 +63,8 @@ def config_from_gguf(gguf: GGUFFile) -> ModelConfig:
     vocab = count("vocab_size", embedding.shape[0] if embedding is not None else None)
     head_dim = count("attention.key_length", count("rope.dimension_count", hidden // heads))
     eos = [_token_id(gguf, key) for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if key in meta]
-    if family.end_tokens:
-        ids = {token: i for i, token in enumerate(meta.get("tokenizer.ggml.tokens", ())) if token in family.end_tokens}
-        eos += [ids[token] for token in family.end_tokens if token in ids]
+    ids = {token: i for i, token in enumerate(meta.get("tokenizer.ggml.tokens", ())) if token in family.end_tokens}
+    eos += [ids[token] for token in family.end_tokens if token in ids]
     window = gguf.arch_key("attention.sliding_window")
     # per layer where they differ (Gemma 4: its family reads them)
     kv_heads, ffn = gguf.arch_key("attention.head_count_kv"), gguf.arch_key("feed_forward_length")

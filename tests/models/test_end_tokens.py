@@ -1,7 +1,8 @@
 """The tokens that end a reply: a tiny gpt-oss whose tokenizer holds harmony's control tokens, as an HF dir (its
 generation_config.json lists <|return|> and <|call|>, config.json only <|return|>) and as the GGUF llama.cpp's own
 converter writes from it (one EOS id). Ours stop at both from either form, and llama.cpp's end-of-generation set,
-read through llama-cpp-python, says the same of those tokens (and of <|end|>, which ends a message, not the reply)."""
+read through llama-cpp-python, says the same of those tokens (and of <|end|>, which ends a message, not the reply).
+The two real GGUFs end where llama.cpp's set says too: Gemma 3's file names <eos>, its turns end at <end_of_turn>."""
 
 from __future__ import annotations
 
@@ -54,3 +55,31 @@ def test_a_gpt_oss_gguf_ends_at_return_and_call_as_llama_cpp_does(harmony_dir, t
         llm.close()
     assert theirs == {t: t in ("<|return|>", "<|call|>") for t in HARMONY}
     assert {t for t, i in ids.items() if i in ours} == {"<|return|>", "<|call|>"}
+
+
+def llama_cpp_end_tokens(gguf: Path) -> set[int]:
+    llama_cpp = need_llama_cpp()
+    llm = llama_cpp.Llama(model_path=str(gguf), vocab_only=True, verbose=False)
+    try:
+        vocab = llama_cpp.llama_model_get_vocab(llm.model)
+        return {i for i in range(llama_cpp.llama_vocab_n_tokens(vocab)) if llama_cpp.llama_vocab_is_eog(vocab, i)}
+    finally:
+        llm.close()
+
+
+@pytest.mark.smollm2
+def test_smollm2_ends_where_llama_cpp_does(smollm2_gguf):
+    ours = read_config(smollm2_gguf).eos_token_ids
+    assert set(ours) == llama_cpp_end_tokens(smollm2_gguf) and len(ours) == 3  # <|im_end|>, <|endoftext|>, <reponame>
+
+
+@pytest.mark.gemma3_270m
+def test_gemma3_ends_at_end_of_turn_as_llama_cpp_does(gemma3_270m_gguf):
+    from inferplug.models.gguf import read_gguf
+
+    ours = read_config(gemma3_270m_gguf).eos_token_ids
+    tokens = read_gguf(gemma3_270m_gguf).metadata["tokenizer.ggml.tokens"]
+    assert tokens.index("<end_of_turn>") in ours
+    # llama.cpp's list also takes "</s>" (added there for PaddleOCR), which is text in Gemma's vocabulary (a
+    # user-defined token, not a control one); llama.cpp takes it back out for Gemma 4 (its PR 21492), we never add it
+    assert set(ours) == llama_cpp_end_tokens(gemma3_270m_gguf) - {tokens.index("</s>")}

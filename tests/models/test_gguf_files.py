@@ -126,9 +126,11 @@ def test_config_matches_the_hf_checkpoint(tiny_model_dir, tmp_path):
     from_gguf = read_config(write_gguf(tiny_model_dir, tmp_path / "model.gguf"))
     from_hf = read_config(tiny_model_dir)
     # GGUF stores the epsilon as float32 (transformers keeps that rounded value too); llama.cpp
-    # writes Mistral as "llama".
+    # writes Mistral as "llama"; a GGUF's <|endoftext|> (the tiny tokenizer's BOS) ends a reply beside its
+    # EOS, as in llama.cpp's end-of-generation set (tests/models/test_end_tokens.py).
     expected = dataclasses.replace(from_hf, rms_norm_eps=float(np.float32(from_hf.rms_norm_eps)),
-                                   architecture="qwen2" if from_hf.architecture == "qwen2" else "llama")  # fmt: skip
+                                   architecture="qwen2" if from_hf.architecture == "qwen2" else "llama",
+                                   eos_token_ids=[*from_hf.eos_token_ids, from_hf.bos_token_id])  # fmt: skip
     assert from_gguf == expected
 
 
