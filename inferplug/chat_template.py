@@ -21,11 +21,9 @@ def render_chat(tokenizer: Any, template: str | None, messages: list[dict[str, A
     """The prompt for `messages` (and OpenAI tool schemas), ending with the assistant's turn; `template`: the
     profile's (profile_template), None for the tokenizer's. `template_kwargs`: the request's extra template
     variables (Request.chat_template_kwargs: Qwen3's enable_thinking)."""
-    if template is None and not getattr(tokenizer, "chat_template", None):
-        raise RequestError(
-            "the model has no chat template: set [model] chat_template in the profile, or send a plain prompt",
-            param="messages",
-        )
+    if not has_chat_template(tokenizer, template):
+        raise RequestError(f"the model has no chat template, so it cannot take messages: {NO_TEMPLATE_FIX}",
+                           param="messages")
     clash = _RENDER_ARGUMENTS & set(template_kwargs or {})
     if clash:
         raise RequestError(f"chat_template_kwargs may not set {sorted(clash)}: the request gives those itself; "
@@ -37,6 +35,17 @@ def render_chat(tokenizer: Any, template: str | None, messages: list[dict[str, A
         )
     except Exception as exc:  # noqa: BLE001 - a template error is the request's or profile's problem, reported as such
         raise RequestError(f"the chat template cannot render these messages: {exc}", param="messages") from exc
+
+
+# what a user whose model has no template (a base model's file carries none) can do instead
+NO_TEMPLATE_FIX = ("send a plain prompt (/v1/completions, `inferplug generate` without --chat, LLM.generate), or give "
+                   "the model a template: [model] chat_template in a profile, or INFERPLUG_MODEL__CHAT_TEMPLATE (inline "
+                   "Jinja or a file's path)")
+
+
+def has_chat_template(tokenizer: Any, template: str | None) -> bool:
+    """Whether messages can be rendered: the profile's template (`template`), else the tokenizer's own."""
+    return template is not None or bool(getattr(tokenizer, "chat_template", None))
 
 
 def template_variables(chat_template_kwargs: dict[str, Any] | None,

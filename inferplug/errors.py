@@ -28,6 +28,10 @@ class ModelSourceError(InferPlugError):
     """A model file or repository cannot be found, fetched or read."""
 
 
+class ServeError(InferPlugError):
+    """`inferplug serve` cannot listen where it was asked to (the port is taken, the address is not this machine's)."""
+
+
 class GenerationError(InferPlugError):
     """The backend failed while generating a valid request (not the caller's input)."""
 

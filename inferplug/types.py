@@ -30,6 +30,8 @@ class SamplingParams:
     min_tokens: int = 0
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
+    # OpenAI's and vLLM's: token id -> a value in [-100, 100] added to its logit before sampling (-100 bans it)
+    logit_bias: dict[int, float] = field(default_factory=dict)
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     logprobs: int | None = None  # None: off; k >= 0: the sampled token plus the top k
@@ -84,6 +86,12 @@ class SamplingParams:
             if not isinstance(t, int) or t < 0:
                 raise RequestError(f"stop_token_ids contains unknown token id {t!r}: use ids >= 0",
                                    param="stop_token_ids")
+        for t, bias in self.logit_bias.items():
+            if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+                raise RequestError(f"logit_bias has the key {t!r}: use token ids >= 0", param="logit_bias")
+            if not _finite(bias) or not -100 <= bias <= 100:
+                raise RequestError(f"logit_bias[{t}]={bias!r} is invalid: use a value in [-100, 100]",
+                                   param="logit_bias")
 
     @property
     def greedy(self) -> bool:

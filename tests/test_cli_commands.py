@@ -58,15 +58,31 @@ def test_generate_runs_a_gguf_file_with_no_toml_in_the_context_asked(smollm2_ggu
 
 @pytest.mark.smollm2
 def test_chat_answers_each_scripted_line(smollm2_gguf, capsys, monkeypatch):
-    """Two turns from stdin, then the empty line that ends the chat; the second turn sees the first."""
-    monkeypatch.setattr(sys, "stdin", io.StringIO("What is the capital of France?\nAnd of Italy?\n\n"))
-    code = main(["chat", "smollm2-135m", "--temperature", "0", "--max-tokens", "24"])
-    out = capsys.readouterr().out
+    """Two turns from stdin, then the empty line that ends the chat; the second turn sees the first. /clear starts
+    over: a third turn after it does not see the first two."""
+    monkeypatch.setattr(sys, "stdin", io.StringIO(
+        "What is the capital of France?\nAnd of Italy?\n/clear\nWhat did I ask first?\n\n"))
+    code = main(["chat", "smollm2-135m", "--temperature", "0", "--max-tokens", "24", "--stats"])
+    captured = capsys.readouterr()
+    out = captured.out
     assert code == 0
-    assert out.startswith("chatting with smollm2-135m (native)")
+    assert out.startswith("chatting with smollm2-135m (native)") and "/clear starts the conversation over" in out
     replies = re.findall(r"assistant> (.*)", out)
-    assert len(replies) == 2 and out.count("you> ") == 3, out
+    assert len(replies) == 3 and out.count("you> ") == 5 and "(the conversation starts over)" in out, out
     assert "Paris" in replies[0] and "Rome" in replies[1], replies
+    prompts = [int(n) for n in re.findall(r"\[(\d+) prompt", captured.err)]
+    assert len(prompts) == 3 and prompts[2] < prompts[1], captured.err  # the third turn's prompt left the first two
+
+
+@pytest.mark.gemma3_270m
+def test_chat_with_a_base_model_says_what_to_run_instead_before_the_first_prompt(gemma3_270m_gguf, capsys,
+                                                                                 monkeypatch):
+    """Gemma 3 270M is a base model: its file has no chat template, so `chat` stops at once and names the ways on."""
+    monkeypatch.setattr(sys, "stdin", io.StringIO("What is the capital of France?\n\n"))
+    assert main(["chat", str(gemma3_270m_gguf)]) == 2
+    out, err = capsys.readouterr()
+    assert "you> " not in out and "no chat template" in err
+    assert "inferplug generate" in err and "INFERPLUG_MODEL__CHAT_TEMPLATE" in err
 
 
 @pytest.mark.smollm2

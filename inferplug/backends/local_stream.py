@@ -56,6 +56,7 @@ def reject_unsupported(backend_name: str, params: SamplingParams, request: Reque
         "presence_penalty": params.presence_penalty != 0.0,
         "frequency_penalty": params.frequency_penalty != 0.0,
         "json_schema": params.json_schema is not None,
+        "logit_bias": bool(params.logit_bias),
         "top_logprobs": bool(params.logprobs),
         "documents": request.documents is not None,
     }

@@ -275,6 +275,8 @@ def _sampling_fields(p: SamplingParams) -> dict[str, Any]:
                  "min_tokens", "ignore_eos", "stop_token_ids", "include_stop_str_in_output"):
         if getattr(p, name) != getattr(defaults, name):
             fields[name] = getattr(p, name)
+    if p.logit_bias:
+        fields["logit_bias"] = {str(t): bias for t, bias in p.logit_bias.items()}  # JSON keys
     return fields
 
 

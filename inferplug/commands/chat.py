@@ -8,6 +8,9 @@ from inferplug.commands import add_context_flag, add_profile_argument, load_with
 from inferplug.commands.generate import add_sampling_arguments, cli_request, stream_reply
 
 
+COMMANDS = "/clear starts the conversation over, /help shows this, an empty line or Ctrl-D ends it"
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("chat", help="chat with a profile's model in the terminal (streaming)")
     add_profile_argument(p)
@@ -21,8 +24,10 @@ def run(args: argparse.Namespace) -> int:
     from inferplug.backends.registry import close_all, get_backend
 
     backend = get_backend(load_with_context(args))
-    messages = [{"role": "system", "content": args.system}] if args.system else []
-    print(f"chatting with {backend.model_name} ({backend.name}); an empty line or Ctrl-D ends it")
+    _check_chat_template(backend)
+    start = [{"role": "system", "content": args.system}] if args.system else []
+    messages = list(start)
+    print(f"chatting with {backend.model_name} ({backend.name}); {COMMANDS}")
     try:
         while True:
             try:
@@ -31,6 +36,10 @@ def run(args: argparse.Namespace) -> int:
                 break
             if not line:
                 break
+            if line in ("/clear", "/help"):
+                messages = list(start) if line == "/clear" else messages
+                print("(the conversation starts over)" if line == "/clear" else COMMANDS)
+                continue
             messages.append({"role": "user", "content": line})
             print("assistant> ", end="", flush=True)
             reply = stream_reply(backend, cli_request(backend, args, messages=list(messages)), args.stats)
@@ -38,3 +47,15 @@ def run(args: argparse.Namespace) -> int:
     finally:
         close_all()
     return 0
+
+
+def _check_chat_template(backend) -> None:  # noqa: ANN001 - a Backend
+    """A model without a chat template cannot chat: say so before the first prompt, with what to run instead."""
+    from inferplug.backends.registry import close_all
+    from inferplug.chat_template import NO_TEMPLATE_FIX, has_chat_template, profile_template
+    from inferplug.errors import ProfileError
+
+    if backend.tokenizer is not None and not has_chat_template(backend.tokenizer, profile_template(backend.profile)):
+        close_all()
+        raise ProfileError(f"{backend.model_name} has no chat template (a base model's file carries none), so it "
+                           f"cannot chat: {NO_TEMPLATE_FIX}")

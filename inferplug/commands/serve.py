@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 
 from inferplug.commands import add_context_flag, add_profile_argument, load_with_context, whole_number
 
@@ -15,17 +16,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1, this machine only; 0.0.0.0 exposes it)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--api-key", default=None,
+    p.add_argument("--api-key", default=None, metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: $INFERPLUG_API_KEY, else none)")
-    p.add_argument("--max-body-bytes", type=int, default=None, help="largest request body accepted (default 8 MiB)")
-    p.add_argument("--replicas", type=whole_number, default=None,
+    p.add_argument("--max-body-bytes", type=int, default=None, metavar="BYTES", help="largest request body accepted (default 8 MiB)")
+    p.add_argument("--replicas", type=whole_number, default=None, metavar="N",
                    help="engines behind the server, on Ray Serve (default: the profile's [parallel] replicas)")
-    p.add_argument("--ray-address", default=None,
+    p.add_argument("--ray-address", default=None, metavar="ADDRESS",
                    help="the Ray cluster for the replicas (default: $RAY_ADDRESS, else a local Ray started here)")
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="the server log's level (default info)")
     for key, kind, what in _LIMIT_FLAGS:
         p.add_argument(f"--{key.replace('_', '-')}", type=kind, default=None, dest=f"server_{key}",
-                       help=f"{what} (default: the profile's [server] {key})")
+                       metavar=_METAVARS[kind], help=f"{what} (default: the profile's [server] {key})")
     p.add_argument("--allowed-host", action="append", default=None, dest="server_allowed_hosts", metavar="HOST",
                    help="a Host header to accept on loopback without an API key (repeat; '*': any)")
     p.set_defaults(func=run)
@@ -41,16 +43,21 @@ _LIMIT_FLAGS = [
     ("max_schema_properties", int, "properties of all objects in a response_format schema or in the tools"),
     ("max_json_depth", whole_number, "how deep a request body's JSON may nest"),
     ("max_stop", int, "stop strings and stop_token_ids per request"),
-    ("max_prompt_tokens", whole_number, "tokens of one prompt (default: the context length)"),
+    ("max_stop_chars", whole_number, "characters of the longest stop string"),
+    ("max_prompt_tokens", whole_number, "tokens of one prompt; unset, the context length"),
     ("max_total_tokens", whole_number, "prompts x n x max_tokens of one request"),
     ("max_json_values", whole_number, "JSON values (commas) in one request body; more get 413 before parsing"),
     ("max_waiting", whole_number, "requests waiting for their first token; more get 429"),
     ("max_waiting_per_client", whole_number, "the same for one client (its tenant header, else its address)"),
     ("max_in_flight_per_client", whole_number, "requests of one client in flight (waiting or streaming); more get 429"),
     ("queue_timeout_s", float, "seconds a request may wait for its first token; then 503"),
+    ("body_read_timeout_s", float, "seconds a request body may take to arrive; then 408"),
+    ("stream_send_timeout_s", float, "seconds a stream may wait for its client to read; then it is cut off"),
     ("shutdown_grace_s", float, "seconds in-flight requests get after SIGTERM before they are aborted"),
     ("tenant_header", str, "the header naming a request's tenant: tenants never share cached prompts"),
 ]
+
+_METAVARS = {whole_number: "N", int: "N", float: "SECONDS", str: "NAME"}
 
 
 def apply_server_flags(profile, args: argparse.Namespace) -> None:  # noqa: ANN001 - a Profile
@@ -75,24 +82,52 @@ def run(args: argparse.Namespace) -> int:
         profile.parallel.replicas = args.replicas
     apply_server_flags(profile, args)
     max_body = args.max_body_bytes or DEFAULT_MAX_BODY_BYTES
+    sock = listening_socket(args.host, args.port)  # before the model loads: a taken port fails in a second, not after
     if profile.parallel.replicas > 1 or args.ray_address:
-        return _serve_replicas(profile, args, max_body)
+        return _serve_replicas(profile, args, max_body, sock)
     from inferplug.backends.registry import close_all, get_backend
+    from inferplug.chat_template import has_chat_template, profile_template
 
     backend = get_backend(profile)
     app = create_app(backend, api_key=args.api_key, max_body_bytes=max_body)
     print(f"inferplug: serving {backend.announced_name} ({backend.name}) at http://{args.host}:{args.port}/v1",
           flush=True)
+    if backend.tokenizer is not None and not has_chat_template(backend.tokenizer, profile_template(profile)):
+        print("inferplug: this model has no chat template (a base model's file carries none): /v1/chat/completions "
+              "answers 400, /v1/completions takes plain prompts", flush=True)
     try:
         # SIGTERM: in-flight requests get the grace, then are cancelled (and so aborted); close_all frees the rest
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                    timeout_graceful_shutdown=profile.server.shutdown_grace_s)
+        config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                timeout_graceful_shutdown=profile.server.shutdown_grace_s)
+        uvicorn.Server(config).run(sockets=[sock])
     finally:
         close_all()
     return 0
 
 
-def _serve_replicas(profile, args: argparse.Namespace, max_body: int) -> int:  # noqa: ANN001 - a Profile
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port (uvicorn listens on it), or a ServeError naming the fix: a port in use is found
+    here, before minutes of model loading, rather than by uvicorn after them."""
+    from inferplug.errors import ServeError
+
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except socket.gaierror as exc:
+        raise ServeError(f"--host {host!r} is not an address this machine can bind ({exc}): use 127.0.0.1, "
+                         "0.0.0.0 or one of its own addresses") from None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart may take the port at once
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ServeError(f"cannot listen on {host}:{port} ({exc.strerror}): another process holds the port, or the "
+                         "address is not this machine's; pick another with --port (or --host), or stop what holds it"
+                         ) from None
+    return sock
+
+
+def _serve_replicas(profile, args: argparse.Namespace, max_body: int, sock: socket.socket) -> int:  # noqa: ANN001
     import uvicorn
 
     from inferplug.server import replicas
@@ -109,7 +144,8 @@ def _serve_replicas(profile, args: argparse.Namespace, max_body: int) -> int:  #
         print(f"inferplug: serving {profile.name} on {profile.parallel.replicas} replicas ({where}) at "
               f"http://{args.host}:{args.port}/v1", flush=True)
         front = create_front(handle, board, max_body, parse_api_keys(api_key), profile.server)
-        uvicorn.run(front, host=args.host, port=args.port, log_level=args.log_level)
+        uvicorn.Server(uvicorn.Config(front, host=args.host, port=args.port, log_level=args.log_level)).run(
+            sockets=[sock])
     finally:
         connection.close()
     return 0

@@ -1,4 +1,4 @@
-"""Turn each sampling row's logits into a token: penalties, masks, temperature, min-p, top-k/p.
+"""Turn each sampling row's logits into a token: penalties, logit_bias, masks, temperature, min-p, top-k/p.
 
 Greedy rows without penalties or logprobs take one batched argmax. Other rows go one by one,
 each with its own torch.Generator when seeded, so a seeded sample does not depend on what else
@@ -102,10 +102,13 @@ def _result(raw: torch.Tensor, p: SamplingParams, token: int) -> SampleResult:
 
 
 def processed_logits(raw: torch.Tensor, seq: Sequence, eos_token_ids: list[int]) -> torch.Tensor:
-    """One row's logits after penalties, the min_tokens ban and the grammar mask (a new tensor)."""
+    """One row's logits after penalties, logit_bias, the min_tokens ban and the grammar mask (a new tensor)."""
     p = seq.params
     logits = raw.clone()
     _apply_penalties(logits, seq)
+    if p.logit_bias:
+        ids = torch.tensor(list(p.logit_bias), dtype=torch.long, device=logits.device)
+        logits[ids] += torch.tensor(list(p.logit_bias.values()), dtype=logits.dtype, device=logits.device)
     if seq.num_output_tokens < p.min_tokens:  # as vLLM: every stop id, EOS included, whatever ignore_eos says
         logits[sorted(set(p.stop_token_ids) | set(eos_token_ids))] = float("-inf")
     if seq.guide is not None:
@@ -117,7 +120,7 @@ def _is_plain_greedy(seq: Sequence) -> bool:
     p = seq.params
     return (
         p.greedy and not p.use_beam_search and p.logprobs is None and seq.guide is None
-        and seq.num_output_tokens >= p.min_tokens
+        and seq.num_output_tokens >= p.min_tokens and not p.logit_bias
         and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0
     )
 

@@ -69,7 +69,7 @@ def select_tools(tools: list[dict[str, Any]], tool_choice: Any) -> tuple[list[di
     if not chosen:
         raise RequestError(
             f"tool_choice names {name!r}, which is not among the bound tools {tool_names(tools)}; "
-            "pass one of those names, 'auto', 'any' or 'none'",
+            "pass one of those names, 'auto', 'required' (LangChain's 'any') or 'none'",
             param="tool_choice",
         )
     return chosen, True

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
@@ -44,6 +45,7 @@ def create_app(backend: Backend, *, api_key: str | None = None, max_body_bytes: 
 
     app = FastAPI(title="inferplug", version="1", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.backend = backend
+    app.state.started = int(time.time())  # /v1/models' "created": when this server loaded the model
     app.state.api_keys = parse_api_keys(api_key or os.environ.get(API_KEY_ENV))
     app.state.options = options or getattr(getattr(backend, "profile", None), "server", None) or ServerOptions()
     app.state.metrics = ServerMetrics(backend)
@@ -81,6 +83,9 @@ def create_app(backend: Backend, *, api_key: str | None = None, max_body_bytes: 
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:  # no such route (a missing model is a RequestError): say what is served
+            return error_response(f"{request.method} {request.url.path} is not served here: this server answers "
+                                  f"{SERVED}", 404, code="not_found")
         return error_response(str(exc.detail), exc.status_code)
 
     opts = app.state.options
@@ -91,6 +96,8 @@ def create_app(backend: Backend, *, api_key: str | None = None, max_body_bytes: 
     return app
 
 
+SERVED = ("POST /v1/chat/completions, POST /v1/completions and GET /v1/models (text generation: no embeddings, "
+          "audio or images)")
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
 
 

@@ -56,7 +56,8 @@ async def openapi(request: Request) -> JSONResponse:
 async def models(request: Request) -> dict[str, Any]:
     backend = request.app.state.backend
     return {"object": "list", "data": [
-        {"id": name, "object": "model", "created": 0, "owned_by": "inferplug", "max_model_len": backend.context_length}
+        {"id": name, "object": "model", "created": request.app.state.started, "owned_by": "inferplug",
+         "max_model_len": backend.context_length}
         for name in served_names(backend)
     ]}
 
@@ -93,6 +94,7 @@ def _served(body: CompletionRequest | ChatCompletionRequest, request: Request) -
     """The backend, once the request names the model it serves."""
     backend = request.app.state.backend
     names = served_names(backend)
+    body.model = body.model or names[0]
     if body.model not in names:
         raise RequestError(f"model {body.model!r} does not exist here; this server serves {', '.join(names)}",
                            param="model", status=404)

@@ -2,8 +2,9 @@
 
 Field names and meanings follow OpenAI's API; the extra sampling fields (top_k, min_p,
 repetition_penalty, ignore_eos, ...) follow vLLM's server. Unknown fields are ignored, as
-OpenAI clients send some we have no use for (user, service_tier, ...). The fields become a
-backend Request in inferplug.frontend.requests, as every front end's calls do.
+OpenAI clients send some we have no use for (user, service_tier, ...), except those that would
+change the output were they honoured (UNSUPPORTED): those get a 400 naming what to use instead.
+The fields become a backend Request in inferplug.frontend.requests, as every front end's calls do.
 """
 
 from __future__ import annotations
@@ -15,6 +16,19 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from inferplug.errors import RequestError
 
 
+_GUIDED = ("this server constrains output by JSON schema only: send response_format={\"type\": \"json_schema\", "
+           "\"json_schema\": {\"name\": ..., \"schema\": ...}}, or tools")
+# fields OpenAI's or vLLM's server would honour and this one does not, with what to send instead
+UNSUPPORTED = {
+    "guided_json": _GUIDED, "guided_choice": _GUIDED, "guided_regex": _GUIDED, "guided_grammar": _GUIDED,
+    "structured_outputs": _GUIDED,
+    "functions": "the legacy function-calling fields are not supported: send tools and tool_choice",
+    "function_call": "the legacy function-calling fields are not supported: send tools and tool_choice",
+    "allowed_token_ids": "allowed_token_ids is not supported: give the others a logit_bias of -100",
+    "bad_words": "bad_words is not supported: give their tokens a logit_bias of -100",
+}
+
+
 class StreamOptions(BaseModel):
     include_usage: bool = False
 
@@ -22,7 +36,7 @@ class StreamOptions(BaseModel):
 class _Common(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    model: str
+    model: str | None = None  # optional, as in vLLM: the served model
     n: int = Field(default=1, ge=1, le=128)
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -40,11 +54,20 @@ class _Common(BaseModel):
     min_tokens: int | None = None
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
+    logit_bias: dict[str, float] | None = None  # token id (a JSON key: a string) -> bias
     include_stop_str_in_output: bool | None = None
     use_beam_search: bool | None = None  # vLLM's; the beams, length_penalty and early_stopping as in transformers
     beam_width: int | None = None
     length_penalty: float | None = None
     early_stopping: bool | Literal["never"] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, body: Any) -> Any:
+        for name, fix in UNSUPPORTED.items():
+            if isinstance(body, dict) and body.get(name) is not None:
+                raise RequestError(f"{name} is not supported: {fix}", param=name)
+        return body
 
     def sampling_options(self, logprobs: int | None, max_tokens: int | None) -> dict[str, Any]:
         """The request's sampling fields for the request builder (None: the profile's default)."""
@@ -52,7 +75,7 @@ class _Common(BaseModel):
                   "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids", "include_stop_str_in_output",
                   "use_beam_search", "beam_width", "length_penalty", "early_stopping")
         return {**{k: getattr(self, k) for k in fields}, "stop": self.stop, "max_tokens": max_tokens,
-                "logprobs": logprobs}
+                "logprobs": logprobs, "logit_bias": _token_biases(self.logit_bias)}
 
     @property
     def include_usage(self) -> bool:
@@ -158,3 +181,15 @@ class ChatCompletionRequest(_Common):
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         return self.sampling_options(logprobs, max_tokens)
+
+
+def _token_biases(raw: dict[str, float] | None) -> dict[int, float] | None:
+    """logit_bias's JSON keys (strings of token ids, as OpenAI takes them) as ints."""
+    if raw is None:
+        return None
+    try:
+        return {int(key): bias for key, bias in raw.items()}
+    except ValueError:
+        bad = next(key for key in raw if not key.strip().lstrip("-").isdigit())
+        raise RequestError(f"logit_bias has the key {bad!r}: keys are token ids, such as \"7042\"",
+                           param="logit_bias") from None

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from inferplug.chat_template import encode_chat
 from inferplug.errors import RequestError
 from inferplug.rag.layout import document_spans
-from inferplug.stages.prompt_bound import check_text_fits
+from inferplug.stages.prompt_bound import LONGER_CONTEXT, check_text_fits
 from inferplug.types import DocumentSpan, Request, SamplingParams
 
 if TYPE_CHECKING:
@@ -31,13 +31,14 @@ def check_prompt(prompt_ids: list[int], params: SamplingParams, vocab_size: int,
     if len(prompt_ids) >= context_length:
         raise RequestError(
             f"the prompt has {len(prompt_ids)} tokens but the context holds {context_length} "
-            "(including at least one generated token): shorten the prompt or raise max_model_len",
+            f"(including at least one generated token): {LONGER_CONTEXT}",
             param=param,
         )
-    for t in params.stop_token_ids:
-        if t >= vocab_size:
-            raise RequestError(f"stop_token_ids contains unknown token id {t!r}: use ids >= 0 below the vocabulary "
-                               f"size {vocab_size}", param="stop_token_ids")
+    for name, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias", params.logit_bias)):
+        unknown = [t for t in ids if t >= vocab_size]
+        if unknown:
+            raise RequestError(f"{name} names unknown token id {unknown[0]!r}: use ids >= 0 below the vocabulary "
+                               f"size {vocab_size}", param=name)
 
 
 class EncodedPrompt(NamedTuple):

@@ -10,6 +10,11 @@ from typing import Any
 
 from inferplug.errors import RequestError
 
+# the fix for a prompt over the context, in each front end's words
+LONGER_CONTEXT = ("shorten the prompt, or give the model a longer context, up to its own maximum: [limits] "
+                  "max_model_len in the profile (-c/--ctx-size of `inferplug generate`, `chat` and `serve`; "
+                  "context_length= in the LangChain and LlamaIndex classes)")
+
 
 @functools.lru_cache(maxsize=16)
 def longest_token_bytes(tokenizer: Any) -> int:
@@ -26,4 +31,4 @@ def check_text_fits(tokenizer: Any, text: str | list[str], context_length: int, 
     least = sum(len(t.encode()) for t in texts) // longest_token_bytes(tokenizer)
     if least >= context_length:
         raise RequestError(f"the prompt's {chars} characters make at least {least} tokens, but the context holds "
-                           f"{context_length}: shorten the prompt or raise max_model_len", param=param)
+                           f"{context_length}: {LONGER_CONTEXT}", param=param)

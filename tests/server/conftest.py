@@ -98,3 +98,19 @@ def server_factory():
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def native(tiny_profile):
+    """The native backend on the tiny Llama (tests/conftest.py's tiny_profile)."""
+    from inferplug.backends.registry import get_backend
+
+    return get_backend(tiny_profile)
+
+
+@pytest.fixture(scope="module")
+def native_client(native):
+    """The official openai client of a live server on `native`."""
+    server = start_server(native)
+    yield server.client()
+    server.stop()

@@ -11,30 +11,14 @@ import torch
 from tests.engine.engine_helpers import hf_model
 
 
-@pytest.fixture(scope="module")
-def native(tiny_profile):
-    from inferplug.backends.registry import get_backend
-
-    return get_backend(tiny_profile)
-
-
-@pytest.fixture(scope="module")
-def client(native):
-    from tests.server.conftest import start_server
-
-    server = start_server(native)
-    yield server.client()
-    server.stop()
-
-
 def hf_logprobs(tiny_llama_dir, prompt: list[int]) -> torch.Tensor:
     with torch.no_grad():
         return torch.log_softmax(hf_model(tiny_llama_dir)(torch.tensor([prompt])).logits[0].float(), dim=-1)
 
 
-def test_echo_with_max_tokens_0_scores_the_prompt_alone(client, native, tiny_llama_dir):
+def test_echo_with_max_tokens_0_scores_the_prompt_alone(native_client, native, tiny_llama_dir):
     prompt = native.tokenizer.encode("the cat sat on the mat")
-    done = client.completions.create(model="tiny", prompt=prompt, echo=True, logprobs=2, max_tokens=0, temperature=0)
+    done = native_client.completions.create(model="tiny", prompt=prompt, echo=True, logprobs=2, max_tokens=0, temperature=0)
     choice, reference = done.choices[0], hf_logprobs(tiny_llama_dir, prompt)
     assert choice.text == native.tokenizer.decode(prompt) and choice.finish_reason == "length"
     lp = choice.logprobs
@@ -50,22 +34,22 @@ def test_echo_with_max_tokens_0_scores_the_prompt_alone(client, native, tiny_lla
     assert done.usage.completion_tokens == 0 and done.usage.prompt_tokens == len(prompt)
 
 
-def test_echo_puts_the_prompt_before_the_completion(client):
+def test_echo_puts_the_prompt_before_the_completion(native_client):
     kw = dict(model="tiny", prompt="the weather is", temperature=0, max_tokens=4, extra_body={"ignore_eos": True})
-    plain = client.completions.create(**kw, logprobs=1)
-    echoed = client.completions.create(**kw, logprobs=1, echo=True)
+    plain = native_client.completions.create(**kw, logprobs=1)
+    echoed = native_client.completions.create(**kw, logprobs=1, echo=True)
     assert echoed.choices[0].text == "the weather is" + plain.choices[0].text
     prompt_tokens = echoed.usage.prompt_tokens
     assert echoed.choices[0].logprobs.tokens[prompt_tokens:] == plain.choices[0].logprobs.tokens
     assert echoed.choices[0].logprobs.token_logprobs[prompt_tokens:] == pytest.approx(
         plain.choices[0].logprobs.token_logprobs, abs=1e-5)
-    streamed = client.completions.create(**kw, echo=True, stream=True)
+    streamed = native_client.completions.create(**kw, echo=True, stream=True)
     assert "".join(c.choices[0].text for c in streamed if c.choices) == echoed.choices[0].text
 
 
-def test_vllm_prompt_logprobs_field(client, native, tiny_llama_dir):
+def test_vllm_prompt_logprobs_field(native_client, native, tiny_llama_dir):
     prompt = native.tokenizer.encode("one two three")
-    done = client.completions.create(model="tiny", prompt=prompt, max_tokens=1, temperature=0,
+    done = native_client.completions.create(model="tiny", prompt=prompt, max_tokens=1, temperature=0,
                                      extra_body={"prompt_logprobs": 1})
     entries = done.choices[0].model_extra["prompt_logprobs"]
     reference = hf_logprobs(tiny_llama_dir, prompt)
@@ -74,9 +58,9 @@ def test_vllm_prompt_logprobs_field(client, native, tiny_llama_dir):
         assert entry[str(prompt[p + 1])]["logprob"] == pytest.approx(float(reference[p, prompt[p + 1]]), abs=1e-4)
 
 
-def test_max_tokens_0_without_echo_is_a_400(client):
+def test_max_tokens_0_without_echo_is_a_400(native_client):
     with pytest.raises(openai.BadRequestError, match="max_tokens=0"):
-        client.completions.create(model="tiny", prompt="hello", max_tokens=0)
+        native_client.completions.create(model="tiny", prompt="hello", max_tokens=0)
 
 
 def test_a_backend_that_cannot_score_prompts_answers_400(live_server):

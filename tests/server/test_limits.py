@@ -134,6 +134,9 @@ def test_the_limits_come_from_the_profile_the_environment_and_the_flags(tmp_path
     apply_server_flags(profile, args)
     assert (profile.server.max_n, profile.server.queue_timeout_s, profile.server.max_prompts) == (8, 2.5, 7)
     assert profile.server.allowed_hosts == ["a.lan", "b.lan"]
+    flags = {a.dest.removeprefix("server_") for a in build_parser()._subparsers._group_actions[0].choices["serve"]
+             ._actions if a.dest.startswith("server_")}
+    assert flags == set(type(profile.server).model_fields)  # every [server] key has its flag, as the README says
     path.write_text('backend = "openai"\n[server]\nmax_nn = 4\n')
     with pytest.raises(ProfileError, match="max_n"):
         load_profile(str(path))

@@ -105,6 +105,7 @@ def test_batch_of_prompts(live_server):
     (dict(seed=2**64), openai.BadRequestError, "seed"),
     (dict(seed=-1), openai.BadRequestError, "seed"),
     (dict(model="no-such-model"), openai.NotFoundError, "model"),
+    (dict(logit_bias={"5": 1}), openai.BadRequestError, "logit_bias"),  # the CTranslate2 backend cannot honour it
     (dict(messages=[{"role": "user", "content": "word " * 400}]), openai.BadRequestError, "messages"),
 ])
 def test_bad_requests_get_4xx_and_the_server_keeps_serving(live_server, kw, error, param):
@@ -150,3 +151,16 @@ def test_metrics_report_latencies_and_backend_state(live_server):
         assert name in text
     count = next(line for line in text.splitlines() if line.startswith("inferplug_time_to_first_token_seconds_count"))
     assert float(count.split()[-1]) >= 1
+
+
+def test_an_endpoint_not_served_says_what_is(live_server):
+    with pytest.raises(openai.NotFoundError) as info:
+        live_server.client().embeddings.create(model="tiny-llama", input="hello")
+    body = info.value.body
+    assert body["code"] == "not_found" and "POST /v1/embeddings is not served here" in body["message"]
+    assert "/v1/chat/completions" in body["message"]
+
+
+def test_a_request_without_a_model_gets_the_served_one(live_server):
+    reply = httpx.post(live_server.url + "/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=60)
+    assert reply.status_code == 200 and reply.json()["model"] == "tiny-llama"

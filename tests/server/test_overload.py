@@ -12,19 +12,11 @@ import threading
 import time
 
 import httpx
-import pytest
 
 from inferplug.profile_server import ServerOptions
 from tests.server.test_server_errors import metric
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4}
-
-
-@pytest.fixture(scope="module")
-def native(tiny_profile):
-    from inferplug.backends.registry import get_backend
-
-    return get_backend(tiny_profile)
 
 
 @contextlib.contextmanager

@@ -12,13 +12,6 @@ from tests.server.test_remote_backend import flaky_proxy
 from tests.server.test_tools import ADD, ASK, WEATHER, check_arguments
 
 
-@pytest.fixture(scope="module")
-def native(tiny_profile):
-    from inferplug.backends.registry import get_backend
-
-    return get_backend(tiny_profile)
-
-
 @pytest.fixture
 def remote_chat(native, server_factory):
     """(a ChatInferPlug on an openai profile, the proxy app recording what it sends and relays)."""

@@ -62,3 +62,17 @@ def test_unknown_profile_is_a_one_line_error():
     result = subprocess.run([sys.executable, "-m", "inferplug.cli", "serve", "no-such-profile"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "unknown profile" in result.stderr
+
+
+def test_a_taken_port_is_a_one_line_error_before_the_model_loads(tmp_path, tiny_llama_dir):
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "inferplug.cli", "serve",
+                                 str(write_profile(tmp_path, tiny_llama_dir)), "--port", str(port)],
+                                capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert "--port" in result.stderr and "serving" not in result.stdout  # it never announced an address

@@ -11,13 +11,6 @@ from inferplug.types import Request, SamplingParams
 BEAMS = dict(use_beam_search=True, length_penalty=0.5, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def native(tiny_profile):
-    from inferplug.backends.registry import get_backend
-
-    return get_backend(tiny_profile)
-
-
 def engine_beam(native, prompt: list[int], width: int, max_tokens: int) -> list[int]:
     params = SamplingParams(beam_width=width, max_tokens=max_tokens, **BEAMS)
     events = native.run_sync(_collect(native, Request(prompt=prompt, params=params)))

@@ -5,18 +5,10 @@ cached tokens (nor gets them faster), while A's own repeat still hits its cache.
 from __future__ import annotations
 
 import httpx
-import pytest
 
 from inferplug.profile_server import ServerOptions
 
 SYSTEM = "You are the assistant of tenant A. Its secret plan: ship the blue widget in March. " * 3
-
-
-@pytest.fixture(scope="module")
-def native(tiny_profile):
-    from inferplug.backends.registry import get_backend
-
-    return get_backend(tiny_profile)
 
 
 def cached(server, headers: dict, question: str) -> int:

@@ -21,13 +21,6 @@ TYPES = {"string": str, "integer": int, "boolean": bool}
 GREEDY = dict(model="tiny", temperature=0, max_tokens=120)
 
 
-@pytest.fixture(scope="module")
-def native(tiny_profile):
-    from inferplug.backends.registry import get_backend
-
-    return get_backend(tiny_profile)
-
-
 @pytest.fixture
 def client(native, server_factory):
     return server_factory(native).client()
