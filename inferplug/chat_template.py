@@ -21,7 +21,7 @@ def render_chat(tokenizer: Any, template: str | None, messages: list[dict[str, A
     """The prompt for `messages` (and OpenAI tool schemas), ending with the assistant's turn; `template`: the
     profile's (profile_template), None for the tokenizer's. `template_kwargs`: the request's extra template
     variables (Request.chat_template_kwargs: Qwen3's enable_thinking)."""
-    if not has_chat_template(tokenizer, template):
+    if template is None and not getattr(tokenizer, "chat_template", None):  # has_chat_template, inline: a hot path
         raise RequestError(f"the model has no chat template, so it cannot take messages: {NO_TEMPLATE_FIX}",
                            param="messages")
     clash = _RENDER_ARGUMENTS & set(template_kwargs or {})
