@@ -21,7 +21,7 @@ def render_chat(tokenizer: Any, template: str | None, messages: list[dict[str, A
     """The prompt for `messages` (and OpenAI tool schemas), ending with the assistant's turn; `template`: the
     profile's (profile_template), None for the tokenizer's. `template_kwargs`: the request's extra template
     variables (Request.chat_template_kwargs: Qwen3's enable_thinking)."""
-    if template is None and not getattr(tokenizer, "chat_template", None):  # has_chat_template, inline: a hot path
+    if template is None and not getattr(tokenizer, "chat_template", None):
         raise RequestError(f"the model has no chat template, so it cannot take messages: {NO_TEMPLATE_FIX}",
                            param="messages")
     clash = _RENDER_ARGUMENTS & set(template_kwargs or {})
@@ -41,11 +41,6 @@ def render_chat(tokenizer: Any, template: str | None, messages: list[dict[str, A
 NO_TEMPLATE_FIX = ("send a plain prompt (/v1/completions, `inferplug generate` without --chat, LLM.generate), or give "
                    "the model a template: [model] chat_template in a profile, or INFERPLUG_MODEL__CHAT_TEMPLATE (inline "
                    "Jinja or a file's path)")
-
-
-def has_chat_template(tokenizer: Any, template: str | None) -> bool:
-    """Whether messages can be rendered: the profile's template (`template`), else the tokenizer's own."""
-    return template is not None or bool(getattr(tokenizer, "chat_template", None))
 
 
 def template_variables(chat_template_kwargs: dict[str, Any] | None,

@@ -26,6 +26,7 @@ class ServerOptions(BaseModel):
     max_json_depth: int = Field(default=64, ge=8)
     max_stop: int = Field(default=16, ge=0)  # stop strings, and stop_token_ids, per request
     max_stop_chars: int = Field(default=256, ge=1)  # the longest stop string
+    max_logit_bias: int = Field(default=1024, ge=0)  # tokens one logit_bias names (OpenAI's own bound is 300)
     max_prompt_tokens: int | None = Field(default=None, ge=1)  # None: the context length (the backend checks it)
     max_total_tokens: int = Field(default=131072, ge=1)  # prompts x n x max_tokens of one request
     # JSON values in one body (counted as its commas, before parsing; 64 prompts of 4096 token ids): parsing millions

@@ -52,10 +52,10 @@ def run(args: argparse.Namespace) -> int:
 def _check_chat_template(backend) -> None:  # noqa: ANN001 - a Backend
     """A model without a chat template cannot chat: say so before the first prompt, with what to run instead."""
     from inferplug.backends.registry import close_all
-    from inferplug.chat_template import NO_TEMPLATE_FIX, has_chat_template, profile_template
+    from inferplug.chat_template import NO_TEMPLATE_FIX, chat_template_text
     from inferplug.errors import ProfileError
 
-    if backend.tokenizer is not None and not has_chat_template(backend.tokenizer, profile_template(backend.profile)):
+    if backend.tokenizer is not None and chat_template_text(backend.profile, backend.tokenizer) is None:
         close_all()
         raise ProfileError(f"{backend.model_name} has no chat template (a base model's file carries none), so it "
                            f"cannot chat: {NO_TEMPLATE_FIX}")

@@ -15,7 +15,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_context_flag(p)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1, this machine only; 0.0.0.0 exposes it)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--port", type=port_number, default=8000, help="port (default 8000; 0: any free one)")
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: $INFERPLUG_API_KEY, else none)")
     p.add_argument("--max-body-bytes", type=int, default=None, metavar="BYTES", help="largest request body accepted (default 8 MiB)")
@@ -44,6 +44,7 @@ _LIMIT_FLAGS = [
     ("max_json_depth", whole_number, "how deep a request body's JSON may nest"),
     ("max_stop", int, "stop strings and stop_token_ids per request"),
     ("max_stop_chars", whole_number, "characters of the longest stop string"),
+    ("max_logit_bias", int, "tokens one logit_bias names"),
     ("max_prompt_tokens", whole_number, "tokens of one prompt; unset, the context length"),
     ("max_total_tokens", whole_number, "prompts x n x max_tokens of one request"),
     ("max_json_values", whole_number, "JSON values (commas) in one request body; more get 413 before parsing"),
@@ -82,52 +83,70 @@ def run(args: argparse.Namespace) -> int:
         profile.parallel.replicas = args.replicas
     apply_server_flags(profile, args)
     max_body = args.max_body_bytes or DEFAULT_MAX_BODY_BYTES
-    sock = listening_socket(args.host, args.port)  # before the model loads: a taken port fails in a second, not after
+    sockets = listening_sockets(args.host, args.port)
+    args.port = sockets[0].getsockname()[1]  # --port 0 took a free one
     if profile.parallel.replicas > 1 or args.ray_address:
-        return _serve_replicas(profile, args, max_body, sock)
+        return _serve_replicas(profile, args, max_body, sockets)
     from inferplug.backends.registry import close_all, get_backend
-    from inferplug.chat_template import has_chat_template, profile_template
+    from inferplug.chat_template import chat_template_text
 
     backend = get_backend(profile)
     app = create_app(backend, api_key=args.api_key, max_body_bytes=max_body)
     print(f"inferplug: serving {backend.announced_name} ({backend.name}) at http://{args.host}:{args.port}/v1",
           flush=True)
-    if backend.tokenizer is not None and not has_chat_template(backend.tokenizer, profile_template(profile)):
+    if backend.tokenizer is not None and chat_template_text(profile, backend.tokenizer) is None:
         print("inferplug: this model has no chat template (a base model's file carries none): /v1/chat/completions "
               "answers 400, /v1/completions takes plain prompts", flush=True)
     try:
         # SIGTERM: in-flight requests get the grace, then are cancelled (and so aborted); close_all frees the rest
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                 timeout_graceful_shutdown=profile.server.shutdown_grace_s)
-        uvicorn.Server(config).run(sockets=[sock])
+        uvicorn.Server(config).run(sockets=sockets)
     finally:
         close_all()
     return 0
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A socket bound to host:port (uvicorn listens on it), or a ServeError naming the fix: a port in use is found
-    here, before minutes of model loading, rather than by uvicorn after them."""
+def listening_sockets(host: str, port: int) -> list[socket.socket]:
+    """Sockets listening on host:port, one per address it names (as asyncio binds a host: 'localhost' may be ::1 and
+    127.0.0.1; '' is every interface), or a ServeError naming the fix. Bound and listening before the model loads: a
+    taken port (another server, one still loading too) fails in a second rather than after minutes of loading."""
     from inferplug.errors import ServeError
 
     try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
-        raise ServeError(f"--host {host!r} is not an address this machine can bind ({exc}): use 127.0.0.1, "
+        raise ServeError(f"--host {host!r} is not an address this machine can bind ({exc.strerror}): use 127.0.0.1, "
                          "0.0.0.0 or one of its own addresses") from None
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart may take the port at once
+    sockets: list[socket.socket] = []
     try:
-        sock.bind((host, port))
+        for family, address in dict.fromkeys((info[0], info[4]) for info in infos):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart takes the port at once
+            if family == socket.AF_INET6:  # its own family only, as asyncio binds it: IPv4 has its own socket
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(2048)  # uvicorn's backlog: connections made while the model loads wait here
     except OSError as exc:
-        sock.close()
+        for sock in sockets:
+            sock.close()
         raise ServeError(f"cannot listen on {host}:{port} ({exc.strerror}): another process holds the port, or the "
                          "address is not this machine's; pick another with --port (or --host), or stop what holds it"
                          ) from None
-    return sock
+    return sockets
 
 
-def _serve_replicas(profile, args: argparse.Namespace, max_body: int, sock: socket.socket) -> int:  # noqa: ANN001
+def port_number(text: str) -> int:
+    """--port: 0 (any free port) to 65535."""
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port: use 0 to 65535 (0: any free one)")
+    return value
+
+
+def _serve_replicas(profile, args: argparse.Namespace, max_body: int,  # noqa: ANN001 - a Profile
+                    sockets: list[socket.socket]) -> int:
     import uvicorn
 
     from inferplug.server import replicas
@@ -145,7 +164,7 @@ def _serve_replicas(profile, args: argparse.Namespace, max_body: int, sock: sock
               f"http://{args.host}:{args.port}/v1", flush=True)
         front = create_front(handle, board, max_body, parse_api_keys(api_key), profile.server)
         uvicorn.Server(uvicorn.Config(front, host=args.host, port=args.port, log_level=args.log_level)).run(
-            sockets=[sock])
+            sockets=sockets)
     finally:
         connection.close()
     return 0

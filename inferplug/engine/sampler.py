@@ -107,8 +107,11 @@ def processed_logits(raw: torch.Tensor, seq: Sequence, eos_token_ids: list[int])
     logits = raw.clone()
     _apply_penalties(logits, seq)
     if p.logit_bias:
-        ids = torch.tensor(list(p.logit_bias), dtype=torch.long, device=logits.device)
-        logits[ids] += torch.tensor(list(p.logit_bias.values()), dtype=logits.dtype, device=logits.device)
+        if seq.logit_bias_rows is None:  # once a sequence, not a step: a bias may name thousands of tokens
+            seq.logit_bias_rows = (torch.tensor(list(p.logit_bias), dtype=torch.long, device=logits.device),
+                                   torch.tensor(list(p.logit_bias.values()), dtype=logits.dtype, device=logits.device))
+        ids, values = seq.logit_bias_rows
+        logits[ids] += values
     if seq.num_output_tokens < p.min_tokens:  # as vLLM: every stop id, EOS included, whatever ignore_eos says
         logits[sorted(set(p.stop_token_ids) | set(eos_token_ids))] = float("-inf")
     if seq.guide is not None:

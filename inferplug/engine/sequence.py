@@ -30,6 +30,7 @@ class Sequence:
     client: str | None = None  # the request's client: the scheduler shares admission out between clients
     generator: Any = None  # torch.Generator when the request has a seed
     guide: Any = None  # constrained decoding (engine.guided); fill_mask / accept / is_terminated
+    logit_bias_rows: Any = None  # params.logit_bias as (ids, values) tensors, made once, at its first sampled row
     output: Any = None  # stages.output.ChoiceOutput: text, stop checks, timings
     token_ids: list[int] = field(default_factory=list)  # prompt + output
     status: SequenceStatus = SequenceStatus.WAITING

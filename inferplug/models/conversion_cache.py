@@ -37,6 +37,7 @@ Writes go to a temp file in the directory, then os.replace: no reader ever sees 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -246,6 +247,14 @@ def _decode(fd: int, key: list[str], size: int) -> dict[str, Any]:
         log.info("conversion cache: the page cache held this entry in 4 KiB pages; dropped, to be read again in 2 MiB ones")
     mapped = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)  # from offset 0: any page size maps it
     huge_pages.advise(mapped)
+    # a shared lock for the mapping's life: an entry in use (here or in another process) is not deleted to make room
+    # on the disk, where deleting it would free nothing (_room_on_disk)
+    held = os.dup(fd)
+    try:
+        fcntl.flock(held, fcntl.LOCK_SH)
+    except OSError:  # a filesystem without locks: the entry runs unguarded
+        pass
+    weakref.finalize(mapped, os.close, held).atexit = False
 
     def tensor(index: int) -> torch.Tensor:
         dtype, shape, offset, nbytes = layout[index]
@@ -291,7 +300,7 @@ def write_entry(path: Path, key: list[str], weights: dict[str, Any], limit: int)
         return False
     if not _room_on_disk(path, data + offset + DISK_SLACK):
         log.warning("conversion cache: saving this model's %.1f GiB of converted weights would leave %s under %d GiB "
-                    "free, even without the cache's other entries; not saved, so every load converts again", gib,
+                    "free, even with the cache's unused entries deleted; not saved, so every load converts again", gib,
                     path.parent, DISK_SLACK >> 30)
         return False
     if data + offset > limit:
@@ -312,14 +321,14 @@ def write_entry(path: Path, key: list[str], weights: dict[str, Any], limit: int)
 
 def _room_on_disk(path: Path, need: int) -> bool:
     """Whether `need` bytes are free on path's disk, after deleting the cache's least recently used entries if that
-    makes them so (an old model's entry gives way to the one loading now, as the bound's eviction would). Nothing is
-    deleted when even all of them would not make room. An entry another process still maps frees its space only when
-    that process ends, so the disk is asked again after each deletion."""
+    makes them so (an old model's entry gives way to the one loading now, as the bound's eviction would). Entries a
+    process maps are kept: deleting one would free nothing until that process ends. Nothing is deleted when even all
+    the others would not make room."""
     free = shutil.disk_usage(path.parent).free
     if need <= free:
         return True
     others = [(size, entry) for _, size, entry in sorted(scan_entries(path.parent, ENTRY_NAME))
-              if entry.suffix == ".entry" and entry != path]  # weights entries: the text files are small
+              if entry.suffix == ".entry" and entry != path and not _in_use(entry)]  # the text files are small
     if free + sum(size for size, _ in others) < need:
         return False
     for size, entry in others:
@@ -329,6 +338,23 @@ def _room_on_disk(path: Path, need: int) -> bool:
         if need <= shutil.disk_usage(path.parent).free:
             return True
     return False
+
+
+def _in_use(entry: Path) -> bool:
+    """Whether a process (this one too) maps the entry: read_entry holds a shared lock on it while it does."""
+    try:
+        fd = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False  # gone, or a symlink (scan_entries deletes those)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:  # a filesystem without locks cannot tell
+        return False
+    finally:
+        os.close(fd)
 
 
 def evict(folder: Path, limit: int, keep: Path) -> None:

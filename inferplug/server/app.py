@@ -96,8 +96,8 @@ def create_app(backend: Backend, *, api_key: str | None = None, max_body_bytes: 
     return app
 
 
-SERVED = ("POST /v1/chat/completions, POST /v1/completions and GET /v1/models (text generation: no embeddings, "
-          "audio or images)")
+SERVED = ("POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health and GET /metrics (text "
+          "generation: no embeddings, audio or images)")
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
 
 

@@ -152,6 +152,9 @@ def screen(path: str, raw: dict[str, Any], opts: ServerOptions, backend: Any) ->
     counts(raw, opts)  # first: they refuse 20,000 messages without the depth walk over each (Python on the loop)
     _check("the number of stop strings and stop_token_ids", _count_stops(raw), "max_stop", opts, "send fewer stops",
            "stop")
+    bias = raw.get("logit_bias")
+    _check("the number of tokens in logit_bias", len(bias) if isinstance(bias, dict) else 0, "max_logit_bias", opts,
+           "bias fewer tokens, or constrain the output with response_format", "logit_bias")
     _check("the request body's JSON nesting depth", _shape(raw)[0], "max_json_depth", opts,
            "it is nested too deep; send flatter JSON")
     if path == "/v1/chat/completions":

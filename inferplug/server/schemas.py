@@ -9,6 +9,7 @@ The fields become a backend Request in inferplug.frontend.requests, as every fro
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -18,14 +19,13 @@ from inferplug.errors import RequestError
 
 _GUIDED = ("this server constrains output by JSON schema only: send response_format={\"type\": \"json_schema\", "
            "\"json_schema\": {\"name\": ..., \"schema\": ...}}, or tools")
+_LEGACY = "send tools and tool_choice, which replace OpenAI's legacy function-calling fields"
 # fields OpenAI's or vLLM's server would honour and this one does not, with what to send instead
 UNSUPPORTED = {
     "guided_json": _GUIDED, "guided_choice": _GUIDED, "guided_regex": _GUIDED, "guided_grammar": _GUIDED,
-    "structured_outputs": _GUIDED,
-    "functions": "the legacy function-calling fields are not supported: send tools and tool_choice",
-    "function_call": "the legacy function-calling fields are not supported: send tools and tool_choice",
-    "allowed_token_ids": "allowed_token_ids is not supported: give the others a logit_bias of -100",
-    "bad_words": "bad_words is not supported: give their tokens a logit_bias of -100",
+    "structured_outputs": _GUIDED, "functions": _LEGACY, "function_call": _LEGACY,
+    "allowed_token_ids": "raise the tokens you want with logit_bias, or constrain the output with response_format",
+    "bad_words": "give their tokens a logit_bias of -100",
 }
 
 
@@ -65,7 +65,7 @@ class _Common(BaseModel):
     @classmethod
     def _refuse_unsupported(cls, body: Any) -> Any:
         for name, fix in UNSUPPORTED.items():
-            if isinstance(body, dict) and body.get(name) is not None:
+            if isinstance(body, dict) and body.get(name):  # an empty value asks for nothing
                 raise RequestError(f"{name} is not supported: {fix}", param=name)
         return body
 
@@ -184,12 +184,11 @@ class ChatCompletionRequest(_Common):
 
 
 def _token_biases(raw: dict[str, float] | None) -> dict[int, float] | None:
-    """logit_bias's JSON keys (strings of token ids, as OpenAI takes them) as ints."""
+    """logit_bias's JSON keys (token ids written in ASCII digits, as OpenAI takes them) as ints."""
     if raw is None:
         return None
-    try:
-        return {int(key): bias for key, bias in raw.items()}
-    except ValueError:
-        bad = next(key for key in raw if not key.strip().lstrip("-").isdigit())
+    bad = next((key for key in raw if not re.fullmatch(r"[0-9]{1,9}", key)), None)
+    if bad is not None:
         raise RequestError(f"logit_bias has the key {bad!r}: keys are token ids, such as \"7042\"",
-                           param="logit_bias") from None
+                           param="logit_bias")
+    return {int(key): bias for key, bias in raw.items()}

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from inferplug.chat_template import encode_chat
+from inferplug.chat_template import NO_TEMPLATE_FIX, encode_chat
 from inferplug.errors import RequestError
 from inferplug.rag.layout import document_spans
 from inferplug.stages.prompt_bound import LONGER_CONTEXT, check_text_fits
@@ -59,7 +59,8 @@ def encode_prompt(tokenizer: Any, render: Callable[..., str] | None, request: Re
     bad input."""
     if request.messages is not None:
         if render is None:
-            raise RequestError("this engine has no chat template; send a prompt instead", param="messages")
+            raise RequestError(f"the model has no chat template, so it cannot take messages: {NO_TEMPLATE_FIX}",
+                               param="messages")
         if request.chat_template_kwargs:
             render = partial(render, template_kwargs=request.chat_template_kwargs)
         ids, text = encode_chat(tokenizer, render, request.messages, request.tools, context_length)

@@ -275,13 +275,20 @@ def test_an_old_entry_gives_way_when_the_disk_is_nearly_full(home, monkeypatch, 
 
     monkeypatch.setattr(shutil, "disk_usage", disk_usage)
     new = {"w": torch.arange(2 << 20).to(torch.uint8)}
+    in_use = cached_weights(["old"], lambda: {})  # mapped: deleting it would free nothing while it is
+    os.utime(old, ns=(0, 0))
+    assert torch.equal(cached_weights(["new"], lambda: dict(new))["w"], new["w"])
+    assert old.exists() and small.exists() and len(entries(home)) == 2  # not saved, and nothing deleted
+    assert "even with the cache's unused entries deleted" in caplog.text
+    del in_use
     assert torch.equal(cached_weights(["new"], lambda: dict(new))["w"], new["w"])
     assert not old.exists() and small.exists() and len(entries(home)) == 2  # the old one alone made room
     assert "to make room on its disk" in caplog.text
 
+    caplog.clear()
     huge = {"w": torch.zeros(8 << 20, dtype=torch.uint8)}  # more than every other entry could free
     cached_weights(["huge"], lambda: dict(huge))
-    assert len(entries(home)) == 2 and "even without the cache's other entries" in caplog.text  # nothing deleted
+    assert len(entries(home)) == 2 and "even with the cache's unused entries deleted" in caplog.text  # none deleted
 
 
 def test_the_bound_setting_is_checked(home, monkeypatch):

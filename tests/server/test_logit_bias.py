@@ -45,6 +45,8 @@ def test_a_large_bias_forces_its_token_in_sampling_too(native_client, native):
 
 @pytest.mark.parametrize("kw, param", [
     (dict(logit_bias={"cat": 5}), "logit_bias"),
+    (dict(logit_bias={"\u00b2": 5}), "logit_bias"),  # "²": a digit to str.isdigit, not a token id
+    (dict(logit_bias={str(t): 1 for t in range(1025)}), "logit_bias"),  # over [server] max_logit_bias
     (dict(logit_bias={"5": 1000}), "logit_bias"),
     (dict(logit_bias={"99999999": 5}), "logit_bias"),
     (dict(extra_body={"guided_choice": ["yes", "no"]}), "guided_choice"),

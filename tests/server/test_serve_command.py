@@ -76,3 +76,20 @@ def test_a_taken_port_is_a_one_line_error_before_the_model_loads(tmp_path, tiny_
                                 capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in result.stderr
     assert "--port" in result.stderr and "serving" not in result.stdout  # it never announced an address
+
+
+def test_a_port_claimed_by_a_server_still_loading_is_refused_too():
+    """Bound and listening at once: a second serve started beside one still loading its model fails at once."""
+    from inferplug.commands.serve import listening_sockets
+    from inferplug.errors import ServeError
+
+    first = listening_sockets("127.0.0.1", 0)
+    try:
+        with pytest.raises(ServeError, match="pick another with --port"):
+            listening_sockets("127.0.0.1", first[0].getsockname()[1])
+    finally:
+        for sock in first:
+            sock.close()
+    result = subprocess.run([sys.executable, "-m", "inferplug.cli", "serve", "--port", "70000"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "70000 is not a port: use 0 to 65535" in result.stderr
