@@ -63,6 +63,14 @@ def test_n_stop_and_logprobs(live_server, plan_for_openai):
     assert all(lp.logprob <= 0 for e in events for lp in e.logprobs or [])
 
 
+def test_logit_bias_is_passed_on(server_factory, native, plan_for_openai):
+    backend = remote(plan_for_openai, server_factory(native).url)
+    biased = SamplingParams(**GREEDY, logit_bias={t: -100.0 for t in range(0, len(native.tokenizer), 2)})
+    got = text_of(backend.generate_sync(Request(prompt="the weather is", params=biased)))
+    assert got == text_of(native.generate_sync(Request(prompt="the weather is", params=biased)))
+    assert got != text_of(native.generate_sync(Request(prompt="the weather is", params=SamplingParams(**GREEDY))))
+
+
 def test_request_errors_come_back_as_request_errors(live_server, plan_for_openai):
     backend = remote(plan_for_openai, live_server.url)
     with pytest.raises(RequestError, match="temperature"):
