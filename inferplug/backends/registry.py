@@ -6,6 +6,7 @@ built from the same profile share one engine (and its KV cache) instead of loadi
 
 from __future__ import annotations
 
+import atexit
 import threading
 from pathlib import Path
 
@@ -46,6 +47,12 @@ def close_all() -> None:
         _backends.clear()
     for backend in backends:
         backend.close()
+
+
+# Backends still open at exit close while the interpreter is whole: an engine's step thread and its grammar
+# compilers' thread pools, left to the interpreter's teardown, could abort the process ("terminate called without
+# an active exception", SIGABRT, 3 runs in 5 of a LangChain script with a named tool_choice)
+atexit.register(close_all)
 
 
 def loaded_backends() -> list[Backend]:
