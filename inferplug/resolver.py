@@ -70,6 +70,7 @@ def resolve(profile: Profile, hardware: Hardware, facts: ModelFacts | None = Non
     """The plan for `profile` on `hardware`. ResolveError (with `.rejected`) when no allowed backend can run it."""
     if facts is None and profile.model.kind is not None:
         facts = model_facts(profile)
+    _check_format_fits_file(profile, facts)
     order = _preference(profile)
     plans: dict[str, Plan] = {}
     rejected: dict[str, str] = {}
@@ -102,6 +103,16 @@ def resolve(profile: Profile, hardware: Hardware, facts: ModelFacts | None = Non
 
         plan.reasons.append(describe(profile))
     return plan
+
+
+def _check_format_fits_file(profile: Profile, facts: ModelFacts | None) -> None:
+    """A GGUF holds its own quantization: a checkpoint kind named for it (AWQ, GPTQ, EXL2) is a profile's mistake,
+    refused here with the formats a GGUF takes, rather than planned and failed at load."""
+    fmt = profile.quantization.format
+    if facts is not None and facts.gguf_matrices and fmt in ("awq", "gptq", "exl2"):
+        raise ProfileError(f"quantization.format = {fmt!r} names a checkpoint kind, but {profile.model.describe()} is a "
+                           "GGUF, which holds its own quantization: set format = \"gguf\" (its blocks as stored), "
+                           "\"int8\" or \"int4\" (requantized), or \"none\" (dequantized)")
 
 
 def _preference(profile: Profile) -> list[str]:

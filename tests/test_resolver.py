@@ -88,6 +88,17 @@ def test_a_quantized_gguf_runs_its_own_blocks_on_the_cpu_kernels():
     assert resolve(load_profile("smollm2-135m"), with_gpus(A100_80), facts).weight_format is None
 
 
+@pytest.mark.parametrize("fmt", ["awq", "gptq", "exl2"])
+def test_a_checkpoint_format_named_for_a_gguf_is_refused_with_the_formats_it_takes(fmt):
+    from inferplug.errors import ProfileError
+
+    facts = dataclasses.replace(SMOLLM2, gguf_matrices=(("layer", "Q4_1", SMOLLM2.num_parameters),))
+    profile = load_profile("smollm2-135m")
+    profile.quantization.format = fmt
+    with pytest.raises(ProfileError, match=f"format = '{fmt}' names a checkpoint kind.*is a GGUF.*format = \"gguf\""):
+        resolve(profile, cpu(flags=("avx2", "fma", "f16c")), facts)
+
+
 def test_fp32_on_an_x86_cpu_with_f16c_stores_float_linear_weights_fp16():
     """fbgemm's fp16 GEMM (AVX2 + F16C) halves the bytes a decode step reads; a pinned dtype keeps fp32."""
     facts = dataclasses.replace(SMOLLM2, vocab_size=49152, hidden_size=576, tie_word_embeddings=True)
