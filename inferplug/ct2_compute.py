@@ -8,6 +8,9 @@ from inferplug.memory_plan import DTYPE_BYTES
 # models/registry.py's families whose GGUF the CTranslate2 backend converts (backends/ct2_convert.py writes it as an
 # HF dir of LlamaForCausalLM, MistralForCausalLM or Qwen2ForCausalLM)
 GGUF_FAMILIES = ("llama",)
+# the families whose HF dir CTranslate2's converter has a loader for (ctranslate2.converters.transformers: Llama,
+# Mistral, Qwen2, Qwen3, Gemma 3 and Gemma 4 configs; tests/test_resolver_ct2.py reads its list)
+HF_FAMILIES = ("llama", "qwen3", "gemma3", "gemma4")
 
 
 def choose_compute_type(pinned: str, quantized: bool, dtype: str, device: str,

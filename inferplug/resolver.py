@@ -251,6 +251,9 @@ def _plan_ctranslate2(profile: Profile, hw: Hardware, facts: ModelFacts | None) 
     if facts is not None and facts.gguf_matrices and facts.family not in ("", *ct2_compute.GGUF_FAMILIES):
         problems.append(f"converts a GGUF of {', '.join(ct2_compute.GGUF_FAMILIES)} models only (through an HF "
                         f"dir), and this is a {facts.family} model: use the native backend")
+    elif facts is not None and not facts.gguf_matrices and facts.family not in ("", *ct2_compute.HF_FAMILIES):
+        problems.append(f"its converter has no loader for a {facts.family} model (it converts "
+                        f"{', '.join(ct2_compute.HF_FAMILIES)} ones): use the native backend")
     problems += _single_device(profile)
     if problems:
         raise _Rejected("; ".join(problems))

@@ -21,6 +21,25 @@ def test_ct2_refuses_a_gguf_of_a_family_it_cannot_convert():
         resolve(load_profile("smollm2-135m-ct2"), cpu(), facts)
 
 
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen35", "gpt_oss"])
+def test_ct2_refuses_an_hf_dir_its_converter_has_no_loader_for(family):
+    facts = dataclasses.replace(SMOLLM2, family=family)
+    with pytest.raises(ResolveError, match=f"no loader for a {family} model .* use the native backend"):
+        resolve(load_profile("smollm2-135m-ct2"), cpu(), facts)
+
+
+def test_the_families_ct2_converts_are_those_its_converter_has_loaders_for():
+    from ctranslate2.converters.transformers import _MODEL_LOADERS
+    from transformers import CONFIG_MAPPING
+
+    from inferplug.ct2_compute import HF_FAMILIES
+    from inferplug.models.registry import FAMILIES
+
+    for family in FAMILIES:
+        loaders = {CONFIG_MAPPING[t].__name__ in _MODEL_LOADERS for t in family.hf_model_types}
+        assert loaders == {family.name in HF_FAMILIES}, family.name
+
+
 def test_ct2_profile_on_cpu_uses_int8():
     plan = resolve(load_profile("smollm2-135m-ct2"), cpu(), SMOLLM2)
     assert (plan.backend, plan.compute_type, plan.attention) == ("ctranslate2", "int8", "ctranslate2")
