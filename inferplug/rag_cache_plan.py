@@ -16,8 +16,9 @@ def document_cache_why(cache: Cache, family: str = "") -> str:
     from inferplug.models.registry import family as family_of
 
     unfit = family_of(family).document_cache_why if family else ""
-    if cache.rag_document_cache and unfit:
-        return f"RAG document cache off: the profile opts in, but it does not take a {family} model yet ({unfit})"
+    if unfit:  # the opt-in would not change it: say why, not how to opt in
+        opted = "the profile opts in, but " if cache.rag_document_cache else ""
+        return f"RAG document cache off: {opted}it does not take a {family} model yet ({unfit})"
     if not cache.rag_document_cache:
         return ("RAG document cache off (the default): reused document KV moved SmolLM2's answers 560x the noise "
                 "floor in KL, and 320x with 30% of each document recomputed, past the quality bound "

@@ -11,7 +11,7 @@ from typing import Any
 
 from inferplug.chat_template import chat_template_text
 from inferplug.frontend.calls import generate_all
-from inferplug.frontend.requests import UncachedDocumentsWarning
+from inferplug.frontend.requests import UncachedDocumentsWarning, no_document_cache_why
 from inferplug.rag.precompute import precompute_request
 from inferplug.stages.prompt import document_hints
 from inferplug.types import Request
@@ -26,8 +26,8 @@ def precompute_documents(backend: Any, docs: list[Any], salt: str | None = None,
     documents computed: one the chat template does not keep verbatim has no span to store, so it is not run (as
     LLM.precompute_documents); 0, with a warning, on a backend without a document cache."""
     if not backend.capabilities.rag_cache:
-        warnings.warn(f"the {backend.name} backend has no document cache: nothing is precomputed. Use a profile on "
-                      "the native engine to cache documents.", UncachedDocumentsWarning, stacklevel=2)
+        warnings.warn(f"nothing is precomputed: {no_document_cache_why(backend)}", UncachedDocumentsWarning,
+                      stacklevel=2)
         return 0
     salt = salt if salt is not None else backend.profile.cache.rag_shared_salt
     chat = chat and backend.tokenizer is not None and chat_template_text(backend.profile, backend.tokenizer) is not None

@@ -30,6 +30,15 @@ class UncachedDocumentsWarning(UserWarning):
     """Document cache hints were given to a backend without a document cache; the request runs uncached."""
 
 
+def no_document_cache_why(backend: Any) -> str:
+    """Why `backend` keeps no document KV, and the fix: the plan's own line on the native engine (off by default,
+    or a family it does not take yet), else that another backend has none."""
+    off = [r for r in getattr(getattr(backend, "plan", None), "reasons", []) if r.startswith("RAG document cache off")]
+    if backend.name == "native" and off:
+        return off[0]
+    return f"the {backend.name} backend has no document cache; a profile on the native engine keeps one"
+
+
 def sampling_params(profile_defaults: dict[str, Any], **options: Any) -> SamplingParams:
     """Profile defaults, overridden by every option that is not None. Stop lists are merged: the profile's
     stops (often a model's end-of-turn markers) stay, the call's are added."""
@@ -156,8 +165,7 @@ def _document_hints(backend: Any, documents: list[Any] | None, memory: DocumentM
     document cache (then the request runs uncached, and a warning says so)."""
     if not backend.capabilities.rag_cache:
         if documents:  # remembered documents were never asked for by this call: nothing to warn about
-            warnings.warn(f"the {backend.name} backend has no document cache: the documents are used as "
-                          "plain prompt text, uncached. Use a profile on the native engine to cache them.",
+            warnings.warn(f"the documents are used as plain prompt text, uncached: {no_document_cache_why(backend)}",
                           UncachedDocumentsWarning, stacklevel=3)
         return None
     return [as_rag_document(d) for d in documents] if documents else list(memory.docs.values())

@@ -168,6 +168,8 @@ def test_every_family_reuses_document_kv_exactly_in_place_and_rerotated_per_laye
 
         assert engine.doc_cache is None
         assert f"does not take a {name} model" in document_cache_why(Cache(rag_document_cache=True), name)
+        default = document_cache_why(Cache(), name)  # the default says why too, not how to opt in
+        assert f"does not take a {name} model" in default and "opts in" not in default
         return
     run_all(engine, [_request("Who eats berries?", DOCS, "a")])
     second = _request("Who sings songs?", DOCS, "b")

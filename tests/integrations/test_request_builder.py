@@ -118,6 +118,17 @@ def test_a_document_hinted_chain_on_ctranslate2_runs_uncached_and_says_so_once(c
     assert len(said) == 1 and "ctranslate2 backend has no document cache" in str(said[0].message)
 
 
+def test_documents_on_the_native_engine_with_its_cache_off_name_the_opt_in(tiny_profile):
+    from inferplug.backends.registry import get_backend
+
+    native = get_backend(tiny_profile)  # the default profile: the document cache off
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        build_request(native, messages=[{"role": "user", "content": "Where is the door?"}], documents=["Elm Street."])
+    [said] = [str(w.message) for w in caught if issubclass(w.category, UncachedDocumentsWarning)]
+    assert "RAG document cache off (the default)" in said and "rag_document_cache = true opts in" in said
+
+
 def test_tools_and_json_schema_on_a_backend_that_cannot_constrain_are_refused_by_name(ct2):
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     ask = [{"role": "user", "content": "hi"}]
