@@ -28,6 +28,7 @@ class CompletionOutput:
     logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    beam_score: float | None = None  # use_beam_search: the returned beam's score (transformers' sequences_scores)
 
 
 @dataclass
@@ -52,6 +53,7 @@ class RequestOutput:
             choice.logprobs = (choice.logprobs or []) + event.logprobs
         if event.finish_reason is not None:
             choice.finish_reason, choice.stop_reason = event.finish_reason, event.stop_reason
+            choice.beam_score = event.beam_score
         if event.usage is not None:
             self.usage, self.metrics, self.finished = event.usage, event.timings, True
 

@@ -115,3 +115,16 @@ def test_bad_beam_requests_fail_alone(tiny_llama_dir, options, engine_options, p
     assert error.value.param == param and not engine.has_unfinished()
     events = run_all(engine, [Request(prompt=[5, 6, 7], params=greedy(3), request_id="after")])
     assert len(tokens_of(events["after"])) == 3
+
+
+def test_the_offline_llm_returns_the_beam_score(tiny_profile, tiny_llama_dir):
+    """LLM.generate with use_beam_search: the choice's tokens and beam_score are HF transformers' best beam and
+    its sequences_scores on the same tiny model."""
+    from inferplug import LLM
+
+    llm = LLM(tiny_profile, num_kv_blocks=32)
+    prompt = llm.engine.tokenizer.encode("the weather is")
+    params = beam(3, 8, length_penalty=1.0, early_stopping=False)
+    ((out,),) = [o.outputs for o in llm.generate([prompt], params)]
+    tokens, score = hf_beam(hf_model(tiny_llama_dir), prompt, params, sorted(llm.engine.eos_token_ids))
+    assert out.token_ids == tokens and out.beam_score == pytest.approx(score, abs=1e-4)
