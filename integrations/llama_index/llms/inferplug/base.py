@@ -28,7 +28,7 @@ from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.llms.utils import parse_partial_json
 
-from inferplug.chat_template import template_variables
+from inferplug.chat_template import chat_template_text, template_variables
 from inferplug.frontend.binding import bind_profile, usage_counts
 from inferplug.frontend.calls import Result, ResultBuilder, acollect, generate_all
 from inferplug.frontend.forced_call import ForcedCallStream
@@ -93,7 +93,7 @@ class InferPlug(FunctionCallingLLM):
         return LLMMetadata(
             context_window=self.context_window or self.backend.context_length,
             num_output=self.num_output or self.max_tokens or self.profile.sampling.max_tokens or 256,
-            is_chat_model=True,
+            is_chat_model=self._chats,
             is_function_calling_model=True,
             model_name=self.model,
         )
@@ -110,14 +110,24 @@ class InferPlug(FunctionCallingLLM):
         """Drop these nodes' stored KV under `salt` (None nodes: every document of the salt); the entries dropped."""
         return self.backend.evict_documents(nodes, salt)
 
+    @property
+    def _chats(self) -> bool:
+        """Whether the model takes messages: it has a chat template (a base model's file carries none), or it is a
+        remote server's, which renders its own."""
+        tokenizer = self.backend.tokenizer
+        return tokenizer is None or chat_template_text(self.profile, tokenizer) is not None
+
     # --- requests ------------------------------------------------------------------
-    def _prepare(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> Prepared:
-        """Sampling options: per-call kwargs > temperature/max_tokens fields > additional_kwargs > the profile."""
+    def _prepare(self, messages: Sequence[ChatMessage] | None, kwargs: dict[str, Any],
+                 prompt: str | None = None) -> Prepared:
+        """Sampling options: per-call kwargs > temperature/max_tokens fields > additional_kwargs > the profile.
+        `prompt`: a plain prompt instead of messages (a completion on a model without a chat template)."""
         fields = {"temperature": self.temperature, "max_tokens": self.max_tokens}
         options = {**self.additional_kwargs, **{k: v for k, v in fields.items() if v is not None}}
         options.update({k: v for k, v in kwargs.items() if k in SamplingParams.__dataclass_fields__})
         options["stop"] = [*(self.additional_kwargs.get("stop") or []), *(kwargs.get("stop") or [])]
-        return build_request(self.backend, options=options, messages=to_chat_dicts(list(messages)),
+        return build_request(self.backend, options=options, prompt=prompt,
+                             messages=None if messages is None else to_chat_dicts(list(messages)),
                                tools=kwargs.get("tools"), tool_choice=kwargs.get("tool_choice"),
                                documents=kwargs.get("documents"), memory=self._memory,
                                chat_template_kwargs=template_variables(
@@ -143,63 +153,66 @@ class InferPlug(FunctionCallingLLM):
                  "ttft_s": result.timings.ttft if result.timings else None},
         )
 
-    def _user(self, prompt: str) -> list[ChatMessage]:
+    def _completion_request(self, prompt: str, kwargs: dict[str, Any]) -> Prepared:
+        """One user turn through the chat template; a model without one (a base model) takes the prompt as is."""
+        if not self._chats:
+            return self._prepare(None, kwargs, prompt=prompt)
         system = [ChatMessage(role=MessageRole.SYSTEM, content=self.system_prompt)] if self.system_prompt else []
-        return [*system, ChatMessage(role=MessageRole.USER, content=prompt)]
+        return self._prepare([*system, ChatMessage(role=MessageRole.USER, content=prompt)], kwargs)
+
+    def _answer(self, prepared: Prepared) -> ChatResponse:
+        result, = generate_all(self.backend, [prepared.request])  # finished, no stream (as ChatInferPlug's)
+        return self._response(result, prepared)
+
+    def _stream(self, prepared: Prepared) -> ChatResponseGen:
+        stream = _ChatStream(self, prepared)
+        for event in self.backend.stream_sync(prepared.request):
+            if (response := stream.step(event)) is not None:
+                yield response
+
+    async def _aanswer(self, prepared: Prepared) -> ChatResponse:
+        return self._response(await acollect(self.backend, prepared.request), prepared)
+
+    async def _astream(self, prepared: Prepared) -> ChatResponseAsyncGen:
+        stream = _ChatStream(self, prepared)
+        async for event in self.backend.stream_async(prepared.request):
+            if (response := stream.step(event)) is not None:
+                yield response
 
     # --- chat --------------------------------------------------------------------------
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        prepared = self._prepare(messages, kwargs)
-        result, = generate_all(self.backend, [prepared.request])  # finished, no stream (as ChatInferPlug's)
-        return self._response(result, prepared)
+        return self._answer(self._prepare(messages, kwargs))
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        prepared = self._prepare(messages, kwargs)
-
-        def gen() -> ChatResponseGen:
-            stream = _ChatStream(self, prepared)
-            for event in self.backend.stream_sync(prepared.request):
-                if (response := stream.step(event)) is not None:
-                    yield response
-
-        return gen()
+        return self._stream(self._prepare(messages, kwargs))  # prepared now: a bad request raises at the call
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        prepared = self._prepare(messages, kwargs)
-        return self._response(await acollect(self.backend, prepared.request), prepared)
+        return await self._aanswer(self._prepare(messages, kwargs))
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
-        prepared = self._prepare(messages, kwargs)
+        return self._astream(self._prepare(messages, kwargs))
 
-        async def gen() -> ChatResponseAsyncGen:
-            stream = _ChatStream(self, prepared)
-            async for event in self.backend.stream_async(prepared.request):
-                if (response := stream.step(event)) is not None:
-                    yield response
-
-        return gen()
-
-    # --- completion: one user turn through the chat template ------------------------------
+    # --- completion ----------------------------------------------------------------------------
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        return _completion(self.chat(self._user(prompt), **kwargs))
+        return _completion(self._answer(self._completion_request(prompt, kwargs)))
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
-        return (_completion(r) for r in self.stream_chat(self._user(prompt), **kwargs))
+        return (_completion(r) for r in self._stream(self._completion_request(prompt, kwargs)))
 
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        return _completion(await self.achat(self._user(prompt), **kwargs))
+        return _completion(await self._aanswer(self._completion_request(prompt, kwargs)))
 
     @llm_completion_callback()
     async def astream_complete(self, prompt: str, formatted: bool = False,
                                **kwargs: Any) -> CompletionResponseAsyncGen:
-        stream = await self.astream_chat(self._user(prompt), **kwargs)
+        stream = self._astream(self._completion_request(prompt, kwargs))
 
         async def gen() -> CompletionResponseAsyncGen:
             async for r in stream:
