@@ -88,7 +88,8 @@ class SamplingParams:
                                    param="stop_token_ids")
         for t, bias in self.logit_bias.items():
             if not isinstance(t, int) or isinstance(t, bool) or t < 0:
-                raise RequestError(f"logit_bias has the key {t!r}: use token ids >= 0", param="logit_bias")
+                raise RequestError(f"logit_bias has the key {t!r}: keys are int token ids >= 0, such as "
+                                   "{7042: -100} (the server's JSON takes them as strings)", param="logit_bias")
             if not _finite(bias) or not -100 <= bias <= 100:
                 raise RequestError(f"logit_bias[{t}]={bias!r} is invalid: use a value in [-100, 100]",
                                    param="logit_bias")

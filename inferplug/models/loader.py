@@ -47,7 +47,11 @@ def read_config(path: Path) -> ModelConfig:
         from inferplug.models.gguf_convert import config_from_gguf
 
         return config_from_gguf(read_gguf(gguf_path))
-    config = config_from_hf(_read_json(Path(path) / "config.json"))
+    try:
+        config = config_from_hf(_read_json(Path(path) / "config.json"))
+    except KeyError as exc:  # a field every config of its family has
+        raise ModelSourceError(f"{Path(path) / 'config.json'} lacks {exc.args[0]!r}: use the checkpoint's whole "
+                               "config.json, as its model card ships it") from None
     generation = Path(path) / "generation_config.json"  # where HF lists every token that ends a reply
     ends = _token_ids(_read_json(generation).get("eos_token_id")) if generation.is_file() else []
     return dataclasses.replace(config, eos_token_ids=list(dict.fromkeys([*config.eos_token_ids, *ends])))

@@ -75,6 +75,12 @@ def test_unsupported_architecture_is_a_clear_error(tiny_llama_dir, tmp_path):
         load_weights(tmp_path, torch.float32)
 
 
+def test_a_config_missing_a_field_is_a_clear_error(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    with pytest.raises(ModelSourceError, match="config.json lacks 'num_attention_heads': use the checkpoint's whole"):
+        read_config(tmp_path)
+
+
 def test_corrupt_weights_are_a_clear_error(tiny_llama_dir, tmp_path):
     (tmp_path / "config.json").write_text((tiny_llama_dir / "config.json").read_text())
     (tmp_path / "model.safetensors").write_bytes(b"\x00" * 64)
