@@ -170,7 +170,10 @@ class Scheduler:
                 self.blocks.truncate(seq, seq.num_computed_tokens + 1)  # the next decode's slot stays
             else:
                 seq.num_computed_tokens += n
-            self.num_recomputed_tokens += sum(r.keep for r in seq.recompute)  # done in this step, with the chunk
+            recomputed = sum(r.keep for r in seq.recompute)  # done in this step, with the chunk
+            self.num_recomputed_tokens += recomputed
+            if recomputed:  # computed after all: not cached (usage's cached_tokens)
+                seq.num_cached_tokens -= recomputed
             seq.recompute = []
             self.blocks.commit(seq)
             if self.snapshots is not None:

@@ -68,12 +68,15 @@ def test_fraction_zero_is_plain_reuse(tiny_llama_dir, policy):
 @pytest.mark.parametrize("policy", POLICIES)
 def test_a_fraction_of_each_reused_segment_is_recomputed_and_counted(tiny_llama_dir, policy):
     engine = _kernel_engine(tiny_llama_dir, rag_recompute=policy, rag_recompute_fraction=0.3)
-    reused = tokens_and_logprobs(_blended(_kernel_engine(tiny_llama_dir), MOVED))
-    blended = tokens_and_logprobs(_blended(engine, MOVED))
+    reused_events = _blended(_kernel_engine(tiny_llama_dir), MOVED)
+    blended_events = _blended(engine, MOVED)
     # the blended request reused every stored document: a rounded-up 30% of each one's tokens
     expected = sum(math.ceil(0.3 * entry.k.shape[1]) for entry in engine.doc_cache.entries.values())
     assert engine.stats()["doc_cache_recomputed_tokens"] == expected
-    assert blended != reused  # the recomputed rows changed the reused KV the answer reads
+    assert tokens_and_logprobs(blended_events) != tokens_and_logprobs(reused_events)  # the recomputed rows changed
+    # the reused KV the answer reads; they were computed, so usage does not count them as cached
+    cached = [events["blended"][-1].usage.cached_tokens for events in (reused_events, blended_events)]
+    assert cached[1] == cached[0] - expected > 0
 
 
 @pytest.mark.parametrize("attention", ["torch", "triton"])
