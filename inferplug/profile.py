@@ -7,7 +7,9 @@ The schema itself is inferplug/profile_schema.py; its public names are imported 
 
 from __future__ import annotations
 
+import difflib
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +113,12 @@ def _load_model_file(text: str) -> Profile:
     return _build(data, data, text)
 
 
+# the INFERPLUG_* variables that are not profile fields, each read where it matters (tests/test_profile.py finds
+# every one the package names)
+OTHER_VARIABLES = ("INFERPLUG_HOME", "INFERPLUG_PROFILE_PATH", "INFERPLUG_API_KEY", "INFERPLUG_OPENAI_API_KEY",
+                   "INFERPLUG_CONVERSION_CACHE_GIB", "INFERPLUG_CPU_ISA", "INFERPLUG_NO_AMX", "INFERPLUG_NO_CPU_KERNELS")
+
+
 def _build(source: Path | dict[str, Any], data: dict[str, Any], where: str) -> Profile:
     """The Profile from `source` under the environment; a validation error names `where` and the key."""
     token = file_source.set(source)
@@ -120,8 +128,25 @@ def _build(source: Path | dict[str, Any], data: dict[str, Any], where: str) -> P
         raise ProfileError(explain_validation_error(exc, where, env_values())) from None
     finally:
         file_source.reset(token)
+    _warn_unknown_variables()
     profile._file_data = data
     return profile
+
+
+def _warn_unknown_variables() -> None:
+    """A warning naming the likely variable for a mistyped top-level one (BACKNED for BACKEND), which pydantic-settings
+    would ignore, so the profile would run without it. A warning, not an error as a mistyped table key
+    (INFERPLUG_CACHE__BLOK_SIZE) is: a variable of the same prefix may be another tool's own."""
+    known = {f"INFERPLUG_{name.upper()}" for name in Profile.model_fields} | set(OTHER_VARIABLES)
+    for name in sorted(os.environ):
+        if name.startswith("INFERPLUG_") and "__" not in name and name not in known and name not in _warned:
+            _warned.add(name)
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"did you mean {close[0]}?" if close else "it sets nothing"
+            warnings.warn(f"env {name} is not a variable inferplug reads: {hint}", UserWarning, stacklevel=4)
+
+
+_warned: set[str] = set()
 
 
 def env_values() -> dict[str, Any]:

@@ -67,6 +67,35 @@ def test_unrelated_inferplug_env_vars_are_not_profile_keys(monkeypatch, tmp_path
     assert load_profile("openai-remote").openai.api_key_env == "INFERPLUG_OPENAI_API_KEY"
 
 
+def test_a_mistyped_top_level_variable_warns_with_the_likely_one(monkeypatch):
+    import warnings
+
+    from inferplug import profile as profile_module
+
+    monkeypatch.setenv("INFERPLUG_BACKNED", "native")
+    monkeypatch.setattr(profile_module, "_warned", set())
+    with pytest.warns(UserWarning, match="env INFERPLUG_BACKNED is not a variable inferplug reads: did you mean "
+                                         "INFERPLUG_BACKEND"):
+        assert load_profile("smollm2-135m").backend == "native"
+    monkeypatch.delenv("INFERPLUG_BACKNED")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_profile("smollm2-135m")  # the known variables (INFERPLUG_HOME and the rest) warn of nothing
+
+
+def test_every_variable_the_package_reads_is_known():
+    """OTHER_VARIABLES holds every INFERPLUG_* name the package reads that is no profile field."""
+    import re
+
+    from inferplug.profile import OTHER_VARIABLES
+
+    root = Path(__file__).parents[1]
+    named = {m for path in [*(root / "inferplug").rglob("*.py"), *(root / "integrations").rglob("*.py")]
+             for m in re.findall(r"INFERPLUG_[A-Z0-9_]+", path.read_text()) if "__" not in m}
+    fields = {f"INFERPLUG_{name.upper()}" for name in Profile.model_fields}
+    assert named - fields - {"INFERPLUG_"} == set(OTHER_VARIABLES)
+
+
 def test_found_by_path_and_in_profile_path_dirs(tmp_path, monkeypatch):
     path = write(tmp_path, f'description = "mine"\n{MODEL}', "mine.toml")
     assert load_profile(path).name == "mine"  # the file name when the profile has no name
