@@ -87,8 +87,7 @@ class LocalRequest:
         ids = prompt_token_ids(backend, request)
         limit = max_new_tokens(params, len(ids), backend.context_length)
         eos = {t for t in eos_ids if t is not None}
-        output = RequestChoices.create(request.request_id, backend.tokenizer, ids, params, eos, limit,
-                                       backend.reasoning_parser)
+        output = RequestChoices.create(request, backend.tokenizer, ids, eos, limit, backend.reasoning_parser)
         return cls(ids, limit, stop_ids(params, eos), output)
 
     @property

@@ -74,8 +74,7 @@ class RequestState:
 
         p = request.params
         max_tokens = max_new_tokens(p, len(prompt_ids), max_model_len)
-        output = RequestChoices.create(request.request_id, tokenizer, prompt_ids, p, eos_ids, max_tokens,
-                                       reasoning_parser)
+        output = RequestChoices.create(request, tokenizer, prompt_ids, eos_ids, max_tokens, reasoning_parser)
         seqs = []
         for index in range(p.beam_width if p.use_beam_search else p.n):
             generator = None

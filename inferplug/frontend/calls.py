@@ -43,6 +43,12 @@ class Result:
         return self.tool_calls or (forced_calls(self.text, tools, parallel=False) if required
                                    else parse_tool_calls(self.text, tools))
 
+    def content(self, calls: list[ToolCall]) -> str:
+        """The answer's content beside its `calls`: all its text without calls; beside a reply format's own calls
+        (harmony's, Gemma 4's) the text they leave, a preamble the user sees; none where the calls were parsed out
+        of the text, which is them."""
+        return self.text if not calls or self.tool_calls else ""
+
 
 def collect(events: Iterable[Event]) -> Result:
     """A request's events (choice 0's text, reasoning, calls and logprobs; the request's usage and timings) folded

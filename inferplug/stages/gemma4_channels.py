@@ -29,8 +29,9 @@ _WORD = re.compile(r"[A-Za-z_][\w.-]*")
 class Gemma4Splitter(TagSplitter):
     TAGS = TAGS
 
-    def __init__(self) -> None:
+    def __init__(self, callable_names: frozenset[str] = frozenset()) -> None:
         super().__init__()
+        self.callable_names = callable_names  # the functions the request offered: calls to them are tool calls
         self._target = "content"  # "content", "header" (a channel's name), "reasoning" or "call"
         self._text = ""  # the channel name or the call read so far
         self._num_calls = 0
@@ -69,9 +70,9 @@ class Gemma4Splitter(TagSplitter):
             self._target, self._text = "content", ""
         elif tag == CALL:
             self._target, self._text = "call", ""
-        else:  # a call's end: sent whole, or as the text it was where it does not read as one
+        else:  # a call's end: sent whole, or as the text it was where it does not read as one of an offered function
             call = as_call(self._text)
-            if call is None:
+            if call is None or call[0] not in self.callable_names:
                 out["content"].append(CALL + self._text + CALL_END)
             else:
                 self._calls.append(ToolCallDelta(index=self._num_calls, id=f"call_{uuid.uuid4().hex[:24]}",

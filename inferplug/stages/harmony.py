@@ -6,8 +6,9 @@ the reply opens with a header). The header names the channel and maybe a recipie
 to=functions.get_weather<|channel|>commentary json`) or after the channel (`<|channel|>commentary
 to=functions.get_weather <|constrain|>json`). The analysis channel is reasoning; the final channel and commentary
 with no recipient (a preamble the user sees) are content; a message to `functions.NAME` is a call to tool NAME whose
-body streams as its arguments, ending at `<|call|>`; a message to any other recipient (a built-in tool we do not run)
-is reasoning. These control tokens are special tokens, so the detokenizer keeps them in the text for this parser
+body streams as its arguments, ending at `<|call|>`, where the request offered NAME; a message to any other
+recipient (a built-in tool we do not run, a function the request did not offer) is reasoning. A reply cut inside a
+header gives nothing of it. These control tokens are special tokens, so the detokenizer keeps them in the text for this parser
 (`reads_control_tokens`). Splitting runs on the stream: a control token cut across two deltas is held back.
 """
 
@@ -30,8 +31,9 @@ FUNCTIONS = "functions."
 class HarmonySplitter(TagSplitter):
     TAGS = TAGS
 
-    def __init__(self) -> None:
+    def __init__(self, callable_names: frozenset[str] = frozenset()) -> None:
         super().__init__()
+        self.callable_names = callable_names  # the functions the request offered: calls to them are tool calls
         self._header: str | None = ""  # the header read so far; None inside a message's body
         self._target = "content"  # where the body goes: "content", "reasoning" or "call"
         self._num_calls = 0
@@ -41,8 +43,8 @@ class HarmonySplitter(TagSplitter):
         """The (content, reasoning) this delta completes; `final` flushes what a control-token prefix held back (a
         reply that never opened a message is given as content: the model wrote plain text)."""
         out = self._split(text, final)
-        if final and not self._opened and self._header:
-            out["content"].append(self._header)  # never a message: plain text
+        if final and not self._opened and self._header and not any(tag in self._header for tag in TAGS):
+            out["content"].append(self._header)  # never a message, nor a header cut short: plain text
             self._header = ""
         return "".join(out["content"]), "".join(out["reasoning"])
 
@@ -73,7 +75,8 @@ class HarmonySplitter(TagSplitter):
         self._header, self._opened = None, True
         channel = _CHANNEL.search(header)
         recipient = _RECIPIENT.search(header)
-        if recipient and recipient.group(1).startswith(FUNCTIONS):
+        if recipient and recipient.group(1).startswith(FUNCTIONS) and \
+                recipient.group(1)[len(FUNCTIONS):] in self.callable_names:
             self._target = "call"
             self._num_calls += 1
             self._calls.append(ToolCallDelta(index=self._num_calls - 1, id=f"call_{uuid.uuid4().hex[:24]}",

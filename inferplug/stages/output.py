@@ -20,7 +20,7 @@ from inferplug.stages.prompt_logprobs import PromptLogprobs
 from inferplug.stages.gemma4_channels import Gemma4Splitter
 from inferplug.stages.harmony import HarmonySplitter
 from inferplug.stages.reasoning import ReasoningSplitter
-from inferplug.types import Event, FinishReason, SamplingParams, Timings, TokenLogprob, Usage
+from inferplug.types import Event, FinishReason, Request, SamplingParams, Timings, TokenLogprob, Usage
 
 
 @dataclass
@@ -32,11 +32,12 @@ class TokenEnd:
     by_id: bool = False  # a stop token id or EOS: its text is not decoded
 
 
-def splitter(parser: str) -> ReasoningSplitter | HarmonySplitter | Gemma4Splitter:
-    """The output splitter a reasoning parser names: harmony's channels (gpt-oss), Gemma 4's, or think tags."""
+def splitter(parser: str, callable_names: frozenset[str] = frozenset()) -> ReasoningSplitter | HarmonySplitter | Gemma4Splitter:
+    """The output splitter a reasoning parser names: harmony's channels (gpt-oss), Gemma 4's, or think tags.
+    `callable_names`: the functions the request offered; a call to another is no tool call."""
     if parser == "openai_gptoss":
-        return HarmonySplitter()
-    return Gemma4Splitter() if parser == "gemma4" else ReasoningSplitter(parser)
+        return HarmonySplitter(callable_names)
+    return Gemma4Splitter(callable_names) if parser == "gemma4" else ReasoningSplitter(parser)
 
 
 def stop_ids(params: SamplingParams, eos_ids: Collection[int]) -> set[int]:
@@ -50,9 +51,10 @@ class ChoiceOutput:
     """One choice: it ends at one of `stop_ids(params, eos_ids)`, a stop string, the grammar's end or the length."""
 
     def __init__(self, request_id: str, index: int, tokenizer: Any, prompt_ids: list[int], params: SamplingParams,
-                 eos_ids: Collection[int], max_tokens: int, reasoning_parser: str | None = None):
+                 eos_ids: Collection[int], max_tokens: int, reasoning_parser: str | None = None,
+                 callable_names: frozenset[str] = frozenset()):
         self.request_id, self.index, self.tokenizer = request_id, index, tokenizer
-        self.reasoning = splitter(reasoning_parser) if reasoning_parser else None
+        self.reasoning = splitter(reasoning_parser, callable_names) if reasoning_parser else None
         self.params, self.end_ids, self.max_tokens = params, stop_ids(params, eos_ids), max_tokens
         self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids, params.stop, params.include_stop_str_in_output,
                                                   keep_special=self.reasoning is not None
@@ -142,10 +144,11 @@ class RequestChoices:
     arrival: float = field(default_factory=time.perf_counter)
 
     @classmethod
-    def create(cls, request_id: str, tokenizer: Any, prompt_ids: list[int], params: SamplingParams,
-               eos_ids: Collection[int], max_tokens: int, reasoning_parser: str | None = None) -> RequestChoices:
-        return cls([ChoiceOutput(request_id, i, tokenizer, prompt_ids, params, eos_ids, max_tokens, reasoning_parser)
-                    for i in range(params.n)], len(prompt_ids))
+    def create(cls, request: Request, tokenizer: Any, prompt_ids: list[int], eos_ids: Collection[int],
+               max_tokens: int, reasoning_parser: str | None = None) -> RequestChoices:
+        offered = frozenset(t["function"]["name"] for t in request.tools or [])  # none under tool_choice "none"
+        return cls([ChoiceOutput(request.request_id, i, tokenizer, prompt_ids, request.params, eos_ids, max_tokens,
+                                 reasoning_parser, offered) for i in range(request.params.n)], len(prompt_ids))
 
     @property
     def done(self) -> bool:

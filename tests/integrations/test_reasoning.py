@@ -158,3 +158,35 @@ def test_a_harmony_reply_through_the_server_is_reasoning_and_a_tool_call(harmony
         assert "".join(t.function.arguments or "" for t in streamed) == "{}"
     finally:
         server.stop()
+
+
+HARMONY_PREAMBLE_CALL = {"type": "string", "pattern": r"<\|channel\|>commentary<\|message\|>[a-z]{2,6}<\|end\|>"
+                                                      r"<\|start\|>assistant to=functions\.clock<\|channel\|>"
+                                                      r"commentary json<\|message\|>\{\}<\|call\|>"}
+
+
+def test_a_harmony_preamble_is_content_beside_the_call_and_no_call_comes_unoffered(harmony_backend):
+    """The commentary the user sees before a call is content, whole as streamed; with no tools offered (or
+    tool_choice "none") a functions.clock message is no tool call: it is reasoning, as one to a tool not run."""
+    from tests.server.conftest import start_server
+
+    server = start_server(harmony_backend)
+    try:
+        client = server.client()
+        fmt = {"type": "json_schema", "json_schema": {"name": "t", "schema": HARMONY_PREAMBLE_CALL}}
+        kw = dict(model="tiny-harmony", messages=[{"role": "user", "content": "time?"}], temperature=0,
+                  max_tokens=200, response_format=fmt)
+        choice = client.chat.completions.create(tools=[CLOCK], **kw).choices[0]
+        [call] = choice.message.tool_calls
+        streamed = [c.choices[0] for c in client.chat.completions.create(stream=True, tools=[CLOCK], **kw)
+                    if c.choices]
+        assert choice.message.content and choice.message.content.strip('"').isalpha()
+        assert "".join(c.delta.content or "" for c in streamed) == choice.message.content
+        assert (call.function.name, choice.finish_reason) == ("clock", "tool_calls")
+        for offered in (dict(), dict(tools=[CLOCK], tool_choice="none")):
+            unoffered = client.chat.completions.create(**offered, **kw).choices[0]
+            assert unoffered.message.tool_calls is None and unoffered.finish_reason != "tool_calls"
+            assert unoffered.message.content == choice.message.content
+            assert "{}" in unoffered.message.model_extra["reasoning_content"]
+    finally:
+        server.stop()

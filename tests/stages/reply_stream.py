@@ -7,12 +7,12 @@ from inferplug.types import SamplingParams
 
 
 def stream_reply(tokenizer, prompt: str, reply: str, ends: tuple[str, ...], parser: str,
-              max_tokens: int = 1000) -> tuple[str, str, list, str]:
+                 max_tokens: int = 1000, offered: tuple[str, ...] = ()) -> tuple[str, str, list, str]:
     """(content, reasoning, tool-call pieces, finish reason) of `reply`'s tokens after `prompt`, `ends` the tokens
-    that end it and `parser` the reasoning parser."""
+    that end it, `parser` the reasoning parser and `offered` the functions the request offered."""
     eos = [tokenizer.convert_tokens_to_ids(t) for t in ends]
     choice = ChoiceOutput("r", 0, tokenizer, tokenizer.encode(prompt), SamplingParams(), eos, max_tokens,
-                          reasoning_parser=parser)
+                          reasoning_parser=parser, callable_names=frozenset(offered))
     content, reasoning, calls, finish = "", "", [], None
     for token in tokenizer.encode(reply, add_special_tokens=False):
         event = choice.on_token(token)

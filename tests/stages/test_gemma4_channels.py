@@ -56,7 +56,7 @@ def reply_to(tokenizer, messages: list[dict], tools: list[dict] | None = None, *
 
 def run_reply(tokenizer, reply: str) -> tuple[str, str, list, str]:
     """(content, reasoning, tool-call pieces, finish reason) of the reply through the output stage."""
-    return stream_reply(tokenizer, "<|turn>model\n", reply, ENDS, "gemma4")
+    return stream_reply(tokenizer, "<|turn>model\n", reply, ENDS, "gemma4", offered=("get_weather",))
 
 
 def test_the_template_implies_the_gemma4_parser(tokenizer):
@@ -89,10 +89,10 @@ def test_an_answer_is_content(tokenizer):
 
 def test_every_cut_of_a_stream_gives_the_whole_split():
     reply = '<|channel>thought\nhmm <|ch\n\n<channel|>ok <| <|tool_call>call:f{a:<|"|>x, y<|"|>,b:[1,true]}<tool_call|>'
-    whole = Gemma4Splitter().feed(reply, final=True)
+    whole = Gemma4Splitter(frozenset({"f"})).feed(reply, final=True)
     assert whole == ("ok <| ", "hmm <|ch\n")
     for cut in range(len(reply) + 1):
-        splitter = Gemma4Splitter()
+        splitter = Gemma4Splitter(frozenset({"f"}))
         assert split_at(splitter, reply, cut) == whole, cut
         [call] = calls_from_deltas(splitter.take_calls())
         assert (call.name, call.arguments) == ("f", {"a": "x, y", "b": [1, True]}), cut
@@ -101,6 +101,12 @@ def test_every_cut_of_a_stream_gives_the_whole_split():
 def test_gemma_arguments_read_as_json():
     assert arguments_json('{city:<|"|>Oslo: "north"<|"|>,n:-2.5e3,ok:false,none:null,tags:[<|"|>a<|"|>],o:{k:1}}') == \
         '{"city":"Oslo: \\"north\\"","n":-2.5e3,"ok":false,"none":null,"tags":["a"],"o":{"k":1}}'
+
+
+def test_a_call_to_a_function_the_request_did_not_offer_is_kept_as_text():
+    text = '<|tool_call>call:launch{n:1}<tool_call|>'
+    splitter = Gemma4Splitter(frozenset({"get_weather"}))
+    assert splitter.feed(text, final=True) == (text, "") and splitter.take_calls() == []
 
 
 def test_a_call_that_does_not_read_is_kept_as_text():

@@ -54,11 +54,12 @@ def reply_to(tokenizer, messages: list[dict], tools: list[dict] | None = None) -
     return whole[len(prompt):]
 
 
-def run_reply(tokenizer, reply: str, max_tokens: int = 1000) -> tuple[str, str, list, str]:
+def run_reply(tokenizer, reply: str, max_tokens: int = 1000,
+              offered: tuple[str, ...] = ("get_weather",)) -> tuple[str, str, list, str]:
     """(content, reasoning, tool-call pieces, finish reason) of the reply through the output stage, EOS being
-    gpt-oss's <|return|> and <|call|>."""
+    gpt-oss's <|return|> and <|call|>, the request offering `offered`."""
     return stream_reply(tokenizer, "<|start|>assistant", reply, ("<|return|>", "<|call|>"), "openai_gptoss",
-                        max_tokens)
+                        max_tokens, offered)
 
 
 def test_the_template_implies_the_harmony_parser(template, tokenizer):
@@ -94,6 +95,23 @@ def test_the_recipient_after_the_channel_and_a_constrain_token(tokenizer):
     [got] = calls_from_deltas(pieces)
     assert (content, reasoning, got.name, got.arguments) == ("Checking the weather.", "", "get_weather",
                                                               {"location": "Oslo"})
+
+
+CALL = ("<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant<|channel|>commentary "
+        'to=functions.get_weather <|constrain|>json<|message|>{"location": "Oslo"}<|call|>')
+
+
+@pytest.mark.parametrize("offered", [(), ("get_time",)])
+def test_a_call_to_a_function_the_request_did_not_offer_is_no_tool_call(tokenizer, offered):
+    """No tools (or tool_choice "none"), or others than the one called: the message is reasoning, as one to a
+    built-in tool we do not run is, and the preamble stays content."""
+    content, reasoning, pieces, _ = run_reply(tokenizer, CALL, offered=offered)
+    assert (content, reasoning, calls_from_deltas(pieces)) == ("Checking.", '{"location": "Oslo"}', [])
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 3])
+def test_a_reply_cut_inside_its_first_header_gives_none_of_it(tokenizer, max_tokens):
+    assert run_reply(tokenizer, "<|channel|>analysis<|message|>Thinking", max_tokens=max_tokens)[:2] == ("", "")
 
 
 def test_a_reply_cut_short_keeps_what_it_had(tokenizer):

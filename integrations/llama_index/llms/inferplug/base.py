@@ -140,10 +140,10 @@ class InferPlug(FunctionCallingLLM):
         calls = result.calls(prepared.tools, prepared.tool_required)
         if call_id is not None:
             calls = [dataclasses.replace(c, id=call_id) for c in calls]
-        # an answer that is calls has no content (the call's text is no prose), as OpenAI's LLM gives it
+        # beside calls parsed out of its text an answer has no content; a reply format's own calls leave a preamble
         extra = {"tool_calls": [_call_json(c.id, c.name, c.arguments_json()) for c in calls]} if calls else {}
         return ChatResponse(
-            message=ChatMessage(role=MessageRole.ASSISTANT, blocks=_blocks("" if calls else result.text,
+            message=ChatMessage(role=MessageRole.ASSISTANT, blocks=_blocks(result.content(calls),
                                                                            result.reasoning),
                                 additional_kwargs=extra),
             delta=delta,
