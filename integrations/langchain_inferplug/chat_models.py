@@ -65,7 +65,7 @@ class ChatInferPlug(InferPlugFields, BaseChatModel):
         calls = result.calls(prepared.tools, prepared.tool_required) if prepared.tools else []
         # a call cut short (max_tokens) is an invalid tool call with its partial arguments, as ChatOpenAI gives it
         return AIMessage(
-            content=result.content(calls),
+            content=result.content(calls) if calls else result.text,  # no call on the plain path (test_call_count)
             additional_kwargs={"reasoning_content": result.reasoning} if result.reasoning else {},
             tool_calls=[tool_call(name=c.name, args=c.arguments, id=c.id) for c in calls if c.partial is None],
             invalid_tool_calls=[invalid_tool_call(name=c.name, args=c.partial, id=c.id, error=_CUT)
