@@ -45,9 +45,12 @@ class Result:
 
     def content(self, calls: list[ToolCall]) -> str:
         """The answer's content beside its `calls`: all its text without calls; beside a reply format's own calls
-        (harmony's, Gemma 4's) the text they leave, a preamble the user sees; none where the calls were parsed out
-        of the text, which is them."""
-        return self.text if not calls or self.tool_calls else ""
+        (harmony's, Gemma 4's) the text they leave, a preamble the user sees; beside calls parsed out of the text,
+        the prose before a first <tool_call> tag (as the server's split gives it), else none."""
+        if not calls or self.tool_calls:
+            return self.text
+        before = self.text[:max(self.text.find("<tool_call>"), 0)]
+        return before if before.strip() else ""
 
 
 def collect(events: Iterable[Event]) -> Result:

@@ -102,12 +102,12 @@ class ResponseBuilder:
     def _choice(self, index: int, c: ChoiceState) -> dict[str, Any]:
         if self.kind == "chat":
             logprobs = chat_logprobs(c.logprobs) if self.want_logprobs else None
-            own = calls_from_deltas(c.call_deltas)  # a reply format's own calls (harmony, Gemma 4): text beside
-            calls = own or (c.tool_text.calls(c.text) if c.tool_text is not None else [])
-            # a preamble beside a format's own calls is content, as streamed; calls parsed out of the text are it
-            content = (c.text or None) if own else None
-            message = ({"role": "assistant", "content": content, "tool_calls": tool_calls_json(calls)} if calls
-                       else {"role": "assistant", "content": c.text})
+            calls = calls_from_deltas(c.call_deltas)  # a reply format's own (harmony, Gemma 4): the text beside
+            content = c.text  # is content, as streamed
+            if not calls and c.tool_text is not None:
+                content, calls = c.tool_text.split(c.text)
+            message = ({"role": "assistant", "content": content or None, "tool_calls": tool_calls_json(calls)}
+                       if calls else {"role": "assistant", "content": c.text})
             message.update(_reasoning(c.reasoning))
             return {"index": index, "message": message, "logprobs": logprobs,
                     "finish_reason": finish_with_calls(c.finish_reason, all_whole(calls)), "stop_reason": c.stop_reason}

@@ -48,6 +48,29 @@ def test_a_held_answer_of_spaces_streams_in_linear_time(required):
     assert time.monotonic() - started < 2.0  # a bound for a hang
 
 
+def streamed(text: str, cut: int) -> tuple[str, list]:
+    """(content, calls) of `text` streamed in two pieces, cut at `cut`."""
+    tool_text = ToolCallText(TOOLS, parallel=False, required=False)
+    content, pieces = "", []
+    for piece in (text[:cut], text[cut:]):
+        sent, more = tool_text.feed(piece)
+        content, pieces = content + sent, pieces + more
+    held, more = tool_text.finish()
+    return content + held, [(p.name, p.arguments) for p in pieces + more]
+
+
+@pytest.mark.parametrize("name, content", [("f", "Let me check.\n"), ("g", None)])
+def test_prose_then_a_tagged_call_is_content_beside_the_call_streamed_or_whole(name, content):
+    """Qwen's models often write a sentence before their <tool_call>: the prose is content and the call a call, as
+    vLLM's hermes parser splits them, at every cut of the stream; a call to a tool not offered (g) is all content."""
+    text = 'Let me check.\n<tool_call>{"name": "%s", "arguments": {"x": 1}}</tool_call>' % name
+    whole_content, whole_calls = ToolCallText(TOOLS, parallel=False, required=False).split(text)
+    want = (content, [("f", '{"x": 1}')]) if content else (text, [])
+    assert (whole_content, [(c.name, c.arguments_json()) for c in whole_calls]) == want
+    for cut in range(len(text) + 1):
+        assert streamed(text, cut) == want, cut
+
+
 @pytest.mark.parametrize("calls", [
     [{"foo": 1}],
     "not a list",
