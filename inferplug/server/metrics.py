@@ -59,8 +59,11 @@ class ServerMetrics:
             if usage.completion_tokens > 1:
                 self.tpot.observe((ended - first_token) / (usage.completion_tokens - 1))
 
-    def failed(self, endpoint: str, status: int) -> None:
+    def failed(self, endpoint: str, status: int, generated: int = 0) -> None:
+        """A request that got no whole answer; `generated`: the tokens it had from the engine (a stream its client
+        left mid-way), which the engine spent all the same."""
         self.requests.labels(endpoint, str(status)).inc()
+        self.generation_tokens.inc(generated)
 
     def render(self) -> bytes:
         stats = self.backend.stats()

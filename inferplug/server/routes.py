@@ -130,10 +130,12 @@ async def _generate(kind: str, body: CompletionRequest | ChatCompletionRequest, 
 async def _whole(generation: Generation, builder: ResponseBuilder, request: Request) -> Response:
     metrics = request.app.state.metrics
     errors: list[str] = []
+    generated = [0]  # tokens the engine gave, counted where no whole answer goes out
 
     async def collect() -> None:
         async for event in generation.events():
             builder.add(event)
+            generated[0] += len(event.token_ids)
             if event.error:
                 errors.append(event.error)
 
@@ -142,7 +144,7 @@ async def _whole(generation: Generation, builder: ResponseBuilder, request: Requ
     try:
         await asyncio.wait({collecting, leaving}, return_when=asyncio.FIRST_COMPLETED)
         if not collecting.done():  # the client left: nobody to answer
-            metrics.failed(request.url.path, 499)
+            metrics.failed(request.url.path, 499, generated[0])
             return Response(status_code=499)
         collecting.result()
     finally:
@@ -150,7 +152,7 @@ async def _whole(generation: Generation, builder: ResponseBuilder, request: Requ
         collecting.cancel()
         await generation.aclose()
     if errors:
-        metrics.failed(request.url.path, 500)
+        metrics.failed(request.url.path, 500, generated[0])
         return JSONResponse(_failure(request, errors[0]), status_code=500)
     _observe(request, generation, builder)
     return JSONResponse(builder.response(generation.usage))
@@ -159,8 +161,10 @@ async def _whole(generation: Generation, builder: ResponseBuilder, request: Requ
 async def _sse(generation: Generation, builder: ResponseBuilder, include_usage: bool,
                request: Request) -> AsyncIterator[str]:
     finished = failed = False
+    generated = 0  # tokens the engine gave, counted where no whole answer goes out
     try:
         async for event in generation.events():
+            generated += len(event.token_ids)
             if event.error:  # the error, then the choice's last chunk (finish_reason "error")
                 failed = True
                 yield _data(_failure(request, event.error))
@@ -172,12 +176,12 @@ async def _sse(generation: Generation, builder: ResponseBuilder, include_usage: 
         yield "data: [DONE]\n\n"
         finished = True
         if failed:
-            request.app.state.metrics.failed(request.url.path, 500)
+            request.app.state.metrics.failed(request.url.path, 500, generated)
         else:
             _observe(request, generation, builder)
     finally:
         if not finished:  # the client left mid-stream (nginx's 499: client closed request)
-            request.app.state.metrics.failed(request.url.path, 499)
+            request.app.state.metrics.failed(request.url.path, 499, generated)
         await generation.aclose()
 
 

@@ -81,6 +81,36 @@ def test_a_client_that_leaves_before_its_first_token_is_aborted_and_its_blocks_c
     assert httpx.post(server.url + "/chat/completions", json=CHAT, timeout=60).status_code == 200
 
 
+def generation_tokens(server) -> float:
+    text = httpx.get(server.url.removesuffix("/v1") + "/metrics").text
+    return next(float(row.split()[-1]) for row in text.splitlines() if row.startswith("inferplug_generation_tokens_total"))
+
+
+def test_a_stream_its_client_leaves_counts_the_tokens_the_engine_gave_it(native, server_factory, monkeypatch):
+    """The engine spent them: inferplug_generation_tokens_total counts a left stream's tokens, as vLLM's does."""
+    engine = native.engine.engine
+    step = engine.step_tokens
+
+    def slow_step(*args, **kwargs):  # 200 tokens then take seconds: the client leaves before the stream ends
+        time.sleep(0.02)
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "step_tokens", slow_step)
+    server = server_factory(native)
+    before, left_before = generation_tokens(server), metric(server, "/v1/chat/completions", "499")
+    # logprobs: a chunk for every token (random byte tokens seldom complete a character to send)
+    body = {**CHAT, "max_tokens": 200, "stream": True, "ignore_eos": True, "logprobs": True}
+    with httpx.stream("POST", server.url + "/chat/completions", json=body, timeout=60) as reply:
+        chunks = 0
+        for line in reply.iter_lines():
+            chunks += line.startswith("data: {")
+            if chunks == 6:  # the role's chunk, then five of a token each
+                break
+    until(lambda: metric(server, "/v1/chat/completions", "499") == left_before + 1, what="the abort")
+    assert 5 <= generation_tokens(server) - before < 200
+    settled(native)
+
+
 def test_a_request_waits_at_most_the_queue_timeout(native, server_factory):
     server = server_factory(native, options=ServerOptions(queue_timeout_s=1))
     free = settled(native)["kv_blocks_free"]
