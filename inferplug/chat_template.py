@@ -38,9 +38,9 @@ def render_chat(tokenizer: Any, template: str | None, messages: list[dict[str, A
 
 
 # what a user whose model has no template (a base model's file carries none) can do instead
-NO_TEMPLATE_FIX = ("send a plain prompt (/v1/completions, `inferplug generate` without --chat, LLM.generate), or give "
-                   "the model a template: [model] chat_template in a profile, or INFERPLUG_MODEL__CHAT_TEMPLATE (inline "
-                   "Jinja or a file's path)")
+NO_TEMPLATE_FIX = ("send a plain prompt (/v1/completions, `inferplug generate` without --chat, LLM.generate), or "
+                   "give the model a template: [model] chat_template in a profile, or INFERPLUG_MODEL__CHAT_TEMPLATE "
+                   "(inline Jinja or a file's path)")
 
 
 def template_variables(chat_template_kwargs: dict[str, Any] | None,

@@ -116,7 +116,8 @@ def _load_model_file(text: str) -> Profile:
 # the INFERPLUG_* variables that are not profile fields, each read where it matters (tests/test_profile.py finds
 # every one the package names)
 OTHER_VARIABLES = ("INFERPLUG_HOME", "INFERPLUG_PROFILE_PATH", "INFERPLUG_API_KEY", "INFERPLUG_OPENAI_API_KEY",
-                   "INFERPLUG_CONVERSION_CACHE_GIB", "INFERPLUG_CPU_ISA", "INFERPLUG_NO_AMX", "INFERPLUG_NO_CPU_KERNELS")
+                   "INFERPLUG_CONVERSION_CACHE_GIB", "INFERPLUG_CPU_ISA", "INFERPLUG_NO_AMX",
+                   "INFERPLUG_NO_CPU_KERNELS")
 
 
 def _build(source: Path | dict[str, Any], data: dict[str, Any], where: str) -> Profile:

@@ -110,9 +110,9 @@ def _check_format_fits_file(profile: Profile, facts: ModelFacts | None) -> None:
     refused here with the formats a GGUF takes, rather than planned and failed at load."""
     fmt = profile.quantization.format
     if facts is not None and facts.gguf_matrices and fmt in ("awq", "gptq", "exl2"):
-        raise ProfileError(f"quantization.format = {fmt!r} names a checkpoint kind, but {profile.model.describe()} is a "
-                           "GGUF, which holds its own quantization: set format = \"gguf\" (its blocks as stored), "
-                           "\"int8\" or \"int4\" (requantized), or \"none\" (dequantized)")
+        raise ProfileError(f"quantization.format = {fmt!r} names a checkpoint kind, but {profile.model.describe()} "
+                           "is a GGUF, which holds its own quantization: set format = \"gguf\" (its blocks as "
+                           "stored), \"int8\" or \"int4\" (requantized), or \"none\" (dequantized)")
 
 
 def _preference(profile: Profile) -> list[str]:

@@ -24,11 +24,11 @@ def run(args: argparse.Namespace) -> int:
     from inferplug.backends.registry import close_all, get_backend
 
     backend = get_backend(load_with_context(args))
-    _check_chat_template(backend)
     start = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(start)
-    print(f"chatting with {backend.model_name} ({backend.name}); {COMMANDS}")
     try:
+        _check_chat_template(backend)
+        print(f"chatting with {backend.model_name} ({backend.name}); {COMMANDS}")
         while True:
             try:
                 line = input("you> ").strip()
@@ -36,9 +36,12 @@ def run(args: argparse.Namespace) -> int:
                 break
             if not line:
                 break
-            if line in ("/clear", "/help"):
-                messages = list(start) if line == "/clear" else messages
-                print("(the conversation starts over)" if line == "/clear" else COMMANDS)
+            if line == "/clear":
+                messages = list(start)
+                print("(the conversation starts over)")
+                continue
+            if line == "/help":
+                print(COMMANDS)
                 continue
             messages.append({"role": "user", "content": line})
             print("assistant> ", end="", flush=True)
@@ -51,11 +54,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_chat_template(backend) -> None:  # noqa: ANN001 - a Backend
     """A model without a chat template cannot chat: say so before the first prompt, with what to run instead."""
-    from inferplug.backends.registry import close_all
     from inferplug.chat_template import NO_TEMPLATE_FIX, chat_template_text
     from inferplug.errors import ProfileError
 
     if backend.tokenizer is not None and chat_template_text(backend.profile, backend.tokenizer) is None:
-        close_all()
         raise ProfileError(f"{backend.model_name} has no chat template (a base model's file carries none), so it "
                            f"cannot chat: {NO_TEMPLATE_FIX}")

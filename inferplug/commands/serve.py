@@ -18,7 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=port_number, default=8000, help="port (default 8000; 0: any free one)")
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: $INFERPLUG_API_KEY, else none)")
-    p.add_argument("--max-body-bytes", type=int, default=None, metavar="BYTES", help="largest request body accepted (default 8 MiB)")
+    p.add_argument("--max-body-bytes", type=int, default=None, metavar="BYTES",
+                   help="largest request body accepted (default 8 MiB)")
     p.add_argument("--replicas", type=whole_number, default=None, metavar="N",
                    help="engines behind the server, on Ray Serve (default: the profile's [parallel] replicas)")
     p.add_argument("--ray-address", default=None, metavar="ADDRESS",

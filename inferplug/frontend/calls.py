@@ -16,7 +16,7 @@ from typing import Any
 from inferplug.backends.bridge import consume_all_sync
 from inferplug.errors import GenerationError
 from inferplug.frontend.forced_call import forced_calls
-from inferplug.frontend.tool_calls import ToolCall, calls_from_deltas, parse_tool_calls
+from inferplug.frontend.tool_calls import CALL_OPEN, ToolCall, calls_from_deltas, parse_tool_calls
 from inferplug.types import Event, Request, Timings, TokenLogprob, ToolCallDelta, Usage
 
 
@@ -49,7 +49,7 @@ class Result:
         the prose before a first <tool_call> tag (as the server's split gives it), else none."""
         if not calls or self.tool_calls:
             return self.text
-        before = self.text[:max(self.text.find("<tool_call>"), 0)]
+        before = self.text[:max(self.text.find(CALL_OPEN), 0)]
         return before if before.strip() else ""
 
 

@@ -75,7 +75,7 @@ def select_tools(tools: list[dict[str, Any]], tool_choice: Any) -> tuple[list[di
     return chosen, True
 
 
-_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+CALL_OPEN, _CLOSE = "<tool_call>", "</tool_call>"  # Qwen's (hermes) call tags
 _JSON_START = re.compile(r"[\[{]")
 _OPENS_RUN = re.compile(r"[\[{\s]*")
 # Failed JSON starts tried per text: each may scan to the end, so a bound keeps hostile or looping output (an
@@ -102,12 +102,12 @@ def parse_tool_calls(text: str, tools: list[dict[str, Any]]) -> list[ToolCall]:
 
 def _tagged(text: str) -> list[str]:
     """The text inside each <tool_call> tag, up to its </tool_call> (or the end of the text), stripped."""
-    found, i = [], text.find(_OPEN)
+    found, i = [], text.find(CALL_OPEN)
     while i >= 0:
-        start = i + len(_OPEN)
+        start = i + len(CALL_OPEN)
         end = text.find(_CLOSE, start)
         found.append(text[start:end if end >= 0 else len(text)].strip())
-        i = text.find(_OPEN, end + len(_CLOSE)) if end >= 0 else -1
+        i = text.find(CALL_OPEN, end + len(_CLOSE)) if end >= 0 else -1
     return found
 
 

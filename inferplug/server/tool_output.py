@@ -14,11 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from inferplug.frontend.forced_call import ForcedCallStream, forced_calls
-from inferplug.frontend.tool_calls import ToolCall, all_whole, parse_tool_calls
+from inferplug.frontend.tool_calls import CALL_OPEN, ToolCall, all_whole, parse_tool_calls
 from inferplug.types import ToolCallDelta
 
-_OPEN = "<tool_call>"
-_CALL_STARTS = ("{", "[", _OPEN, "```")
+_CALL_STARTS = ("{", "[", CALL_OPEN, "```")
 _LONGEST_START = max(map(len, _CALL_STARTS))
 
 
@@ -43,7 +42,7 @@ class ToolCallText:
         prose before the first <tool_call> tag beside the calls from there on."""
         if self.required:
             return "", forced_calls(text, self.tools, self.parallel)
-        at = 0 if _may_be_call(text.lstrip()[:_LONGEST_START]) else text.find(_OPEN)
+        at = 0 if _may_be_call(text.lstrip()[:_LONGEST_START]) else text.find(CALL_OPEN)
         calls = parse_tool_calls(text[at:], self.tools) if at >= 0 else []
         calls = calls if self.parallel else calls[:1]
         return (text[:at], calls) if calls else (text, [])
@@ -69,11 +68,12 @@ class ToolCallText:
             self.held += text
             return ""
         text, self.held = self.held + text, ""
-        at = text.find(_OPEN)
+        at = text.find(CALL_OPEN)
         if at >= 0:
             self.tag, self.held = True, text[at:]
             return text[:at]
-        keep = next((n for n in range(min(len(text), len(_OPEN) - 1), 0, -1) if _OPEN.startswith(text[-n:])), 0)
+        keep = next((n for n in range(min(len(text), len(CALL_OPEN) - 1), 0, -1)
+                     if CALL_OPEN.startswith(text[-n:])), 0)
         self.held = text[len(text) - keep:]
         return text[:len(text) - keep]
 

@@ -8,8 +8,9 @@ to=functions.get_weather <|constrain|>json`). The analysis channel is reasoning;
 with no recipient (a preamble the user sees) are content; a message to `functions.NAME` is a call to tool NAME whose
 body streams as its arguments, ending at `<|call|>`, where the request offered NAME; a message to any other
 recipient (a built-in tool we do not run, a function the request did not offer) is reasoning. A reply cut inside a
-header gives nothing of it. These control tokens are special tokens, so the detokenizer keeps them in the text for this parser
-(`reads_control_tokens`). Splitting runs on the stream: a control token cut across two deltas is held back.
+header gives nothing of it. These control tokens are special tokens, so the detokenizer keeps them in the text for
+this parser (`reads_control_tokens`). Splitting runs on the stream: a control token cut across two deltas is held
+back.
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ class TokenEnd:
     by_id: bool = False  # a stop token id or EOS: its text is not decoded
 
 
-def splitter(parser: str, callable_names: frozenset[str] = frozenset()) -> ReasoningSplitter | HarmonySplitter | Gemma4Splitter:
+def splitter(parser: str,
+             callable_names: frozenset[str] = frozenset()) -> ReasoningSplitter | HarmonySplitter | Gemma4Splitter:
     """The output splitter a reasoning parser names: harmony's channels (gpt-oss), Gemma 4's, or think tags.
     `callable_names`: the functions the request offered; a call to another is no tool call."""
     if parser == "openai_gptoss":

@@ -18,7 +18,8 @@ def hf_logprobs(tiny_llama_dir, prompt: list[int]) -> torch.Tensor:
 
 def test_echo_with_max_tokens_0_scores_the_prompt_alone(native_client, native, tiny_llama_dir):
     prompt = native.tokenizer.encode("the cat sat on the mat")
-    done = native_client.completions.create(model="tiny", prompt=prompt, echo=True, logprobs=2, max_tokens=0, temperature=0)
+    done = native_client.completions.create(model="tiny", prompt=prompt, echo=True, logprobs=2, max_tokens=0,
+                                            temperature=0)
     choice, reference = done.choices[0], hf_logprobs(tiny_llama_dir, prompt)
     assert choice.text == native.tokenizer.decode(prompt) and choice.finish_reason == "length"
     lp = choice.logprobs
@@ -50,7 +51,7 @@ def test_echo_puts_the_prompt_before_the_completion(native_client):
 def test_vllm_prompt_logprobs_field(native_client, native, tiny_llama_dir):
     prompt = native.tokenizer.encode("one two three")
     done = native_client.completions.create(model="tiny", prompt=prompt, max_tokens=1, temperature=0,
-                                     extra_body={"prompt_logprobs": 1})
+                                            extra_body={"prompt_logprobs": 1})
     entries = done.choices[0].model_extra["prompt_logprobs"]
     reference = hf_logprobs(tiny_llama_dir, prompt)
     assert entries[0] is None and len(entries) == len(prompt)

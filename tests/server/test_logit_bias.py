@@ -27,11 +27,10 @@ def test_a_banned_token_is_never_chosen_and_the_rest_follow_hf(native_client, na
     bias = {plain[0]: -100.0, plain[1]: -100.0}
     expected = hf_greedy(tiny_llama_dir, prompt, bias, 6)
     assert expected != plain and not set(bias) & set(expected)
-    biased = native_client.completions.create(model="tiny", prompt=prompt, temperature=0, max_tokens=6,
-                                       logit_bias={str(t): b for t, b in bias.items()}, extra_body={"ignore_eos": True})
+    greedy = dict(model="tiny", prompt=prompt, temperature=0, max_tokens=6, extra_body={"ignore_eos": True})
+    biased = native_client.completions.create(**greedy, logit_bias={str(t): b for t, b in bias.items()})
     assert biased.choices[0].text == native.tokenizer.decode(expected)
-    unbiased = native_client.completions.create(model="tiny", prompt=prompt, temperature=0, max_tokens=6,
-                                         extra_body={"ignore_eos": True})
+    unbiased = native_client.completions.create(**greedy)
     assert unbiased.choices[0].text == native.tokenizer.decode(plain)
 
 
@@ -39,7 +38,7 @@ def test_a_large_bias_forces_its_token_in_sampling_too(native_client, native):
     prompt = native.tokenizer.encode("the weather is")
     token = native.tokenizer.encode(" cat", add_special_tokens=False)[-1]
     reply = native_client.completions.create(model="tiny", prompt=prompt, temperature=1.0, seed=3, max_tokens=5,
-                                      logit_bias={str(token): 100}, extra_body={"ignore_eos": True})
+                                             logit_bias={str(token): 100}, extra_body={"ignore_eos": True})
     assert reply.choices[0].text == native.tokenizer.decode([token] * 5)
 
 
@@ -53,8 +52,8 @@ def test_a_large_bias_forces_its_token_in_sampling_too(native_client, native):
     (dict(extra_body={"guided_json": {"type": "object"}}), "guided_json"),
 ])
 def test_a_bad_bias_or_a_guided_field_gets_a_400_and_the_server_keeps_serving(native_client, kw, param):
+    ask = dict(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     with pytest.raises(openai.BadRequestError) as info:
-        native_client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2, **kw)
+        native_client.chat.completions.create(**ask, **kw)
     assert info.value.body["param"] == param and info.value.body["message"]
-    assert native_client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
-                                          max_tokens=2).choices
+    assert native_client.chat.completions.create(**ask).choices

@@ -83,7 +83,8 @@ def test_a_client_that_leaves_before_its_first_token_is_aborted_and_its_blocks_c
 
 def generation_tokens(server) -> float:
     text = httpx.get(server.url.removesuffix("/v1") + "/metrics").text
-    return next(float(row.split()[-1]) for row in text.splitlines() if row.startswith("inferplug_generation_tokens_total"))
+    return next(float(row.split()[-1]) for row in text.splitlines()
+                if row.startswith("inferplug_generation_tokens_total"))
 
 
 def test_a_stream_its_client_leaves_counts_the_tokens_the_engine_gave_it(native, server_factory, monkeypatch):

@@ -128,11 +128,11 @@ class InferPlug(FunctionCallingLLM):
         options["stop"] = [*(self.additional_kwargs.get("stop") or []), *(kwargs.get("stop") or [])]
         return build_request(self.backend, options=options, prompt=prompt,
                              messages=None if messages is None else to_chat_dicts(list(messages)),
-                               tools=kwargs.get("tools"), tool_choice=kwargs.get("tool_choice"),
-                               documents=kwargs.get("documents"), memory=self._memory,
-                               chat_template_kwargs=template_variables(
-                                   kwargs.get("chat_template_kwargs", self.chat_template_kwargs),
-                                   kwargs.get("reasoning_effort", self.reasoning_effort)))
+                             tools=kwargs.get("tools"), tool_choice=kwargs.get("tool_choice"),
+                             documents=kwargs.get("documents"), memory=self._memory,
+                             chat_template_kwargs=template_variables(
+                                 kwargs.get("chat_template_kwargs", self.chat_template_kwargs),
+                                 kwargs.get("reasoning_effort", self.reasoning_effort)))
 
     def _response(self, result: Result, prepared: Prepared, delta: str | None = None,
                   call_id: str | None = None) -> ChatResponse:
